@@ -1,0 +1,223 @@
+"""llama.cpp backend on llama-cpp-python's low-level API.
+
+One reusable llama_batch, logits requested only for the positions that need them, and
+rollback with llama_memory_seq_rm. Not the high-level Llama class: it keeps logits for
+every position of the context and cannot take a draft model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from localspec.errors import BackendUnavailableError, InvalidRequestError, ModelLoadError
+from localspec.gguf_check import check_gguf, diagnose_gguf
+from localspec.hardware import physical_cores
+from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+
+try:
+    import llama_cpp as llama
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise BackendUnavailableError(
+        "the llama.cpp backend needs llama-cpp-python",
+        "pip install 'localspec[llamacpp]' (compiles llama.cpp, about 10 minutes on 2 cores)",
+    ) from exc
+
+_LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+
+
+@llama.llama_log_callback  # type: ignore[misc]
+def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
+    # llama.cpp narrates every load on stderr; localspec explains failures itself.
+    if os.environ.get("LOCALSPEC_LLAMA_LOG") == "1" and level <= _LOG_LEVEL_ERROR:
+        os.write(2, b"llama.cpp: " + text)
+
+
+@cache
+def init_library() -> None:
+    llama.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+    llama.llama_backend_init()
+
+
+class LlamaCppBackend:
+    """One GGUF model with its own context (KV cache) on the CPU."""
+
+    def __init__(
+        self, path: str, n_ctx: int = 4096, threads: int | None = None, max_block: int = 512
+    ) -> None:
+        check_gguf(path)
+        init_library()
+        mparams = llama.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        model = llama.llama_model_load_from_file(path.encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
+                "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+            )
+        self._model = model
+        self._vocab = llama.llama_model_get_vocab(model)
+        self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        n_ctx = min(n_ctx, int(llama.llama_model_n_ctx_train(model)) or n_ctx)
+        threads = threads or physical_cores()
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = max_block
+        cparams.n_ubatch = max_block
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        ctx = llama.llama_init_from_model(model, cparams)
+        if not ctx:
+            llama.llama_model_free(model)
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
+        self._ctx = ctx
+        self._mem = llama.llama_get_memory(ctx)
+        self._batch = llama.llama_batch_init(max_block, 0, 1)
+        # numpy views over the batch's C arrays: filling a block is a few vector writes.
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(max_block,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(max_block,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_block,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
+        for i in range(max_block):
+            self._batch.seq_id[i][0] = 0
+        self._n_past = 0
+        self._closed = False
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.info = ModelInfo(
+            name=os.path.basename(path),
+            path=os.path.abspath(path),
+            backend="llamacpp",
+            architecture=self._meta("general.architecture") or "unknown",
+            n_ctx=int(llama.llama_n_ctx(ctx)),
+            n_vocab=self._n_vocab,
+            size_bytes=int(llama.llama_model_size(model)),
+            n_params=int(llama.llama_model_n_params(model)),
+            n_layers=int(llama.llama_model_n_layer(model)),
+        )
+        self.capabilities = Capabilities(
+            rollback=True, max_block=max_block, device="cpu", extra={"threads": str(threads)}
+        )
+
+    # -- description ------------------------------------------------------------------------
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):  # chat templates can be long: ask again with room for all of it
+            buf = ctypes.create_string_buffer(n + 1)
+            llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def vocab_identity(self) -> VocabIdentity:
+        texts = tuple(
+            (llama.llama_vocab_get_text(self._vocab, i) or b"") for i in range(self._n_vocab)
+        )
+        bos = int(llama.llama_vocab_bos(self._vocab))
+        eos = int(llama.llama_vocab_eos(self._vocab))
+        kinds = {1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+        kind = kinds.get(int(llama.llama_vocab_type(self._vocab)), "none")
+        return VocabIdentity(kind, self._n_vocab, bos if bos >= 0 else None, eos if eos >= 0 else None, texts)
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self._eog()
+
+    @cache  # noqa: B019 - one backend per model, lives as long as the model
+    def _eog(self) -> frozenset[int]:
+        return frozenset(i for i in range(self._n_vocab) if llama.llama_vocab_is_eog(self._vocab, i))
+
+    def chat_template(self) -> str | None:
+        return self._meta("tokenizer.chat_template")
+
+    def special_texts(self) -> dict[str, str]:
+        out = {}
+        for name, tok in (
+            ("bos_token", llama.llama_vocab_bos(self._vocab)),
+            ("eos_token", llama.llama_vocab_eos(self._vocab)),
+        ):
+            out[name] = (llama.llama_vocab_get_text(self._vocab, tok) or b"").decode() if tok >= 0 else ""
+        return out
+
+    # -- text -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        buf = (llama.llama_token * cap)()
+        n = llama.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama.llama_token * cap)()
+            n = llama.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        n = llama.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+        if n < 0:
+            big = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, big, len(big), 0, False)
+            return big.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        n = len(tokens)
+        if n > self.capabilities.max_block:
+            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
+        if self._n_past + n > self.info.n_ctx:
+            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+        if n == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        self._tok[:n] = tokens
+        self._pos[:n] = np.arange(self._n_past, self._n_past + n)
+        self._out[:n] = 0
+        if logits == "all":
+            self._out[:n] = 1
+        elif logits == "last":
+            self._out[n - 1] = 1
+        self._batch.n_tokens = n
+        rc = llama.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            # A failed decode leaves the cache as it was before the batch.
+            raise InvalidRequestError(f"llama_decode failed with code {rc} at position {self._n_past}")
+        self._n_past += n
+        rows = n if logits == "all" else (1 if logits == "last" else 0)
+        if rows == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        ptr = llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+
+    def rollback(self, n: int) -> None:
+        if n < self._n_past:
+            llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+            self._n_past = n
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llama.llama_batch_free(self._batch)
+        llama.llama_free(self._ctx)
+        llama.llama_model_free(self._model)
+
+    def __del__(self) -> None:
+        if hasattr(self, "_closed"):
+            self.close()
+
+
+def load(path: str, **options: Any) -> LlamaCppBackend:
+    return LlamaCppBackend(path, **options)

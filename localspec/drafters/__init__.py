@@ -1,0 +1,44 @@
+"""Drafters propose tokens for the target to verify. One module each, found by name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from localspec.sampling import Distribution, SamplingConfig
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    # One distribution per drafted token, or None for drafters that only guess (n-gram).
+    dists: list[Distribution] | None = None
+
+
+class Drafter(Protocol):
+    name: str
+
+    def start(self, context: Sequence[int]) -> None:
+        """A new request begins with this committed context (its last token not yet evaluated)."""
+        ...
+
+    def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+        """Up to n tokens that might follow context."""
+        ...
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        """The target kept n_accepted of the last draft; context now ends with its own token."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

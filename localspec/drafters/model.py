@@ -1,0 +1,76 @@
+"""A separate, smaller model with the same tokenizer drafts autoregressively.
+
+The drafter's cache is kept in step with the committed text: tokens it drafted and the
+target accepted stay cached, so an accepted draft token is never evaluated twice (llama.cpp's
+loop re-decodes them). Only the target's own token after each step, plus the last draft token
+when the whole draft was accepted, is new to the drafter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from localspec.drafters import Draft, common_prefix
+from localspec.protocol import Backend
+from localspec.sampling import Distribution, SamplingConfig, process
+
+
+class ModelDrafter:
+    name = "draft"
+
+    def __init__(self, backend: Backend, min_confidence: float = 0.0) -> None:
+        self.backend = backend
+        # Stop drafting once the drafter's own top probability falls below this (greedy only).
+        self.min_confidence = min_confidence
+        self._cached: list[int] = []
+
+    def start(self, context: Sequence[int]) -> None:
+        # An interrupted request may have left cache and ledger apart: trust the shorter.
+        keep = min(common_prefix(self._cached, context), len(context) - 1, self.backend.n_past)
+        self.backend.rollback(keep)
+        del self._cached[keep:]
+        self._feed(context[keep:-1], "none")
+
+    def _feed(self, tokens: Sequence[int], mode: str) -> np.ndarray:
+        logits = self.backend.eval_block(tokens, mode)  # type: ignore[arg-type]
+        self._cached.extend(tokens)
+        return logits
+
+    def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+        room = self.backend.info.n_ctx - len(self._cached) - 1
+        n = min(n, room)
+        if n <= 0:
+            return Draft()
+        row = self._feed(context[len(self._cached) :], "last")[-1]
+        tokens: list[int] = []
+        dists: list[Distribution] = []
+        for i in range(n):
+            if cfg.greedy:
+                tok = int(np.argmax(row))
+                if self.min_confidence > 0 and i > 0 and _top_prob(row) < self.min_confidence:
+                    break
+            else:
+                dist = process(row, cfg)
+                tok = dist.sample(rng)
+                dists.append(dist)
+            tokens.append(tok)
+            if i < n - 1:
+                row = self._feed([tok], "last")[-1]
+        return Draft(tokens, None if cfg.greedy else dists)
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        # context = committed text; everything cached beyond its accepted part goes.
+        keep = min(len(self._cached), len(context) - 1)
+        if keep < len(self._cached):
+            self.backend.rollback(keep)
+            del self._cached[keep:]
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _top_prob(row: np.ndarray) -> float:
+    shifted = np.exp(row - row.max())
+    return float(1.0 / shifted.sum())

@@ -1,0 +1,26 @@
+"""No drafting: plain autoregressive decoding through the same loop, the baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from localspec.drafters import Draft
+from localspec.sampling import SamplingConfig
+
+
+class NoDrafter:
+    name = "none"
+
+    def start(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+        return Draft()
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,174 @@
+"""The speculative loop: draft γ tokens, verify them in one target pass, keep what the
+target agrees with, roll the caches back, emit. Backend-agnostic: it sees only the
+Backend protocol and a Drafter."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec.acceptance import accept_greedy, accept_rejection_sampling
+from localspec.controller import DraftLengthPolicy
+from localspec.drafters import Drafter, common_prefix
+from localspec.errors import ContextFullError, InvalidRequestError
+from localspec.protocol import Backend
+from localspec.sampling import SamplingConfig
+from localspec.stats import Stats
+
+
+SHADOW_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens committed by one verify step; the first n_from_draft came from the drafter."""
+
+    tokens: list[int]
+    n_from_draft: int
+
+
+class Engine:
+    """Owns one target and one drafter; keeps the target cache's token ledger across
+    requests so a new turn only evaluates what changed."""
+
+    def __init__(self, target: Backend, drafter: Drafter, free_drafter: bool = False) -> None:
+        self.target = target
+        self.drafter = drafter
+        # A free drafter (n-gram) may be consulted even when γ = 0, to keep its
+        # acceptance estimate honest at no cost.
+        self.free_drafter = free_drafter
+        self._cached: list[int] = []  # exactly the tokens in the target's cache
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        cfg: SamplingConfig,
+        policy: DraftLengthPolicy,
+        stats: Stats,
+        rng: np.random.Generator,
+    ) -> Iterator[Step]:
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty", "give some text to continue or a chat message")
+        if max_tokens < 0:
+            raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
+        n_ctx = self.target.info.n_ctx
+        if len(prompt) >= n_ctx:
+            raise ContextFullError(
+                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}",
+                "shorten the prompt or start a new conversation, or load the model with a larger n_ctx",
+            )
+        stats.prompt_tokens = len(prompt)
+        self._prefill(prompt, stats)
+        if max_tokens == 0:
+            stats.finish_reason = "max_tokens"
+            return
+        yield from self._decode(list(prompt), max_tokens, cfg, policy, stats, rng)
+
+    def _prefill(self, prompt: Sequence[int], stats: Stats) -> None:
+        # Everything but the last prompt token goes in now; that token opens the first
+        # verify block, so even the first generated token can come with a draft.
+        t0 = time.perf_counter()
+        keep = min(common_prefix(self._cached, prompt), len(prompt) - 1)
+        self.target.rollback(keep)
+        del self._cached[keep:]
+        todo = list(prompt[keep:-1])
+        for start in range(0, len(todo), self.target.capabilities.max_block):
+            chunk = todo[start : start + self.target.capabilities.max_block]
+            self.target.eval_block(chunk, "none")
+            self._cached.extend(chunk)
+        self.drafter.start(prompt)
+        stats.prefill_tokens = len(todo) + 1
+        stats.prefill_seconds = time.perf_counter() - t0
+
+    def _decode(
+        self,
+        ctx: list[int],
+        max_tokens: int,
+        cfg: SamplingConfig,
+        policy: DraftLengthPolicy,
+        stats: Stats,
+        rng: np.random.Generator,
+    ) -> Iterator[Step]:
+        eog = self.target.end_of_generation()
+        n_ctx = self.target.info.n_ctx
+        produced = 0
+        shadow: tuple[list[int], int] | None = None
+        t_start = time.perf_counter()
+        try:
+            while True:
+                room = n_ctx - len(self._cached) - 1  # positions left after the pending token
+                if room < 0:
+                    stats.finish_reason = "context_full"
+                    return
+                gamma = policy.choose(min(room, max_tokens - produced - 1))
+                t0 = time.perf_counter()
+                draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else None
+                if gamma > 0:
+                    shadow = None
+                elif shadow is None and self.free_drafter:
+                    guess = self.drafter.propose(ctx, SHADOW_TOKENS, cfg, rng).tokens
+                    shadow = (guess, len(ctx)) if guess else None
+                tokens = draft.tokens[:gamma] if draft else []
+                t1 = time.perf_counter()
+                logits = self.target.eval_block([ctx[-1], *tokens], "all")
+                if cfg.greedy:
+                    n_acc, nxt = accept_greedy(tokens, logits)
+                else:
+                    dists = draft.dists if draft else None
+                    n_acc, nxt = accept_rejection_sampling(tokens, dists, logits, cfg, rng)
+                self.target.rollback(len(self._cached) + 1 + n_acc)
+                self._cached.append(ctx[-1])
+                self._cached.extend(tokens[:n_acc])
+                t2 = time.perf_counter()
+
+                new = [*tokens[:n_acc], nxt]
+                ctx.extend(new)
+                self.drafter.commit(ctx, n_acc)
+                stats.draft_seconds += t1 - t0
+                stats.verify_seconds += t2 - t1
+                stats.record_step(gamma, len(tokens), n_acc)
+                policy.observe(len(tokens), n_acc, t1 - t0, t2 - t1)
+                if shadow is not None and self._settle_shadow(shadow, ctx, policy):
+                    shadow = None
+
+                for i, tok in enumerate(new):
+                    if tok in eog:
+                        new, stats.finish_reason = new[:i], "stop"
+                        break
+                new = new[: max_tokens - produced]
+                produced += len(new)
+                stats.generated_tokens = produced
+                stats.decode_seconds = time.perf_counter() - t_start
+                if new:
+                    yield Step(new, min(n_acc, len(new)))
+                if stats.finish_reason:
+                    return
+                if produced >= max_tokens:
+                    stats.finish_reason = "max_tokens"
+                    return
+        finally:
+            stats.decode_seconds = time.perf_counter() - t_start
+            self._resync()
+
+    @staticmethod
+    def _settle_shadow(shadow: tuple[list[int], int], ctx: list[int], policy: DraftLengthPolicy) -> bool:
+        """Score a shadow guess once the text it guessed is known; True when settled."""
+        guess, at = shadow
+        actual = ctx[at : at + len(guess)]
+        matched = common_prefix(guess, actual)
+        if matched < len(actual) or len(actual) == len(guess):
+            policy.observe_shadow(len(guess), matched)
+            return True
+        return False
+
+    def _resync(self) -> None:
+        # An exception between a target pass and its rollback (Ctrl-C, say) must not leave
+        # the ledger and the cache disagreeing: trust the shorter of the two.
+        if self.target.n_past != len(self._cached):
+            keep = min(self.target.n_past, len(self._cached))
+            self.target.rollback(keep)
+            del self._cached[keep:]

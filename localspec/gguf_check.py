@@ -1,0 +1,49 @@
+"""Cheap checks on a model file before a backend opens it, and a diagnosis when it fails."""
+
+from __future__ import annotations
+
+import os
+
+from localspec.errors import ModelLoadError
+
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf(path: str) -> None:
+    """Refuse what is plainly not a GGUF model, with the reason; costs one 4-byte read."""
+    if not os.path.exists(path):
+        raise ModelLoadError(
+            f"no model file at {path}",
+            "check the path, or run `localspec run` without --model to use the embedded default",
+        )
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path} is a folder, not a GGUF file", "point to the .gguf file inside it")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})",
+            "llama.cpp reads GGUF; convert safetensors with llama.cpp's convert_hf_to_gguf.py",
+        )
+
+
+def diagnose_gguf(path: str) -> str:
+    """Why llama.cpp may have refused a file that starts like a GGUF: reads the header fully."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # the gguf reader raises many kinds on a damaged header
+        return f"its GGUF header is damaged or cut short ({type(exc).__name__}: {exc})"
+    size = os.path.getsize(path)
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > size:
+        return f"the file is truncated: its tensors need {end} bytes but it has {size}; download it again"
+    arch = reader.fields.get("general.architecture")
+    if arch is not None:
+        name = bytes(arch.parts[arch.data[0]]).decode(errors="replace")
+        return f"its architecture is {name!r}; this llama.cpp build may not support it"
+    return "its header has no general.architecture key"

@@ -1,0 +1,104 @@
+"""The contract between the engine and a backend: one loaded model, a KV cache, a tokenizer.
+
+The engine imports nothing but this module to talk to models; llama.cpp, torch and mlx live
+behind it in localspec.backends and are imported only when a user asks for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Logits = npt.NDArray[np.float32]
+LogitsMode = Literal["all", "last", "none"]
+
+
+@dataclass(frozen=True)
+class VocabIdentity:
+    """What a pair check compares: tokenizer content, not just its size."""
+
+    kind: str  # tokenizer family, e.g. "bpe", "spm", "bytes"
+    size: int
+    bos: int | None
+    eos: int | None
+    token_texts: tuple[bytes, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for text in self.token_texts:
+            digest.update(len(text).to_bytes(4, "little") + text)
+        return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: str
+    backend: str
+    architecture: str
+    n_ctx: int
+    n_vocab: int
+    size_bytes: int
+    n_params: int
+    n_layers: int = 0
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    rollback: bool = True  # can drop the cache tail (recurrent models cannot)
+    max_block: int = 512  # most tokens one eval_block call takes
+    device: str = "cpu"
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One loaded model with its own cache. Positions are counted in tokens from 0."""
+
+    info: ModelInfo
+    capabilities: Capabilities
+
+    @property
+    def n_past(self) -> int:
+        """How many tokens the cache holds."""
+        ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes one token stands for (may be part of a UTF-8 character)."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def vocab_identity(self) -> VocabIdentity: ...
+
+    def end_of_generation(self) -> frozenset[int]:
+        """Tokens that end a turn (EOS, EOT, <|im_end|>...)."""
+        ...
+
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template, if it ships one."""
+        ...
+
+    def special_texts(self) -> dict[str, str]:
+        """bos_token / eos_token texts, as chat templates expect them."""
+        ...
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        """Append tokens to the cache and return logits, shape (n, vocab) for "all",
+        (1, vocab) for "last", (0, vocab) for "none". The array may be a view that the
+        next call overwrites: copy what must outlive it."""
+        ...
+
+    def rollback(self, n: int) -> None:
+        """Keep the first n cached tokens, drop the rest."""
+        ...
+
+    def close(self) -> None: ...

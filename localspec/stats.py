@@ -1,0 +1,87 @@
+"""Generation statistics: one value, produced by the engine, read by CLI, TUI, bench and API."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Stats:
+    strategy: str = "none"
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually evaluated (the rest came from the cache)
+    prefill_seconds: float = 0.0
+    generated_tokens: int = 0
+    decode_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    gamma_histogram: dict[int, int] = field(default_factory=dict)
+    finish_reason: str = ""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.generated_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def mean_gamma(self) -> float:
+        steps = sum(self.gamma_histogram.values())
+        return sum(g * c for g, c in self.gamma_histogram.items()) / steps if steps else 0.0
+
+    def record_step(self, gamma: int, drafted: int, accepted: int) -> None:
+        self.verify_steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.gamma_histogram[gamma] = self.gamma_histogram.get(gamma, 0) + 1
+        while len(self.drafted_by_position) < drafted:
+            self.drafted_by_position.append(0)
+            self.accepted_by_position.append(0)
+        for i in range(drafted):
+            self.drafted_by_position[i] += 1
+            if i < accepted:
+                self.accepted_by_position[i] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["gamma_histogram"] = {str(k): v for k, v in sorted(self.gamma_histogram.items())}
+        for name in (
+            "acceptance_rate",
+            "tokens_per_step",
+            "decode_tokens_per_s",
+            "prefill_tokens_per_s",
+            "acceptance_by_position",
+            "mean_gamma",
+        ):
+            out[name] = getattr(self, name)
+        return out
+
+    def summary(self) -> str:
+        return (
+            f"{self.generated_tokens} tokens, {self.decode_tokens_per_s:.1f} tok/s decode, "
+            f"{self.prefill_tokens_per_s:.1f} tok/s prefill ({self.prefill_tokens}/{self.prompt_tokens} "
+            f"prompt tokens evaluated) | strategy {self.strategy}: {self.accepted}/{self.drafted} drafts "
+            f"accepted ({self.acceptance_rate:.0%}), {self.tokens_per_step:.2f} tokens/step, "
+            f"mean draft length {self.mean_gamma:.2f} | draft {self.draft_seconds:.2f}s, "
+            f"verify {self.verify_seconds:.2f}s | finish: {self.finish_reason}"
+        )
