@@ -85,7 +85,7 @@ class LlamaCppBackend:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
-        self._n_past = 0
+        self._tokens: list[int] = []
         self._closed = False
         self._piece_buf = ctypes.create_string_buffer(256)
         self.info = ModelInfo(
@@ -117,7 +117,10 @@ class LlamaCppBackend:
 
     @property
     def n_past(self) -> int:
-        return self._n_past
+        return len(self._tokens)
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
 
     def vocab_identity(self) -> VocabIdentity:
         texts = tuple(
@@ -178,12 +181,13 @@ class LlamaCppBackend:
         n = len(tokens)
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
-        if self._n_past + n > self.info.n_ctx:
+        if len(self._tokens) + n > self.info.n_ctx:
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
         if n == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         self._tok[:n] = tokens
-        self._pos[:n] = np.arange(self._n_past, self._n_past + n)
+        past = len(self._tokens)
+        self._pos[:n] = np.arange(past, past + n)
         self._out[:n] = 0
         if logits == "all":
             self._out[:n] = 1
@@ -193,8 +197,8 @@ class LlamaCppBackend:
         rc = llama.llama_decode(self._ctx, self._batch)
         if rc != 0:
             # A failed decode leaves the cache as it was before the batch.
-            raise InvalidRequestError(f"llama_decode failed with code {rc} at position {self._n_past}")
-        self._n_past += n
+            raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
+        self._tokens.extend(tokens)
         rows = n if logits == "all" else (1 if logits == "last" else 0)
         if rows == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
@@ -202,9 +206,9 @@ class LlamaCppBackend:
         return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
 
     def rollback(self, n: int) -> None:
-        if n < self._n_past:
+        if n < len(self._tokens):
             llama.llama_memory_seq_rm(self._mem, 0, n, -1)
-            self._n_past = n
+            del self._tokens[n:]
 
     def close(self) -> None:
         if self._closed:

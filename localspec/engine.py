@@ -31,8 +31,8 @@ class Step:
 
 
 class Engine:
-    """Owns one target and one drafter; keeps the target cache's token ledger across
-    requests so a new turn only evaluates what changed."""
+    """Runs requests for one target and one drafter. The caches outlive requests, so a new
+    turn only evaluates what changed since the last one."""
 
     def __init__(self, target: Backend, drafter: Drafter, free_drafter: bool = False) -> None:
         self.target = target
@@ -40,7 +40,6 @@ class Engine:
         # A free drafter (n-gram) may be consulted even when γ = 0, to keep its
         # acceptance estimate honest at no cost.
         self.free_drafter = free_drafter
-        self._cached: list[int] = []  # exactly the tokens in the target's cache
 
     def generate(
         self,
@@ -72,14 +71,11 @@ class Engine:
         # Everything but the last prompt token goes in now; that token opens the first
         # verify block, so even the first generated token can come with a draft.
         t0 = time.perf_counter()
-        keep = min(common_prefix(self._cached, prompt), len(prompt) - 1)
+        keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
         self.target.rollback(keep)
-        del self._cached[keep:]
         todo = list(prompt[keep:-1])
         for start in range(0, len(todo), self.target.capabilities.max_block):
-            chunk = todo[start : start + self.target.capabilities.max_block]
-            self.target.eval_block(chunk, "none")
-            self._cached.extend(chunk)
+            self.target.eval_block(todo[start : start + self.target.capabilities.max_block], "none")
         self.drafter.start(prompt)
         stats.prefill_tokens = len(todo) + 1
         stats.prefill_seconds = time.perf_counter() - t0
@@ -100,7 +96,8 @@ class Engine:
         t_start = time.perf_counter()
         try:
             while True:
-                room = n_ctx - len(self._cached) - 1  # positions left after the pending token
+                past = self.target.n_past
+                room = n_ctx - past - 1  # positions left after the pending token
                 if room < 0:
                     stats.finish_reason = "context_full"
                     return
@@ -120,9 +117,7 @@ class Engine:
                 else:
                     dists = draft.dists if draft else None
                     n_acc, nxt = accept_rejection_sampling(tokens, dists, logits, cfg, rng)
-                self.target.rollback(len(self._cached) + 1 + n_acc)
-                self._cached.append(ctx[-1])
-                self._cached.extend(tokens[:n_acc])
+                self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
                 new = [*tokens[:n_acc], nxt]
@@ -152,7 +147,6 @@ class Engine:
                     return
         finally:
             stats.decode_seconds = time.perf_counter() - t_start
-            self._resync()
 
     @staticmethod
     def _settle_shadow(shadow: tuple[list[int], int], ctx: list[int], policy: DraftLengthPolicy) -> bool:
@@ -164,11 +158,3 @@ class Engine:
             policy.observe_shadow(len(guess), matched)
             return True
         return False
-
-    def _resync(self) -> None:
-        # An exception between a target pass and its rollback (Ctrl-C, say) must not leave
-        # the ledger and the cache disagreeing: trust the shorter of the two.
-        if self.target.n_past != len(self._cached):
-            keep = min(self.target.n_past, len(self._cached))
-            self.target.rollback(keep)
-            del self._cached[keep:]

@@ -69,6 +69,11 @@ class Backend(Protocol):
         """How many tokens the cache holds."""
         ...
 
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens the cache holds, in order. The cache's own record, so every user of a
+        backend (engines, drafters, calibration) sees the truth and reuses shared prefixes."""
+        ...
+
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
 
     def token_bytes(self, token: int) -> bytes:

@@ -96,7 +96,7 @@ def process(logits: npt.NDArray[np.floating], cfg: SamplingConfig) -> Distributi
     if cfg.top_p < 1:
         p = np.exp(vals - vals[0])
         cdf = np.cumsum(p) / p.sum()
-        n = int(np.searchsorted(cdf, cfg.top_p, side="left")) + 1
+        n = int(np.searchsorted(cdf, cfg.top_p - 1e-9, side="left")) + 1  # tolerate rounding
         ids, vals = ids[:n], vals[:n]
     scaled = np.exp((vals - vals[0]) / cfg.temperature)
     return Distribution(ids.astype(np.int64), scaled / scaled.sum())

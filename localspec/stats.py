@@ -54,13 +54,15 @@ class Stats:
         self.drafted += drafted
         self.accepted += accepted
         self.gamma_histogram[gamma] = self.gamma_histogram.get(gamma, 0) + 1
-        while len(self.drafted_by_position) < drafted:
+        for i in range(drafted):
+            self.record_position(i, 1, 1 if i < accepted else 0)
+
+    def record_position(self, i: int, drafted: int, accepted: int) -> None:
+        while len(self.drafted_by_position) <= i:
             self.drafted_by_position.append(0)
             self.accepted_by_position.append(0)
-        for i in range(drafted):
-            self.drafted_by_position[i] += 1
-            if i < accepted:
-                self.accepted_by_position[i] += 1
+        self.drafted_by_position[i] += drafted
+        self.accepted_by_position[i] += accepted
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -24,26 +24,18 @@ class ModelDrafter:
         self.backend = backend
         # Stop drafting once the drafter's own top probability falls below this (greedy only).
         self.min_confidence = min_confidence
-        self._cached: list[int] = []
 
     def start(self, context: Sequence[int]) -> None:
-        # An interrupted request may have left cache and ledger apart: trust the shorter.
-        keep = min(common_prefix(self._cached, context), len(context) - 1, self.backend.n_past)
+        keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
         self.backend.rollback(keep)
-        del self._cached[keep:]
-        self._feed(context[keep:-1], "none")
-
-    def _feed(self, tokens: Sequence[int], mode: str) -> np.ndarray:
-        logits = self.backend.eval_block(tokens, mode)  # type: ignore[arg-type]
-        self._cached.extend(tokens)
-        return logits
+        self.backend.eval_block(context[keep:-1], "none")
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
-        room = self.backend.info.n_ctx - len(self._cached) - 1
-        n = min(n, room)
+        past = self.backend.n_past
+        n = min(n, self.backend.info.n_ctx - len(context) - 1)
         if n <= 0:
             return Draft()
-        row = self._feed(context[len(self._cached) :], "last")[-1]
+        row = self.backend.eval_block(context[past:], "last")[-1]
         tokens: list[int] = []
         dists: list[Distribution] = []
         for i in range(n):
@@ -57,15 +49,12 @@ class ModelDrafter:
                 dists.append(dist)
             tokens.append(tok)
             if i < n - 1:
-                row = self._feed([tok], "last")[-1]
+                row = self.backend.eval_block([tok], "last")[-1]
         return Draft(tokens, None if cfg.greedy else dists)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        # context = committed text; everything cached beyond its accepted part goes.
-        keep = min(len(self._cached), len(context) - 1)
-        if keep < len(self._cached):
-            self.backend.rollback(keep)
-            del self._cached[keep:]
+        # context = committed text; what the drafter cached beyond its accepted part goes.
+        self.backend.rollback(min(self.backend.n_past, len(context) - 1))
 
     def close(self) -> None:
         self.backend.close()

@@ -1,0 +1,5 @@
+import sys
+
+from localspec.cli.main import main
+
+sys.exit(main())

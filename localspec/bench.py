@@ -1,0 +1,134 @@
+"""Side-by-side benchmark: plain decoding and each strategy on the same prompts, in one
+process, interleaved, so the speedups are ratios measured under the same conditions."""
+
+from __future__ import annotations
+
+import platform
+import resource
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from localspec.api import Runtime
+from localspec.hardware import physical_cores
+from localspec.prompts import BenchPrompt
+from localspec.protocol import Backend
+from localspec.stats import Stats
+
+
+@dataclass
+class BenchRow:
+    prompt: str
+    strategy: str
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+    speedup: float
+    acceptance_rate: float
+    tokens_per_step: float
+    mean_gamma: float
+    tokens: int
+    plain_tokens: int
+    peak_rss_mb: float
+    acceptance_by_position: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Tally:
+    tokens: int = 0
+    seconds: float = 0.0
+    merged: Stats = field(default_factory=Stats)
+
+    def add(self, stats: Stats) -> None:
+        self.tokens += stats.generated_tokens
+        self.seconds += stats.decode_seconds
+        m = self.merged
+        m.generated_tokens += stats.generated_tokens
+        m.verify_steps += stats.verify_steps
+        for g, c in stats.gamma_histogram.items():
+            m.gamma_histogram[g] = m.gamma_histogram.get(g, 0) + c
+        drafted = list(stats.drafted_by_position)
+        for i, d in enumerate(drafted):
+            m.record_position(i, d, stats.accepted_by_position[i])
+        m.drafted += stats.drafted
+        m.accepted += stats.accepted
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def peak_rss_mb() -> float:
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    scale = 1 if platform.system() == "Darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def bench(
+    target: Backend,
+    draft: Backend | None,
+    strategies: Sequence[str],
+    prompts: Sequence[BenchPrompt],
+    max_tokens: int = 160,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    draft_tokens: int | Literal["auto"] = "auto",
+    seed: int = 0,
+) -> list[BenchRow]:
+    rows: list[BenchRow] = []
+    for prompt in prompts:
+        names = ["none", *[s for s in strategies if s != "none"]]
+        # A fresh runtime per prompt: the controller must adapt within the request.
+        runtimes = {s: Runtime(target, draft if s == "draft" else None, strategy=s, draft_tokens=draft_tokens)
+                    for s in names}
+        tallies = {s: _Tally() for s in names}
+        runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
+        for r in range(repeats):
+            for s in names:  # interleaved, so drift in machine speed hits every column alike
+                out = runtimes[s].generate(messages=prompt.messages, max_tokens=max_tokens,
+                                           temperature=temperature, seed=seed + r)
+                tallies[s].add(out.stats)
+        plain = tallies["none"]
+        for s in names:
+            if s == "none" and len(names) > 1:
+                continue
+            t = tallies[s]
+            m = t.merged
+            rows.append(BenchRow(
+                prompt=prompt.id, strategy=s, plain_tokens_per_s=plain.rate, spec_tokens_per_s=t.rate,
+                speedup=t.rate / plain.rate if plain.rate else 0.0, acceptance_rate=m.acceptance_rate,
+                tokens_per_step=m.tokens_per_step, mean_gamma=m.mean_gamma, tokens=t.tokens,
+                plain_tokens=plain.tokens, peak_rss_mb=peak_rss_mb(),
+                acceptance_by_position=m.acceptance_by_position[:8],
+            ))
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "physical_cores": physical_cores(), "system": platform.platform(),
+            "python": platform.python_version()}
+
+
+def format_table(rows: Sequence[BenchRow]) -> str:
+    head = (f"{'prompt':<12} {'strategy':<8} {'plain t/s':>9} {'spec t/s':>9} {'speedup':>8} "
+            f"{'accept':>7} {'tok/step':>8} {'mean γ':>7} {'RSS MB':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.prompt:<12} {r.strategy:<8} {r.plain_tokens_per_s:>9.1f} {r.spec_tokens_per_s:>9.1f} "
+            f"{r.speedup:>7.2f}x {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f} "
+            f"{r.peak_rss_mb:>7.0f}"
+        )
+    return "\n".join(lines)
+
+
+def rows_to_json(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,1 @@
+"""The `localspec` command: each subcommand a short module over the public API."""

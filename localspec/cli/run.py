@@ -1,0 +1,62 @@
+"""`localspec run`: one answer on stdout, streamed; statistics on stderr with --verbose."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from localspec.api import Finished, TextDelta, load
+from localspec.errors import InvalidRequestError
+
+
+def register(sub: Any) -> None:
+    from localspec.cli.main import add_model_options, add_sampling_options
+
+    p = sub.add_parser("run", help="answer one prompt", description="Answer one prompt with speculative decoding.")
+    p.add_argument("prompt", help="the prompt; '-' reads it from standard input")
+    p.add_argument("--strategy", "-s", default="auto", choices=["auto", "none", "ngram", "draft"],
+                   help="auto (default): 'draft' when --draft-model is given, else 'ngram'")
+    p.add_argument("--system", help="system message")
+    p.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--verbose", "-v", action="store_true", help="print statistics on stderr")
+    p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
+    add_model_options(p)
+    add_sampling_options(p, temperature=0.8)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
+    options: dict[str, Any] = {"n_ctx": args.ctx}
+    if args.threads:
+        options["threads"] = args.threads
+    runtime = load(args.model, draft_model=args.draft_model, strategy=args.strategy, backend=args.backend,
+                   draft_tokens=args.draft_tokens, **options)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                "min_p": args.min_p, "seed": args.seed}
+    if args.raw:
+        request: dict[str, Any] = {"prompt": prompt}
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt}]
+        request = {"messages": messages}
+    with runtime:
+        for event in runtime.stream(**request, max_tokens=args.max_tokens, stop=args.stop, **sampling):
+            if isinstance(event, TextDelta):
+                if not args.json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            elif isinstance(event, Finished):
+                if args.json:
+                    print(json.dumps({"text": event.text, "finish_reason": event.finish_reason,
+                                      "stats": event.stats.to_dict()}))
+                else:
+                    sys.stdout.write("\n")
+                if args.verbose:
+                    print(event.stats.summary(), file=sys.stderr)
+    return 0

@@ -1,0 +1,108 @@
+"""The adaptive draft length on synthetic cost curves and acceptance streams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength, choose_static
+
+# Measured shapes (ms) on a 2-core AVX2 CPU, SmolLM2-135M (ANCHORS.md).
+Q4_1 = [6.2e-3, 12.4e-3, 16.7e-3, 21.0e-3, 25.1e-3, 29.2e-3, 33.3e-3, 37.4e-3, 41.9e-3]
+NEARLY_FREE = [10e-3 + 0.2e-3 * k for k in range(16)]
+
+
+def test_plain_decoding_is_chosen_when_verifying_costs_as_much_as_decoding_each_token() -> None:
+    linear = [6e-3 * k for k in range(1, 13)]
+    assert choose_static(linear, alpha=0.9, draft_cost=0.0, max_gamma=12) == 0
+
+
+def test_plain_decoding_is_chosen_when_acceptance_is_low_on_compute_bound_hardware() -> None:
+    assert choose_static(Q4_1, alpha=0.5, draft_cost=0.0, max_gamma=8) == 0
+
+
+def test_long_drafts_when_verification_is_nearly_free_and_acceptance_is_high() -> None:
+    assert choose_static(NEARLY_FREE, alpha=0.95, draft_cost=0.0, max_gamma=12) >= 10
+
+
+def test_an_expensive_drafter_shortens_the_draft() -> None:
+    cheap = choose_static(NEARLY_FREE, alpha=0.8, draft_cost=0.0, max_gamma=12)
+    costly = choose_static(NEARLY_FREE, alpha=0.8, draft_cost=5e-3, max_gamma=12)
+    assert costly < cheap
+
+
+def test_the_policy_learns_to_stop_drafting_when_drafts_are_rejected() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(Q4_1)), 0.0, max_gamma=8, prior=0.9)
+    assert policy.choose(8) > 0
+    chosen = []
+    for _ in range(40):
+        g = policy.choose(8)
+        chosen.append(g)
+        policy.observe(g, 0, 0.0, Q4_1[g])
+    assert chosen[-20:] == [0] * 20
+
+
+def test_with_nearly_free_verification_rejected_drafts_shrink_to_cheap_probes() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=8)
+    chosen = []
+    for _ in range(40):
+        g = policy.choose(8)
+        chosen.append(g)
+        policy.observe(g, 0, 0.0, NEARLY_FREE[g])
+    assert chosen[0] >= 4
+    assert max(chosen[-10:]) <= 1
+
+
+def test_the_policy_lengthens_drafts_when_everything_is_accepted() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(Q4_1)), 0.0, max_gamma=8, prior=0.5)
+    assert policy.choose(8) == 0
+    for _ in range(40):
+        policy.observe_shadow(8, 8)  # a free drafter's guesses keep coming true
+    assert policy.choose(8) >= 6
+
+
+def test_the_policy_recovers_from_a_rejected_stretch_when_text_becomes_predictable() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=8)
+    for _ in range(20):
+        policy.observe(4, 0, 0.0, NEARLY_FREE[4])
+    low = policy.choose(8)
+    for _ in range(20):
+        g = max(policy.choose(8), 1)
+        policy.observe(g, g, 0.0, NEARLY_FREE[g])
+    assert policy.choose(8) > low
+
+
+def test_expected_tokens_follows_the_per_position_product() -> None:
+    policy = AdaptiveDraftLength(CostCurve([1.0, 1.0]), 0.0, max_gamma=3, alpha=[0.5, 0.5, 1.0])
+    assert policy.expected_tokens(0) == 1.0
+    assert policy.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.25)
+
+
+def test_the_choice_respects_the_limit() -> None:
+    assert AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, prior=0.99).choose(2) <= 2
+    assert FixedDraftLength(6).choose(3) == 3
+
+
+def test_cost_curve_extends_beyond_measurements_and_tracks_drift() -> None:
+    curve = CostCurve([1.0, 2.0, 3.0])
+    assert curve.verify(5) == pytest.approx(5.0)
+    curve.update(2, 10.0)
+    assert 2.0 < curve.verify(2) < 2.0 + 6.0 * 0.05 + 1e-9  # one outlier is clipped and damped
+
+
+def test_random_acceptance_stream_converges_near_its_true_rate() -> None:
+    rng = np.random.default_rng(0)
+    policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4, weight=0.05)
+    for _ in range(2000):
+        accepted = 0
+        while accepted < 4 and rng.random() < 0.7:
+            accepted += 1
+        policy.observe(4, accepted, 0.0, NEARLY_FREE[4])
+    assert policy.alpha[0] == pytest.approx(0.7, abs=0.1)
+
+
+def test_a_cost_curve_needs_positive_timings() -> None:
+    with pytest.raises(ValueError):
+        CostCurve([])
+    with pytest.raises(ValueError):
+        CostCurve([0.0, 1.0])
