@@ -1,15 +1,15 @@
 """The Python API desktop apps embed; the CLI and TUI are thin layers over it.
 
-    rt = localspec.load()                       # embedded default, best strategy
-    out = rt.generate(messages=[{"role": "user", "content": "Hi"}])
-    print(out.text, out.stats.summary())
+rt = localspec.load()                       # embedded default, best strategy
+out = rt.generate(messages=[{"role": "user", "content": "Hi"}])
+print(out.text, out.stats.summary())
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import closing
-from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,7 +68,7 @@ class _Owner:
     """Who holds the runtime: a thread, and the stream it is iterating."""
 
     thread: int
-    stream: Iterator[Event] | None = None
+    stream: Generator[Event, None, None] | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -89,7 +89,9 @@ class Runtime:
         if strategy == "auto":
             strategy = "draft" if draft is not None else "ngram"
         if strategy == "draft" and draft is None:
-            raise InvalidRequestError("strategy 'draft' needs a draft model", "pass --draft-model PATH (or draft_model=)")
+            raise InvalidRequestError(
+                "strategy 'draft' needs a draft model", "pass --draft-model PATH (or draft_model=)"
+            )
         if draft is not None and strategy == "draft":
             reason = vocab_mismatch(target.vocab_identity(), draft.vocab_identity())
             if reason:
@@ -129,7 +131,9 @@ class Runtime:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def prompt_tokens(self, prompt: str | None = None, messages: Sequence[Mapping[str, str]] | None = None) -> list[int]:
+    def prompt_tokens(
+        self, prompt: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+    ) -> list[int]:
         if (prompt is None) == (messages is None):
             raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
         if messages is not None:
@@ -154,7 +158,7 @@ class Runtime:
         tokens = self.prompt_tokens(prompt, messages)
         if max_tokens < 0:
             raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
-        holder: list[Iterator[Event]] = []
+        holder: list[Generator[Event, None, None]] = []
         gen = self._run(holder, tokens, max_tokens, cfg, stop)
         holder.append(gen)
         return gen
@@ -179,8 +183,13 @@ class Runtime:
         raise AssertionError("a stream always ends with a Finished event")
 
     def _run(
-        self, me: list[Iterator[Event]], tokens: list[int], max_tokens: int, cfg: SamplingConfig, stop: Sequence[str]
-    ) -> Iterator[Event]:
+        self,
+        me: list[Generator[Event, None, None]],
+        tokens: list[int],
+        max_tokens: int,
+        cfg: SamplingConfig,
+        stop: Sequence[str],
+    ) -> Generator[Event, None, None]:
         self._acquire(me[0])
         try:
             rng = np.random.default_rng(cfg.seed)
@@ -202,7 +211,7 @@ class Runtime:
 
     # -- one request at a time --------------------------------------------------------------
 
-    def _acquire(self, stream: Iterator[Event]) -> None:
+    def _acquire(self, stream: Generator[Event, None, None]) -> None:
         me = threading.get_ident()
         with self._cond:
             while self._owner is not None:

@@ -20,9 +20,7 @@ BACKENDS = {
 def load_backend(name: str, path: str, **options: Any) -> Backend:
     module_name = BACKENDS.get(name)
     if module_name is None:
-        raise BackendUnavailableError(
-            f"unknown backend {name!r}", f"choose one of: {', '.join(sorted(BACKENDS))}"
-        )
+        raise BackendUnavailableError(f"unknown backend {name!r}", f"choose one of: {', '.join(sorted(BACKENDS))}")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -30,6 +30,10 @@ class BenchRow:
     plain_tokens: int
     peak_rss_mb: float
     acceptance_by_position: list[float] = field(default_factory=list)
+    peer_program: str = ""
+    peer_tokens_per_s: float = 0.0
+    peer_tokens: int = 0
+    vs_peer: float = 0.0
 
 
 @dataclass
@@ -78,14 +82,16 @@ def bench(
     for prompt in prompts:
         names = ["none", *[s for s in strategies if s != "none"]]
         # A fresh runtime per prompt: the controller must adapt within the request.
-        runtimes = {s: Runtime(target, draft if s == "draft" else None, strategy=s, draft_tokens=draft_tokens)
-                    for s in names}
+        runtimes = {
+            s: Runtime(target, draft if s == "draft" else None, strategy=s, draft_tokens=draft_tokens) for s in names
+        }
         tallies = {s: _Tally() for s in names}
         runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
         for r in range(repeats):
             for s in names:  # interleaved, so drift in machine speed hits every column alike
-                out = runtimes[s].generate(messages=prompt.messages, max_tokens=max_tokens,
-                                           temperature=temperature, seed=seed + r)
+                out = runtimes[s].generate(
+                    messages=prompt.messages, max_tokens=max_tokens, temperature=temperature, seed=seed + r
+                )
                 tallies[s].add(out.stats)
         plain = tallies["none"]
         for s in names:
@@ -93,13 +99,22 @@ def bench(
                 continue
             t = tallies[s]
             m = t.merged
-            rows.append(BenchRow(
-                prompt=prompt.id, strategy=s, plain_tokens_per_s=plain.rate, spec_tokens_per_s=t.rate,
-                speedup=t.rate / plain.rate if plain.rate else 0.0, acceptance_rate=m.acceptance_rate,
-                tokens_per_step=m.tokens_per_step, mean_gamma=m.mean_gamma, tokens=t.tokens,
-                plain_tokens=plain.tokens, peak_rss_mb=peak_rss_mb(),
-                acceptance_by_position=m.acceptance_by_position[:8],
-            ))
+            rows.append(
+                BenchRow(
+                    prompt=prompt.id,
+                    strategy=s,
+                    plain_tokens_per_s=plain.rate,
+                    spec_tokens_per_s=t.rate,
+                    speedup=t.rate / plain.rate if plain.rate else 0.0,
+                    acceptance_rate=m.acceptance_rate,
+                    tokens_per_step=m.tokens_per_step,
+                    mean_gamma=m.mean_gamma,
+                    tokens=t.tokens,
+                    plain_tokens=plain.tokens,
+                    peak_rss_mb=peak_rss_mb(),
+                    acceptance_by_position=m.acceptance_by_position[:8],
+                )
+            )
     return rows
 
 
@@ -113,19 +128,27 @@ def machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {"cpu": cpu, "physical_cores": physical_cores(), "system": platform.platform(),
-            "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "physical_cores": physical_cores(),
+        "system": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def format_table(rows: Sequence[BenchRow]) -> str:
-    head = (f"{'prompt':<12} {'strategy':<8} {'plain t/s':>9} {'spec t/s':>9} {'speedup':>8} "
-            f"{'accept':>7} {'tok/step':>8} {'mean γ':>7} {'RSS MB':>7}")
+    peers = any(r.peer_program for r in rows)
+    head = (
+        f"{'prompt':<12} {'strategy':<8} {'plain t/s':>9} {'spec t/s':>9} {'speedup':>8} "
+        f"{'accept':>7} {'tok/step':>8} {'mean γ':>7} {'RSS MB':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r.prompt:<12} {r.strategy:<8} {r.plain_tokens_per_s:>9.1f} {r.spec_tokens_per_s:>9.1f} "
             f"{r.speedup:>7.2f}x {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f} "
             f"{r.peak_rss_mb:>7.0f}"
+            + (f" {r.peer_program:<24} {r.peer_tokens_per_s:>8.1f} {r.vs_peer:>7.2f}x" if peers else "")
         )
     return "\n".join(lines)
 

@@ -39,7 +39,9 @@ def _key(backend: Backend) -> str:
     except OSError:
         file_id = info.path
     extras = ",".join(f"{k}={v}" for k, v in sorted(backend.capabilities.extra.items()))
-    return f"{info.backend}|{file_id}|{info.n_ctx}|{extras}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}"
+    return (
+        f"{info.backend}|{file_id}|{info.n_ctx}|{extras}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}"
+    )
 
 
 def _load_cache() -> dict[str, dict[str, object]]:

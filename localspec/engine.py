@@ -18,7 +18,6 @@ from localspec.protocol import Backend
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
-
 SHADOW_TOKENS = 8
 
 

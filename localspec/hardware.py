@@ -1,12 +1,123 @@
-"""What the machine is: cores now; bandwidth and SIMD probing grow here."""
+"""What the machine is: cores, SIMD, memory bandwidth and a compute rate, probed once and
+cached, so a cost model can predict a model's step time before anything is measured."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import threading
+import time
+from dataclasses import asdict, dataclass
 
+import numpy as np
 import psutil
+
+from localspec.paths import data_dir
+
+SIMD_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "neon", "sve")
 
 
 def physical_cores() -> int:
     # Hyper-threads share a core's vector units; llama.cpp runs best with one thread per core.
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    cpu: str
+    machine: str
+    physical_cores: int
+    logical_cores: int
+    memory_gib: float
+    simd: tuple[str, ...]
+    bandwidth_gbs: float  # measured read bandwidth, all physical cores
+    gflops: float  # measured float32 matmul rate
+    accelerators: tuple[str, ...] = ()
+
+
+def _cpu_name_and_flags() -> tuple[str, tuple[str, ...]]:
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith(("flags", "Features")):
+                    flags.update(line.split(":", 1)[1].split())
+    except OSError:
+        pass  # not Linux: the name from platform is what we have
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        flags.add("neon")
+    return name, tuple(f for f in SIMD_FLAGS if f in flags)
+
+
+def measure_bandwidth(threads: int, mib_per_thread: int = 256, repeats: int = 3) -> float:
+    """GB/s read by `threads` threads each summing its own buffer (numpy releases the GIL)."""
+    buffers = [np.ones(mib_per_thread * 2**20 // 8) for _ in range(threads)]
+    best = 0.0
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.add.reduce, args=(b,)) for b in buffers]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - t0
+        best = max(best, threads * mib_per_thread * 2**20 / elapsed / 1e9)
+    return best
+
+
+def measure_gflops(n: int = 1024, repeats: int = 3) -> float:
+    a = np.ones((n, n), dtype=np.float32)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ a
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def _cache_file() -> str:
+    return str(data_dir() / "device.json")
+
+
+def probe(refresh: bool = False) -> DeviceProbe:
+    """The probe for this machine, measured once (about a second) and cached."""
+    name, simd = _cpu_name_and_flags()
+    key = f"{name}|{physical_cores()}|{os.cpu_count()}"
+    if not refresh:
+        try:
+            with open(_cache_file()) as fh:
+                cached = json.load(fh)
+            if cached.get("key") == key:
+                data = cached["probe"]
+                data["simd"], data["accelerators"] = tuple(data["simd"]), tuple(data["accelerators"])
+                return DeviceProbe(**data)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # measure again
+    result = DeviceProbe(
+        cpu=name,
+        machine=platform.machine(),
+        physical_cores=physical_cores(),
+        logical_cores=os.cpu_count() or 1,
+        memory_gib=psutil.virtual_memory().total / 2**30,
+        simd=simd,
+        bandwidth_gbs=measure_bandwidth(physical_cores()),
+        gflops=measure_gflops(),
+    )
+    try:
+        os.makedirs(os.path.dirname(_cache_file()), exist_ok=True)
+        with open(_cache_file(), "w") as fh:
+            json.dump({"key": key, "probe": asdict(result)}, fh)
+    except OSError:
+        pass
+    return result
+
+
+def predict_verify_seconds(size_bytes: int, n_params: int, device: DeviceProbe, k: int) -> float:
+    """A roofline guess before calibration: one pass streams the weights once, and costs
+    2·params flops per token; the slower of the two bounds wins."""
+    memory = size_bytes / (device.bandwidth_gbs * 1e9)
+    compute = k * 2 * n_params / (device.gflops * 1e9)
+    return max(memory, compute)

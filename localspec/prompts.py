@@ -9,7 +9,7 @@ from pathlib import Path
 
 from localspec.errors import InvalidRequestError
 
-CODE = '''def load_users(path):
+CODE = """def load_users(path):
     users = []
     with open(path) as fh:
         for line in fh:
@@ -27,7 +27,7 @@ def adults(users):
         if user["age"] >= 18:
             result.append(user)
     return result
-'''
+"""
 
 PASSAGE = (
     "The Rhine is one of the major European rivers. It begins in the Swiss Alps, flows along the "
@@ -46,15 +46,46 @@ class BenchPrompt:
 
 
 SUITE: tuple[BenchPrompt, ...] = (
-    BenchPrompt("code_edit", ({"role": "user", "content": "Rename the variable `users` to `people` everywhere "
-                               "in this Python code and reply with the complete code only.\n\n" + CODE},)),
-    BenchPrompt("summarize", ({"role": "user", "content": "Summarize this passage in three sentences, "
-                               "quoting its key facts.\n\n" + PASSAGE},)),
+    BenchPrompt(
+        "code_edit",
+        (
+            {
+                "role": "user",
+                "content": "Rename the variable `users` to `people` everywhere "
+                "in this Python code and reply with the complete code only.\n\n" + CODE,
+            },
+        ),
+    ),
+    BenchPrompt(
+        "summarize",
+        (
+            {
+                "role": "user",
+                "content": "Summarize this passage in three sentences, quoting its key facts.\n\n" + PASSAGE,
+            },
+        ),
+    ),
     BenchPrompt("chat", ({"role": "user", "content": "Explain why the sky is blue."},)),
-    BenchPrompt("math", ({"role": "user", "content": "A train travels 180 km in 2 hours and then 120 km in "
-                          "1.5 hours. What is its average speed? Show your steps."},)),
-    BenchPrompt("structured", ({"role": "user", "content": "Return a JSON array of three objects with the keys "
-                                "\"name\", \"capital\" and \"population\" for France, Germany and Italy."},)),
+    BenchPrompt(
+        "math",
+        (
+            {
+                "role": "user",
+                "content": "A train travels 180 km in 2 hours and then 120 km in "
+                "1.5 hours. What is its average speed? Show your steps.",
+            },
+        ),
+    ),
+    BenchPrompt(
+        "structured",
+        (
+            {
+                "role": "user",
+                "content": "Return a JSON array of three objects with the keys "
+                '"name", "capital" and "population" for France, Germany and Italy.',
+            },
+        ),
+    ),
 )
 
 

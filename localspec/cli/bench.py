@@ -8,26 +8,46 @@ import sys
 from typing import Any
 
 from localspec.backend_loader import load_backend
-from localspec.bench import bench, format_table, machine, rows_to_json
+from localspec.bench import BenchRow, bench, format_table, machine, rows_to_json
+from localspec.chat import render_chat
 from localspec.errors import InvalidRequestError
-from localspec.prompts import SUITE, load_prompts
+from localspec.peers import find_or_build, run_peer
+from localspec.prompts import SUITE, BenchPrompt, load_prompts
+from localspec.protocol import Backend
 
 
 def register(sub: Any) -> None:
     from localspec.cli.main import add_model_options
 
-    p = sub.add_parser("bench", help="measure speedup against plain decoding",
-                       description="Run plain decoding and each strategy on a prompt suite, side by side.")
-    p.add_argument("--strategy", "-s", action="append", choices=["ngram", "draft"],
-                   help="strategy to compare with plain decoding (repeatable; default: ngram, plus draft "
-                        "when --draft-model is given)")
-    p.add_argument("--prompts", help="JSONL file: one {\"id\", \"prompt\" or \"messages\"} per line")
+    p = sub.add_parser(
+        "bench",
+        help="measure speedup against plain decoding",
+        description="Run plain decoding and each strategy on a prompt suite, side by side.",
+    )
+    p.add_argument(
+        "--strategy",
+        "-s",
+        action="append",
+        choices=["ngram", "draft"],
+        help="strategy to compare with plain decoding (repeatable; default: ngram, plus draft "
+        "when --draft-model is given)",
+    )
+    p.add_argument("--prompts", help='JSONL file: one {"id", "prompt" or "messages"} per line')
     p.add_argument("--only", action="append", help="run only the prompt with this id (repeatable)")
     p.add_argument("--max-tokens", "-n", type=int, default=160)
     p.add_argument("--temperature", "-t", type=float, default=0.0)
     p.add_argument("--repeats", "-r", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run llama.cpp's llama-lookup (ngram) and llama-speculative-simple (draft) greedily "
+        "on the same models, prompts and token counts",
+    )
+    p.add_argument("--peers-bin", help="folder holding llama.cpp's programs (default: localspec's own build)")
+    p.add_argument("--build-peers", action="store_true", help="build llama.cpp's programs if missing (~10 min)")
+    p.add_argument("--peer-draft-tokens", type=int, default=4, help="the peers' fixed draft length (default 4)")
     add_model_options(p)
     p.set_defaults(handler=handle)
 
@@ -51,14 +71,56 @@ def handle(args: argparse.Namespace) -> int:
         options["threads"] = args.threads
     target = load_backend(args.backend, model, **options)
     draft = load_backend(args.backend, args.draft_model, **options) if args.draft_model else None
-    rows = bench(target, draft, strategies, prompts, max_tokens=args.max_tokens, temperature=args.temperature,
-                 repeats=args.repeats, draft_tokens=args.draft_tokens, seed=args.seed)
-    config = {"model": model, "draft_model": args.draft_model, "backend": args.backend,
-              "max_tokens": args.max_tokens, "temperature": args.temperature, "repeats": args.repeats,
-              "draft_tokens": args.draft_tokens}
+    rows = bench(
+        target,
+        draft,
+        strategies,
+        prompts,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        repeats=args.repeats,
+        draft_tokens=args.draft_tokens,
+        seed=args.seed,
+    )
+    if args.peers:
+        add_peer_figures(args, rows, prompts, target, model)
+    config = {
+        "model": model,
+        "draft_model": args.draft_model,
+        "backend": args.backend,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "repeats": args.repeats,
+        "draft_tokens": args.draft_tokens,
+    }
     if args.json:
         print(json.dumps({"machine": machine(), "config": config, "results": rows_to_json(rows)}, indent=1))
     else:
         print(f"# {machine()['cpu']}, {machine()['physical_cores']} cores | {config}", file=sys.stderr)
         print(format_table(rows))
     return 0
+
+
+def add_peer_figures(
+    args: argparse.Namespace, rows: list[BenchRow], prompts: list[BenchPrompt], target: Backend, model: str
+) -> None:
+    if args.temperature != 0:
+        raise InvalidRequestError("the peer comparison runs greedy", "use --temperature 0 with --peers")
+    bin_dir = find_or_build(args.peers_bin, build=args.build_peers)
+    texts = {p.id: render_chat(target.chat_template(), p.messages, target.special_texts()) for p in prompts}
+    for row in rows:
+        program = {"ngram": "llama-lookup", "draft": "llama-speculative-simple"}.get(row.strategy)
+        if program is None:
+            continue
+        draft = args.draft_model if row.strategy == "draft" else None
+        results = [
+            run_peer(
+                bin_dir, program, model, texts[row.prompt], args.max_tokens, args.peer_draft_tokens, draft, args.threads
+            )
+            for _ in range(args.repeats)
+        ]
+        tokens = sum(r.tokens for r in results)
+        rate = tokens / sum(r.seconds for r in results)
+        row.peer_program = f"{program} (γ={args.peer_draft_tokens})"
+        row.peer_tokens_per_s, row.peer_tokens = rate, tokens
+        row.vs_peer = row.spec_tokens_per_s / rate if rate else 0.0

@@ -26,8 +26,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", help="target GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft-model", help="drafter GGUF with the target's tokenizer (strategy 'draft')")
     p.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch", "mlx", "reference"])
-    p.add_argument("--draft-tokens", type=_draft_tokens, default="auto", metavar="N|auto",
-                   help="draft length: 'auto' adapts it to this machine and the text (default)")
+    p.add_argument(
+        "--draft-tokens",
+        type=_draft_tokens,
+        default="auto",
+        metavar="N|auto",
+        help="draft length: 'auto' adapts it to this machine and the text (default)",
+    )
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens (default 4096)")
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
 
@@ -47,10 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description="Lossless speculative decoding for local LLMs.")
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from localspec.cli import bench, run
+    from localspec.cli import bench, doctor, run
 
     run.register(sub)
     bench.register(sub)
+    doctor.register(sub)
     return parser
 
 

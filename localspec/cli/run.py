@@ -16,8 +16,13 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("run", help="answer one prompt", description="Answer one prompt with speculative decoding.")
     p.add_argument("prompt", help="the prompt; '-' reads it from standard input")
-    p.add_argument("--strategy", "-s", default="auto", choices=["auto", "none", "ngram", "draft"],
-                   help="auto (default): 'draft' when --draft-model is given, else 'ngram'")
+    p.add_argument(
+        "--strategy",
+        "-s",
+        default="auto",
+        choices=["auto", "none", "ngram", "draft"],
+        help="auto (default): 'draft' when --draft-model is given, else 'ngram'",
+    )
     p.add_argument("--system", help="system message")
     p.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -35,15 +40,27 @@ def handle(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"n_ctx": args.ctx}
     if args.threads:
         options["threads"] = args.threads
-    runtime = load(args.model, draft_model=args.draft_model, strategy=args.strategy, backend=args.backend,
-                   draft_tokens=args.draft_tokens, **options)
-    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                "min_p": args.min_p, "seed": args.seed}
+    runtime = load(
+        args.model,
+        draft_model=args.draft_model,
+        strategy=args.strategy,
+        backend=args.backend,
+        draft_tokens=args.draft_tokens,
+        **options,
+    )
+    sampling = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "seed": args.seed,
+    }
     if args.raw:
         request: dict[str, Any] = {"prompt": prompt}
     else:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt}]
+            {"role": "user", "content": prompt}
+        ]
         request = {"messages": messages}
     with runtime:
         for event in runtime.stream(**request, max_tokens=args.max_tokens, stop=args.stop, **sampling):
@@ -53,8 +70,11 @@ def handle(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
             elif isinstance(event, Finished):
                 if args.json:
-                    print(json.dumps({"text": event.text, "finish_reason": event.finish_reason,
-                                      "stats": event.stats.to_dict()}))
+                    print(
+                        json.dumps(
+                            {"text": event.text, "finish_reason": event.finish_reason, "stats": event.stats.to_dict()}
+                        )
+                    )
                 else:
                     sys.stdout.write("\n")
                 if args.verbose:

