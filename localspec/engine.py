@@ -14,7 +14,7 @@ from localspec.acceptance import accept_greedy, accept_rejection_sampling
 from localspec.controller import DraftLengthPolicy
 from localspec.drafters import Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
-from localspec.protocol import Backend
+from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
@@ -73,8 +73,7 @@ class Engine:
         keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
         self.target.rollback(keep)
         todo = list(prompt[keep:-1])
-        for start in range(0, len(todo), self.target.capabilities.max_block):
-            self.target.eval_block(todo[start : start + self.target.capabilities.max_block], "none")
+        eval_chunked(self.target, todo, "none")
         self.drafter.start(prompt)
         stats.prefill_tokens = len(todo) + 1
         stats.prefill_seconds = time.perf_counter() - t0
@@ -90,6 +89,7 @@ class Engine:
     ) -> Iterator[Step]:
         eog = self.target.end_of_generation()
         n_ctx = self.target.info.n_ctx
+        max_block = self.target.capabilities.max_block
         produced = 0
         shadow: tuple[list[int], int] | None = None
         t_start = time.perf_counter()
@@ -100,7 +100,7 @@ class Engine:
                 if room < 0:
                     stats.finish_reason = "context_full"
                     return
-                gamma = policy.choose(min(room, max_tokens - produced - 1))
+                gamma = policy.choose(min(room, max_tokens - produced - 1, max_block - 1))
                 t0 = time.perf_counter()
                 draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else None
                 if gamma > 0:

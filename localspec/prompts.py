@@ -51,8 +51,7 @@ SUITE: tuple[BenchPrompt, ...] = (
         (
             {
                 "role": "user",
-                "content": "Rename the variable `users` to `people` everywhere "
-                "in this Python code and reply with the complete code only.\n\n" + CODE,
+                "content": "Add type hints to this Python code:\n\n```python\n" + CODE + "```",
             },
         ),
     ),

@@ -107,3 +107,14 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def eval_chunked(backend: Backend, tokens: Sequence[int], logits: Literal["last", "none"]) -> Logits:
+    """eval_block over any number of tokens, in pieces the backend accepts."""
+    step = backend.capabilities.max_block
+    out = backend.eval_block(tokens[:0], logits) if not tokens else None
+    for start in range(0, len(tokens), step):
+        piece = tokens[start : start + step]
+        out = backend.eval_block(piece, logits if start + step >= len(tokens) else "none")
+    assert out is not None
+    return out

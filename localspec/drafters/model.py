@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from localspec.drafters import Draft, common_prefix
-from localspec.protocol import Backend
+from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import Distribution, SamplingConfig, process
 
 
@@ -28,14 +28,14 @@ class ModelDrafter:
     def start(self, context: Sequence[int]) -> None:
         keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
         self.backend.rollback(keep)
-        self.backend.eval_block(context[keep:-1], "none")
+        eval_chunked(self.backend, context[keep:-1], "none")
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         past = self.backend.n_past
         n = min(n, self.backend.info.n_ctx - len(context) - 1)
         if n <= 0:
             return Draft()
-        row = self.backend.eval_block(context[past:], "last")[-1]
+        row = eval_chunked(self.backend, context[past:], "last")[-1]
         tokens: list[int] = []
         dists: list[Distribution] = []
         for i in range(n):
