@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 _LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
 
 
-@llama.llama_log_callback  # type: ignore[misc]
+@llama.llama_log_callback  # type: ignore[misc,untyped-decorator]
 def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
     # llama.cpp narrates every load on stderr; localspec explains failures itself.
     if os.environ.get("LOCALSPEC_LLAMA_LOG") == "1" and level <= _LOG_LEVEL_ERROR:
@@ -47,9 +47,7 @@ def init_library() -> None:
 class LlamaCppBackend:
     """One GGUF model with its own context (KV cache) on the CPU."""
 
-    def __init__(
-        self, path: str, n_ctx: int = 4096, threads: int | None = None, max_block: int = 512
-    ) -> None:
+    def __init__(self, path: str, n_ctx: int = 4096, threads: int | None = None, max_block: int = 512) -> None:
         check_gguf(path)
         init_library()
         mparams = llama.llama_model_default_params()
@@ -100,7 +98,10 @@ class LlamaCppBackend:
             n_layers=int(llama.llama_model_n_layer(model)),
         )
         self.capabilities = Capabilities(
-            rollback=True, max_block=max_block, device="cpu", extra={"threads": str(threads)}
+            rollback=True,
+            max_block=max_block,
+            device="cpu",
+            extra={"threads": str(threads), "file_type": self._meta("general.file_type") or "1"},
         )
 
     # -- description ------------------------------------------------------------------------
@@ -123,9 +124,7 @@ class LlamaCppBackend:
         return self._tokens
 
     def vocab_identity(self) -> VocabIdentity:
-        texts = tuple(
-            (llama.llama_vocab_get_text(self._vocab, i) or b"") for i in range(self._n_vocab)
-        )
+        texts = tuple((llama.llama_vocab_get_text(self._vocab, i) or b"") for i in range(self._n_vocab))
         bos = int(llama.llama_vocab_bos(self._vocab))
         eos = int(llama.llama_vocab_eos(self._vocab))
         kinds = {1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}

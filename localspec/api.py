@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from localspec import selfdraft
 from localspec.backend_loader import load_backend
 from localspec.calibrate import calibrated
 from localspec.chat import render_chat
@@ -83,6 +84,7 @@ class Runtime:
         strategy: str = "auto",
         draft_tokens: int | Literal["auto"] = "auto",
         calibrate: bool = True,
+        label: str | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {', '.join(STRATEGIES)}")
@@ -104,6 +106,7 @@ class Runtime:
         self.target = target
         self.draft = draft if strategy == "draft" else None
         self.strategy = strategy
+        self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
         self.drafter: Drafter = self._make_drafter()
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram")
         self.policy = self._make_policy(draft_tokens, calibrate)
@@ -193,7 +196,7 @@ class Runtime:
         self._acquire(me[0])
         try:
             rng = np.random.default_rng(cfg.seed)
-            stats = Stats(strategy=self.strategy)
+            stats = Stats(strategy=self.label)
             text = TextAssembler(self.target.token_bytes, stop)
             for step in self.engine.generate(tokens, max_tokens, cfg, self.policy, stats, rng):
                 delta = text.push(step.tokens)
@@ -268,10 +271,20 @@ def load(
         options["threads"] = threads
     target = load_backend(backend, model, **options)
     draft = None
+    label = None
     try:
+        self_draft = selfdraft.parse(strategy)
+        if self_draft is not None:
+            if draft_model is not None:
+                raise InvalidRequestError(f"strategy {strategy!r} drafts with the target itself; drop --draft-model")
+            kind, option = self_draft
+            path, chosen = selfdraft.self_draft_path(
+                target, kind, option, lambda p: load_backend(backend, p, **options)
+            )
+            draft_model, strategy, label = str(path), "draft", f"{kind}:{chosen}"
         if draft_model is not None:
             draft = load_backend(backend, draft_model, **options)
-        return Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate)
+        return Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label)
     except BaseException:
         if draft is not None:
             draft.close()

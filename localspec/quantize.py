@@ -3,7 +3,9 @@ and low-bit drafters the benchmarks use, and later the QSpec-style self-drafter.
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from localspec.errors import BackendUnavailableError, InvalidRequestError, ModelLoadError
@@ -14,8 +16,9 @@ from localspec.hardware import physical_cores
 FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
 
-def quantize(source: str | Path, dest: str | Path, ftype: str) -> Path:
-    """Write source requantized to ftype at dest (atomically); returns dest."""
+def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Sequence[int] = ()) -> Path:
+    """Write source requantized to ftype at dest (atomically), leaving out the transformer
+    blocks in prune_layers (llama.cpp renumbers the rest); returns dest."""
     try:
         import llama_cpp as llama
 
@@ -33,6 +36,10 @@ def quantize(source: str | Path, dest: str | Path, ftype: str) -> Path:
     params.nthread = physical_cores()
     params.ftype = FTYPES[ftype]
     params.allow_requantize = True
+    if prune_layers:
+        # llama.cpp reads a sorted list ended by -1; keep the array alive until the call returns.
+        prune = (ctypes.c_int32 * (len(prune_layers) + 1))(*sorted(set(prune_layers)), -1)
+        params.prune_layers = ctypes.cast(prune, type(params.prune_layers))
     rc = llama.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
     if rc != 0 or not partial.exists():
         partial.unlink(missing_ok=True)
@@ -41,7 +48,8 @@ def quantize(source: str | Path, dest: str | Path, ftype: str) -> Path:
     return dest
 
 
-def derived(source: str | Path, ftype: str, folder: str | Path) -> Path:
-    """source at ftype inside folder, made once and reused."""
-    dest = Path(folder) / f"{Path(source).stem}.{ftype}.gguf"
-    return dest if dest.exists() else quantize(source, dest, ftype)
+def derived(source: str | Path, ftype: str, folder: str | Path, prune_layers: Sequence[int] = ()) -> Path:
+    """source at ftype (minus pruned blocks) inside folder, made once and reused."""
+    tag = f".skip{'-'.join(map(str, sorted(set(prune_layers))))}" if prune_layers else ""
+    dest = Path(folder) / f"{Path(source).stem}{tag}.{ftype}.gguf"
+    return dest if dest.exists() else quantize(source, dest, ftype, prune_layers)
