@@ -87,7 +87,9 @@ class Runtime:
         label: str | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
-            raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {', '.join(STRATEGIES)}")
+            raise InvalidRequestError(
+                f"unknown strategy {strategy!r}", "choose one of: auto, none, ngram, draft, qspec[:TYPE], layerskip[:L]"
+            )
         if strategy == "auto":
             strategy = "draft" if draft is not None else "ngram"
         if strategy == "draft" and draft is None:

@@ -67,10 +67,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
+@dataclass(frozen=True)
+class Contender:
+    """One column of the comparison: a label, the runtime strategy and its drafter."""
+
+    label: str
+    strategy: str
+    draft: Backend | None = None
+
+
 def bench(
     target: Backend,
-    draft: Backend | None,
-    strategies: Sequence[str],
+    contenders: Sequence[Contender],
     prompts: Sequence[BenchPrompt],
     max_tokens: int = 160,
     temperature: float = 0.0,
@@ -79,38 +87,40 @@ def bench(
     seed: int = 0,
 ) -> list[BenchRow]:
     rows: list[BenchRow] = []
+    plain = Contender("none", "none")
+    field_ = [plain, *[c for c in contenders if c.label != "none"]]
     for prompt in prompts:
-        names = ["none", *[s for s in strategies if s != "none"]]
         # A fresh runtime per prompt: the controller must adapt within the request.
         runtimes = {
-            s: Runtime(target, draft if s == "draft" else None, strategy=s, draft_tokens=draft_tokens) for s in names
+            c.label: Runtime(target, c.draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
+            for c in field_
         }
-        tallies = {s: _Tally() for s in names}
+        tallies = {c.label: _Tally() for c in field_}
         runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
         for r in range(repeats):
-            for s in names:  # interleaved, so drift in machine speed hits every column alike
-                out = runtimes[s].generate(
+            for c in field_:  # interleaved, so drift in machine speed hits every column alike
+                out = runtimes[c.label].generate(
                     messages=prompt.messages, max_tokens=max_tokens, temperature=temperature, seed=seed + r
                 )
-                tallies[s].add(out.stats)
-        plain = tallies["none"]
-        for s in names:
-            if s == "none" and len(names) > 1:
+                tallies[c.label].add(out.stats)
+        base = tallies["none"]
+        for c in field_:
+            if c.label == "none" and len(field_) > 1:
                 continue
-            t = tallies[s]
+            t = tallies[c.label]
             m = t.merged
             rows.append(
                 BenchRow(
                     prompt=prompt.id,
-                    strategy=s,
-                    plain_tokens_per_s=plain.rate,
+                    strategy=c.label,
+                    plain_tokens_per_s=base.rate,
                     spec_tokens_per_s=t.rate,
-                    speedup=t.rate / plain.rate if plain.rate else 0.0,
+                    speedup=t.rate / base.rate if base.rate else 0.0,
                     acceptance_rate=m.acceptance_rate,
                     tokens_per_step=m.tokens_per_step,
                     mean_gamma=m.mean_gamma,
                     tokens=t.tokens,
-                    plain_tokens=plain.tokens,
+                    plain_tokens=base.tokens,
                     peak_rss_mb=peak_rss_mb(),
                     acceptance_by_position=m.acceptance_by_position[:8],
                 )

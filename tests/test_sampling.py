@@ -26,8 +26,9 @@ def test_temperature_sharpens_within_the_kept_set() -> None:
     assert cold.probs[0] == pytest.approx(0.36 / 0.52)
 
 
-@pytest.mark.parametrize("bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"min_p": 1.0}, {"top_k": -2},
-                                 {"temperature": float("nan")}])
+@pytest.mark.parametrize(
+    "bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"min_p": 1.0}, {"top_k": -2}, {"temperature": float("nan")}]
+)
 def test_bad_sampling_values_are_refused_with_a_clear_error(bad: dict[str, float]) -> None:
     with pytest.raises(InvalidRequestError):
         SamplingConfig(**bad)  # type: ignore[arg-type]

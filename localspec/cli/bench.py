@@ -7,8 +7,9 @@ import json
 import sys
 from typing import Any
 
+from localspec import selfdraft
 from localspec.backend_loader import load_backend
-from localspec.bench import BenchRow, bench, format_table, machine, rows_to_json
+from localspec.bench import BenchRow, Contender, bench, format_table, machine, rows_to_json
 from localspec.chat import render_chat
 from localspec.errors import InvalidRequestError
 from localspec.peers import find_or_build, run_peer
@@ -28,9 +29,8 @@ def register(sub: Any) -> None:
         "--strategy",
         "-s",
         action="append",
-        choices=["ngram", "draft"],
-        help="strategy to compare with plain decoding (repeatable; default: ngram, plus draft "
-        "when --draft-model is given)",
+        help="strategy to compare with plain decoding: ngram, draft, qspec[:TYPE], layerskip[:L] "
+        "(repeatable; default: ngram, plus draft when --draft-model is given)",
     )
     p.add_argument("--prompts", help='JSONL file: one {"id", "prompt" or "messages"} per line')
     p.add_argument("--only", action="append", help="run only the prompt with this id (repeatable)")
@@ -70,11 +70,10 @@ def handle(args: argparse.Namespace) -> int:
     if args.threads:
         options["threads"] = args.threads
     target = load_backend(args.backend, model, **options)
-    draft = load_backend(args.backend, args.draft_model, **options) if args.draft_model else None
+    contenders = [contender(s, target, args, options) for s in strategies]
     rows = bench(
         target,
-        draft,
-        strategies,
+        contenders,
         prompts,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -99,6 +98,23 @@ def handle(args: argparse.Namespace) -> int:
         print(f"# {machine()['cpu']}, {machine()['physical_cores']} cores | {config}", file=sys.stderr)
         print(format_table(rows))
     return 0
+
+
+def contender(strategy: str, target: Backend, args: argparse.Namespace, options: dict[str, Any]) -> Contender:
+    def load(path: str) -> Backend:
+        return load_backend(args.backend, path, **options)
+
+    if strategy in ("none", "ngram"):
+        return Contender(strategy, strategy)
+    if strategy == "draft":
+        return Contender("draft", "draft", load(args.draft_model))
+    parsed = selfdraft.parse(strategy)
+    if parsed is None:
+        raise InvalidRequestError(
+            f"unknown strategy {strategy!r}", "choose from: ngram, draft, qspec[:TYPE], layerskip[:L]"
+        )
+    path, chosen = selfdraft.self_draft_path(target, *parsed, load)
+    return Contender(f"{parsed[0]}:{chosen}", "draft", load(str(path)))
 
 
 def add_peer_figures(

@@ -20,8 +20,8 @@ def register(sub: Any) -> None:
         "--strategy",
         "-s",
         default="auto",
-        choices=["auto", "none", "ngram", "draft"],
-        help="auto (default): 'draft' when --draft-model is given, else 'ngram'",
+        help="none, ngram, draft, qspec[:TYPE] or layerskip[:L]; "
+        "auto (default): 'draft' when --draft-model is given, else 'ngram'",
     )
     p.add_argument("--system", help="system message")
     p.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
