@@ -39,6 +39,7 @@ def register(sub: Any) -> None:
     p.add_argument("--repeats", "-r", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG: speedup per prompt, acceptance by draft position")
     p.add_argument(
         "--peers",
         action="store_true",
@@ -92,6 +93,10 @@ def handle(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "draft_tokens": args.draft_tokens,
     }
+    if args.plot:
+        from localspec.plot import write_plot
+
+        write_plot(rows, args.plot)
     if args.json:
         print(json.dumps({"machine": machine(), "config": config, "results": rows_to_json(rows)}, indent=1))
     else:

@@ -1,0 +1,109 @@
+"""CLI transcripts for run, bench and doctor on the real default model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from localspec.cli.main import main
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture
+def default_model_in_home(smollm2_q4_1: Path, temporary_localspec_home: Path) -> Path:
+    """The embedded default already fetched into this test's user directory, as after a first run."""
+    models = temporary_localspec_home / "models"
+    models.mkdir(parents=True)
+    target = models / smollm2_q4_1.name
+    target.symlink_to(smollm2_q4_1)
+    return target
+
+
+def test_run_with_no_model_answers_with_the_embedded_default(default_model_in_home: Path, capsys) -> None:
+    code = main(["run", "What is 2+2?", "-t", "0", "-n", "24", "--verbose"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "4" in out
+    assert "tok/s decode" in err and "strategy ngram" in err
+
+
+def test_run_json_prints_text_and_stats(default_model_in_home: Path, capsys) -> None:
+    assert main(["run", "Say hello.", "-t", "0", "-n", "8", "--json", "--strategy", "none"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["finish_reason"] in ("stop", "max_tokens")
+    assert record["stats"]["generated_tokens"] <= 8
+    assert record["stats"]["strategy"] == "none"
+
+
+def test_run_raw_continues_text_without_the_chat_template(default_model_in_home: Path, capsys) -> None:
+    assert main(["run", "1, 2, 3, 4,", "--raw", "-t", "0", "-n", "6", "--stop", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(" 5")
+    assert "8" not in out
+
+
+def test_run_refuses_an_empty_prompt_with_a_hint(default_model_in_home: Path, capsys) -> None:
+    assert main(["run", "   "]) == 2
+    err = capsys.readouterr().err
+    assert "the prompt is empty" in err and "localspec run" in err
+    assert "Traceback" not in err
+
+
+def test_run_with_a_missing_model_file_says_so(tmp_path: Path, capsys) -> None:
+    assert main(["run", "hi", "--model", str(tmp_path / "nope.gguf")]) == 2
+    assert f"no model file at {tmp_path / 'nope.gguf'}" in capsys.readouterr().err
+
+
+def test_run_with_an_unknown_strategy_lists_the_choices(default_model_in_home: Path, capsys) -> None:
+    assert main(["run", "hi", "--strategy", "bogus"]) == 2
+    assert "qspec[:TYPE]" in capsys.readouterr().err
+
+
+def test_bench_json_has_one_row_per_prompt_and_strategy(default_model_in_home: Path, tmp_path: Path, capsys) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        '{"id": "count", "prompt": "Count from 1 to 20, comma separated."}\n'
+        '{"id": "chat", "messages": [{"role": "user", "content": "Hi!"}]}\n'
+    )
+    plot = tmp_path / "bench.png"
+    code = main(["bench", "--prompts", str(prompts), "-n", "16", "--json", "--plot", str(plot)])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["results"]
+    assert [(r["prompt"], r["strategy"]) for r in rows] == [("count", "ngram"), ("chat", "ngram")]
+    for row in rows:
+        for key in ("plain_tokens_per_s", "spec_tokens_per_s", "speedup", "acceptance_rate", "tokens_per_step"):
+            assert isinstance(row[key], float)
+        assert row["plain_tokens_per_s"] > 0
+    assert report["machine"]["physical_cores"] >= 1
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_refuses_a_malformed_prompts_file(default_model_in_home: Path, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "no id"}\n')
+    assert main(["bench", "--prompts", str(bad)]) == 2
+    assert "needs an 'id'" in capsys.readouterr().err
+
+
+def test_bench_draft_without_a_draft_model_names_the_option(default_model_in_home: Path, capsys) -> None:
+    assert main(["bench", "--strategy", "draft"]) == 2
+    assert "--draft-model" in capsys.readouterr().err
+
+
+def test_doctor_prints_the_device_and_the_verify_cost_curve(default_model_in_home: Path, capsys) -> None:
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "bandwidth" in out and "GB/s" in out
+    assert "measured ms" in out and "predicted ms" in out
+
+
+def test_peer_comparison_without_built_programs_says_how_to_build(default_model_in_home: Path, capsys) -> None:
+    if shutil.which("llama-lookup"):
+        pytest.skip("a llama-lookup is on PATH")
+    assert main(["bench", "--only", "chat", "-n", "4", "--peers"]) == 2
+    assert "--build-peers" in capsys.readouterr().err

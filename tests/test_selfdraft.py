@@ -1,0 +1,52 @@
+"""Self-drafting on the real model: qspec and layerskip are exact, and their choice is cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localspec import selfdraft
+from localspec.api import Runtime, load
+from localspec.errors import InvalidRequestError
+from localspec.prompts import SUITE
+
+pytestmark = pytest.mark.model
+
+
+@pytest.mark.parametrize("strategy", ["qspec:Q4_0", "layerskip:20"])
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_self_drafting_is_token_identical_to_plain_greedy_decoding(smollm2_q4_1: Path, strategy: str, gamma: int):
+    messages = SUITE[0].messages
+    with load(str(smollm2_q4_1), strategy=strategy, draft_tokens=gamma, n_ctx=1024) as rt:
+        plain = Runtime(rt.target, strategy="none", calibrate=False).generate(
+            messages=messages, max_tokens=40, temperature=0
+        )
+        spec = rt.generate(messages=messages, max_tokens=40, temperature=0)
+        assert spec.stats.strategy == strategy
+        assert spec.stats.drafted > 0
+        assert spec.tokens == plain.tokens
+
+
+def test_layerskip_drafter_keeps_the_requested_number_of_blocks(smollm2_q4_1: Path) -> None:
+    with load(str(smollm2_q4_1), strategy="layerskip:12", draft_tokens=2, n_ctx=512) as rt:
+        assert rt.draft is not None
+        assert rt.draft.info.n_layers == 12
+        assert rt.target.info.n_layers == 30
+
+
+def test_an_automatic_choice_is_remembered_for_the_next_load(smollm2_q4_1: Path) -> None:
+    with load(str(smollm2_q4_1), strategy="qspec", n_ctx=512) as first:
+        label = first.label
+    assert label.split(":")[1] in selfdraft.QSPEC_TYPES
+    with load(str(smollm2_q4_1), strategy="qspec", n_ctx=512) as second:
+        assert second.label == label
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [("qspec:Q9", "unknown low-bit type"), ("layerskip:0", "must keep between 1 and 29"), ("layerskip:x", "number")],
+)
+def test_bad_self_drafting_options_are_refused(smollm2_q4_1: Path, strategy: str, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        load(str(smollm2_q4_1), strategy=strategy, n_ctx=512)
