@@ -7,6 +7,7 @@ print(out.text, out.stats.summary())
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import closing
@@ -263,7 +264,22 @@ def load(
     threads: int | None = None,
     calibrate: bool = True,
 ) -> Runtime:
-    """Load a target (the embedded default when model is None) and its drafter."""
+    """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
+    (pulled with `localspec pull`), or None for the embedded default."""
+    if model is not None and draft_model is None and not os.path.exists(model) and not model.endswith(".gguf"):
+        from localspec.pairs import load_pair
+
+        # The adaptive controller stays the default for pairs; the pair's recommended
+        # strategy applies when the caller did not choose one.
+        return load_pair(
+            model,
+            backend=backend,
+            strategy=strategy,
+            draft_tokens=draft_tokens,
+            n_ctx=n_ctx,
+            threads=threads,
+            calibrate=calibrate,
+        )
     if model is None:
         from localspec.default_model import ensure_pypi_model
 

@@ -1,0 +1,169 @@
+"""`localspec list`, `show`, `rm` and `path`: the registry's pairs and where things live."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from localspec.registry import BACKENDS, Artifact, HubArtifact, Model, Pair, load_registry
+
+PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("list", help="list the model pairs: sizes, pulled or not", description="List the model pairs.")
+    p.add_argument("--backend", default="llamacpp", choices=BACKENDS, help="whose sizes and pulled state to show")
+    p.add_argument("--json", action="store_true", help="one JSON array, every backend")
+    p.set_defaults(handler=handle_list)
+
+    p = sub.add_parser("show", help="show one pair: models, files, strategy", description="Show one model pair.")
+    p.add_argument("pair", help="pair id or alias")
+    p.set_defaults(handler=handle_show)
+
+    p = sub.add_parser("rm", help="delete a pulled pair's files", description="Delete a pulled pair's files.")
+    p.add_argument("pair", help="pair id or alias")
+    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.set_defaults(handler=handle_rm)
+
+    p = sub.add_parser("path", help="where localspec keeps things", description="Where localspec keeps things.")
+    p.add_argument("which", nargs="?", choices=PATH_NAMES, help="print just this path")
+    p.set_defaults(handler=handle_path)
+
+
+def human_size(n: int | None) -> str:
+    """Decimal units, as the hub shows them."""
+    if n is None:
+        return "?"
+    if n < 1000:
+        return f"{n} B"
+    value = n / 1000
+    for unit in ("kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def handle_list(args: argparse.Namespace) -> int:
+    from localspec.pull import is_pulled, pair_size
+
+    pairs = list(load_registry().pairs.values())
+    if args.json:
+        print(json.dumps([_pair_json(p) for p in pairs], indent=1))
+        return 0
+    rows = [["PAIR", "TARGET", "DRAFTER", "STRATEGY", "SIZE", "PULLED", "BACKENDS"]]
+    for p in pairs:
+        offered = args.backend in p.backends
+        rows.append(
+            [
+                p.id,
+                p.target.name,
+                p.drafter.name if p.drafter else "-",
+                p.strategy,
+                human_size(pair_size(p, args.backend)) if offered else "-",
+                ("yes" if is_pulled(p, args.backend) else "no") if offered else "-",
+                ",".join(p.backends),
+            ]
+        )
+    print("\n".join(table(rows)))
+    return 0
+
+
+def _pair_json(pair: Pair) -> dict[str, Any]:
+    from localspec.pull import is_pulled, pair_size
+
+    return {
+        "id": pair.id,
+        "aliases": list(pair.aliases),
+        "description": pair.description,
+        "family": pair.family,
+        "license": pair.license,
+        "target": pair.target.id,
+        "drafter": pair.drafter.id if pair.drafter else None,
+        "strategy": pair.strategy,
+        "draft_tokens": pair.draft_tokens,
+        "backends": {b: {"pulled": is_pulled(pair, b), "size": pair_size(pair, b)} for b in pair.backends},
+    }
+
+
+def handle_show(args: argparse.Namespace) -> int:
+    from localspec.pull import NotPulledError, pull_command, resolve_pair
+
+    pair = load_registry().pair(args.pair)
+    aliases = f"  (aliases: {', '.join(pair.aliases)})" if pair.aliases else ""
+    draft = "auto (chosen per step)" if pair.draft_tokens == "auto" else str(pair.draft_tokens)
+    lines = [f"{pair.id}{aliases}", pair.description, ""]
+    rows = [
+        ["family", pair.family],
+        ["license", pair.license],
+        ["strategy", f"{pair.strategy}, draft length {draft}"],
+    ]
+    lines += table(rows)
+    for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+        if model is not None:
+            lines += ["", f"{role}: {model.name} ({model.params}, {model.license})", *_artifact_lines(model)]
+    state = []
+    for backend in pair.backends:
+        try:
+            state.append(["", backend, f"pulled: {resolve_pair(pair.id, backend).target}"])
+        except NotPulledError:
+            state.append(["", backend, f"not pulled: {pull_command(pair, backend)}"])
+    lines += ["", "files:", *table(state), "", f"defined in {pair.origin}"]
+    print("\n".join(lines))
+    return 0
+
+
+def _artifact_lines(model: Model) -> list[str]:
+    rows = [["", backend, *_describe(artifact)] for backend, artifact in model.artifacts.items()]
+    return table(rows)
+
+
+def _describe(artifact: Artifact) -> list[str]:
+    if isinstance(artifact, HubArtifact):
+        return [f"{artifact.repo}@{artifact.revision}", ", ".join(f.name for f in artifact.files)]
+    src = artifact.source
+    return [f"PyPI {src.package}=={src.version}", f"{src.member} (sha256 {src.sha256[:12]}...)"]
+
+
+def handle_rm(args: argparse.Namespace) -> int:
+    from localspec.pull import remove
+
+    removal = remove(args.pair, args.backend)
+    for model, freed in removal.removed:
+        print(f"removed {model} ({human_size(freed)})")
+    for model, users in removal.kept:
+        print(f"kept {model}: pulled pair {', '.join(users)} {'is' if len(users) == 1 else 'are'} still using it")
+    return 0
+
+
+def _paths() -> dict[str, str]:
+    from localspec.hub import hub_cache_dir
+    from localspec.paths import data_dir
+    from localspec.registry import packaged_registry_file, user_registry_file
+
+    return {
+        "data": str(data_dir()),
+        "registry": str(packaged_registry_file()),
+        "user-registry": str(user_registry_file()),
+        "hub-cache": str(hub_cache_dir()),
+    }
+
+
+def handle_path(args: argparse.Namespace) -> int:
+    from localspec.registry import user_registry_file
+
+    paths = _paths()
+    if args.which:
+        print(paths[args.which])
+        return 0
+    absent = "" if user_registry_file().is_file() else "  (absent: create it to add pairs)"
+    rows = [["data", paths["data"]], ["registry", paths["registry"]]]
+    rows += [["user-registry", paths["user-registry"] + absent], ["hub-cache", paths["hub-cache"]]]
+    print("\n".join(table(rows)))
+    return 0

