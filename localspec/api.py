@@ -266,13 +266,14 @@ def load(
 ) -> Runtime:
     """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
     (pulled with `localspec pull`), or None for the embedded default."""
-    if model is not None and draft_model is None and not os.path.exists(model) and not model.endswith(".gguf"):
+    pair_id = model if model is not None and not os.path.exists(model) and not model.endswith(".gguf") else None
+    if pair_id is not None and draft_model is None and backend != "reference":  # reference models are specs
         from localspec.pairs import load_pair
 
         # The adaptive controller stays the default for pairs; the pair's recommended
         # strategy applies when the caller did not choose one.
         return load_pair(
-            model,
+            pair_id,
             backend=backend,
             strategy=strategy,
             draft_tokens=draft_tokens,

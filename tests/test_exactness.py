@@ -15,9 +15,9 @@ from typing import cast
 
 import numpy as np
 import pytest
-from localspec.backends.reference import BOS, ReferenceBackend
 from scipy.stats import chisquare
 
+from localspec.backends.reference import BOS, ReferenceBackend
 from localspec.controller import FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jinja2
 import numpy as np
 import pytest
-from localspec.backends.reference import BOS, END_OF_TURN, EOS, ReferenceBackend, load
 
+from localspec.backends.reference import BOS, END_OF_TURN, EOS, ReferenceBackend, load
 from localspec.errors import InvalidRequestError
 from localspec.protocol import Backend, LogitsMode
 from localspec.sampling import SamplingConfig, process

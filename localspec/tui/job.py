@@ -1,0 +1,98 @@
+"""One reply being generated on a worker thread, handed to the UI in batches.
+
+The worker iterates the runtime's stream and checks the cancel flag after every event; the
+engine yields after every verify step (a few milliseconds), so Esc takes effect within one
+step. Closing the stream from the worker thread releases the runtime for the next request.
+
+Events are buffered under a lock and the UI is woken at most once per batch, so a fast
+model never floods the UI's message queue: however many steps ran since the last repaint,
+the UI drains them in one go.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.api import Finished, Runtime, TextDelta
+from localspec.errors import LocalspecError
+
+
+@dataclass
+class Batch:
+    """What arrived since the last drain."""
+
+    deltas: list[TextDelta] = field(default_factory=list)
+    finished: Finished | None = None
+    error: BaseException | None = None
+    done: bool = False  # the worker has let go of the runtime
+
+
+class ReplyJob:
+    def __init__(
+        self,
+        runtime: Runtime,
+        messages: Sequence[Mapping[str, str]],
+        max_tokens: int,
+        sampling: Mapping[str, Any],
+    ) -> None:
+        self.runtime = runtime
+        self.messages = [dict(m) for m in messages]
+        self.max_tokens = max_tokens
+        self.sampling = dict(sampling)
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._batch = Batch()
+        self._woken = False
+        self.released = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def run(self, wake: Callable[[], object]) -> None:
+        """The worker thread's body. Never raises: errors travel to the UI in the batch."""
+        try:
+            events = self.runtime.stream(messages=self.messages, max_tokens=self.max_tokens, **self.sampling)
+            try:
+                for event in events:
+                    if self.cancelled.is_set():
+                        break
+                    self._put(event, wake)
+            finally:
+                events.close()  # type: ignore[attr-defined]
+        except LocalspecError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug must not take the app down with the reply
+            self._fail(exc)
+        finally:
+            with self._lock:
+                self._batch.done = True
+            self.released.set()
+            self._wake(wake, force=True)
+
+    def drain(self) -> Batch:
+        with self._lock:
+            batch, self._batch = self._batch, Batch(done=self._batch.done)
+            self._woken = False
+        return batch
+
+    def _put(self, event: TextDelta | Finished, wake: Callable[[], object]) -> None:
+        with self._lock:
+            if isinstance(event, TextDelta):
+                self._batch.deltas.append(event)
+            else:
+                self._batch.finished = event
+        self._wake(wake)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._batch.error = exc
+
+    def _wake(self, wake: Callable[[], object], force: bool = False) -> None:
+        with self._lock:
+            if self._woken and not force:
+                return
+            self._woken = True
+        wake()
