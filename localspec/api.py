@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from localspec import selfdraft
-from localspec.backend_loader import load_backend
+from localspec.backend_loader import in_memory_self_drafter, load_backend
 from localspec.calibrate import calibrated
 from localspec.chat import render_chat
 from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
@@ -104,6 +104,12 @@ class Runtime:
                     f"{draft.info.name} cannot draft for {target.info.name}: {reason}",
                     "pick a drafter from the target's own family (same tokenizer), or use --strategy ngram",
                 )
+        if strategy != "none" and not target.capabilities.rollback:
+            raise InvalidRequestError(
+                f"{target.info.name} cannot drop tokens from its cache, so it cannot verify drafts: "
+                f"{target.capabilities.extra.get('no_rollback', 'its cache keeps recurrent state')}",
+                "use --strategy none",
+            )
         if draft_tokens != "auto" and (not isinstance(draft_tokens, int) or draft_tokens < 0):
             raise InvalidRequestError(f"draft_tokens must be 'auto' or a whole number >= 0, got {draft_tokens!r}")
         self.target = target
@@ -297,10 +303,14 @@ def load(
             if draft_model is not None:
                 raise InvalidRequestError(f"strategy {strategy!r} drafts with the target itself; drop --draft-model")
             kind, option = self_draft
-            path, chosen = selfdraft.self_draft_path(
-                target, kind, option, lambda p: load_backend(backend, p, **options)
-            )
-            draft_model, strategy, label = str(path), "draft", f"{kind}:{chosen}"
+            draft = in_memory_self_drafter(backend, target, kind, option)
+            if draft is not None:
+                strategy, label = "draft", draft.capabilities.extra.get("self_draft", kind)
+            else:
+                path, chosen = selfdraft.self_draft_path(
+                    target, kind, option, lambda p: load_backend(backend, p, **options)
+                )
+                draft_model, strategy, label = str(path), "draft", f"{kind}:{chosen}"
         if draft_model is not None:
             draft = load_backend(backend, draft_model, **options)
         return Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label)

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from localspec import selfdraft
-from localspec.backend_loader import load_backend
+from localspec.backend_loader import in_memory_self_drafter, load_backend
 from localspec.bench import BenchRow, Contender, bench, format_table, machine, rows_to_json
 from localspec.chat import render_chat
 from localspec.errors import InvalidRequestError
@@ -118,6 +118,9 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
         raise InvalidRequestError(
             f"unknown strategy {strategy!r}", "choose from: ngram, draft, qspec[:TYPE], layerskip[:L]"
         )
+    in_memory = in_memory_self_drafter(args.backend, target, *parsed)
+    if in_memory is not None:
+        return Contender(in_memory.capabilities.extra.get("self_draft", strategy), "draft", in_memory)
     path, chosen = selfdraft.self_draft_path(target, *parsed, load)
     return Contender(f"{parsed[0]}:{chosen}", "draft", load(str(path)))
 

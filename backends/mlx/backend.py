@@ -1,0 +1,316 @@
+"""One mlx-lm model with its own KV cache behind the Backend protocol.
+
+A verify block is one forward pass over k tokens; rollback trims the KV cache (mlx-lm's
+`trim`), which only moves an offset, so a rejected draft costs nothing to undo. Models
+whose cache cannot be trimmed (recurrent state, a sliding window that has wrapped) refuse
+the rollback with the reason instead of continuing from a state that no longer matches
+the text. The output head runs only on the rows the caller asked for: prefill blocks skip
+it, decode steps apply it to one row.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, cast
+
+import mlx.core as mx
+import numpy as np
+from mlx.nn.layers.base import Module
+from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import make_prompt_cache
+
+from localspec.errors import InvalidRequestError
+from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+
+from .vocab import Vocab
+
+# mlx-lm modules whose Model is exactly embed -> blocks(h, mask, cache) -> norm -> head, so a
+# forward pass can stop early (layer skip) and the head can run on chosen rows only.
+SPLITTABLE = frozenset({"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"})
+
+
+def splittable(model: Module) -> bool:
+    inner = getattr(model, "model", None)
+    return (
+        type(model).__module__ in SPLITTABLE
+        and inner is not None
+        and getattr(inner, "swa_idx", None) is None  # sliding-window layers need their own mask
+        and getattr(inner, "pipeline_size", 1) == 1
+    )
+
+
+class Forward:
+    """Tokens -> hidden states -> logits for one model, optionally through its first
+    n_layers blocks only (early exit reusing the final norm and head)."""
+
+    def __init__(self, model: Module, n_layers: int | None = None) -> None:
+        self.model = model
+        self.split = splittable(model)
+        total = len(model.layers)
+        if n_layers is not None and not (self.split and 1 <= n_layers <= total):
+            raise InvalidRequestError(f"cannot stop {type(model).__module__} after {n_layers} of {total} blocks")
+        self.n_layers = n_layers or total
+
+    def unused(self) -> tuple[str, ...]:
+        """Parameter path prefixes this pass never reads: the blocks after an early exit."""
+        return tuple(f"model.layers.{i}." for i in range(self.n_layers, len(self.model.layers)))
+
+    def make_cache(self) -> list[Any]:
+        return list(make_prompt_cache(self.model))[: self.n_layers]
+
+    def hidden(self, ids: mx.array, cache: list[Any]) -> mx.array:
+        """(1, n) ids -> (1, n, d) final-norm hidden states; logits when the model cannot be split."""
+        if not self.split:
+            out: mx.array = self.model(ids, cache=cache)
+            return out
+        inner = self.model.model
+        h = inner.embed_tokens(ids)
+        mask = create_attention_mask(h, cache[0])
+        for layer, layer_cache in zip(inner.layers[: self.n_layers], cache, strict=True):
+            h = layer(h, mask, layer_cache)
+        normed: mx.array = inner.norm(h)
+        return normed
+
+    def head(self, h: mx.array) -> mx.array:
+        if not self.split:
+            return h
+        if hasattr(self.model, "lm_head"):
+            out: mx.array = self.model.lm_head(h)
+        else:
+            out = self.model.model.embed_tokens.as_linear(h)
+        return out
+
+
+def rollback_refusal(cache: Sequence[Any], architecture: str) -> str | None:
+    """Why this cache cannot drop its last tokens, or None when it can."""
+    stuck = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
+    if not stuck:
+        return None
+    if all(hasattr(c, "max_size") for c in cache if not c.is_trimmable()):
+        return f"{architecture}'s sliding-window cache ({', '.join(stuck)}) has wrapped around and cannot be trimmed"
+    return f"{architecture} keeps recurrent state ({', '.join(stuck)}) that cannot be rolled back to an earlier token"
+
+
+@cache
+def compute_stream() -> Any:
+    """The stream every backend computes on: thread-local, because since MLX 0.31.2 a stream
+    made in one thread cannot run work from another, and a runtime may be driven from any."""
+    return mx.new_thread_local_stream(mx.default_device())
+
+
+def materialize(model: Module) -> None:
+    """Evaluate the model's parameters and the arrays its modules keep outside them (rope
+    frequencies): nothing lazy may stay tied to the loading thread's stream."""
+    eval_parameters(model)
+    for _, module in modules_of(model):
+        mx.eval([v for v in vars(module).values() if isinstance(v, mx.array)])
+
+
+def device_name() -> str:
+    device = mx.default_device()
+    if device.type == mx.DeviceType.gpu:
+        return "metal" if sys.platform == "darwin" else "gpu"
+    return "cpu"
+
+
+# Typed views of mlx.nn.Module's untyped tree accessors.
+
+
+def parameters_of(module: Module) -> list[tuple[str, mx.array]]:
+    """module's arrays by dotted path ("model.layers.0.mlp.up_proj.weight")."""
+    flat = tree_flatten(module.parameters())  # type: ignore[no-untyped-call]
+    return [(str(k), v) for k, v in cast(list[tuple[str, Any]], flat) if isinstance(v, mx.array)]
+
+
+def modules_of(module: Module) -> list[tuple[str, Module]]:
+    return list(module.named_modules())  # type: ignore[no-untyped-call]
+
+
+def eval_parameters(module: Module) -> None:
+    mx.eval([v for _, v in parameters_of(module)])
+
+
+def parameter_bytes(model: Module, skip: tuple[str, ...] = ()) -> int:
+    return sum(int(v.nbytes) for path, v in parameters_of(model) if not path.startswith(skip))
+
+
+def parameter_count(model: Module, skip: tuple[str, ...] = ()) -> int:
+    """Weights as the model has them, counting a packed quantized matrix by what it unpacks to."""
+    total = 0
+    for where, module in modules_of(model):
+        if f"{where}.".startswith(skip):
+            continue
+        bits = getattr(module, "bits", None)
+        for name, value in parameters_of(module):
+            if "." in name:
+                continue  # a child's parameter: counted with the child
+            if bits and name == "weight":
+                total += int(value.size) * 32 // int(bits)
+            elif not bits or name not in ("scales", "biases"):
+                total += int(value.size)
+    return total
+
+
+class MlxBackend:
+    """An mlx-lm model, its tokenizer and a KV cache of its own."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        vocab: Vocab,
+        *,
+        name: str,
+        path: str,
+        architecture: str,
+        n_ctx: int,
+        max_block: int = 512,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        self.forward = forward
+        self.vocab = vocab
+        materialize(forward.model)
+        self._cache = forward.make_cache()
+        self._tokens: list[int] = []
+        self._closed = False
+        model = forward.model
+        self._n_vocab = int(self._probe_vocab())
+        self._refusal = rollback_refusal(self._cache, architecture)
+        extras = {"device": device_name(), **(extra or {})}
+        if self._refusal:
+            extras["no_rollback"] = self._refusal
+        self.info = ModelInfo(
+            name=name,
+            path=path,
+            backend="mlx",
+            architecture=architecture,
+            n_ctx=n_ctx,
+            n_vocab=self._n_vocab,
+            size_bytes=parameter_bytes(model, forward.unused()),
+            n_params=parameter_count(model, forward.unused()),
+            n_layers=forward.n_layers,
+        )
+        self.capabilities = Capabilities(
+            rollback=self._refusal is None, max_block=max_block, device=extras["device"], extra=extras
+        )
+
+    def _probe_vocab(self) -> int:
+        args = getattr(self.forward.model, "args", None)
+        size = getattr(args, "vocab_size", None)
+        return int(size) if size else len(self.vocab.texts)
+
+    @property
+    def model(self) -> Module:
+        return self.forward.model
+
+    # -- description ------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def vocab_identity(self) -> VocabIdentity:
+        return self.vocab.identity()
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self.vocab.eog
+
+    def chat_template(self) -> str | None:
+        return self.vocab.template
+
+    def special_texts(self) -> dict[str, str]:
+        return self.vocab.special_texts()
+
+    # -- text -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self.vocab.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab.token_bytes(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.vocab.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        if self._closed:
+            raise InvalidRequestError("this MLX backend was closed", "load the model again")
+        if logits not in ("all", "last", "none"):
+            raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+        n = len(tokens)
+        if n > self.capabilities.max_block:
+            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
+        if len(self._tokens) + n > self.info.n_ctx:
+            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+        if n == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= self._n_vocab:
+            raise InvalidRequestError(
+                f"token ids must be in [0, {self._n_vocab}), got {int(ids.min())}..{int(ids.max())}"
+            )
+        with mx.stream(compute_stream()):
+            h = self.forward.hidden(mx.array(ids.astype(np.int32))[None], self._cache)
+            self._tokens.extend(int(t) for t in tokens)
+            # The cache is evaluated with the output every time, so no lazy graph outlives a call
+            # (a later call may come from another thread, and MLX streams are per thread).
+            state = cast(list[tuple[str, Any]], tree_flatten([c.state for c in self._cache]))
+            arrays = [v for _, v in state if isinstance(v, mx.array)]
+            if logits == "none":  # only the cache is wanted: the last block's tail and the head are skipped
+                mx.eval(arrays)
+                return np.empty((0, self._n_vocab), dtype=np.float32)
+            rows = h[:, -1:, :] if logits == "last" else h
+            out = self.forward.head(rows)[0].astype(mx.float32)
+            mx.eval(out, arrays)
+        return np.array(out, copy=True)
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            raise InvalidRequestError(f"cannot keep {n} tokens")
+        drop = len(self._tokens) - n
+        if drop <= 0:
+            return
+        if n == 0:
+            self._cache = self.forward.make_cache()  # a fresh cache is always a valid rollback
+        else:
+            refusal = rollback_refusal(self._cache, self.info.architecture)
+            if refusal:
+                raise InvalidRequestError(
+                    f"{self.info.name} cannot roll back {drop} tokens: {refusal}",
+                    "speculative decoding needs a rollback; use --strategy none (plain decoding) with this model",
+                )
+            for c in self._cache:
+                c.trim(drop)
+        del self._tokens[n:]
+
+    def derive(self, forward: Forward, label: str) -> MlxBackend:
+        """A backend over another forward pass (a self-drafter) sharing this one's tokenizer."""
+        return MlxBackend(
+            forward,
+            self.vocab,
+            name=f"{self.info.name} [{label}]",
+            path=self.info.path,
+            architecture=self.info.architecture,
+            n_ctx=self.info.n_ctx,
+            max_block=self.capabilities.max_block,
+            extra={k: v for k, v in self.capabilities.extra.items() if k != "no_rollback"} | {"self_draft": label},
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._cache = []
+        self._tokens = []
+
+
+def model_name(path: str) -> str:
+    return os.path.basename(os.path.normpath(path))

@@ -1,0 +1,260 @@
+"""GGUF files as mlx-lm models: mlx-lm's own architecture modules, weights from `mx.load`.
+
+`mx.load` keeps Q4_0, Q4_1 and Q8_0 tensors quantized (as MLX affine 4/8-bit, groups of 32),
+turns BF16, Q2_K, Q4_K and Q6_K into float16 and cannot read the other types; the tensor
+table is read first so a file MLX would expand or refuse is named before it is loaded.
+
+llama.cpp's converter permutes the Q and K projections of llama-family models so that
+rotary embedding rotates adjacent pairs; mlx-lm's `rope_traditional=True` rotates the same
+pairs, so the weights are used as stored.
+"""
+
+from __future__ import annotations
+
+import importlib
+import mmap
+import struct
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import mlx.core as mx
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.quantized import quantize
+
+from localspec.errors import ModelLoadError
+from localspec.gguf_check import check_gguf
+
+from .backend import eval_parameters
+
+# ggml type ids (ggml.h) by name, for the types this module must tell apart.
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K"}
+GGML_TYPES |= {12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 20: "IQ4_NL", 23: "IQ4_XS", 30: "BF16", 39: "MXFP4"}
+KEPT = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})  # used as stored
+EXPANDED = frozenset({"BF16", "Q2_K", "Q4_K", "Q6_K"})  # mx.load turns these into float16
+
+# GGUF architecture -> (mlx-lm module, rope_traditional)
+ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    model: Module
+    metadata: dict[str, Any]
+    config: dict[str, Any]
+    expanded: dict[str, int]  # ggml type -> tensors MLX turned into float16
+
+
+def tensor_types(path: str) -> dict[str, str]:
+    """Tensor name -> ggml type name, from the file's header alone (skips the metadata)."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        _version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        pos = 24
+        for _ in range(n_kv):
+            pos = _skip_string(buf, pos)
+            (kind,) = struct.unpack_from("<I", buf, pos)
+            pos = _skip_value(buf, pos + 4, kind)
+        out = {}
+        for _ in range(n_tensors):
+            (length,) = struct.unpack_from("<Q", buf, pos)
+            name = bytes(buf[pos + 8 : pos + 8 + length]).decode()
+            pos += 8 + length
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            pos += 4 + 8 * n_dims
+            (ggml_type,) = struct.unpack_from("<I", buf, pos)
+            pos += 12  # type, offset
+            out[name] = GGML_TYPES.get(ggml_type, f"type {ggml_type}")
+        return out
+
+
+def _skip_string(buf: mmap.mmap, pos: int) -> int:
+    (length,) = struct.unpack_from("<Q", buf, pos)
+    return int(pos + 8 + length)
+
+
+def _skip_value(buf: mmap.mmap, pos: int, kind: int) -> int:
+    if kind == _STRING:
+        return _skip_string(buf, pos)
+    if kind == _ARRAY:
+        item, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if item in _SCALAR_SIZES:
+            return int(pos + count * _SCALAR_SIZES[item])
+        for _ in range(count):
+            pos = _skip_value(buf, pos, item)
+        return pos
+    return pos + _SCALAR_SIZES[kind]
+
+
+def check_types(path: str, types: Mapping[str, str]) -> dict[str, int]:
+    """Counts of tensors MLX will expand to float16, by type; refuses types it cannot read."""
+    unreadable = sorted({t for t in types.values() if t not in KEPT | EXPANDED})
+    if unreadable:
+        raise ModelLoadError(
+            f"MLX cannot read {', '.join(unreadable)} tensors from GGUF ({path}); it keeps Q4_0, Q4_1 and Q8_0 "
+            "quantized and expands BF16, Q2_K, Q4_K and Q6_K to float16",
+            "use --backend llamacpp for this file, pick a Q4_0/Q8_0 file, or convert the original model with "
+            "`mlx_lm.convert -q`",
+        )
+    expanded: dict[str, int] = {}
+    for t in types.values():
+        if t in EXPANDED:
+            expanded[t] = expanded.get(t, 0) + 1
+    return expanded
+
+
+def plain_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """mx.load's metadata with arrays as Python values."""
+    return {k: (v.tolist() if isinstance(v, mx.array) else v) for k, v in meta.items()}
+
+
+def config_from_metadata(meta: Mapping[str, Any], weights: Mapping[str, mx.array], path: str) -> dict[str, Any]:
+    """The mlx-lm config.json a Hugging Face checkpoint of this GGUF would have."""
+    arch = str(meta.get("general.architecture", ""))
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(
+            f"the MLX backend reads {', '.join(ARCHITECTURES)} GGUF files; {path} is {arch or 'unknown'!r}",
+            "use --backend llamacpp for this file, or convert the original model with `mlx_lm.convert`",
+        )
+    if meta.get(f"{arch}.expert_count"):
+        raise ModelLoadError(
+            f"{path} is a mixture-of-experts model, which the MLX backend does not read from GGUF",
+            "convert the original model with `mlx_lm.convert`, or use --backend llamacpp",
+        )
+    module, traditional = ARCHITECTURES[arch]
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    config: dict[str, Any] = {
+        "model_type": module,
+        "hidden_size": hidden,
+        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": int(key("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "vocab_size": int(weights["model.embed_tokens.weight"].shape[0]),
+        "max_position_embeddings": int(key("context_length", 4096)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "rope_traditional": traditional,
+        "tie_word_embeddings": "lm_head.weight" not in weights,
+    }
+    scaling = key("rope.scaling.type")
+    if scaling == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": float(key("rope.scaling.factor", 1.0))}
+    elif scaling not in (None, "none"):
+        raise ModelLoadError(
+            f"{path} uses {scaling} rope scaling, which the MLX backend does not read from GGUF",
+            "convert the original model with `mlx_lm.convert`, or use --backend llamacpp",
+        )
+    return config
+
+
+def hf_names(weights: Mapping[str, mx.array], path: str) -> dict[str, mx.array]:
+    """GGUF tensor names -> the Hugging Face names mlx-lm's modules load."""
+    out = {}
+    for name, value in weights.items():
+        base, _, suffix = name.rpartition(".")
+        parts = base.split(".")
+        if parts[0] == "blk" and len(parts) == 3 and parts[2] in _BLOCK_NAMES:
+            out[f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"] = value
+        elif base in _TOP_NAMES:
+            out[f"{_TOP_NAMES[base]}.{suffix}"] = value
+        elif base != "rope_freqs":
+            raise ModelLoadError(f"{path} has a tensor {name!r} that the MLX backend does not know where to put")
+    return out
+
+
+class FrequencyRoPE(Module):
+    """Rotary embedding with per-dimension frequency factors (GGUF's rope_freqs tensor,
+    Llama 3.1+): the angle of pair i is pos / (base^(2i/d) * factor_i), as llama.cpp computes it."""
+
+    def __init__(self, dims: int, base: float, traditional: bool, factors: mx.array) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.dims = dims
+        self.traditional = traditional
+        self._freqs = (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)) * factors.astype(mx.float32)
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        return mx.fast.rope(
+            x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset, freqs=self._freqs
+        )
+
+
+def packed_layer(weights: Mapping[str, mx.array]) -> Callable[[str, Module], bool | dict[str, Any]]:
+    """quantize predicate: quantize exactly the layers whose weights come packed, with
+    the group size and bits their packing implies (GGUF mixes 4- and 8-bit layers)."""
+
+    def predicate(path: str, module: Module) -> bool | dict[str, Any]:
+        scales = weights.get(f"{path}.scales")
+        if scales is None or not hasattr(module, "to_quantized"):
+            return False
+        in_dims = int(module.weight.shape[-1])
+        bits = int(weights[f"{path}.weight"].shape[-1]) * 32 // in_dims
+        return {"group_size": in_dims // int(scales.shape[-1]), "bits": bits}
+
+    return predicate
+
+
+def build(config: Mapping[str, Any], weights: dict[str, mx.array], path: str) -> Module:
+    """An mlx-lm model of config's type holding weights (quantized layers stay quantized)."""
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model: Module = arch.Model(arch.ModelArgs.from_dict(dict(config)))
+    weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights
+    quantize(model, group_size=32, bits=4, class_predicate=packed_layer(weights))
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise ModelLoadError(f"the weights of {path} do not fit mlx-lm's {config['model_type']} model: {exc}") from exc
+    eval_parameters(model)
+    model.eval()
+    return model
+
+
+def load_gguf(path: str) -> GgufModel:
+    check_gguf(path)
+    expanded = check_types(path, tensor_types(path))
+    if expanded:
+        what = ", ".join(f"{n} {t}" for t, n in sorted(expanded.items()))
+        warnings.warn(
+            f"MLX keeps only Q4_0, Q4_1 and Q8_0 GGUF weights quantized: {what} tensors of {path} "
+            "were dequantized to float16 and take more memory (a Q4_0 or Q8_0 file avoids this)",
+            stacklevel=3,
+        )
+    try:
+        loaded, raw_meta = cast(tuple[dict[str, mx.array], dict[str, Any]], mx.load(path, return_metadata=True))
+    except (RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"MLX could not read {path}: {exc}", "use --backend llamacpp for this file") from exc
+    meta = plain_metadata(raw_meta)
+    weights = hf_names(loaded, path)
+    config = config_from_metadata(meta, weights, path)
+    model = build(config, weights, path)
+    if "rope_freqs.weight" in loaded:
+        factors = loaded["rope_freqs.weight"]
+        for layer in model.layers:
+            attn = layer.self_attn
+            attn.rope = FrequencyRoPE(int(attn.head_dim), config["rope_theta"], config["rope_traditional"], factors)
+    return GgufModel(model, meta, config, expanded)

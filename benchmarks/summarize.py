@@ -1,0 +1,38 @@
+"""Prints the bench JSON files of a results folder as Markdown tables for BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def table(path: Path) -> str:
+    data = json.loads(path.read_text())
+    rows = data["results"]
+    peers = any(r.get("peer_program") for r in rows)
+    head = "| prompt | strategy | plain tok/s | spec tok/s | speedup | accepted | tok/step | mean γ |"
+    sep = "|---|---|---|---|---|---|---|---|"
+    if peers:
+        head += " llama.cpp program | its tok/s | localspec vs it |"
+        sep += "---|---|---|"
+    lines = [f"`{path.name}`: {json.dumps(data['config'])}", "", head, sep]
+    for r in rows:
+        line = (
+            f"| {r['prompt']} | {r['strategy']} | {r['plain_tokens_per_s']:.1f} | {r['spec_tokens_per_s']:.1f} | "
+            f"**{r['speedup']:.2f}x** | {r['acceptance_rate']:.0%} | {r['tokens_per_step']:.2f} | {r['mean_gamma']:.2f} |"
+        )
+        if peers:
+            line += (
+                f" {r.get('peer_program', '')} | {r.get('peer_tokens_per_s', 0):.1f} | {r.get('vs_peer', 0):.2f}x |"
+                if r.get("peer_program")
+                else " | | |"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        print(table(Path(name)))
+        print()

