@@ -43,5 +43,5 @@ def in_memory_self_drafter(name: str, target: Backend, kind: str, option: str | 
     factory = getattr(importlib.import_module(BACKENDS[name]), "make_self_drafter", None)
     if factory is None:
         return None
-    drafter: Backend = factory(target, kind, option)
+    drafter: Backend | None = factory(target, kind, option)  # None: this kind comes from a derived file
     return drafter

@@ -1,0 +1,41 @@
+"""PyTorch backend: Llama-style and Gemma 3 decoders from GGUF or Hugging Face safetensors,
+on the CPU (float32, one thread per physical core) or a CUDA GPU (bfloat16/float16, decode
+steps replayed from CUDA graphs).
+
+    backend.py    the Backend protocol: cache bookkeeping, tokenizer, logits to numpy; early_exit()
+                  gives a layer-skip self-drafter sharing the weights
+    llama.py      Llama, SmolLM2, Mistral, Qwen2/2.5/3 (one module per family, found by name)
+    gemma3.py     Gemma 3
+    layers.py     static KV cache, RoPE, block attention with its causal mask
+    weights.py    GGUF (dequantized with the gguf package) and safetensors, one naming scheme
+    tokenizer.py  tokenizer, chat template and special tokens from the model files
+    cuda.py       CUDA graphs and torch.compile for the decode and verify steps (CUDA only)
+"""
+
+from __future__ import annotations
+
+from localspec.errors import BackendUnavailableError, InvalidRequestError
+
+try:
+    import torch  # noqa: F401 - fail here, with the fix, rather than deep inside a submodule
+except ImportError as exc:
+    raise BackendUnavailableError(
+        "the torch backend needs PyTorch, which is not installed",
+        "pip install 'localspec[torch]' (or pick another backend: --backend llamacpp)",
+    ) from exc
+
+from localspec.protocol import Backend
+
+from .backend import TorchBackend, load
+
+__all__ = ["TorchBackend", "load", "make_self_drafter"]
+
+
+def make_self_drafter(target: Backend, kind: str, option: str | None) -> Backend | None:
+    """layerskip: the target's own first L blocks, sharing its weights (no second copy).
+    qspec: None, so the loader derives a low-bit GGUF as on llama.cpp."""
+    if kind != "layerskip" or not isinstance(target, TorchBackend):
+        return None
+    if option is not None and not option.isdigit():
+        raise InvalidRequestError(f"layerskip takes the number of blocks to keep, got {option!r}")
+    return target.early_exit(int(option) if option else target.info.n_layers // 2)

@@ -1,0 +1,274 @@
+"""The torch backend behind the Backend protocol: one model, one static KV cache, a record of
+the tokens it holds, and logits handed to the engine as float32 numpy arrays."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from localspec.errors import InvalidRequestError, ModelLoadError
+from localspec.gguf_check import check_gguf
+from localspec.hardware import physical_cores
+from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+
+from . import tokenizer as tok
+from . import weights as wts
+from .config import ModelConfig
+from .layers import KVCache, Model, eager_block, static_block
+
+if TYPE_CHECKING:
+    from .cuda import GraphedSteps
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Source:
+    """A model on disk, read far enough to know what it is; `read` streams its tensors."""
+
+    config: ModelConfig
+    vocab: tok.Vocabulary
+    read: Callable[[wts.TensorSink], None]
+    name: str
+    path: str
+    file_type: str | None = None  # GGUF general.file_type (what self-drafting derives from)
+
+
+def open_source(path: str) -> Source:
+    folder = Path(path)
+    if folder.is_dir():
+        config, raw = wts.hf_config(folder)
+        vocab = tok.from_hf(folder, raw)
+        return Source(
+            config, vocab, lambda sink: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
+        )
+    check_gguf(path)
+    file = wts.open_gguf(path)
+    config = wts.gguf_config(file.meta)
+    vocab = tok.from_gguf(file.meta)
+    file_type = str(file.meta.get("general.file_type", 1))
+    return Source(
+        config, vocab, lambda sink: wts.read_gguf_tensors(file, config, sink), os.path.basename(path), path, file_type
+    )
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32  # without AVX-512 BF16 / AMX, bfloat16 matmuls are slower on a CPU
+    if dtype not in DTYPES:
+        raise InvalidRequestError(f"unknown dtype {dtype!r}", f"choose one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class TorchBackend:
+    """One model with its own static KV cache, on the CPU or a CUDA GPU.
+
+    Options: n_ctx (capped at the model's training length), threads (CPU; default one per
+    physical core), max_block, device ("auto", "cpu", "cuda", "cuda:1"), dtype ("auto",
+    "float32", "bfloat16", "float16"), cuda_graphs (replay decode/verify steps of up to
+    `graph_tokens` tokens from captured CUDA graphs; default on for CUDA), compile (also
+    torch.compile those steps), static (the graph-ready forward without capturing: for tests).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        max_block: int = 512,
+        device: str = "auto",
+        dtype: str = "auto",
+        cuda_graphs: bool = True,
+        compile: bool = False,
+        graph_tokens: int = 16,
+        static: bool = False,
+    ) -> None:
+        source = open_source(path)
+        self._device = pick_device(device)
+        self._dtype = pick_dtype(dtype, self._device)
+        extra = {"device": str(self._device), "dtype": str(self._dtype).removeprefix("torch.")}
+        if source.file_type is not None:
+            extra["file_type"] = source.file_type
+        if self._device.type == "cpu":
+            threads = threads or physical_cores()
+            torch.set_num_threads(threads)  # process-wide: every torch backend shares the cores
+            extra["threads"] = str(threads)
+        config = source.config
+        n_ctx = min(n_ctx, config.context_length or n_ctx)
+        self.model, n_params, n_bytes = self._build(source, n_ctx)
+        self.cache = KVCache(config.n_layers, config.n_kv_heads, n_ctx, config.head_dim, self._dtype, self._device)
+        self._positions = torch.arange(n_ctx, device=self._device)
+        self._vocab = source.vocab
+        self._n_vocab = int(self.model.output.shape[0])
+        self._tokens: list[int] = []
+        self._closed = False
+        self._static = static
+        self._exit: int | None = None  # run only the first blocks (an early-exit drafter)
+        self._graph_options = (graph_tokens, cuda_graphs, compile)
+        self._graphs: GraphedSteps | None = None
+        if self._device.type == "cuda" and (cuda_graphs or compile):
+            self._graphs = self._graphed()
+            extra["cuda_graphs"] = str(cuda_graphs)
+            extra["compile"] = str(compile)
+        self.info = ModelInfo(
+            name=source.name,
+            path=os.path.abspath(source.path),
+            backend="torch",
+            architecture=config.architecture,
+            n_ctx=n_ctx,
+            n_vocab=self._n_vocab,
+            size_bytes=n_bytes,
+            n_params=n_params,
+            n_layers=config.n_layers,
+        )
+        self.capabilities = Capabilities(rollback=True, max_block=max_block, device=self._device.type, extra=extra)
+
+    def _graphed(self) -> GraphedSteps:
+        from .cuda import GraphedSteps
+
+        tokens, graphs, compile = self._graph_options
+        return GraphedSteps(self.model, self.cache, tokens, graphs, compile, self._exit)
+
+    def early_exit(self, n_layers: int) -> TorchBackend:
+        """This model cut after its first n_layers blocks, then its own final norm and head:
+        a layer-skip self-drafter. It shares every weight and the tokenizer with this backend
+        and has a KV cache of its own, n_layers deep."""
+        config = self.model.config
+        if not 0 < n_layers < config.n_layers:
+            raise InvalidRequestError(f"an early exit must keep between 1 and {config.n_layers - 1} blocks")
+        view = copy.copy(self)
+        view._exit = n_layers
+        view._tokens = []
+        view._closed = False
+        view.cache = KVCache(n_layers, config.n_kv_heads, self.cache.n_ctx, config.head_dim, self._dtype, self._device)
+        view._graphs = view._graphed() if self._graphs is not None else None
+        label = f"layerskip:{n_layers}"
+        view.info = replace(self.info, name=f"{self.info.name} [{label}]", n_layers=n_layers)
+        view.capabilities = replace(self.capabilities, extra={**self.capabilities.extra, "self_draft": label})
+        return view
+
+    def _build(self, source: Source, n_ctx: int) -> tuple[Model, int, int]:
+        table: dict[str, torch.Tensor] = {}
+        counts = [0, 0]
+
+        def sink(name: str, tensor: torch.Tensor) -> None:
+            # RoPE frequency factors stay float32; everything else takes the compute dtype.
+            dtype = torch.float32 if name == "rope_freqs.weight" else self._dtype
+            table[name] = tensor.to(device=self._device, dtype=dtype)
+            counts[0] += tensor.numel()
+            counts[1] += tensor.numel() * table[name].element_size()
+
+        source.read(sink)
+        module = importlib.import_module(f"{__package__}.{source.config.family}")
+        try:
+            model: Model = module.Model(source.config, table, n_ctx)
+        except KeyError as exc:
+            raise ModelLoadError(f"{source.path} lacks the tensor {exc.args[0]}", "the file is incomplete") from exc
+        return model, counts[0], counts[1]
+
+    # -- description ------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def vocab_identity(self) -> VocabIdentity:
+        v = self._vocab
+        texts = tuple(t.encode("utf-8") for t in v.texts)
+        return VocabIdentity(v.kind, len(texts), v.bos, v.eos, texts)
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self._vocab.eog
+
+    def chat_template(self) -> str | None:
+        return self._vocab.chat_template
+
+    def special_texts(self) -> dict[str, str]:
+        return self._vocab.special_texts()
+
+    # -- text -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self._vocab.encode(text, add_special, parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        pieces = self._vocab.pieces
+        return pieces[token] if 0 <= token < len(pieces) else b""
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        n = len(tokens)
+        if self._closed:
+            raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
+        if logits not in ("all", "last", "none"):
+            raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+        if n > self.capabilities.max_block:
+            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
+        past = len(self._tokens)
+        if past + n > self.info.n_ctx:
+            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+        if n == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        if any(not 0 <= t < self._n_vocab for t in tokens):
+            raise InvalidRequestError(f"token ids must lie in [0, {self._n_vocab})")
+        with torch.inference_mode():
+            if self._graphs is not None and self._graphs.handles(n):
+                out = self._graphs.run(tokens, past, logits)
+            else:
+                out = self._forward(tokens, past, logits)
+        self._tokens.extend(tokens)
+        return out
+
+    def _forward(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
+        n = len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+        positions = self._positions[past : past + n]
+        if self._static:
+            block = static_block(positions, self.cache.n_ctx, self.model.window, self._dtype)
+        else:
+            block = eager_block(positions, past, n, self.model.window, self._dtype)
+        out = self.model.forward(ids, block, self.cache, logits, self._exit)
+        if logits == "none":
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        if out.dtype != torch.float32 or out.device.type != "cpu":
+            out = out.float().cpu()
+        array: Logits = out.numpy()
+        return array
+
+    def rollback(self, n: int) -> None:
+        # The cache rows past n stay allocated and are overwritten by the next block.
+        if n < len(self._tokens):
+            del self._tokens[max(n, 0) :]
+
+    def close(self) -> None:
+        # The weights go with the last reference to them (an early-exit view shares them).
+        self._closed = True
+        self._graphs = None
+        self._tokens = []
+
+
+def load(path: str, **options: Any) -> TorchBackend:
+    return TorchBackend(path, **options)

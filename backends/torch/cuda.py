@@ -1,0 +1,97 @@
+"""CUDA only: decode and verify steps replayed from captured CUDA graphs.
+
+A small model's decode step on a GPU is a few hundred kernel launches of a few microseconds
+each, so launch overhead, not the GPU, sets the speed. Each block size n = 1..max_tokens and
+logits mode gets one graph, captured on first use (as gpt-fast does for its decode step):
+its inputs (token ids, positions) live in static buffers, attention reads the whole static
+cache through a mask built from the positions tensor (layers.static_block), and the KV rows
+are written with index_copy_, so one graph serves every position. Optionally the step is
+torch.compile'd first (mode "max-autotune-no-cudagraphs": fused kernels, captured by our
+own graphs). The only host synchronisation per step is the copy of the logits the
+acceptance rule reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from localspec.protocol import Logits
+
+from .layers import KVCache, Model, static_block
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class GraphedSteps:
+    def __init__(
+        self, model: Model, cache: KVCache, max_tokens: int, graphs: bool, compile: bool, n_layers: int | None = None
+    ) -> None:
+        self.model, self.cache, self.n_layers = model, cache, n_layers
+        self.max_tokens = max_tokens
+        self.use_graphs = graphs
+        device = cache.k.device
+        self.tokens = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.arange = torch.arange(cache.n_ctx, device=device)
+        vocab = int(model.output.shape[0])
+        self.host = torch.empty((max_tokens, vocab), dtype=torch.float32, pin_memory=True)
+        self.graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.steps: dict[str, Step] = {}
+        self.compile = compile
+
+    def handles(self, n: int) -> bool:
+        return n <= self.max_tokens
+
+    def _step(self, logits: str) -> Step:
+        if logits not in self.steps:
+
+            def step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+                block = static_block(positions, self.cache.n_ctx, self.model.window, self.cache.k.dtype)
+                return self.model.forward(tokens, block, self.cache, logits, self.n_layers).float()
+
+            compiled: Any = torch.compile(step, mode="max-autotune-no-cudagraphs") if self.compile else step
+            self.steps[logits] = compiled
+        return self.steps[logits]
+
+    def run(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
+        n = len(tokens)
+        self.tokens[:n].copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=True)
+        self.positions[:n].copy_(self.arange[past : past + n])
+        ids, positions = self.tokens[:n], self.positions[:n]
+        if not self.use_graphs:
+            out = self._step(logits)(ids, positions)
+        else:
+            key = (n, logits)
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(ids, positions, logits)
+            graph, out = self.graphs[key]
+            graph.replay()
+        rows = out.shape[0]
+        if rows == 0:
+            return np.empty((0, self.host.shape[1]), dtype=np.float32)
+        self.host[:rows].copy_(out, non_blocking=True)
+        torch.cuda.current_stream().synchronize()  # the acceptance rule needs the logits now
+        array: Logits = self.host[:rows].numpy()
+        return array
+
+    def _capture(
+        self, ids: torch.Tensor, positions: torch.Tensor, logits: str
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        step = self._step(logits)
+        # Warm up on a side stream (allocator and compile caches). It writes the cache rows of
+        # this very block with the values the replay will write again: harmless.
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step(ids, positions)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = step(ids, positions)
+        return graph, out

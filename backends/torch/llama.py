@@ -1,0 +1,106 @@
+"""Llama-style decoders: Llama 2/3, SmolLM, Mistral, Qwen2/2.5 (QKV bias) and Qwen3 (QK norm).
+
+Per layer: x += Wo·attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)); x += W2·(silu(W1·n(x)) ⊙ W3·n(x)),
+with n an RMSNorm. Q, K and V are one matmul, gate and up another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .layers import Block, KVCache, Rope, attend, fused, rms_norm, rotate, write_cache
+
+Weights = MutableMapping[str, torch.Tensor]
+
+
+class Layer:
+    """One block's tensors, taken out of the weight table (so fused copies do not double
+    the memory while a model loads)."""
+
+    def __init__(self, w: Weights, prefix: str) -> None:
+        def take(name: str) -> torch.Tensor | None:
+            return w.pop(prefix + name, None)
+
+        def need(name: str) -> torch.Tensor:
+            tensor = take(name)
+            if tensor is None:
+                raise KeyError(prefix + name)
+            return tensor
+
+        self.attn_norm = need("attn_norm.weight")
+        wqkv = fused([take("attn_q.weight"), take("attn_k.weight"), take("attn_v.weight")])
+        if wqkv is None:
+            raise KeyError(prefix + "attn_q.weight")
+        self.wqkv = wqkv
+        self.bqkv = fused([take("attn_q.bias"), take("attn_k.bias"), take("attn_v.bias")])
+        self.wo = need("attn_output.weight")
+        self.q_norm, self.k_norm = take("attn_q_norm.weight"), take("attn_k_norm.weight")
+        self.ffn_norm = need("ffn_norm.weight")
+        w13 = fused([take("ffn_gate.weight"), take("ffn_up.weight")])
+        if w13 is None:
+            raise KeyError(prefix + "ffn_gate.weight")
+        self.w13 = w13
+        self.w2 = need("ffn_down.weight")
+        self.extra(take)
+
+    def extra(self, take: Callable[[str], torch.Tensor | None]) -> None:
+        """Family-specific tensors of the block."""
+
+
+class Model:
+    layer_type = Layer
+
+    def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int) -> None:
+        self.config = config
+        self.embed = weights["token_embd.weight"]
+        self.output = weights.get("output.weight", self.embed)  # tied embeddings when absent
+        self.norm = weights["output_norm.weight"]
+        self.layers = [self.layer_type(weights, f"blk.{i}.") for i in range(config.n_layers)]
+        self.rope = Rope(
+            config.head_dim,
+            n_ctx,
+            config.rope_theta,
+            config.rope_scale,
+            self.embed.dtype,
+            self.embed.device,
+            weights.get("rope_freqs.weight"),
+        )
+        self.window = 0
+
+    def forward(
+        self, tokens: torch.Tensor, block: Block, cache: KVCache, logits: str, n_layers: int | None = None
+    ) -> torch.Tensor:
+        """Hidden states through the first n_layers (all by default: an early exit is the
+        seam for layer-skip self-drafting), then logits for "all" rows, the "last" or "none"."""
+        c = self.config
+        x = F.embedding(tokens, self.embed)
+        n, heads, kv_heads = x.shape[0], c.n_heads, c.n_kv_heads
+        rotation = self.rope.at(block.positions)
+        for i, layer in enumerate(self.layers[:n_layers]):
+            h = rms_norm(x, layer.attn_norm, c.norm_eps)
+            qkv = F.linear(h, layer.wqkv, layer.bqkv).view(n, heads + 2 * kv_heads, c.head_dim)
+            v = qkv[:, heads + kv_heads :]
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3
+                q = rotate(rms_norm(qkv[:, :heads], layer.q_norm, c.norm_eps), rotation)
+                k = rotate(rms_norm(qkv[:, heads : heads + kv_heads], layer.k_norm, c.norm_eps), rotation)
+            else:  # Q and K heads rotated in one go
+                qk = rotate(qkv[:, : heads + kv_heads], rotation)
+                q, k = qk[:, :heads], qk[:, heads:]
+            write_cache(cache, i, block, k.transpose(0, 1), v.transpose(0, 1))
+            a = attend(q.transpose(0, 1), cache, i, block.full, c.softmax_scale, c.n_kv_heads)
+            x = x + F.linear(a, layer.wo)
+            h = rms_norm(x, layer.ffn_norm, c.norm_eps)
+            gate, up = F.linear(h, layer.w13).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, layer.w2)
+        return self.head(x, logits)
+
+    def head(self, x: torch.Tensor, logits: str) -> torch.Tensor:
+        if logits == "none":
+            return x[:0, :0]
+        if logits == "last":
+            x = x[-1:]
+        return F.linear(rms_norm(x, self.norm, self.config.norm_eps), self.output)

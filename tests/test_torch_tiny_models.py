@@ -1,0 +1,520 @@
+"""The torch backend on tiny random models written by the test itself, one per family.
+
+Each family's model is written twice: as a GGUF (llama.cpp's layout: Q/K rows permuted for
+the Llama architecture, Gemma's norms with +1 folded in) and as a Hugging Face folder
+(config.json, safetensors, tokenizer.json). llama.cpp, reading the same GGUF, is the
+reference for the architecture and the SentencePiece tokenizer; the engine's own
+chi-square test checks that speculative sampling through this backend is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
+
+from localspec.api import Runtime  # noqa: E402
+from localspec.backend_loader import load_backend  # noqa: E402
+from localspec.cli.main import main  # noqa: E402
+from localspec.drafters.model import ModelDrafter  # noqa: E402
+from localspec.drafters.ngram import NgramDrafter  # noqa: E402
+from localspec.engine import Engine  # noqa: E402
+from localspec.errors import BackendUnavailableError  # noqa: E402
+from localspec.protocol import Backend  # noqa: E402
+from localspec.sampling import SamplingConfig, one_hot, process  # noqa: E402
+from localspec.stats import Stats  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
+
+from localspec.backends.torch import TorchBackend  # noqa: E402
+from localspec.backends.torch.tokenizer import _byte_decoder  # noqa: E402
+
+N_CTX = 256
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+# -- tiny models ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    arch: str  # "llama", "qwen2" or "gemma3"
+    hidden: int = 64
+    layers: int = 3
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    ffn: int = 96
+    seed: int = 0
+    noise: float = 0.0  # perturbs the weights: a drafter close to the seed's model
+    embed_scale: float = 0.3  # larger: sharper next-token distributions
+    window: int = 4  # Gemma 3's sliding window, small so that short texts cross it
+    local: tuple[bool, ...] = (True, False, True)
+
+
+def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
+    """GPT-2 style: three control tokens, the 256 byte symbols, a few merges."""
+    symbols = sorted(_byte_decoder(), key=lambda c: _byte_decoder()[c])
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a n", "an d", "Ġ and"]
+    merged = [m.replace(" ", "") for m in merges]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *symbols, *merged]
+    types = [3, 3, 3] + [1] * (len(tokens) - 3)
+    return tokens, types, merges
+
+
+def spm_vocab() -> tuple[list[str], list[int], list[float]]:
+    """SentencePiece style: control tokens, byte fallback, letters and a few longer pieces."""
+    pieces = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁t", "he", "▁the", "▁a", "nd", "▁and", "in", "▁in", "er", "on"]
+    pieces += ["▁on", "ing", "▁s", "en", "▁th", "st", "ll", "▁w", "▁wor", "ld", "▁world"]
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(pieces))]
+    return tokens, types, scores
+
+
+def hf_weights(spec: Spec, vocab: int) -> dict[str, np.ndarray]:
+    """Random weights under Hugging Face names and conventions."""
+    rng = np.random.default_rng(spec.seed)
+    jitter = np.random.default_rng(spec.seed + 1000)
+
+    def w(*shape: int, std: float) -> np.ndarray:
+        x = rng.normal(0, std, shape)
+        if spec.noise:
+            x = x + jitter.normal(0, std * spec.noise, shape)
+        return x.astype(np.float32)
+
+    h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    gemma = spec.arch == "gemma3"
+    norm_center = 0.0 if gemma else 1.0  # Gemma stores w and multiplies by (1 + w)
+    out = {
+        "model.embed_tokens.weight": w(vocab, h, std=spec.embed_scale),
+        "model.norm.weight": norm_center + w(h, std=0.1),
+    }
+    for i in range(spec.layers):
+        p = f"model.layers.{i}."
+        out |= {
+            p + "input_layernorm.weight": norm_center + w(h, std=0.1),
+            p + "self_attn.q_proj.weight": w(q, h, std=h**-0.5),
+            p + "self_attn.k_proj.weight": w(kv, h, std=h**-0.5),
+            p + "self_attn.v_proj.weight": w(kv, h, std=h**-0.5),
+            p + "self_attn.o_proj.weight": w(h, q, std=0.5 * q**-0.5),
+            p + "post_attention_layernorm.weight": norm_center + w(h, std=0.1),
+            p + "mlp.gate_proj.weight": w(spec.ffn, h, std=h**-0.5),
+            p + "mlp.up_proj.weight": w(spec.ffn, h, std=h**-0.5),
+            p + "mlp.down_proj.weight": w(h, spec.ffn, std=0.5 * spec.ffn**-0.5),
+        }
+        if spec.arch == "qwen2":
+            out |= {p + f"self_attn.{x}_proj.bias": w(n, std=0.2) for x, n in (("q", q), ("k", kv), ("v", kv))}
+        if gemma:
+            out |= {
+                p + "self_attn.q_norm.weight": w(spec.head_dim, std=0.1),
+                p + "self_attn.k_norm.weight": w(spec.head_dim, std=0.1),
+                p + "pre_feedforward_layernorm.weight": w(h, std=0.1),
+                p + "post_feedforward_layernorm.weight": w(h, std=0.1),
+            }
+    return out
+
+
+GGUF_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's Q/K permutation for llama.cpp's interleaved RoPE."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(name: str, spec: Spec) -> str:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    _, _, layer, rest = name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    if module == "post_attention_layernorm":
+        short = "post_attention_norm" if spec.arch == "gemma3" else "ffn_norm"
+    else:
+        short = GGUF_NAMES[module]
+    return f"blk.{layer}.{short}.{kind}"
+
+
+def write_gguf(spec: Spec, path: Path) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), spec.arch)
+    writer.add_context_length(N_CTX)
+    writer.add_embedding_length(spec.hidden)
+    writer.add_block_count(spec.layers)
+    writer.add_feed_forward_length(spec.ffn)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_chat_template(CHATML)
+    if spec.arch == "gemma3":
+        tokens, types, scores = spm_vocab()
+        writer.add_rope_freq_base(1_000_000.0)
+        writer.add_sliding_window(spec.window)
+        writer.add_sliding_window_pattern(list(spec.local))
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_scores(scores)
+        writer.add_bos_token_id(2)
+        writer.add_eos_token_id(1)
+        writer.add_unk_token_id(3)
+        writer.add_pad_token_id(0)
+        writer.add_add_bos_token(True)
+        writer.add_add_space_prefix(False)
+    else:
+        tokens, types, merges = bpe_vocab()
+        writer.add_rope_freq_base(10_000.0)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2" if spec.arch == "qwen2" else "smollm")
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_add_bos_token(False)
+    for name, w in hf_weights(spec, len(tokens)).items():
+        short = gguf_name(name, spec)
+        if spec.arch == "llama" and short.endswith(("attn_q.weight", "attn_k.weight")):
+            w = permute(w, spec.heads if "attn_q" in short else spec.kv_heads)
+        if spec.arch == "gemma3" and short.endswith("norm.weight"):
+            w = w + 1.0
+        writer.add_tensor(short, np.ascontiguousarray(w))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_hf_folder(spec: Spec, folder: Path, gguf_path: Path) -> Path:
+    """The same model as a Hugging Face folder; its tokenizer.json is the one the backend
+    built from the GGUF, saved."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    source = tiny(str(gguf_path))
+    vocab = source._vocab
+    vocab.tokenizer.save(str(folder / "tokenizer.json"))
+    gemma = spec.arch == "gemma3"
+    config = {
+        "model_type": "gemma3_text" if gemma else spec.arch,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0 if gemma else 10_000.0,
+        "max_position_embeddings": N_CTX,
+        "vocab_size": len(vocab.texts),
+        "tie_word_embeddings": True,
+        "bos_token_id": vocab.bos,
+        "eos_token_id": vocab.eos,
+    }
+    if gemma:
+        config |= {
+            "sliding_window": spec.window,
+            "layer_types": ["sliding_attention" if x else "full_attention" for x in spec.local],
+            "rope_local_base_freq": 10_000.0,
+            "query_pre_attn_scalar": spec.head_dim,
+        }
+    (folder / "config.json").write_text(json.dumps(config))
+    special = vocab.special_texts()
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": CHATML, "bos_token": special["bos_token"], "eos_token": special["eos_token"]})
+    )
+    save_file(hf_weights(spec, len(vocab.texts)), str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Spec], Path]:
+    """spec -> the path of its GGUF, written once per module."""
+    folder = tmp_path_factory.mktemp("tiny-models")
+    made: dict[Spec, Path] = {}
+
+    def get(spec: Spec) -> Path:
+        if spec not in made:
+            made[spec] = write_gguf(spec, folder / f"{spec.arch}-{len(made)}.gguf")
+        return made[spec]
+
+    return get
+
+
+def tiny(path: str, n_ctx: int = N_CTX, **options: object) -> TorchBackend:
+    # One thread: a model this small is all overhead, and a second thread only adds
+    # synchronisation (which costs whole scheduler slices on a busy 2-core machine).
+    return TorchBackend(path, n_ctx=n_ctx, threads=1, **options)  # type: ignore[arg-type]
+
+
+def llamacpp(path: Path) -> Iterator[Backend]:
+    pytest.importorskip("llama_cpp", reason="the llama.cpp comparisons need llama-cpp-python")
+    backend = load_backend("llamacpp", str(path), n_ctx=N_CTX, threads=1)
+    yield backend
+    backend.close()
+
+
+FAMILIES = [Spec("llama"), Spec("qwen2"), Spec("gemma3")]
+TEXT_IDS = [5 + (i * 37) % 250 for i in range(40)]  # token ids valid in both vocabularies
+BLOCKS = [5, 1, 8, 3, 1, 7, 2, 13]  # uneven blocks: single steps, verify-sized and prefill-sized
+
+
+def blockwise(backend: Backend, tokens: list[int], blocks: list[int] = BLOCKS) -> np.ndarray:
+    backend.rollback(0)
+    rows, at = [], 0
+    for size in blocks:
+        rows.append(backend.eval_block(tokens[at : at + size], "all").copy())
+        at += size
+    return np.concatenate(rows)
+
+
+# -- the architectures against llama.cpp ------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", FAMILIES, ids=lambda s: s.arch)
+def test_logits_match_llamacpp_on_the_same_gguf(models, spec: Spec) -> None:
+    path = models(spec)
+    ours = blockwise(tiny(str(path)), TEXT_IDS)
+    for reference in llamacpp(path):
+        theirs = blockwise(reference, TEXT_IDS)
+        # llama.cpp keeps its KV cache in float16: agreement to about 1e-3 of the logit scale.
+        assert np.abs(ours - theirs).max() < 0.01 * np.abs(theirs).max()
+        assert (ours.argmax(1) == theirs.argmax(1)).all()
+
+
+def test_gemma3_sliding_window_changes_what_local_layers_see(models) -> None:
+    # Control for the test above: the window must matter on these texts, or it tests nothing.
+    spec = Spec("gemma3")
+    windowed = blockwise(tiny(str(models(spec))), TEXT_IDS)
+    unwindowed = blockwise(tiny(str(models(replace(spec, window=10_000)))), TEXT_IDS)
+    np.testing.assert_allclose(windowed[: spec.window], unwindowed[: spec.window], rtol=1e-5, atol=1e-5)
+    assert np.abs(windowed[8:] - unwindowed[8:]).max() > 0.1
+
+
+TEXTS = ["the world and the sand", "hello ☃ world! 12345", "  leading spaces\nand\ttabs\n\n", "<start_of_turn>user"]
+TEXTS += ["<|im_start|>user\nI'm here, they'll see<|im_end|>"]
+
+
+@pytest.mark.parametrize("parse_special", [False, True])
+@pytest.mark.parametrize("spec", FAMILIES, ids=["bpe-smollm", "bpe-qwen2", "sentencepiece"])
+def test_the_tokenizer_built_from_gguf_matches_llamacpp(models, spec: Spec, parse_special: bool) -> None:
+    path = models(spec)
+    ours = tiny(str(path))
+    for reference in llamacpp(path):
+        for text in TEXTS:
+            ids = ours.tokenize(text, add_special=True, parse_special=parse_special)
+            assert ids == reference.tokenize(text, add_special=True, parse_special=parse_special), text
+            assert ours.detokenize(ids) == reference.detokenize(ids)
+        assert ours.vocab_identity() == reference.vocab_identity()
+        assert ours.end_of_generation() == reference.end_of_generation()
+
+
+# -- loading from a Hugging Face folder -------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", FAMILIES, ids=lambda s: s.arch)
+def test_a_safetensors_folder_loads_the_same_model_as_its_gguf(models, tmp_path: Path, spec: Spec) -> None:
+    gguf_path = models(spec)
+    folder = write_hf_folder(spec, tmp_path / spec.arch, gguf_path)
+    from_gguf, from_hf = (
+        tiny(
+            str(gguf_path),
+        ),
+        tiny(str(folder)),
+    )
+    np.testing.assert_allclose(blockwise(from_hf, TEXT_IDS), blockwise(from_gguf, TEXT_IDS), rtol=1e-4, atol=1e-4)
+    text = "the world and the sand <|im_end|>"
+    for special in (False, True):
+        assert from_hf.tokenize(text, add_special=True, parse_special=special) == from_gguf.tokenize(
+            text, add_special=True, parse_special=special
+        )
+    assert from_hf.chat_template() == from_gguf.chat_template() == CHATML
+    assert from_hf.end_of_generation() == from_gguf.end_of_generation()
+    assert from_hf.vocab_identity() == from_gguf.vocab_identity()
+    assert from_hf.info.architecture == from_gguf.info.architecture == spec.arch
+
+
+# -- the cache --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [Spec("llama"), Spec("gemma3")], ids=lambda s: s.arch)
+def test_the_graph_ready_static_path_computes_what_the_eager_path_does(models, spec: Spec) -> None:
+    # CUDA graphs replay the static path (whole-cache attention masked from a positions
+    # tensor, index_copy_ cache writes); it runs on the CPU too, so it is checked here.
+    path = models(spec)
+    eager = blockwise(tiny(str(path), 64), TEXT_IDS)
+    static = blockwise(tiny(str(path), n_ctx=64, static=True), TEXT_IDS)
+    np.testing.assert_allclose(static, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [Spec("llama"), Spec("gemma3")], ids=lambda s: s.arch)
+def test_rollback_then_new_tokens_equals_evaluating_the_new_text_fresh(models, spec: Spec) -> None:
+    backend = tiny(str(models(spec)))
+    backend.eval_block(TEXT_IDS[:12], "none")
+    backend.eval_block(TEXT_IDS[12:20], "all")  # a draft ...
+    backend.rollback(14)  # ... of which two tokens were kept
+    assert list(backend.cached_tokens()) == TEXT_IDS[:14]
+    other = [7, 8, 9, 10, 11]
+    continued = backend.eval_block(other, "all").copy()
+    fresh = tiny(str(models(spec))).eval_block([*TEXT_IDS[:14], *other], "all")[14:]
+    np.testing.assert_allclose(continued, fresh, rtol=1e-4, atol=1e-4)
+    assert backend.n_past == 19
+
+
+def test_a_full_context_is_refused_and_leaves_the_cache_as_it_was(models) -> None:
+    backend = tiny(str(models(Spec("llama"))), n_ctx=16)
+    backend.eval_block(TEXT_IDS[:10], "none")
+    with pytest.raises(Exception, match="context of 16 tokens is full"):
+        backend.eval_block(TEXT_IDS[10:20], "all")
+    assert backend.n_past == 10
+
+
+def test_logits_modes_return_the_rows_asked_for(models) -> None:
+    backend = tiny(str(models(Spec("qwen2"))))
+    vocab = backend.info.n_vocab
+    assert backend.eval_block(TEXT_IDS[:4], "none").shape == (0, vocab)
+    last = backend.eval_block(TEXT_IDS[4:8], "last")
+    assert last.shape == (1, vocab) and last.dtype == np.float32
+    assert backend.eval_block([], "all").shape == (0, vocab)
+    assert backend.n_past == 8
+
+
+# -- speculation through the engine is exact --------------------------------------------------
+
+
+class ExactLaw:
+    """The target's processed next-token distribution, from plain single-context evaluation."""
+
+    def __init__(self, backend: TorchBackend) -> None:
+        self.backend = backend
+
+    def exact_probs(self, context: list[int], cfg: SamplingConfig) -> np.ndarray:
+        self.backend.rollback(0)
+        row = self.backend.eval_block(context, "last")[-1]
+        self.backend.rollback(0)
+        dist = one_hot(int(np.argmax(row))) if cfg.greedy else process(row, cfg)
+        return dist.dense(self.backend.info.n_vocab)
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self.backend.end_of_generation()
+
+
+SMALL = Spec("llama", layers=2)
+EXACT_RUNS = 1000
+EXACT_PROMPT = [40, 41, 42, 43, 40, 41, 42, 43, 40, 41]  # repeats itself: n-gram drafts too
+
+
+@pytest.mark.parametrize(
+    ("drafter", "cfg"),
+    [
+        ("model", SamplingConfig(temperature=0.9, top_k=8, top_p=1.0, min_p=0.0)),
+        ("ngram", SamplingConfig(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0)),
+    ],
+    ids=["draft-model-top-k", "ngram-top-p"],
+)
+def test_speculative_sampling_follows_the_target_law(models, drafter: str, cfg: SamplingConfig) -> None:
+    target = tiny(str(models(SMALL)), n_ctx=64)
+    draft = ModelDrafter(tiny(str(models(replace(SMALL, noise=0.5))), n_ctx=64))
+    engine = Engine(target, draft if drafter == "model" else NgramDrafter(min_ngram=1))
+    observed: Counter[tuple[int, int]] = Counter()
+    drafted = accepted = 0
+    for run in range(EXACT_RUNS):
+        stats = Stats()
+        observed[outcome(emitted(engine, EXACT_PROMPT, 4, cfg, 3, run_rng(run), stats, enough=2))] += 1
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert drafted > accepted > 0  # both acceptance and rejection happened
+    law = exact_joint(ExactLaw(tiny(str(models(SMALL)), n_ctx=64)), EXACT_PROMPT, cfg)  # type: ignore[arg-type]
+    assert chi_square_pvalue(observed, law) > 1e-3
+
+
+def test_greedy_speculation_with_a_torch_drafter_reproduces_plain_decoding(models) -> None:
+    target = tiny(str(models(SMALL)))
+    draft = tiny(str(models(replace(SMALL, noise=0.3))))
+    prompt = "the sand and the"
+    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt, max_tokens=40, temperature=0)
+    for runtime in (
+        Runtime(target, draft, strategy="draft", draft_tokens=4, calibrate=False),
+        Runtime(target, target.early_exit(1), strategy="draft", draft_tokens=2, calibrate=False),
+        Runtime(target, strategy="ngram", draft_tokens=3, calibrate=False),
+    ):
+        spec = runtime.generate(prompt, max_tokens=40, temperature=0)
+        assert spec.tokens == plain.tokens
+        assert spec.stats.drafted > 0
+
+
+def test_an_early_exit_view_is_the_model_cut_after_its_first_blocks(models) -> None:
+    # The random weights are drawn layer by layer, so a 2-block model's blocks are the
+    # 3-block model's first two.
+    full = tiny(str(models(Spec("llama"))))
+    view = full.early_exit(2)
+    shallow = tiny(str(models(Spec("llama", layers=2))))
+    np.testing.assert_allclose(blockwise(view, TEXT_IDS), blockwise(shallow, TEXT_IDS), rtol=1e-5, atol=1e-5)
+    assert view.info.n_layers == 2 and full.info.n_layers == 3
+    assert full.n_past == 0  # the view has a cache of its own
+    assert view.capabilities.extra["self_draft"] == "layerskip:2"
+
+
+# -- selection by name ------------------------------------------------------------------------
+
+
+def test_the_cli_runs_the_torch_backend(models, capsys) -> None:
+    path = models(SMALL)
+    args = ["run", "--backend", "torch", "--model", str(path), "--threads", "1", "--raw", "the", "-n", "6", "-t", "0"]
+    code = main(args)
+    assert code == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_a_missing_torch_install_names_the_install_command(monkeypatch) -> None:
+    for name in [
+        m for m in sys.modules if m == "localspec.backends.torch" or m.startswith("localspec.backends.torch.")
+    ]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch", None)  # what `import torch` sees without PyTorch
+    with pytest.raises(BackendUnavailableError, match=r"pip install 'localspec\[torch\]'"):
+        load_backend("torch", "model.gguf")
+
+
+def test_an_unsupported_architecture_names_the_backend_that_runs_it(models, tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "phi.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer.add_token_list(["a"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with pytest.raises(Exception, match=r"does not run the 'phi3' architecture[\s\S]*--backend llamacpp"):
+        tiny(str(path))
