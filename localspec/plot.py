@@ -32,8 +32,9 @@ def write_plot(rows: Sequence[BenchRow], path: str | Path) -> Path:
                     accept.setdefault(pos, []).append(a)
         if accept:
             positions = sorted(accept)
-            right.plot([p + 1 for p in positions], [sum(accept[p]) / len(accept[p]) for p in positions], "o-",
-                       label=strategy)
+            right.plot(
+                [p + 1 for p in positions], [sum(accept[p]) / len(accept[p]) for p in positions], "o-", label=strategy
+            )
     left.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     left.set_xticks([p + width * (len(strategies) - 1) / 2 for p in range(len(prompts))], prompts)
     left.set_ylabel("speedup vs plain decoding")
