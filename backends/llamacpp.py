@@ -34,7 +34,7 @@ _LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
 @llama.llama_log_callback  # type: ignore[misc,untyped-decorator]
 def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
     # llama.cpp narrates every load on stderr; localspec explains failures itself.
-    if os.environ.get("LOCALSPEC_LLAMA_LOG") == "1" and level <= _LOG_LEVEL_ERROR:
+    if os.environ.get("LOCALSPEC_LLAMA_LOG") == "1" and level == _LOG_LEVEL_ERROR:
         os.write(2, b"llama.cpp: " + text)
 
 
@@ -75,6 +75,9 @@ class LlamaCppBackend:
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
         self._ctx = ctx
         self._mem = llama.llama_get_memory(ctx)
+        # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
+        # larger than its batch would abort the process, so take its figure as ours.
+        max_block = min(max_block, int(llama.llama_n_batch(ctx)))
         self._batch = llama.llama_batch_init(max_block, 0, 1)
         # numpy views over the batch's C arrays: filling a block is a few vector writes.
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(max_block,))

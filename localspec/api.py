@@ -164,7 +164,7 @@ class Runtime:
         max_tokens: int = 256,
         stop: Sequence[str] = (),
         **sampling: Any,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Yields TextDelta events as text becomes final, then one Finished event."""
         cfg = SamplingConfig(**sampling)
         tokens = self.prompt_tokens(prompt, messages)

@@ -37,7 +37,9 @@ def diagnose_gguf(path: str) -> str:
 
         reader = gguf.GGUFReader(path)
     except Exception as exc:  # the gguf reader raises many kinds on a damaged header
-        return f"its GGUF header is damaged or cut short ({type(exc).__name__}: {exc})"
+        # The reader fails on the first tensor that runs past the end of the file, so a cut
+        # inside the tensor data lands here as well as a damaged header.
+        return f"the file is truncated or damaged ({type(exc).__name__}: {exc}); download it again"
     size = os.path.getsize(path)
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     if end > size:
