@@ -2,7 +2,7 @@
 # Reproduces the llama.cpp-backend figures in BENCHMARKS.md on this machine.
 # Needs: pip install -e '.[llamacpp,dev]'. Derived precisions of the default model are made
 # once with llama.cpp's quantize call (requantize allowed) under $LOCALSPEC_HOME/derived-bench.
-# --peers builds llama.cpp's own llama-lookup / llama-speculative-simple on first use (~10 min).
+# PEERS_BIN=DIR uses llama.cpp programs built elsewhere; otherwise --peers builds llama.cpp's own llama-lookup / llama-speculative-simple on first use (~10 min).
 set -euo pipefail
 out=${1:-benchmarks/results}
 mkdir -p "$out"
@@ -20,7 +20,7 @@ read -r Q4_1 F16 Q4_0 <<<"$models"
 run() { echo "+ localspec bench $*" >&2; localspec bench "$@"; }
 
 # Issue 2/4: F16 target, n-gram and a Q4_0 draft model, adaptive draft length, greedy, vs llama.cpp's programs.
-run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers --build-peers -r 2 --json >"$out/f16_greedy.json"
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --build-peers -r 2 --json >"$out/f16_greedy.json"
 # Same at temperature 0.8 (3 seeds).
 run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --json >"$out/f16_t08.json"
 # The Q4_1 target (the embedded default): verification is compute-bound here.
