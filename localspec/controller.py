@@ -76,9 +76,12 @@ class AdaptiveDraftLength:
     costs: CostCurve
     draft_seconds_per_token: float
     max_gamma: int = 12
-    prior: float = 0.6
-    weight: float = 0.2  # EMA weight of a new observation
-    relax: float = 0.01  # per step, unobserved estimates drift back toward the prior
+    prior: float = 0.5
+    # EMA weights: a rejection counts more than an acceptance, because a wasted long draft
+    # costs several plain steps while a missed chance costs only the gain it would have made.
+    weight_hit: float = 0.15
+    weight_miss: float = 0.3
+    relax: float = 0.003  # per step, unobserved estimates drift back toward the prior
     alpha: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -110,7 +113,7 @@ class AdaptiveDraftLength:
             self._relax(0)
             return
         per_token = draft_seconds / drafted
-        self.draft_seconds_per_token += self.weight * (per_token - self.draft_seconds_per_token)
+        self.draft_seconds_per_token += self.weight_hit * (per_token - self.draft_seconds_per_token)
         seen = min(accepted + 1, drafted)
         for i in range(seen):
             self._learn(i, 1.0 if i < accepted else 0.0)
@@ -121,7 +124,8 @@ class AdaptiveDraftLength:
             self._learn(i, 1.0 if i < accepted else 0.0)
 
     def _learn(self, i: int, outcome: float) -> None:
-        self.alpha[i] += self.weight * (outcome - self.alpha[i])
+        weight = self.weight_hit if outcome else self.weight_miss
+        self.alpha[i] += weight * (outcome - self.alpha[i])
 
     def _relax(self, start: int) -> None:
         for i in range(start, self.max_gamma):

@@ -92,13 +92,17 @@ def test_cost_curve_extends_beyond_measurements_and_tracks_drift() -> None:
 
 def test_random_acceptance_stream_converges_near_its_true_rate() -> None:
     rng = np.random.default_rng(0)
-    policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4, weight=0.05)
+    even = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4, weight_hit=0.05, weight_miss=0.05)
+    cautious = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4)
     for _ in range(2000):
         accepted = 0
         while accepted < 4 and rng.random() < 0.7:
             accepted += 1
-        policy.observe(4, accepted, 0.0, NEARLY_FREE[4])
-    assert policy.alpha[0] == pytest.approx(0.7, abs=0.1)
+        even.observe(4, accepted, 0.0, NEARLY_FREE[4])
+        cautious.observe(4, accepted, 0.0, NEARLY_FREE[4])
+    assert even.alpha[0] == pytest.approx(0.7, abs=0.1)
+    # The default weighs rejections more: it settles below the true rate, on the safe side.
+    assert 0.4 < cautious.alpha[0] < even.alpha[0]
 
 
 def test_a_cost_curve_needs_positive_timings() -> None:
