@@ -42,7 +42,8 @@ def write_plot(rows: Sequence[BenchRow], path: str | Path) -> Path:
     right.set_xlabel("draft position")
     right.set_ylabel("acceptance rate")
     right.set_ylim(0, 1.05)
-    right.legend()
+    if right.get_lines():
+        right.legend()
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)
