@@ -100,9 +100,13 @@ class AdaptiveDraftLength:
         return self.expected_tokens(gamma) / cost
 
     def choose(self, limit: int) -> int:
-        best, best_rate = 0, self.rate(0)
+        # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
+        best, best_rate = 0, 1.0 / self.costs.verify(1)
+        expected, run = 1.0, 1.0
         for g in range(1, min(limit, self.max_gamma) + 1):
-            r = self.rate(g)
+            run *= self.alpha[g - 1]
+            expected += run
+            r = expected / (g * self.draft_seconds_per_token + self.costs.verify(g + 1))
             if r > best_rate:
                 best, best_rate = g, r
         return best

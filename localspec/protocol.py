@@ -110,11 +110,10 @@ class Backend(Protocol):
 
 
 def eval_chunked(backend: Backend, tokens: Sequence[int], logits: Literal["last", "none"]) -> Logits:
-    """eval_block over any number of tokens, in pieces the backend accepts."""
+    """eval_block over any number of tokens, in pieces the backend accepts; logits (if asked)
+    are those of the last piece."""
     step = backend.capabilities.max_block
-    out = backend.eval_block(tokens[:0], logits) if not tokens else None
-    for start in range(0, len(tokens), step):
-        piece = tokens[start : start + step]
-        out = backend.eval_block(piece, logits if start + step >= len(tokens) else "none")
-    assert out is not None
-    return out
+    tail = (len(tokens) - 1) // step * step if tokens else 0
+    for start in range(0, tail, step):
+        backend.eval_block(tokens[start : start + step], "none")
+    return backend.eval_block(tokens[tail:], logits)

@@ -20,10 +20,8 @@ from localspec.sampling import Distribution, SamplingConfig, process
 class ModelDrafter:
     name = "draft"
 
-    def __init__(self, backend: Backend, min_confidence: float = 0.0) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        # Stop drafting once the drafter's own top probability falls below this (greedy only).
-        self.min_confidence = min_confidence
 
     def start(self, context: Sequence[int]) -> None:
         keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
@@ -41,8 +39,6 @@ class ModelDrafter:
         for i in range(n):
             if cfg.greedy:
                 tok = int(np.argmax(row))
-                if self.min_confidence > 0 and i > 0 and _top_prob(row) < self.min_confidence:
-                    break
             else:
                 dist = process(row, cfg)
                 tok = dist.sample(rng)
@@ -58,8 +54,3 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.backend.close()
-
-
-def _top_prob(row: np.ndarray) -> float:
-    shifted = np.exp(row - row.max())
-    return float(1.0 / shifted.sum())
