@@ -12,13 +12,15 @@ import numpy as np
 
 from localspec.acceptance import accept_greedy, accept_rejection_sampling
 from localspec.controller import DraftLengthPolicy
-from localspec.drafters import Drafter, common_prefix
+from localspec.drafters import Draft, Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
 from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
-SHADOW_TOKENS = 8
+# A free drafter guesses this far ahead before γ is chosen; what no step verifies is scored
+# later as free evidence (see Engine._settle_shadow).
+FREE_DRAFT_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,8 @@ class Engine:
     def __init__(self, target: Backend, drafter: Drafter, free_drafter: bool = False) -> None:
         self.target = target
         self.drafter = drafter
-        # A free drafter (n-gram) may be consulted even when γ = 0, to keep its
-        # acceptance estimate honest at no cost.
+        # A free drafter (n-gram) guesses before γ is chosen, so the policy can weigh how well
+        # the guess is supported, and its unverified guesses still teach the policy.
         self.free_drafter = free_drafter
 
     def generate(
@@ -91,7 +93,7 @@ class Engine:
         n_ctx = self.target.info.n_ctx
         max_block = self.target.capabilities.max_block
         produced = 0
-        shadow: tuple[list[int], int] | None = None
+        shadow: Shadow | None = None
         t_start = time.perf_counter()
         try:
             while True:
@@ -100,33 +102,34 @@ class Engine:
                 if room < 0:
                     stats.finish_reason = "context_full"
                     return
-                gamma = policy.choose(min(room, max_tokens - produced - 1, max_block - 1))
+                limit = min(room, max_tokens - produced - 1, max_block - 1)
                 t0 = time.perf_counter()
-                draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else None
-                if gamma > 0:
-                    shadow = None
-                elif shadow is None and self.free_drafter:
-                    guess = self.drafter.propose(ctx, SHADOW_TOKENS, cfg, rng).tokens
-                    shadow = (guess, len(ctx)) if guess else None
-                tokens = draft.tokens[:gamma] if draft else []
+                if self.free_drafter:
+                    draft = self.drafter.propose(ctx, min(limit, FREE_DRAFT_TOKENS), cfg, rng) if limit > 0 else Draft()
+                    gamma = policy.choose(len(draft.tokens), draft.support)
+                else:
+                    gamma = policy.choose(limit)
+                    draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
+                tokens = draft.tokens[:gamma]
                 t1 = time.perf_counter()
                 logits = self.target.eval_block([ctx[-1], *tokens], "all")
                 if cfg.greedy:
                     n_acc, nxt = accept_greedy(tokens, logits)
                 else:
-                    dists = draft.dists if draft else None
-                    n_acc, nxt = accept_rejection_sampling(tokens, dists, logits, cfg, rng)
+                    n_acc, nxt = accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng)
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
+                if shadow is None and n_acc == len(tokens) < len(draft.tokens):
+                    shadow = Shadow(draft.tokens, len(ctx), draft.support, len(tokens))
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
                 self.drafter.commit(ctx, n_acc)
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
                 stats.record_step(gamma, len(tokens), n_acc)
-                policy.observe(len(tokens), n_acc, t1 - t0, t2 - t1)
-                if shadow is not None and self._settle_shadow(shadow, ctx, policy):
+                policy.observe(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support)
+                if shadow is not None and shadow.settle(ctx, policy):
                     shadow = None
 
                 for i, tok in enumerate(new):
@@ -147,13 +150,22 @@ class Engine:
         finally:
             stats.decode_seconds = time.perf_counter() - t_start
 
-    @staticmethod
-    def _settle_shadow(shadow: tuple[list[int], int], ctx: list[int], policy: DraftLengthPolicy) -> bool:
-        """Score a shadow guess once the text it guessed is known; True when settled."""
-        guess, at = shadow
-        actual = ctx[at : at + len(guess)]
-        matched = common_prefix(guess, actual)
-        if matched < len(actual) or len(actual) == len(guess):
-            policy.observe_shadow(len(guess), matched)
+
+@dataclass
+class Shadow:
+    """The part of a free drafter's guess from position `start` on, which no verify step
+    checked; once the text it guessed is known, it is scored as free acceptance evidence."""
+
+    guess: list[int]
+    at: int  # where the guess begins in the context
+    support: int
+    start: int
+
+    def settle(self, ctx: list[int], policy: DraftLengthPolicy) -> bool:
+        """Score the guess if the text it guessed is known far enough; True when done."""
+        actual = ctx[self.at : self.at + len(self.guess)]
+        matched = common_prefix(self.guess, actual)
+        if matched < len(actual) or len(actual) == len(self.guess):
+            policy.observe_shadow(len(self.guess), matched, self.support, self.start)
             return True
         return False

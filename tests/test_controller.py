@@ -110,3 +110,35 @@ def test_a_cost_curve_needs_positive_timings() -> None:
         CostCurve([])
     with pytest.raises(ValueError):
         CostCurve([0.0, 1.0])
+
+
+# Measured on the F16 SmolLM2-135M target (calibration on this machine).
+F16 = [13.3e-3, 18.7e-3, 20.3e-3, 23.8e-3, 25.7e-3, 28.0e-3, 29.6e-3, 32.9e-3, 36.1e-3, 39.7e-3, 42.3e-3, 49e-3]
+
+
+def test_a_well_supported_guess_gets_a_longer_draft_than_a_weak_one() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
+    assert policy.choose(12, support=2) == 0  # a 2-token match is a coin toss at best
+    assert policy.choose(12, support=24) >= 6  # a 24-token match is almost surely a copy
+    assert policy.choose(12, support=24) > policy.choose(12, support=5)
+
+
+def test_support_levels_learn_separately() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
+    strong = policy.choose(12, support=24)
+    for _ in range(30):
+        policy.observe(3, 0, 0.0, F16[3], support=3)  # weak guesses keep failing
+    assert policy.choose(12, support=24) == strong
+    for _ in range(30):
+        policy.observe(8, 0, 0.0, F16[8], support=24)  # now the strong ones fail too
+    assert policy.choose(12, support=24) == 0
+
+
+def test_shadow_evidence_from_position_start_teaches_only_the_unverified_positions() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0, max_gamma=8)
+    before = list(policy.by_support[-1])
+    policy.observe_shadow(16, 16, support=40, start=3)  # a 16-token guess, 3 verified, all came true
+    after = policy.by_support[-1]
+    assert after[:3] == before[:3] and all(a > b for a, b in zip(after[3:], before[3:], strict=True))
+    policy.observe_shadow(16, 1, support=40, start=3)  # broke inside the verified part: no evidence
+    assert policy.by_support[-1] == after

@@ -1,6 +1,12 @@
-"""Prompt lookup: when the last few tokens appeared before, guess that what followed them
-then follows them again. Costs no model evaluation; shines when the answer copies its input
-(code edits, summaries with quotes, structured output)."""
+"""Prompt lookup: when the last tokens appeared before, guess that what followed them then
+follows them again. Costs no model evaluation; shines when the answer copies its input (code
+edits, summaries with quotes, structured output).
+
+Of all earlier occurrences of the last `min_ngram` tokens, the guess copies the one whose
+match extends furthest back (the most recent on a tie): a 1-token match picks from many
+places, a long match usually finds the very passage being copied. The match length is
+returned as the draft's support, which the draft-length policy turns into confidence.
+"""
 
 from __future__ import annotations
 
@@ -11,41 +17,54 @@ import numpy as np
 from localspec.drafters import Draft
 from localspec.sampling import SamplingConfig
 
+# How far back a match is measured, and how many earlier occurrences are compared: both
+# bound the work per step (a common token like "\n" occurs hundreds of times).
+MAX_SUPPORT = 32
+CANDIDATES = 64
+
 
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
-        self.max_ngram = max_ngram
+    def __init__(self, min_ngram: int = 1, max_support: int = MAX_SUPPORT) -> None:
+        if min_ngram < 1:
+            raise ValueError("min_ngram must be at least 1")
         self.min_ngram = min_ngram
-        # index[n][ngram] = position right after the most recent earlier occurrence of ngram.
+        self.max_support = max(max_support, min_ngram)
+        # Positions right after every earlier occurrence of each min_ngram-gram, oldest first.
         # Append-only per request, so each step costs O(new tokens), not O(context).
-        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0
 
     def start(self, context: Sequence[int]) -> None:
-        self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        self._index = {}
         self._indexed = 0
         self._extend(context)
 
     def _extend(self, context: Sequence[int]) -> None:
         # Register the n-gram ending just before every position e < len(context); the current
         # suffix (ending at len-1) is left out so that a lookup never finds itself.
-        for end in range(max(self._indexed, 1), len(context)):
-            for n, table in self._index.items():
-                if end >= n:
-                    table[tuple(context[end - n : end])] = end
+        n = self.min_ngram
+        for end in range(max(self._indexed, n), len(context)):
+            self._index.setdefault(tuple(context[end - n : end]), []).append(end)
         self._indexed = max(self._indexed, len(context))
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         self._extend(context)
-        for size in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(context) < size:
-                continue
-            pos = self._index[size].get(tuple(context[-size:]))
-            if pos is not None:
-                return Draft(tokens=list(context[pos : pos + n]))
-        return Draft()
+        size = len(context)
+        if size < self.min_ngram or n <= 0:
+            return Draft()
+        found = self._index.get(tuple(context[size - self.min_ngram :]))
+        if not found:
+            return Draft()
+        best, support = found[-1], 0
+        for pos in reversed(found[-CANDIDATES:]):
+            m = self.min_ngram
+            while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
+                m += 1
+            if m > support:
+                best, support = pos, m
+        return Draft(tokens=list(context[best : best + n]), support=support)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         pass  # the index catches up lazily on the next propose

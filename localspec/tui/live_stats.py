@@ -43,14 +43,16 @@ class StepRecorder:
         self.plain_steps = 0
         self.plain_seconds = 0.0
 
-    def choose(self, limit: int) -> int:
+    def choose(self, limit: int, support: int = 0) -> int:
         if self.started is None:
             self.started = time.perf_counter()
-        self.gamma = self.inner.choose(limit)
+        self.gamma = self.inner.choose(limit, support)
         return self.gamma
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self.inner.observe(drafted, accepted, draft_seconds, verify_seconds)
+    def observe(
+        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, support: int = 0
+    ) -> None:
+        self.inner.observe(drafted, accepted, draft_seconds, verify_seconds, support)
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -59,8 +61,8 @@ class StepRecorder:
             self.plain_steps += 1
             self.plain_seconds += draft_seconds + verify_seconds
 
-    def observe_shadow(self, drafted: int, accepted: int) -> None:
-        self.inner.observe_shadow(drafted, accepted)
+    def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
+        self.inner.observe_shadow(drafted, accepted, support, start)
 
     def plain_step_seconds(self) -> float | None:
         """What one step of plain decoding costs. Steps this reply ran with γ = 0 measure it
