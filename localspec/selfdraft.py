@@ -35,6 +35,9 @@ from localspec.quantize import FTYPES, derived
 
 KINDS = ("qspec", "layerskip")
 QSPEC_TYPES = ("Q4_0", "Q3_K_M", "Q2_K")
+# `bench -s qspec:all` also measures the near-lossless types, to show where acceptance stops
+# paying for their cost.
+QSPEC_SWEEP = ("Q8_0", "Q4_K_M", *QSPEC_TYPES)
 # llama.cpp general.file_type -> the type name quantize takes, for keeping a target's type.
 FILE_TYPES = {v: k for k, v in FTYPES.items()} | {0: "F16"}
 
@@ -118,6 +121,22 @@ def predicted_rate(target: Backend, draft: Backend, alpha: float) -> float:
     return policy.rate(policy.choose(policy.max_gamma))
 
 
+def _derived_home(target: Backend) -> tuple[Path, str]:
+    """Where drafters derived from target live, and the target's own quantization type."""
+    folder = data_dir() / "derived" / file_fingerprint(target.info.path)[:16]
+    return folder, FILE_TYPES.get(int(target.capabilities.extra.get("file_type", "1")), "F16")
+
+
+def sweep(target: Backend, kind: str) -> list[tuple[str, Path]]:
+    """Every candidate drafter of a kind, derived (once) for a side-by-side measurement."""
+    folder, ftype = _derived_home(target)
+    if kind == "qspec":
+        options = [Candidate(t, t) for t in QSPEC_SWEEP if t != ftype]
+    else:
+        options = candidates(kind, None, target.info.n_layers, ftype)
+    return [(c.label, derived(target.info.path, c.ftype, folder, c.prune)) for c in options]
+
+
 def self_draft_path(
     target: Backend,
     kind: str,
@@ -125,8 +144,7 @@ def self_draft_path(
     load: Callable[[str], Backend],
 ) -> tuple[Path, str]:
     """The derived drafter's GGUF for target and the chosen label (e.g. "Q4_0", "20")."""
-    folder = data_dir() / "derived" / file_fingerprint(target.info.path)[:16]
-    ftype = FILE_TYPES.get(int(target.capabilities.extra.get("file_type", "1")), "F16")
+    folder, ftype = _derived_home(target)
     options = candidates(kind, option, target.info.n_layers, ftype)
     choice_file = folder / "choice.json"
     try:

@@ -95,6 +95,22 @@ def test_bench_draft_without_a_draft_model_names_the_option(default_model_in_hom
     assert "--draft-model" in capsys.readouterr().err
 
 
+def test_bench_sweeps_every_layerskip_candidate(default_model_in_home: Path, tmp_path: Path, capsys) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "count", "prompt": "Count from 1 to 20, comma separated."}\n')
+    assert main(["bench", "--prompts", str(prompts), "-n", "8", "--json", "-s", "layerskip:all"]) == 0
+    strategies = [r["strategy"] for r in json.loads(capsys.readouterr().out)["results"]]
+    # SmolLM2-135M has 30 blocks: early exits after 15 and 22, and every other middle block skipped.
+    assert strategies == ["layerskip:15", "layerskip:22", "layerskip:skip-middle-7"]
+
+
+def test_bench_sweep_on_a_backend_without_derived_files_says_what_to_do(capsys) -> None:
+    code = main(["bench", "--backend", "reference", "--model", "reference:seed=1", "-s", "qspec:all", "-n", "4"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "name them one by one" in err and "Traceback" not in err
+
+
 def test_doctor_prints_the_device_and_the_verify_cost_curve(default_model_in_home: Path, capsys) -> None:
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out

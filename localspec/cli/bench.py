@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
         "-s",
         action="append",
         help="strategy to compare with plain decoding: ngram, draft, qspec[:TYPE], layerskip[:L] "
-        "(repeatable; default: ngram, plus draft when --draft-model is given)",
+        "(repeatable; default: ngram, plus draft when --draft-model is given); qspec:all and "
+        "layerskip:all measure every candidate the automatic choice considers",
     )
     p.add_argument("--prompts", help='JSONL file: one {"id", "prompt" or "messages"} per line')
     p.add_argument("--only", action="append", help="run only the prompt with this id (repeatable)")
@@ -71,7 +72,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.threads:
         options["threads"] = args.threads
     target = load_backend(args.backend, model, **options)
-    contenders = [contender(s, target, args, options) for s in strategies]
+    contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
     rows = bench(
         target,
         contenders,
@@ -103,6 +104,25 @@ def handle(args: argparse.Namespace) -> int:
         print(f"# {machine()['cpu']}, {machine()['physical_cores']} cores | {config}", file=sys.stderr)
         print(format_table(rows))
     return 0
+
+
+def contenders_for(
+    strategy: str, target: Backend, args: argparse.Namespace, options: dict[str, Any]
+) -> list[Contender]:
+    kind, _, option = strategy.partition(":")
+    if option != "all":
+        return [contender(strategy, target, args, options)]
+    if kind not in selfdraft.KINDS:
+        raise InvalidRequestError(f"only qspec and layerskip can sweep their candidates, not {kind!r}")
+    if args.backend != "llamacpp":
+        raise InvalidRequestError(
+            f"{strategy} sweeps the GGUF drafters derived with llama.cpp; on {args.backend} name them one by one",
+            f"e.g. -s {kind}:TYPE -s {kind}:TYPE",
+        )
+    return [
+        Contender(f"{kind}:{label}", "draft", load_backend(args.backend, str(path), **options))
+        for label, path in selfdraft.sweep(target, kind)
+    ]
 
 
 def contender(strategy: str, target: Backend, args: argparse.Namespace, options: dict[str, Any]) -> Contender:
