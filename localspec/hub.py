@@ -10,7 +10,7 @@ import errno
 import fnmatch
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,3 +289,23 @@ class FileBar(tqdm):  # type: ignore[type-arg,misc]
 class SilentBar(FileBar):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{**kwargs, "disable": True})
+
+
+# progress(done, total, what): bytes of the file being fetched; total None when unknown.
+Progress = Callable[[float | None, float | None, str], None]
+
+
+class ReportingBar(SilentBar):
+    """Draws nothing; hands every byte count to a callback (an app's own progress bar)."""
+
+    report: Progress | None = None
+
+    def update(self, n: float | None = 1) -> bool | None:
+        self.n += n or 0
+        if self.report is not None:
+            self.report(self.n, self.total, self.label)
+        return None
+
+    @classmethod
+    def to(cls, report: Progress) -> type[FileBar]:
+        return type(cls.__name__, (cls,), {"report": staticmethod(report)})

