@@ -20,16 +20,16 @@ read -r Q4_1 F16 Q4_0 <<<"$models"
 run() { echo "+ localspec bench $*" >&2; localspec bench "$@"; }
 
 # Issue 2/4: F16 target, n-gram and a Q4_0 draft model, adaptive draft length, greedy, vs llama.cpp's programs.
-run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --build-peers -r 2 --json >"$out/f16_greedy.json"
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --build-peers -r 3 --json >"$out/f16_greedy.json"
 # Same at temperature 0.8 (3 seeds).
 run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --json >"$out/f16_t08.json"
 # The Q4_1 target (the embedded default): verification is compute-bound here.
-run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -r 2 --json >"$out/q4_1_greedy.json"
+run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -r 3 --json >"$out/q4_1_greedy.json"
 run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --json >"$out/q4_1_t08.json"
 # Fixed draft lengths, to show what adaptivity buys.
 run --model "$F16" -s ngram --draft-tokens 6 -r 2 --json >"$out/f16_ngram_fixed6.json"
 run --model "$F16" --draft-model "$Q4_0" -s draft --draft-tokens 4 -r 2 --json >"$out/f16_draft_fixed4.json"
-# Issue 7: self-drafting on the F16 target.
-run --model "$F16" -s qspec -s layerskip -s ngram -r 2 --json --plot "$out/f16_selfdraft.png" >"$out/f16_selfdraft.json"
+# Issue 7: self-drafting on the F16 target, every candidate type and layer set, against n-gram and a separate drafter.
+run --model "$F16" --draft-model "$Q4_0" -s qspec:all -s layerskip:all -s draft -s ngram -r 2 --json --plot "$out/f16_selfdraft.png" >"$out/f16_selfdraft.json"
 localspec doctor --model "$F16" --json >"$out/doctor_f16.json"
 localspec doctor --model "$Q4_1" --json >"$out/doctor_q4_1.json"
