@@ -1,5 +1,6 @@
-"""What the machine is: cores, SIMD, memory bandwidth and a compute rate, probed once and
-cached, so a cost model can predict a model's step time before anything is measured."""
+"""What the machine is: cores, SIMD, memory bandwidth and a compute rate, and the GPUs next
+to the CPU (localspec.accelerators), probed once and cached, so a cost model can predict a
+model's step time before anything is measured."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import psutil
 
+from localspec.accelerators import Accelerator, probe_accelerators
 from localspec.paths import data_dir
 
 SIMD_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "neon", "sve")
@@ -33,7 +35,13 @@ class DeviceProbe:
     simd: tuple[str, ...]
     bandwidth_gbs: float  # measured read bandwidth, all physical cores
     gflops: float  # measured float32 matmul rate
-    accelerators: tuple[str, ...] = ()
+    accelerators: tuple[Accelerator, ...] = ()
+
+    def accelerator_for(self, device: str) -> Accelerator | None:
+        """The accelerator a backend reporting `device` runs on ("cuda", "gpu", "mps", "metal");
+        None for the CPU."""
+        kind = {"cuda": "cuda", "gpu": "apple", "mps": "apple", "metal": "apple"}.get(device)
+        return next((a for a in self.accelerators if a.kind == kind), None)
 
 
 def _cpu_name_and_flags() -> tuple[str, tuple[str, ...]]:
@@ -92,7 +100,8 @@ def probe(refresh: bool = False) -> DeviceProbe:
                 cached = json.load(fh)
             if cached.get("key") == key:
                 data = cached["probe"]
-                data["simd"], data["accelerators"] = tuple(data["simd"]), tuple(data["accelerators"])
+                data["simd"] = tuple(data["simd"])
+                data["accelerators"] = tuple(Accelerator(**a) for a in data["accelerators"])
                 return DeviceProbe(**data)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # measure again
@@ -105,6 +114,7 @@ def probe(refresh: bool = False) -> DeviceProbe:
         simd=simd,
         bandwidth_gbs=measure_bandwidth(physical_cores()),
         gflops=measure_gflops(),
+        accelerators=probe_accelerators(),
     )
     try:
         os.makedirs(os.path.dirname(_cache_file()), exist_ok=True)
@@ -115,9 +125,14 @@ def probe(refresh: bool = False) -> DeviceProbe:
     return result
 
 
-def predict_verify_seconds(size_bytes: int, n_params: int, device: DeviceProbe, k: int) -> float:
+def predict_verify_seconds(size_bytes: int, n_params: int, device: DeviceProbe, k: int, on: str = "cpu") -> float:
     """A roofline guess before calibration: one pass streams the weights once, and costs
-    2·params flops per token; the slower of the two bounds wins."""
+    2·params flops per token; the slower of the two bounds wins. On an accelerator (`on`
+    as a backend reports its device) the weights stream from its memory; its compute rate
+    is not probed, and for the few tokens of a verify block it is rarely the bound."""
+    accelerator = device.accelerator_for(on)
+    if accelerator is not None and accelerator.bandwidth_gbs:
+        return size_bytes / (accelerator.bandwidth_gbs * 1e9)
     memory = size_bytes / (device.bandwidth_gbs * 1e9)
     compute = k * 2 * n_params / (device.gflops * 1e9)
     return max(memory, compute)

@@ -38,9 +38,12 @@ def handle(args: argparse.Namespace) -> int:
     try:
         curve = calibrated(backend).verify_seconds
         info = backend.info
+        on = backend.capabilities.device
     finally:
         backend.close()
-    predicted = [predict_verify_seconds(info.size_bytes, info.n_params, device, k) for k in range(1, len(curve) + 1)]
+    predicted = [
+        predict_verify_seconds(info.size_bytes, info.n_params, device, k, on) for k in range(1, len(curve) + 1)
+    ]
     choices = {f"{a:.2f}": choose_static(curve, a, 0.0, 12) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
     if args.json:
         print(
@@ -63,7 +66,13 @@ def handle(args: argparse.Namespace) -> int:
     print(f"SIMD         {' '.join(device.simd) or 'none detected'}")
     print(f"bandwidth    {device.bandwidth_gbs:.1f} GB/s read ({device.physical_cores} threads)")
     print(f"compute      {device.gflops:.0f} GFLOP/s float32 matmul")
-    print(f"model        {info.name}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
+    for a in device.accelerators:
+        spec = f"{a.spec_bandwidth_gbs:.0f} GB/s specified" if a.spec_bandwidth_gbs else "bandwidth not specified"
+        measured = f", {a.measured_bandwidth_gbs:.0f} GB/s measured" if a.measured_bandwidth_gbs else ""
+        print(f"accelerator  {a.kind}: {a.name}, {a.memory_gib:.0f} GiB, {spec}{measured}")
+    if not device.accelerators:
+        print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
+    print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
     print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve))
     print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in predicted))
