@@ -19,6 +19,7 @@ from localspec.gguf_check import check_gguf
 from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
+from . import linear
 from . import tokenizer as tok
 from . import weights as wts
 from .config import ModelConfig
@@ -115,7 +116,7 @@ class TorchBackend:
         self.cache = KVCache(config.n_layers, config.n_kv_heads, n_ctx, config.head_dim, self._dtype, self._device)
         self._positions = torch.arange(n_ctx, device=self._device)
         self._vocab = source.vocab
-        self._n_vocab = int(self.model.output.shape[0])
+        self._n_vocab = self.model.output.out_features
         self._tokens: list[int] = []
         self._closed = False
         self._static = static
@@ -177,7 +178,7 @@ class TorchBackend:
         source.read(sink)
         module = importlib.import_module(f"{__package__}.{source.config.family}")
         try:
-            model: Model = module.Model(source.config, table, n_ctx)
+            model: Model = module.Model(source.config, table, n_ctx, linear.for_device(self._device, self._dtype))
         except KeyError as exc:
             raise ModelLoadError(f"{source.path} lacks the tensor {exc.args[0]}", "the file is incomplete") from exc
         return model, counts[0], counts[1]

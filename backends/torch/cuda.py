@@ -37,7 +37,7 @@ class GraphedSteps:
         self.tokens = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.arange = torch.arange(cache.n_ctx, device=device)
-        vocab = int(model.output.shape[0])
+        vocab = model.output.out_features
         self.host = torch.empty((max_tokens, vocab), dtype=torch.float32, pin_memory=True)
         self.graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()

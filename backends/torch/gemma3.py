@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .layers import Block, KVCache, Rope, attend, rms_norm, rotate, write_cache
+from .linear import Dense, Factory
 from .llama import Layer as LlamaLayer
 from .llama import Model as LlamaModel
 from .llama import Weights
@@ -33,37 +34,42 @@ class Layer(LlamaLayer):
 class Model(LlamaModel):
     layer_type = Layer
 
-    def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int) -> None:
-        super().__init__(config, weights, n_ctx)
+    def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, linear: Factory = Dense) -> None:
+        super().__init__(config, weights, n_ctx, linear)
         self.gemma_layers = [layer for layer in self.layers if isinstance(layer, Layer)]
-        dtype, device = self.embed.dtype, self.embed.device
-        self.rope_local = Rope(config.head_dim, n_ctx, config.rope_theta_local, 1.0, dtype, device)
+        self.rope_local = Rope(config.head_dim, n_ctx, config.rope_theta_local, 1.0, self.dtype, self.device)
         self.window = config.sliding_window
         self.embed_scale = math.sqrt(config.hidden)
+
+    def requantized(self, linear: Factory) -> Model:
+        clone = super().requantized(linear)
+        assert isinstance(clone, Model)
+        clone.gemma_layers = [layer for layer in clone.layers if isinstance(layer, Layer)]
+        return clone
 
     def forward(
         self, tokens: torch.Tensor, block: Block, cache: KVCache, logits: str, n_layers: int | None = None
     ) -> torch.Tensor:
         c = self.config
         eps = c.norm_eps
-        x = F.embedding(tokens, self.embed) * self.embed_scale
+        x = self.embed.rows(tokens) * self.embed_scale
         n, heads, kv_heads = x.shape[0], c.n_heads, c.n_kv_heads
         rotations = (self.rope.at(block.positions), self.rope_local.at(block.positions))
         for i, layer in enumerate(self.gemma_layers[:n_layers]):
             local = c.is_local(i)
             rotation, span = (rotations[1], block.local) if local else (rotations[0], block.full)
             h = rms_norm(x, layer.attn_norm, eps)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv).view(n, heads + 2 * kv_heads, c.head_dim)
+            qkv = layer.wqkv(h).view(n, heads + 2 * kv_heads, c.head_dim)
             v = qkv[:, heads + kv_heads :]
             q_norm, k_norm = layer.qk_norms
             q = rotate(rms_norm(qkv[:, :heads], q_norm, eps), rotation)
             k = rotate(rms_norm(qkv[:, heads : heads + kv_heads], k_norm, eps), rotation)
             write_cache(cache, i, block, k.transpose(0, 1), v.transpose(0, 1))
             a = attend(q.transpose(0, 1), cache, i, span, c.softmax_scale, c.n_kv_heads)
-            x = x + rms_norm(F.linear(a, layer.wo), layer.post_attn_norm, eps)
+            x = x + rms_norm(layer.wo(a), layer.post_attn_norm, eps)
             h = rms_norm(x, layer.ffn_norm, eps)
-            gate, up = F.linear(h, layer.w13).chunk(2, -1)
-            x = x + rms_norm(F.linear(F.gelu(gate, approximate="tanh") * up, layer.w2), layer.post_ffn_norm, eps)
+            gate, up = layer.w13(h).chunk(2, -1)
+            x = x + rms_norm(layer.w2(F.gelu(gate, approximate="tanh") * up), layer.post_ffn_norm, eps)
         out = self.head(x, logits)
         if c.final_softcap and out.numel():
             out = torch.tanh(out / c.final_softcap) * c.final_softcap

@@ -17,7 +17,13 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .config import ModelConfig
+from .linear import Factory, Linear
+
+# The native attention kernel takes blocks up to this long (decode and verify steps); a
+# prefill's many queries go through batched matmuls, which use every thread.
+NATIVE_ATTENTION = 16
 
 
 class Model(Protocol):
@@ -25,11 +31,15 @@ class Model(Protocol):
 
     config: ModelConfig
     window: int  # the sliding window of local layers, 0 when the model has none
-    output: torch.Tensor  # the output head, [vocab, hidden]
+    output: Linear  # the output head, vocab x hidden
 
     def forward(
         self, tokens: torch.Tensor, block: Block, cache: KVCache, logits: str, n_layers: int | None = None
     ) -> torch.Tensor: ...
+
+    def requantized(self, linear: Factory) -> Model:
+        """A copy with every matrix remade by `linear` (a QSpec-style self-drafter)."""
+        ...
 
 
 class KVCache:
@@ -47,11 +57,16 @@ class KVCache:
 @dataclass
 class Span:
     """The cached positions a block's queries read, [start, end), and the additive mask
-    (0 or -inf per query and key) of which ones each query may see; None: all of them."""
+    (0 or -inf per query and key) of which ones each query may see; None: all of them.
+    On the eager path, where the block's queries sit at positions end-n..end-1, `causal`
+    says so and `window` is the sliding window the mask encodes (0: none): enough for the
+    native kernel to derive the mask itself."""
 
     start: int
     end: int
     mask: torch.Tensor | None
+    causal: bool = False
+    window: int = 0
 
 
 @dataclass
@@ -75,13 +90,13 @@ def _eager_span(positions: torch.Tensor, past: int, n: int, window: int, dtype: 
     end = past + n
     start = max(0, past - window + 1) if window else 0
     if n == 1:
-        return Span(start, end, None)  # one query sees every key in its span
+        return Span(start, end, None, True, window)  # one query sees every key in its span
     keys = torch.arange(start, end, device=positions.device)
     query = positions[:, None]
     visible = keys[None, :] <= query  # causal over the block's own rows
     if window:
         visible &= keys[None, :] > query - window
-    return Span(start, end, additive(visible, dtype))
+    return Span(start, end, additive(visible, dtype), True, window)
 
 
 def static_block(positions: torch.Tensor, n_ctx: int, window: int, dtype: torch.dtype) -> Block:
@@ -115,6 +130,10 @@ def attend(q: torch.Tensor, cache: KVCache, layer: int, span: Span, scale: float
     """q: [heads, n, head_dim] -> [n, heads * head_dim]. Grouped-query attention without
     copying the keys: the query heads that share a KV head are folded into its rows."""
     heads, n, dim = q.shape
+    kernels = native_for(q)
+    if kernels is not None and span.causal and n <= NATIVE_ATTENTION and dim % 8 == 0 and q.stride()[::2] == (dim, 1):
+        k, v = cache.k[layer], cache.v[layer]
+        return kernels.attention(q.transpose(0, 1), k, v, span.end - n, span.window, scale)
     group = heads // n_kv_heads
     k = cache.k[layer, :, span.start : span.end]
     v = cache.v[layer, :, span.start : span.end]
@@ -157,6 +176,11 @@ class Rope:
         return self.cos[positions][:, None], self.sin[positions][:, None], self.half
 
 
+def native_for(x: torch.Tensor) -> native.Kernels | None:
+    """The native kernels when x is a float32 CPU tensor and they could be built."""
+    return native.kernels() if x.dtype == torch.float32 and x.device.type == "cpu" else None
+
+
 def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor, int]) -> torch.Tensor:
     """x: [n, heads, head_dim] rotated by RoPE: x·cos + rotate_half(x)·sin."""
     cos, sin, half = rotation
@@ -164,6 +188,9 @@ def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor, int]) ->
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    kernels = native_for(x)
+    if kernels is not None and x.dim() == 2 and x.shape[1] % 8 == 0 and x.is_contiguous():
+        return kernels.rms_norm(x, weight, eps)
     if x.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)
     # Half precision: normalise in float32 as the reference implementations do.

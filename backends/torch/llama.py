@@ -6,6 +6,7 @@ with n an RMSNorm. Q, K and V are one matmul, gate and up another.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, MutableMapping
 
 import torch
@@ -13,15 +14,18 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .layers import Block, KVCache, Rope, attend, fused, rms_norm, rotate, write_cache
+from .linear import Dense, Factory, Linear
 
 Weights = MutableMapping[str, torch.Tensor]
 
 
 class Layer:
     """One block's tensors, taken out of the weight table (so fused copies do not double
-    the memory while a model loads)."""
+    the memory while a model loads); its matrices made into `linear` weights."""
 
-    def __init__(self, w: Weights, prefix: str) -> None:
+    LINEARS = ("wqkv", "wo", "w13", "w2")
+
+    def __init__(self, w: Weights, prefix: str, linear: Factory = Dense) -> None:
         def take(name: str) -> torch.Tensor | None:
             return w.pop(prefix + name, None)
 
@@ -35,41 +39,60 @@ class Layer:
         wqkv = fused([take("attn_q.weight"), take("attn_k.weight"), take("attn_v.weight")])
         if wqkv is None:
             raise KeyError(prefix + "attn_q.weight")
-        self.wqkv = wqkv
-        self.bqkv = fused([take("attn_q.bias"), take("attn_k.bias"), take("attn_v.bias")])
-        self.wo = need("attn_output.weight")
+        self.wqkv: Linear = linear(wqkv, fused([take("attn_q.bias"), take("attn_k.bias"), take("attn_v.bias")]))
+        self.wo: Linear = linear(need("attn_output.weight"), None)
         self.q_norm, self.k_norm = take("attn_q_norm.weight"), take("attn_k_norm.weight")
         self.ffn_norm = need("ffn_norm.weight")
         w13 = fused([take("ffn_gate.weight"), take("ffn_up.weight")])
         if w13 is None:
             raise KeyError(prefix + "ffn_gate.weight")
-        self.w13 = w13
-        self.w2 = need("ffn_down.weight")
+        self.w13: Linear = linear(w13, None)
+        self.w2: Linear = linear(need("ffn_down.weight"), None)
         self.extra(take)
 
     def extra(self, take: Callable[[str], torch.Tensor | None]) -> None:
         """Family-specific tensors of the block."""
 
+    def requantized(self, linear: Factory) -> Layer:
+        clone = copy.copy(self)
+        for name in self.LINEARS:
+            old: Linear = getattr(self, name)
+            setattr(clone, name, linear(old.dense(), old.bias))
+        return clone
+
 
 class Model:
     layer_type = Layer
 
-    def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int) -> None:
+    def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, linear: Factory = Dense) -> None:
         self.config = config
-        self.embed = weights["token_embd.weight"]
-        self.output = weights.get("output.weight", self.embed)  # tied embeddings when absent
+        embed = weights.pop("token_embd.weight")
+        self.dtype, self.device = embed.dtype, embed.device
+        head = weights.pop("output.weight", None)
+        self.output: Linear = linear(embed if head is None else head, None)
+        # Tied embeddings (no output.weight): the embedding is the head read by rows.
+        self.embed: Linear = self.output if head is None else Dense(embed)
         self.norm = weights["output_norm.weight"]
-        self.layers = [self.layer_type(weights, f"blk.{i}.") for i in range(config.n_layers)]
+        self.layers = [self.layer_type(weights, f"blk.{i}.", linear) for i in range(config.n_layers)]
         self.rope = Rope(
             config.head_dim,
             n_ctx,
             config.rope_theta,
             config.rope_scale,
-            self.embed.dtype,
-            self.embed.device,
+            self.dtype,
+            self.device,
             weights.get("rope_freqs.weight"),
         )
         self.window = 0
+
+    def requantized(self, linear: Factory) -> Model:
+        """A copy whose matrices (every block's and the output head) are linear(W) of this
+        model's, tensors of its own; the embedding, norms and RoPE tables are shared, and
+        nothing in a forward pass writes to them."""
+        clone = copy.copy(self)
+        clone.layers = [layer.requantized(linear) for layer in self.layers]
+        clone.output = linear(self.output.dense(), None)
+        return clone
 
     def forward(
         self, tokens: torch.Tensor, block: Block, cache: KVCache, logits: str, n_layers: int | None = None
@@ -77,12 +100,12 @@ class Model:
         """Hidden states through the first n_layers (all by default: an early exit is the
         seam for layer-skip self-drafting), then logits for "all" rows, the "last" or "none"."""
         c = self.config
-        x = F.embedding(tokens, self.embed)
+        x = self.embed.rows(tokens)
         n, heads, kv_heads = x.shape[0], c.n_heads, c.n_kv_heads
         rotation = self.rope.at(block.positions)
         for i, layer in enumerate(self.layers[:n_layers]):
             h = rms_norm(x, layer.attn_norm, c.norm_eps)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv).view(n, heads + 2 * kv_heads, c.head_dim)
+            qkv = layer.wqkv(h).view(n, heads + 2 * kv_heads, c.head_dim)
             v = qkv[:, heads + kv_heads :]
             if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3
                 q = rotate(rms_norm(qkv[:, :heads], layer.q_norm, c.norm_eps), rotation)
@@ -92,10 +115,10 @@ class Model:
                 q, k = qk[:, :heads], qk[:, heads:]
             write_cache(cache, i, block, k.transpose(0, 1), v.transpose(0, 1))
             a = attend(q.transpose(0, 1), cache, i, block.full, c.softmax_scale, c.n_kv_heads)
-            x = x + F.linear(a, layer.wo)
+            x = x + layer.wo(a)
             h = rms_norm(x, layer.ffn_norm, c.norm_eps)
-            gate, up = F.linear(h, layer.w13).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, layer.w2)
+            gate, up = layer.w13(h).chunk(2, -1)
+            x = x + layer.w2(F.silu(gate) * up)
         return self.head(x, logits)
 
     def head(self, x: torch.Tensor, logits: str) -> torch.Tensor:
@@ -103,4 +126,4 @@ class Model:
             return x[:0, :0]
         if logits == "last":
             x = x[-1:]
-        return F.linear(rms_norm(x, self.norm, self.config.norm_eps), self.output)
+        return self.output(rms_norm(x, self.norm, self.config.norm_eps))

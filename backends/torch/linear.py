@@ -1,0 +1,119 @@
+"""The weight matrices of a decoder, each stored the way its device multiplies it fastest.
+
+- Dense: the [out, in] matrix and F.linear (CUDA, half precision, anything not float32 on a CPU).
+- Panels: float32 on a CPU, packed in column panels [out/16, in, 16]. Decode and verify steps
+  multiply a handful of rows by every weight once, which is bound by memory bandwidth; MKL
+  streams an [out, in] matrix for so few rows at about half the bandwidth the machine has
+  (BENCHMARKS.md section 9). Short blocks go through native.py's AVX2 kernel, long ones
+  (prefill) through a batched matmul over the panels, where MKL is compute-bound and good.
+- Int8: weight-only int8 with one scale per output row, multiplied by torch's own CPU kernel
+  (`_weight_int8pack_mm`): the QSpec-style self-drafter's matrices.
+
+Each also answers `rows(ids)` (a tied embedding is the output head read by rows) and
+`dense()` (the float weight, for deriving a quantized copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from . import native
+
+# Blocks up to this many rows (every decode and verify step) use the AVX2 kernel; longer ones
+# (prefill) a batched matmul. On SmolLM2-135M's matrices (2-core EPYC) the kernel streams
+# weights near memory speed up to 6 rows and stays ahead of MKL up to 64 on one thread; on
+# two, MKL's batched matmul is 5-10% ahead from 8 rows on, and better threaded for prefill.
+KERNEL_ROWS = 16
+
+
+class Linear(Protocol):
+    out_features: int
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, in] -> x @ W^T (+ bias) as [n, out]."""
+        ...
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """W[ids] as [n, in]: the embedding lookup when the head and the embedding are tied."""
+        ...
+
+    def dense(self) -> torch.Tensor:
+        """W as an [out, in] float tensor (a view or a fresh copy)."""
+        ...
+
+
+Factory = Callable[[torch.Tensor, torch.Tensor | None], Linear]
+
+
+class Dense:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = weight, bias
+        self.out_features = int(weight.shape[0])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+    def dense(self) -> torch.Tensor:
+        return self.weight
+
+
+class Panels:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        out, width = weight.shape
+        pad = -out % native.PANEL
+        if pad:  # zero columns, cut off the output again
+            weight = torch.cat([weight, weight.new_zeros(pad, width)])
+        self.panels = weight.t().reshape(width, -1, native.PANEL).transpose(0, 1).contiguous()
+        self.bias, self.out_features = bias, int(out)
+        self.kernels = native.kernels() if weight.dtype == torch.float32 else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if self.kernels is not None and n <= KERNEL_ROWS:
+            y = self.kernels.matmul(x.contiguous(), self.panels)
+        else:  # [panels, n, 16] -> [n, out]
+            y = torch.bmm(x.expand(self.panels.shape[0], *x.shape), self.panels).transpose(0, 1).reshape(n, -1)
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        return y if self.bias is None else y.add_(self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        # Column c of the weight's transpose sits in panel c // 16, lane c % 16.
+        return self.panels[ids // native.PANEL, :, ids % native.PANEL]
+
+    def dense(self) -> torch.Tensor:
+        return self.panels.transpose(0, 1).reshape(self.panels.shape[1], -1)[:, : self.out_features].t()
+
+
+class Int8:
+    """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        weight = weight.float()
+        scale = weight.abs().amax(1).clamp_min(1e-12) / 127.0
+        self.q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        self.scale, self.bias = scale.contiguous(), bias
+        self.out_features = int(weight.shape[0])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.q[ids].float() * self.scale[ids, None]
+
+    def dense(self) -> torch.Tensor:
+        return self.q.float() * self.scale[:, None]
+
+
+def for_device(device: torch.device, dtype: torch.dtype) -> Factory:
+    """Panels for float32 on a CPU (where they pay), Dense everywhere else."""
+    return Panels if device.type == "cpu" and dtype == torch.float32 else Dense

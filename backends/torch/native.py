@@ -1,0 +1,221 @@
+"""Small AVX2 kernels for the CPU decode and verify steps, built with the system C compiler on
+first use and loaded through ctypes; None where that is not possible (no compiler, no AVX2,
+not x86-64), and the callers fall back to torch's own operators.
+
+Why: a decode or verify step multiplies 1..16 rows by every weight matrix once, so it is bound
+by memory bandwidth, but MKL's sgemv/sgemm for so few rows of an [N, K] weight streams it at
+about 10 GB/s on a 2-core EPYC where 19-24 GB/s is there to take (BENCHMARKS.md section 9).
+`panel_matmul` reads weights packed in column panels [N/16, K, 16]: one contiguous stream, 16
+output columns per panel held in two AVX registers per row, up to 6 rows per pass. The other
+two replace the operators that, at one token, cost more in dispatch than in arithmetic:
+RMSNorm (a composite of six ATen calls, ~30 us) and the attention of a few queries (~50 us).
+
+The C source lives here, not in a .c file, so it ships with every install of the package.
+It is compiled with plain `cc` (about a second, no torch headers) into the user data
+directory, named by its hash, so a changed kernel is rebuilt and an unchanged one is reused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from localspec.paths import data_dir
+
+PANEL = 16  # output columns per panel: two 8-float AVX registers
+MAX_ROWS = 6  # rows one pass of the kernel holds in registers (12 accumulators + 2 weights + 1)
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+/* y[r, 0:16] = x[r, :] . panel for R <= 6 rows; the panel is [K, 16] contiguous. Named
+   accumulators, not arrays: gcc keeps arrays of __m256 on the stack inside the loop. */
+#define ACC(r) __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();
+#define FMA(r)                                                                                    \
+  if (R > r) {                                                                                    \
+    __m256 xv = _mm256_broadcast_ss(x + r * K + k);                                               \
+    a##r##0 = _mm256_fmadd_ps(xv, w0, a##r##0);                                                   \
+    a##r##1 = _mm256_fmadd_ps(xv, w1, a##r##1);                                                   \
+  }
+#define STORE(r)                                                                                  \
+  if (R > r) {                                                                                    \
+    _mm256_storeu_ps(y + r * ldy, a##r##0);                                                       \
+    _mm256_storeu_ps(y + r * ldy + 8, a##r##1);                                                   \
+  }
+static inline __attribute__((always_inline)) void tile(
+    const int R, const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+  ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5)
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 w0 = _mm256_loadu_ps(w + k * 16), w1 = _mm256_loadu_ps(w + k * 16 + 8);
+    FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5)
+  }
+  STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
+}
+#define TILE(R) \
+  static void tile##R(const float* x, int64_t K, const float* w, float* y, int64_t ldy) { tile(R, x, K, w, y, ldy); }
+TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+typedef void (*tile_fn)(const float*, int64_t, const float*, float*, int64_t);
+static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+
+/* y[M, 16 * panels] = x[M, K] @ W^T, W packed as [panels, K, 16]. Rows beyond 6 take more
+   passes over each panel, which then comes from L1/L2, not from memory. The panels are
+   shared among torch's own OpenMP threads (the same libgomp, already loaded by torch). */
+void panel_matmul(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t panels) {
+  const int64_t N = panels * 16, passes = (M + 5) / 6;
+  #pragma omp parallel for schedule(static) if (panels * K >= 65536)
+  for (int64_t p = 0; p < panels; ++p) {
+    const float* panel = w + p * K * 16;
+    int64_t m = 0;
+    for (int64_t left = passes; left > 0; --left) {
+      int64_t rows = (M - m + left - 1) / left;
+      TILES[rows](x + m * K, K, panel, y + m * N + p * 16, N);
+      m += rows;
+    }
+  }
+}
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w, row by row; dim % 8 == 0. */
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+  for (int64_t r = 0; r < rows; ++r, x += dim, y += dim) {
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 8) { __m256 v = _mm256_loadu_ps(x + i); ss = _mm256_fmadd_ps(v, v, ss); }
+    __m256 scale = _mm256_set1_ps(1.0f / sqrtf(hsum(ss) / (float)dim + eps));
+    for (int64_t i = 0; i < dim; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale), _mm256_loadu_ps(w + i)));
+  }
+}
+
+/* Causal grouped-query attention of n new queries at positions past..past+n-1 over one
+   layer's cached keys and values [kv_heads, n_ctx, dim]; `window` > 0 limits each query to
+   its last `window` positions. q: row i, head h at q + i * q_row + h * dim. out: [n, heads * dim].
+   scores: scratch of n_ctx floats. dim % 8 == 0. */
+void attention(const float* q, int64_t q_row, const float* k, const float* v, float* out, float* scores,
+               int64_t n, int64_t heads, int64_t kv_heads, int64_t n_ctx, int64_t dim, int64_t past,
+               int64_t window, float scale) {
+  const int64_t group = heads / kv_heads;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* kh = k + (h / group) * n_ctx * dim;
+    const float* vh = v + (h / group) * n_ctx * dim;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* qi = q + i * q_row + h * dim;
+      const int64_t last = past + i, first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+      float top = -INFINITY;
+      for (int64_t j = first; j <= last; ++j) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < dim; d += 8)
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(kh + j * dim + d), acc);
+        scores[j] = hsum(acc) * scale;
+        if (scores[j] > top) top = scores[j];
+      }
+      float total = 0.0f;
+      for (int64_t j = first; j <= last; ++j) total += (scores[j] = expf(scores[j] - top));
+      float* o = out + i * heads * dim + h * dim;
+      for (int64_t d = 0; d < dim; d += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j = first; j <= last; ++j)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(vh + j * dim + d), acc);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
+      }
+    }
+  }
+}
+"""
+
+
+def supported() -> bool:
+    machine = platform.machine().lower()
+    return machine in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+class Kernels:
+    """The compiled functions, wrapped for float32 CPU tensors (contiguous where it says so)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        p, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        self._matmul = library.panel_matmul
+        self._matmul.argtypes = (p, p, p, i, i, i)
+        self._norm = library.rms_norm
+        self._norm.argtypes = (p, p, p, i, i, f)
+        self._attention = library.attention
+        self._attention.argtypes = (p, i, p, p, p, p, i, i, i, i, i, i, i, f)
+        for function in (self._matmul, self._norm, self._attention):
+            function.restype = None
+        self._scores = torch.empty(0)
+
+    def matmul(self, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
+        """x [M, K] contiguous, panels [P, K, 16] -> x @ W^T as [M, 16 P]."""
+        m, k = x.shape
+        y = torch.empty((m, panels.shape[0] * PANEL), dtype=torch.float32)
+        self._matmul(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, panels.shape[0])
+        return y
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x [n, dim] contiguous, dim a multiple of 8."""
+        y = torch.empty_like(x)
+        self._norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
+        return y
+
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, window: int, scale: float
+    ) -> torch.Tensor:
+        """q [n, heads, dim] (rows may be strided, heads and dims contiguous); k, v: one
+        layer's cache [kv_heads, n_ctx, dim] -> [n, heads * dim]."""
+        n, heads, dim = q.shape
+        kv_heads, n_ctx, _ = k.shape
+        if self._scores.numel() < n_ctx:
+            self._scores = torch.empty(n_ctx)
+        out = torch.empty((n, heads * dim))
+        self._attention(
+            q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), self._scores.data_ptr(),
+            n, heads, kv_heads, n_ctx, dim, past, window, scale,
+        )  # fmt: skip
+        return out
+
+
+@functools.cache
+def kernels() -> Kernels | None:
+    """The kernels, built on first use; None where they cannot be (LOCALSPEC_TORCH_KERNELS=0
+    also says no, for comparisons)."""
+    if os.environ.get("LOCALSPEC_TORCH_KERNELS", "1") == "0" or not supported():
+        return None
+    path = _build()
+    return Kernels(ctypes.CDLL(str(path))) if path is not None else None
+
+
+def _build() -> Path | None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    target = data_dir() / "kernels" / f"torch-cpu-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        source, out = Path(tmp) / "kernel.c", Path(tmp) / "kernel.so"
+        source.write_text(SOURCE)
+        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
+        command = [compiler, *flags, str(source), "-o", str(out)]
+        try:
+            subprocess.run(command, check=True, capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        os.replace(out, target)  # atomic: a concurrent process sees the old state or the whole file
+    return target
