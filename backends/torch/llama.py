@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .layers import Block, KVCache, Rope, attend, fused, rms_norm, rotate, write_cache
+from .layers import Block, KVCache, Rope, Rotation, attend, fused, rms_norm, rope_attend, rotate, write_cache
 from .linear import Dense, Factory, Linear
 
 Weights = MutableMapping[str, torch.Tensor]
@@ -103,23 +103,34 @@ class Model:
         x = self.embed.rows(tokens)
         n, heads, kv_heads = x.shape[0], c.n_heads, c.n_kv_heads
         rotation = self.rope.at(block.positions)
+        scale = c.softmax_scale
         for i, layer in enumerate(self.layers[:n_layers]):
             h = rms_norm(x, layer.attn_norm, c.norm_eps)
             qkv = layer.wqkv(h).view(n, heads + 2 * kv_heads, c.head_dim)
-            v = qkv[:, heads + kv_heads :]
-            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3
-                q = rotate(rms_norm(qkv[:, :heads], layer.q_norm, c.norm_eps), rotation)
-                k = rotate(rms_norm(qkv[:, heads : heads + kv_heads], layer.k_norm, c.norm_eps), rotation)
-            else:  # Q and K heads rotated in one go
-                qk = rotate(qkv[:, : heads + kv_heads], rotation)
-                q, k = qk[:, :heads], qk[:, heads:]
-            write_cache(cache, i, block, k.transpose(0, 1), v.transpose(0, 1))
-            a = attend(q.transpose(0, 1), cache, i, block.full, c.softmax_scale, c.n_kv_heads)
-            x = x + layer.wo(a)
+            fused = (
+                None if layer.q_norm is not None else rope_attend(qkv, cache, i, block, block.full, self.rope, scale)
+            )
+            x = x + layer.wo(fused if fused is not None else self.attention(qkv, layer, cache, i, block, rotation))
             h = rms_norm(x, layer.ffn_norm, c.norm_eps)
             gate, up = layer.w13(h).chunk(2, -1)
             x = x + layer.w2(F.silu(gate) * up)
         return self.head(x, logits)
+
+    def attention(
+        self, qkv: torch.Tensor, layer: Layer, cache: KVCache, i: int, block: Block, rotation: Rotation
+    ) -> torch.Tensor:
+        """RoPE, cache write and attention with torch operators: [n, heads * head_dim]."""
+        c = self.config
+        heads, kv_heads = c.n_heads, c.n_kv_heads
+        v = qkv[:, heads + kv_heads :]
+        if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3
+            q = rotate(rms_norm(qkv[:, :heads], layer.q_norm, c.norm_eps), rotation)
+            k = rotate(rms_norm(qkv[:, heads : heads + kv_heads], layer.k_norm, c.norm_eps), rotation)
+        else:  # Q and K heads rotated in one go
+            qk = rotate(qkv[:, : heads + kv_heads], rotation)
+            q, k = qk[:, :heads], qk[:, heads:]
+        write_cache(cache, i, block, k.transpose(0, 1), v.transpose(0, 1))
+        return attend(q.transpose(0, 1), cache, i, block.full, c.softmax_scale, kv_heads)
 
     def head(self, x: torch.Tensor, logits: str) -> torch.Tensor:
         if logits == "none":

@@ -38,6 +38,7 @@ SOURCE = r"""
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* y[r, 0:16] = x[r, :] . panel for R <= 6 rows; the panel is [K, 16] contiguous. Named
    accumulators, not arrays: gcc keeps arrays of __m256 on the stack inside the loop. */
@@ -136,6 +137,32 @@ void attention(const float* q, int64_t q_row, const float* k, const float* v, fl
     }
   }
 }
+
+/* One layer's attention from its fused QKV projection qkv [n, heads + 2 kv_heads, dim]:
+   rotate-half RoPE on the Q and K heads in place (cos, sin: [n_ctx, dim] tables, the sign of
+   rotate_half folded into sin), K and V written to the cache rows past..past+n-1, then
+   attention() as above. dim <= 512. */
+void rope_attention(float* qkv, const float* cos, const float* sin, float* k, float* v, float* out, float* scores,
+                    int64_t n, int64_t heads, int64_t kv_heads, int64_t n_ctx, int64_t dim, int64_t past,
+                    int64_t window, float scale) {
+  const int64_t row = (heads + 2 * kv_heads) * dim, half = dim / 2;
+  float turned[512];
+  for (int64_t i = 0; i < n; ++i) {
+    float* r = qkv + i * row;
+    const float* c = cos + (past + i) * dim;
+    const float* s = sin + (past + i) * dim;
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {
+      float* x = r + h * dim;
+      for (int64_t d = 0; d < dim; ++d) turned[d] = x[d] * c[d] + x[d < half ? d + half : d - half] * s[d];
+      memcpy(x, turned, dim * sizeof(float));
+    }
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      memcpy(k + (g * n_ctx + past + i) * dim, r + (heads + g) * dim, dim * sizeof(float));
+      memcpy(v + (g * n_ctx + past + i) * dim, r + (heads + kv_heads + g) * dim, dim * sizeof(float));
+    }
+  }
+  attention(qkv, row, k, v, out, scores, n, heads, kv_heads, n_ctx, dim, past, window, scale);
+}
 """
 
 
@@ -155,7 +182,9 @@ class Kernels:
         self._norm.argtypes = (p, p, p, i, i, f)
         self._attention = library.attention
         self._attention.argtypes = (p, i, p, p, p, p, i, i, i, i, i, i, i, f)
-        for function in (self._matmul, self._norm, self._attention):
+        self._rope_attention = library.rope_attention
+        self._rope_attention.argtypes = (p, p, p, p, p, p, p, i, i, i, i, i, i, i, f)
+        for function in (self._matmul, self._norm, self._attention, self._rope_attention):
             function.restype = None
         self._scores = torch.empty(0)
 
@@ -172,6 +201,11 @@ class Kernels:
         self._norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
         return y
 
+    def _scratch(self, n_ctx: int) -> torch.Tensor:
+        if self._scores.numel() < n_ctx:
+            self._scores = torch.empty(n_ctx)
+        return self._scores
+
     def attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, window: int, scale: float
     ) -> torch.Tensor:
@@ -179,12 +213,33 @@ class Kernels:
         layer's cache [kv_heads, n_ctx, dim] -> [n, heads * dim]."""
         n, heads, dim = q.shape
         kv_heads, n_ctx, _ = k.shape
-        if self._scores.numel() < n_ctx:
-            self._scores = torch.empty(n_ctx)
         out = torch.empty((n, heads * dim))
         self._attention(
-            q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), self._scores.data_ptr(),
+            q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), self._scratch(n_ctx).data_ptr(),
             n, heads, kv_heads, n_ctx, dim, past, window, scale,
+        )  # fmt: skip
+        return out
+
+    def rope_attention(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        past: int,
+        window: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """qkv [n, heads + 2 kv_heads, dim] contiguous (rotated in place); cos, sin [n_ctx, dim];
+        k, v: one layer's cache [kv_heads, n_ctx, dim], rows past..past+n-1 written -> [n, heads * dim]."""
+        n, _, dim = qkv.shape
+        kv_heads, n_ctx, _ = k.shape
+        heads = qkv.shape[1] - 2 * kv_heads
+        out = torch.empty((n, heads * dim))
+        self._rope_attention(
+            qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+            self._scratch(n_ctx).data_ptr(), n, heads, kv_heads, n_ctx, dim, past, window, scale,
         )  # fmt: skip
         return out
 
