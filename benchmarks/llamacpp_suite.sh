@@ -21,6 +21,8 @@ run() { echo "+ localspec bench $*" >&2; localspec bench "$@"; }
 
 # Issue 2/4: F16 target, n-gram and a Q4_0 draft model, adaptive draft length, greedy, vs llama.cpp's programs.
 run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --build-peers -r 3 --json >"$out/f16_greedy.json"
+# llama-lookup at a longer fixed draft too, so the comparison is not against one setting only.
+run --model "$F16" -s ngram --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --peer-draft-tokens 8 -r 3 --json >"$out/f16_ngram_vs_lookup8.json"
 # Same at temperature 0.8 (3 seeds).
 run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --json >"$out/f16_t08.json"
 # The Q4_1 target (the embedded default): verification is compute-bound here.
