@@ -157,6 +157,8 @@ def test_greedy_speculation_reproduces_plain_decoding(torch_q4_1: TorchBackend, 
             Runtime(torch_q4_1, drafter, strategy="draft", draft_tokens=3, calibrate=False),
             # layer-skip self-drafting: the target's first 20 blocks, sharing its weights
             Runtime(torch_q4_1, torch_q4_1.early_exit(20), strategy="draft", draft_tokens=2, calibrate=False),
+            # QSpec-style self-drafting: an int8 copy of the target's matrices
+            Runtime(torch_q4_1, torch_q4_1.quantized(8), strategy="draft", draft_tokens=4, calibrate=False),
         ):
             spec = runtime.generate(messages=messages, max_tokens=48, temperature=0)
             assert spec.tokens == plain.tokens, runtime.strategy

@@ -27,7 +27,7 @@ from localspec.cli.main import main  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
 from localspec.engine import Engine  # noqa: E402
-from localspec.errors import BackendUnavailableError  # noqa: E402
+from localspec.errors import BackendUnavailableError, InvalidRequestError  # noqa: E402
 from localspec.protocol import Backend  # noqa: E402
 from localspec.sampling import SamplingConfig, one_hot, process  # noqa: E402
 from localspec.stats import Stats  # noqa: E402
@@ -35,7 +35,8 @@ from localspec.stats import Stats  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
 
-from localspec.backends.torch import TorchBackend  # noqa: E402
+from localspec.backends.torch import TorchBackend, make_self_drafter, native  # noqa: E402
+from localspec.backends.torch.linear import Int8, Panels  # noqa: E402
 from localspec.backends.torch.tokenizer import _byte_decoder  # noqa: E402
 
 N_CTX = 256
@@ -441,13 +442,20 @@ EXACT_PROMPT = [40, 41, 42, 43, 40, 41, 42, 43, 40, 41]  # repeats itself: n-gra
     [
         ("model", SamplingConfig(temperature=0.9, top_k=8, top_p=1.0, min_p=0.0)),
         ("ngram", SamplingConfig(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0)),
+        ("qspec-int4", SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)),
     ],
-    ids=["draft-model-top-k", "ngram-top-p"],
+    ids=["draft-model-top-k", "ngram-top-p", "qspec-int4"],
 )
 def test_speculative_sampling_follows_the_target_law(models, drafter: str, cfg: SamplingConfig) -> None:
     target = tiny(str(models(SMALL)), n_ctx=64)
-    draft = ModelDrafter(tiny(str(models(replace(SMALL, noise=0.5))), n_ctx=64))
-    engine = Engine(target, draft if drafter == "model" else NgramDrafter(min_ngram=1))
+    drafters = {
+        "model": lambda: ModelDrafter(tiny(str(models(replace(SMALL, noise=0.5))), n_ctx=64)),
+        "ngram": lambda: NgramDrafter(min_ngram=1),
+        # int4 rather than int8: its draft law differs from the target's often enough that
+        # rejections, and so the residual distribution, are exercised.
+        "qspec-int4": lambda: ModelDrafter(target.quantized(4)),
+    }
+    engine = Engine(target, drafters[drafter]())
     observed: Counter[tuple[int, int]] = Counter()
     drafted = accepted = 0
     for run in range(EXACT_RUNS):
@@ -472,6 +480,68 @@ def test_greedy_speculation_with_a_torch_drafter_reproduces_plain_decoding(model
         spec = runtime.generate(prompt, max_tokens=40, temperature=0)
         assert spec.tokens == plain.tokens
         assert spec.stats.drafted > 0
+
+
+@pytest.mark.parametrize("strategy", ["qspec", "qspec:int4"])
+def test_greedy_speculation_with_a_qspec_self_drafter_reproduces_plain_decoding(models, strategy: str) -> None:
+    target = tiny(str(models(SMALL)))
+    prompt = "the sand and the"
+    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt, max_tokens=40, temperature=0)
+    kind, _, option = strategy.partition(":")
+    drafter = make_self_drafter(target, kind, option or None)
+    assert drafter is not None
+    spec = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
+        prompt, max_tokens=40, temperature=0
+    )
+    assert spec.tokens == plain.tokens
+    assert spec.stats.accepted > 0
+    assert drafter.capabilities.extra["self_draft"] == f"qspec:{option or 'int8'}"
+
+
+def test_a_qspec_drafter_owns_its_matrices_and_cache_and_shares_only_read_only_tensors(models) -> None:
+    target = tiny(str(models(Spec("qwen2"))))  # QKV bias: carried over to the quantized copy
+    before = blockwise(target, TEXT_IDS)
+    drafter = target.quantized(8)
+    mine, theirs = drafter.model.layers[0], target.model.layers[0]
+    assert mine.wqkv is not theirs.wqkv and drafter.model.output is not target.model.output
+    assert mine.attn_norm is theirs.attn_norm and drafter.model.embed is target.model.embed
+    assert drafter.cache.k is not target.cache.k
+    drafted = blockwise(drafter, TEXT_IDS)
+    # int8 weights: close to the target, not equal, and the target is untouched.
+    assert 0 < np.abs(drafted - before).max() < 0.05 * np.abs(before).max()
+    np.testing.assert_array_equal(blockwise(target, TEXT_IDS), before)
+
+
+def test_qspec_on_torch_names_the_types_it_takes(models) -> None:
+    target = tiny(str(models(SMALL)))
+    with pytest.raises(InvalidRequestError, match="int8 or int4"):
+        make_self_drafter(target, "qspec", "Q4_0")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6, 7, 13, 16, 17, 40])
+@pytest.mark.parametrize("kind", ["panels", "int8"])
+def test_cpu_matrices_multiply_as_the_dense_weight_does(rows: int, kind: str) -> None:
+    # 100 outputs: not a multiple of the 16-column panels; rows cross the kernel's 6-row
+    # passes and its hand-over to the batched matmul.
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(100, 64, generator=generator)
+    bias = torch.randn(100, generator=generator)
+    x = torch.randn(rows, 64, generator=generator)
+    matrix = Panels(weight, bias) if kind == "panels" else Int8(weight, bias)
+    reference = torch.nn.functional.linear(x, matrix.dense(), bias)
+    torch.testing.assert_close(matrix(x), reference, rtol=1e-4, atol=1e-4)
+    ids = torch.tensor([0, 17, 99])
+    torch.testing.assert_close(matrix.rows(ids), matrix.dense()[ids])
+
+
+def test_the_native_kernels_compute_what_the_torch_operators_do(models, monkeypatch) -> None:
+    for spec in (Spec("llama"), Spec("gemma3")):
+        path = str(models(spec))
+        native_logits = blockwise(tiny(path), TEXT_IDS)
+        monkeypatch.setattr(native, "kernels", lambda: None)
+        operator_logits = blockwise(tiny(path), TEXT_IDS)
+        monkeypatch.undo()
+        np.testing.assert_allclose(native_logits, operator_logits, rtol=1e-4, atol=1e-4)
 
 
 def test_an_early_exit_view_is_the_model_cut_after_its_first_blocks(models) -> None:

@@ -3,7 +3,9 @@ on the CPU (float32, one thread per physical core) or a CUDA GPU (bfloat16/float
 steps replayed from CUDA graphs).
 
     backend.py    the Backend protocol: cache bookkeeping, tokenizer, logits to numpy; early_exit()
-                  gives a layer-skip self-drafter sharing the weights
+                  gives a layer-skip self-drafter sharing the weights, quantized() a QSpec one
+    linear.py     weight matrices: float32 column panels (CPU), dense (CUDA), int8 / int4
+    native.py     AVX2 kernels for short CPU blocks (matmul, RMSNorm, attention), built with cc
     llama.py      Llama, SmolLM2, Mistral, Qwen2/2.5/3 (one module per family, found by name)
     gemma3.py     Gemma 3
     layers.py     static KV cache, RoPE, block attention with its causal mask
@@ -31,10 +33,24 @@ from .backend import TorchBackend, load
 __all__ = ["TorchBackend", "load", "make_self_drafter"]
 
 
+QSPEC_TYPES = {"int8": 8, "int4": 4}
+
+
 def make_self_drafter(target: Backend, kind: str, option: str | None) -> Backend | None:
-    """layerskip: the target's own first L blocks, sharing its weights (no second copy).
-    qspec: None, so the loader derives a low-bit GGUF as on llama.cpp."""
-    if kind != "layerskip" or not isinstance(target, TorchBackend):
+    """layerskip[:L]: the target's own first L blocks, sharing its weights (no second copy).
+    qspec[:int8|int4]: an in-memory copy of the target with weight-only int8 (default) or
+    int4 matrices; the low-bit GGUF types llama.cpp's qspec derives would load dequantized to
+    the target's float type here, so they are refused with the types that do pay."""
+    if not isinstance(target, TorchBackend):
+        return None
+    if kind == "qspec":
+        bits = QSPEC_TYPES.get((option or "int8").lower())
+        if bits is None:
+            raise InvalidRequestError(
+                f"qspec on the torch backend takes int8 or int4, got {option!r}", "use --strategy qspec:int8"
+            )
+        return target.quantized(bits)
+    if kind != "layerskip":
         return None
     if option is not None and not option.isdigit():
         raise InvalidRequestError(f"layerskip takes the number of blocks to keep, got {option!r}")

@@ -19,7 +19,7 @@ from localspec.gguf_check import check_gguf
 from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
-from . import linear
+from . import linear, native
 from . import tokenizer as tok
 from . import weights as wts
 from .config import ModelConfig
@@ -110,6 +110,7 @@ class TorchBackend:
             threads = threads or physical_cores()
             torch.set_num_threads(threads)  # process-wide: every torch backend shares the cores
             extra["threads"] = str(threads)
+            extra["kernels"] = native.describe()
         config = source.config
         n_ctx = min(n_ctx, config.context_length or n_ctx)
         self.model, n_params, n_bytes = self._build(source, n_ctx)
@@ -161,6 +162,32 @@ class TorchBackend:
         view._graphs = view._graphed() if self._graphs is not None else None
         label = f"layerskip:{n_layers}"
         view.info = replace(self.info, name=f"{self.info.name} [{label}]", n_layers=n_layers)
+        view.capabilities = replace(self.capabilities, extra={**self.capabilities.extra, "self_draft": label})
+        return view
+
+    def quantized(self, bits: int) -> TorchBackend:
+        """This model with weight-only int8 (or int4) matrices: a QSpec-style self-drafter.
+        The quantized matrices and the KV cache are its own; the embedding, norms, RoPE
+        tables and tokenizer are this backend's, shared read-only (no forward pass writes to
+        them). CPU only: torch's weight-only kernels used here are its CPU ones."""
+        if self._device.type != "cpu":
+            raise InvalidRequestError("qspec on the torch backend runs on the CPU", "use --strategy layerskip on CUDA")
+        factories: dict[int, linear.Factory] = {8: linear.Int8, 4: linear.Int4}
+        if bits not in factories:
+            raise InvalidRequestError(f"qspec on the torch backend takes int8 or int4, got int{bits}")
+        config = self.model.config
+        view = copy.copy(self)
+        view.model = self.model.requantized(factories[bits])
+        view._exit = None
+        view._tokens = []
+        view._closed = False
+        view.cache = KVCache(
+            config.n_layers, config.n_kv_heads, self.cache.n_ctx, config.head_dim, self._dtype, self._device
+        )
+        view._graphs = None
+        label = f"qspec:int{bits}"
+        size = self.info.size_bytes * bits // (8 * self.cache.k.element_size())  # the matrices dominate
+        view.info = replace(self.info, name=f"{self.info.name} [{label}]", size_bytes=size)
         view.capabilities = replace(self.capabilities, extra={**self.capabilities.extra, "self_draft": label})
         return view
 

@@ -65,14 +65,19 @@ class Dense:
         return self.weight
 
 
+def to_panels(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> [ceil(out / 16), in, 16]; zero columns pad the last panel."""
+    out, width = weight.shape
+    pad = -out % native.PANEL
+    if pad:  # the caller cuts them off its output again
+        weight = torch.cat([weight, weight.new_zeros(pad, width)])
+    return weight.t().reshape(width, -1, native.PANEL).transpose(0, 1).contiguous()
+
+
 class Panels:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        out, width = weight.shape
-        pad = -out % native.PANEL
-        if pad:  # zero columns, cut off the output again
-            weight = torch.cat([weight, weight.new_zeros(pad, width)])
-        self.panels = weight.t().reshape(width, -1, native.PANEL).transpose(0, 1).contiguous()
-        self.bias, self.out_features = bias, int(out)
+        self.panels = to_panels(weight)
+        self.bias, self.out_features = bias, int(weight.shape[0])
         self.kernels = native.kernels() if weight.dtype == torch.float32 else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +99,10 @@ class Panels:
 
 
 class Int8:
-    """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale."""
+    """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale. In int8
+    column panels for native.py's kernel (a quarter of float32's bytes to stream), else in
+    rows for torch's `_weight_int8pack_mm`, which on an AVX2 CPU is 4x slower than float32
+    (BENCHMARKS.md section 9) but keeps qspec exact and working everywhere."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         weight = weight.float()
@@ -102,9 +110,16 @@ class Int8:
         self.q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
         self.scale, self.bias = scale.contiguous(), bias
         self.out_features = int(weight.shape[0])
+        self.kernels = native.kernels() if weight.is_cpu else None
+        if self.kernels is not None:
+            self.panels = to_panels(self.q)
+            self.panel_scale = torch.cat([scale, scale.new_ones(self.panels.shape[0] * native.PANEL - len(scale))])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        if self.kernels is not None and x.shape[0] <= KERNEL_ROWS:
+            y = self.kernels.matmul(x.contiguous(), self.panels, self.panel_scale)[:, : self.out_features]
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
         return y if self.bias is None else y.add_(self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -112,6 +127,42 @@ class Int8:
 
     def dense(self) -> torch.Tensor:
         return self.q.float() * self.scale[:, None]
+
+
+class Int4:
+    """Weight-only 4-bit, asymmetric, a scale and offset per group of GROUP inputs of each
+    output row, multiplied by torch's CPU kernel (`_weight_int4pack_mm_for_cpu`), which
+    reads the weight as (q - 8) * scale + zero."""
+
+    GROUP = 32
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        out, width = weight.shape
+        if width % self.GROUP:
+            raise ValueError(f"int4 needs the input width to be a multiple of {self.GROUP}, got {width}")
+        pad = -out % 16  # the kernel takes whole 16-row tiles; zero rows, cut off the output again
+        weight = torch.cat([weight.float(), weight.new_zeros(pad, width, dtype=torch.float32)])
+        groups = weight.reshape(out + pad, width // self.GROUP, self.GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp_min(1e-12)
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(out + pad, width), 1)
+        # [groups, out, 2]: the kernel's layout for the scales and the offsets
+        self.scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
+        self.bias, self.out_features, self.in_features = bias, int(out), int(width)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.contiguous(), self.packed, self.GROUP, self.scales_zeros
+        )[:, : self.out_features]
+        return y if self.bias is None else y.add_(self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dense()[ids]
+
+    def dense(self) -> torch.Tensor:
+        # The identity through the kernel: W^T = I @ W^T.
+        return self(torch.eye(self.in_features)).t()
 
 
 def for_device(device: torch.device, dtype: torch.dtype) -> Factory:

@@ -40,8 +40,9 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 
-/* y[r, 0:16] = x[r, :] . panel for R <= 6 rows; the panel is [K, 16] contiguous. Named
-   accumulators, not arrays: gcc keeps arrays of __m256 on the stack inside the loop. */
+/* y[r, 0:16] = x[r, :] . panel for R <= 6 rows; the panel is [K, 16] contiguous, float32
+   or (Q8) int8 with a float scale per output column. Named accumulators, not arrays: gcc
+   keeps arrays of __m256 on the stack inside the loop. */
 #define ACC(r) __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();
 #define FMA(r)                                                                                    \
   if (R > r) {                                                                                    \
@@ -51,36 +52,80 @@ SOURCE = r"""
   }
 #define STORE(r)                                                                                  \
   if (R > r) {                                                                                    \
-    _mm256_storeu_ps(y + r * ldy, a##r##0);                                                       \
-    _mm256_storeu_ps(y + r * ldy + 8, a##r##1);                                                   \
+    _mm256_storeu_ps(y + r * ldy, Q8 ? _mm256_mul_ps(a##r##0, s0) : a##r##0);                     \
+    _mm256_storeu_ps(y + r * ldy + 8, Q8 ? _mm256_mul_ps(a##r##1, s1) : a##r##1);                 \
   }
+#define FMB(r)                                                                                    \
+  if (R > r) {                                                                                    \
+    __m256 xv = _mm256_broadcast_ss(x + r * K + k + 1);                                           \
+    b##r##0 = _mm256_fmadd_ps(xv, w0, b##r##0);                                                   \
+    b##r##1 = _mm256_fmadd_ps(xv, w1, b##r##1);                                                   \
+  }
+#define ACB(r) __m256 b##r##0 = _mm256_setzero_ps(), b##r##1 = _mm256_setzero_ps();
+#define SUM(r) if (R > r) { a##r##0 = _mm256_add_ps(a##r##0, b##r##0); a##r##1 = _mm256_add_ps(a##r##1, b##r##1); }
+static inline __attribute__((always_inline)) void load(const int Q8, const void* w, int64_t k, __m256* w0, __m256* w1) {
+  if (Q8) {
+    __m128i q = _mm_loadu_si128((const __m128i*)((const int8_t*)w + k * 16));
+    *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+  } else {
+    *w0 = _mm256_loadu_ps((const float*)w + k * 16);
+    *w1 = _mm256_loadu_ps((const float*)w + k * 16 + 8);
+  }
+}
 static inline __attribute__((always_inline)) void tile(
-    const int R, const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+    const int R, const int Q8, const float* x, int64_t K, const void* w, const float* scale, float* y, int64_t ldy) {
   ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5)
-  for (int64_t k = 0; k < K; ++k) {
-    __m256 w0 = _mm256_loadu_ps(w + k * 16), w1 = _mm256_loadu_ps(w + k * 16 + 8);
+  int64_t k = 0;
+  if (Q8 && R <= 3) {
+    /* int8 is compute-bound, not memory-bound: a second set of accumulators for odd k
+       halves the FMA latency chain that one row's two accumulators would wait on. */
+    ACB(0) ACB(1) ACB(2)
+    for (; k + 1 < K; k += 2) {
+      __m256 w0, w1;
+      load(Q8, w, k, &w0, &w1);
+      FMA(0) FMA(1) FMA(2)
+      load(Q8, w, k + 1, &w0, &w1);
+      FMB(0) FMB(1) FMB(2)
+    }
+    SUM(0) SUM(1) SUM(2)
+  }
+  for (; k < K; ++k) {
+    __m256 w0, w1;
+    load(Q8, w, k, &w0, &w1);
     FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5)
   }
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+  if (Q8) { s0 = _mm256_loadu_ps(scale); s1 = _mm256_loadu_ps(scale + 8); }
   STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
 }
-#define TILE(R) \
-  static void tile##R(const float* x, int64_t K, const float* w, float* y, int64_t ldy) { tile(R, x, K, w, y, ldy); }
+typedef void (*tile_fn)(const float*, int64_t, const void*, const float*, float*, int64_t);
+#define TILE(R)                                                                                    \
+  static void f32_##R(const float* x, int64_t K, const void* w, const float* s, float* y, int64_t ldy) { \
+    tile(R, 0, x, K, w, s, y, ldy);                                                                \
+  }                                                                                                \
+  static void q8_##R(const float* x, int64_t K, const void* w, const float* s, float* y, int64_t ldy) { \
+    tile(R, 1, x, K, w, s, y, ldy);                                                                \
+  }
 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-typedef void (*tile_fn)(const float*, int64_t, const float*, float*, int64_t);
-static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+static const tile_fn F32[7] = {0, f32_1, f32_2, f32_3, f32_4, f32_5, f32_6};
+static const tile_fn Q8[7] = {0, q8_1, q8_2, q8_3, q8_4, q8_5, q8_6};
 
-/* y[M, 16 * panels] = x[M, K] @ W^T, W packed as [panels, K, 16]. Rows beyond 6 take more
-   passes over each panel, which then comes from L1/L2, not from memory. The panels are
-   shared among torch's own OpenMP threads (the same libgomp, already loaded by torch). */
-void panel_matmul(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t panels) {
+/* y[M, 16 * panels] = x[M, K] @ W^T, W packed as [panels, K, 16] (element size `bytes`: 4 for
+   float32, 1 for int8 with `scale` [16 * panels]). Rows beyond 6 take more passes over each
+   panel, which then comes from L1/L2, not from memory. The panels are shared among torch's
+   own OpenMP threads (the same libgomp, already loaded by torch). */
+void panel_matmul(const float* x, const void* w, const float* scale, float* y, int64_t M, int64_t K,
+                  int64_t panels, int64_t bytes) {
   const int64_t N = panels * 16, passes = (M + 5) / 6;
+  const tile_fn* tiles = bytes == 1 ? Q8 : F32;
   #pragma omp parallel for schedule(static) if (panels * K >= 65536)
   for (int64_t p = 0; p < panels; ++p) {
-    const float* panel = w + p * K * 16;
+    const char* panel = (const char*)w + p * K * 16 * bytes;
     int64_t m = 0;
     for (int64_t left = passes; left > 0; --left) {
       int64_t rows = (M - m + left - 1) / left;
-      TILES[rows](x + m * K, K, panel, y + m * N + p * 16, N);
+      tiles[rows](x + m * K, K, panel, scale + p * 16, y + m * N + p * 16, N);
       m += rows;
     }
   }
@@ -177,7 +222,7 @@ class Kernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         p, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         self._matmul = library.panel_matmul
-        self._matmul.argtypes = (p, p, p, i, i, i)
+        self._matmul.argtypes = (p, p, p, p, i, i, i, i)
         self._norm = library.rms_norm
         self._norm.argtypes = (p, p, p, i, i, f)
         self._attention = library.attention
@@ -188,11 +233,14 @@ class Kernels:
             function.restype = None
         self._scores = torch.empty(0)
 
-    def matmul(self, x: torch.Tensor, panels: torch.Tensor) -> torch.Tensor:
-        """x [M, K] contiguous, panels [P, K, 16] -> x @ W^T as [M, 16 P]."""
+    def matmul(self, x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] contiguous, panels [P, K, 16] -> x @ W^T as [M, 16 P]. int8 panels take
+        `scale` [16 P]: W = panels · scale, per output column."""
         m, k = x.shape
         y = torch.empty((m, panels.shape[0] * PANEL), dtype=torch.float32)
-        self._matmul(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, panels.shape[0])
+        scale_ptr = scale.data_ptr() if scale is not None else 0
+        bytes = panels.element_size()
+        self._matmul(x.data_ptr(), panels.data_ptr(), scale_ptr, y.data_ptr(), m, k, panels.shape[0], bytes)
         return y
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -254,12 +302,21 @@ def kernels() -> Kernels | None:
     return Kernels(ctypes.CDLL(str(path))) if path is not None else None
 
 
+def describe() -> str:
+    """What runs the CPU steps, for the backend's description (and so for the calibration
+    cache's key: a changed kernel is measured again)."""
+    return f"avx2-{_digest()}" if kernels() is not None else "torch"
+
+
+def _digest() -> str:
+    return hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+
+
 def _build() -> Path | None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
-    target = data_dir() / "kernels" / f"torch-cpu-{digest}.so"
+    target = data_dir() / "kernels" / f"torch-cpu-{_digest()}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
