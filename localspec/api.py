@@ -18,7 +18,7 @@ import numpy as np
 
 from localspec import selfdraft
 from localspec.backend_loader import in_memory_self_drafter, load_backend
-from localspec.calibrate import calibrated
+from localspec.calibrate import calibrated, pair_agreement
 from localspec.chat import render_chat
 from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
@@ -138,8 +138,12 @@ class Runtime:
         if not calibrate:
             return FixedDraftLength(4)
         curve = calibrated(self.target).verify_seconds
-        draft_cost = calibrated(self.draft).decode_seconds if self.draft else NGRAM_SECONDS_PER_TOKEN
-        return AdaptiveDraftLength(CostCurve(list(curve)), draft_cost, max_gamma=MAX_DRAFT)
+        if self.draft is None:
+            return AdaptiveDraftLength(CostCurve(list(curve)), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT)
+        # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
+        prior = pair_agreement(self.target, self.draft)
+        draft_cost = calibrated(self.draft).decode_seconds
+        return AdaptiveDraftLength(CostCurve(list(curve)), draft_cost, max_gamma=MAX_DRAFT, prior=prior)
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -1,8 +1,13 @@
-"""Measures what verifying k tokens costs on this machine, once per model and machine.
+"""Measures what verifying k tokens costs on this machine, once per model and machine, and
+how often a drafter's top token is the target's, once per pair.
 
 The curve t_verify(k) is what the adaptive draft length is built on; it is cached in the
 user directory keyed by the model file, its backend options and the CPU, so only the first
-load of a model pays the second or so it takes."""
+load of a model pays the second or so it takes. The pair's agreement is where the controller
+starts its acceptance estimates for a model drafter: a drafter that costs real time is only
+tried when it is expected to pay, so a prior far below its true acceptance would never be
+corrected (a quantized copy of the target agrees ~90 % of the time, a fixed 50 % guess
+would keep it switched off)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from localspec.paths import calibration_file
 from localspec.protocol import Backend
@@ -19,6 +27,13 @@ from localspec.protocol import Backend
 CALIBRATION_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
     "The quick brown fox jumps over the lazy dog while the sun sets behind the hills."
+)
+# Text for the pair agreement: code, prose and structure, as the bench suite has.
+AGREEMENT_TEXT = (
+    CALIBRATION_TEXT
+    + "\nSummary: the Rhine begins in the Swiss Alps and flows about 1,230 kilometres to the North Sea.\n"
+    + '{"name": "France", "capital": "Paris", "population": 68000000}\n'
+    + "To find the average speed, divide the total distance by the total time taken."
 )
 
 
@@ -84,6 +99,44 @@ def measure(backend: Backend, max_k: int = 16, repeats: int = 3) -> Calibration:
     return Calibration(verify, statistics.median(decode))
 
 
+def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
+    """Share of positions where both models' top-1 next token agree, teacher-forced."""
+    picks = []
+    for backend in (target, draft):
+        backend.rollback(0)
+        rows = []
+        for start in range(0, len(tokens), backend.capabilities.max_block):
+            rows.append(np.argmax(backend.eval_block(tokens[start : start + backend.capabilities.max_block]), axis=1))
+        backend.rollback(0)
+        picks.append(np.concatenate(rows))
+    return float(np.mean(picks[0] == picks[1]))
+
+
+def pair_agreement(target: Backend, draft: Backend) -> float:
+    """agreement() on AGREEMENT_TEXT, measured once per pair and machine."""
+    key = f"agreement|{_key(target)}||{_key(draft)}"
+    cache = _load_cache()
+    hit = cache.get(key)
+    if isinstance(hit, dict) and isinstance(hit.get("agreement"), float):
+        return float(hit["agreement"])  # type: ignore[arg-type]
+    tokens = target.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
+    value = agreement(target, draft, tokens)
+    cache[key] = {"agreement": value}
+    _store(cache)
+    return value
+
+
+def _store(cache: dict[str, dict[str, object]]) -> None:
+    path = calibration_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only means measuring again next time
+
+
 def calibrated(backend: Backend, max_k: int = 16) -> Calibration:
     key = _key(backend)
     cache = _load_cache()
@@ -95,12 +148,5 @@ def calibrated(backend: Backend, max_k: int = 16) -> Calibration:
             return Calibration([float(t) for t in curve], decode)
     result = measure(backend, max_k)
     cache[key] = result.to_json()
-    path = calibration_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only means measuring again next time
+    _store(cache)
     return result

@@ -19,13 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from localspec.calibrate import CALIBRATION_TEXT, calibrated
+from localspec.calibrate import CALIBRATION_TEXT, agreement, calibrated
 from localspec.controller import AdaptiveDraftLength, CostCurve
 from localspec.errors import InvalidRequestError
 from localspec.paths import data_dir
@@ -99,19 +97,6 @@ def candidates(kind: str, option: str | None, n_layers: int, target_ftype: str) 
     middle = tuple(range(n_layers // 4 + 1, (3 * n_layers) // 4, 2))
     out.append(Candidate(f"skip-middle-{len(middle)}", target_ftype, middle))
     return out
-
-
-def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
-    """Share of positions where both models' top-1 next token agree, teacher-forced."""
-    picks = []
-    for backend in (target, draft):
-        backend.rollback(0)
-        rows = []
-        for start in range(0, len(tokens), backend.capabilities.max_block):
-            rows.append(np.argmax(backend.eval_block(tokens[start : start + backend.capabilities.max_block]), axis=1))
-        backend.rollback(0)
-        picks.append(np.concatenate(rows))
-    return float(np.mean(picks[0] == picks[1]))
 
 
 def predicted_rate(target: Backend, draft: Backend, alpha: float) -> float:
