@@ -142,8 +142,14 @@ class Runtime:
             return AdaptiveDraftLength(CostCurve(list(curve)), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT)
         # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
         prior = pair_agreement(self.target, self.draft)
-        draft_cost = calibrated(self.draft).decode_seconds
-        return AdaptiveDraftLength(CostCurve(list(curve)), draft_cost, max_gamma=MAX_DRAFT, prior=prior)
+        drafter = calibrated(self.draft)
+        return AdaptiveDraftLength(
+            CostCurve(list(curve)),
+            drafter.decode_seconds,
+            max_gamma=MAX_DRAFT,
+            prior=prior,
+            catch_up_seconds_per_token=drafter.verify_seconds[-1] / len(drafter.verify_seconds),
+        )
 
     # -- requests ---------------------------------------------------------------------------
 

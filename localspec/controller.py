@@ -31,18 +31,28 @@ SUPPORT_EDGES = (1, 2, 3, 4, 6, 8, 12, 20, 32)
 SUPPORT_PRIORS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 0.85, 0.9, 0.95)
 
 
+CATCH_UP_HORIZON = 4
+
+
 def support_level(support: int) -> int:
     return sum(1 for edge in SUPPORT_EDGES if support >= edge)
 
 
 class DraftLengthPolicy(Protocol):
-    def choose(self, limit: int, support: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
         """γ for the next step, at most limit; support: how well the context backs a draft
-        already made (0: unknown, or not drafted yet)."""
+        already made (0: unknown, or not drafted yet); backlog: tokens a draft model must
+        catch up on before it can guess (Drafter.backlog)."""
         ...
 
     def observe(
-        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, support: int = 0
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        support: int = 0,
+        backlog: int = 0,
     ) -> None: ...
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
@@ -56,11 +66,17 @@ class DraftLengthPolicy(Protocol):
 class FixedDraftLength:
     gamma: int
 
-    def choose(self, limit: int, support: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
         return min(self.gamma, limit)
 
     def observe(
-        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, support: int = 0
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        support: int = 0,
+        backlog: int = 0,
     ) -> None:
         pass
 
@@ -105,6 +121,9 @@ class AdaptiveDraftLength:
     weight_hit: float = 0.15
     weight_miss: float = 0.3
     relax: float = 0.003  # per step, unobserved estimates drift back toward their prior
+    # What a draft model pays per token to catch up after sitting out steps (a batched pass),
+    # charged spread over CATCH_UP_HORIZON steps: catching up once serves the drafts after it.
+    catch_up_seconds_per_token: float = 0.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
     # by_support[level - 1][i]: the same per support level of a free drafter's guesses.
     by_support: list[list[float]] = field(default_factory=list)
@@ -133,28 +152,36 @@ class AdaptiveDraftLength:
         cost = gamma * self.draft_seconds_per_token + self.costs.verify(gamma + 1)
         return self.expected_tokens(gamma, support) / cost
 
-    def choose(self, limit: int, support: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
         alpha = self._table(support)[0]
         best, best_rate = 0, 1.0 / self.costs.verify(1)
         expected, run = 1.0, 1.0
+        catch_up = backlog * self.catch_up_seconds_per_token / CATCH_UP_HORIZON
         for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            r = expected / (g * self.draft_seconds_per_token + self.costs.verify(g + 1))
+            r = expected / (catch_up + g * self.draft_seconds_per_token + self.costs.verify(g + 1))
             if r > best_rate:
                 best, best_rate = g, r
         return best
 
     def observe(
-        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, support: int = 0
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        support: int = 0,
+        backlog: int = 0,
     ) -> None:
         self.costs.update(drafted + 1, verify_seconds)
         table, prior = self._table(support)
         if drafted == 0:
             self._relax(table, prior, 0)
             return
-        per_token = draft_seconds / drafted
+        # The catch-up is not a cost of each drafted token: take it out before learning that.
+        per_token = max(0.0, draft_seconds - backlog * self.catch_up_seconds_per_token) / drafted
         self.draft_seconds_per_token += self.weight_hit * (per_token - self.draft_seconds_per_token)
         seen = min(accepted + 1, drafted)
         for i in range(seen):

@@ -107,8 +107,10 @@ class Engine:
                 if self.free_drafter:
                     draft = self.drafter.propose(ctx, min(limit, FREE_DRAFT_TOKENS), cfg, rng) if limit > 0 else Draft()
                     gamma = policy.choose(len(draft.tokens), draft.support)
+                    backlog = 0
                 else:
-                    gamma = policy.choose(limit)
+                    backlog = self.drafter.backlog(ctx)
+                    gamma = policy.choose(limit, 0, backlog)
                     draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
                 tokens = draft.tokens[:gamma]
                 t1 = time.perf_counter()
@@ -128,7 +130,7 @@ class Engine:
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
                 stats.record_step(gamma, len(tokens), n_acc)
-                policy.observe(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support)
+                policy.observe(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0)
                 if shadow is not None and shadow.settle(ctx, policy):
                     shadow = None
 

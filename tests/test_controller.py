@@ -142,3 +142,17 @@ def test_shadow_evidence_from_position_start_teaches_only_the_unverified_positio
     assert after[:3] == before[:3] and all(a > b for a, b in zip(after[3:], before[3:], strict=True))
     policy.observe_shadow(16, 1, support=40, start=3)  # broke inside the verified part: no evidence
     assert policy.by_support[-1] == after
+
+
+def test_a_long_catch_up_for_a_draft_model_is_charged_before_drafting() -> None:
+    policy = AdaptiveDraftLength(
+        CostCurve(list(NEARLY_FREE)), 2e-3, max_gamma=8, prior=0.9, catch_up_seconds_per_token=3e-3
+    )
+    assert policy.choose(8, backlog=0) > 0
+    assert policy.choose(8, backlog=200) == 0  # 0.6 s of catching up is not won back by one draft
+
+
+def test_catching_up_does_not_count_as_the_cost_of_each_drafted_token() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 2e-3, catch_up_seconds_per_token=3e-3)
+    policy.observe(4, 4, 4 * 2e-3 + 50 * 3e-3, NEARLY_FREE[4], backlog=50)
+    assert policy.draft_seconds_per_token == pytest.approx(2e-3)

@@ -34,6 +34,11 @@ class Drafter(Protocol):
         """Up to n tokens that might follow context."""
         ...
 
+    def backlog(self, context: Sequence[int]) -> int:
+        """Tokens the drafter must take in before its first guess: a draft model that sat
+        out some steps (γ = 0) has to catch up on what the target produced meanwhile."""
+        ...
+
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         """The target kept n_accepted of the last draft; context now ends with its own token."""
         ...

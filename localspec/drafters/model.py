@@ -48,6 +48,10 @@ class ModelDrafter:
                 row = self.backend.eval_block([tok], "last")[-1]
         return Draft(tokens, None if cfg.greedy else dists)
 
+    def backlog(self, context: Sequence[int]) -> int:
+        # The context's last token is evaluated with the first guess in any case.
+        return max(0, len(context) - 1 - self.backend.n_past)
+
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         # context = committed text; what the drafter cached beyond its accepted part goes.
         self.backend.rollback(min(self.backend.n_past, len(context) - 1))

@@ -66,6 +66,9 @@ class NgramDrafter:
                 best, support = pos, m
         return Draft(tokens=list(context[best : best + n]), support=support)
 
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0
+
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         pass  # the index catches up lazily on the next propose
 

@@ -19,6 +19,9 @@ class NoDrafter:
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         return Draft()
 
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0
+
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         pass
 

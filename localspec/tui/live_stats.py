@@ -43,16 +43,22 @@ class StepRecorder:
         self.plain_steps = 0
         self.plain_seconds = 0.0
 
-    def choose(self, limit: int, support: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
         if self.started is None:
             self.started = time.perf_counter()
-        self.gamma = self.inner.choose(limit, support)
+        self.gamma = self.inner.choose(limit, support, backlog)
         return self.gamma
 
     def observe(
-        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, support: int = 0
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        support: int = 0,
+        backlog: int = 0,
     ) -> None:
-        self.inner.observe(drafted, accepted, draft_seconds, verify_seconds, support)
+        self.inner.observe(drafted, accepted, draft_seconds, verify_seconds, support, backlog)
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
