@@ -35,6 +35,7 @@ from localspec.textstream import TextAssembler
 
 STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
+MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pass
 
 
@@ -149,6 +150,7 @@ class Runtime:
             max_gamma=MAX_DRAFT,
             prior=prior,
             catch_up_seconds_per_token=drafter.verify_seconds[-1] / len(drafter.verify_seconds),
+            margin=MODEL_DRAFT_MARGIN,
         )
 
     # -- requests ---------------------------------------------------------------------------

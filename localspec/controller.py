@@ -124,6 +124,10 @@ class AdaptiveDraftLength:
     # What a draft model pays per token to catch up after sitting out steps (a batched pass),
     # charged spread over CATCH_UP_HORIZON steps: catching up once serves the drafts after it.
     catch_up_seconds_per_token: float = 0.0
+    # Draft only when the predicted rate beats plain decoding by this share. The cost of a
+    # draft model's step is an estimate that drifts with the machine, and near break-even a
+    # wrong prediction loses more than a right one wins; a free drafter needs no margin.
+    margin: float = 0.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
     # by_support[level - 1][i]: the same per support level of a free drafter's guesses.
     by_support: list[list[float]] = field(default_factory=list)
@@ -155,7 +159,7 @@ class AdaptiveDraftLength:
     def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
         alpha = self._table(support)[0]
-        best, best_rate = 0, 1.0 / self.costs.verify(1)
+        best, best_rate = 0, (1.0 + self.margin) / self.costs.verify(1)
         expected, run = 1.0, 1.0
         catch_up = backlog * self.catch_up_seconds_per_token / CATCH_UP_HORIZON
         for g in range(1, min(limit, self.max_gamma) + 1):

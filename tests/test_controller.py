@@ -156,3 +156,13 @@ def test_catching_up_does_not_count_as_the_cost_of_each_drafted_token() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 2e-3, catch_up_seconds_per_token=3e-3)
     policy.observe(4, 4, 4 * 2e-3 + 50 * 3e-3, NEARLY_FREE[4], backlog=50)
     assert policy.draft_seconds_per_token == pytest.approx(2e-3)
+
+
+def test_a_margin_keeps_a_costly_drafter_off_near_break_even() -> None:
+    # Predicted 1.03x: drafting pays on paper, but not by the 10 % a draft model must show.
+    steady = AdaptiveDraftLength(CostCurve([10e-3, 12e-3, 14e-3]), 3.5e-3, max_gamma=2, prior=0.6)
+    assert steady.rate(1) * 10e-3 == pytest.approx(1.6 / 1.55)
+    assert steady.choose(2) > 0
+    assert (
+        AdaptiveDraftLength(CostCurve([10e-3, 12e-3, 14e-3]), 3.5e-3, max_gamma=2, prior=0.6, margin=0.1).choose(2) == 0
+    )
