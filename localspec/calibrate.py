@@ -115,15 +115,31 @@ def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
 def pair_agreement(target: Backend, draft: Backend) -> float:
     """agreement() on AGREEMENT_TEXT, measured once per pair and machine."""
     key = f"agreement|{_key(target)}||{_key(draft)}"
-    cache = _load_cache()
-    hit = cache.get(key)
-    if isinstance(hit, dict) and isinstance(hit.get("agreement"), float):
+    hit = remembered(key)
+    if hit is not None and isinstance(hit.get("agreement"), float):
         return float(hit["agreement"])  # type: ignore[arg-type]
     tokens = target.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
-    value = agreement(target, draft, tokens)
-    cache[key] = {"agreement": value}
-    _store(cache)
+    # A small context (a chat opened with a short --n-ctx) measures on what fits.
+    value = agreement(target, draft, tokens[: min(target.info.n_ctx, draft.info.n_ctx)])
+    remember(key, {"agreement": value})
     return value
+
+
+def remembered(key: str) -> dict[str, object] | None:
+    """A figure or choice stored under key by remember(), if any."""
+    hit = _load_cache().get(key)
+    return hit if isinstance(hit, dict) else None
+
+
+def remember(key: str, value: dict[str, object]) -> None:
+    cache = _load_cache()
+    cache[key] = value
+    _store(cache)
+
+
+def backend_key(backend: Backend) -> str:
+    """What identifies a loaded model for cached measurements: file, options, machine."""
+    return _key(backend)
 
 
 def _store(cache: dict[str, dict[str, object]]) -> None:

@@ -34,3 +34,9 @@ def test_a_model_drafter_starts_from_the_measured_agreement(temporary_localspec_
     assert isinstance(policy, AdaptiveDraftLength)
     assert policy.prior == calibrate.pair_agreement(target, draft)
     assert policy.alpha[0] == policy.prior
+
+
+def test_a_small_context_measures_on_what_fits(temporary_localspec_home: Path) -> None:
+    target, draft = load("reference:seed=3", n_ctx=64), load("reference:seed=3,noise=0.3", n_ctx=64)
+    assert 0.0 <= calibrate.pair_agreement(target, draft) <= 1.0
+    assert isinstance(Runtime(target, draft, strategy="draft").policy, AdaptiveDraftLength)
