@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.calibrate import CALIBRATION_TEXT, agreement, calibrated
+from localspec.calibrate import CALIBRATION_TEXT, agreement, backend_key, calibrated, remember, remembered
 from localspec.controller import AdaptiveDraftLength, CostCurve
 from localspec.errors import InvalidRequestError
 from localspec.paths import data_dir
@@ -97,6 +97,33 @@ def candidates(kind: str, option: str | None, n_layers: int, target_ftype: str) 
     middle = tuple(range(n_layers // 4 + 1, (3 * n_layers) // 4, 2))
     out.append(Candidate(f"skip-middle-{len(middle)}", target_ftype, middle))
     return out
+
+
+def exit_candidates(n_layers: int) -> list[str]:
+    """Early exits worth measuring for an in-memory layer-skip drafter: from half the blocks
+    (cheap, agrees less) to five sixths (agrees more, costs more)."""
+    keep = {min(n_layers - 1, max(1, round(n_layers * f))) for f in (1 / 2, 2 / 3, 3 / 4, 5 / 6)}
+    return [str(k) for k in sorted(keep)]
+
+
+def best_in_memory(target: Backend, kind: str, labels: list[str], make: Callable[[str], Backend]) -> Backend:
+    """The in-memory self-drafter (made by make(label)) with the best predicted tokens/s on
+    this machine, by the same measure as self_draft_path; the choice is remembered per
+    target and machine, so later loads make only the winner."""
+    key = f"self-draft|{kind}|{backend_key(target)}"
+    hit = remembered(key)
+    if len(labels) == 1 or (hit is not None and hit.get("label") in labels):
+        return make(labels[0] if len(labels) == 1 else str(hit["label"]))  # type: ignore[index]
+    text = target.tokenize(CALIBRATION_TEXT + "\n" + CODE + "\n" + PASSAGE, add_special=True, parse_special=False)
+    text = text[: target.info.n_ctx]
+    scored = []
+    for label in labels:
+        draft = make(label)
+        scored.append((predicted_rate(target, draft, agreement(target, draft, text)), label))
+        draft.close()
+    _, best = max(scored)
+    remember(key, {"label": best})
+    return make(best)
 
 
 def predicted_rate(target: Backend, draft: Backend, alpha: float) -> float:

@@ -376,6 +376,16 @@ def test_layerskip_is_the_target_cut_after_its_first_blocks() -> None:
     assert drafter.info.n_layers == 2 and target.info.n_layers == 4
 
 
+def test_layerskip_without_a_count_takes_the_measured_best_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec import selfdraft
+
+    target = tiny_backend(tiny_llama(seed=1, layers=6))
+    chosen = make_self_drafter(target, "layerskip", None).capabilities.extra["self_draft"]
+    assert chosen in {f"layerskip:{k}" for k in selfdraft.exit_candidates(6)}
+    monkeypatch.setattr(selfdraft, "agreement", lambda *args: pytest.fail("measured again"))
+    assert make_self_drafter(target, "layerskip", None).capabilities.extra["self_draft"] == chosen
+
+
 def test_qspec_copy_is_low_bit_and_leaves_the_target_alone() -> None:
     target = tiny_backend(tiny_llama(seed=2))
     tokens = [BOS, 5, 6, 7, 8, 9]

@@ -443,8 +443,9 @@ EXACT_PROMPT = [40, 41, 42, 43, 40, 41, 42, 43, 40, 41]  # repeats itself: n-gra
         ("model", SamplingConfig(temperature=0.9, top_k=8, top_p=1.0, min_p=0.0)),
         ("ngram", SamplingConfig(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0)),
         ("qspec-int4", SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)),
+        ("layerskip", SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)),
     ],
-    ids=["draft-model-top-k", "ngram-top-p", "qspec-int4"],
+    ids=["draft-model-top-k", "ngram-top-p", "qspec-int4", "layerskip-shared-cache"],
 )
 def test_speculative_sampling_follows_the_target_law(models, drafter: str, cfg: SamplingConfig) -> None:
     target = tiny(str(models(SMALL)), n_ctx=64)
@@ -454,6 +455,8 @@ def test_speculative_sampling_follows_the_target_law(models, drafter: str, cfg: 
         # int4 rather than int8: its draft law differs from the target's often enough that
         # rejections, and so the residual distribution, are exercised.
         "qspec-int4": lambda: ModelDrafter(target.quantized(4)),
+        # The early exit writes draft rows into the target's own cache: the law must hold.
+        "layerskip": lambda: ModelDrafter(target.early_exit(1)),
     }
     engine = Engine(target, drafters[drafter]())
     observed: Counter[tuple[int, int]] = Counter()
@@ -552,8 +555,44 @@ def test_an_early_exit_view_is_the_model_cut_after_its_first_blocks(models) -> N
     shallow = tiny(str(models(Spec("llama", layers=2))))
     np.testing.assert_allclose(blockwise(view, TEXT_IDS), blockwise(shallow, TEXT_IDS), rtol=1e-5, atol=1e-5)
     assert view.info.n_layers == 2 and full.info.n_layers == 3
-    assert full.n_past == 0  # the view has a cache of its own
+    assert full.n_past == 0  # the view wrote only rows past its host's tokens
     assert view.capabilities.extra["self_draft"] == "layerskip:2"
+
+
+def test_an_early_exit_view_reads_the_targets_cache_and_never_writes_its_rows(models) -> None:
+    target = tiny(str(models(Spec("llama"))))
+    view = target.early_exit(2)
+    assert view.cache is target.cache  # no cache of its own
+    target.eval_block(TEXT_IDS[:20], "none")
+    rows = target.cache.k[:, :, :20].clone(), target.cache.v[:, :, :20].clone()
+    # The view holds the target's text without evaluating it, and drafts past it.
+    assert list(view.cached_tokens()) == TEXT_IDS[:20]
+    drafted = view.eval_block(TEXT_IDS[20:23], "all")
+    assert view.n_past == 23 and target.n_past == 20
+    assert torch.equal(target.cache.k[:, :, :20], rows[0]) and torch.equal(target.cache.v[:, :, :20], rows[1])
+    # What it drafted is what the cut model computes over the whole text.
+    shallow = tiny(str(models(Spec("llama", layers=2))))
+    reference = blockwise(shallow, TEXT_IDS[:23], [20, 3])[20:]
+    np.testing.assert_allclose(drafted, reference, rtol=1e-5, atol=1e-5)
+    # Once the target writes (a verify pass over those positions), the view's rows are gone.
+    target.eval_block(TEXT_IDS[20:21], "all")
+    assert view.n_past == 21
+    # Forgetting shared rows forgets them for both.
+    view.rollback(10)
+    assert target.n_past == 10 and view.n_past == 10
+
+
+def test_layerskip_without_a_count_measures_the_exits_once(models, temporary_localspec_home: Path, monkeypatch) -> None:
+    from localspec import selfdraft
+
+    target = tiny(str(models(Spec("llama", layers=6, local=(False,) * 6))))
+    drafter = make_self_drafter(target, "layerskip", None)
+    assert drafter is not None
+    chosen = drafter.capabilities.extra["self_draft"]
+    assert chosen in {f"layerskip:{k}" for k in selfdraft.exit_candidates(6)} and len(selfdraft.exit_candidates(6)) > 1
+    monkeypatch.setattr(selfdraft, "agreement", lambda *args: pytest.fail("measured again"))
+    again = make_self_drafter(target, "layerskip", None)
+    assert again is not None and again.capabilities.extra["self_draft"] == chosen
 
 
 # -- selection by name ------------------------------------------------------------------------

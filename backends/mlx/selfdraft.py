@@ -4,7 +4,8 @@
   5, 6 or 8 bits (QSpec-style low-bit drafter). Without BITS: 4 for a target wider than 4
   bits, else 2. Norms and biases are shared with the target, only the matrices are copied.
 - layerskip[:L]: the target's first L blocks, then its final norm and head (early exit);
-  it shares every weight with the target and has a KV cache of its own. Without L: half.
+  it shares every weight with the target and has a KV cache of its own. Without L: the exit
+  with the best measured agreement × cost (localspec.selfdraft.best_in_memory), cached.
 
 Both are full Backends: the engine drafts with them like with any separate draft model.
 """
@@ -21,6 +22,7 @@ from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear, quantiz
 
 from localspec.errors import InvalidRequestError
 from localspec.protocol import Backend
+from localspec.selfdraft import best_in_memory, exit_candidates
 
 from .backend import Forward, MlxBackend, eval_parameters, modules_of, parameters_of
 
@@ -37,6 +39,11 @@ def make_self_drafter(target: Backend, kind: str, option: str | None) -> Backend
         return target.derive(Forward(low_bit_copy(target.model, bits)), f"qspec:{bits}")
     if kind == "layerskip":
         keep = layerskip_blocks(target.forward, option)
+        if keep is None:  # no L given: the exit with the best measured agreement × cost
+            exits = exit_candidates(target.forward.n_layers)
+            return best_in_memory(
+                target, kind, exits, lambda k: target.derive(Forward(target.model, int(k)), f"layerskip:{k}")
+            )
         return target.derive(Forward(target.model, keep), f"layerskip:{keep}")
     raise InvalidRequestError(f"unknown self-drafting strategy {kind!r}", "choose qspec[:BITS] or layerskip[:L]")
 
@@ -65,7 +72,7 @@ def qspec_bits(model: Module, option: str | None) -> int:
     return bits
 
 
-def layerskip_blocks(forward: Forward, option: str | None) -> int:
+def layerskip_blocks(forward: Forward, option: str | None) -> int | None:
     total = forward.n_layers
     if not forward.split:
         raise InvalidRequestError(
@@ -73,7 +80,7 @@ def layerskip_blocks(forward: Forward, option: str | None) -> int:
             "use --strategy qspec or ngram with this model",
         )
     if option is None:
-        return max(1, total // 2)
+        return None
     try:
         keep = int(option)
     except ValueError:

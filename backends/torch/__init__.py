@@ -27,6 +27,7 @@ except ImportError as exc:
     ) from exc
 
 from localspec.protocol import Backend
+from localspec.selfdraft import best_in_memory, exit_candidates
 
 from .backend import TorchBackend, load
 
@@ -37,7 +38,8 @@ QSPEC_TYPES = {"int8": 8, "int4": 4}
 
 
 def make_self_drafter(target: Backend, kind: str, option: str | None) -> Backend | None:
-    """layerskip[:L]: the target's own first L blocks, sharing its weights (no second copy).
+    """layerskip[:L]: the target's own first L blocks, sharing its weights and their KV cache
+    (no second copy); without L, the exit with the best measured agreement × cost.
     qspec[:int8|int4]: an in-memory copy of the target with weight-only int8 (default) or
     int4 matrices; the low-bit GGUF types llama.cpp's qspec derives would load dequantized to
     the target's float type here, so they are refused with the types that do pay."""
@@ -54,4 +56,8 @@ def make_self_drafter(target: Backend, kind: str, option: str | None) -> Backend
         return None
     if option is not None and not option.isdigit():
         raise InvalidRequestError(f"layerskip takes the number of blocks to keep, got {option!r}")
-    return target.early_exit(int(option) if option else target.info.n_layers // 2)
+    if option is not None:
+        return target.early_exit(int(option))
+    return best_in_memory(
+        target, "layerskip", exit_candidates(target.info.n_layers), lambda k: target.early_exit(int(k))
+    )

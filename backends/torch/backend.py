@@ -122,6 +122,11 @@ class TorchBackend:
         self._closed = False
         self._static = static
         self._exit: int | None = None  # run only the first blocks (an early-exit drafter)
+        # An early-exit view reads and writes its host's KV cache for the blocks they share;
+        # _writes counts the passes that wrote it, so a view knows when its own rows went.
+        self._host: TorchBackend | None = None
+        self._writes = 0
+        self._seen = -1
         self._graph_options = (graph_tokens, cuda_graphs, compile)
         self._graphs: GraphedSteps | None = None
         if self._device.type == "cuda" and (cuda_graphs or compile):
@@ -149,16 +154,21 @@ class TorchBackend:
 
     def early_exit(self, n_layers: int) -> TorchBackend:
         """This model cut after its first n_layers blocks, then its own final norm and head:
-        a layer-skip self-drafter. It shares every weight and the tokenizer with this backend
-        and has a KV cache of its own, n_layers deep."""
+        a layer-skip self-drafter. It shares every weight, the tokenizer and the KV cache of
+        those blocks with this backend: the keys and values of the committed text are the
+        target's own (same blocks, same tokens), so the drafter never catches up on text and
+        costs no cache memory of its own. It writes only rows past the target's tokens, which
+        the target's next pass over those positions overwrites."""
         config = self.model.config
         if not 0 < n_layers < config.n_layers:
             raise InvalidRequestError(f"an early exit must keep between 1 and {config.n_layers - 1} blocks")
+        if self._host is not None:
+            return self._host.early_exit(n_layers)
         view = copy.copy(self)
         view._exit = n_layers
         view._tokens = []
         view._closed = False
-        view.cache = KVCache(n_layers, config.n_kv_heads, self.cache.n_ctx, config.head_dim, self._dtype, self._device)
+        view._host, view._writes, view._seen = self, 0, -1
         view._graphs = view._graphed() if self._graphs is not None else None
         label = f"layerskip:{n_layers}"
         view.info = replace(self.info, name=f"{self.info.name} [{label}]", n_layers=n_layers)
@@ -179,6 +189,7 @@ class TorchBackend:
         view = copy.copy(self)
         view.model = self.model.requantized(factories[bits])
         view._exit = None
+        view._host, view._writes, view._seen = None, 0, -1
         view._tokens = []
         view._closed = False
         view.cache = KVCache(
@@ -212,11 +223,21 @@ class TorchBackend:
 
     # -- description ------------------------------------------------------------------------
 
+    def _sync(self) -> None:
+        """An early-exit view holds its host's tokens, plus the rows it wrote past them as
+        long as the host has not written since (the host's passes overwrite those rows)."""
+        host = self._host
+        if host is not None and host._writes != self._seen:
+            self._tokens = list(host._tokens)
+            self._seen = host._writes
+
     @property
     def n_past(self) -> int:
+        self._sync()
         return len(self._tokens)
 
     def cached_tokens(self) -> Sequence[int]:
+        self._sync()
         return self._tokens
 
     def vocab_identity(self) -> VocabIdentity:
@@ -255,7 +276,8 @@ class TorchBackend:
             raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
-        past = len(self._tokens)
+        self._sync()
+        past = len(self._tokens)  # an early-exit view starts past its host's tokens
         if past + n > self.info.n_ctx:
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
         if n == 0:
@@ -268,6 +290,7 @@ class TorchBackend:
             else:
                 out = self._forward(tokens, past, logits)
         self._tokens.extend(tokens)
+        self._writes += 1
         return out
 
     def _forward(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
@@ -288,6 +311,9 @@ class TorchBackend:
 
     def rollback(self, n: int) -> None:
         # The cache rows past n stay allocated and are overwritten by the next block.
+        self._sync()
+        if self._host is not None and n < self._host.n_past:
+            self._host.rollback(n)  # those rows are shared: forgetting them is for both
         if n < len(self._tokens):
             del self._tokens[max(n, 0) :]
 
