@@ -86,15 +86,17 @@ class FixedDraftLength:
 
 @dataclass
 class CostCurve:
-    """t_verify[k-1] = seconds for one target pass over k tokens, k = 1..len."""
+    """t_verify[k-1] = seconds for one target pass over k tokens, k = 1..len, as measured at
+    load, times `scale`: what the machine and the text's length make of it now."""
 
     verify_seconds: list[float]
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.verify_seconds or any(t <= 0 for t in self.verify_seconds):
             raise ValueError("a cost curve needs positive timings for k = 1..K")
 
-    def verify(self, k: int) -> float:
+    def measured(self, k: int) -> float:
         if k <= len(self.verify_seconds):
             return self.verify_seconds[k - 1]
         # Beyond the measured range, extend the last measured slope linearly.
@@ -102,12 +104,17 @@ class CostCurve:
         slope = last - self.verify_seconds[-2] if len(self.verify_seconds) > 1 else last
         return last + slope * (k - len(self.verify_seconds))
 
+    def verify(self, k: int) -> float:
+        return self.measured(k) * self.scale
+
     def update(self, k: int, seconds: float, weight: float = 0.05) -> None:
-        # Track drift (thermal limits, another process on the cores) without letting one
-        # outlier (a page fault, a scheduler hiccup) move the curve much.
-        if 1 <= k <= len(self.verify_seconds):
-            old = self.verify_seconds[k - 1]
-            self.verify_seconds[k - 1] = old + weight * (min(seconds, 3 * old) - old)
+        # Drift (a longer context, thermal limits, another process on the cores) makes every
+        # pass slower by about the same factor: one scale for the whole curve. Learning only
+        # the observed k instead would make the sizes seldom drafted look cheap next to the
+        # single-token step seen at every step, and draft where it does not pay. An outlier
+        # (a page fault, a scheduler hiccup) is clipped and damped.
+        ratio = min(seconds / self.measured(k), 3.0)
+        self.scale += weight * (ratio - self.scale)
 
 
 @dataclass
@@ -153,7 +160,7 @@ class AdaptiveDraftLength:
         return total
 
     def rate(self, gamma: int, support: int = 0) -> float:
-        cost = gamma * self.draft_seconds_per_token + self.costs.verify(gamma + 1)
+        cost = gamma * self.draft_seconds_per_token * self.costs.scale + self.costs.verify(gamma + 1)
         return self.expected_tokens(gamma, support) / cost
 
     def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
@@ -161,11 +168,13 @@ class AdaptiveDraftLength:
         alpha = self._table(support)[0]
         best, best_rate = 0, (1.0 + self.margin) / self.costs.verify(1)
         expected, run = 1.0, 1.0
-        catch_up = backlog * self.catch_up_seconds_per_token / CATCH_UP_HORIZON
+        # The drafter runs on the same cores over the same text: the target's drift is its too.
+        draft_cost = self.draft_seconds_per_token * self.costs.scale
+        catch_up = backlog * self.catch_up_seconds_per_token * self.costs.scale / CATCH_UP_HORIZON
         for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            r = expected / (catch_up + g * self.draft_seconds_per_token + self.costs.verify(g + 1))
+            r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1))
             if r > best_rate:
                 best, best_rate = g, r
         return best
@@ -185,7 +194,9 @@ class AdaptiveDraftLength:
             self._relax(table, prior, 0)
             return
         # The catch-up is not a cost of each drafted token: take it out before learning that.
-        per_token = max(0.0, draft_seconds - backlog * self.catch_up_seconds_per_token) / drafted
+        # Costs are kept in the units of the load-time measurement (divided by the drift).
+        scale = self.costs.scale
+        per_token = max(0.0, draft_seconds / scale - backlog * self.catch_up_seconds_per_token) / drafted
         self.draft_seconds_per_token += self.weight_hit * (per_token - self.draft_seconds_per_token)
         seen = min(accepted + 1, drafted)
         for i in range(seen):

@@ -87,7 +87,22 @@ def test_cost_curve_extends_beyond_measurements_and_tracks_drift() -> None:
     curve = CostCurve([1.0, 2.0, 3.0])
     assert curve.verify(5) == pytest.approx(5.0)
     curve.update(2, 10.0)
-    assert 2.0 < curve.verify(2) < 2.0 + 6.0 * 0.05 + 1e-9  # one outlier is clipped and damped
+    assert 2.0 < curve.verify(2) < 2.0 * (1 + 2.0 * 0.05) + 1e-9  # one outlier is clipped and damped
+
+
+def test_drift_seen_on_single_token_steps_moves_the_whole_curve() -> None:
+    # A longer text makes every pass slower; a controller that sees only single-token steps
+    # (it drafts nothing) must not come to think that longer passes got relatively cheaper.
+    curve = CostCurve([10.0, 16.0, 18.0, 20.0])
+    for _ in range(200):
+        curve.update(1, 14.0)
+    assert curve.verify(1) == pytest.approx(14.0, rel=0.01)
+    assert curve.verify(2) / curve.verify(1) == pytest.approx(1.6)
+    policy = AdaptiveDraftLength(CostCurve([10.0, 16.0, 18.0, 20.0]), 0.0, prior=0.3)
+    assert policy.choose(3) == 0
+    for _ in range(200):
+        policy.observe(0, 0, 0.0, 14.0)
+    assert policy.choose(3) == 0
 
 
 def test_random_acceptance_stream_converges_near_its_true_rate() -> None:
