@@ -35,3 +35,10 @@ run --model "$F16" --draft-model "$Q4_0" -s draft --draft-tokens 4 -r 2 --json >
 run --model "$F16" --draft-model "$Q4_0" -s qspec:all -s layerskip:all -s draft -s ngram -r 2 --json --plot "$out/f16_selfdraft.png" >"$out/f16_selfdraft.json"
 localspec doctor --model "$F16" --json >"$out/doctor_f16.json"
 localspec doctor --model "$Q4_1" --json >"$out/doctor_q4_1.json"
+# Issue 2's yardstick and the per-step picture of the code edit.
+python benchmarks/bare_loop.py "$F16" --gamma 6 --repeats 3 >"$out/bare_loop.txt"
+python benchmarks/trace_steps.py "$F16" --prompt code_edit >"$out/trace_code_edit.txt"
+# Issue 8 / 7: every strategy on the torch backend, where torch is installed.
+if python -c "import torch" 2>/dev/null; then
+    run --backend torch -s ngram -s qspec:int8 -s layerskip -r 2 --json >"$out/torch.json"
+fi

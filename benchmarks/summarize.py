@@ -20,7 +20,8 @@ def table(path: Path) -> str:
     for r in rows:
         line = (
             f"| {r['prompt']} | {r['strategy']} | {r['plain_tokens_per_s']:.1f} | {r['spec_tokens_per_s']:.1f} | "
-            f"**{r['speedup']:.2f}x** | {r['acceptance_rate']:.0%} | {r['tokens_per_step']:.2f} | {r['mean_gamma']:.2f} |"
+            f"**{r['speedup']:.2f}x** | {r['acceptance_rate']:.0%} | {r['tokens_per_step']:.2f} | "
+            f"{r['mean_gamma']:.2f} |"
         )
         if peers:
             line += (
