@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from localspec.api import load
-from localspec.controller import AdaptiveDraftLength
+from localspec.controller import AdaptiveDraftLength, StepOutcome
 from localspec.prompts import SUITE
 
 
@@ -33,10 +33,10 @@ def main() -> None:
         steps.append((support, gamma, 0))
         return gamma
 
-    def traced_observe(drafted: int, accepted: int, *rest: float) -> None:
+    def traced_observe(step: StepOutcome) -> None:
         support, gamma, _ = steps[-1]
-        steps[-1] = (support, gamma, accepted)
-        observe(drafted, accepted, *rest)  # type: ignore[arg-type]
+        steps[-1] = (support, gamma, step.accepted)
+        observe(step)
 
     policy.choose, policy.observe = traced_choose, traced_observe  # type: ignore[method-assign]
     prompt = next(p for p in SUITE if p.id == args.prompt)

@@ -38,6 +38,18 @@ def support_level(support: int) -> int:
     return sum(1 for edge in SUPPORT_EDGES if support >= edge)
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one verify step did: the policy learns acceptance and costs from it."""
+
+    drafted: int
+    accepted: int
+    draft_seconds: float
+    verify_seconds: float
+    support: int = 0  # the draft's support (n-gram match length; 0: unknown)
+    backlog: int = 0  # tokens the draft model caught up on before guessing
+
+
 class DraftLengthPolicy(Protocol):
     def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
         """γ for the next step, at most limit; support: how well the context backs a draft
@@ -45,15 +57,7 @@ class DraftLengthPolicy(Protocol):
         catch up on before it can guess (Drafter.backlog)."""
         ...
 
-    def observe(
-        self,
-        drafted: int,
-        accepted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        support: int = 0,
-        backlog: int = 0,
-    ) -> None: ...
+    def observe(self, step: StepOutcome) -> None: ...
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         """A free drafter's guess (or the part of it from position `start` on, which no step
@@ -69,15 +73,7 @@ class FixedDraftLength:
     def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
         return min(self.gamma, limit)
 
-    def observe(
-        self,
-        drafted: int,
-        accepted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        support: int = 0,
-        backlog: int = 0,
-    ) -> None:
+    def observe(self, step: StepOutcome) -> None:
         pass
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
@@ -179,24 +175,17 @@ class AdaptiveDraftLength:
                 best, best_rate = g, r
         return best
 
-    def observe(
-        self,
-        drafted: int,
-        accepted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        support: int = 0,
-        backlog: int = 0,
-    ) -> None:
-        self.costs.update(drafted + 1, verify_seconds)
-        table, prior = self._table(support)
+    def observe(self, step: StepOutcome) -> None:
+        drafted, accepted = step.drafted, step.accepted
+        self.costs.update(drafted + 1, step.verify_seconds)
+        table, prior = self._table(step.support)
         if drafted == 0:
             self._relax(table, prior, 0)
             return
         # The catch-up is not a cost of each drafted token: take it out before learning that.
         # Costs are kept in the units of the load-time measurement (divided by the drift).
         scale = self.costs.scale
-        per_token = max(0.0, draft_seconds / scale - backlog * self.catch_up_seconds_per_token) / drafted
+        per_token = max(0.0, step.draft_seconds / scale - step.backlog * self.catch_up_seconds_per_token) / drafted
         self.draft_seconds_per_token += self.weight_hit * (per_token - self.draft_seconds_per_token)
         seen = min(accepted + 1, drafted)
         for i in range(seen):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localspec.acceptance import accept_greedy, accept_rejection_sampling
-from localspec.controller import DraftLengthPolicy
+from localspec.controller import DraftLengthPolicy, StepOutcome
 from localspec.drafters import Draft, Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
 from localspec.protocol import Backend, eval_chunked
@@ -130,7 +130,9 @@ class Engine:
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
                 stats.record_step(gamma, len(tokens), n_acc)
-                policy.observe(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0)
+                policy.observe(
+                    StepOutcome(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0)
+                )
                 if shadow is not None and shadow.settle(ctx, policy):
                     shadow = None
 

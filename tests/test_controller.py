@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength, choose_static
+from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength, StepOutcome, choose_static
 
 # Measured shapes (ms) on a 2-core AVX2 CPU, SmolLM2-135M (ANCHORS.md).
 Q4_1 = [6.2e-3, 12.4e-3, 16.7e-3, 21.0e-3, 25.1e-3, 29.2e-3, 33.3e-3, 37.4e-3, 41.9e-3]
@@ -38,7 +38,7 @@ def test_the_policy_learns_to_stop_drafting_when_drafts_are_rejected() -> None:
     for _ in range(40):
         g = policy.choose(8)
         chosen.append(g)
-        policy.observe(g, 0, 0.0, Q4_1[g])
+        policy.observe(StepOutcome(g, 0, 0.0, Q4_1[g]))
     assert chosen[-20:] == [0] * 20
 
 
@@ -48,7 +48,7 @@ def test_with_nearly_free_verification_rejected_drafts_shrink_to_cheap_probes() 
     for _ in range(40):
         g = policy.choose(8)
         chosen.append(g)
-        policy.observe(g, 0, 0.0, NEARLY_FREE[g])
+        policy.observe(StepOutcome(g, 0, 0.0, NEARLY_FREE[g]))
     assert chosen[0] >= 4
     assert max(chosen[-10:]) <= 1
 
@@ -64,11 +64,11 @@ def test_the_policy_lengthens_drafts_when_everything_is_accepted() -> None:
 def test_the_policy_recovers_from_a_rejected_stretch_when_text_becomes_predictable() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=8)
     for _ in range(20):
-        policy.observe(4, 0, 0.0, NEARLY_FREE[4])
+        policy.observe(StepOutcome(4, 0, 0.0, NEARLY_FREE[4]))
     low = policy.choose(8)
     for _ in range(20):
         g = max(policy.choose(8), 1)
-        policy.observe(g, g, 0.0, NEARLY_FREE[g])
+        policy.observe(StepOutcome(g, g, 0.0, NEARLY_FREE[g]))
     assert policy.choose(8) > low
 
 
@@ -101,7 +101,7 @@ def test_drift_seen_on_single_token_steps_moves_the_whole_curve() -> None:
     policy = AdaptiveDraftLength(CostCurve([10.0, 16.0, 18.0, 20.0]), 0.0, prior=0.3)
     assert policy.choose(3) == 0
     for _ in range(200):
-        policy.observe(0, 0, 0.0, 14.0)
+        policy.observe(StepOutcome(0, 0, 0.0, 14.0))
     assert policy.choose(3) == 0
 
 
@@ -113,8 +113,8 @@ def test_random_acceptance_stream_converges_near_its_true_rate() -> None:
         accepted = 0
         while accepted < 4 and rng.random() < 0.7:
             accepted += 1
-        even.observe(4, accepted, 0.0, NEARLY_FREE[4])
-        cautious.observe(4, accepted, 0.0, NEARLY_FREE[4])
+        even.observe(StepOutcome(4, accepted, 0.0, NEARLY_FREE[4]))
+        cautious.observe(StepOutcome(4, accepted, 0.0, NEARLY_FREE[4]))
     assert even.alpha[0] == pytest.approx(0.7, abs=0.1)
     # The default weighs rejections more: it settles below the true rate, on the safe side.
     assert 0.4 < cautious.alpha[0] < even.alpha[0]
@@ -142,10 +142,10 @@ def test_support_levels_learn_separately() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
     strong = policy.choose(12, support=24)
     for _ in range(30):
-        policy.observe(3, 0, 0.0, F16[3], support=3)  # weak guesses keep failing
+        policy.observe(StepOutcome(3, 0, 0.0, F16[3], support=3))  # weak guesses keep failing
     assert policy.choose(12, support=24) == strong
     for _ in range(30):
-        policy.observe(8, 0, 0.0, F16[8], support=24)  # now the strong ones fail too
+        policy.observe(StepOutcome(8, 0, 0.0, F16[8], support=24))  # now the strong ones fail too
     assert policy.choose(12, support=24) == 0
 
 
@@ -169,7 +169,7 @@ def test_a_long_catch_up_for_a_draft_model_is_charged_before_drafting() -> None:
 
 def test_catching_up_does_not_count_as_the_cost_of_each_drafted_token() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 2e-3, catch_up_seconds_per_token=3e-3)
-    policy.observe(4, 4, 4 * 2e-3 + 50 * 3e-3, NEARLY_FREE[4], backlog=50)
+    policy.observe(StepOutcome(4, 4, 4 * 2e-3 + 50 * 3e-3, NEARLY_FREE[4], backlog=50))
     assert policy.draft_seconds_per_token == pytest.approx(2e-3)
 
 

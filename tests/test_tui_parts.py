@@ -8,7 +8,7 @@ import pytest
 from tui_support import reference
 
 from localspec.api import Finished, TextDelta
-from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength
+from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength, StepOutcome
 from localspec.errors import InvalidRequestError
 from localspec.stats import Stats
 from localspec.tui.attribution import DraftAttribution, drafted_share, flag_spans
@@ -65,8 +65,8 @@ def test_the_recorder_passes_everything_through_and_counts() -> None:
     recorder = StepRecorder(inner)
     gamma = recorder.choose(4)
     assert gamma == inner.choose(4) and recorder.gamma == gamma
-    recorder.observe(4, 2, 0.004, 0.016)
-    recorder.observe(4, 4, 0.004, 0.016)
+    recorder.observe(StepOutcome(4, 2, 0.004, 0.016))
+    recorder.observe(StepOutcome(4, 4, 0.004, 0.016))
     assert (recorder.steps, recorder.drafted, recorder.accepted) == (2, 8, 6)
     assert recorder.plain_step_seconds() == pytest.approx(inner.costs.verify(1))
     figures = live_figures(recorder, tokens=8, strategy="draft")
@@ -79,7 +79,7 @@ def test_without_a_cost_curve_plain_steps_or_the_calibration_give_the_baseline()
     assert StepRecorder(FixedDraftLength(4), measured_plain_step=0.01).plain_step_seconds() == 0.01
     recorder = StepRecorder(FixedDraftLength(0))
     for _ in range(4):
-        recorder.observe(0, 0, 0.0, 0.02)
+        recorder.observe(StepOutcome(0, 0, 0.0, 0.02))
     assert recorder.plain_step_seconds() == pytest.approx(0.02)
 
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from localspec.controller import DraftLengthPolicy
+from localspec.controller import DraftLengthPolicy, StepOutcome
 from localspec.stats import Stats
 
 MIN_PLAIN_STEPS = 4
@@ -49,23 +49,16 @@ class StepRecorder:
         self.gamma = self.inner.choose(limit, support, backlog)
         return self.gamma
 
-    def observe(
-        self,
-        drafted: int,
-        accepted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        support: int = 0,
-        backlog: int = 0,
-    ) -> None:
-        self.inner.observe(drafted, accepted, draft_seconds, verify_seconds, support, backlog)
+    def observe(self, step: StepOutcome) -> None:
+        self.inner.observe(step)
+        seconds = step.draft_seconds + step.verify_seconds
         self.steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.step_seconds += draft_seconds + verify_seconds
-        if drafted == 0:
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.step_seconds += seconds
+        if step.drafted == 0:
             self.plain_steps += 1
-            self.plain_seconds += draft_seconds + verify_seconds
+            self.plain_seconds += seconds
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         self.inner.observe_shadow(drafted, accepted, support, start)
