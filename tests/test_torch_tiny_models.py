@@ -582,6 +582,30 @@ def test_an_early_exit_view_reads_the_targets_cache_and_never_writes_its_rows(mo
     assert target.n_past == 10 and view.n_past == 10
 
 
+@pytest.mark.parametrize("spec", [Spec("llama"), Spec("gemma3")], ids=["llama", "gemma3"])
+def test_verify_resumes_from_the_early_exits_work_and_stays_exact(models, spec: Spec, monkeypatch) -> None:
+    target = tiny(str(models(spec)))
+    prompt = "the sand and the"
+    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt, max_tokens=30, temperature=0)
+    passes: list[tuple[int, int | None, int]] = []
+    layers_from = target.model.layers_from
+
+    def spy(x, block, cache, start, end=None):  # type: ignore[no-untyped-def]
+        passes.append((start, end, x.shape[0]))
+        return layers_from(x, block, cache, start, end)
+
+    monkeypatch.setattr(target.model, "layers_from", spy)
+    runtime = Runtime(target, target.early_exit(2), strategy="draft", draft_tokens=3, calibrate=False)
+    spec_run = runtime.generate(prompt, max_tokens=30, temperature=0)
+    assert spec_run.tokens == plain.tokens
+    assert spec_run.stats.drafted > 0
+    # Verify passes that start at the exit: the target did not run blocks 0-1 again for the
+    # tokens the drafter had evaluated (one such pass per step that drafted).
+    resumed = [rows for start, end, rows in passes if start == 2]
+    assert len(resumed) == spec_run.stats.verify_steps - spec_run.stats.gamma_histogram.get(0, 0)
+    assert all(rows >= 2 for rows in resumed)
+
+
 def test_layerskip_without_a_count_measures_the_exits_once(models, temporary_localspec_home: Path, monkeypatch) -> None:
     from localspec import selfdraft
 

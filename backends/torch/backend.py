@@ -23,7 +23,7 @@ from . import linear, native
 from . import tokenizer as tok
 from . import weights as wts
 from .config import ModelConfig
-from .layers import KVCache, Model, eager_block, static_block
+from .layers import Block, KVCache, Model, eager_block, static_block
 
 if TYPE_CHECKING:
     from .cuda import GraphedSteps
@@ -127,6 +127,11 @@ class TorchBackend:
         self._host: TorchBackend | None = None
         self._writes = 0
         self._seen = -1
+        # What an early-exit view computed at its exit, per position: (token, exit, the host's
+        # _writes then) and the hidden state. The host's next pass over those very tokens
+        # starts there instead of running the shared blocks again.
+        self._exits: dict[int, tuple[int, int, int]] = {}
+        self._exit_states: torch.Tensor | None = None
         self._graph_options = (graph_tokens, cuda_graphs, compile)
         self._graphs: GraphedSteps | None = None
         if self._device.type == "cuda" and (cuda_graphs or compile):
@@ -169,6 +174,7 @@ class TorchBackend:
         view._tokens = []
         view._closed = False
         view._host, view._writes, view._seen = self, 0, -1
+        view._exits, view._exit_states = {}, None
         view._graphs = view._graphed() if self._graphs is not None else None
         label = f"layerskip:{n_layers}"
         view.info = replace(self.info, name=f"{self.info.name} [{label}]", n_layers=n_layers)
@@ -190,6 +196,7 @@ class TorchBackend:
         view.model = self.model.requantized(factories[bits])
         view._exit = None
         view._host, view._writes, view._seen = None, 0, -1
+        view._exits, view._exit_states = {}, None
         view._tokens = []
         view._closed = False
         view.cache = KVCache(
@@ -293,21 +300,56 @@ class TorchBackend:
         self._writes += 1
         return out
 
-    def _forward(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
-        n = len(tokens)
-        ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+    def _block(self, past: int, n: int) -> Block:
         positions = self._positions[past : past + n]
         if self._static:
-            block = static_block(positions, self.cache.n_ctx, self.model.window, self._dtype)
+            return static_block(positions, self.cache.n_ctx, self.model.window, self._dtype)
+        return eager_block(positions, past, n, self.model.window, self._dtype)
+
+    def _forward(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
+        n = len(tokens)
+        model = self.model
+        ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+        block = self._block(past, n)
+        reused, exit = (0, 0) if self._host is not None else self._reusable(tokens, past)
+        if reused:
+            # The view drafted these tokens: their shared blocks' keys and values are in the
+            # cache and their hidden states at the exit are kept; only the rest runs them.
+            assert self._exit_states is not None
+            x = self._exit_states[past : past + reused]
+            if reused < n:
+                rest = model.embedding(ids[reused:])
+                x = torch.cat([x, model.layers_from(rest, self._block(past + reused, n - reused), self.cache, 0, exit)])
+            x = model.layers_from(x, block, self.cache, exit)
         else:
-            block = eager_block(positions, past, n, self.model.window, self._dtype)
-        out = self.model.forward(ids, block, self.cache, logits, self._exit)
+            x = model.layers_from(model.embedding(ids), block, self.cache, 0, self._exit)
+            if self._host is not None and self._exit is not None:
+                self._host._keep_exit_states(tokens, past, x, self._exit)
+        out = model.head(x, logits)
         if logits == "none":
             return np.empty((0, self._n_vocab), dtype=np.float32)
         if out.dtype != torch.float32 or out.device.type != "cpu":
             out = out.float().cpu()
         array: Logits = out.numpy()
         return array
+
+    def _keep_exit_states(self, tokens: Sequence[int], past: int, x: torch.Tensor, exit: int) -> None:
+        if self._exit_states is None:
+            self._exit_states = torch.empty((self.cache.n_ctx, x.shape[1]), dtype=x.dtype, device=x.device)
+        self._exit_states[past : past + len(tokens)] = x
+        for i, token in enumerate(tokens):
+            self._exits[past + i] = (token, exit, self._writes)
+
+    def _reusable(self, tokens: Sequence[int], past: int) -> tuple[int, int]:
+        """How many leading tokens of a block at `past` a view evaluated since this backend
+        last wrote its cache, and at which exit."""
+        first = self._exits.get(past)
+        if first is None or first[0] != tokens[0] or first[2] != self._writes:
+            return 0, 0
+        exit, m = first[1], 1
+        while m < len(tokens) and self._exits.get(past + m) == (tokens[m], exit, self._writes):
+            m += 1
+        return m, exit
 
     def rollback(self, n: int) -> None:
         # The cache rows past n stay allocated and are overwritten by the next block.

@@ -47,15 +47,18 @@ class Model(LlamaModel):
         clone.gemma_layers = [layer for layer in clone.layers if isinstance(layer, Layer)]
         return clone
 
-    def forward(
-        self, tokens: torch.Tensor, block: Block, cache: KVCache, logits: str, n_layers: int | None = None
+    def embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed.rows(tokens) * self.embed_scale
+
+    def layers_from(
+        self, x: torch.Tensor, block: Block, cache: KVCache, start: int, end: int | None = None
     ) -> torch.Tensor:
         c = self.config
         eps = c.norm_eps
-        x = self.embed.rows(tokens) * self.embed_scale
         n, heads, kv_heads = x.shape[0], c.n_heads, c.n_kv_heads
         rotations = (self.rope.at(block.positions), self.rope_local.at(block.positions))
-        for i, layer in enumerate(self.gemma_layers[:n_layers]):
+        for i in range(start, len(self.gemma_layers) if end is None else end):
+            layer = self.gemma_layers[i]
             local = c.is_local(i)
             rotation, span = (rotations[1], block.local) if local else (rotations[0], block.full)
             h = rms_norm(x, layer.attn_norm, eps)
@@ -70,7 +73,9 @@ class Model(LlamaModel):
             h = rms_norm(x, layer.ffn_norm, eps)
             gate, up = layer.w13(h).chunk(2, -1)
             x = x + rms_norm(layer.w2(F.gelu(gate, approximate="tanh") * up), layer.post_ffn_norm, eps)
-        out = self.head(x, logits)
-        if c.final_softcap and out.numel():
-            out = torch.tanh(out / c.final_softcap) * c.final_softcap
-        return out
+        return x
+
+    def head(self, x: torch.Tensor, logits: str) -> torch.Tensor:
+        out = super().head(x, logits)
+        cap = self.config.final_softcap
+        return torch.tanh(out / cap) * cap if cap and out.numel() else out

@@ -35,7 +35,20 @@ class Model(Protocol):
 
     def forward(
         self, tokens: torch.Tensor, block: Block, cache: KVCache, logits: str, n_layers: int | None = None
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor:
+        """head(layers_from(embedding(tokens), block, cache, 0, n_layers), logits)"""
+        ...
+
+    def embedding(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+    def layers_from(
+        self, x: torch.Tensor, block: Block, cache: KVCache, start: int, end: int | None = None
+    ) -> torch.Tensor:
+        """Hidden states x entering block `start`, carried through blocks start..end-1: the
+        seam where an early-exit drafter stops and where the target resumes from its work."""
+        ...
+
+    def head(self, x: torch.Tensor, logits: str) -> torch.Tensor: ...
 
     def requantized(self, linear: Factory) -> Model:
         """A copy with every matrix remade by `linear` (a QSpec-style self-drafter)."""

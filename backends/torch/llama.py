@@ -99,12 +99,21 @@ class Model:
     ) -> torch.Tensor:
         """Hidden states through the first n_layers (all by default: an early exit is the
         seam for layer-skip self-drafting), then logits for "all" rows, the "last" or "none"."""
+        return self.head(self.layers_from(self.embedding(tokens), block, cache, 0, n_layers), logits)
+
+    def embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed.rows(tokens)
+
+    def layers_from(
+        self, x: torch.Tensor, block: Block, cache: KVCache, start: int, end: int | None = None
+    ) -> torch.Tensor:
+        """Hidden states x entering block `start`, carried through blocks start..end-1."""
         c = self.config
-        x = self.embed.rows(tokens)
         n, heads, kv_heads = x.shape[0], c.n_heads, c.n_kv_heads
         rotation = self.rope.at(block.positions)
         scale = c.softmax_scale
-        for i, layer in enumerate(self.layers[:n_layers]):
+        for i in range(start, len(self.layers) if end is None else end):
+            layer = self.layers[i]
             h = rms_norm(x, layer.attn_norm, c.norm_eps)
             qkv = layer.wqkv(h).view(n, heads + 2 * kv_heads, c.head_dim)
             fused = (
@@ -114,7 +123,7 @@ class Model:
             h = rms_norm(x, layer.ffn_norm, c.norm_eps)
             gate, up = layer.w13(h).chunk(2, -1)
             x = x + layer.w2(F.silu(gate) * up)
-        return self.head(x, logits)
+        return x
 
     def attention(
         self, qkv: torch.Tensor, layer: Layer, cache: KVCache, i: int, block: Block, rotation: Rotation
