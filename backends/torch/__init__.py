@@ -3,7 +3,8 @@ on the CPU (float32, one thread per physical core) or a CUDA GPU (bfloat16/float
 steps replayed from CUDA graphs).
 
     backend.py    the Backend protocol: cache bookkeeping, tokenizer, logits to numpy; early_exit()
-                  gives a layer-skip self-drafter sharing the weights, quantized() a QSpec one
+                  gives a layer-skip self-drafter sharing the weights and KV cache (the verify
+                  resumes from its exit), quantized() a QSpec one
     linear.py     weight matrices: float32 column panels (CPU), dense (CUDA), int8 / int4
     native.py     AVX2 kernels for short CPU blocks (matmul, RMSNorm, attention), built with cc
     llama.py      Llama, SmolLM2, Mistral, Qwen2/2.5/3 (one module per family, found by name)

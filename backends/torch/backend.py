@@ -162,8 +162,9 @@ class TorchBackend:
         a layer-skip self-drafter. It shares every weight, the tokenizer and the KV cache of
         those blocks with this backend: the keys and values of the committed text are the
         target's own (same blocks, same tokens), so the drafter never catches up on text and
-        costs no cache memory of its own. It writes only rows past the target's tokens, which
-        the target's next pass over those positions overwrites."""
+        costs no cache memory of its own. It writes only rows past the target's tokens, and
+        keeps its hidden states at the exit: the target's next pass over those very tokens
+        resumes from them at block n_layers instead of running the shared blocks again."""
         config = self.model.config
         if not 0 < n_layers < config.n_layers:
             raise InvalidRequestError(f"an early exit must keep between 1 and {config.n_layers - 1} blocks")
