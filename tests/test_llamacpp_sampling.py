@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from localspec import selfdraft
 from localspec.api import Finished, Runtime
+from localspec.backend_loader import load_backend
 from localspec.protocol import Backend
 from localspec.sampling import SamplingConfig, process
 
@@ -156,4 +158,26 @@ def test_ngram_sampling_matches_the_targets_joint_law_of_the_first_two_tokens(ta
     assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"
     p = chi_square_p_value(samples.counts, law)
     print(f"\nn-gram sampling: {samples.summary(law)}, chi-square p = {p:.3f}")
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
+
+
+@pytest.mark.parametrize("strategy", ["qspec:Q2_K", "layerskip:20"])
+def test_self_drafting_matches_the_targets_joint_law_of_the_first_two_tokens(
+    target_backend: Backend, strategy: str
+) -> None:
+    # The derived GGUFs (a Q2_K copy; the first 20 of 30 blocks) go through the same
+    # rejection sampling as any draft model: the law must still be the target's alone.
+    kind, _, option = strategy.partition(":")
+    path, _ = selfdraft.self_draft_path(target_backend, kind, option, lambda p: load_backend("llamacpp", p))
+    drafter = load_backend("llamacpp", str(path), n_ctx=target_backend.info.n_ctx)
+    try:
+        prompt = "Once upon a time, in a small village, there lived a"
+        rt = Runtime(target_backend, drafter, strategy="draft", draft_tokens=2, calibrate=False)
+        law = exact_first_two(target_backend, rt.prompt_tokens(prompt), SamplingConfig(**SAMPLING))
+        samples = sample_first_two(rt, prompt, n=800)
+    finally:
+        drafter.close()
+    assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
+    p = chi_square_p_value(samples.counts, law)
+    print(f"\n{strategy} sampling: {samples.summary(law)}, chi-square p = {p:.3f}")
     assert p > P_FLOOR, worst_cells(samples.counts, law)

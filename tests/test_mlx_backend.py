@@ -329,9 +329,14 @@ TOP5 = SamplingConfig(temperature=0.9, top_k=5, top_p=1.0, min_p=0.0)
 N_RUNS = 200  # the law puts 90% on three cells; test_exactness.py shows the test's power
 
 
-def test_sampled_tokens_follow_the_target_law_with_a_low_bit_drafter() -> None:
+@pytest.mark.parametrize(
+    ("kind", "option"),
+    # A 2-bit copy and a 1-block early exit: drafters that are often wrong.
+    [("qspec", "2"), ("layerskip", "1")],
+)
+def test_sampled_tokens_follow_the_target_law_with_a_self_drafter(kind: str, option: str) -> None:
     target = tiny_backend(tiny_llama())
-    drafter = make_self_drafter(target, "qspec", "2")  # 2-bit copy: a drafter that is often wrong
+    drafter = make_self_drafter(target, kind, option)
     law = exact_law(target, TOP5)
     engine = Engine(target, ModelDrafter(drafter))
     observed: Counter[Outcome] = Counter()
