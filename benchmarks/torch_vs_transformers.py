@@ -2,21 +2,33 @@
 
     pip install -e '.[torch]' transformers   # transformers only for this comparison
     python benchmarks/torch_vs_transformers.py [--model FILE.gguf] [--threads N] [--max-tokens 160]
+    python benchmarks/torch_vs_transformers.py --device cuda [--compile] [--json OUT.json]
 
-Both sides run the same GGUF dequantized to float32 (transformers reads it with its own GGUF
-loader), greedy, on the same prompt token ids, with the same torch thread count, and are
-timed end to end (prefill included). Plain decoding is `generate()` against strategy "none";
-prompt lookup is `generate(prompt_lookup_num_tokens=N)` against strategy "ngram" with the
-adaptive draft length. Rows are interleaved per repeat so machine drift hits every column.
+Both sides run the same GGUF (transformers reads it with its own GGUF loader) in the same
+dtype (float32 on a CPU, bfloat16 on CUDA by default), greedy, on the same prompt token ids,
+and are timed end to end, prefill included: every run starts from an empty cache on both
+sides. Pairs compared:
+
+- plain: `generate()` against strategy "none";
+- prompt lookup: `generate(prompt_lookup_num_tokens=N)` against strategy "ngram" (adaptive γ);
+- early exit: `generate(assistant_early_exit=L)` (transformers' LayerSkip-style self-drafting)
+  against `layerskip:L` (L given, or the exit localspec's own measurement picks);
+- qspec:int8 has no transformers counterpart and is reported against our plain decoding.
+
+Rows are interleaved per repeat so machine drift hits every column. On CUDA the localspec
+side replays CUDA graphs; `--compile` adds rows with torch.compile inside the graphs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from localspec.api import Runtime
 from localspec.backend_loader import load_backend
@@ -47,17 +59,32 @@ def prompt_ids(backend: Backend, prompt: BenchPrompt) -> list[int]:
     return backend.tokenize(text, add_special=False, parse_special=True)
 
 
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def run_ours(runtime: Runtime, prompt: BenchPrompt, max_tokens: int) -> tuple[list[int], float]:
+    # An empty cache, as transformers starts: no prefix reuse from the previous run.
+    runtime.target.rollback(0)
+    if runtime.draft is not None:
+        runtime.draft.rollback(0)
+    sync()
     t0 = time.perf_counter()
     out = runtime.generate(messages=prompt.messages, max_tokens=max_tokens, temperature=0)
+    sync()
     return out.tokens, time.perf_counter() - t0
 
 
-def run_transformers(model, ids: list[int], max_tokens: int, eos: list[int], lookup: int) -> tuple[list[int], float]:  # type: ignore[no-untyped-def]
+def run_transformers(
+    model, ids: list[int], max_tokens: int, eos: list[int], extra: dict[str, Any]
+) -> tuple[list[int], float]:  # type: ignore[no-untyped-def]
     import torch
 
-    inputs = torch.tensor([ids])
-    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    inputs = torch.tensor([ids], device=model.device)
+    sync()
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
@@ -69,22 +96,48 @@ def run_transformers(model, ids: list[int], max_tokens: int, eos: list[int], loo
             pad_token_id=eos[0],
             **extra,
         )
-    seconds = time.perf_counter() - t0
     new = out[0, len(ids) :].tolist()
+    seconds = time.perf_counter() - t0
     while new and new[-1] in eos:  # the end token is not part of the answer (localspec drops it too)
         new.pop()
     return new, seconds
 
 
+@dataclass
+class Row:
+    """One localspec configuration and, where transformers has one, its counterpart."""
+
+    label: str
+    ours: Callable[[BenchPrompt], tuple[list[int], float]]
+    theirs: Callable[[list[int]], tuple[list[int], float]] | None
+
+
+def self_drafted(backend: Backend, strategy: str) -> Runtime:
+    from localspec.backends.torch import make_self_drafter
+
+    kind, _, option = strategy.partition(":")
+    drafter = make_self_drafter(backend, kind, option or None)
+    if drafter is None:
+        raise SystemExit(f"{strategy} is not a torch self-drafting strategy")
+    label = drafter.capabilities.extra.get("self_draft", strategy)
+    return Runtime(backend, drafter, strategy="draft", label=label)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--threads", type=int, default=physical_cores())
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--lookup", type=int, default=6, help="prompt_lookup_num_tokens for transformers")
     parser.add_argument("--prompts", default="code_edit,chat", help="comma-separated ids from localspec.prompts")
+    parser.add_argument(
+        "--strategies", help="localspec strategies (default: none,ngram; on CUDA also layerskip,qspec:int8)"
+    )
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", help="localspec's weights: float32 (as transformers), float16...")
+    parser.add_argument("--dtype", help="both sides' weights (default: float32 on a CPU, bfloat16 on CUDA)")
+    parser.add_argument("--compile", action="store_true", help="CUDA: also rows with torch.compile inside the graphs")
+    parser.add_argument("--json", help="write the rows here as JSON")
     args = parser.parse_args()
     try:
         import torch
@@ -93,43 +146,136 @@ def main() -> int:
     except ImportError:
         print("this comparison needs transformers: pip install transformers", file=sys.stderr)
         return 2
+    cuda = args.device.startswith("cuda")
+    dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    strategies = (args.strategies or ("none,ngram,layerskip,qspec:int8" if cuda else "none,ngram")).split(",")
     if args.model is None:
         from localspec.default_model import ensure_pypi_model
 
         args.model = str(ensure_pypi_model())
     prompts = [p for p in SUITE if p.id in args.prompts.split(",")]
 
-    ours = load_backend("torch", args.model, n_ctx=2048, threads=args.threads, dtype=args.dtype)
+    options: dict[str, Any] = {"n_ctx": 2048, "device": args.device, "dtype": dtype}
+    if not cuda:
+        options["threads"] = args.threads
+    t0 = time.perf_counter()
+    ours = load_backend("torch", args.model, **options)
+    print(f"localspec loaded in {time.perf_counter() - t0:.1f} s: {ours.capabilities.extra}")
     torch.set_num_threads(args.threads)
     folder, name = os.path.split(os.path.abspath(args.model))
-    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype)).to(args.device)
+    hf.eval()
     eos = sorted(ours.end_of_generation())
-    runtimes = {s: Runtime(ours, strategy=s) for s in ("none", "ngram")}  # calibrated on first use
 
-    print(f"model {os.path.basename(args.model)}, {args.threads} threads, torch {torch.__version__}, ", end="")
-    print(f"transformers {transformers.__version__}, greedy, {args.max_tokens} new tokens, ", end="")
-    print(f"localspec {args.dtype}, transformers float32")
-    head = f"{'prompt':<10} {'what':<16} {'localspec t/s':>13} {'transformers t/s':>16} {'ratio':>6}  same text"
+    runtimes: dict[str, Runtime] = {}
+    for strategy in strategies:
+        t0 = time.perf_counter()
+        runtimes[strategy] = (
+            Runtime(ours, strategy=strategy) if strategy in ("none", "ngram") else self_drafted(ours, strategy)
+        )
+        print(f"{strategy}: ready in {time.perf_counter() - t0:.1f} s ({runtimes[strategy].label})")
+    if cuda and args.compile:
+        t0 = time.perf_counter()
+        compiled = load_backend("torch", args.model, **options, compile=True)
+        for strategy in ("none", "ngram"):
+            runtimes[f"{strategy}+compile"] = Runtime(compiled, strategy=strategy)
+        print(f"compiled backend ready in {time.perf_counter() - t0:.1f} s")
+
+    def hf_run(extra: dict[str, Any]) -> Callable[[list[int]], tuple[list[int], float]]:
+        return lambda ids: run_transformers(hf, ids, args.max_tokens, eos, extra)
+
+    def ours_run(strategy: str) -> Callable[[BenchPrompt], tuple[list[int], float]]:
+        return lambda prompt: run_ours(runtimes[strategy], prompt, args.max_tokens)
+
+    counterparts: dict[str, dict[str, Any] | None] = {
+        "none": {},
+        "ngram": {"prompt_lookup_num_tokens": args.lookup},
+        "none+compile": None,  # against the same transformers rows as without compile
+        "ngram+compile": None,
+    }
+    rows: list[Row] = []
+    for strategy, runtime in runtimes.items():
+        extra = counterparts.get(strategy)
+        if strategy.startswith("layerskip"):
+            extra = {"assistant_early_exit": int(runtime.label.split(":")[1])}
+        rows.append(
+            Row(
+                runtime.label if strategy not in counterparts else strategy,
+                ours_run(strategy),
+                None if extra is None else hf_run(extra),
+            )
+        )
+
+    print(f"model {os.path.basename(args.model)}, {args.device}, {dtype}, torch {torch.__version__}, ", end="")
+    print(f"transformers {transformers.__version__}, greedy, {args.max_tokens} new tokens, {args.repeats} repeats")
+    if cuda:
+        print(f"GPU: {torch.cuda.get_device_name()}")
+    else:
+        print(f"{args.threads} threads")
+    head = f"{'prompt':<10} {'localspec':<16} {'t/s':>8} {'vs plain':>8} {'transformers':<26} {'t/s':>8} {'vs plain':>8} {'ours/theirs':>11}  same text"
     print(head)
     print("-" * len(head))
+    results: list[dict[str, Any]] = []
     for prompt in prompts:
         ids = prompt_ids(ours, prompt)
-        tallies = {k: Tally() for k in ("ours-plain", "ours-ngram", "hf-plain", "hf-lookup")}
-        run_ours(runtimes["none"], prompt, 8)  # warm up both sides
-        run_transformers(hf, ids, 8, eos, 0)
+        mine = {row.label: Tally() for row in rows}
+        theirs = {row.label: Tally() for row in rows if row.theirs is not None}
+        for row in rows:  # warm up: graphs captured, compile done, calibration measured
+            row.ours(prompt)
+            if row.theirs is not None:
+                try:
+                    row.theirs(ids)
+                except Exception as exc:  # an option this transformers lacks: report, keep going
+                    print(f"transformers could not run {row.label}'s counterpart: {exc!r}", file=sys.stderr)
+                    theirs.pop(row.label)
         for _ in range(args.repeats):
-            tallies["ours-plain"].add(*run_ours(runtimes["none"], prompt, args.max_tokens))
-            tallies["hf-plain"].add(*run_transformers(hf, ids, args.max_tokens, eos, 0))
-            tallies["ours-ngram"].add(*run_ours(runtimes["ngram"], prompt, args.max_tokens))
-            tallies["hf-lookup"].add(*run_transformers(hf, ids, args.max_tokens, eos, args.lookup))
-        for label, mine, theirs in (
-            ("plain", "ours-plain", "hf-plain"),
-            (f"prompt lookup {args.lookup}", "ours-ngram", "hf-lookup"),
-        ):
-            a, b = tallies[mine], tallies[theirs]
-            same = "yes" if a.outputs == b.outputs else "no"
-            print(f"{prompt.id:<10} {label:<16} {a.rate:>13.1f} {b.rate:>16.1f} {a.rate / b.rate:>5.2f}x  {same}")
+            for row in rows:
+                mine[row.label].add(*row.ours(prompt))
+                if row.label in theirs and row.theirs is not None:
+                    theirs[row.label].add(*row.theirs(ids))
+        plain_ours = mine[rows[0].label].rate
+        plain_theirs = theirs[rows[0].label].rate if rows[0].label in theirs else 0.0
+        for row in rows:
+            a = mine[row.label]
+            b = theirs.get(row.label)
+            described = describe_counterpart(row.label, args.lookup)
+            line = f"{prompt.id:<10} {row.label:<16} {a.rate:>8.1f} {a.rate / plain_ours:>7.2f}x "
+            if b is None:
+                line += f"{'-':<26} {'':>8} {'':>8} {'':>11}"
+            else:
+                same = "yes" if a.outputs == b.outputs else "no"
+                line += (
+                    f"{described:<26} {b.rate:>8.1f} {b.rate / plain_theirs:>7.2f}x {a.rate / b.rate:>10.2f}x  {same}"
+                )
+            print(line, flush=True)
+            results.append(
+                {
+                    "prompt": prompt.id,
+                    "localspec": row.label,
+                    "localspec_tokens_per_s": a.rate,
+                    "localspec_speedup": a.rate / plain_ours,
+                    "transformers": described if b else None,
+                    "transformers_tokens_per_s": b.rate if b else None,
+                    "ratio": a.rate / b.rate if b else None,
+                    "same_text": a.outputs == b.outputs if b else None,
+                }
+            )
+    if args.json:
+        meta = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": dtype, "torch": torch.__version__}
+        meta["transformers"] = transformers.__version__
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
     return 0
+
+
+def describe_counterpart(label: str, lookup: int) -> str:
+    if label.startswith("none"):
+        return "generate()"
+    if label.startswith("ngram"):
+        return f"prompt_lookup_num_tokens={lookup}"
+    if label.startswith("layerskip"):
+        return f"assistant_early_exit={label.split(':')[1]}"
+    return "-"
 
 
 if __name__ == "__main__":

@@ -117,3 +117,19 @@ def q4_drafter_backend(derived_models: DerivedModels) -> Iterator[Backend]:
     backend = load_llamacpp(derived_models["Q4_0"])
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[object], Path]:
+    """The torch tests' tiny random models: spec -> the path of its GGUF, written once per module."""
+    from test_torch_tiny_models import write_gguf  # imports torch: only where a torch test asks
+
+    folder = tmp_path_factory.mktemp("tiny-models")
+    made: dict[object, Path] = {}
+
+    def get(spec: object) -> Path:
+        if spec not in made:
+            made[spec] = write_gguf(spec, folder / f"{spec.arch}-{len(made)}.gguf")  # type: ignore[attr-defined]
+        return made[spec]
+
+    return get

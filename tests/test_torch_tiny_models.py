@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -258,20 +258,6 @@ def write_hf_folder(spec: Spec, folder: Path, gguf_path: Path) -> Path:
     )
     save_file(hf_weights(spec, len(vocab.texts)), str(folder / "model.safetensors"))
     return folder
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Spec], Path]:
-    """spec -> the path of its GGUF, written once per module."""
-    folder = tmp_path_factory.mktemp("tiny-models")
-    made: dict[Spec, Path] = {}
-
-    def get(spec: Spec) -> Path:
-        if spec not in made:
-            made[spec] = write_gguf(spec, folder / f"{spec.arch}-{len(made)}.gguf")
-        return made[spec]
-
-    return get
 
 
 def tiny(path: str, n_ctx: int = N_CTX, **options: object) -> TorchBackend:

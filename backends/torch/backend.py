@@ -186,9 +186,7 @@ class TorchBackend:
         """This model with weight-only int8 (or int4) matrices: a QSpec-style self-drafter.
         The quantized matrices and the KV cache are its own; the embedding, norms, RoPE
         tables and tokenizer are this backend's, shared read-only (no forward pass writes to
-        them). CPU only: torch's weight-only kernels used here are its CPU ones."""
-        if self._device.type != "cpu":
-            raise InvalidRequestError("qspec on the torch backend runs on the CPU", "use --strategy layerskip on CUDA")
+        them). On CUDA its steps get CUDA graphs of their own, as the target's do."""
         factories: dict[int, linear.Factory] = {8: linear.Int8, 4: linear.Int4}
         if bits not in factories:
             raise InvalidRequestError(f"qspec on the torch backend takes int8 or int4, got int{bits}")
@@ -203,7 +201,7 @@ class TorchBackend:
         view.cache = KVCache(
             config.n_layers, config.n_kv_heads, self.cache.n_ctx, config.head_dim, self._dtype, self._device
         )
-        view._graphs = None
+        view._graphs = view._graphed() if self._graphs is not None else None
         label = f"qspec:int{bits}"
         size = self.info.size_bytes * bits // (8 * self.cache.k.element_size())  # the matrices dominate
         view.info = replace(self.info, name=f"{self.info.name} [{label}]", size_bytes=size)
@@ -363,6 +361,8 @@ class TorchBackend:
     def close(self) -> None:
         # The weights go with the last reference to them (an early-exit view shares them).
         self._closed = True
+        if self._graphs is not None:
+            self._graphs.release()
         self._graphs = None
         self._tokens = []
 

@@ -13,6 +13,7 @@ acceptance rule reads.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,10 +50,13 @@ class GraphedSteps:
 
     def _step(self, logits: str) -> Step:
         if logits not in self.steps:
+            # Locals, not self: no reference cycle, so these graphs die when release() or the
+            # last reference drops them, never in a garbage collection during another capture.
+            model, cache, n_layers = self.model, self.cache, self.n_layers
 
             def step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-                block = static_block(positions, self.cache.n_ctx, self.model.window, self.cache.k.dtype)
-                return self.model.forward(tokens, block, self.cache, logits, self.n_layers).float()
+                block = static_block(positions, cache.n_ctx, model.window, cache.k.dtype)
+                return model.forward(tokens, block, cache, logits, n_layers).float()
 
             compiled: Any = torch.compile(step, mode="max-autotune-no-cudagraphs") if self.compile else step
             self.steps[logits] = compiled
@@ -79,7 +83,26 @@ class GraphedSteps:
         array: Logits = self.host[:rows].numpy()
         return array
 
+    def release(self) -> None:
+        """Destroy the captured graphs now (a closed backend's), not whenever Python gets to it."""
+        self.graphs.clear()
+        self.steps.clear()
+
     def _capture(
+        self, ids: torch.Tensor, positions: torch.Tensor, logits: str
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # A graph destroyed while another is being captured invalidates that capture (CUDA
+        # refuses the teardown mid-capture): collect garbage first and not during it.
+        enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            return self._capture_step(ids, positions, logits)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _capture_step(
         self, ids: torch.Tensor, positions: torch.Tensor, logits: str
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         step = self._step(logits)

@@ -6,8 +6,10 @@
   streams an [out, in] matrix for so few rows at about half the bandwidth the machine has
   (BENCHMARKS.md section 9). Short blocks go through native.py's AVX2 kernel, long ones
   (prefill) through a batched matmul over the panels, where MKL is compute-bound and good.
-- Int8: weight-only int8 with one scale per output row, multiplied by torch's own CPU kernel
-  (`_weight_int8pack_mm`): the QSpec-style self-drafter's matrices.
+- Int8 / Int4: weight-only int8 (one scale per output row) or 4-bit (group 32) copies, the
+  QSpec-style self-drafter's matrices: native.py's int8 kernel or torch's CPU kernels on a
+  CPU; elsewhere (CUDA) dequantized to the compute type inside the step, which CUDA graphs
+  replay as a few fused kernels.
 
 Each also answers `rows(ids)` (a tied embedding is the output head read by rows) and
 `dense()` (the float weight, for deriving a quantized copy).
@@ -99,10 +101,12 @@ class Panels:
 
 
 class Int8:
-    """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale. In int8
-    column panels for native.py's kernel (a quarter of float32's bytes to stream), else in
-    rows for torch's `_weight_int8pack_mm`, which on an AVX2 CPU is 4x slower than float32
-    (BENCHMARKS.md section 9) but keeps qspec exact and working everywhere."""
+    """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale. On a CPU in
+    int8 column panels for native.py's kernel (a quarter of float32's bytes to stream), else
+    in rows for torch's `_weight_int8pack_mm`, which on an AVX2 CPU is 4x slower than float32
+    (BENCHMARKS.md section 9) but keeps qspec exact and working everywhere. Off the CPU
+    (CUDA) the rows are widened to the input's type for F.linear: half the weight bytes at
+    rest, no faster per step (the drafter's speed on a GPU is its launch count, not bytes)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         weight = weight.float()
@@ -110,7 +114,8 @@ class Int8:
         self.q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
         self.scale, self.bias = scale.contiguous(), bias
         self.out_features = int(weight.shape[0])
-        self.kernels = native.kernels() if weight.is_cpu else None
+        self.on_cpu = weight.is_cpu
+        self.kernels = native.kernels() if self.on_cpu else None
         if self.kernels is not None:
             self.panels = to_panels(self.q)
             self.panel_scale = torch.cat([scale, scale.new_ones(self.panels.shape[0] * native.PANEL - len(scale))])
@@ -118,8 +123,10 @@ class Int8:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None and x.shape[0] <= KERNEL_ROWS:
             y = self.kernels.matmul(x.contiguous(), self.panels, self.panel_scale)[:, : self.out_features]
-        else:
+        elif self.on_cpu:
             y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        else:
+            y = F.linear(x, self.q.to(x.dtype)) * self.scale.to(x.dtype)
         return y if self.bias is None else y.add_(self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -131,8 +138,9 @@ class Int8:
 
 class Int4:
     """Weight-only 4-bit, asymmetric, a scale and offset per group of GROUP inputs of each
-    output row, multiplied by torch's CPU kernel (`_weight_int4pack_mm_for_cpu`), which
-    reads the weight as (q - 8) * scale + zero."""
+    output row. On a CPU, torch's kernel (`_weight_int4pack_mm_for_cpu`) reads the packed
+    weight as (q - 8) * scale + zero; elsewhere (CUDA) the codes stay one per byte and are
+    widened to the input's type inside the step, as Int8 does."""
 
     GROUP = 32
 
@@ -140,27 +148,42 @@ class Int4:
         out, width = weight.shape
         if width % self.GROUP:
             raise ValueError(f"int4 needs the input width to be a multiple of {self.GROUP}, got {width}")
-        pad = -out % 16  # the kernel takes whole 16-row tiles; zero rows, cut off the output again
+        self.on_cpu = weight.is_cpu
+        pad = -out % 16 if self.on_cpu else 0  # the CPU kernel takes whole 16-row tiles
         weight = torch.cat([weight.float(), weight.new_zeros(pad, width, dtype=torch.float32)])
         groups = weight.reshape(out + pad, width // self.GROUP, self.GROUP)
         low, high = groups.amin(-1), groups.amax(-1)
         scale = ((high - low) / 15).clamp_min(1e-12)
-        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(out + pad, width), 1)
-        # [groups, out, 2]: the kernel's layout for the scales and the offsets
-        self.scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15)
+        if self.on_cpu:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                q.to(torch.int32).reshape(out + pad, width), 1
+            )
+            # [groups, out, 2]: the kernel's layout for the scales and the offsets
+            self.scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
+        else:
+            self.codes, self.scale, self.low = q.to(torch.uint8), scale[..., None], low[..., None]
         self.bias, self.out_features, self.in_features = bias, int(out), int(width)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.contiguous(), self.packed, self.GROUP, self.scales_zeros
-        )[:, : self.out_features]
+        if self.on_cpu:
+            y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.contiguous(), self.packed, self.GROUP, self.scales_zeros
+            )[:, : self.out_features]
+        else:
+            y = F.linear(x, self._widened(x.dtype))
         return y if self.bias is None else y.add_(self.bias)
+
+    def _widened(self, dtype: torch.dtype) -> torch.Tensor:
+        weight = self.codes.to(dtype) * self.scale.to(dtype) + self.low.to(dtype)
+        return weight.reshape(self.out_features, self.in_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.dense()[ids]
 
     def dense(self) -> torch.Tensor:
+        if not self.on_cpu:
+            return self._widened(torch.float32)
         # The identity through the kernel: W^T = I @ W^T.
         return self(torch.eye(self.in_features)).t()
 
