@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -33,18 +32,17 @@ from localspec.drafters.ngram import NgramDrafter  # noqa: E402
 from localspec.engine import Engine  # noqa: E402
 from localspec.prompts import SUITE  # noqa: E402
 from localspec.sampling import SamplingConfig  # noqa: E402
-from localspec.stats import Stats  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
+from test_exactness import chi_square_pvalue, exact_joint  # noqa: E402
 from test_torch_tiny_models import (  # noqa: E402
     EXACT_PROMPT,
-    EXACT_RUNS,
     SMALL,
     TEXT_IDS,
     ExactLaw,
     Spec,
     blockwise,
+    sampled_outcomes,
     tiny,
 )
 
@@ -130,14 +128,7 @@ def test_speculative_sampling_on_cuda_follows_the_target_law(models, drafter: st
         "qspec-int4": lambda: ModelDrafter(target.quantized(4)),
         "layerskip": lambda: ModelDrafter(target.early_exit(1)),
     }
-    engine = Engine(target, drafters[drafter]())  # type: ignore[arg-type]
-    observed: Counter[tuple[int, int]] = Counter()
-    drafted = accepted = 0
-    for run in range(EXACT_RUNS):
-        stats = Stats()
-        observed[outcome(emitted(engine, EXACT_PROMPT, 4, cfg, 3, run_rng(run), stats, enough=2))] += 1
-        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
-    assert drafted > accepted > 0
+    observed = sampled_outcomes(Engine(target, drafters[drafter]()), cfg)  # type: ignore[arg-type]
     # The law comes from plain eager evaluation of the same float32 model on the GPU.
     reference = on_gpu(models(SMALL), n_ctx=64, dtype="float32", cuda_graphs=False)
     law = exact_joint(ExactLaw(reference), EXACT_PROMPT, cfg)  # type: ignore[arg-type]

@@ -418,6 +418,18 @@ class ExactLaw:
         return self.backend.end_of_generation()
 
 
+def sampled_outcomes(engine: Engine, cfg: SamplingConfig) -> Counter[tuple[int, int]]:
+    """EXACT_RUNS speculative continuations of EXACT_PROMPT, counted by their first tokens."""
+    observed: Counter[tuple[int, int]] = Counter()
+    drafted = accepted = 0
+    for run in range(EXACT_RUNS):
+        stats = Stats()
+        observed[outcome(emitted(engine, EXACT_PROMPT, 4, cfg, 3, run_rng(run), stats, enough=2))] += 1
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert drafted > accepted > 0  # both acceptance and rejection happened
+    return observed
+
+
 SMALL = Spec("llama", layers=2)
 EXACT_RUNS = 1000
 EXACT_PROMPT = [40, 41, 42, 43, 40, 41, 42, 43, 40, 41]  # repeats itself: n-gram drafts too
@@ -444,14 +456,7 @@ def test_speculative_sampling_follows_the_target_law(models, drafter: str, cfg: 
         # The early exit writes draft rows into the target's own cache: the law must hold.
         "layerskip": lambda: ModelDrafter(target.early_exit(1)),
     }
-    engine = Engine(target, drafters[drafter]())
-    observed: Counter[tuple[int, int]] = Counter()
-    drafted = accepted = 0
-    for run in range(EXACT_RUNS):
-        stats = Stats()
-        observed[outcome(emitted(engine, EXACT_PROMPT, 4, cfg, 3, run_rng(run), stats, enough=2))] += 1
-        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
-    assert drafted > accepted > 0  # both acceptance and rejection happened
+    observed = sampled_outcomes(Engine(target, drafters[drafter]()), cfg)
     law = exact_joint(ExactLaw(tiny(str(models(SMALL)), n_ctx=64)), EXACT_PROMPT, cfg)  # type: ignore[arg-type]
     assert chi_square_pvalue(observed, law) > 1e-3
 
