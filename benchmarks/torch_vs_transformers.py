@@ -1,6 +1,6 @@
 """localspec's torch backend against Hugging Face transformers on the same model and prompts.
 
-    pip install -e '.[torch]' transformers   # transformers only for this comparison
+    pip install -e '.[torch]' transformers accelerate   # only for this comparison (GGUF loading)
     python benchmarks/torch_vs_transformers.py [--model FILE.gguf] [--threads N] [--max-tokens 160]
     python benchmarks/torch_vs_transformers.py --device cuda [--compile] [--json OUT.json]
 
