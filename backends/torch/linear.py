@@ -109,12 +109,13 @@ class Int8:
     rest, no faster per step (the drafter's speed on a GPU is its launch count, not bytes)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        weight = weight.float()
+        dtype, weight = weight.dtype, weight.float()
         scale = weight.abs().amax(1).clamp_min(1e-12) / 127.0
         self.q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-        self.scale, self.bias = scale.contiguous(), bias
-        self.out_features = int(weight.shape[0])
         self.on_cpu = weight.is_cpu
+        # Off the CPU the scale is kept in the compute type: no cast kernel in every step.
+        self.scale, self.bias = (scale if self.on_cpu else scale.to(dtype)).contiguous(), bias
+        self.out_features = int(weight.shape[0])
         self.kernels = native.kernels() if self.on_cpu else None
         if self.kernels is not None:
             self.panels = to_panels(self.q)
@@ -126,14 +127,14 @@ class Int8:
         elif self.on_cpu:
             y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
         else:
-            y = F.linear(x, self.q.to(x.dtype)) * self.scale.to(x.dtype)
+            y = F.linear(x, self.q.to(x.dtype)) * self.scale
         return y if self.bias is None else y.add_(self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.q[ids].float() * self.scale[ids, None]
+        return self.q[ids].float() * self.scale[ids, None].float()
 
     def dense(self) -> torch.Tensor:
-        return self.q.float() * self.scale[:, None]
+        return self.q.float() * self.scale[:, None].float()
 
 
 class Int4:
@@ -148,7 +149,7 @@ class Int4:
         out, width = weight.shape
         if width % self.GROUP:
             raise ValueError(f"int4 needs the input width to be a multiple of {self.GROUP}, got {width}")
-        self.on_cpu = weight.is_cpu
+        self.on_cpu, dtype = weight.is_cpu, weight.dtype
         pad = -out % 16 if self.on_cpu else 0  # the CPU kernel takes whole 16-row tiles
         weight = torch.cat([weight.float(), weight.new_zeros(pad, width, dtype=torch.float32)])
         groups = weight.reshape(out + pad, width // self.GROUP, self.GROUP)
@@ -162,7 +163,8 @@ class Int4:
             # [groups, out, 2]: the kernel's layout for the scales and the offsets
             self.scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
         else:
-            self.codes, self.scale, self.low = q.to(torch.uint8), scale[..., None], low[..., None]
+            # Scales and offsets in the compute type: no cast kernels in every step.
+            self.codes, self.scale, self.low = q.to(torch.uint8), scale[..., None].to(dtype), low[..., None].to(dtype)
         self.bias, self.out_features, self.in_features = bias, int(out), int(width)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,8 +177,8 @@ class Int4:
         return y if self.bias is None else y.add_(self.bias)
 
     def _widened(self, dtype: torch.dtype) -> torch.Tensor:
-        weight = self.codes.to(dtype) * self.scale.to(dtype) + self.low.to(dtype)
-        return weight.reshape(self.out_features, self.in_features)
+        weight = self.codes.to(dtype) * self.scale + self.low
+        return weight.reshape(self.out_features, self.in_features).to(dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.dense()[ids]
