@@ -214,7 +214,8 @@ def main() -> int:
         print(f"GPU: {torch.cuda.get_device_name()}")
     else:
         print(f"{args.threads} threads")
-    head = f"{'prompt':<10} {'localspec':<16} {'t/s':>8} {'vs plain':>8} {'transformers':<26} {'t/s':>8} {'vs plain':>8} {'ours/theirs':>11}  same text"
+    head = f"{'prompt':<10} {'localspec':<16} {'t/s':>8} {'vs plain':>8} "
+    head += f"{'transformers':<26} {'t/s':>8} {'vs plain':>8} {'ours/theirs':>11}  same text"
     print(head)
     print("-" * len(head))
     results: list[dict[str, Any]] = []
