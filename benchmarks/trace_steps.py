@@ -28,8 +28,8 @@ def main() -> None:
     steps: list[tuple[int, int, int]] = []
     choose, observe = policy.choose, policy.observe
 
-    def traced_choose(limit: int, support: int = 0, backlog: int = 0) -> int:
-        gamma = choose(limit, support, backlog)
+    def traced_choose(limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
+        gamma = choose(limit, support, backlog, depth)
         steps.append((support, gamma, 0))
         return gamma
 

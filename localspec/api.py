@@ -20,7 +20,7 @@ from localspec import selfdraft
 from localspec.backend_loader import in_memory_self_drafter, load_backend
 from localspec.calibrate import calibrated, pair_agreement
 from localspec.chat import render_chat
-from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
+from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
@@ -138,14 +138,14 @@ class Runtime:
             return FixedDraftLength(draft_tokens)
         if not calibrate:
             return FixedDraftLength(4)
-        curve = calibrated(self.target).verify_seconds
+        curve = calibrated(self.target).cost_curve()
         if self.draft is None:
-            return AdaptiveDraftLength(CostCurve(list(curve)), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT)
+            return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT)
         # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
         prior = pair_agreement(self.target, self.draft)
         drafter = calibrated(self.draft)
         return AdaptiveDraftLength(
-            CostCurve(list(curve)),
+            curve,
             drafter.decode_seconds,
             max_gamma=MAX_DRAFT,
             prior=prior,

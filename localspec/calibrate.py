@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from localspec.controller import CostCurve
 from localspec.paths import calibration_file
-from localspec.protocol import Backend
+from localspec.protocol import Backend, eval_chunked
 
 CALIBRATION_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
@@ -37,13 +38,33 @@ AGREEMENT_TEXT = (
 )
 
 
+# The two context lengths the cost curve is measured behind (see CostCurve).
+SHALLOW_DEPTH = 32
+DEEP_DEPTH = 512
+
+
 @dataclass(frozen=True)
 class Calibration:
-    verify_seconds: list[float]  # k = 1..K
+    verify_seconds: list[float]  # k = 1..K, behind SHALLOW_DEPTH tokens
     decode_seconds: float  # one token, logits of the last position only
+    deep_verify_seconds: list[float] | None = None  # the same behind deep_depth tokens
+    deep_depth: int = DEEP_DEPTH
 
     def to_json(self) -> dict[str, object]:
-        return {"verify_seconds": self.verify_seconds, "decode_seconds": self.decode_seconds}
+        return {
+            "verify_seconds": self.verify_seconds,
+            "decode_seconds": self.decode_seconds,
+            "deep_verify_seconds": self.deep_verify_seconds,
+            "deep_depth": self.deep_depth,
+        }
+
+    def cost_curve(self) -> CostCurve:
+        return CostCurve(
+            list(self.verify_seconds),
+            deep_seconds=list(self.deep_verify_seconds) if self.deep_verify_seconds else None,
+            depth=SHALLOW_DEPTH,
+            deep_depth=self.deep_depth,
+        )
 
 
 def _key(backend: Backend) -> str:
@@ -67,36 +88,55 @@ def _load_cache() -> dict[str, dict[str, object]]:
         return {}  # a missing or damaged cache only costs a re-measure
 
 
-def measure(backend: Backend, max_k: int = 16, repeats: int = 3) -> Calibration:
-    """Time one pass over k tokens for k = 1..max_k on an empty cache; leaves it empty."""
+def measure(backend: Backend, max_k: int = 16, repeats: int = 5) -> Calibration:
+    """Time one pass over k tokens for k = 1..max_k behind a short and a long context;
+    leaves the cache empty."""
     base = backend.tokenize(CALIBRATION_TEXT, add_special=True, parse_special=False)
-    while len(base) < 32 + max_k:
+    deep_depth = min(DEEP_DEPTH, backend.info.n_ctx - max_k - 1)
+    while len(base) < max(deep_depth, SHALLOW_DEPTH) + max_k:
         base = base + base
-    prefix, probe = base[:32], base[32 : 32 + max_k]
     backend.rollback(0)
-    backend.eval_block(prefix, "none")
+    eval_chunked(backend, base[:SHALLOW_DEPTH], "none")
+    probe = base[SHALLOW_DEPTH : SHALLOW_DEPTH + max_k]
     backend.eval_block(probe[:4], "all")  # warm up: page in the weights, size the buffers
-    backend.rollback(len(prefix))
-    verify: list[float] = []
-    for k in range(1, max_k + 1):
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            backend.eval_block(probe[:k], "all")
-            samples.append(time.perf_counter() - t0)
-            backend.rollback(len(prefix))
-        verify.append(statistics.median(samples))
+    backend.rollback(SHALLOW_DEPTH)
+    verify = _curve(backend, probe, repeats)
     decode = []
     for _ in range(repeats * 2):
         t0 = time.perf_counter()
         backend.eval_block(probe[:1], "last")
         decode.append(time.perf_counter() - t0)
-        backend.rollback(len(prefix))
+        backend.rollback(SHALLOW_DEPTH)
+    deep = None
+    if deep_depth >= 4 * SHALLOW_DEPTH:  # a small context (a short --n-ctx) keeps one curve
+        eval_chunked(backend, base[SHALLOW_DEPTH:deep_depth], "none")
+        deep = _curve(backend, base[deep_depth : deep_depth + max_k], repeats)
+        deep = [max(d, s) for d, s in zip(deep, verify, strict=True)]  # more context never costs less
     backend.rollback(0)
+    return Calibration(verify, statistics.median(decode), deep, max(deep_depth, SHALLOW_DEPTH + 1))
+
+
+def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> list[float]:
+    """Median seconds of a pass over probe[:k] behind the cache as it is, k = 1..len(probe).
+
+    The sizes are timed in rounds (1, 2, 3, 4, 5, 6, 8, ... then again), not each one
+    `repeats` times in a row: a burst of noise on a shared machine then spreads over every
+    size instead of making one of them look dear, and the curve's shape is what decides the
+    draft length. Sizes between the timed ones are interpolated."""
+    past = backend.n_past
+    sizes = sorted({k for k in (*range(1, 7), *range(8, len(probe) + 1, 2), len(probe)) if k <= len(probe)})
+    samples: dict[int, list[float]] = {k: [] for k in sizes}
+    for _ in range(repeats):
+        for k in sizes:
+            t0 = time.perf_counter()
+            backend.eval_block(probe[:k], "all")
+            samples[k].append(time.perf_counter() - t0)
+            backend.rollback(past)
+    timed = [statistics.median(samples[k]) for k in sizes]
     # A pass over more tokens never costs less; smooth out timer noise that says it does.
-    for i in range(1, len(verify)):
-        verify[i] = max(verify[i], verify[i - 1])
-    return Calibration(verify, statistics.median(decode))
+    for i in range(1, len(timed)):
+        timed[i] = max(timed[i], timed[i - 1])
+    return [float(t) for t in np.interp(range(1, len(probe) + 1), sizes, timed)]
 
 
 def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
@@ -157,11 +197,19 @@ def calibrated(backend: Backend, max_k: int = 16) -> Calibration:
     key = _key(backend)
     cache = _load_cache()
     hit = cache.get(key)
-    if isinstance(hit, dict):
+    if isinstance(hit, dict) and "deep_verify_seconds" in hit:  # older entries lack the deep curve
         curve = hit.get("verify_seconds")
         decode = hit.get("decode_seconds")
-        if isinstance(curve, list) and len(curve) >= max_k and isinstance(decode, float):
-            return Calibration([float(t) for t in curve], decode)
+        deep = hit.get("deep_verify_seconds")
+        depth = hit.get("deep_depth")
+        if (
+            isinstance(curve, list)
+            and len(curve) >= max_k
+            and isinstance(decode, float)
+            and (deep is None or (isinstance(deep, list) and len(deep) == len(curve)))
+            and isinstance(depth, int)
+        ):
+            return Calibration([float(t) for t in curve], decode, [float(t) for t in deep] if deep else None, depth)
     result = measure(backend, max_k)
     cache[key] = result.to_json()
     _store(cache)

@@ -11,9 +11,13 @@ estimated online, and t_verify the measured cost curve of the target. γ = 0 (pl
 decoding) is always a candidate, which is what keeps localspec from losing to it.
 
 A free drafter (n-gram lookup) guesses before γ is chosen and says how well the context
-supports its guess (the length of the matched passage). The α_i are then kept per support
-level: a guess backed by a long match is right far more often than one backed by two tokens,
-and one pooled estimate would either waste steps on the weak guesses or pass on the strong.
+supports its guess (the length of the matched passage). A copied passage backs each of its
+tokens with one token more than the one before: the j-th token of a guess backed by s tokens
+is backed by s + j once the tokens before it are accepted. α is therefore kept per support
+level, not per position, and a guess's chain of α_i reads the level of s + i: a copy that
+starts on a 3-token match is a coin toss for its first token but nearly sure by its tenth.
+One pooled estimate, or one per position, would waste steps on weak guesses or pass on the
+strong, and ramp up slowly at the start of every copied passage.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 # Support levels (see the module doc): level i holds supports in [EDGES[i-1], EDGES[i]), level 0
-# is "unknown" (model drafters). Each starts from a prior fitted to how often n-gram guesses
-# of that support were right across the bench prompts on two precisions of SmolLM2-135M,
-# shaded down so that a short reply, which leaves little time to learn, does not pay for
-# optimism; the online estimates take over within a few steps.
+# is "unknown" (model drafters). Each starts from a prior near how often an n-gram guess of
+# that support was right across the bench answers of SmolLM2-135M (support 1: 21 %, 2: 40 %,
+# 3-5: 55-76 %, 6-7: 69-81 %, 8-11: 75-100 %, 12+: 97 %), made monotone and shaded down so
+# that a short reply, which leaves little time to learn, does not pay for optimism; the
+# online estimates take over within a few steps.
 SUPPORT_EDGES = (1, 2, 3, 4, 6, 8, 12, 20, 32)
-SUPPORT_PRIORS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 0.85, 0.9, 0.95)
+SUPPORT_PRIORS = (0.15, 0.35, 0.55, 0.6, 0.7, 0.8, 0.9, 0.93, 0.95)
 
 
 CATCH_UP_HORIZON = 4
@@ -48,13 +53,15 @@ class StepOutcome:
     verify_seconds: float
     support: int = 0  # the draft's support (n-gram match length; 0: unknown)
     backlog: int = 0  # tokens the draft model caught up on before guessing
+    depth: int = 0  # context length the verify pass ran behind
 
 
 class DraftLengthPolicy(Protocol):
-    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         """γ for the next step, at most limit; support: how well the context backs a draft
         already made (0: unknown, or not drafted yet); backlog: tokens a draft model must
-        catch up on before it can guess (Drafter.backlog)."""
+        catch up on before it can guess (Drafter.backlog); depth: the context length the
+        verify pass will run behind (0: unknown)."""
         ...
 
     def observe(self, step: StepOutcome) -> None: ...
@@ -70,7 +77,7 @@ class DraftLengthPolicy(Protocol):
 class FixedDraftLength:
     gamma: int
 
-    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         return min(self.gamma, limit)
 
     def observe(self, step: StepOutcome) -> None:
@@ -82,35 +89,55 @@ class FixedDraftLength:
 
 @dataclass
 class CostCurve:
-    """t_verify[k-1] = seconds for one target pass over k tokens, k = 1..len, as measured at
-    load, times `scale`: what the machine and the text's length make of it now."""
+    """t_verify(k) = seconds for one target pass over k tokens behind a context of some length.
+
+    Measured at load at two context lengths (`depth` and `deep_depth`, k = 1..K each) and
+    interpolated linearly between them: attention makes every pass dearer as the text grows,
+    but not by one factor. On a 2-core CPU with the F16 135M model a one-token step costs 30 %
+    more behind 256 tokens than behind 32 while a 5-token pass costs 8 % more, so a curve
+    measured on a short context alone overstates what a draft costs in the middle of an
+    answer. `scale` is the drift the machine adds on top (another process, thermal limits)."""
 
     verify_seconds: list[float]
     scale: float = 1.0
+    deep_seconds: list[float] | None = None
+    depth: int = 32
+    deep_depth: int = 512
 
     def __post_init__(self) -> None:
-        if not self.verify_seconds or any(t <= 0 for t in self.verify_seconds):
-            raise ValueError("a cost curve needs positive timings for k = 1..K")
+        for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
+            if not curve or any(t <= 0 for t in curve):
+                raise ValueError("a cost curve needs positive timings for k = 1..K")
+        if self.deep_seconds is not None and self.deep_depth <= self.depth:
+            raise ValueError("the deep curve must be measured behind a longer context")
 
-    def measured(self, k: int) -> float:
-        if k <= len(self.verify_seconds):
-            return self.verify_seconds[k - 1]
-        # Beyond the measured range, extend the last measured slope linearly.
-        last = self.verify_seconds[-1]
-        slope = last - self.verify_seconds[-2] if len(self.verify_seconds) > 1 else last
-        return last + slope * (k - len(self.verify_seconds))
+    def measured(self, k: int, depth: int = 0) -> float:
+        shallow = _extend(self.verify_seconds, k)
+        if self.deep_seconds is None or depth <= self.depth:
+            return shallow
+        deep = _extend(self.deep_seconds, k)
+        w = (depth - self.depth) / (self.deep_depth - self.depth)
+        return max(shallow + w * (deep - shallow), min(shallow, deep))
 
-    def verify(self, k: int) -> float:
-        return self.measured(k) * self.scale
+    def verify(self, k: int, depth: int = 0) -> float:
+        return self.measured(k, depth) * self.scale
 
-    def update(self, k: int, seconds: float, weight: float = 0.05) -> None:
-        # Drift (a longer context, thermal limits, another process on the cores) makes every
-        # pass slower by about the same factor: one scale for the whole curve. Learning only
-        # the observed k instead would make the sizes seldom drafted look cheap next to the
-        # single-token step seen at every step, and draft where it does not pay. An outlier
-        # (a page fault, a scheduler hiccup) is clipped and damped.
-        ratio = min(seconds / self.measured(k), 3.0)
+    def update(self, k: int, seconds: float, depth: int = 0, weight: float = 0.05) -> None:
+        # Drift makes every pass slower by about the same factor: one scale for the whole
+        # curve. Learning only the observed k instead would make the sizes seldom drafted look
+        # cheap next to the single-token step seen at every step, and draft where it does not
+        # pay. An outlier (a page fault, a scheduler hiccup) is clipped and damped.
+        ratio = min(seconds / self.measured(k, depth), 3.0)
         self.scale += weight * (ratio - self.scale)
+
+
+def _extend(curve: Sequence[float], k: int) -> float:
+    if k <= len(curve):
+        return curve[k - 1]
+    # Beyond the measured range, extend the last measured slope linearly.
+    last = curve[-1]
+    slope = last - curve[-2] if len(curve) > 1 else last
+    return last + slope * (k - len(curve))
 
 
 @dataclass
@@ -132,37 +159,36 @@ class AdaptiveDraftLength:
     # wrong prediction loses more than a right one wins; a free drafter needs no margin.
     margin: float = 0.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
-    # by_support[level - 1][i]: the same per support level of a free drafter's guesses.
-    by_support: list[list[float]] = field(default_factory=list)
+    # by_support[level - 1]: the same per support level of a free drafter's guessed tokens.
+    by_support: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.alpha:
             self.alpha = [self.prior] * self.max_gamma
         if not self.by_support:
-            self.by_support = [[p] * self.max_gamma for p in SUPPORT_PRIORS]
+            self.by_support = list(SUPPORT_PRIORS)
 
-    def _table(self, support: int) -> tuple[list[float], float]:
-        level = support_level(support)
-        if level == 0:
-            return self.alpha, self.prior
-        return self.by_support[level - 1], SUPPORT_PRIORS[level - 1]
+    def chain(self, gamma: int, support: int = 0) -> list[float]:
+        """α_i for the positions of a draft of γ tokens whose first token has this support."""
+        if support <= 0:
+            return self.alpha[:gamma]
+        return [self.by_support[support_level(support + i) - 1] for i in range(gamma)]
 
     def expected_tokens(self, gamma: int, support: int = 0) -> float:
-        alpha = self._table(support)[0]
         total, run = 1.0, 1.0
-        for i in range(gamma):
-            run *= alpha[i]
+        for a in self.chain(gamma, support):
+            run *= a
             total += run
         return total
 
-    def rate(self, gamma: int, support: int = 0) -> float:
-        cost = gamma * self.draft_seconds_per_token * self.costs.scale + self.costs.verify(gamma + 1)
+    def rate(self, gamma: int, support: int = 0, depth: int = 0) -> float:
+        cost = gamma * self.draft_seconds_per_token * self.costs.scale + self.costs.verify(gamma + 1, depth)
         return self.expected_tokens(gamma, support) / cost
 
-    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
-        alpha = self._table(support)[0]
-        best, best_rate = 0, (1.0 + self.margin) / self.costs.verify(1)
+        alpha = self.chain(min(limit, self.max_gamma), support)
+        best, best_rate = 0, (1.0 + self.margin) / self.costs.verify(1, depth)
         expected, run = 1.0, 1.0
         # The drafter runs on the same cores over the same text: the target's drift is its too.
         draft_cost = self.draft_seconds_per_token * self.costs.scale
@@ -170,17 +196,16 @@ class AdaptiveDraftLength:
         for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1))
+            r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1, depth))
             if r > best_rate:
                 best, best_rate = g, r
         return best
 
     def observe(self, step: StepOutcome) -> None:
         drafted, accepted = step.drafted, step.accepted
-        self.costs.update(drafted + 1, step.verify_seconds)
-        table, prior = self._table(step.support)
+        self.costs.update(drafted + 1, step.verify_seconds, step.depth)
         if drafted == 0:
-            self._relax(table, prior, 0)
+            self._relax(step.support, 0)
             return
         # The catch-up is not a cost of each drafted token: take it out before learning that.
         # Costs are kept in the units of the load-time measurement (divided by the drift).
@@ -189,23 +214,31 @@ class AdaptiveDraftLength:
         self.draft_seconds_per_token += self.weight_hit * (per_token - self.draft_seconds_per_token)
         seen = min(accepted + 1, drafted)
         for i in range(seen):
-            self._learn(table, i, 1.0 if i < accepted else 0.0)
-        self._relax(table, prior, seen)
+            self._learn(step.support, i, 1.0 if i < accepted else 0.0)
+        self._relax(step.support, seen)
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         if accepted < start:
             return  # the chain broke inside the verified part: nothing unverified was reached
-        table = self._table(support)[0]
         for i in range(start, min(accepted + 1, drafted, self.max_gamma)):
-            self._learn(table, i, 1.0 if i < accepted else 0.0)
+            self._learn(support, i, 1.0 if i < accepted else 0.0)
 
-    def _learn(self, table: list[float], i: int, outcome: float) -> None:
+    def _learn(self, support: int, i: int, outcome: float) -> None:
+        table, slot = (self.alpha, i) if support <= 0 else (self.by_support, support_level(support + i) - 1)
         weight = self.weight_hit if outcome else self.weight_miss
-        table[i] += weight * (outcome - table[i])
+        table[slot] += weight * (outcome - table[slot])
 
-    def _relax(self, table: list[float], prior: float, start: int) -> None:
-        for i in range(start, self.max_gamma):
-            table[i] += self.relax * (prior - table[i])
+    def _relax(self, support: int, start: int) -> None:
+        # Estimates nothing observed in a while drift back toward their priors: the positions
+        # a model drafter did not reach, or the support levels a step did not touch.
+        if support <= 0:
+            for i in range(start, self.max_gamma):
+                self.alpha[i] += self.relax * (self.prior - self.alpha[i])
+            return
+        touched = {support_level(support + i) for i in range(start)}
+        for level, prior in enumerate(SUPPORT_PRIORS, 1):
+            if level not in touched:
+                self.by_support[level - 1] += self.relax * (prior - self.by_support[level - 1])
 
 
 def choose_static(costs: Sequence[float], alpha: float, draft_cost: float, max_gamma: int) -> int:

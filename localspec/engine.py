@@ -106,11 +106,11 @@ class Engine:
                 t0 = time.perf_counter()
                 if self.free_drafter:
                     draft = self.drafter.propose(ctx, min(limit, FREE_DRAFT_TOKENS), cfg, rng) if limit > 0 else Draft()
-                    gamma = policy.choose(len(draft.tokens), draft.support)
+                    gamma = policy.choose(len(draft.tokens), draft.support, depth=past)
                     backlog = 0
                 else:
                     backlog = self.drafter.backlog(ctx)
-                    gamma = policy.choose(limit, 0, backlog)
+                    gamma = policy.choose(limit, 0, backlog, past)
                     draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
                 tokens = draft.tokens[:gamma]
                 t1 = time.perf_counter()
@@ -131,7 +131,7 @@ class Engine:
                 stats.verify_seconds += t2 - t1
                 stats.record_step(gamma, len(tokens), n_acc)
                 policy.observe(
-                    StepOutcome(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0)
+                    StepOutcome(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0, past)
                 )
                 if shadow is not None and shadow.settle(ctx, policy):
                     shadow = None

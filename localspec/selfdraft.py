@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.calibrate import CALIBRATION_TEXT, agreement, backend_key, calibrated, remember, remembered
-from localspec.controller import AdaptiveDraftLength, CostCurve
+from localspec.controller import AdaptiveDraftLength
 from localspec.errors import InvalidRequestError
 from localspec.paths import data_dir
 from localspec.prompts import CODE, PASSAGE
@@ -127,9 +127,7 @@ def best_in_memory(target: Backend, kind: str, labels: list[str], make: Callable
 
 
 def predicted_rate(target: Backend, draft: Backend, alpha: float) -> float:
-    policy = AdaptiveDraftLength(
-        CostCurve(list(calibrated(target).verify_seconds)), calibrated(draft).decode_seconds, prior=alpha
-    )
+    policy = AdaptiveDraftLength(calibrated(target).cost_curve(), calibrated(draft).decode_seconds, prior=alpha)
     return policy.rate(policy.choose(policy.max_gamma))
 
 

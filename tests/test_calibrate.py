@@ -40,3 +40,28 @@ def test_a_small_context_measures_on_what_fits(temporary_localspec_home: Path) -
     target, draft = load("reference:seed=3", n_ctx=64), load("reference:seed=3,noise=0.3", n_ctx=64)
     assert 0.0 <= calibrate.pair_agreement(target, draft) <= 1.0
     assert isinstance(Runtime(target, draft, strategy="draft").policy, AdaptiveDraftLength)
+
+
+def test_the_cost_curve_is_measured_behind_a_short_and_a_long_text(temporary_localspec_home: Path) -> None:
+    target = load("reference:seed=3")
+    cal = calibrate.calibrated(target)
+    assert cal.deep_verify_seconds is not None and len(cal.deep_verify_seconds) == len(cal.verify_seconds) == 16
+    assert all(d >= s for d, s in zip(cal.deep_verify_seconds, cal.verify_seconds, strict=True))
+    assert cal.deep_depth == calibrate.DEEP_DEPTH and target.n_past == 0
+    curve = cal.cost_curve()
+    assert curve.verify(1, calibrate.DEEP_DEPTH) == cal.deep_verify_seconds[0]
+
+
+def test_a_cached_curve_without_the_long_text_is_measured_again(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = load("reference:seed=3")
+    calibrate.remember(calibrate.backend_key(target), {"verify_seconds": [0.01] * 16, "decode_seconds": 0.01})
+    assert calibrate.calibrated(target).deep_verify_seconds is not None  # an entry from an older localspec
+    monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("measured again"))
+    assert calibrate.calibrated(target).deep_verify_seconds is not None  # now it is cached
+
+
+def test_a_small_context_keeps_one_curve(temporary_localspec_home: Path) -> None:
+    cal = calibrate.calibrated(load("reference:seed=3", n_ctx=64))
+    assert cal.deep_verify_seconds is None and cal.cost_curve().verify(1, 60) == cal.verify_seconds[0]

@@ -133,7 +133,7 @@ F16 = [13.3e-3, 18.7e-3, 20.3e-3, 23.8e-3, 25.7e-3, 28.0e-3, 29.6e-3, 32.9e-3, 3
 
 def test_a_well_supported_guess_gets_a_longer_draft_than_a_weak_one() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
-    assert policy.choose(12, support=2) == 0  # a 2-token match is a coin toss at best
+    assert policy.choose(12, support=1) == 0  # a 1-token match is right one time in five
     assert policy.choose(12, support=24) >= 6  # a 24-token match is almost surely a copy
     assert policy.choose(12, support=24) > policy.choose(12, support=5)
 
@@ -151,12 +151,66 @@ def test_support_levels_learn_separately() -> None:
 
 def test_shadow_evidence_from_position_start_teaches_only_the_unverified_positions() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0, max_gamma=8)
-    before = list(policy.by_support[-1])
-    policy.observe_shadow(16, 16, support=40, start=3)  # a 16-token guess, 3 verified, all came true
-    after = policy.by_support[-1]
-    assert after[:3] == before[:3] and all(a > b for a, b in zip(after[3:], before[3:], strict=True))
-    policy.observe_shadow(16, 1, support=40, start=3)  # broke inside the verified part: no evidence
-    assert policy.by_support[-1] == after
+    before = list(policy.by_support)
+    # A 16-token guess on a 1-token match, 3 verified, all came true: its tokens 3..7 (the
+    # policy's horizon) were backed by 4..8 tokens, i.e. levels 4-6; levels 1-3 were verified.
+    policy.observe_shadow(16, 16, support=1, start=3)
+    after = list(policy.by_support)
+    assert after[:3] == before[:3] and all(a > b for a, b in zip(after[3:6], before[3:6], strict=True))
+    assert after[6:] == before[6:]
+    policy.observe_shadow(16, 1, support=1, start=3)  # broke inside the verified part: no evidence
+    assert policy.by_support == after
+
+
+def test_a_copy_is_trusted_more_with_every_token_it_has_matched() -> None:
+    # The i-th token of a guess on an s-token match stands on s + i tokens of matched text:
+    # a guess that starts weakly is backed better and better along its length.
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
+    chain = policy.chain(10, support=3)
+    assert chain == sorted(chain) and chain[0] < chain[-1]
+    assert policy.chain(4, support=24) == [policy.by_support[-2]] * 4  # 24..27: one level
+    assert policy.chain(3, support=0) == policy.alpha[:3]  # a model drafter: per position
+
+
+def test_a_miss_teaches_the_level_of_the_token_that_missed() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
+    before = list(policy.by_support)
+    policy.observe(StepOutcome(6, 2, 0.0, F16[6], support=3))  # tokens on 3 and 4 right, on 5 wrong
+    levels = [a - b for a, b in zip(policy.by_support, before, strict=True)]
+    assert levels[2] > 0 and levels[3] != 0 and all(d == pytest.approx(0, abs=1e-3) for d in levels[5:])
+
+
+# The same target behind 32 and behind 512 tokens: every pass costs more, a single token most.
+SHALLOW = [10e-3, 19e-3, 20e-3, 21e-3, 22e-3, 22e-3, 25e-3, 28e-3]
+DEEP = [16e-3, 21e-3, 23e-3, 25e-3, 27e-3, 29e-3, 33e-3, 37e-3]
+
+
+def test_the_cost_curve_follows_the_length_of_the_text() -> None:
+    curve = CostCurve(list(SHALLOW), deep_seconds=list(DEEP), depth=32, deep_depth=512)
+    assert curve.verify(1, 0) == curve.verify(1, 32) == SHALLOW[0]
+    assert curve.verify(1, 272) == pytest.approx((SHALLOW[0] + DEEP[0]) / 2)
+    assert curve.verify(4, 512) == DEEP[3]
+    assert curve.verify(1, 992) == pytest.approx(2 * DEEP[0] - SHALLOW[0])  # linear beyond
+    assert curve.verify(1, 300) < curve.verify(2, 300) < curve.verify(8, 300)
+
+
+def test_a_draft_that_does_not_pay_on_a_short_text_can_pay_on_a_long_one() -> None:
+    # Behind a long context a single-token step costs 60 % more but a 5-token pass only 23 %
+    # more: the same guess is worth verifying there. A curve measured on a short text alone
+    # (and scaled for drift) would keep declining it.
+    curve = CostCurve(list(SHALLOW), deep_seconds=list(DEEP), depth=32, deep_depth=512)
+    policy = AdaptiveDraftLength(curve, 0.0, prior=0.5)
+    assert policy.choose(8, depth=32) == 0
+    assert policy.choose(8, depth=512) > 0
+    policy.observe(StepOutcome(0, 0, 0.0, DEEP[0], depth=512))  # as predicted: no drift learned
+    assert policy.costs.scale == pytest.approx(1.0)
+
+
+def test_a_deep_curve_must_come_from_a_longer_context() -> None:
+    with pytest.raises(ValueError):
+        CostCurve(list(SHALLOW), deep_seconds=list(DEEP), depth=512, deep_depth=32)
+    with pytest.raises(ValueError):
+        CostCurve(list(SHALLOW), deep_seconds=[0.0] * len(SHALLOW))
 
 
 def test_a_long_catch_up_for_a_draft_model_is_charged_before_drafting() -> None:

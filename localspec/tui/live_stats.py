@@ -43,10 +43,10 @@ class StepRecorder:
         self.plain_steps = 0
         self.plain_seconds = 0.0
 
-    def choose(self, limit: int, support: int = 0, backlog: int = 0) -> int:
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         if self.started is None:
             self.started = time.perf_counter()
-        self.gamma = self.inner.choose(limit, support, backlog)
+        self.gamma = self.inner.choose(limit, support, backlog, depth)
         return self.gamma
 
     def observe(self, step: StepOutcome) -> None:
