@@ -56,7 +56,9 @@ def draft_model() -> ReferenceBackend:
 DRAFTERS: dict[str, Callable[[], Drafter]] = {
     "none": NoDrafter,
     "ngram": lambda: NgramDrafter(min_ngram=1),
-    "model": lambda: ModelDrafter(draft_model()),
+    "model": lambda: ModelDrafter(draft_model(), min_confidence=0.0),
+    # Stops after a token it gave less than 35 %: about half the drafts end early here.
+    "model-confidence": lambda: ModelDrafter(draft_model(), min_confidence=0.35),
 }
 
 
@@ -205,7 +207,10 @@ GREEDY_PROMPTS = [
 GREEDY_DRAFTERS: dict[str, Callable[[], Drafter]] = {
     "none": NoDrafter,
     "ngram": lambda: NgramDrafter(min_ngram=1),
-    "model": lambda: ModelDrafter(ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0, noise=DRAFT_NOISE)),
+    "model": lambda: ModelDrafter(ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0, noise=DRAFT_NOISE), 0.0),
+    "model-confidence": lambda: ModelDrafter(
+        ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0, noise=DRAFT_NOISE), min_confidence=0.35
+    ),
 }
 
 
@@ -241,7 +246,7 @@ def test_greedy_speculation_reproduces_plain_decoding(drafter: str, gamma: int) 
 
 def test_caches_after_rejections_hold_exactly_the_committed_text() -> None:
     target_model, draft_backend = target(), draft_model()
-    engine = Engine(target_model, ModelDrafter(draft_backend))
+    engine = Engine(target_model, ModelDrafter(draft_backend, min_confidence=0.0))
     stats = Stats()
     tokens = emitted(engine, PROMPT, 10, FULL, 4, run_rng(1), stats)
     # Preconditions for this seed: the run went to max_tokens (an emitted EOS would leave
@@ -259,3 +264,15 @@ def test_caches_after_rejections_hold_exactly_the_committed_text() -> None:
     assert list(draft_backend.cached_tokens()) == context[:past]
     continued = draft_backend.eval_block(context[past:], "last")
     np.testing.assert_array_equal(continued, draft_model().eval_block(context, "last"))
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, FULL], ids=["greedy", "sampled"])
+def test_an_unsure_drafter_stops_early(cfg: SamplingConfig) -> None:
+    lengths = {}
+    for floor in (0.0, 0.35, 1.01):
+        engine = Engine(target(), ModelDrafter(draft_model(), min_confidence=floor))
+        stats = Stats()
+        emitted(engine, PROMPT, 40, cfg, 6, np.random.default_rng(1), stats)
+        lengths[floor] = stats.drafted / stats.verify_steps
+    # No floor: every step drafts what γ allows; an impossible floor: at most one token.
+    assert lengths[1.01] <= 1.0 < lengths[0.35] < lengths[0.0]

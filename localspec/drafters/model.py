@@ -4,6 +4,11 @@ The drafter's cache is kept in step with the committed text: tokens it drafted a
 target accepted stay cached, so an accepted draft token is never evaluated twice (llama.cpp's
 loop re-decodes them). Only the target's own token after each step, plus the last draft token
 when the whole draft was accepted, is new to the drafter.
+
+The drafter stops early when it is unsure: once the token it just drafted had less than
+`min_confidence` of its own probability, the tokens after it would rest on a guess the
+target is unlikely to share, and each costs a drafter step. The rule looks only at the
+drafter's side, so the verified output keeps the target's exact distribution.
 """
 
 from __future__ import annotations
@@ -16,12 +21,17 @@ from localspec.drafters import Draft, common_prefix
 from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import Distribution, SamplingConfig, process
 
+# Like transformers' assistant_confidence_threshold (0.4), a little lower: a stop costs the
+# chance of a long accepted run, a wasted drafter step only its own time.
+MIN_CONFIDENCE = 0.3
+
 
 class ModelDrafter:
     name = "draft"
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, min_confidence: float = MIN_CONFIDENCE) -> None:
         self.backend = backend
+        self.min_confidence = min_confidence
 
     def start(self, context: Sequence[int]) -> None:
         keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
@@ -39,13 +49,17 @@ class ModelDrafter:
         for i in range(n):
             if cfg.greedy:
                 tok = int(np.argmax(row))
+                # The top token's softmax probability: 1 / Σ exp(logit - max).
+                confidence = 1.0 / float(np.sum(np.exp(np.asarray(row, dtype=np.float64) - row[tok])))
             else:
                 dist = process(row, cfg)
                 tok = dist.sample(rng)
                 dists.append(dist)
+                confidence = dist.prob(tok)
             tokens.append(tok)
-            if i < n - 1:
-                row = self.backend.eval_block([tok], "last")[-1]
+            if i == n - 1 or confidence < self.min_confidence:
+                break
+            row = self.backend.eval_block([tok], "last")[-1]
         return Draft(tokens, None if cfg.greedy else dists)
 
     def backlog(self, context: Sequence[int]) -> int:
