@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,10 +26,11 @@ import localspec.engine as engine_module
 from localspec.api import MAX_DRAFT, NGRAM_SECONDS_PER_TOKEN, load
 from localspec.calibrate import Calibration, calibrated
 from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength, StepOutcome
+from localspec.drafters import common_prefix
 from localspec.drafters.ngram import NgramDrafter
 from localspec.engine import Engine
 from localspec.paths import data_dir
-from localspec.prompts import SUITE
+from localspec.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.protocol import Capabilities, ModelInfo
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
@@ -104,10 +106,10 @@ class Traced:
         self.inner.observe_shadow(drafted, accepted, support, start)
 
 
-def record(model: str, tokens: int, path: Path) -> dict[str, object]:
+def record(model: str, tokens: int, path: Path, prompts: Sequence[BenchPrompt]) -> dict[str, object]:
     runtime = load(model=model, strategy="none")
     answers = {}
-    for prompt in SUITE:
+    for prompt in prompts:
         ids = runtime.prompt_tokens(messages=prompt.messages)
         out = runtime.generate(messages=prompt.messages, max_tokens=tokens, temperature=0)
         answers[prompt.id] = {"prompt": ids, "answer": list(out.tokens)}
@@ -145,39 +147,118 @@ def replay(
     return stats.decode_seconds
 
 
+class LookupCache:
+    """llama-lookup's drafter as its source reads (common/ngram-cache.cpp), for comparison:
+    counts of what followed every 1- to 4-gram; a draft extends token by token with the most
+    frequent follower of the longest n-gram whose counts pass its "lax" thresholds."""
+
+    MIN_SAMPLES = (2, 2, 1, 1)  # per n-gram size 1..4
+    MIN_PERCENT = (66, 50, 50, 50)
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.counts: dict[tuple[int, ...], Counter[int]] = defaultdict(Counter)
+        self.tokens: list[int] = []
+        self.add(tokens)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens) - 1
+            for n in range(1, 5):
+                if end - n >= 0:
+                    self.counts[tuple(self.tokens[end - n : end])][token] += 1
+
+    def draft(self, n_draft: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n_draft:
+            text = self.tokens + out
+            guess = None
+            for n in range(4, 0, -1):
+                followers = self.counts.get(tuple(text[-n:])) if len(text) >= n else None
+                if not followers:
+                    continue
+                total = sum(followers.values())
+                token, count = followers.most_common(1)[0]
+                if total >= self.MIN_SAMPLES[n - 1] and 100 * count >= self.MIN_PERCENT[n - 1] * total:
+                    guess = token
+                    break
+            if guess is None:
+                break
+            out.append(guess)
+        return out
+
+
+def replay_lookup(prompt: list[int], answer: list[int], curve: CostCurve, n_draft: int) -> float:
+    """Simulated seconds of llama-lookup's loop (a fixed draft of up to n_draft tokens)."""
+    cache, done, seconds = LookupCache(prompt), 0, 0.0
+    while done < len(answer):
+        guess = cache.draft(min(n_draft, len(answer) - done - 1))
+        accepted = common_prefix(guess, answer[done:])
+        seconds += curve.verify(len(guess) + 1, len(prompt) - 1 + done)
+        cache.add(answer[done : done + accepted + 1])
+        done += accepted + 1
+    return seconds
+
+
+def ceiling(prompt: list[int], answer: list[int], curve: CostCurve, guesses: Sequence[Sequence[int]]) -> float:
+    """Least simulated seconds any draft-length choice could reach with these guesses (one
+    per position): dynamic programming over the answer, drafting exactly what comes true."""
+    n = len(answer)
+    best = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        depth = len(prompt) - 1 + i
+        right = common_prefix(guesses[i], answer[i:])
+        best[i] = min(curve.verify(g + 1, depth) + best[i + g + 1] for g in range(min(right, n - 1 - i) + 1))
+    return best[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--trace", action="store_true", help="print support:drafted/accepted per step")
     parser.add_argument("--fixed", type=int, action="append", default=[], help="also replay a fixed draft length")
+    parser.add_argument("--prompts", help="a JSONL file as `localspec bench --prompts` takes (default: the suite)")
     args = parser.parse_args()
-    path = data_dir() / f"replay2-{Path(args.model).name}-{args.tokens}.json"
-    data = json.loads(path.read_text()) if path.exists() else record(args.model, args.tokens, path)
+    suite = Path(args.prompts).stem if args.prompts else "suite"
+    path = data_dir() / f"replay-{Path(args.model).name}-{suite}-{args.tokens}.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+    else:
+        data = record(args.model, args.tokens, path, load_prompts(args.prompts) if args.prompts else SUITE)
     cal = data["calibration"]
     calibration = Calibration(
         cal["verify_seconds"], cal["decode_seconds"], cal["deep_verify_seconds"], cal["deep_depth"]
     )
     for name, values in (("curve", cal["verify_seconds"]), ("deep curve", cal["deep_verify_seconds"] or [])):
         print(f"{name} (ms): {' '.join(f'{t * 1e3:.1f}' for t in values)}")
-    print(f"{'prompt':12} {'policy':10} {'speedup':>8}")
+    columns = ["localspec", "no depth", *(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8"]
+    columns += ["ceiling", "lookup ceiling"]
+    print("speedup over plain decoding, simulated clock; ceiling: the best any draft length could do")
+    print(f"| prompt | {' | '.join(columns)} |")
+    print(f"|---|{'---|' * len(columns)}")
+    totals = [0.0] * (len(columns) + 1)
     for pid, rec in data["answers"].items():
+        prompt, answer = rec["prompt"], rec["answer"]
         truth = calibration.cost_curve()
-        start = len(rec["prompt"]) - 1
-        plain = sum(truth.verify(1, start + i) for i in range(len(rec["answer"])))
-        policies: list[tuple[str, DraftLengthPolicy]] = [
-            ("adaptive", AdaptiveDraftLength(calibration.cost_curve(), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT)),
-            (
-                "no depth",
-                AdaptiveDraftLength(
-                    CostCurve(list(cal["verify_seconds"])), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT
-                ),
-            ),
+        plain = sum(truth.verify(1, len(prompt) - 1 + i) for i in range(len(answer)))
+        policies: list[DraftLengthPolicy] = [
+            AdaptiveDraftLength(calibration.cost_curve(), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT),
+            AdaptiveDraftLength(CostCurve(list(cal["verify_seconds"])), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT),
+            *(FixedDraftLength(g) for g in args.fixed),
         ]
-        policies += [(f"fixed {g}", FixedDraftLength(g)) for g in args.fixed]
-        for name, policy in policies:
-            seconds = replay(rec["prompt"], rec["answer"], truth, data["n_vocab"], policy, args.trace)
-            print(f"{pid:12} {name:10} {plain / seconds:7.2f}x")
+        seconds = [replay(prompt, answer, truth, data["n_vocab"], policy, args.trace) for policy in policies]
+        seconds += [replay_lookup(prompt, answer, truth, n) for n in (4, 8)]
+        ours, theirs = NgramDrafter(), []
+        ours.start(prompt)
+        text = prompt + answer
+        cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
+        guesses = [ours.propose(text[: len(prompt) + i], 64, cfg, rng).tokens for i in range(len(answer))]
+        theirs = [LookupCache(text[: len(prompt) + i]).draft(64) for i in range(len(answer))]
+        seconds += [ceiling(prompt, answer, truth, guesses), ceiling(prompt, answer, truth, theirs)]
+        print(f"| {pid} | {' | '.join(f'{plain / t:.2f}x' for t in seconds)} |")
+        totals = [a + b for a, b in zip(totals, [plain, *seconds], strict=True)]
+    print(f"| all (total time) | {' | '.join(f'{totals[0] / t:.2f}x' for t in totals[1:])} |")
 
 
 if __name__ == "__main__":

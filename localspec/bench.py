@@ -1,10 +1,17 @@
 """Side-by-side benchmark: plain decoding and each strategy on the same prompts, in one
-process, interleaved, so the speedups are ratios measured under the same conditions."""
+process, interleaved, so the speedups are ratios measured under the same conditions.
+
+Each repeat runs plain decoding and then every strategy back to back; a row's speedup is
+the median over repeats of the strategy's rate divided by the plain rate of the same
+repeat. On a shared machine a burst of load lasting a second or two hits one run and not
+its neighbours: the ratio of summed times lets that burst move the figure by up to 10 %,
+the median of paired ratios does not. The tokens/s columns are totals over all repeats."""
 
 from __future__ import annotations
 
 import platform
 import resource
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -41,10 +48,12 @@ class _Tally:
     tokens: int = 0
     seconds: float = 0.0
     merged: Stats = field(default_factory=Stats)
+    rates: list[float] = field(default_factory=list)  # one per repeat
 
     def add(self, stats: Stats) -> None:
         self.tokens += stats.generated_tokens
         self.seconds += stats.decode_seconds
+        self.rates.append(stats.generated_tokens / stats.decode_seconds if stats.decode_seconds > 0 else 0.0)
         m = self.merged
         m.generated_tokens += stats.generated_tokens
         m.verify_steps += stats.verify_steps
@@ -59,6 +68,12 @@ class _Tally:
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def paired_speedup(rates: Sequence[float], plain: Sequence[float]) -> float:
+    """Median over repeats of rate / plain rate of the same repeat (see the module doc)."""
+    ratios = [r / p for r, p in zip(rates, plain, strict=True) if p > 0]
+    return statistics.median(ratios) if ratios else 0.0
 
 
 def peak_rss_mb() -> float:
@@ -115,7 +130,7 @@ def bench(
                     strategy=c.label,
                     plain_tokens_per_s=base.rate,
                     spec_tokens_per_s=t.rate,
-                    speedup=t.rate / base.rate if base.rate else 0.0,
+                    speedup=paired_speedup(t.rates, base.rates),
                     acceptance_rate=m.acceptance_rate,
                     tokens_per_step=m.tokens_per_step,
                     mean_gamma=m.mean_gamma,

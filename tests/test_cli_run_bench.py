@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from localspec.bench import paired_speedup
 from localspec.cli.main import main
 
 pytestmark = pytest.mark.model
@@ -123,3 +124,10 @@ def test_peer_comparison_without_built_programs_says_how_to_build(default_model_
         pytest.skip("a llama-lookup is on PATH")
     assert main(["bench", "--only", "chat", "-n", "4", "--peers"]) == 2
     assert "--build-peers" in capsys.readouterr().err
+
+
+def test_a_burst_of_load_in_one_repeat_does_not_move_the_speedup() -> None:
+    plain = [80.0, 80.0, 40.0]  # the third plain run shared the cores with something else
+    spec = [120.0, 120.0, 120.0]
+    assert paired_speedup(spec, plain) == 1.5  # the ratio of totals would say 1.8
+    assert paired_speedup([90.0], [0.0]) == 0.0

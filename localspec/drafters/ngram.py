@@ -64,7 +64,13 @@ class NgramDrafter:
                 m += 1
             if m > support:
                 best, support = pos, m
-        return Draft(tokens=list(context[best : best + n]), support=support)
+        # A source that runs into the end of the text is a repeating pattern ("1212", a
+        # loop of lines): the copy goes on through the tokens it has just guessed, as an
+        # LZ77 copy may overlap its own output. Small models fall into such loops often.
+        tokens = list(context[best : best + n])
+        while len(tokens) < n:
+            tokens.append(tokens[len(tokens) - (size - best)])
+        return Draft(tokens=tokens, support=support)
 
     def backlog(self, context: Sequence[int]) -> int:
         return 0
