@@ -131,6 +131,7 @@ def bench(
                 continue
             t = tallies[c.label]
             m = t.merged
+            ratios = paired_ratios(t.rates, base.rates)
             rows.append(
                 BenchRow(
                     prompt=prompt.id,
@@ -138,8 +139,8 @@ def bench(
                     plain_tokens_per_s=base.rate,
                     spec_tokens_per_s=t.rate,
                     speedup=paired_speedup(t.rates, base.rates),
-                    speedup_low=min(paired_ratios(t.rates, base.rates), default=0.0),
-                    speedup_high=max(paired_ratios(t.rates, base.rates), default=0.0),
+                    speedup_low=min(ratios, default=0.0),
+                    speedup_high=max(ratios, default=0.0),
                     acceptance_rate=m.acceptance_rate,
                     tokens_per_step=m.tokens_per_step,
                     mean_gamma=m.mean_gamma,

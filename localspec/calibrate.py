@@ -113,7 +113,7 @@ def measure(backend: Backend, max_k: int = 16, repeats: int = 5) -> Calibration:
         deep = _curve(backend, base[deep_depth : deep_depth + max_k], repeats)
         deep = [max(d, s) for d, s in zip(deep, verify, strict=True)]  # more context never costs less
     backend.rollback(0)
-    return Calibration(verify, statistics.median(decode), deep, max(deep_depth, SHALLOW_DEPTH + 1))
+    return Calibration(verify, statistics.median(decode), deep, deep_depth if deep else DEEP_DEPTH)
 
 
 def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> list[float]:

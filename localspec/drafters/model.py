@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from localspec.drafters import Draft, common_prefix
 from localspec.protocol import Backend, eval_chunked
@@ -47,20 +48,23 @@ class ModelDrafter:
         tokens: list[int] = []
         dists: list[Distribution] = []
         for i in range(n):
-            if cfg.greedy:
-                tok = int(np.argmax(row))
-                # The top token's softmax probability: 1 / Σ exp(logit - max).
-                confidence = 1.0 / float(np.sum(np.exp(np.asarray(row, dtype=np.float64) - row[tok])))
-            else:
-                dist = process(row, cfg)
-                tok = dist.sample(rng)
-                dists.append(dist)
-                confidence = dist.prob(tok)
+            dist = None if cfg.greedy else process(row, cfg)
+            tok = int(np.argmax(row)) if dist is None else dist.sample(rng)
             tokens.append(tok)
-            if i == n - 1 or confidence < self.min_confidence:
+            if dist is not None:
+                dists.append(dist)
+            if i == n - 1 or self._unsure(row, tok, dist):
                 break
             row = self.backend.eval_block([tok], "last")[-1]
         return Draft(tokens, None if cfg.greedy else dists)
+
+    def _unsure(self, row: npt.NDArray[np.floating], tok: int, dist: Distribution | None) -> bool:
+        if self.min_confidence <= 0:
+            return False  # no floor: spare the pass over the vocabulary
+        if dist is not None:
+            return dist.prob(tok) < self.min_confidence
+        # Greedy: the top token's softmax probability is 1 / Σ exp(logit - top).
+        return float(np.sum(np.exp(row - row[tok]))) > 1.0 / self.min_confidence
 
     def backlog(self, context: Sequence[int]) -> int:
         # The context's last token is evaluated with the first guess in any case.
