@@ -40,6 +40,9 @@ localspec doctor --model "$Q4_1" --json >"$out/doctor_q4_1.json"
 # Issue 2's yardstick and the per-step picture of the code edit.
 python benchmarks/bare_loop.py "$F16" --gamma 6 --repeats 3 >"$out/bare_loop.txt"
 python benchmarks/trace_steps.py "$F16" --prompt code_edit >"$out/trace_code_edit.txt"
+# What a verify pass costs by block size, text length and thread count, and what a block-size change adds.
+python benchmarks/verify_costs.py "$F16" >"$out/verify_costs_f16.txt"
+python benchmarks/verify_costs.py "$Q4_1" >"$out/verify_costs_q4_1.txt"
 # The same answers replayed on a simulated clock: our controller, llama-lookup's drafter, and
 # the ceiling any draft-length choice could reach with each drafter's guesses.
 python benchmarks/replay_drafters.py "$F16" >"$out/replay_suite_f16.md"

@@ -36,7 +36,7 @@ from localspec.textstream import TextAssembler
 STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
-NGRAM_MARGIN = 0.05
+NGRAM_MARGIN = 0.05  # see AdaptiveDraftLength.margin: a draft's graph rebuilds
 NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pass
 
 

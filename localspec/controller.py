@@ -93,10 +93,11 @@ class CostCurve:
 
     Measured at load at two context lengths (`depth` and `deep_depth`, k = 1..K each) and
     interpolated linearly between them: attention makes every pass dearer as the text grows,
-    but not by one factor. On a 2-core CPU with the F16 135M model a one-token step costs 30 %
-    more behind 256 tokens than behind 32 while a 5-token pass costs 8 % more, so a curve
-    measured on a short context alone overstates what a draft costs in the middle of an
-    answer. `scale` is the drift the machine adds on top (another process, thermal limits)."""
+    by an amount that depends on k (F16 135M on a 2-core CPU behind 1024 tokens instead of
+    32: +51 % for one token, +81 % for five, +127 % for sixteen; Q4_1: +15 %, +40 %, +33 %;
+    `benchmarks/verify_costs.py`), so a curve measured on a short text, scaled by one factor,
+    mispredicts drafts late in a long answer. `scale` is the drift the machine adds on top
+    (another process, thermal limits)."""
 
     verify_seconds: list[float]
     scale: float = 1.0
@@ -156,10 +157,11 @@ class AdaptiveDraftLength:
     catch_up_seconds_per_token: float = 0.0
     # Draft only when the predicted rate beats plain decoding by this share. The cost of a
     # draft model's step is an estimate that drifts with the machine, and near break-even a
-    # wrong prediction loses more than a right one wins. Even a free drafter's pass costs a
-    # little more than the curve says (llama.cpp rebuilds its graph when the block size
-    # changes, 0.1-0.5 ms here, once into the draft and once out; measured drafting passes ran
-    # 5-10 % over the curve), which a short answer cannot win back from a marginal draft.
+    # wrong prediction loses more than a right one wins. Even a free drafter's draft costs a
+    # little more than the curve says: llama.cpp rebuilds its graph whenever the block size
+    # changes, and the single-token step after a draft pays that again (F16 0.4 ms, Q4_1 1 ms
+    # here, 4-10 % of a step; `benchmarks/verify_costs.py`), which a marginal draft in a short
+    # answer does not win back.
     margin: float = 0.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
     # by_support[level - 1]: the same per support level of a free drafter's guessed tokens.
