@@ -1,14 +1,18 @@
-"""Replays the bench suite's greedy answers through the real engine, drafter and controller
-with a simulated target: every verify pass "costs" the model's calibrated t_verify(k) on a
-simulated clock, and the target's choice is the recorded greedy answer. A drafter or
-controller change can then be judged on every prompt in a second, without timing noise;
-the real bench (`localspec bench`) confirms what this suggests.
+"""Replays the bench suite's answers through the real engine, drafter and controller with a
+simulated target: every verify pass "costs" the model's calibrated t_verify(k) on a
+simulated clock, and the target's choice is the recorded answer. A drafter or controller
+change can then be judged on every prompt in a second, without timing noise; the real bench
+(`localspec bench`) confirms what this suggests.
 
-    python benchmarks/replay_drafters.py MODEL.gguf [--tokens 160] [--fixed 4]
+    python benchmarks/replay_drafters.py MODEL.gguf [--tokens 160] [--fixed 4] [-t 0.8 --seeds 3]
 
-The answers are recorded once per model (plain greedy decoding, real llama.cpp) under
-$LOCALSPEC_HOME/replay-<model>.json. Greedy decoding is deterministic, so the replayed
-acceptance equals a real run's; only the clock is simulated.
+The answers are recorded once per model (plain decoding, real llama.cpp) under
+$LOCALSPEC_HOME/replay-<model>-....json. Greedy decoding is deterministic, so the replayed
+acceptance equals a real run's; only the clock is simulated. With a temperature the answers
+are sampled (one per seed) and the controller is told the request is sampled. The replay is
+then exact in law: rejection sampling keeps an n-gram guess x with probability p(x), the same
+law as "the target samples a token and the guess is kept if they agree", which is what the
+replay does against a recorded sample of p.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from localspec.drafters import common_prefix
 from localspec.drafters.ngram import NgramDrafter
 from localspec.engine import Engine
 from localspec.paths import data_dir
-from localspec.prompts import SUITE, BenchPrompt, load_prompts
+from localspec.prompts import BenchPrompt, load_prompt_sets
 from localspec.protocol import Capabilities, ModelInfo
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
@@ -88,9 +92,13 @@ class ReplayTarget:
 class Traced:
     """A policy that notes support, γ and accepted tokens of every step."""
 
-    def __init__(self, inner: DraftLengthPolicy) -> None:
+    def __init__(self, inner: DraftLengthPolicy, sampled: bool = False) -> None:
         self.inner = inner
+        self.sampled = sampled  # the recorded answer was sampled: the controller must know
         self.steps: list[tuple[int, int, int]] = []
+
+    def begin(self, sampled: bool) -> None:
+        self.inner.begin(self.sampled)
 
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         gamma = self.inner.choose(limit, support, backlog, depth)
@@ -106,13 +114,17 @@ class Traced:
         self.inner.observe_shadow(drafted, accepted, support, start)
 
 
-def record(model: str, tokens: int, path: Path, prompts: Sequence[BenchPrompt]) -> dict[str, object]:
+def record(
+    model: str, tokens: int, path: Path, prompts: Sequence[BenchPrompt], temperature: float, seeds: int
+) -> dict[str, object]:
     runtime = load(model=model, strategy="none")
     answers = {}
     for prompt in prompts:
         ids = runtime.prompt_tokens(messages=prompt.messages)
-        out = runtime.generate(messages=prompt.messages, max_tokens=tokens, temperature=0)
-        answers[prompt.id] = {"prompt": ids, "answer": list(out.tokens)}
+        for seed in range(seeds) if temperature > 0 else [None]:
+            out = runtime.generate(messages=prompt.messages, max_tokens=tokens, temperature=temperature, seed=seed)
+            key = prompt.id if seed is None else f"{prompt.id}#{seed}"
+            answers[key] = {"prompt": ids, "answer": list(out.tokens)}
     data = {
         "calibration": calibrated(runtime.target).to_json(),
         "n_vocab": runtime.target.info.n_vocab,
@@ -124,7 +136,13 @@ def record(model: str, tokens: int, path: Path, prompts: Sequence[BenchPrompt]) 
 
 
 def replay(
-    prompt: list[int], answer: list[int], curve: CostCurve, n_vocab: int, policy: DraftLengthPolicy, trace: bool = False
+    prompt: list[int],
+    answer: list[int],
+    curve: CostCurve,
+    n_vocab: int,
+    policy: DraftLengthPolicy,
+    trace: bool = False,
+    sampled: bool = False,
 ) -> float:
     """Simulated seconds for the whole answer; trace prints support:drafted/accepted per step."""
     clock = Clock()
@@ -136,7 +154,7 @@ def replay(
         stats = Stats()
         produced = []
         cfg = SamplingConfig(temperature=0.0)
-        traced = Traced(policy)
+        traced = Traced(policy, sampled)
         for step in engine.generate(prompt, len(answer), cfg, traced, stats, np.random.default_rng(0)):
             produced.extend(step.tokens)
     finally:
@@ -218,14 +236,22 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--trace", action="store_true", help="print support:drafted/accepted per step")
     parser.add_argument("--fixed", type=int, action="append", default=[], help="also replay a fixed draft length")
-    parser.add_argument("--prompts", help="a JSONL file as `localspec bench --prompts` takes (default: the suite)")
+    parser.add_argument(
+        "--prompts", action="append", help="'suite' or a JSONL file as `localspec bench --prompts` takes; repeatable"
+    )
+    parser.add_argument("-t", "--temperature", type=float, default=0.0, help="replay sampled answers")
+    parser.add_argument("--seeds", type=int, default=3, help="sampled answers per prompt (with -t)")
     args = parser.parse_args()
-    suite = Path(args.prompts).stem if args.prompts else "suite"
-    path = data_dir() / f"replay-{Path(args.model).name}-{suite}-{args.tokens}.json"
+    sources = args.prompts or ["suite"]
+    suite = "+".join(Path(source).stem for source in sources)
+    sampled = args.temperature > 0
+    kind = f"-t{args.temperature:g}x{args.seeds}" if sampled else ""
+    path = data_dir() / f"replay-{Path(args.model).name}-{suite}-{args.tokens}{kind}.json"
     if path.exists():
         data = json.loads(path.read_text())
     else:
-        data = record(args.model, args.tokens, path, load_prompts(args.prompts) if args.prompts else SUITE)
+        prompts = load_prompt_sets(sources)
+        data = record(args.model, args.tokens, path, prompts, args.temperature, args.seeds)
     cal = data["calibration"]
     calibration = Calibration(
         cal["verify_seconds"], cal["decode_seconds"], cal["deep_verify_seconds"], cal["deep_depth"]
@@ -254,7 +280,7 @@ def main() -> None:
             ),
             *(FixedDraftLength(g) for g in args.fixed),
         ]
-        seconds = [replay(prompt, answer, truth, data["n_vocab"], policy, args.trace) for policy in policies]
+        seconds = [replay(prompt, answer, truth, data["n_vocab"], policy, args.trace, sampled) for policy in policies]
         seconds += [replay_lookup(prompt, answer, truth, n) for n in (4, 8)]
         ours, theirs = NgramDrafter(), []
         ours.start(prompt)

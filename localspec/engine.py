@@ -94,6 +94,7 @@ class Engine:
         max_block = self.target.capabilities.max_block
         produced = 0
         shadow: Shadow | None = None
+        policy.begin(not cfg.greedy)
         t_start = time.perf_counter()
         try:
             while True:

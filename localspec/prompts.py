@@ -4,6 +4,7 @@ Speculation gains differ hugely between them, so every figure is reported per pr
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,4 +112,13 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
         out.append(BenchPrompt(str(obj["id"]), tuple(messages)))
     if not out:
         raise InvalidRequestError(f"{path} holds no prompts")
+    return out
+
+
+def load_prompt_sets(sources: Sequence[str]) -> list[BenchPrompt]:
+    """Prompts from several places in order: "suite" is the built-in suite, anything else a
+    JSONL file as load_prompts reads."""
+    out: list[BenchPrompt] = []
+    for source in sources:
+        out += SUITE if source == "suite" else load_prompts(source)
     return out

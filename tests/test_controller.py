@@ -5,7 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength, StepOutcome, choose_static
+from localspec.backends.reference import BOS, ReferenceBackend
+from localspec.controller import (
+    SAMPLED_SUPPORT_PRIORS,
+    SUPPORT_PRIORS,
+    AdaptiveDraftLength,
+    CostCurve,
+    FixedDraftLength,
+    StepOutcome,
+    choose_static,
+)
+from localspec.drafters.ngram import NgramDrafter
+from localspec.engine import Engine
+from localspec.sampling import SamplingConfig
+from localspec.stats import Stats
 
 # Measured shapes (ms) on a 2-core AVX2 CPU, SmolLM2-135M (ANCHORS.md).
 Q4_1 = [6.2e-3, 12.4e-3, 16.7e-3, 21.0e-3, 25.1e-3, 29.2e-3, 33.3e-3, 37.4e-3, 41.9e-3]
@@ -235,3 +248,48 @@ def test_a_margin_keeps_a_costly_drafter_off_near_break_even() -> None:
     assert (
         AdaptiveDraftLength(CostCurve([10e-3, 12e-3, 14e-3]), 3.5e-3, max_gamma=2, prior=0.6, margin=0.1).choose(2) == 0
     )
+
+
+def test_sampled_requests_start_from_their_own_lower_priors() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
+    greedy = policy.expected_tokens(6, support=3)
+    policy.begin(sampled=True)
+    assert policy.by_support == list(SAMPLED_SUPPORT_PRIORS)
+    assert policy.expected_tokens(6, support=3) < greedy
+    assert all(s <= g for s, g in zip(SAMPLED_SUPPORT_PRIORS, SUPPORT_PRIORS, strict=True))
+
+
+def test_greedy_and_sampled_requests_keep_their_own_evidence() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
+    for _ in range(20):
+        policy.observe(StepOutcome(6, 0, 0.0, F16[6], support=3))  # greedy guesses keep failing
+    greedy_learnt = list(policy.by_support)
+    policy.begin(sampled=True)
+    assert policy.by_support == list(SAMPLED_SUPPORT_PRIORS)  # none of that carried over
+    policy.observe(StepOutcome(6, 6, 0.0, F16[6], support=3))
+    sampled_learnt = list(policy.by_support)
+    policy.begin(sampled=False)
+    assert policy.by_support == greedy_learnt
+    policy.begin(sampled=True)
+    assert policy.by_support == sampled_learnt
+    policy.begin(sampled=True)  # the same kind again keeps what it learnt
+    assert policy.by_support == sampled_learnt
+
+
+class KindRecorder(FixedDraftLength):
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.kinds: list[bool] = []
+
+    def begin(self, sampled: bool) -> None:
+        self.kinds.append(sampled)
+
+
+def test_the_engine_tells_the_policy_which_kind_of_request_runs() -> None:
+    target = ReferenceBackend(vocab_size=12, seed=0)
+    engine = Engine(target, NgramDrafter(min_ngram=1), free_drafter=True)
+    policy = KindRecorder()
+    rng = np.random.default_rng(0)
+    for cfg in (SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.8)):
+        list(engine.generate([BOS, 3, 4, 3, 4], 6, cfg, policy, Stats(), rng))
+    assert policy.kinds == [False, True]

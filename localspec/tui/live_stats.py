@@ -43,6 +43,9 @@ class StepRecorder:
         self.plain_steps = 0
         self.plain_seconds = 0.0
 
+    def begin(self, sampled: bool) -> None:
+        self.inner.begin(sampled)
+
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         if self.started is None:
             self.started = time.perf_counter()
