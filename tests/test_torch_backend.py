@@ -165,3 +165,22 @@ def test_greedy_speculation_reproduces_plain_decoding(torch_q4_1: TorchBackend, 
             assert spec.stats.accepted > 0
     finally:
         drafter.close()
+
+
+def test_the_cuda_attention_layout_is_grouped_query_attention() -> None:
+    # The CUDA path hands SDPA the KV heads as its batch and broadcasts keys and mask (stride
+    # 0); SDPA on the CPU runs the same layout, so the indexing is checked where CI runs.
+    import torch
+
+    from localspec.backends.torch.layers import additive, fused_attention
+
+    gen = torch.Generator().manual_seed(0)
+    kv_heads, group, n, dim, keys = 3, 3, 5, 64, 40
+    q = torch.randn(n, kv_heads * group, dim, generator=gen).transpose(0, 1)  # [heads, n, dim] as the model has it
+    k, v = torch.randn(2, kv_heads, keys, dim, generator=gen)
+    positions = torch.arange(keys - n, keys)
+    mask = additive(torch.arange(keys)[None, :] <= positions[:, None], torch.float32)
+    out = fused_attention(q.view(kv_heads, group, n, dim), k, v, mask, 0.125).reshape(kv_heads * group, n, dim)
+    for head in range(kv_heads * group):
+        scores = q[head] @ k[head // group].T * 0.125 + mask  # query head h reads KV head h // group
+        torch.testing.assert_close(out[head], torch.softmax(scores, -1) @ v[head // group])

@@ -87,6 +87,22 @@ def test_closing_a_graphed_drafter_leaves_later_captures_working(models) -> None
     assert target.eval_block(TEXT_IDS[:3], "all").shape[0] == 3
 
 
+def test_the_first_verify_block_captures_every_block_size_and_later_blocks_read_the_right_rows(models) -> None:
+    # A draft length first met mid-answer must not pay for its graph there; the captures'
+    # warm-ups write cache rows ahead of the text, which later blocks must overwrite.
+    path = models(Spec("llama"))
+    backend = on_gpu(path, dtype="float32")
+    backend.eval_block(TEXT_IDS[:5], "none")
+    backend.eval_block(TEXT_IDS[5:6], "all")
+    steps = backend._graphs
+    assert steps is not None
+    assert {n for n, mode in steps.graphs if mode == "all"} == set(range(1, steps.max_tokens + 1))
+    assert {n for n, mode in steps.graphs if mode == "none"} == {5}  # other modes: the size met
+    later = backend.eval_block(TEXT_IDS[6:9], "all").copy()
+    fresh = on_gpu(path, dtype="float32", cuda_graphs=False).eval_block(TEXT_IDS[:9], "all")[6:]
+    np.testing.assert_allclose(later, fresh, rtol=1e-5, atol=1e-5)
+
+
 def test_cuda_bfloat16_logits_stay_close_to_float32(models) -> None:
     path = models(Spec("llama"))
     full = blockwise(on_gpu(path, dtype="float32"), TEXT_IDS)

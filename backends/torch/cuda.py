@@ -2,7 +2,8 @@
 
 A small model's decode step on a GPU is a few hundred kernel launches of a few microseconds
 each, so launch overhead, not the GPU, sets the speed. Each block size n = 1..max_tokens and
-logits mode gets one graph, captured on first use (as gpt-fast does for its decode step):
+logits mode gets one graph, captured on first use (as gpt-fast does for its decode step;
+the verify mode's sizes all at once, see GraphedSteps._capture):
 its inputs (token ids, positions) live in static buffers, attention reads the whole static
 cache through a mask built from the positions tensor (layers.static_block), and the KV rows
 are written with index_copy_, so one graph serves every position. Optionally the step is
@@ -72,7 +73,7 @@ class GraphedSteps:
         else:
             key = (n, logits)
             if key not in self.graphs:
-                self.graphs[key] = self._capture(ids, positions, logits)
+                self._capture(n, past, logits)
             graph, out = self.graphs[key]
             graph.replay()
         rows = out.shape[0]
@@ -88,16 +89,28 @@ class GraphedSteps:
         self.graphs.clear()
         self.steps.clear()
 
-    def _capture(
-        self, ids: torch.Tensor, positions: torch.Tensor, logits: str
-    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, n: int, past: int, logits: str) -> None:
+        """The graph of this block, and in the verify mode ("all") those of every other size.
+
+        A capture costs about 0.1 s, a 160-token answer on an H100 about 0.35 s: the draft
+        length a request meets first mid-answer must not pay for its graph there (on an H100,
+        n-gram drafting on a chat prompt ran at 0.74x of plain decoding when it did). The
+        warm-up of a size m writes the cache rows [past, past + m): the block's own rows, which
+        its replay writes again, and rows ahead of the text, which nothing reads before the
+        text reaches them and writes them. Other modes (prefill's "none", a drafter's "last")
+        capture the size they meet."""
+        sizes = [n]
+        if logits == "all" and past + self.max_tokens <= self.cache.n_ctx:
+            sizes = [m for m in range(1, self.max_tokens + 1) if (m, logits) not in self.graphs]
         # A graph destroyed while another is being captured invalidates that capture (CUDA
         # refuses the teardown mid-capture): collect garbage first and not during it.
         enabled = gc.isenabled()
         gc.collect()
         gc.disable()
         try:
-            return self._capture_step(ids, positions, logits)
+            self.positions[: max(sizes)].copy_(self.arange[past : past + max(sizes)])
+            for m in sizes:
+                self.graphs[(m, logits)] = self._capture_step(self.tokens[:m], self.positions[:m], logits)
         finally:
             if enabled:
                 gc.enable()
