@@ -97,6 +97,9 @@ class Traced:
         self.sampled = sampled  # the recorded answer was sampled: the controller must know
         self.steps: list[tuple[int, int, int]] = []
 
+    def would_draft(self, depth: int = 0) -> bool:
+        return self.inner.would_draft(depth)
+
     def begin(self, sampled: bool) -> None:
         self.inner.begin(self.sampled)
 

@@ -73,6 +73,11 @@ class DraftLengthPolicy(Protocol):
         (temperature > 0) rather than taken as its argmax."""
         ...
 
+    def would_draft(self, depth: int = 0) -> bool:
+        """Whether a draft could come at all, were the drafter caught up: a request that will
+        not draft spares a draft model its prefill."""
+        ...
+
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         """γ for the next step, at most limit; support: how well the context backs a draft
         already made (0: unknown, or not drafted yet); backlog: tokens a draft model must
@@ -95,6 +100,9 @@ class FixedDraftLength:
 
     def begin(self, sampled: bool) -> None:
         pass
+
+    def would_draft(self, depth: int = 0) -> bool:
+        return self.gamma > 0
 
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         return min(self.gamma, limit)
@@ -225,6 +233,9 @@ class AdaptiveDraftLength:
     def rate(self, gamma: int, support: int = 0, depth: int = 0) -> float:
         cost = gamma * self.draft_seconds_per_token * self.costs.scale + self.costs.verify(gamma + 1, depth)
         return self.expected_tokens(gamma, support) / cost
+
+    def would_draft(self, depth: int = 0) -> bool:
+        return self.choose(self.max_gamma, 0, 0, depth) > 0
 
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.

@@ -15,6 +15,7 @@ from localspec.controller import (
     StepOutcome,
     choose_static,
 )
+from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.engine import Engine
 from localspec.sampling import SamplingConfig
@@ -293,3 +294,29 @@ def test_the_engine_tells_the_policy_which_kind_of_request_runs() -> None:
     for cfg in (SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.8)):
         list(engine.generate([BOS, 3, 4, 3, 4], 6, cfg, policy, Stats(), rng))
     assert policy.kinds == [False, True]
+
+
+def test_a_draft_model_the_policy_would_not_use_is_spared_its_prefill() -> None:
+    prompt = [BOS, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    greedy = SamplingConfig(temperature=0.0)
+    texts = []
+    for policy, prefilled in ((FixedDraftLength(0), False), (FixedDraftLength(2), True)):
+        draft = ReferenceBackend(vocab_size=12, seed=0, noise=0.5)
+        engine = Engine(ReferenceBackend(vocab_size=12, seed=0), ModelDrafter(draft))
+        steps = list(engine.generate(prompt, 6, greedy, policy, Stats(), np.random.default_rng(0)))
+        texts.append([t for step in steps for t in step.tokens])
+        assert (draft.n_past > 0) == prefilled
+    assert texts[0] == texts[1]  # the drafter's prefill is not part of what the target says
+    # The adaptive policy asks its own cost model: a drafter dearer than the target step never pays.
+    assert not AdaptiveDraftLength(CostCurve(list(F16)), 1.0, prior=0.9).would_draft(len(prompt))
+    assert AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, prior=0.9).would_draft(len(prompt))
+
+
+def test_a_drafter_started_cold_catches_up_when_a_draft_comes_after_all() -> None:
+    prompt = [BOS, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    draft = ReferenceBackend(vocab_size=12, seed=0, noise=0.5)
+    drafter = ModelDrafter(draft)
+    drafter.start(prompt, warm=False)
+    assert drafter.backlog(prompt) == len(prompt) - 1
+    guess = drafter.propose(prompt, 3, SamplingConfig(temperature=0.0), np.random.default_rng(0))
+    assert len(guess.tokens) >= 1 and list(draft.cached_tokens()[: len(prompt)]) == prompt

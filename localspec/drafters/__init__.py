@@ -26,8 +26,10 @@ class Draft:
 class Drafter(Protocol):
     name: str
 
-    def start(self, context: Sequence[int]) -> None:
-        """A new request begins with this committed context (its last token not yet evaluated)."""
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
+        """A new request begins with this committed context (its last token not yet evaluated).
+        warm=False: no draft is expected, so a draft model need not take the context in yet
+        (its backlog says what it would have to catch up on if a draft comes after all)."""
         ...
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:

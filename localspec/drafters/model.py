@@ -34,10 +34,11 @@ class ModelDrafter:
         self.backend = backend
         self.min_confidence = min_confidence
 
-    def start(self, context: Sequence[int]) -> None:
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
         keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
         self.backend.rollback(keep)
-        eval_chunked(self.backend, context[keep:-1], "none")
+        if warm:
+            eval_chunked(self.backend, context[keep:-1], "none")
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         past = self.backend.n_past

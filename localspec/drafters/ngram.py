@@ -36,7 +36,7 @@ class NgramDrafter:
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0
 
-    def start(self, context: Sequence[int]) -> None:
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
         self._index = {}
         self._indexed = 0
         self._extend(context)

@@ -13,7 +13,7 @@ from localspec.sampling import SamplingConfig
 class NoDrafter:
     name = "none"
 
-    def start(self, context: Sequence[int]) -> None:
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
         pass
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:

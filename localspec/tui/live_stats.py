@@ -43,6 +43,9 @@ class StepRecorder:
         self.plain_steps = 0
         self.plain_seconds = 0.0
 
+    def would_draft(self, depth: int = 0) -> bool:
+        return self.inner.would_draft(depth)
+
     def begin(self, sampled: bool) -> None:
         self.inner.begin(sampled)
 
