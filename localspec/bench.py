@@ -1,11 +1,13 @@
 """Side-by-side benchmark: plain decoding and each strategy on the same prompts, in one
 process, interleaved, so the speedups are ratios measured under the same conditions.
 
-Each repeat runs plain decoding and then every strategy back to back; a row's speedup is
-the median over repeats of the strategy's rate divided by the plain rate of the same
-repeat. On a shared machine a burst of load lasting a second or two hits one run and not
-its neighbours: the ratio of summed times lets that burst move the figure by up to 10 %,
-the median of paired ratios does not. The tokens/s columns are totals over all repeats."""
+Each repeat runs plain decoding, every strategy, and plain decoding again, back to back; a
+row's speedup is the median over repeats of the strategy's rate divided by the mean plain
+rate of the same repeat. Plain runs on both sides cancel a machine that speeds up or slows
+down steadily during a repeat, which would otherwise favour whichever runs first. On a
+shared machine a burst of load lasting a second or two hits one run and not its
+neighbours: the ratio of summed times lets that burst move the figure by up to 10 %, the
+median of paired ratios does not. The tokens/s columns are totals over all runs."""
 
 from __future__ import annotations
 
@@ -77,9 +79,13 @@ def paired_ratios(rates: Sequence[float], plain: Sequence[float]) -> list[float]
     return [r / p for r, p in zip(rates, plain, strict=True) if p > 0]
 
 
-def paired_speedup(rates: Sequence[float], plain: Sequence[float]) -> float:
+def bracketing_means(plain: Sequence[float]) -> list[float]:
+    """The plain rate of each repeat: the mean of the runs before and after its strategies."""
+    return [(before + after) / 2 for before, after in zip(plain[::2], plain[1::2], strict=True)]
+
+
+def paired_speedup(ratios: Sequence[float]) -> float:
     """Median over repeats of rate / plain rate of the same repeat (see the module doc)."""
-    ratios = paired_ratios(rates, plain)
     return statistics.median(ratios) if ratios else 0.0
 
 
@@ -120,25 +126,28 @@ def bench(
         tallies = {c.label: _Tally() for c in field_}
         runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
         for r in range(repeats):
-            for c in field_:  # interleaved, so drift in machine speed hits every column alike
+            # Interleaved, so drift in machine speed hits every column alike; plain on both
+            # sides (see the module doc).
+            for c in [*field_, plain]:
                 out = runtimes[c.label].generate(
                     messages=prompt.messages, max_tokens=max_tokens, temperature=temperature, seed=seed + r
                 )
                 tallies[c.label].add(out.stats)
         base = tallies["none"]
+        plain_rates = bracketing_means(base.rates)
         for c in field_:
             if c.label == "none" and len(field_) > 1:
                 continue
             t = tallies[c.label]
             m = t.merged
-            ratios = paired_ratios(t.rates, base.rates)
+            ratios = paired_ratios(bracketing_means(t.rates) if t is base else t.rates, plain_rates)
             rows.append(
                 BenchRow(
                     prompt=prompt.id,
                     strategy=c.label,
                     plain_tokens_per_s=base.rate,
                     spec_tokens_per_s=t.rate,
-                    speedup=paired_speedup(t.rates, base.rates),
+                    speedup=paired_speedup(ratios),
                     speedup_low=min(ratios, default=0.0),
                     speedup_high=max(ratios, default=0.0),
                     acceptance_rate=m.acceptance_rate,

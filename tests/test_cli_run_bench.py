@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.bench import paired_speedup
+from localspec.bench import bracketing_means, paired_ratios, paired_speedup
 from localspec.cli.main import main
 
 pytestmark = pytest.mark.model
@@ -129,5 +129,13 @@ def test_peer_comparison_without_built_programs_says_how_to_build(default_model_
 def test_a_burst_of_load_in_one_repeat_does_not_move_the_speedup() -> None:
     plain = [80.0, 80.0, 40.0]  # the third plain run shared the cores with something else
     spec = [120.0, 120.0, 120.0]
-    assert paired_speedup(spec, plain) == 1.5  # the ratio of totals would say 1.8
-    assert paired_speedup([90.0], [0.0]) == 0.0
+    assert paired_speedup(paired_ratios(spec, plain)) == 1.5  # the ratio of totals would say 1.8
+    assert paired_speedup(paired_ratios([90.0], [0.0])) == 0.0
+
+
+def test_plain_runs_on_both_sides_cancel_a_steady_drift() -> None:
+    # The machine slows down steadily through a repeat: plain runs at 100 tok/s before the
+    # strategy and 80 after it; the strategy, doing the same work in between, runs at 90.
+    plain = bracketing_means([100.0, 80.0, 100.0, 80.0])
+    assert plain == [90.0, 90.0]
+    assert paired_speedup(paired_ratios([90.0, 90.0], plain)) == 1.0  # plain-first alone: 0.9
