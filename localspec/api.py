@@ -18,7 +18,7 @@ import numpy as np
 
 from localspec import selfdraft
 from localspec.backend_loader import in_memory_self_drafter, load_backend
-from localspec.calibrate import calibrated, pair_agreement
+from localspec.calibrate import calibrated, drafting_seconds, pair_agreement
 from localspec.chat import render_chat
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
@@ -147,7 +147,7 @@ class Runtime:
         drafter = calibrated(self.draft)
         return AdaptiveDraftLength(
             curve,
-            drafter.decode_seconds,
+            drafting_seconds(self.draft),
             max_gamma=MAX_DRAFT,
             prior=prior,
             catch_up_seconds_per_token=drafter.verify_seconds[-1] / len(drafter.verify_seconds),

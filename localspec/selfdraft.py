@@ -23,7 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.calibrate import CALIBRATION_TEXT, agreement, backend_key, calibrated, remember, remembered
+from localspec.calibrate import (
+    CALIBRATION_TEXT,
+    agreement,
+    backend_key,
+    calibrated,
+    drafting_seconds,
+    remember,
+    remembered,
+)
 from localspec.controller import AdaptiveDraftLength
 from localspec.errors import InvalidRequestError
 from localspec.paths import data_dir
@@ -127,7 +135,7 @@ def best_in_memory(target: Backend, kind: str, labels: list[str], make: Callable
 
 
 def predicted_rate(target: Backend, draft: Backend, alpha: float) -> float:
-    policy = AdaptiveDraftLength(calibrated(target).cost_curve(), calibrated(draft).decode_seconds, prior=alpha)
+    policy = AdaptiveDraftLength(calibrated(target).cost_curve(), drafting_seconds(draft), prior=alpha)
     return policy.rate(policy.choose(policy.max_gamma))
 
 

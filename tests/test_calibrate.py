@@ -65,3 +65,20 @@ def test_a_cached_curve_without_the_long_text_is_measured_again(
 def test_a_small_context_keeps_one_curve(temporary_localspec_home: Path) -> None:
     cal = calibrate.calibrated(load("reference:seed=3", n_ctx=64))
     assert cal.deep_verify_seconds is None and cal.cost_curve().verify(1, 60) == cal.verify_seconds[0]
+
+
+def test_a_draft_model_is_timed_as_the_engine_drives_it_once(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draft = load("reference:seed=3,noise=0.3")
+    seconds = calibrate.drafting_seconds(draft)
+    assert seconds > 0 and draft.n_past == 0
+    monkeypatch.setattr(calibrate.ModelDrafter, "propose", lambda *args: pytest.fail("measured again"))
+    assert calibrate.drafting_seconds(draft) == seconds
+
+
+def test_a_model_drafter_is_costed_at_its_measured_drafting_speed(temporary_localspec_home: Path) -> None:
+    target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
+    policy = Runtime(target, draft, strategy="draft").policy
+    assert isinstance(policy, AdaptiveDraftLength)
+    assert policy.draft_seconds_per_token == calibrate.drafting_seconds(draft)
