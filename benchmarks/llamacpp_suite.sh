@@ -20,16 +20,16 @@ read -r Q4_1 F16 Q4_0 <<<"$models"
 run() { echo "+ localspec bench $*" >&2; localspec bench "$@"; }
 
 # Issue 2/4: F16 target, n-gram and a Q4_0 draft model, adaptive draft length, greedy, vs llama.cpp's programs.
-run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --build-peers -r 5 --json >"$out/f16_greedy.json"
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --build-peers -r 7 --json >"$out/f16_greedy.json"
 # llama-lookup at a longer fixed draft too, so the comparison is not against one setting only.
 run --model "$F16" -s ngram --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --peer-draft-tokens 8 -r 3 --json >"$out/f16_ngram_vs_lookup8.json"
 # Twenty more prompts (code edits, rewrites, structured output, arithmetic, open questions).
 run --model "$F16" -s ngram --peers ${PEERS_BIN:+--peers-bin "$PEERS_BIN"} --prompts benchmarks/prompts_wide.jsonl -n 200 -r 2 --json >"$out/f16_wide.json"
-# Same at temperature 0.8 (5 seeds).
-run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 5 --json >"$out/f16_t08.json"
+# Same at temperature 0.8 (7 seeds).
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 7 --json >"$out/f16_t08.json"
 # The Q4_1 target (the embedded default): verification is compute-bound here.
-run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -r 5 --json >"$out/q4_1_greedy.json"
-run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 5 --json >"$out/q4_1_t08.json"
+run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -r 7 --json >"$out/q4_1_greedy.json"
+run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 7 --json >"$out/q4_1_t08.json"
 # Fixed draft lengths, to show what adaptivity buys.
 run --model "$F16" -s ngram --draft-tokens 6 -r 2 --json >"$out/f16_ngram_fixed6.json"
 run --model "$F16" --draft-model "$Q4_0" -s draft --draft-tokens 4 -r 2 --json >"$out/f16_draft_fixed4.json"
@@ -48,7 +48,16 @@ python benchmarks/verify_costs.py "$Q4_1" >"$out/verify_costs_q4_1.txt"
 python benchmarks/replay_drafters.py "$F16" >"$out/replay_suite_f16.md"
 python benchmarks/replay_drafters.py "$F16" --prompts benchmarks/prompts_wide.jsonl --tokens 200 >"$out/replay_wide_f16.md"
 python benchmarks/replay_drafters.py "$Q4_1" --prompts benchmarks/prompts_wide.jsonl --tokens 200 >"$out/replay_wide_q4_1.md"
+# Sampled answers (t = 0.8, five seeds of all 25 prompts) replayed the same way.
+both=(--prompts benchmarks/prompts_wide.jsonl --prompts suite)
+python benchmarks/replay_drafters.py "$F16" "${both[@]}" -t 0.8 --seeds 5 >"$out/replay_sampled_f16.md"
+python benchmarks/replay_drafters.py "$Q4_1" "${both[@]}" -t 0.8 --seeds 5 >"$out/replay_sampled_q4_1.md"
 # Issue 8 / 7: every strategy on the torch backend, where torch is installed.
 if python -c "import torch" 2>/dev/null; then
     run --backend torch -s ngram -s qspec:int8 -s layerskip -r 2 --json >"$out/torch.json"
 fi
+# How often n-gram guesses come true per support level, greedy and sampled (the controller's priors).
+for m in "$Q4_1" "$F16"; do
+    echo "== $(basename "$m")"
+    python benchmarks/acceptance_by_support.py "$m" "${both[@]}" --seeds 3
+done >"$out/acceptance_by_support.txt"

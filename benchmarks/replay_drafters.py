@@ -261,29 +261,32 @@ def main() -> None:
     )
     for name, values in (("curve", cal["verify_seconds"]), ("deep curve", cal["deep_verify_seconds"] or [])):
         print(f"{name} (ms): {' '.join(f'{t * 1e3:.1f}' for t in values)}")
-    columns = ["localspec", "no depth", *(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8"]
-    columns += ["ceiling", "lookup ceiling"]
+    # On sampled answers, also the controller as if the requests were greedy (its greedy
+    # priors and tables): what the separate sampled tables change.
+    columns = ["localspec", *(["greedy priors"] if sampled else []), "no depth"]
+    columns += [*(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8", "ceiling", "lookup ceiling"]
     print("speedup over plain decoding, simulated clock; ceiling: the best any draft length could do")
     print(f"| prompt | {' | '.join(columns)} |")
     print(f"|---|{'---|' * len(columns)}")
     totals = [0.0] * (len(columns) + 1)
+    losses = [0] * len(columns)
     for pid, rec in data["answers"].items():
         prompt, answer = rec["prompt"], rec["answer"]
         truth = calibration.cost_curve()
         plain = sum(truth.verify(1, len(prompt) - 1 + i) for i in range(len(answer)))
-        policies: list[DraftLengthPolicy] = [
-            AdaptiveDraftLength(
-                calibration.cost_curve(), NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN
-            ),
-            AdaptiveDraftLength(
-                CostCurve(list(cal["verify_seconds"])),
-                NGRAM_SECONDS_PER_TOKEN,
-                max_gamma=MAX_DRAFT,
-                margin=NGRAM_MARGIN,
-            ),
-            *(FixedDraftLength(g) for g in args.fixed),
+
+        def adaptive(curve: CostCurve) -> AdaptiveDraftLength:
+            return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
+
+        policies: list[tuple[DraftLengthPolicy, bool]] = [
+            (adaptive(calibration.cost_curve()), sampled),
+            *([(adaptive(calibration.cost_curve()), False)] if sampled else []),
+            (adaptive(CostCurve(list(cal["verify_seconds"]))), sampled),
+            *((FixedDraftLength(g), sampled) for g in args.fixed),
         ]
-        seconds = [replay(prompt, answer, truth, data["n_vocab"], policy, args.trace, sampled) for policy in policies]
+        seconds = [
+            replay(prompt, answer, truth, data["n_vocab"], policy, args.trace, kind) for policy, kind in policies
+        ]
         seconds += [replay_lookup(prompt, answer, truth, n) for n in (4, 8)]
         ours, theirs = NgramDrafter(), []
         ours.start(prompt)
@@ -294,7 +297,9 @@ def main() -> None:
         seconds += [ceiling(prompt, answer, truth, guesses), ceiling(prompt, answer, truth, theirs)]
         print(f"| {pid} | {' | '.join(f'{plain / t:.2f}x' for t in seconds)} |")
         totals = [a + b for a, b in zip(totals, [plain, *seconds], strict=True)]
+        losses = [n + (plain / t < 0.98) for n, t in zip(losses, seconds, strict=True)]
     print(f"| all (total time) | {' | '.join(f'{totals[0] / t:.2f}x' for t in totals[1:])} |")
+    print(f"| answers below 0.98x | {' | '.join(str(n) for n in losses)} |")
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ class CostCurve:
     Measured at load at two context lengths (`depth` and `deep_depth`, k = 1..K each) and
     interpolated linearly between them: attention makes every pass dearer as the text grows,
     by an amount that depends on k (F16 135M on a 2-core CPU behind 1024 tokens instead of
-    32: +51 % for one token, +81 % for five, +127 % for sixteen; Q4_1: +15 %, +40 %, +33 %;
+    32, two runs: +42-51 % for one token, +81-102 % for five, +127-151 % for sixteen;
     `benchmarks/verify_costs.py`), so a curve measured on a short text, scaled by one factor,
     mispredicts drafts late in a long answer. `scale` is the drift the machine adds on top
     (another process, thermal limits)."""
