@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Sequence
 
 from localspec.api import load
-from localspec.controller import SUPPORT_EDGES, FixedDraftLength, StepOutcome, support_level
+from localspec.controller import SUPPORT_EDGES, FixedDraftLength, support_level
 from localspec.prompts import BenchPrompt, load_prompt_sets
 
 
@@ -30,9 +30,6 @@ class Tally(FixedDraftLength):
         super().__init__(0)
         self.hits = [0] * len(SUPPORT_EDGES)
         self.seen = [0] * len(SUPPORT_EDGES)
-
-    def observe(self, step: StepOutcome) -> None:
-        pass
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         for i in range(start, min(accepted + 1, drafted)):

@@ -233,6 +233,11 @@ def ceiling(prompt: list[int], answer: list[int], curve: CostCurve, guesses: Seq
     return best[0]
 
 
+def adaptive(curve: CostCurve) -> AdaptiveDraftLength:
+    """The controller as the runtime builds it for n-gram drafting."""
+    return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -274,9 +279,6 @@ def main() -> None:
         prompt, answer = rec["prompt"], rec["answer"]
         truth = calibration.cost_curve()
         plain = sum(truth.verify(1, len(prompt) - 1 + i) for i in range(len(answer)))
-
-        def adaptive(curve: CostCurve) -> AdaptiveDraftLength:
-            return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
 
         policies: list[tuple[DraftLengthPolicy, bool]] = [
             (adaptive(calibration.cost_curve()), sampled),
