@@ -36,6 +36,10 @@ from localspec.textstream import TextAssembler
 STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
+# The pair's measured agreement counts as this many observed draft positions
+# (AdaptiveDraftLength.prior_weight): two misses in a row take 0.95 to 0.86, not to 0.7,
+# while a drafter that misses everywhere still loses half its prior within 20 positions.
+AGREEMENT_WEIGHT = 20.0
 NGRAM_MARGIN = 0.05  # see AdaptiveDraftLength.margin: a draft's graph rebuilds
 NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pass
 
@@ -150,6 +154,7 @@ class Runtime:
             drafting_seconds(self.draft),
             max_gamma=MAX_DRAFT,
             prior=prior,
+            prior_weight=AGREEMENT_WEIGHT,
             catch_up_seconds_per_token=drafter.verify_seconds[-1] / len(drafter.verify_seconds),
             margin=MODEL_DRAFT_MARGIN,
         )

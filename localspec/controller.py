@@ -174,8 +174,10 @@ class AdaptiveDraftLength:
     draft_seconds_per_token: float
     max_gamma: int = 12
     prior: float = 0.5  # for drafts of unknown support
-    # EMA weights: a rejection counts more than an acceptance, because a wasted long draft
-    # costs several plain steps while a missed chance costs only the gain it would have made.
+    # EMA weights of a free drafter's support levels (weight_hit also smooths the drafter's
+    # cost): a rejection counts more than an acceptance, because a wasted long draft costs
+    # several plain steps while a missed chance costs only the gain it would have made, and
+    # an n-gram guess's chance changes abruptly where the copying stops.
     weight_hit: float = 0.15
     weight_miss: float = 0.3
     relax: float = 0.003  # per step, unobserved estimates drift back toward their prior
@@ -190,17 +192,32 @@ class AdaptiveDraftLength:
     # here, 4-10 % of a step; `benchmarks/verify_costs.py`), which a marginal draft in a short
     # answer does not win back.
     margin: float = 0.0
+    # How many observations the prior is worth for drafts of unknown support (model
+    # drafters), and how many observations of a position the estimate remembers. A draft
+    # model's misses are rare and come in clusters where the text turns (an int8 copy of the
+    # target agreed with it on 95-98 % of every suite answer, yet missed twice in a row where
+    # the code edit left the copied function); a miss-heavy EMA read those two misses as a
+    # rate near 0.7, and a model drafter that stops drafting also stops collecting evidence.
+    # Counting hits and trials, with the measured agreement as the prior, keeps one cluster
+    # from outweighing everything seen before it.
+    prior_weight: float = 2.0
+    memory: float = 50.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
     # by_support[level - 1]: the same per support level of a free drafter's guessed tokens.
     by_support: list[float] = field(default_factory=list)
-    sampled: bool = False  # the kind of request alpha and by_support are for (see begin)
-    _other_kind: tuple[list[float], list[float]] | None = field(default=None, repr=False)
+    sampled: bool = False  # the kind of request the estimates are for (see begin)
+    # The evidence behind alpha: discounted hits and trials per position.
+    hits: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+    _other_kind: _Estimates | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.alpha:
             self.alpha = [self.prior] * self.max_gamma
         if not self.by_support:
             self.by_support = list(support_priors(self.sampled))
+        self.hits = self.hits or [0.0] * len(self.alpha)
+        self.trials = self.trials or [0.0] * len(self.alpha)
 
     def begin(self, sampled: bool) -> None:
         # A sampled token matches a guess with the target's probability of it, a greedy one
@@ -209,11 +226,13 @@ class AdaptiveDraftLength:
         # session that switches temperature does not carry one kind's evidence into the other.
         if sampled == self.sampled:
             return
-        current = (self.alpha, self.by_support)
+        current = _Estimates(self.alpha, self.by_support, self.hits, self.trials)
         if self._other_kind is None:
-            self.alpha, self.by_support = [self.prior] * self.max_gamma, list(support_priors(sampled))
+            n = len(self.alpha)
+            fresh = _Estimates([self.prior] * n, list(support_priors(sampled)), [0.0] * n, [0.0] * n)
         else:
-            self.alpha, self.by_support = self._other_kind
+            fresh = self._other_kind
+        self.alpha, self.by_support, self.hits, self.trials = fresh.alpha, fresh.by_support, fresh.hits, fresh.trials
         self._other_kind = current
         self.sampled = sampled
 
@@ -276,21 +295,44 @@ class AdaptiveDraftLength:
             self._learn(support, i, 1.0 if i < accepted else 0.0)
 
     def _learn(self, support: int, i: int, outcome: float) -> None:
-        table, slot = (self.alpha, i) if support <= 0 else (self.by_support, support_level(support + i) - 1)
+        if support <= 0:
+            keep = 1.0 - 1.0 / self.memory
+            self.hits[i] = self.hits[i] * keep + outcome
+            self.trials[i] = self.trials[i] * keep + 1.0
+            self._estimate(i)
+            return
+        slot = support_level(support + i) - 1
         weight = self.weight_hit if outcome else self.weight_miss
-        table[slot] += weight * (outcome - table[slot])
+        self.by_support[slot] += weight * (outcome - self.by_support[slot])
+
+    def _estimate(self, i: int) -> None:
+        self.alpha[i] = (self.prior * self.prior_weight + self.hits[i]) / (self.prior_weight + self.trials[i])
 
     def _relax(self, support: int, start: int) -> None:
         # Estimates nothing observed in a while drift back toward their priors: the positions
-        # a model drafter did not reach, or the support levels a step did not touch.
+        # a model drafter did not reach (their evidence ages), or the support levels a step
+        # did not touch.
         if support <= 0:
-            for i in range(start, self.max_gamma):
-                self.alpha[i] += self.relax * (self.prior - self.alpha[i])
+            for i in range(start, len(self.alpha)):
+                if self.trials[i] > 0:
+                    self.hits[i] *= 1.0 - self.relax
+                    self.trials[i] *= 1.0 - self.relax
+                    self._estimate(i)
             return
         touched = {support_level(support + i) for i in range(start)}
         for level, prior in enumerate(support_priors(self.sampled), 1):
             if level not in touched:
                 self.by_support[level - 1] += self.relax * (prior - self.by_support[level - 1])
+
+
+@dataclass
+class _Estimates:
+    """One kind of request's acceptance estimates (AdaptiveDraftLength.begin swaps them)."""
+
+    alpha: list[float]
+    by_support: list[float]
+    hits: list[float]
+    trials: list[float]
 
 
 def choose_static(costs: Sequence[float], alpha: float, draft_cost: float, max_gamma: int) -> int:

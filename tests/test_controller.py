@@ -14,6 +14,7 @@ from localspec.controller import (
     FixedDraftLength,
     StepOutcome,
     choose_static,
+    support_level,
 )
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
@@ -121,17 +122,62 @@ def test_drift_seen_on_single_token_steps_moves_the_whole_curve() -> None:
 
 def test_random_acceptance_stream_converges_near_its_true_rate() -> None:
     rng = np.random.default_rng(0)
-    even = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4, weight_hit=0.05, weight_miss=0.05)
-    cautious = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4)
+    policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4)
+    even = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, weight_hit=0.05, weight_miss=0.05)
+    cautious = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0)
     for _ in range(2000):
         accepted = 0
         while accepted < 4 and rng.random() < 0.7:
             accepted += 1
-        even.observe(StepOutcome(4, accepted, 0.0, NEARLY_FREE[4]))
-        cautious.observe(StepOutcome(4, accepted, 0.0, NEARLY_FREE[4]))
-    assert even.alpha[0] == pytest.approx(0.7, abs=0.1)
-    # The default weighs rejections more: it settles below the true rate, on the safe side.
-    assert 0.4 < cautious.alpha[0] < even.alpha[0]
+        policy.observe(StepOutcome(4, accepted, 0.0, NEARLY_FREE[4]))  # a model drafter's drafts
+        hit = int(rng.random() < 0.7)
+        even.observe_shadow(1, hit, support=8)  # a free drafter's guesses of support 8
+        cautious.observe_shadow(1, hit, support=8)
+    # A model drafter's estimates count hits and trials: they settle on the true rate.
+    assert policy.alpha[0] == pytest.approx(0.7, abs=0.08)
+    assert policy.alpha[3] == pytest.approx(0.7, abs=0.1)
+    level = support_level(8) - 1
+    assert even.by_support[level] == pytest.approx(0.7, abs=0.1)
+    # A free drafter's support levels weigh rejections more: below the true rate, on the safe side.
+    assert 0.4 < cautious.by_support[level] < even.by_support[level]
+
+
+# A CPU where a draft model's token costs half a target step and a pass over 2-6 tokens
+# little more than one (the torch backend on this machine, an int8 copy of an f32 target).
+FLAT = [22.5e-3, 24.7e-3, 27.8e-3, 33.6e-3, 36.6e-3, 36.6e-3, 39.9e-3, 43.2e-3]
+
+
+def test_a_short_cluster_of_misses_does_not_stop_a_drafter_that_agreed_all_along() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(FLAT)), 11e-3, max_gamma=6, prior=0.95, prior_weight=20, margin=0.1)
+    for _ in range(20):
+        g = policy.choose(6)
+        assert g > 0
+        policy.observe(StepOutcome(g, g, g * 11e-3, FLAT[g]))
+    policy.observe(StepOutcome(5, 0, 55e-3, FLAT[5]))  # where the text turns
+    policy.observe(StepOutcome(5, 1, 55e-3, FLAT[5]))
+    assert policy.choose(6) > 0
+    assert policy.alpha[0] > 0.85
+
+
+def test_a_drafter_that_keeps_missing_stops_despite_a_high_prior() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(FLAT)), 11e-3, max_gamma=6, prior=0.95, prior_weight=20, margin=0.1)
+    chosen = []
+    for _ in range(40):
+        g = policy.choose(6)
+        chosen.append(g)
+        policy.observe(StepOutcome(g, 0, g * 11e-3, FLAT[g]))
+    assert chosen[0] > 0
+    assert chosen[-20:] == [0] * 20
+
+
+def test_a_model_drafters_evidence_ages_while_it_sits_out() -> None:
+    policy = AdaptiveDraftLength(CostCurve(list(FLAT)), 11e-3, max_gamma=6, prior=0.95, prior_weight=2)
+    for _ in range(10):
+        policy.observe(StepOutcome(1, 0, 11e-3, FLAT[1]))
+    low = policy.alpha[0]
+    for _ in range(1000):
+        policy.observe(StepOutcome(0, 0, 0.0, FLAT[0]))  # sitting out: no new evidence
+    assert low < 0.2 < 0.6 < policy.alpha[0] < 0.95
 
 
 def test_a_cost_curve_needs_positive_timings() -> None:
