@@ -528,6 +528,20 @@ def test_cpu_matrices_multiply_as_the_dense_weight_does(rows: int, kind: str) ->
     torch.testing.assert_close(matrix.rows(ids), matrix.dense()[ids])
 
 
+def test_a_long_int8_block_stays_on_the_native_kernel(monkeypatch) -> None:
+    # torch's int8 operator costs ~60 ms a row on this CPU: a drafter's prefill through it
+    # took 10 s for a 165-token prompt.
+    if native.kernels() is None:
+        pytest.skip("no C compiler or no AVX2: the operator is the only int8 path here")
+    matrix = Int8(torch.randn(100, 64), None)
+
+    def refuse(*args: object) -> torch.Tensor:
+        raise AssertionError("a block of 40 rows went through torch's int8 operator")
+
+    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", refuse)
+    assert matrix(torch.randn(40, 64)).shape == (40, 100)
+
+
 def test_the_native_kernels_compute_what_the_torch_operators_do(models, monkeypatch) -> None:
     for spec in (Spec("llama"), Spec("gemma3")):
         path = str(models(spec))
