@@ -127,7 +127,8 @@ class Int8:
             # through the kernel KERNEL_ROWS rows at a time: torch's int8 kernel costs ~60 ms a
             # row here, which made a 165-token prompt's drafter prefill take 10 s, not 0.3 s.
             chunks = [
-                self.kernels.matmul(part.contiguous(), self.panels, self.panel_scale) for part in x.split(KERNEL_ROWS)
+                self.kernels.matmul(part.contiguous(), self.panels, self.panel_scale)
+                for part in torch.split(x, KERNEL_ROWS)
             ]
             y = (chunks[0] if len(chunks) == 1 else torch.cat(chunks))[:, : self.out_features]
         elif self.on_cpu:
