@@ -108,6 +108,13 @@ class Traced:
         self.steps.append((support, gamma, 0))
         return gamma
 
+    def choose_source(
+        self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
+    ) -> tuple[int, bool]:
+        gamma, from_lookup = self.inner.choose_source(guessed, support, limit, backlog, depth)
+        self.steps.append((support if from_lookup else 0, gamma, 0))
+        return gamma, from_lookup
+
     def observe(self, step: StepOutcome) -> None:
         support, gamma, _ = self.steps[-1]
         self.steps[-1] = (support, gamma, step.accepted)

@@ -26,19 +26,28 @@ def main() -> None:
     if not isinstance(policy, AdaptiveDraftLength):
         raise SystemExit("the trace needs the adaptive draft length (--draft-tokens auto)")
     steps: list[tuple[int, int, int]] = []
-    choose, observe = policy.choose, policy.observe
+    choose, choose_source, observe = policy.choose, policy.choose_source, policy.observe
 
     def traced_choose(limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         gamma = choose(limit, support, backlog, depth)
         steps.append((support, gamma, 0))
         return gamma
 
+    def traced_choose_source(
+        guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
+    ) -> tuple[int, bool]:
+        # A draft model beside n-gram lookup: support 0 marks the model's drafts.
+        gamma, from_lookup = choose_source(guessed, support, limit, backlog, depth)
+        steps.append((support if from_lookup else 0, gamma, 0))
+        return gamma, from_lookup
+
     def traced_observe(step: StepOutcome) -> None:
         support, gamma, _ = steps[-1]
         steps[-1] = (support, gamma, step.accepted)
         observe(step)
 
-    policy.choose, policy.observe = traced_choose, traced_observe  # type: ignore[method-assign]
+    policy.choose, policy.choose_source = traced_choose, traced_choose_source  # type: ignore[method-assign]
+    policy.observe = traced_observe  # type: ignore[method-assign]
     prompt = next(p for p in SUITE if p.id == args.prompt)
     out = runtime.generate(messages=prompt.messages, max_tokens=args.tokens, temperature=0)
     print("support:drafted/accepted per step")

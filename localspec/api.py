@@ -123,8 +123,11 @@ class Runtime:
         self.strategy = strategy
         self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
         self.drafter: Drafter = self._make_drafter()
-        self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram")
         self.policy = self._make_policy(draft_tokens, calibrate)
+        # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
+        # the policy predicts faster at each step; a fixed draft length uses the model alone.
+        lookup = NgramDrafter() if self.draft is not None and isinstance(self.policy, AdaptiveDraftLength) else None
+        self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
         self._owner: _Owner | None = None
 
@@ -157,6 +160,8 @@ class Runtime:
             prior_weight=AGREEMENT_WEIGHT,
             catch_up_seconds_per_token=drafter.verify_seconds[-1] / len(drafter.verify_seconds),
             margin=MODEL_DRAFT_MARGIN,
+            lookup_seconds_per_token=NGRAM_SECONDS_PER_TOKEN,
+            lookup_margin=NGRAM_MARGIN,
         )
 
     # -- requests ---------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
 # A free drafter guesses this far ahead before γ is chosen; what no step verifies is scored
-# later as free evidence (see Engine._settle_shadow).
-FREE_DRAFT_TOKENS = 16
+# later as free evidence (see Shadow).
+FREE_GUESS_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,18 @@ class Engine:
     """Runs requests for one target and one drafter. The caches outlive requests, so a new
     turn only evaluates what changed since the last one."""
 
-    def __init__(self, target: Backend, drafter: Drafter, free_drafter: bool = False) -> None:
+    def __init__(
+        self, target: Backend, drafter: Drafter, free_drafter: bool = False, lookup: Drafter | None = None
+    ) -> None:
         self.target = target
         self.drafter = drafter
         # A free drafter (n-gram) guesses before γ is chosen, so the policy can weigh how well
         # the guess is supported, and its unverified guesses still teach the policy.
         self.free_drafter = free_drafter
+        # A free drafter beside a draft model: where the text repeats, a copied passage is
+        # guessed for nothing and right more often than a small model's guess; elsewhere the
+        # model drafts. The policy picks per step (choose_source).
+        self.lookup = lookup
 
     def generate(
         self,
@@ -81,6 +87,8 @@ class Engine:
         todo = list(prompt[keep:-1])
         eval_chunked(self.target, todo, "none")
         self.drafter.start(prompt, warm_drafter)
+        if self.lookup is not None:
+            self.lookup.start(prompt)
         stats.prefill_tokens = len(todo) + 1
         stats.prefill_seconds = time.perf_counter() - t0
 
@@ -108,10 +116,22 @@ class Engine:
                     return
                 limit = min(room, max_tokens - produced - 1, max_block - 1)
                 t0 = time.perf_counter()
+                from_lookup = False
                 if self.free_drafter:
-                    draft = self.drafter.propose(ctx, min(limit, FREE_DRAFT_TOKENS), cfg, rng) if limit > 0 else Draft()
+                    draft = self.drafter.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
                     gamma = policy.choose(len(draft.tokens), draft.support, depth=past)
                     backlog = 0
+                elif self.lookup is not None:
+                    draft = self.lookup.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
+                    backlog = self.drafter.backlog(ctx)
+                    gamma, from_lookup = policy.choose_source(len(draft.tokens), draft.support, limit, backlog, past)
+                    if from_lookup:
+                        backlog = 0
+                    else:
+                        # The unused guess is still scored once the text is known: free evidence.
+                        if shadow is None and draft.tokens:
+                            shadow = Shadow(draft.tokens, len(ctx), draft.support, 0)
+                        draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
                 else:
                     backlog = self.drafter.backlog(ctx)
                     gamma = policy.choose(limit, 0, backlog, past)
@@ -126,16 +146,19 @@ class Engine:
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
-                if shadow is None and n_acc == len(tokens) < len(draft.tokens):
+                guessed = self.free_drafter or from_lookup
+                if guessed and shadow is None and n_acc == len(tokens) < len(draft.tokens):
                     shadow = Shadow(draft.tokens, len(ctx), draft.support, len(tokens))
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
-                self.drafter.commit(ctx, n_acc)
+                self.drafter.commit(ctx, 0 if from_lookup else n_acc)
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
                 stats.record_step(gamma, len(tokens), n_acc)
                 policy.observe(
-                    StepOutcome(len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0, past)
+                    StepOutcome(
+                        len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0, past, from_lookup
+                    )
                 )
                 if shadow is not None and shadow.settle(ctx, policy):
                     shadow = None

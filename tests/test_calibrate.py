@@ -11,6 +11,7 @@ from localspec import calibrate
 from localspec.api import Runtime
 from localspec.backends.reference import load
 from localspec.controller import AdaptiveDraftLength
+from localspec.drafters.ngram import NgramDrafter
 
 
 def test_a_close_drafter_agrees_more_than_a_distant_one(temporary_localspec_home: Path) -> None:
@@ -34,6 +35,14 @@ def test_a_model_drafter_starts_from_the_measured_agreement(temporary_localspec_
     assert isinstance(policy, AdaptiveDraftLength)
     assert policy.prior == calibrate.pair_agreement(target, draft)
     assert policy.alpha[0] == policy.prior
+
+
+def test_an_adaptive_draft_model_drafts_beside_ngram_lookup(temporary_localspec_home: Path) -> None:
+    target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
+    assert isinstance(Runtime(target, draft, strategy="draft").engine.lookup, NgramDrafter)
+    # A fixed draft length drafts with the model it was given, and n-gram alone needs no pair.
+    assert Runtime(target, draft, strategy="draft", draft_tokens=3).engine.lookup is None
+    assert Runtime(target, None, strategy="ngram").engine.lookup is None
 
 
 def test_a_small_context_measures_on_what_fits(temporary_localspec_home: Path) -> None:

@@ -170,6 +170,50 @@ def test_a_drafter_that_keeps_missing_stops_despite_a_high_prior() -> None:
     assert chosen[-20:] == [0] * 20
 
 
+def hybrid() -> AdaptiveDraftLength:
+    """An int8 self-drafter (11 ms a token, 95 % agreement) beside a free n-gram lookup."""
+    return AdaptiveDraftLength(
+        CostCurve(list(FLAT)),
+        11e-3,
+        max_gamma=8,
+        prior=0.95,
+        prior_weight=20,
+        margin=0.1,
+        lookup_seconds_per_token=2e-5,
+    )
+
+
+def test_a_long_copy_goes_to_the_lookup_and_new_text_to_the_model() -> None:
+    policy = hybrid()
+    gamma, from_lookup = policy.choose_source(16, support=32, limit=15)
+    assert from_lookup and gamma >= 6  # a 32-token match: free and nearly sure
+    gamma, from_lookup = policy.choose_source(16, support=1, limit=15)
+    assert not from_lookup and gamma > 0  # a 1-token match is right 15 % of the time
+    assert policy.choose_source(0, support=0, limit=15) == (policy.choose(15), False)
+
+
+def test_a_long_catch_up_keeps_the_model_out_while_the_lookup_has_a_guess() -> None:
+    policy = hybrid()
+    policy.catch_up_seconds_per_token = 4e-3
+    assert policy.choose_source(4, support=2, limit=15, backlog=1)[1] is False
+    lookup_gamma = policy._best(4, 2, 0, 0, 2e-5, 0.0)[0]
+    assert lookup_gamma > 0
+    assert policy.choose_source(4, support=2, limit=15, backlog=90) == (lookup_gamma, True)
+
+
+def test_the_lookups_drafts_do_not_teach_the_model_drafters_cost() -> None:
+    policy = hybrid()
+    policy.observe(StepOutcome(10, 10, 2e-4, FLAT[7], support=20, lookup=True))
+    assert policy.draft_seconds_per_token == pytest.approx(11e-3)
+    assert policy.alpha[0] == pytest.approx(0.95)  # a lookup draft is evidence about the lookup
+    policy.observe(StepOutcome(2, 2, 2 * 13e-3, FLAT[2]))
+    assert policy.draft_seconds_per_token > 11e-3
+
+
+def test_a_fixed_length_drafts_with_the_model() -> None:
+    assert FixedDraftLength(4).choose_source(16, support=32, limit=3) == (3, False)
+
+
 def test_a_model_drafters_evidence_ages_while_it_sits_out() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(FLAT)), 11e-3, max_gamma=6, prior=0.95, prior_weight=2)
     for _ in range(10):

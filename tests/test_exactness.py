@@ -16,9 +16,10 @@ from typing import cast
 import numpy as np
 import pytest
 from scipy.stats import chisquare
+from sources import AlternatingSources
 
 from localspec.backends.reference import BOS, ReferenceBackend
-from localspec.controller import FixedDraftLength
+from localspec.controller import DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
@@ -71,13 +72,14 @@ def emitted(
     prompt: Sequence[int],
     max_tokens: int,
     cfg: SamplingConfig,
-    gamma: int,
+    gamma: int | DraftLengthPolicy,
     rng: np.random.Generator,
     stats: Stats,
     enough: int | None = None,
 ) -> list[int]:
     """The tokens a request yields; with `enough`, the request is abandoned once that many came."""
-    steps = engine.generate(prompt, max_tokens, cfg, FixedDraftLength(gamma), stats, rng)
+    policy = FixedDraftLength(gamma) if isinstance(gamma, int) else gamma
+    steps = engine.generate(prompt, max_tokens, cfg, policy, stats, rng)
     tokens: list[int] = []
     # generate() is a generator; closing it early is what a caller hitting a stop string does.
     with contextlib.closing(cast(Generator[Step, None, None], steps)):
@@ -214,7 +216,7 @@ GREEDY_DRAFTERS: dict[str, Callable[[], Drafter]] = {
 }
 
 
-def greedy_tokens(engine: Engine, prompt: list[int], gamma: int, stats: Stats) -> list[int]:
+def greedy_tokens(engine: Engine, prompt: list[int], gamma: int | DraftLengthPolicy, stats: Stats) -> list[int]:
     rng = np.random.default_rng(MASTER_SEED)  # greedy must not draw from it; any seed will do
     return emitted(engine, prompt, GREEDY_TOKENS, GREEDY, gamma, rng, stats)
 
@@ -242,6 +244,35 @@ def test_greedy_speculation_reproduces_plain_decoding(drafter: str, gamma: int) 
         drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
     if drafter != "none":
         assert drafted > accepted > 0
+
+
+@pytest.mark.parametrize("cfg", [FULL, TRUNCATED], ids=["full", "truncated"])
+def test_a_draft_model_beside_ngram_lookup_keeps_the_target_law(cfg: SamplingConfig) -> None:
+    # The first step drafts from the lookup (one-hot proposals), the second from the model
+    # (its own law) after catching up on what the lookup's draft committed.
+    engine = Engine(target(), ModelDrafter(draft_model(), min_confidence=0.0), lookup=NgramDrafter())
+    observed: Counter[Outcome] = Counter()
+    policy = AlternatingSources(3)
+    for run in range(N_RUNS):
+        policy.steps = 0
+        tokens = emitted(engine, PROMPT, 4, cfg, policy, run_rng(run), Stats(), enough=2)
+        observed[outcome(tokens)] += 1
+    assert policy.from_lookup > 0 and policy.from_model > 0
+    assert chi_square_pvalue(observed, exact_joint(target(), PROMPT, cfg)) > 1e-3
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_a_draft_model_beside_ngram_lookup_reproduces_plain_decoding(gamma: int) -> None:
+    drafter = GREEDY_DRAFTERS["model"]()
+    engine = Engine(ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0), drafter, lookup=NgramDrafter())
+    policy = AlternatingSources(gamma)
+    drafted = accepted = 0
+    for prompt in GREEDY_PROMPTS:
+        stats = Stats()
+        assert greedy_tokens(engine, prompt, policy, stats) == plain_decoding(prompt)
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert policy.from_lookup > 0 and policy.from_model > 0
+    assert drafted > accepted > 0
 
 
 def test_caches_after_rejections_hold_exactly_the_committed_text() -> None:

@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 from scipy.stats import chisquare
+from sources import AlternatingSources
 
 from localspec import selfdraft
 from localspec.api import Finished, Runtime
 from localspec.backend_loader import load_backend
+from localspec.drafters.ngram import NgramDrafter
 from localspec.protocol import Backend
 from localspec.sampling import SamplingConfig, process
 
@@ -158,6 +160,26 @@ def test_ngram_sampling_matches_the_targets_joint_law_of_the_first_two_tokens(ta
     assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"
     p = chi_square_p_value(samples.counts, law)
     print(f"\nn-gram sampling: {samples.summary(law)}, chi-square p = {p:.3f}")
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
+
+
+def test_a_draft_model_beside_ngram_lookup_keeps_the_targets_joint_law(
+    target_backend: Backend, q4_drafter_backend: Backend
+) -> None:
+    # The steps go to the lookup (one-hot guesses of " blue green") and the Q4_0 model (its
+    # own law, after catching up on what the lookup committed) in turn.
+    prompt = "red blue green red blue green red blue green red"
+    rt = Runtime(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=2, calibrate=False)
+    policy = AlternatingSources(2)
+    rt.engine.lookup, rt.policy = NgramDrafter(), policy
+    law = exact_first_two(target_backend, rt.prompt_tokens(prompt), SamplingConfig(**SAMPLING))
+
+    samples = sample_first_two(rt, prompt, n=600)
+
+    assert policy.from_lookup > 0 and policy.from_model > 0
+    assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"
+    p = chi_square_p_value(samples.counts, law)
+    print(f"\nlookup beside a draft model: {samples.summary(law)}, chi-square p = {p:.3f}")
     assert p > P_FLOOR, worst_cells(samples.counts, law)
 
 

@@ -55,6 +55,14 @@ class StepRecorder:
         self.gamma = self.inner.choose(limit, support, backlog, depth)
         return self.gamma
 
+    def choose_source(
+        self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
+    ) -> tuple[int, bool]:
+        if self.started is None:
+            self.started = time.perf_counter()
+        self.gamma, from_lookup = self.inner.choose_source(guessed, support, limit, backlog, depth)
+        return self.gamma, from_lookup
+
     def observe(self, step: StepOutcome) -> None:
         self.inner.observe(step)
         seconds = step.draft_seconds + step.verify_seconds
