@@ -152,6 +152,8 @@ class Engine:
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
                 self.drafter.commit(ctx, 0 if from_lookup else n_acc)
+                if self.lookup is not None:
+                    self.lookup.commit(ctx, n_acc if from_lookup else 0)
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
                 stats.record_step(gamma, len(tokens), n_acc)
