@@ -18,7 +18,7 @@ import numpy as np
 
 from localspec import selfdraft
 from localspec.backend_loader import in_memory_self_drafter, load_backend
-from localspec.calibrate import calibrated, drafting_seconds, pair_agreement
+from localspec.calibrate import calibrated, drafting_seconds, note_drift, pair_agreement
 from localspec.chat import render_chat
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
@@ -130,6 +130,9 @@ class Runtime:
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
         self._owner: _Owner | None = None
+        # The adaptive policy's cost curve, kept here because UIs wrap the policy (StepRecorder).
+        self._costs = self.policy.costs if isinstance(self.policy, AdaptiveDraftLength) else None
+        self._drift_noted = False
 
     def _make_drafter(self) -> Drafter:
         if self.strategy == "draft":
@@ -242,7 +245,13 @@ class Runtime:
                 yield TextDelta(tail, (), ())
             yield Finished(text.text, stats, stats.finish_reason)
         finally:
+            self._note_drift()
             self._release()
+
+    def _note_drift(self) -> None:
+        # Once per load: a cache the machine has drifted from is measured afresh next time.
+        if self._costs is not None and not self._drift_noted:
+            self._drift_noted = note_drift(self._costs, [b for b in (self.target, self.draft) if b is not None])
 
     # -- one request at a time --------------------------------------------------------------
 

@@ -181,7 +181,7 @@ def drafting_seconds(draft: Backend) -> float:
     token in requests; the controller then tried drafts that lost 2-8 % before it learnt."""
     key = f"drafting|{_key(draft)}"
     hit = remembered(key)
-    if hit is not None and isinstance(hit.get("seconds_per_token"), float):
+    if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
         return float(hit["seconds_per_token"])  # type: ignore[arg-type]
     text = draft.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
     text = text[: draft.info.n_ctx - DRAFT_PROBE - 1]
@@ -232,11 +232,39 @@ def _store(cache: dict[str, dict[str, object]]) -> None:
         pass  # a read-only home only means measuring again next time
 
 
+# A cached curve the machine has left behind: timed passes averaged this factor off it,
+# either way, over at least DRIFT_EVIDENCE passes since load. The controller's drift scale
+# corrects the running session's choices, but a cache measured under other conditions (a busy
+# neighbour then, another host under the same VM, another build of the library under the
+# same file) misprices every draft of the next load until it has learnt the drift again, so
+# the next load measures afresh. The mean since load, not the scale (an EMA over ~20 passes),
+# decides: a burst of load moves the scale by 20-30 % for a few dozen passes and the mean
+# barely (F16 on a 2-core VM, the suite in one session: scale 0.82-1.19, mean 0.87-0.91).
+STALE_DRIFT = 1.25
+DRIFT_EVIDENCE = 64
+
+
+def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
+    """Mark the backends' cached timings stale if `curve` has drifted this far from them for
+    this long; True when it did."""
+    if curve.observed < DRIFT_EVIDENCE or 1.0 / STALE_DRIFT <= curve.long_run_drift <= STALE_DRIFT:
+        return False
+    cache = _load_cache()
+    for backend in backends:
+        for key in (_key(backend), f"drafting|{_key(backend)}"):
+            entry = cache.get(key)
+            if isinstance(entry, dict):
+                entry["stale"] = True
+    _store(cache)
+    return True
+
+
 def calibrated(backend: Backend, max_k: int = 16) -> Calibration:
     key = _key(backend)
     cache = _load_cache()
     hit = cache.get(key)
-    if isinstance(hit, dict) and "deep_verify_seconds" in hit:  # older entries lack the deep curve
+    # Older entries lack the deep curve; a stale one no longer describes the machine.
+    if isinstance(hit, dict) and "deep_verify_seconds" in hit and not hit.get("stale"):
         curve = hit.get("verify_seconds")
         decode = hit.get("decode_seconds")
         deep = hit.get("deep_verify_seconds")

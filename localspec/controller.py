@@ -147,6 +147,10 @@ class CostCurve:
     deep_seconds: list[float] | None = None
     depth: int = 32
     deep_depth: int = 512
+    # Passes timed since load and the sum of their ratios to the curve: the long-run drift,
+    # which a burst of load that moves `scale` for a few dozen passes barely moves.
+    observed: int = 0
+    ratio_sum: float = 0.0
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -173,6 +177,13 @@ class CostCurve:
         # pay. An outlier (a page fault, a scheduler hiccup) is clipped and damped.
         ratio = min(seconds / self.measured(k, depth), 3.0)
         self.scale += weight * (ratio - self.scale)
+        self.observed += 1
+        self.ratio_sum += ratio
+
+    @property
+    def long_run_drift(self) -> float:
+        """Mean ratio of timed passes to the curve since load (1.0 before any)."""
+        return self.ratio_sum / self.observed if self.observed else 1.0
 
 
 def _extend(curve: Sequence[float], k: int) -> float:

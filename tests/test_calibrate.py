@@ -91,3 +91,66 @@ def test_a_model_drafter_is_costed_at_its_measured_drafting_speed(temporary_loca
     policy = Runtime(target, draft, strategy="draft").policy
     assert isinstance(policy, AdaptiveDraftLength)
     assert policy.draft_seconds_per_token == calibrate.drafting_seconds(draft)
+
+
+def _cache_entry(backend: object) -> dict[str, object]:
+    entry = calibrate.remembered(calibrate.backend_key(backend))  # type: ignore[arg-type]
+    assert entry is not None
+    return entry
+
+
+def test_a_curve_far_from_the_machine_is_measured_again_at_the_next_load(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cache from a machine ten times faster (or a neighbour that has since left): the running
+    # controller learns the drift, and the next load measures afresh instead of trusting it.
+    target = load("reference:seed=3")
+    cal = calibrate.calibrated(target)
+    assert cal.deep_verify_seconds is not None
+    key = calibrate.backend_key(target)
+    fast = {**cal.to_json(), "verify_seconds": [t / 10 for t in cal.verify_seconds]}
+    fast["deep_verify_seconds"] = [t / 10 for t in cal.deep_verify_seconds]
+    calibrate.remember(key, fast)
+
+    runtime = Runtime(target, strategy="ngram")
+    runtime.generate("Count: one two three", max_tokens=20, temperature=0.0)
+    assert not _cache_entry(target).get("stale")  # too few passes to judge by
+    runtime.generate("Count: one two three", max_tokens=120, temperature=0.0)
+    assert _cache_entry(target).get("stale") is True
+
+    measured: list[object] = []
+    real_measure = calibrate.measure
+    monkeypatch.setattr(calibrate, "measure", lambda *args: measured.append(args) or real_measure(*args))
+    fresh = calibrate.calibrated(target)
+    assert len(measured) == 1 and fresh.verify_seconds[0] > fast["verify_seconds"][0]  # type: ignore[index]
+    assert not _cache_entry(target).get("stale")
+    calibrate.calibrated(target)
+    assert len(measured) == 1  # measured once, then cached again
+
+
+def test_drift_within_the_band_or_on_little_evidence_keeps_the_cache(temporary_localspec_home: Path) -> None:
+    target = load("reference:seed=3")
+    calibrate.calibrated(target)
+    # A burst of load lifts the scale (an EMA over ~20 passes) but not the mean since load.
+    steady = calibrate.CostCurve([0.01] * 4, scale=1.6, observed=500, ratio_sum=500 * 1.15)
+    n = calibrate.DRIFT_EVIDENCE - 1
+    brief = calibrate.CostCurve([0.01] * 4, scale=2.0, observed=n, ratio_sum=2.0 * n)
+    assert not calibrate.note_drift(steady, [target]) and not calibrate.note_drift(brief, [target])
+    assert not _cache_entry(target).get("stale")
+    n = calibrate.DRIFT_EVIDENCE
+    faster = calibrate.CostCurve([0.01] * 4, scale=0.7, observed=n, ratio_sum=0.7 * n)
+    assert calibrate.note_drift(faster, [target]) and _cache_entry(target).get("stale") is True
+
+
+def test_a_stale_drafting_speed_is_measured_again(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draft = load("reference:seed=3,noise=0.3")
+    first = calibrate.drafting_seconds(draft)
+    calibrate.calibrated(draft)
+    assert calibrate.note_drift(calibrate.CostCurve([0.01], scale=3.0, observed=100, ratio_sum=300.0), [draft])
+    calls: list[int] = []
+    real = calibrate.ModelDrafter.propose
+    monkeypatch.setattr(calibrate.ModelDrafter, "propose", lambda *a: calls.append(1) or real(*a))
+    assert calibrate.drafting_seconds(draft) > 0 and calls
+    assert first > 0
