@@ -39,6 +39,8 @@ class BenchRow:
     plain_tokens: int
     peak_rss_mb: float
     acceptance_by_position: list[float] = field(default_factory=list)
+    # Share of the drafted tokens an n-gram lookup beside a draft model guessed (see Engine).
+    lookup_share: float = 0.0
     # The lowest and highest of the per-repeat ratios behind `speedup`: how noisy the cell is.
     speedup_low: float = 0.0
     speedup_high: float = 0.0
@@ -69,6 +71,8 @@ class _Tally:
             m.record_position(i, d, stats.accepted_by_position[i])
         m.drafted += stats.drafted
         m.accepted += stats.accepted
+        m.lookup_drafted += stats.lookup_drafted
+        m.lookup_accepted += stats.lookup_accepted
 
     @property
     def rate(self) -> float:
@@ -157,6 +161,7 @@ def bench(
                     plain_tokens=base.tokens,
                     peak_rss_mb=peak_rss_mb(),
                     acceptance_by_position=m.acceptance_by_position[:8],
+                    lookup_share=m.lookup_share,
                 )
             )
     return rows
@@ -182,16 +187,19 @@ def machine() -> dict[str, Any]:
 
 def format_table(rows: Sequence[BenchRow]) -> str:
     peers = any(r.peer_program for r in rows)
+    # A draft model drafts beside n-gram lookup: say how much of its rows' drafting was lookup.
+    lookup = any(r.lookup_share for r in rows)
     head = (
         f"{'prompt':<12} {'strategy':<8} {'plain t/s':>9} {'spec t/s':>9} {'speedup':>8} "
-        f"{'accept':>7} {'tok/step':>8} {'mean γ':>7} {'RSS MB':>7}"
+        f"{'accept':>7} {'tok/step':>8} {'mean γ':>7}" + (f" {'lookup':>6}" if lookup else "") + f" {'RSS MB':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r.prompt:<12} {r.strategy:<8} {r.plain_tokens_per_s:>9.1f} {r.spec_tokens_per_s:>9.1f} "
-            f"{r.speedup:>7.2f}x {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f} "
-            f"{r.peak_rss_mb:>7.0f}"
+            f"{r.speedup:>7.2f}x {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f}"
+            + ((f" {r.lookup_share:>6.0%}" if r.lookup_share else f" {'-':>6}") if lookup else "")
+            + f" {r.peak_rss_mb:>7.0f}"
             + (f" {r.peer_program:<24} {r.peer_tokens_per_s:>8.1f} {r.vs_peer:>7.2f}x" if peers else "")
         )
     return "\n".join(lines)

@@ -156,7 +156,7 @@ class Engine:
                     self.lookup.commit(ctx, n_acc if from_lookup else 0)
                 stats.draft_seconds += t1 - t0
                 stats.verify_seconds += t2 - t1
-                stats.record_step(gamma, len(tokens), n_acc)
+                stats.record_step(gamma, len(tokens), n_acc, from_lookup)
                 policy.observe(
                     StepOutcome(
                         len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0, past, from_lookup

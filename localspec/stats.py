@@ -22,6 +22,10 @@ class Stats:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     gamma_histogram: dict[int, int] = field(default_factory=dict)
+    # Of `drafted`/`accepted`: the tokens an n-gram lookup beside a draft model guessed (the
+    # adaptive policy picks the source per step; see Engine).
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
     finish_reason: str = ""
 
     @property
@@ -49,10 +53,18 @@ class Stats:
         steps = sum(self.gamma_histogram.values())
         return sum(g * c for g, c in self.gamma_histogram.items()) / steps if steps else 0.0
 
-    def record_step(self, gamma: int, drafted: int, accepted: int) -> None:
+    @property
+    def lookup_share(self) -> float:
+        """Share of the drafted tokens that the lookup beside a draft model guessed."""
+        return self.lookup_drafted / self.drafted if self.drafted else 0.0
+
+    def record_step(self, gamma: int, drafted: int, accepted: int, from_lookup: bool = False) -> None:
         self.verify_steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        if from_lookup:
+            self.lookup_drafted += drafted
+            self.lookup_accepted += accepted
         self.gamma_histogram[gamma] = self.gamma_histogram.get(gamma, 0) + 1
         for i in range(drafted):
             self.record_position(i, 1, 1 if i < accepted else 0)
@@ -74,6 +86,7 @@ class Stats:
             "prefill_tokens_per_s",
             "acceptance_by_position",
             "mean_gamma",
+            "lookup_share",
         ):
             out[name] = getattr(self, name)
         return out
@@ -84,6 +97,11 @@ class Stats:
             f"{self.prefill_tokens_per_s:.1f} tok/s prefill ({self.prefill_tokens}/{self.prompt_tokens} "
             f"prompt tokens evaluated) | strategy {self.strategy}: {self.accepted}/{self.drafted} drafts "
             f"accepted ({self.acceptance_rate:.0%}), {self.tokens_per_step:.2f} tokens/step, "
-            f"mean draft length {self.mean_gamma:.2f} | draft {self.draft_seconds:.2f}s, "
+            f"mean draft length {self.mean_gamma:.2f}{self._lookup_note()} | draft {self.draft_seconds:.2f}s, "
             f"verify {self.verify_seconds:.2f}s | finish: {self.finish_reason}"
         )
+
+    def _lookup_note(self) -> str:
+        if not self.lookup_drafted:
+            return ""
+        return f", {self.lookup_drafted} of the drafted tokens from n-gram lookup ({self.lookup_accepted} accepted)"

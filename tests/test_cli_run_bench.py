@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.bench import bracketing_means, paired_ratios, paired_speedup
+from localspec.bench import BenchRow, bracketing_means, format_table, paired_ratios, paired_speedup
 from localspec.cli.main import main
 
 pytestmark = pytest.mark.model
@@ -139,3 +139,12 @@ def test_plain_runs_on_both_sides_cancel_a_steady_drift() -> None:
     plain = bracketing_means([100.0, 80.0, 100.0, 80.0])
     assert plain == [90.0, 90.0]
     assert paired_speedup(paired_ratios([90.0, 90.0], plain)) == 1.0  # plain-first alone: 0.9
+
+
+def test_the_table_says_how_much_of_a_draft_models_drafting_was_lookup() -> None:
+    def row(strategy: str, share: float) -> BenchRow:
+        return BenchRow("code_edit", strategy, 90.0, 130.0, 1.44, 0.86, 1.98, 1.13, 160, 160, 300.0, lookup_share=share)
+
+    hybrid = format_table([row("ngram", 0.0), row("draft", 0.75)]).splitlines()
+    assert hybrid[0].split()[11] == "lookup" and hybrid[2].split()[8] == "-" and hybrid[3].split()[8] == "75%"
+    assert "lookup" not in format_table([row("ngram", 0.0)])  # only where a draft model drafted beside it

@@ -266,13 +266,16 @@ def test_a_draft_model_beside_ngram_lookup_reproduces_plain_decoding(gamma: int)
     drafter = GREEDY_DRAFTERS["model"]()
     engine = Engine(ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0), drafter, lookup=NgramDrafter())
     policy = AlternatingSources(gamma)
-    drafted = accepted = 0
+    drafted = accepted = from_lookup = 0
     for prompt in GREEDY_PROMPTS:
         stats = Stats()
         assert greedy_tokens(engine, prompt, policy, stats) == plain_decoding(prompt)
         drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+        from_lookup += stats.lookup_drafted
+        assert stats.lookup_accepted <= stats.accepted
     assert policy.from_lookup > 0 and policy.from_model > 0
     assert drafted > accepted > 0
+    assert 0 < from_lookup < drafted  # the statistics tell the two sources apart
 
 
 def test_caches_after_rejections_hold_exactly_the_committed_text() -> None:

@@ -154,3 +154,11 @@ def test_settings_parse_user_values_at_the_edge() -> None:
     assert base.with_changes(strategy="none").needs_new_runtime(base) is True
     with pytest.raises(InvalidRequestError):
         base.with_changes(colour="blue")
+
+
+def test_final_figures_say_how_much_lookup_drafted_beside_a_draft_model() -> None:
+    stats = Stats(strategy="draft", generated_tokens=30, decode_seconds=0.3, verify_steps=10, drafted=40, accepted=20)
+    stats.lookup_drafted, stats.lookup_accepted = 30, 18
+    assert "draft (n-gram lookup drafted 75%)" in format_figures(final_figures(stats, plain_step=0.01))
+    stats.lookup_drafted = 0
+    assert "lookup" not in format_figures(final_figures(stats, plain_step=0.01))

@@ -104,6 +104,7 @@ class Figures:
     strategy: str
     final: bool = False
     finish_reason: str = ""
+    lookup_share: float = 0.0  # of the drafted tokens, those n-gram lookup beside a draft model guessed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +145,7 @@ def final_figures(stats: Stats, plain_step: float | None) -> Figures:
         strategy=stats.strategy,
         final=True,
         finish_reason=stats.finish_reason,
+        lookup_share=stats.lookup_share,
     )
 
 
@@ -164,7 +166,7 @@ def format_figures(f: Figures) -> str:
         f"{f.tokens_per_step:.2f} tok/step",
         gamma,
         speedup,
-        f.strategy,
+        f"{f.strategy} (n-gram lookup drafted {f.lookup_share:.0%})" if f.lookup_share else f.strategy,
     ]
     if f.final and f.finish_reason not in ("", "stop"):
         parts.append(f.finish_reason)
