@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
 
 from localspec.backends.torch import TorchBackend, make_self_drafter, native  # noqa: E402
-from localspec.backends.torch.linear import Int8, Panels  # noqa: E402
+from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
 from localspec.backends.torch.tokenizer import _byte_decoder  # noqa: E402
 
 N_CTX = 256
@@ -513,7 +513,7 @@ def test_qspec_on_torch_names_the_types_it_takes(models) -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 6, 7, 13, 16, 17, 40])
-@pytest.mark.parametrize("kind", ["panels", "int8"])
+@pytest.mark.parametrize("kind", ["panels", "int8", "int4"])
 def test_cpu_matrices_multiply_as_the_dense_weight_does(rows: int, kind: str) -> None:
     # 100 outputs: not a multiple of the 16-column panels; rows cross the kernel's 6-row
     # passes and its hand-over to the batched matmul.
@@ -521,7 +521,7 @@ def test_cpu_matrices_multiply_as_the_dense_weight_does(rows: int, kind: str) ->
     weight = torch.randn(100, 64, generator=generator)
     bias = torch.randn(100, generator=generator)
     x = torch.randn(rows, 64, generator=generator)
-    matrix = Panels(weight, bias) if kind == "panels" else Int8(weight, bias)
+    matrix = {"panels": Panels, "int8": Int8, "int4": Int4}[kind](weight, bias)
     reference = torch.nn.functional.linear(x, matrix.dense(), bias)
     torch.testing.assert_close(matrix(x), reference, rtol=1e-4, atol=1e-4)
     ids = torch.tensor([0, 17, 99])
@@ -540,6 +540,20 @@ def test_a_long_int8_block_stays_on_the_native_kernel(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", refuse)
     assert matrix(torch.randn(40, 64)).shape == (40, 100)
+
+
+def test_a_long_int4_block_does_not_go_row_by_row_through_torchs_kernel(monkeypatch) -> None:
+    # torch's CPU int4 kernel costs ~2 ms a row per matrix here: a 165-token prefill of a
+    # SmolLM2-135M drafter through it would take most of a minute.
+    matrix = Int4(torch.randn(100, 64), None)
+    single = matrix(torch.ones(1, 64))
+
+    def refuse(*args: object) -> torch.Tensor:
+        raise AssertionError("a block of 40 rows went through torch's int4 kernel")
+
+    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", refuse)
+    block = matrix(torch.ones(40, 64))
+    torch.testing.assert_close(block, single.expand(40, -1), rtol=1e-4, atol=1e-4)
 
 
 def test_the_native_kernels_compute_what_the_torch_operators_do(models, monkeypatch) -> None:

@@ -30,6 +30,10 @@ from . import native
 # weights near memory speed up to 6 rows and stays ahead of MKL up to 64 on one thread; on
 # two, MKL's batched matmul is 5-10% ahead from 8 rows on, and better threaded for prefill.
 KERNEL_ROWS = 16
+# torch's CPU int4 kernel costs about 2 ms a row for a 1536x576 matrix on a 2-core AVX2 VM
+# (~300 ms a token for SmolLM2-135M): a block longer than this (a drafter's prefill, its
+# catch-up) widens the codes to float32 once per call and runs one matmul instead.
+INT4_KERNEL_ROWS = 1
 
 
 class Linear(Protocol):
@@ -169,13 +173,14 @@ class Int4:
             )
             # [groups, out, 2]: the kernel's layout for the scales and the offsets
             self.scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
-        else:
-            # Scales and offsets in the compute type: no cast kernels in every step.
-            self.codes, self.scale, self.low = q.to(torch.uint8), scale[..., None].to(dtype), low[..., None].to(dtype)
+            q, scale, low = q[:out], scale[:out], low[:out]
+        # The codes one per byte, with scales and offsets in the compute type (no cast kernels
+        # in every step): CUDA's path, and the CPU's for blocks of more than INT4_KERNEL_ROWS.
+        self.codes, self.scale, self.low = q.to(torch.uint8), scale[..., None].to(dtype), low[..., None].to(dtype)
         self.bias, self.out_features, self.in_features = bias, int(out), int(width)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.on_cpu:
+        if self.on_cpu and x.shape[0] <= INT4_KERNEL_ROWS:
             y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.contiguous(), self.packed, self.GROUP, self.scales_zeros
             )[:, : self.out_features]
@@ -191,10 +196,7 @@ class Int4:
         return self.dense()[ids]
 
     def dense(self) -> torch.Tensor:
-        if not self.on_cpu:
-            return self._widened(torch.float32)
-        # The identity through the kernel: W^T = I @ W^T.
-        return self(torch.eye(self.in_features)).t()
+        return self._widened(torch.float32)
 
 
 def for_device(device: torch.device, dtype: torch.dtype) -> Factory:
