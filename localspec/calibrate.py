@@ -24,6 +24,7 @@ import numpy as np
 from localspec.controller import CostCurve
 from localspec.drafters import common_prefix
 from localspec.drafters.model import ModelDrafter
+from localspec.hardware import machine_key
 from localspec.paths import calibration_file
 from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import SamplingConfig
@@ -78,9 +79,7 @@ def _key(backend: Backend) -> str:
     except OSError:
         file_id = info.path
     extras = ",".join(f"{k}={v}" for k, v in sorted(backend.capabilities.extra.items()))
-    return (
-        f"{info.backend}|{file_id}|{info.n_ctx}|{extras}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}"
-    )
+    return f"{info.backend}|{file_id}|{info.n_ctx}|{extras}|{platform.machine()}|{machine_key()}"
 
 
 def _load_cache() -> dict[str, dict[str, object]]:

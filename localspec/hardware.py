@@ -10,6 +10,7 @@ import platform
 import threading
 import time
 from dataclasses import asdict, dataclass
+from functools import cache
 
 import numpy as np
 import psutil
@@ -90,10 +91,20 @@ def _cache_file() -> str:
     return str(data_dir() / "device.json")
 
 
+@cache
+def machine_key() -> str:
+    """What tells this machine's CPU from another for cached measurements. The SIMD flags
+    are part of it: a cloud VM keeps its CPU name ("AMD EPYC") when it lands on a host of
+    another generation (one without AVX-512, where F16 SmolLM2-135M's pass took 15 ms
+    instead of 11), and a figure measured there misleads here."""
+    name, simd = _cpu_name_and_flags()
+    return f"{name}|{','.join(simd)}|{physical_cores()}|{os.cpu_count()}"
+
+
 def probe(refresh: bool = False) -> DeviceProbe:
     """The probe for this machine, measured once (about a second) and cached."""
     name, simd = _cpu_name_and_flags()
-    key = f"{name}|{physical_cores()}|{os.cpu_count()}"
+    key = machine_key()
     if not refresh:
         try:
             with open(_cache_file()) as fh:

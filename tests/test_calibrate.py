@@ -154,3 +154,21 @@ def test_a_stale_drafting_speed_is_measured_again(
     monkeypatch.setattr(calibrate.ModelDrafter, "propose", lambda *a: calls.append(1) or real(*a))
     assert calibrate.drafting_seconds(draft) > 0 and calls
     assert first > 0
+
+
+def test_a_curve_measured_on_a_host_with_other_simd_is_not_reused(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cloud VM keeps its CPU name on a host of another generation; its SIMD flags tell.
+    from localspec import hardware
+
+    target = load("reference:seed=3")
+    calibrate.calibrated(target)
+    before = calibrate.backend_key(target)
+    hardware.machine_key.cache_clear()
+    monkeypatch.setattr(hardware, "_cpu_name_and_flags", lambda: ("AMD EPYC", ("avx2", "avx512f")))
+    try:
+        assert calibrate.backend_key(target) != before
+        assert calibrate.remembered(calibrate.backend_key(target)) is None  # measured afresh here
+    finally:
+        hardware.machine_key.cache_clear()
