@@ -17,8 +17,12 @@ def table(path: Path) -> str:
     data = json.loads(path.read_text())
     rows = data["results"]
     peers = any(r.get("peer_program") for r in rows)
+    lookup = any(r.get("lookup_share") for r in rows)  # a draft model drafting beside n-gram lookup
     head = "| prompt | strategy | plain tok/s | spec tok/s | speedup | accepted | tok/step | mean γ |"
     sep = "|---|---|---|---|---|---|---|---|"
+    if lookup:
+        head += " drafted by lookup |"
+        sep += "---|"
     if peers:
         head += " llama.cpp program | its tok/s | localspec vs it |"
         sep += "---|---|---|"
@@ -29,6 +33,9 @@ def table(path: Path) -> str:
             f"**{r['speedup']:.2f}x**{spread(r)} | {r['acceptance_rate']:.0%} | {r['tokens_per_step']:.2f} | "
             f"{r['mean_gamma']:.2f} |"
         )
+        if lookup:
+            share = r.get("lookup_share", 0.0)
+            line += f" {share:.0%} |" if share else " – |"
         if peers:
             line += (
                 f" {r.get('peer_program', '')} | {r.get('peer_tokens_per_s', 0):.1f} | {r.get('vs_peer', 0):.2f}x |"
