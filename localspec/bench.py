@@ -7,7 +7,12 @@ rate of the same repeat. Plain runs on both sides cancel a machine that speeds u
 down steadily during a repeat, which would otherwise favour whichever runs first. On a
 shared machine a burst of load lasting a second or two hits one run and not its
 neighbours: the ratio of summed times lets that burst move the figure by up to 10 %, the
-median of paired ratios does not. The tokens/s columns are totals over all runs."""
+median of paired ratios does not. The tokens/s columns are totals over all runs.
+
+With `min_seconds`, a prompt is repeated beyond `repeats` (up to MAX_REPEAT_FACTOR times as
+often) until plain decoding has run that long on it: a 58-token answer takes a third of the
+time of a 160-token one, so at the same repeat count its cells carry about 1.7 times the
+noise, and every cell should rest on a similar amount of measured time."""
 
 from __future__ import annotations
 
@@ -23,6 +28,9 @@ from localspec.hardware import physical_cores
 from localspec.prompts import BenchPrompt
 from localspec.protocol import Backend
 from localspec.stats import Stats
+
+# --min-seconds repeats a prompt at most this many times as often as --repeats asks.
+MAX_REPEAT_FACTOR = 4
 
 
 @dataclass
@@ -41,6 +49,7 @@ class BenchRow:
     acceptance_by_position: list[float] = field(default_factory=list)
     # Share of the drafted tokens an n-gram lookup beside a draft model guessed (see Engine).
     lookup_share: float = 0.0
+    repeats: int = 0  # how many times the prompt ran (more than asked under min_seconds)
     # The lowest and highest of the per-repeat ratios behind `speedup`: how noisy the cell is.
     speedup_low: float = 0.0
     speedup_high: float = 0.0
@@ -117,6 +126,7 @@ def bench(
     repeats: int = 1,
     draft_tokens: int | Literal["auto"] = "auto",
     seed: int = 0,
+    min_seconds: float = 0.0,
 ) -> list[BenchRow]:
     rows: list[BenchRow] = []
     plain = Contender("none", "none")
@@ -129,7 +139,9 @@ def bench(
         }
         tallies = {c.label: _Tally() for c in field_}
         runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
-        for r in range(repeats):
+        base = tallies["none"]
+        r = 0
+        while r < repeats or (base.seconds < min_seconds and r < repeats * MAX_REPEAT_FACTOR):
             # Interleaved, so drift in machine speed hits every column alike; plain on both
             # sides (see the module doc).
             for c in [*field_, plain]:
@@ -137,7 +149,7 @@ def bench(
                     messages=prompt.messages, max_tokens=max_tokens, temperature=temperature, seed=seed + r
                 )
                 tallies[c.label].add(out.stats)
-        base = tallies["none"]
+            r += 1
         plain_rates = bracketing_means(base.rates)
         for c in field_:
             if c.label == "none" and len(field_) > 1:
@@ -162,6 +174,7 @@ def bench(
                     peak_rss_mb=peak_rss_mb(),
                     acceptance_by_position=m.acceptance_by_position[:8],
                     lookup_share=m.lookup_share,
+                    repeats=r,
                 )
             )
     return rows

@@ -9,7 +9,7 @@ from typing import Any
 
 from localspec import selfdraft
 from localspec.backend_loader import in_memory_self_drafter, load_backend
-from localspec.bench import BenchRow, Contender, bench, format_table, machine, rows_to_json
+from localspec.bench import MAX_REPEAT_FACTOR, BenchRow, Contender, bench, format_table, machine, rows_to_json
 from localspec.chat import render_chat
 from localspec.errors import InvalidRequestError
 from localspec.peers import find_or_build, run_peer
@@ -38,6 +38,14 @@ def register(sub: Any) -> None:
     p.add_argument("--max-tokens", "-n", type=int, default=160)
     p.add_argument("--temperature", "-t", type=float, default=0.0)
     p.add_argument("--repeats", "-r", type=int, default=1)
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="repeat each prompt beyond --repeats until plain decoding has run S seconds on it "
+        f"(at most {MAX_REPEAT_FACTOR} times --repeats): short answers get as much measured time as long ones",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="FILE", help="write a PNG: speedup per prompt, acceptance by draft position")
@@ -82,6 +90,7 @@ def handle(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         draft_tokens=args.draft_tokens,
         seed=args.seed,
+        min_seconds=args.min_seconds,
     )
     if args.peers:
         add_peer_figures(args, rows, prompts, target, model)
@@ -92,6 +101,7 @@ def handle(args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "repeats": args.repeats,
+        "min_seconds": args.min_seconds,
         "draft_tokens": args.draft_tokens,
     }
     if args.plot:
@@ -161,7 +171,7 @@ def add_peer_figures(
             run_peer(
                 bin_dir, program, model, texts[row.prompt], args.max_tokens, args.peer_draft_tokens, draft, args.threads
             )
-            for _ in range(args.repeats)
+            for _ in range(row.repeats or args.repeats)
         ]
         tokens = sum(r.tokens for r in results)
         rate = tokens / sum(r.seconds for r in results)
