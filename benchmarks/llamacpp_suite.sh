@@ -61,3 +61,12 @@ for m in "$Q4_1" "$F16"; do
     echo "== $(basename "$m")"
     python benchmarks/acceptance_by_support.py "$m" "${both[@]}" --seeds 3
 done >"$out/acceptance_by_support.txt"
+# Goal 1's cells with every prompt measured for at least 20 s of plain decoding (short answers
+# repeat more; section 1e), and the int4 drafter's prefill on the torch backend.
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -r 3 --min-seconds 20 --json >"$out/f16_t0_min20.json"
+run --model "$F16" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --min-seconds 20 --json >"$out/f16_t08_min20.json"
+run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -r 3 --min-seconds 20 --json >"$out/q4_1_t0_min20.json"
+run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --min-seconds 20 --json >"$out/q4_1_t08_min20.json"
+if python -c "import torch" 2>/dev/null; then
+    python benchmarks/drafter_prefill.py "$Q4_1" >"$out/drafter_prefill_int4.txt"
+fi
