@@ -70,3 +70,5 @@ run --model "$Q4_1" --draft-model "$Q4_0" -s ngram -s draft -t 0.8 -r 3 --min-se
 if python -c "import torch" 2>/dev/null; then
     python benchmarks/drafter_prefill.py "$Q4_1" >"$out/drafter_prefill_int4.txt"
 fi
+# What the controller adds to a step where nothing is drafted.
+python benchmarks/step_overhead.py "$Q4_1" "$Q4_0" -r 5 >"$out/step_overhead_q4_1.txt"
