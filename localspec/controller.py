@@ -46,16 +46,8 @@ SAMPLED_SUPPORT_PRIORS = (0.15, 0.3, 0.45, 0.55, 0.6, 0.67, 0.85, 0.9, 0.92)
 CATCH_UP_HORIZON = 4
 
 
-def _level(support: int) -> int:
-    return sum(1 for edge in SUPPORT_EDGES if support >= edge)
-
-
-# The controller asks for a level per drafted position at every step: a table, not a scan.
-_LEVELS = tuple(_level(s) for s in range(SUPPORT_EDGES[-1] + 1))
-
-
 def support_level(support: int) -> int:
-    return _LEVELS[support] if support < len(_LEVELS) else len(SUPPORT_EDGES)
+    return sum(1 for edge in SUPPORT_EDGES if support >= edge)
 
 
 def support_priors(sampled: bool) -> tuple[float, ...]:
@@ -159,11 +151,6 @@ class CostCurve:
     # which a burst of load that moves `scale` for a few dozen passes barely moves.
     observed: int = 0
     ratio_sum: float = 0.0
-    # measured(k, depth) for k = 1..n at the last depth asked (see measured_row), and the two
-    # curves extended past their measured range.
-    _row_key: tuple[int, int] = field(default=(0, -1), repr=False, compare=False)
-    _row: list[float] = field(default_factory=list, repr=False, compare=False)
-    _wide: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -179,27 +166,6 @@ class CostCurve:
         deep = _extend(self.deep_seconds, k)
         w = (depth - self.depth) / (self.deep_depth - self.depth)
         return max(shallow + w * (deep - shallow), min(shallow, deep))
-
-    def measured_row(self, n: int, depth: int = 0) -> list[float]:
-        """[measured(k, depth) for k = 1..n], the same figures, kept for the last depth: the
-        policy prices every draft length at every step, once or twice (a draft model beside
-        lookup), and learns from the step at the same depth. On the default Q4_1 target that
-        pricing cost ~0.1 ms of an 11 ms step before."""
-        if self._row_key != (n, depth):
-            if len(self._wide[0]) < n:
-                deep = self.deep_seconds or self.verify_seconds
-                self._wide = (
-                    [_extend(self.verify_seconds, k) for k in range(1, n + 1)],
-                    [_extend(deep, k) for k in range(1, n + 1)],
-                )
-            shallow, deep = self._wide
-            if self.deep_seconds is None or depth <= self.depth:
-                row = shallow[:n]
-            else:
-                w = (depth - self.depth) / (self.deep_depth - self.depth)
-                row = [max(s + w * (d - s), min(s, d)) for s, d in zip(shallow[:n], deep[:n], strict=True)]
-            self._row_key, self._row = (n, depth), row
-        return self._row
 
     def verify(self, k: int, depth: int = 0) -> float:
         return self.measured(k, depth) * self.scale
@@ -349,20 +315,17 @@ class AdaptiveDraftLength:
         """The γ ≤ limit with the highest predicted rate, and that rate (tokens per second);
         a draft must beat plain decoding's rate by `margin` to be chosen."""
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
-        top = max(0, min(limit, self.max_gamma))
-        alpha = self.chain(top, support)
-        scale = self.costs.scale
-        row = self.costs.measured_row(top + 1, depth)  # t_verify(g + 1) = row[g] * scale
-        plain = 1.0 / (row[0] * scale)
+        alpha = self.chain(min(limit, self.max_gamma), support)
+        plain = 1.0 / self.costs.verify(1, depth)
         best, best_rate, bar = 0, plain, plain * (1.0 + margin)
         expected, run = 1.0, 1.0
         # The drafter runs on the same cores over the same text: the target's drift is its too.
-        draft_cost = per_token * scale
-        catch_up = backlog * self.catch_up_seconds_per_token * scale / CATCH_UP_HORIZON
-        for g in range(1, top + 1):
+        draft_cost = per_token * self.costs.scale
+        catch_up = backlog * self.catch_up_seconds_per_token * self.costs.scale / CATCH_UP_HORIZON
+        for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            r = expected / (catch_up + g * draft_cost + row[g] * scale)
+            r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1, depth))
             if r > bar and r > best_rate:
                 best, best_rate = g, r
         return best, best_rate

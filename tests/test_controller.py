@@ -410,20 +410,3 @@ def test_a_drafter_started_cold_catches_up_when_a_draft_comes_after_all() -> Non
     assert drafter.backlog(prompt) == len(prompt) - 1
     guess = drafter.propose(prompt, 3, SamplingConfig(temperature=0.0), np.random.default_rng(0))
     assert len(guess.tokens) >= 1 and list(draft.cached_tokens()[: len(prompt)]) == prompt
-
-
-def test_a_row_of_the_cost_curve_is_the_curve_at_that_depth() -> None:
-    # The policy prices every draft length from one row per depth; it must be the same figures.
-    curve = CostCurve([0.010, 0.016, 0.020, 0.025], deep_seconds=[0.012, 0.020, 0.027, 0.034], depth=32, deep_depth=512)
-    for depth in (0, 32, 100, 511, 512, 2000, 100):
-        for n in (1, 4, 9):
-            assert curve.measured_row(n, depth) == [curve.measured(k, depth) for k in range(1, n + 1)]
-    flat = CostCurve([0.010, 0.013])
-    assert flat.measured_row(5, 300) == [flat.measured(k, 300) for k in range(1, 6)]
-
-
-def test_support_levels_come_from_the_edges() -> None:
-    from localspec.controller import SUPPORT_EDGES, support_level
-
-    for support in range(0, 100):
-        assert support_level(support) == sum(1 for edge in SUPPORT_EDGES if support >= edge)
