@@ -45,14 +45,22 @@ AGREEMENT_TEXT = (
 # The two context lengths the cost curve is measured behind (see CostCurve).
 SHALLOW_DEPTH = 32
 DEEP_DEPTH = 512
+# Rounds of timings behind the long text: fewer than behind the short one, whose shape
+# decides most drafts, because its passes cost up to twice as much (F16 135M on a 2-core
+# CPU: the whole calibration takes about 6 s at the first load of a model).
+DEEP_REPEATS = 3
 
 
 @dataclass(frozen=True)
 class Calibration:
-    verify_seconds: list[float]  # k = 1..K, behind SHALLOW_DEPTH tokens
+    verify_seconds: list[float]  # k = 1..K, behind SHALLOW_DEPTH tokens, after a pass of k
     decode_seconds: float  # one token, logits of the last position only
     deep_verify_seconds: list[float] | None = None  # the same behind deep_depth tokens
     deep_depth: int = DEEP_DEPTH
+    # What a pass costs on top when the pass before it had another size: into a block of
+    # more than one token, and back into a single token (see _curve).
+    rebuild_block_seconds: float = 0.0
+    rebuild_one_seconds: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -60,7 +68,33 @@ class Calibration:
             "decode_seconds": self.decode_seconds,
             "deep_verify_seconds": self.deep_verify_seconds,
             "deep_depth": self.deep_depth,
+            "rebuild_seconds": [self.rebuild_block_seconds, self.rebuild_one_seconds],
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Calibration | None:
+        """The calibration stored by to_json, or None for an entry this version cannot use
+        (damaged, or measured otherwise by an older localspec)."""
+        curve, decode = data.get("verify_seconds"), data.get("decode_seconds")
+        deep, depth, rebuild = data.get("deep_verify_seconds"), data.get("deep_depth"), data.get("rebuild_seconds")
+        if not (
+            isinstance(curve, list)
+            and curve
+            and isinstance(decode, float)
+            and (deep is None or (isinstance(deep, list) and len(deep) == len(curve)))
+            and isinstance(depth, int)
+            and isinstance(rebuild, list)
+            and len(rebuild) == 2
+        ):
+            return None
+        return cls(
+            [float(t) for t in curve],
+            decode,
+            [float(t) for t in deep] if deep else None,
+            depth,
+            float(rebuild[0]),
+            float(rebuild[1]),
+        )
 
     def cost_curve(self) -> CostCurve:
         return CostCurve(
@@ -102,7 +136,7 @@ def measure(backend: Backend, max_k: int = 16, repeats: int = 5) -> Calibration:
     probe = base[SHALLOW_DEPTH : SHALLOW_DEPTH + max_k]
     backend.eval_block(probe[:4], "all")  # warm up: page in the weights, size the buffers
     backend.rollback(SHALLOW_DEPTH)
-    verify = _curve(backend, probe, repeats)
+    verify, rebuild = _curve(backend, probe, repeats)
     decode = []
     for _ in range(repeats * 2):
         t0 = time.perf_counter()
@@ -112,33 +146,54 @@ def measure(backend: Backend, max_k: int = 16, repeats: int = 5) -> Calibration:
     deep = None
     if deep_depth >= 4 * SHALLOW_DEPTH:  # a small context (a short --n-ctx) keeps one curve
         eval_chunked(backend, base[SHALLOW_DEPTH:deep_depth], "none")
-        deep = _curve(backend, base[deep_depth : deep_depth + max_k], repeats)
+        deep, _ = _curve(backend, base[deep_depth : deep_depth + max_k], DEEP_REPEATS)
         deep = [max(d, s) for d, s in zip(deep, verify, strict=True)]  # more context never costs less
     backend.rollback(0)
-    return Calibration(verify, statistics.median(decode), deep, deep_depth if deep else DEEP_DEPTH)
+    depth = deep_depth if deep else DEEP_DEPTH
+    return Calibration(verify, statistics.median(decode), deep, depth, rebuild[0], rebuild[1])
 
 
-def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> list[float]:
-    """Median seconds of a pass over probe[:k] behind the cache as it is, k = 1..len(probe).
+def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> tuple[list[float], tuple[float, float]]:
+    """Median seconds of a pass over probe[:k] behind the cache as it is, k = 1..len(probe),
+    and what a pass costs on top after a pass of another size: (into a block, into one token).
 
     The sizes are timed in rounds (1, 2, 3, 4, 5, 6, 8, ... then again), not each one
     `repeats` times in a row: a burst of noise on a shared machine then spreads over every
     size instead of making one of them look dear, and the curve's shape is what decides the
-    draft length. Sizes between the timed ones are interpolated."""
+    draft length. Each size is timed twice in a row: llama.cpp reuses its compute graph
+    while the block size stays the same and rebuilds it when it changes, so the second pass
+    is what a run of equal blocks costs, and the first one's excess is the rebuild, which a
+    draft pays going into its block and the next single-token step pays coming back (F16
+    135M on a 2-core CPU: 0.2-0.7 ms each way, 2-8 % of a step). Sizes between the timed
+    ones are interpolated.
+
+    The controller is given the curve without the rebuilds and covers them with its margin
+    (AdaptiveDraftLength.margin). Pricing them exactly, into the block and back, was tried:
+    replayed over 300 recorded answers it lost more answers below 0.98x of plain decoding
+    (16 against 12) and gained nothing overall (BENCHMARKS.md, section 1c)."""
     past = backend.n_past
     sizes = sorted({k for k in (*range(1, 7), *range(8, len(probe) + 1, 2), len(probe)) if k <= len(probe)})
     samples: dict[int, list[float]] = {k: [] for k in sizes}
+    excess: dict[int, list[float]] = {k: [] for k in sizes}
     for _ in range(repeats):
         for k in sizes:
-            t0 = time.perf_counter()
-            backend.eval_block(probe[:k], "all")
-            samples[k].append(time.perf_counter() - t0)
-            backend.rollback(past)
+            seconds = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                backend.eval_block(probe[:k], "all")
+                seconds.append(time.perf_counter() - t0)
+                backend.rollback(past)
+            samples[k].append(seconds[1])
+            excess[k].append(seconds[0] - seconds[1])
     timed = [statistics.median(samples[k]) for k in sizes]
     # A pass over more tokens never costs less; smooth out timer noise that says it does.
     for i in range(1, len(timed)):
         timed[i] = max(timed[i], timed[i - 1])
-    return [float(t) for t in np.interp(range(1, len(probe) + 1), sizes, timed)]
+    curve = [float(t) for t in np.interp(range(1, len(probe) + 1), sizes, timed)]
+    # A backend without graphs to rebuild (torch, numpy) reads a little timer noise here,
+    # either way: never a negative price.
+    into_block = statistics.median([e for k in sizes if k > 1 for e in excess[k]] or [0.0])
+    return curve, (max(0.0, into_block), max(0.0, statistics.median(excess[1])))
 
 
 def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
@@ -262,20 +317,12 @@ def calibrated(backend: Backend, max_k: int = 16) -> Calibration:
     key = _key(backend)
     cache = _load_cache()
     hit = cache.get(key)
-    # Older entries lack the deep curve; a stale one no longer describes the machine.
-    if isinstance(hit, dict) and "deep_verify_seconds" in hit and not hit.get("stale"):
-        curve = hit.get("verify_seconds")
-        decode = hit.get("decode_seconds")
-        deep = hit.get("deep_verify_seconds")
-        depth = hit.get("deep_depth")
-        if (
-            isinstance(curve, list)
-            and len(curve) >= max_k
-            and isinstance(decode, float)
-            and (deep is None or (isinstance(deep, list) and len(deep) == len(curve)))
-            and isinstance(depth, int)
-        ):
-            return Calibration([float(t) for t in curve], decode, [float(t) for t in deep] if deep else None, depth)
+    # Older entries were measured otherwise (no deep curve, or each size timed after a pass
+    # of another size, rebuild included); a stale one no longer describes the machine.
+    if isinstance(hit, dict) and not hit.get("stale"):
+        cal = Calibration.from_json(hit)
+        if cal is not None and len(cal.verify_seconds) >= max_k:
+            return cal
     result = measure(backend, max_k)
     cache[key] = result.to_json()
     _store(cache)

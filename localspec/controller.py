@@ -215,9 +215,10 @@ class AdaptiveDraftLength:
     # draft model's step is an estimate that drifts with the machine, and near break-even a
     # wrong prediction loses more than a right one wins. Even a free drafter's draft costs a
     # little more than the curve says: llama.cpp rebuilds its graph whenever the block size
-    # changes, and the single-token step after a draft pays that again (F16 0.4 ms, Q4_1 1 ms
-    # here, 4-10 % of a step; `benchmarks/verify_costs.py`), which a marginal draft in a short
-    # answer does not win back.
+    # changes, and the single-token step after a draft pays that again (0.2-0.7 ms each way
+    # on a 2-core CPU, 2-8 % of a step; `localspec doctor` shows them), which a marginal
+    # draft in a short answer does not win back. Pricing those exactly did no better than this
+    # margin (calibrate._curve).
     margin: float = 0.0
     # A free lookup beside a draft model (choose_source): what its guessed tokens cost, and
     # its own margin (no drafter cost to mispredict, only the graph rebuild).

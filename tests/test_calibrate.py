@@ -71,6 +71,25 @@ def test_a_cached_curve_without_the_long_text_is_measured_again(
     assert calibrate.calibrated(target).deep_verify_seconds is not None  # now it is cached
 
 
+def test_a_cached_curve_timed_before_rebuilds_were_measured_is_measured_again(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = load("reference:seed=3")
+    entry = calibrate.calibrated(target).to_json()
+    assert isinstance(entry.pop("rebuild_seconds"), list)
+    # As an older localspec stored it: each size timed after a pass of another, rebuild included.
+    calibrate.remember(calibrate.backend_key(target), entry)
+    measured: list[object] = []
+    real_measure = calibrate.measure
+    monkeypatch.setattr(calibrate, "measure", lambda *args: measured.append(args) or real_measure(*args))
+    cal = calibrate.calibrated(target)
+    assert len(measured) == 1
+    # The numpy backend has no graph to rebuild: at most timer noise, never a negative price.
+    assert cal.rebuild_block_seconds >= 0 and cal.rebuild_one_seconds >= 0
+    calibrate.calibrated(target)
+    assert len(measured) == 1
+
+
 def test_a_small_context_keeps_one_curve(temporary_localspec_home: Path) -> None:
     cal = calibrate.calibrated(load("reference:seed=3", n_ctx=64))
     assert cal.deep_verify_seconds is None and cal.cost_curve().verify(1, 60) == cal.verify_seconds[0]

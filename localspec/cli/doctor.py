@@ -55,6 +55,10 @@ def handle(args: argparse.Namespace) -> int:
                     "verify_ms": [t * 1e3 for t in curve],
                     "verify_ms_deep": [t * 1e3 for t in deep] if deep else None,
                     "deep_depth": cal.deep_depth if deep else None,
+                    "rebuild_ms": {
+                        "into_block": cal.rebuild_block_seconds * 1e3,
+                        "into_one": cal.rebuild_one_seconds * 1e3,
+                    },
                     "predicted_ms": [t * 1e3 for t in predicted],
                     "gamma_for_acceptance": choices,
                 },
@@ -82,6 +86,10 @@ def handle(args: argparse.Namespace) -> int:
         print(f"after {cal.deep_depth:<6} " + " ".join(f"{t * 1e3:>6.1f}" for t in deep))
     print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in predicted))
     print(f"cost of k=4 vs one decode step: {curve[3] / curve[0]:.2f}x")
+    print(
+        f"a pass after one of another size pays {cal.rebuild_block_seconds * 1e3:.2f} ms more into a block, "
+        f"{cal.rebuild_one_seconds * 1e3:.2f} ms back into one token (graph rebuild)"
+    )
     print(
         "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
     )
