@@ -18,7 +18,7 @@ from localspec.controller import (
 )
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
-from localspec.engine import Engine
+from localspec.engine import Engine, Shadow
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
@@ -264,6 +264,31 @@ def test_shadow_evidence_from_position_start_teaches_only_the_unverified_positio
     assert after[6:] == before[6:]
     policy.observe_shadow(16, 1, support=1, start=3)  # broke inside the verified part: no evidence
     assert policy.by_support == after
+
+
+class _ShadowLog:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int, int]] = []
+
+    def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
+        self.calls.append((drafted, accepted, support, start))
+
+
+def test_an_unverified_guess_teaches_each_token_as_soon_as_it_is_known() -> None:
+    # A copy in progress: its evidence must not wait until all 6 guessed tokens are known.
+    log = _ShadowLog()
+    shadow = Shadow([7, 8, 9, 10, 11, 12], at=3, support=2, start=0)
+    assert not shadow.settle([0, 1, 2, 7, 8], log)  # type: ignore[arg-type]
+    assert log.calls == [(2, 2, 2, 0)]  # two hits, nothing else
+    assert not shadow.settle([0, 1, 2, 7, 8], log)  # type: ignore[arg-type]
+    assert len(log.calls) == 1  # nothing new known: nothing learnt twice
+    assert shadow.settle([0, 1, 2, 7, 8, 9, 5], log)  # type: ignore[arg-type]
+    assert log.calls[-1] == (6, 3, 2, 2)  # one more hit, then the miss at position 3
+    policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
+    before = list(policy.by_support)
+    Shadow([7, 8, 9], at=3, support=2, start=0).settle([0, 1, 2, 7, 8], policy)
+    assert policy.by_support[support_level(2) - 1] > before[support_level(2) - 1]
+    assert policy.by_support[support_level(3) - 1] > before[support_level(3) - 1]
 
 
 def test_a_copy_is_trusted_more_with_every_token_it_has_matched() -> None:
