@@ -1,6 +1,7 @@
 """Replays the bench suite's answers through the real engine, drafter and controller with a
 simulated target: every verify pass "costs" the model's calibrated t_verify(k) on a
-simulated clock, and the target's choice is the recorded answer. A drafter or controller
+simulated clock, plus llama.cpp's graph rebuild (also calibrated) when its size differs
+from the pass before, and the target's choice is the recorded answer. A drafter or controller
 change can then be judged on every prompt in a second, without timing noise; the real bench
 (`localspec bench`) confirms what this suggests.
 
@@ -22,6 +23,7 @@ import json
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,13 +53,37 @@ class Clock:
         return self._real() + self.simulated
 
 
+@dataclass(frozen=True)
+class Truth:
+    """What a simulated pass costs: the calibrated curve (passes of one size in a row) plus
+    the graph rebuild llama.cpp pays when a pass's size differs from the one before."""
+
+    curve: CostCurve
+    into_block: float = 0.0
+    into_one: float = 0.0
+
+    @classmethod
+    def of(cls, calibration: Calibration) -> Truth:
+        return cls(calibration.cost_curve(), calibration.rebuild_block_seconds, calibration.rebuild_one_seconds)
+
+    def seconds(self, k: int, depth: int, last: int) -> float:
+        """A pass of k tokens behind `depth` tokens, after a pass of `last` (0: a prefill)."""
+        rebuild = 0.0 if k == last else (self.into_one if k == 1 else self.into_block)
+        return self.curve.verify(k, depth) + rebuild
+
+    def plain(self, prompt: Sequence[int], answer: Sequence[int]) -> float:
+        """Plain decoding of the answer: single-token passes, one rebuild after the prefill."""
+        return sum(self.seconds(1, len(prompt) - 1 + i, 1 if i else 0) for i in range(len(answer)))
+
+
 class ReplayTarget:
     """A target whose greedy choice at every position is the recorded answer's token."""
 
-    def __init__(self, text: Sequence[int], curve: CostCurve, clock: Clock, n_vocab: int) -> None:
+    def __init__(self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int) -> None:
         self.text = list(text)
-        self.curve = curve
+        self.truth = truth
         self.clock = clock
+        self.last = 0  # the size of the pass before: the prefill's, for the first
         self.n_vocab = n_vocab
         self._tokens: list[int] = []
         self.info = ModelInfo("replay", "replay", "replay", "replay", 1 << 16, n_vocab, 0, 0, 0)
@@ -81,7 +107,8 @@ class ReplayTarget:
         self._tokens.extend(tokens)
         if logits != "all":
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        self.clock.simulated += self.curve.verify(len(tokens), past)
+        self.clock.simulated += self.truth.seconds(len(tokens), past, self.last)
+        self.last = len(tokens)
         out = np.zeros((len(tokens), self.n_vocab), dtype=np.float32)
         for row in range(len(tokens)):
             nxt = past + row + 1
@@ -148,7 +175,7 @@ def record(
 def replay(
     prompt: list[int],
     answer: list[int],
-    curve: CostCurve,
+    truth: Truth,
     n_vocab: int,
     policy: DraftLengthPolicy,
     trace: bool = False,
@@ -156,7 +183,7 @@ def replay(
 ) -> float:
     """Simulated seconds for the whole answer; trace prints support:drafted/accepted per step."""
     clock = Clock()
-    target = ReplayTarget(prompt + answer, curve, clock, n_vocab)
+    target = ReplayTarget(prompt + answer, truth, clock, n_vocab)
     engine = Engine(target, NgramDrafter(), free_drafter=True)
     saved = engine_module.time.perf_counter
     engine_module.time.perf_counter = clock  # type: ignore[assignment]
@@ -216,28 +243,35 @@ class LookupCache:
         return out
 
 
-def replay_lookup(prompt: list[int], answer: list[int], curve: CostCurve, n_draft: int) -> float:
+def replay_lookup(prompt: list[int], answer: list[int], truth: Truth, n_draft: int) -> float:
     """Simulated seconds of llama-lookup's loop (a fixed draft of up to n_draft tokens)."""
-    cache, done, seconds = LookupCache(prompt), 0, 0.0
+    cache, done, seconds, last = LookupCache(prompt), 0, 0.0, 0
     while done < len(answer):
         guess = cache.draft(min(n_draft, len(answer) - done - 1))
         accepted = common_prefix(guess, answer[done:])
-        seconds += curve.verify(len(guess) + 1, len(prompt) - 1 + done)
+        seconds += truth.seconds(len(guess) + 1, len(prompt) - 1 + done, last)
+        last = len(guess) + 1
         cache.add(answer[done : done + accepted + 1])
         done += accepted + 1
     return seconds
 
 
-def ceiling(prompt: list[int], answer: list[int], curve: CostCurve, guesses: Sequence[Sequence[int]]) -> float:
+def ceiling(prompt: list[int], answer: list[int], truth: Truth, guesses: Sequence[Sequence[int]]) -> float:
     """Least simulated seconds any draft-length choice could reach with these guesses (one
-    per position): dynamic programming over the answer, drafting exactly what comes true."""
+    per position): dynamic programming over the answer and the size of the pass before (a
+    rebuild depends on it), drafting only what comes true."""
     n = len(answer)
-    best = [0.0] * (n + 1)
+    rights = [min(common_prefix(guesses[i], answer[i:]), n - 1 - i) for i in range(n)]
+    sizes = range(max(rights, default=0) + 2)  # 0: the prefill before the first pass
+    # best[i][last]: least seconds from position i on when the pass before had `last` tokens.
+    best = [[0.0] * len(sizes) for _ in range(n + 1)]
     for i in range(n - 1, -1, -1):
         depth = len(prompt) - 1 + i
-        right = common_prefix(guesses[i], answer[i:])
-        best[i] = min(curve.verify(g + 1, depth) + best[i + g + 1] for g in range(min(right, n - 1 - i) + 1))
-    return best[0]
+        for last in sizes:
+            best[i][last] = min(
+                truth.seconds(g + 1, depth, last) + best[i + g + 1][g + 1] for g in range(rights[i] + 1)
+            )
+    return best[0][0]
 
 
 def adaptive(curve: CostCurve) -> AdaptiveDraftLength:
@@ -268,8 +302,13 @@ def main() -> None:
         prompts = load_prompt_sets(sources)
         data = record(args.model, args.tokens, path, prompts, args.temperature, args.seeds)
     cal = data["calibration"]
-    calibration = Calibration(
-        cal["verify_seconds"], cal["decode_seconds"], cal["deep_verify_seconds"], cal["deep_depth"]
+    loaded = Calibration.from_json(cal)
+    if loaded is None:
+        raise SystemExit(f"{path} was recorded by an older localspec: delete it to record the answers again")
+    calibration = loaded
+    print(
+        f"graph rebuild (ms): into a block {calibration.rebuild_block_seconds * 1e3:.2f}, "
+        f"into one token {calibration.rebuild_one_seconds * 1e3:.2f}"
     )
     for name, values in (("curve", cal["verify_seconds"]), ("deep curve", cal["deep_verify_seconds"] or [])):
         print(f"{name} (ms): {' '.join(f'{t * 1e3:.1f}' for t in values)}")
@@ -284,8 +323,8 @@ def main() -> None:
     losses = [0] * len(columns)
     for pid, rec in data["answers"].items():
         prompt, answer = rec["prompt"], rec["answer"]
-        truth = calibration.cost_curve()
-        plain = sum(truth.verify(1, len(prompt) - 1 + i) for i in range(len(answer)))
+        truth = Truth.of(calibration)
+        plain = truth.plain(prompt, answer)
 
         policies: list[tuple[DraftLengthPolicy, bool]] = [
             (adaptive(calibration.cost_curve()), sampled),
