@@ -52,6 +52,9 @@ python benchmarks/replay_drafters.py "$Q4_1" --prompts benchmarks/prompts_wide.j
 both=(--prompts benchmarks/prompts_wide.jsonl --prompts suite)
 python benchmarks/replay_drafters.py "$F16" "${both[@]}" -t 0.8 --seeds 5 >"$out/replay_sampled_f16.md"
 python benchmarks/replay_drafters.py "$Q4_1" "${both[@]}" -t 0.8 --seeds 5 >"$out/replay_sampled_q4_1.md"
+python benchmarks/replay_drafters.py "$Q4_1" >"$out/replay_suite_q4_1.md"
+# The controller's variants over all those recorded answers (how rebuilds and unverified guesses are treated).
+python benchmarks/replay_variants.py "$(python -c 'from localspec.paths import data_dir; print(data_dir())')"/replay-*.json >"$out/replay_variants.md"
 # Issue 8 / 7: every strategy on the torch backend, where torch is installed.
 if python -c "import torch" 2>/dev/null; then
     run --backend torch -s ngram -s qspec:int8 -s layerskip -r 2 --json >"$out/torch.json"

@@ -23,7 +23,7 @@ import argparse
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from replay_drafters import Truth, adaptive, replay
@@ -94,12 +94,14 @@ class Tally:
     answers: int = 0
     losses: int = 0
     worst: float = math.inf
+    speedups: dict[str, float] = field(default_factory=dict)  # by answer
 
-    def add(self, speedup: float) -> None:
+    def add(self, answer: str, speedup: float) -> None:
         self.log_sum += math.log(speedup)
         self.answers += 1
         self.losses += speedup < 0.98
         self.worst = min(self.worst, speedup)
+        self.speedups[answer] = speedup
 
 
 Variant = tuple[bool, Callable[[Calibration], AdaptiveDraftLength]]
@@ -129,7 +131,8 @@ def main() -> None:
         sampled = path.stem.rsplit("-", 1)[-1].startswith("t")  # "...-160-t0.8x5": sampled answers
         truth = Truth.of(cal)
         plain_total, totals = 0.0, dict.fromkeys(VARIANTS, 0.0)
-        for rec in data["answers"].values():
+        label = path.stem.removeprefix("replay-")
+        for answer_id, rec in data["answers"].items():
             prompt, answer = rec["prompt"], rec["answer"]
             plain = truth.plain(prompt, answer)
             plain_total += plain
@@ -140,15 +143,23 @@ def main() -> None:
                 finally:
                     engine_module.Shadow.settle = incremental  # type: ignore[method-assign]
                 totals[variant] += seconds
-                tallies[variant].add(plain / seconds)
-        label = path.stem.removeprefix("replay-")
+                tallies[variant].add(f"{label}/{answer_id}", plain / seconds)
         print(f"| {label} | 1.00x | {' | '.join(f'{plain_total / t:.3f}x' for t in totals.values())} |")
     print()
-    print("| over all answers | geometric mean | below 0.98x | worst |")
-    print("|---|---|---|---|")
+    print(
+        "| over all answers | geometric mean | below 0.98x | worst | localspec against it: best answer, worst answer |"
+    )
+    print("|---|---|---|---|---|")
+    ours = tallies["localspec"].speedups
     for variant, tally in tallies.items():
         mean = math.exp(tally.log_sum / tally.answers)
-        print(f"| {variant} | {mean:.4f}x | {tally.losses} of {tally.answers} | {tally.worst:.3f}x |")
+        ratios = sorted((ours[a] / s, a) for a, s in tally.speedups.items())
+        against = (
+            ""
+            if variant == "localspec"
+            else f"{ratios[-1][0]:.3f}x ({ratios[-1][1]}), {ratios[0][0]:.3f}x ({ratios[0][1]})"
+        )
+        print(f"| {variant} | {mean:.4f}x | {tally.losses} of {tally.answers} | {tally.worst:.3f}x | {against} |")
 
 
 if __name__ == "__main__":
