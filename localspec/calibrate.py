@@ -46,8 +46,8 @@ AGREEMENT_TEXT = (
 SHALLOW_DEPTH = 32
 DEEP_DEPTH = 512
 # Rounds of timings behind the long text: fewer than behind the short one, whose shape
-# decides most drafts, because its passes cost up to twice as much (F16 135M on a 2-core
-# CPU: the whole calibration takes about 6 s at the first load of a model).
+# decides most drafts, because its passes cost up to twice as much and every size is timed
+# twice (see _curve), which the first load of a model waits for.
 DEEP_REPEATS = 3
 
 
