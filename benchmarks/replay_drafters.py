@@ -53,6 +53,11 @@ class Clock:
         return self._real() + self.simulated
 
 
+def rebuild_seconds(k: int, last: int, into_block: float, into_one: float) -> float:
+    """What llama.cpp pays on top for a pass of k tokens after a pass of `last` tokens."""
+    return 0.0 if k == last else (into_one if k == 1 else into_block)
+
+
 @dataclass(frozen=True)
 class Truth:
     """What a simulated pass costs: the calibrated curve (passes of one size in a row) plus
@@ -68,8 +73,7 @@ class Truth:
 
     def seconds(self, k: int, depth: int, last: int) -> float:
         """A pass of k tokens behind `depth` tokens, after a pass of `last` (0: a prefill)."""
-        rebuild = 0.0 if k == last else (self.into_one if k == 1 else self.into_block)
-        return self.curve.verify(k, depth) + rebuild
+        return self.curve.verify(k, depth) + rebuild_seconds(k, last, self.into_block, self.into_one)
 
     def plain(self, prompt: Sequence[int], answer: Sequence[int]) -> float:
         """Plain decoding of the answer: single-token passes, one rebuild after the prefill."""

@@ -23,10 +23,10 @@ import argparse
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from replay_drafters import Truth, adaptive, replay
+from replay_drafters import Truth, adaptive, rebuild_seconds, replay
 
 import localspec.engine as engine_module
 from localspec.calibrate import Calibration
@@ -53,7 +53,7 @@ class PricedCurve(CostCurve):
         return (self.measured(k, depth) + extra) * self.scale
 
     def update(self, k: int, seconds: float, depth: int = 0, weight: float = 0.05) -> None:
-        paid = 0.0 if k == self.last else (self.into_one if k == 1 else self.into_block)
+        paid = rebuild_seconds(k, self.last, self.into_block, self.into_one)
         self.scale += weight * (min(seconds / (self.measured(k, depth) + paid), 3.0) - self.scale)
         self.last = k
 
@@ -71,9 +71,9 @@ def whole_guess_settle(self: Shadow, ctx: list[int], policy: object) -> bool:
 def with_rebuilds(cal: Calibration) -> CostCurve:
     """The curve as the calibration measured it before: each size after a pass of another."""
     rebuild = (cal.rebuild_block_seconds + cal.rebuild_one_seconds) / 2
-    deep = [t + rebuild for t in cal.deep_verify_seconds] if cal.deep_verify_seconds else None
-    shallow = [t + rebuild for t in cal.verify_seconds]
-    return CostCurve(shallow, deep_seconds=deep, depth=cal.cost_curve().depth, deep_depth=cal.deep_depth)
+    base = cal.cost_curve()
+    deep = [t + rebuild for t in base.deep_seconds] if base.deep_seconds else None
+    return replace(base, verify_seconds=[t + rebuild for t in base.verify_seconds], deep_seconds=deep)
 
 
 def priced(cal: Calibration) -> CostCurve:
