@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from localspec.bench import BenchRow
-from localspec.errors import BackendUnavailableError
+from localspec.errors import BackendUnavailableError, InvalidRequestError
 
 
-def write_plot(rows: Sequence[BenchRow], path: str | Path) -> Path:
+def check_plot_target(path: str | Path) -> Path:
+    """Fail before a bench run, not after it, when the picture could not be written: the
+    run takes minutes and its figures are what the user came for."""
+    out = Path(path)
+    _matplotlib()
+    if out.is_dir():
+        raise InvalidRequestError(f"--plot {out} is a folder", "give a file name, e.g. --plot bench.png")
+    folder = out.parent
+    if not folder.is_dir():
+        raise InvalidRequestError(f"--plot {out}: the folder {folder} does not exist", f"mkdir -p {folder}")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InvalidRequestError(f"--plot {out}: no permission to write there", "pick a folder you can write to")
+    return out
+
+
+def _matplotlib() -> ModuleType:
     try:
         import matplotlib
 
@@ -17,6 +34,11 @@ def write_plot(rows: Sequence[BenchRow], path: str | Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise BackendUnavailableError("--plot needs matplotlib", "pip install 'localspec[plot]'") from exc
+    return plt
+
+
+def write_plot(rows: Sequence[BenchRow], path: str | Path) -> Path:
+    plt = _matplotlib()
     prompts = list(dict.fromkeys(r.prompt for r in rows))
     strategies = list(dict.fromkeys(r.strategy for r in rows))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -46,6 +68,13 @@ def write_plot(rows: Sequence[BenchRow], path: str | Path) -> Path:
         right.legend()
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as exc:
+        raise InvalidRequestError(
+            f"could not write the plot to {out}: {exc.strerror or exc}",
+            "the figures were printed above; run again with another --plot path",
+        ) from exc
+    finally:
+        plt.close(fig)
     return out

@@ -84,6 +84,32 @@ def test_bench_json_has_one_row_per_prompt_and_strategy(default_model_in_home: P
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+def test_bench_refuses_an_unwritable_plot_before_running(default_model_in_home: Path, tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "no-such-folder" / "bench.png"
+    assert main(["bench", "--plot", str(missing), "-n", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "mkdir -p" in err
+    assert main(["bench", "--plot", str(tmp_path), "-n", "4"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_bench_prints_its_figures_when_the_plot_fails_late(
+    default_model_in_home: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    # The folder vanishes between the check and the write (or the disk fills up): the
+    # figures of the run must still reach the user.
+    import localspec.plot
+
+    monkeypatch.setattr(localspec.plot, "check_plot_target", lambda path: Path(path))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "count", "prompt": "Count from 1 to 5."}\n')
+    gone = tmp_path / "gone" / "bench.png"
+    assert main(["bench", "--prompts", str(prompts), "-n", "8", "--json", "--plot", str(gone)]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["results"][0]["prompt"] == "count"
+    assert "could not write the plot" in captured.err and "Traceback" not in captured.err
+
+
 def test_bench_refuses_a_malformed_prompts_file(default_model_in_home: Path, tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "no id"}\n')

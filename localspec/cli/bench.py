@@ -68,6 +68,10 @@ def handle(args: argparse.Namespace) -> int:
         prompts = [p for p in prompts if p.id in args.only]
         if not prompts:
             raise InvalidRequestError(f"no prompt has the id {args.only}")
+    if args.plot:
+        from localspec.plot import check_plot_target
+
+        check_plot_target(args.plot)
     strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
     if "draft" in strategies and not args.draft_model:
         raise InvalidRequestError("strategy 'draft' needs a draft model", "add --draft-model PATH")
@@ -104,15 +108,17 @@ def handle(args: argparse.Namespace) -> int:
         "min_seconds": args.min_seconds,
         "draft_tokens": args.draft_tokens,
     }
-    if args.plot:
-        from localspec.plot import write_plot
-
-        write_plot(rows, args.plot)
+    # The figures first: a plot that cannot be written must not take them with it.
     if args.json:
         print(json.dumps({"machine": machine(), "config": config, "results": rows_to_json(rows)}, indent=1))
     else:
         print(f"# {machine()['cpu']}, {machine()['physical_cores']} cores | {config}", file=sys.stderr)
         print(format_table(rows))
+    if args.plot:
+        from localspec.plot import write_plot
+
+        sys.stdout.flush()
+        write_plot(rows, args.plot)
     return 0
 
 
