@@ -8,6 +8,7 @@ every position of the context and cannot take a draft model.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 from collections.abc import Sequence
 from functools import cache
@@ -42,6 +43,15 @@ def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
 def init_library() -> None:
     llama.llama_log_set(_quiet_log, ctypes.c_void_p(0))
     llama.llama_backend_init()
+
+
+@cache
+def build_id() -> str:
+    """Which llama.cpp this is: the binding's version and a digest of the library's own
+    feature line (SIMD, LLAMAFILE, REPACK...). A rebuilt or upgraded library has other
+    kernels, hence another cost curve: calibrations are cached under this."""
+    features = llama.llama_print_system_info() or b""
+    return f"{llama.__version__}+{hashlib.sha1(features).hexdigest()[:10]}"
 
 
 class LlamaCppBackend:
@@ -104,7 +114,7 @@ class LlamaCppBackend:
             rollback=True,
             max_block=max_block,
             device="cpu",
-            extra={"threads": str(threads), "file_type": self._meta("general.file_type") or "1"},
+            extra={"threads": str(threads), "file_type": self._meta("general.file_type") or "1", "build": build_id()},
         )
 
     # -- description ------------------------------------------------------------------------

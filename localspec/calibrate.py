@@ -2,12 +2,12 @@
 how often a drafter's top token is the target's, once per pair.
 
 The curve t_verify(k) is what the adaptive draft length is built on; it is cached in the
-user directory keyed by the model file, its backend options and the CPU, so only the first
-load of a model pays the second or so it takes. The pair's agreement is where the controller
-starts its acceptance estimates for a model drafter: a drafter that costs real time is only
-tried when it is expected to pay, so a prior far below its true acceptance would never be
-corrected (a quantized copy of the target agrees ~90 % of the time, a fixed 50 % guess
-would keep it switched off)."""
+user directory keyed by the model file, its backend options and build, and the CPU, so only
+the first load of a model pays the second or so it takes. The pair's agreement is where the
+controller starts its acceptance estimates for a model drafter: a drafter that costs real
+time is only tried when it is expected to pay, so a prior far below its true acceptance
+would never be corrected (a quantized copy of the target agrees ~90 % of the time, a fixed
+50 % guess would keep it switched off)."""
 
 from __future__ import annotations
 
@@ -290,8 +290,8 @@ def _store(cache: dict[str, dict[str, object]]) -> None:
 # A cached curve the machine has left behind: timed passes averaged this factor off it,
 # either way, over at least DRIFT_EVIDENCE passes since load. The controller's drift scale
 # corrects the running session's choices, but a cache measured under other conditions (a busy
-# neighbour then, another host under the same VM, another build of the library under the
-# same file) misprices every draft of the next load until it has learnt the drift again, so
+# neighbour then, another host under the same VM; a rebuilt library is keyed apart by its
+# build) misprices every draft of the next load until it has learnt the drift again, so
 # the next load measures afresh. The mean since load, not the scale (an EMA over ~20 passes),
 # decides: a burst of load moves the scale by 20-30 % for a few dozen passes and the mean
 # barely (F16 on a 2-core VM, the suite in one session: scale 0.82-1.19, mean 0.87-0.91).
@@ -314,10 +314,12 @@ def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
     return True
 
 
-def calibrated(backend: Backend, max_k: int = 16) -> Calibration:
+def calibrated(backend: Backend, max_k: int = 16, refresh: bool = False) -> Calibration:
+    """The backend's cost curve from the cache, or measured now (and cached); refresh:
+    measure now whatever the cache holds."""
     key = _key(backend)
     cache = _load_cache()
-    hit = cache.get(key)
+    hit = None if refresh else cache.get(key)
     # Older entries were measured otherwise (no deep curve, or each size timed after a pass
     # of another size, rebuild included); a stale one no longer describes the machine.
     if isinstance(hit, dict) and not hit.get("stale"):

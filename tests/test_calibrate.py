@@ -191,3 +191,31 @@ def test_a_curve_measured_on_a_host_with_other_simd_is_not_reused(
         assert calibrate.remembered(calibrate.backend_key(target)) is None  # measured afresh here
     finally:
         hardware.machine_key.cache_clear()
+
+
+def test_refresh_measures_the_curve_again_and_caches_the_new_one(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = load("reference:seed=3")
+    calibrate.calibrated(target)
+    measured: list[object] = []
+    real_measure = calibrate.measure
+    monkeypatch.setattr(calibrate, "measure", lambda *args: measured.append(args) or real_measure(*args))
+    calibrate.calibrated(target)
+    assert not measured  # cached
+    fresh = calibrate.calibrated(target, refresh=True)
+    assert len(measured) == 1
+    assert _cache_entry(target) == fresh.to_json()
+
+
+def test_a_curve_measured_with_another_build_of_the_backend_is_not_reused(temporary_localspec_home: Path) -> None:
+    # An upgraded or rebuilt library (llama.cpp with other kernels, another torch) keeps the
+    # model file and the machine: only its build tells the curves apart.
+    from dataclasses import replace
+
+    target = load("reference:seed=3")
+    target.capabilities = replace(target.capabilities, extra={**target.capabilities.extra, "build": "1.0"})
+    calibrate.calibrated(target)
+    assert calibrate.remembered(calibrate.backend_key(target)) is not None
+    target.capabilities = replace(target.capabilities, extra={**target.capabilities.extra, "build": "1.1"})
+    assert calibrate.remembered(calibrate.backend_key(target)) is None

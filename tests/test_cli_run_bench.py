@@ -190,3 +190,24 @@ def test_min_seconds_repeats_a_short_prompt_more_within_a_bound() -> None:
     rows = bench(target, ngram, prompts, max_tokens=4, repeats=2, min_seconds=3600.0)
     assert [r.repeats for r in rows] == [2 * MAX_REPEAT_FACTOR]
     assert rows[0].tokens == 2 * MAX_REPEAT_FACTOR * 4
+
+
+def test_doctor_refresh_measures_the_model_again(
+    default_model_in_home: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localspec import calibrate
+    from localspec.paths import calibration_file
+
+    assert main(["doctor", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    measured: list[object] = []
+    real_measure = calibrate.measure
+    monkeypatch.setattr(calibrate, "measure", lambda *args: measured.append(args) or real_measure(*args))
+    assert main(["doctor", "--json"]) == 0
+    assert not measured  # cached
+    capsys.readouterr()
+    assert main(["doctor", "--json", "--refresh"]) == 0
+    assert len(measured) == 1
+    assert len(json.loads(capsys.readouterr().out)["verify_ms"]) == len(first["verify_ms"])
+    # The llama.cpp build is part of what the curve is cached under.
+    assert any("|build=" in key for key in json.loads(calibration_file().read_text()))

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from functools import cache
+from importlib.metadata import version
 from typing import Any, cast
 
 import mlx.core as mx
@@ -179,7 +180,8 @@ class MlxBackend:
         model = forward.model
         self._n_vocab = int(self._probe_vocab())
         self._refusal = rollback_refusal(self._cache, architecture)
-        extras = {"device": device_name(), **(extra or {})}
+        # The build keys cached calibrations: another mlx has other kernels.
+        extras = {"device": device_name(), "build": f"mlx {version('mlx')}", **(extra or {})}
         if self._refusal:
             extras["no_rollback"] = self._refusal
         self.info = ModelInfo(

