@@ -6,6 +6,10 @@ change can then be judged on every prompt in a second, without timing noise; the
 (`localspec bench`) confirms what this suggests.
 
     python benchmarks/replay_drafters.py MODEL.gguf [--tokens 160] [--fixed 4] [-t 0.8 --seeds 3]
+        [--curve DOCTOR.json]
+
+--curve prices the same answers on a cost curve that `localspec doctor --json` measured on
+another machine: what the controller and the ceiling would make of them there.
 
 The answers are recorded once per model (plain decoding, real llama.cpp) under
 $LOCALSPEC_HOME/replay-<model>-....json. Greedy decoding is deterministic, so the replayed
@@ -278,6 +282,23 @@ def ceiling(prompt: list[int], answer: list[int], truth: Truth, guesses: Sequenc
     return best[0][0]
 
 
+def from_doctor(path: Path) -> Calibration:
+    """The calibration a `localspec doctor --json` printed, on whatever machine it ran: the
+    recorded answers can then be priced on that machine's curve. Rebuilds count as zero where
+    the report predates their measurement."""
+    report = json.loads(path.read_text())
+    rebuild = report.get("rebuild_ms") or {}
+    deep = report.get("verify_ms_deep")
+    return Calibration(
+        [t / 1e3 for t in report["verify_ms"]],
+        report["verify_ms"][0] / 1e3,
+        [t / 1e3 for t in deep] if deep else None,
+        report.get("deep_depth") or 512,
+        rebuild.get("into_block", 0.0) / 1e3,
+        rebuild.get("into_one", 0.0) / 1e3,
+    )
+
+
 def adaptive(curve: CostCurve) -> AdaptiveDraftLength:
     """The controller as the runtime builds it for n-gram drafting."""
     return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
@@ -294,6 +315,9 @@ def main() -> None:
     )
     parser.add_argument("-t", "--temperature", type=float, default=0.0, help="replay sampled answers")
     parser.add_argument("--seeds", type=int, default=3, help="sampled answers per prompt (with -t)")
+    parser.add_argument(
+        "--curve", type=Path, help="price the passes on this `localspec doctor --json` report (another machine's)"
+    )
     args = parser.parse_args()
     sources = args.prompts or ["suite"]
     suite = "+".join(Path(source).stem for source in sources)
@@ -305,11 +329,11 @@ def main() -> None:
     else:
         prompts = load_prompt_sets(sources)
         data = record(args.model, args.tokens, path, prompts, args.temperature, args.seeds)
-    cal = data["calibration"]
-    loaded = Calibration.from_json(cal)
+    loaded = from_doctor(args.curve) if args.curve else Calibration.from_json(data["calibration"])
     if loaded is None:
         raise SystemExit(f"{path} was recorded by an older localspec: delete it to record the answers again")
     calibration = loaded
+    cal = calibration.to_json()
     print(
         f"graph rebuild (ms): into a block {calibration.rebuild_block_seconds * 1e3:.2f}, "
         f"into one token {calibration.rebuild_one_seconds * 1e3:.2f}"
@@ -319,8 +343,12 @@ def main() -> None:
     # On sampled answers, also the controller as if the requests were greedy (its greedy
     # priors and tables): what the separate sampled tables change.
     columns = ["localspec", *(["greedy priors"] if sampled else []), "no depth"]
-    columns += [*(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8", "ceiling", "lookup ceiling"]
-    print("speedup over plain decoding, simulated clock; ceiling: the best any draft length could do")
+    columns += [*(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8", "ceiling", f"ceiling ≤{MAX_DRAFT}"]
+    columns += ["lookup ceiling"]
+    print(
+        "speedup over plain decoding, simulated clock; ceiling: the best any draft length could do "
+        f"(drafts of up to 64 tokens, or up to the runtime's {MAX_DRAFT})"
+    )
     print(f"| prompt | {' | '.join(columns)} |")
     print(f"|---|{'---|' * len(columns)}")
     totals = [0.0] * (len(columns) + 1)
@@ -346,7 +374,10 @@ def main() -> None:
         cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
         guesses = [ours.propose(text[: len(prompt) + i], 64, cfg, rng).tokens for i in range(len(answer))]
         theirs = [LookupCache(text[: len(prompt) + i]).draft(64) for i in range(len(answer))]
-        seconds += [ceiling(prompt, answer, truth, guesses), ceiling(prompt, answer, truth, theirs)]
+        # The runtime drafts at most MAX_DRAFT tokens (its calibration stops at 16-token
+        # passes); the uncapped ceiling prices longer passes on the curve's extension.
+        capped = [guess[:MAX_DRAFT] for guess in guesses]
+        seconds += [ceiling(prompt, answer, truth, g) for g in (guesses, capped, theirs)]
         print(f"| {pid} | {' | '.join(f'{plain / t:.2f}x' for t in seconds)} |")
         totals = [a + b for a, b in zip(totals, [plain, *seconds], strict=True)]
         losses = [n + (plain / t < 0.98) for n, t in zip(losses, seconds, strict=True)]
