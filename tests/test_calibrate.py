@@ -219,3 +219,11 @@ def test_a_curve_measured_with_another_build_of_the_backend_is_not_reused(tempor
     assert calibrate.remembered(calibrate.backend_key(target)) is not None
     target.capabilities = replace(target.capabilities, extra={**target.capabilities.extra, "build": "1.1"})
     assert calibrate.remembered(calibrate.backend_key(target)) is None
+
+
+def test_a_disturbed_size_takes_the_larger_sizes_figure_instead_of_lifting_them() -> None:
+    # Sizes 1, 2, 3, 4, 5, 6, 8 (ms): a burst of load during the 4-token passes.
+    timed = [12.5, 21.2, 24.1, 35.0, 27.0, 30.0, 39.7]
+    assert calibrate.nondecreasing(timed) == [12.5, 21.2, 24.1, 27.0, 27.0, 30.0, 39.7]
+    assert calibrate.nondecreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert calibrate.nondecreasing([]) == []
