@@ -35,7 +35,7 @@ from localspec.stats import Stats  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
 
-from localspec.backends.torch import TorchBackend, make_self_drafter, native  # noqa: E402
+from localspec.backends.torch import TorchBackend, linear, make_self_drafter, native  # noqa: E402
 from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
 from localspec.backends.torch.tokenizer import _byte_decoder  # noqa: E402
 
@@ -63,6 +63,7 @@ class Spec:
     embed_scale: float = 0.3  # larger: sharper next-token distributions
     window: int = 4  # Gemma 3's sliding window, small so that short texts cross it
     local: tuple[bool, ...] = (True, False, True)
+    half: bool = False  # matrices stored as F16 in the GGUF (norms stay F32, as llama.cpp wants)
 
 
 def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -210,7 +211,7 @@ def write_gguf(spec: Spec, path: Path) -> Path:
             w = permute(w, spec.heads if "attn_q" in short else spec.kv_heads)
         if spec.arch == "gemma3" and short.endswith("norm.weight"):
             w = w + 1.0
-        writer.add_tensor(short, np.ascontiguousarray(w))
+        writer.add_tensor(short, np.ascontiguousarray(w.astype(np.float16) if spec.half and w.ndim == 2 else w))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -526,6 +527,51 @@ def test_cpu_matrices_multiply_as_the_dense_weight_does(rows: int, kind: str) ->
     torch.testing.assert_close(matrix(x), reference, rtol=1e-4, atol=1e-4)
     ids = torch.tensor([0, 17, 99])
     torch.testing.assert_close(matrix.rows(ids), matrix.dense()[ids])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6, 7, 16, 17, 40])
+def test_a_half_precision_matrix_is_kept_in_half_panels_and_multiplies_exactly(rows: int, monkeypatch) -> None:
+    if native.kernels() is None:
+        pytest.skip("no C compiler or no AVX2: float32 panels and the batched matmul only")
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(100, 64, generator=generator).half().float()  # an F16 file's values
+    x = torch.randn(rows, 64, generator=generator)
+    half = Panels(weight, None)
+    assert half.panels.dtype == torch.float16
+    monkeypatch.setattr(linear, "exactly_half", lambda w: False)
+    full = Panels(weight, None)
+    assert full.panels.dtype == torch.float32
+    # Widening a half is exact and the kernel's order of operations is the same: equal bits
+    # up to 16 rows; longer blocks (prefill) go through the kernel too, where float32 panels
+    # take the batched matmul.
+    if rows <= 16:
+        assert torch.equal(half(x), full(x))
+    torch.testing.assert_close(half(x), torch.nn.functional.linear(x, weight), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(half.rows(torch.tensor([0, 17, 99])), weight[[0, 17, 99]], rtol=0, atol=0)
+    assert torch.equal(half.dense(), weight)
+
+
+def test_a_matrix_with_values_beyond_half_precision_stays_float32() -> None:
+    if native.kernels() is None:
+        pytest.skip("no C compiler or no AVX2")
+    weight = torch.randn(32, 64).half().float()
+    weight[3, 5] += 1e-4  # one value half precision cannot hold
+    assert Panels(weight, None).panels.dtype == torch.float32
+    assert Panels(torch.full((16, 64), 1e6), None).panels.dtype == torch.float32  # beyond half's range
+
+
+def test_an_f16_gguf_runs_on_half_panels_with_the_float32_logits(models, monkeypatch) -> None:
+    if native.kernels() is None:
+        pytest.skip("no C compiler or no AVX2")
+    path = str(models(Spec("llama", half=True)))
+    target = tiny(path)
+    assert target.model.output.panels.dtype == torch.float16  # type: ignore[attr-defined]
+    ours = blockwise(target, TEXT_IDS)
+    monkeypatch.setattr(linear, "exactly_half", lambda w: False)
+    reference = tiny(path)
+    assert reference.model.output.panels.dtype == torch.float32  # type: ignore[attr-defined]
+    # Blocks of up to 13 tokens: every matrix goes through the same kernel either way.
+    np.testing.assert_array_equal(ours, blockwise(reference, TEXT_IDS))
 
 
 def test_a_long_int8_block_stays_on_the_native_kernel(monkeypatch) -> None:

@@ -6,6 +6,9 @@
   streams an [out, in] matrix for so few rows at about half the bandwidth the machine has
   (BENCHMARKS.md section 9). Short blocks go through native.py's AVX2 kernel, long ones
   (prefill) through a batched matmul over the panels, where MKL is compute-bound and good.
+  A matrix whose every value is a half-precision number (an F16 GGUF's) is kept in half
+  panels: the kernel widens them exactly, so the products are the float32 ones, from half
+  the bytes.
 - Int8 / Int4: weight-only int8 (one scale per output row) or 4-bit (group 32) copies, the
   QSpec-style self-drafter's matrices: native.py's int8 kernel or torch's CPU kernels on a
   CPU; elsewhere (CUDA) dequantized to the compute type inside the step, which CUDA graphs
@@ -80,16 +83,30 @@ def to_panels(weight: torch.Tensor) -> torch.Tensor:
     return weight.t().reshape(width, -1, native.PANEL).transpose(0, 1).contiguous()
 
 
+def exactly_half(weight: torch.Tensor) -> bool:
+    """Whether every value of a float32 matrix is a float16 number (finite ones only)."""
+    half = weight.to(torch.float16)
+    return bool(torch.isfinite(half).all()) and torch.equal(half.to(weight.dtype), weight)
+
+
 class Panels:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.kernels = native.kernels() if weight.dtype == torch.float32 else None
+        # Lossless: only a matrix that already is half precision (an F16 file's) is stored so.
+        # Decoding reads every weight once per step, so half the bytes is up to half the time.
+        if self.kernels is not None and exactly_half(weight):
+            weight = weight.to(torch.float16)
         self.panels = to_panels(weight)
         self.bias, self.out_features = bias, int(weight.shape[0])
-        self.kernels = native.kernels() if weight.dtype == torch.float32 else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
-        if self.kernels is not None and n <= KERNEL_ROWS:
-            y = self.kernels.matmul(x.contiguous(), self.panels)
+        if self.kernels is not None and (n <= KERNEL_ROWS or self.panels.dtype == torch.float16):
+            # Half panels take every block through the kernel, KERNEL_ROWS rows at a time: the
+            # batched matmul would need a float32 copy of them.
+            kernels, panels = self.kernels, self.panels
+            parts = [kernels.matmul(part.contiguous(), panels) for part in torch.split(x, KERNEL_ROWS)]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts)
         else:  # [panels, n, 16] -> [n, out]
             y = torch.bmm(x.expand(self.panels.shape[0], *x.shape), self.panels).transpose(0, 1).reshape(n, -1)
         if y.shape[1] != self.out_features:
@@ -98,10 +115,10 @@ class Panels:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         # Column c of the weight's transpose sits in panel c // 16, lane c % 16.
-        return self.panels[ids // native.PANEL, :, ids % native.PANEL]
+        return self.panels[ids // native.PANEL, :, ids % native.PANEL].float()
 
     def dense(self) -> torch.Tensor:
-        return self.panels.transpose(0, 1).reshape(self.panels.shape[1], -1)[:, : self.out_features].t()
+        return self.panels.transpose(0, 1).reshape(self.panels.shape[1], -1)[:, : self.out_features].t().float()
 
 
 class Int8:

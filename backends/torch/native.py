@@ -6,7 +6,8 @@ Why: a decode or verify step multiplies 1..16 rows by every weight matrix once, 
 by memory bandwidth, but MKL's sgemv/sgemm for so few rows of an [N, K] weight streams it at
 about 10 GB/s on a 2-core EPYC where 19-24 GB/s is there to take (BENCHMARKS.md section 9).
 `panel_matmul` reads weights packed in column panels [N/16, K, 16]: one contiguous stream, 16
-output columns per panel held in two AVX registers per row, up to 6 rows per pass. The other
+output columns per panel held in two AVX registers per row, up to 6 rows per pass; float32,
+half (widened exactly with F16C: an F16 model's weights in half the bytes) or int8 panels. The other
 two replace the operators that, at one token, cost more in dispatch than in arithmetic:
 RMSNorm (a composite of six ATen calls, ~30 us) and the attention of a few queries (~50 us).
 
@@ -40,9 +41,11 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 
-/* y[r, 0:16] = x[r, :] . panel for R <= 6 rows; the panel is [K, 16] contiguous, float32
-   or (Q8) int8 with a float scale per output column. Named accumulators, not arrays: gcc
-   keeps arrays of __m256 on the stack inside the loop. */
+/* y[r, 0:16] = x[r, :] . panel for R <= 6 rows; the panel is [K, 16] contiguous, of type T:
+   F32, F16 (IEEE half, widened exactly with F16C), or Q8 (int8 with a float scale per output
+   column). Named accumulators, not arrays: gcc keeps arrays of __m256 on the stack inside
+   the loop. */
+enum { F32 = 0, Q8 = 1, F16 = 2 };
 #define ACC(r) __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();
 #define FMA(r)                                                                                    \
   if (R > r) {                                                                                    \
@@ -52,8 +55,8 @@ SOURCE = r"""
   }
 #define STORE(r)                                                                                  \
   if (R > r) {                                                                                    \
-    _mm256_storeu_ps(y + r * ldy, Q8 ? _mm256_mul_ps(a##r##0, s0) : a##r##0);                     \
-    _mm256_storeu_ps(y + r * ldy + 8, Q8 ? _mm256_mul_ps(a##r##1, s1) : a##r##1);                 \
+    _mm256_storeu_ps(y + r * ldy, T == Q8 ? _mm256_mul_ps(a##r##0, s0) : a##r##0);                \
+    _mm256_storeu_ps(y + r * ldy + 8, T == Q8 ? _mm256_mul_ps(a##r##1, s1) : a##r##1);            \
   }
 #define FMB(r)                                                                                    \
   if (R > r) {                                                                                    \
@@ -63,62 +66,72 @@ SOURCE = r"""
   }
 #define ACB(r) __m256 b##r##0 = _mm256_setzero_ps(), b##r##1 = _mm256_setzero_ps();
 #define SUM(r) if (R > r) { a##r##0 = _mm256_add_ps(a##r##0, b##r##0); a##r##1 = _mm256_add_ps(a##r##1, b##r##1); }
-static inline __attribute__((always_inline)) void load(const int Q8, const void* w, int64_t k, __m256* w0, __m256* w1) {
-  if (Q8) {
+static inline __attribute__((always_inline)) void load(const int T, const void* w, int64_t k, __m256* w0, __m256* w1) {
+  if (T == Q8) {
     __m128i q = _mm_loadu_si128((const __m128i*)((const int8_t*)w + k * 16));
     *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
     *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+  } else if (T == F16) {
+    *w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)w + k * 16)));
+    *w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)w + k * 16 + 8)));
   } else {
     *w0 = _mm256_loadu_ps((const float*)w + k * 16);
     *w1 = _mm256_loadu_ps((const float*)w + k * 16 + 8);
   }
 }
 static inline __attribute__((always_inline)) void tile(
-    const int R, const int Q8, const float* x, int64_t K, const void* w, const float* scale, float* y, int64_t ldy) {
+    const int R, const int T, const float* x, int64_t K, const void* w, const float* scale, float* y, int64_t ldy) {
   ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5)
   int64_t k = 0;
-  if (Q8 && R <= 3) {
+  if (T == Q8 && R <= 3) {
     /* int8 is compute-bound, not memory-bound: a second set of accumulators for odd k
-       halves the FMA latency chain that one row's two accumulators would wait on. */
+       halves the FMA latency chain that one row's two accumulators would wait on. Not for
+       float32 or half (a target's weights): one chain in every tile sums in the same order
+       whatever the block size, so a verify pass computes bit for bit what a decode step
+       does, and half panels what float32 panels do. */
     ACB(0) ACB(1) ACB(2)
     for (; k + 1 < K; k += 2) {
       __m256 w0, w1;
-      load(Q8, w, k, &w0, &w1);
+      load(T, w, k, &w0, &w1);
       FMA(0) FMA(1) FMA(2)
-      load(Q8, w, k + 1, &w0, &w1);
+      load(T, w, k + 1, &w0, &w1);
       FMB(0) FMB(1) FMB(2)
     }
     SUM(0) SUM(1) SUM(2)
   }
   for (; k < K; ++k) {
     __m256 w0, w1;
-    load(Q8, w, k, &w0, &w1);
+    load(T, w, k, &w0, &w1);
     FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5)
   }
   __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-  if (Q8) { s0 = _mm256_loadu_ps(scale); s1 = _mm256_loadu_ps(scale + 8); }
+  if (T == Q8) { s0 = _mm256_loadu_ps(scale); s1 = _mm256_loadu_ps(scale + 8); }
   STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
 }
 typedef void (*tile_fn)(const float*, int64_t, const void*, const float*, float*, int64_t);
 #define TILE(R)                                                                                    \
   static void f32_##R(const float* x, int64_t K, const void* w, const float* s, float* y, int64_t ldy) { \
-    tile(R, 0, x, K, w, s, y, ldy);                                                                \
+    tile(R, F32, x, K, w, s, y, ldy);                                                              \
   }                                                                                                \
   static void q8_##R(const float* x, int64_t K, const void* w, const float* s, float* y, int64_t ldy) { \
-    tile(R, 1, x, K, w, s, y, ldy);                                                                \
+    tile(R, Q8, x, K, w, s, y, ldy);                                                               \
+  }                                                                                                \
+  static void f16_##R(const float* x, int64_t K, const void* w, const float* s, float* y, int64_t ldy) { \
+    tile(R, F16, x, K, w, s, y, ldy);                                                              \
   }
 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
-static const tile_fn F32[7] = {0, f32_1, f32_2, f32_3, f32_4, f32_5, f32_6};
-static const tile_fn Q8[7] = {0, q8_1, q8_2, q8_3, q8_4, q8_5, q8_6};
+static const tile_fn F32_TILES[7] = {0, f32_1, f32_2, f32_3, f32_4, f32_5, f32_6};
+static const tile_fn Q8_TILES[7] = {0, q8_1, q8_2, q8_3, q8_4, q8_5, q8_6};
+static const tile_fn F16_TILES[7] = {0, f16_1, f16_2, f16_3, f16_4, f16_5, f16_6};
 
 /* y[M, 16 * panels] = x[M, K] @ W^T, W packed as [panels, K, 16] (element size `bytes`: 4 for
-   float32, 1 for int8 with `scale` [16 * panels]). Rows beyond 6 take more passes over each
+   float32, 2 for half, 1 for int8 with `scale` [16 * panels]). Rows beyond 6 take more passes over each
    panel, which then comes from L1/L2, not from memory. The panels are shared among torch's
    own OpenMP threads (the same libgomp, already loaded by torch). */
 void panel_matmul(const float* x, const void* w, const float* scale, float* y, int64_t M, int64_t K,
                   int64_t panels, int64_t bytes) {
   const int64_t N = panels * 16, passes = (M + 5) / 6;
-  const tile_fn* tiles = bytes == 1 ? Q8 : F32;
+  const tile_fn* tiles = bytes == 1 ? Q8_TILES : bytes == 2 ? F16_TILES : F32_TILES;
   #pragma omp parallel for schedule(static) if (panels * K >= 65536)
   for (int64_t p = 0; p < panels; ++p) {
     const char* panel = (const char*)w + p * K * 16 * bytes;
@@ -234,8 +247,8 @@ class Kernels:
         self._scores = torch.empty(0)
 
     def matmul(self, x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """x [M, K] contiguous, panels [P, K, 16] -> x @ W^T as [M, 16 P]. int8 panels take
-        `scale` [16 P]: W = panels · scale, per output column."""
+        """x [M, K] float32 contiguous, panels [P, K, 16] float32, float16 or int8 -> x @ W^T
+        as [M, 16 P]. int8 panels take `scale` [16 P]: W = panels · scale, per output column."""
         m, k = x.shape
         y = torch.empty((m, panels.shape[0] * PANEL), dtype=torch.float32)
         scale_ptr = scale.data_ptr() if scale is not None else 0
@@ -323,7 +336,7 @@ def _build() -> Path | None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         source, out = Path(tmp) / "kernel.c", Path(tmp) / "kernel.so"
         source.write_text(SOURCE)
-        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
+        flags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-lm"]
         command = [compiler, *flags, str(source), "-o", str(out)]
         try:
             subprocess.run(command, check=True, capture_output=True, timeout=120)
