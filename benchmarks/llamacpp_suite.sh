@@ -53,6 +53,8 @@ both=(--prompts benchmarks/prompts_wide.jsonl --prompts suite)
 python benchmarks/replay_drafters.py "$F16" "${both[@]}" -t 0.8 --seeds 5 >"$out/replay_sampled_f16.md"
 python benchmarks/replay_drafters.py "$Q4_1" "${both[@]}" -t 0.8 --seeds 5 >"$out/replay_sampled_q4_1.md"
 python benchmarks/replay_drafters.py "$Q4_1" >"$out/replay_suite_q4_1.md"
+# The same greedy answers priced on the AVX2-only host's measured curve (section 1e's doctor report).
+python benchmarks/replay_drafters.py "$F16" --curve benchmarks/results/avx2-host/doctor_f16.json >"$out/replay_suite_f16_avx2_curve.md"
 # The controller's variants over all those recorded answers (how rebuilds and unverified guesses are treated).
 python benchmarks/replay_variants.py "$(python -c 'from localspec.paths import data_dir; print(data_dir())')"/replay-*.json >"$out/replay_variants.md"
 # Issue 8 / 7: every strategy on the torch backend, where torch is installed.
