@@ -7,9 +7,10 @@ by memory bandwidth, but MKL's sgemv/sgemm for so few rows of an [N, K] weight s
 about 10 GB/s on a 2-core EPYC where 19-24 GB/s is there to take (BENCHMARKS.md section 9).
 `panel_matmul` reads weights packed in column panels [N/16, K, 16]: one contiguous stream, 16
 output columns per panel held in two AVX registers per row, up to 6 rows per pass; float32,
-half (widened exactly with F16C: an F16 model's weights in half the bytes) or int8 panels. The other
-two replace the operators that, at one token, cost more in dispatch than in arithmetic:
-RMSNorm (a composite of six ATen calls, ~30 us) and the attention of a few queries (~50 us).
+half (widened exactly with F16C, which every AVX2 CPU has: an F16 model's weights in half the
+bytes) or int8 panels. The other two replace the operators that, at one token, cost more in
+dispatch than in arithmetic: RMSNorm (a composite of six ATen calls, ~30 us) and the
+attention of a few queries (~50 us).
 
 The C source lives here, not in a .c file, so it ships with every install of the package.
 It is compiled with plain `cc` (about a second, no torch headers) into the user data
@@ -125,9 +126,9 @@ static const tile_fn Q8_TILES[7] = {0, q8_1, q8_2, q8_3, q8_4, q8_5, q8_6};
 static const tile_fn F16_TILES[7] = {0, f16_1, f16_2, f16_3, f16_4, f16_5, f16_6};
 
 /* y[M, 16 * panels] = x[M, K] @ W^T, W packed as [panels, K, 16] (element size `bytes`: 4 for
-   float32, 2 for half, 1 for int8 with `scale` [16 * panels]). Rows beyond 6 take more passes over each
-   panel, which then comes from L1/L2, not from memory. The panels are shared among torch's
-   own OpenMP threads (the same libgomp, already loaded by torch). */
+   float32, 2 for half, 1 for int8 with `scale` [16 * panels]). Rows beyond 6 take more
+   passes over each panel, which then comes from L1/L2, not from memory. The panels are
+   shared among torch's own OpenMP threads (the same libgomp, already loaded by torch). */
 void panel_matmul(const float* x, const void* w, const float* scale, float* y, int64_t M, int64_t K,
                   int64_t panels, int64_t bytes) {
   const int64_t N = panels * 16, passes = (M + 5) / 6;
