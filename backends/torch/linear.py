@@ -83,6 +83,16 @@ def to_panels(weight: torch.Tensor) -> torch.Tensor:
     return weight.t().reshape(width, -1, native.PANEL).transpose(0, 1).contiguous()
 
 
+def kernel_matmul(
+    kernels: native.Kernels, x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W^T through the native kernel, a longer block KERNEL_ROWS rows at a time (its
+    passes over each panel then come from cache); a decode or verify step in one call."""
+    if x.shape[0] <= KERNEL_ROWS:
+        return kernels.matmul(x.contiguous(), panels, scale)
+    return torch.cat([kernels.matmul(part.contiguous(), panels, scale) for part in torch.split(x, KERNEL_ROWS)])
+
+
 def exactly_half(weight: torch.Tensor) -> bool:
     """Whether every value of a float32 matrix is a float16 number (finite ones only)."""
     half = weight.to(torch.float16)
@@ -102,11 +112,9 @@ class Panels:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         if self.kernels is not None and (n <= KERNEL_ROWS or self.panels.dtype == torch.float16):
-            # Half panels take every block through the kernel, KERNEL_ROWS rows at a time: the
-            # batched matmul would need a float32 copy of them.
-            kernels, panels = self.kernels, self.panels
-            parts = [kernels.matmul(part.contiguous(), panels) for part in torch.split(x, KERNEL_ROWS)]
-            y = parts[0] if len(parts) == 1 else torch.cat(parts)
+            # Half panels take every block through the kernel: the batched matmul would need a
+            # float32 copy of them.
+            y = kernel_matmul(self.kernels, x, self.panels)
         else:  # [panels, n, 16] -> [n, out]
             y = torch.bmm(x.expand(self.panels.shape[0], *x.shape), self.panels).transpose(0, 1).reshape(n, -1)
         if y.shape[1] != self.out_features:
@@ -147,11 +155,7 @@ class Int8:
             # A longer block (the drafter's prefill, or its catch-up after sitting out) goes
             # through the kernel KERNEL_ROWS rows at a time: torch's int8 kernel costs ~60 ms a
             # row here, which made a 165-token prompt's drafter prefill take 10 s, not 0.3 s.
-            chunks = [
-                self.kernels.matmul(part.contiguous(), self.panels, self.panel_scale)
-                for part in torch.split(x, KERNEL_ROWS)
-            ]
-            y = (chunks[0] if len(chunks) == 1 else torch.cat(chunks))[:, : self.out_features]
+            y = kernel_matmul(self.kernels, x, self.panels, self.panel_scale)[:, : self.out_features]
         elif self.on_cpu:
             y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
         else:
