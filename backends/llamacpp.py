@@ -50,8 +50,19 @@ def build_id() -> str:
     """Which llama.cpp this is: the binding's version and a digest of the library's own
     feature line (SIMD, LLAMAFILE, REPACK...). A rebuilt or upgraded library has other
     kernels, hence another cost curve: calibrations are cached under this."""
-    features = llama.llama_print_system_info() or b""
+    features = (llama.llama_print_system_info() or b"") + (b"" if extra_buffers() else b"no-extra-buffers")
     return f"{llama.__version__}+{hashlib.sha1(features).hexdigest()[:10]}"
+
+
+@cache
+def extra_buffers() -> bool:
+    """Whether llama.cpp may put weights in its extra buffer types (repacked and AMX layouts).
+    A build with AMX kernels faulted on the first matmul of a VM that advertises AMX without
+    running it, so such builds keep them off unless LOCALSPEC_LLAMA_EXTRA_BUFFERS=1."""
+    setting = os.environ.get("LOCALSPEC_LLAMA_EXTRA_BUFFERS")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
 
 
 class LlamaCppBackend:
@@ -62,6 +73,7 @@ class LlamaCppBackend:
         init_library()
         mparams = llama.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = extra_buffers()
         model = llama.llama_model_load_from_file(path.encode(), mparams)
         if not model:
             raise ModelLoadError(
