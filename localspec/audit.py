@@ -102,12 +102,13 @@ def _check_model(pair: Pair, model: Model, backend: str, settings: HubSettings) 
     for spec in artifact.files:
         if spec.is_pattern:
             matched = fnmatch.filter(hub.files, spec.name)
-            detail = f"{len(matched)} files" if matched else "matches no file in the repo"
+            detail = f"{len(matched)} file{'s' if len(matched) != 1 else ''}" if matched else "matches no file"
             findings.append(Finding(pair.id, backend, spec.name, bool(matched), detail))
             continue
         sibling = hub.files.get(spec.name)
         if sibling is None:
             findings.append(Finding(pair.id, backend, spec.name, False, _missing_detail(spec.name, hub.files)))
+            hub.problem = f"{spec.name} is not in {artifact.repo}"
             continue
         findings.append(Finding(pair.id, backend, spec.name, *_compare(spec.size, spec.sha256, sibling)))
     return hub, findings
