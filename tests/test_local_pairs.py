@@ -131,6 +131,6 @@ def test_run_pair_honours_the_pair_s_draft_length(
     capsys.readouterr()
     for argv, longest in (([], 2), (["--draft-tokens", "3"], 3)):
         prompt = "Count from one to twenty."
-        assert main(["run", prompt, "--model", "real", "--json", "-t", "0", "-n", "40", *argv]) == 0
+        assert main(["run", prompt, "--model", "real", "--json", "-t", "0", "-n", "16", *argv]) == 0
         stats = json.loads(capsys.readouterr().out)["stats"]
         assert max(int(k) for k in stats["gamma_histogram"]) == longest, argv
