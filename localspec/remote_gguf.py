@@ -16,7 +16,7 @@ from localspec.hub import HubSettings
 from localspec.protocol import VocabIdentity
 from localspec.registry import HubArtifact
 
-FIRST_READ = 1 << 20  # a small model's whole header; a large vocabulary's takes a few more reads
+FIRST_READ = 8 << 20  # a 150k-token vocabulary's whole header, in one read
 
 
 def remote_vocab_identity(

@@ -165,3 +165,32 @@ def test_the_command_prints_a_table_and_exits_non_zero_on_a_mismatch(
     out, _ = capsys.readouterr()
     assert "misnamed  llamacpp  absent.gguf" in out and "MISMATCH" in out
     assert out.endswith("1 mismatch in 2 checks\n")
+
+
+@pytest.mark.model
+def test_a_drafter_from_pypi_is_compared_from_its_file(
+    hub: FakeHub, temporary_localspec_home: Path, smollm2_q4_1: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded default drafts for a hub target: its GGUF comes from PyPI, the target's header by ranges."""
+    monkeypatch.setattr("localspec.default_model.ensure_pypi_model", lambda *a, **k: smollm2_q4_1)  # fetched once
+    hub.add("test/smol-GGUF", {"smol.gguf": smollm2_q4_1.read_bytes()})
+    (temporary_localspec_home / "models.toml").write_text(
+        TEST_REGISTRY
+        + """
+[models.smol]
+name = "Smol"
+family = "smollm2"
+license = "apache-2.0"
+params = "135M"
+llamacpp = { repo = "test/smol-GGUF", revision = "main", files = ["smol.gguf"] }
+
+[pairs.smol]
+description = "drafted by the embedded default"
+target = "smol"
+drafter = "smollm2-135m-instruct"
+strategy = "draft"
+"""
+    )
+    findings = check_registry(["smol"], endpoint=hub.endpoint)
+    assert problems(findings) == []
+    assert findings[-1].detail == "fit (bpe, 49152 and 49152 tokens)"
