@@ -30,8 +30,8 @@ class PullError(LocalspecError):
 
 
 class ChecksumMismatchError(PullError):
-    """A fetched file is not the file the registry or the hub vouches for; it is kept aside,
-    under the name of its own sha256, for --accept-hash to take it without a new download."""
+    """A fetched file is not the file the registry or the hub vouches for; it is kept aside
+    for --accept-hash to take it without a new download."""
 
     def __init__(self, message: str, hint: str, actual: str, kept: Path) -> None:
         super().__init__(message, hint)
@@ -158,7 +158,7 @@ def fetch(
     what = f"{file.name} from {artifact.repo}@{plan.commit[:12]}"
     blobs = repo_dir(settings, artifact.repo) / "blobs"
     snapshot = repo_dir(settings, artifact.repo) / "snapshots" / plan.commit / file.name
-    kept = next((blobs / h for h in sorted(accepted) if (blobs / h).is_file()), None)
+    kept = next((k for h in sorted(accepted) if (k := blobs / kept_name(file.sha256, h)).is_file()), None)
     if kept is not None and not snapshot.exists():
         snapshot.parent.mkdir(parents=True, exist_ok=True)
         snapshot.symlink_to(os.path.relpath(kept, snapshot.parent))
@@ -184,7 +184,7 @@ def fetch(
 def verify(local: Path, file: RemoteFile, what: str, accepted: frozenset[str] = frozenset()) -> None:
     """Check size and sha256. A file of the wrong size is a broken transfer and is deleted;
     a whole file with another sha256 may be the right one under a stale pin, so it is moved
-    aside (named by its own sha256, beside the hub cache's blobs) and the snapshot link dropped."""
+    aside among the hub cache's blobs (see kept_name) and the snapshot link dropped."""
     size = local.stat().st_size
     blob = local.resolve()
     if file.size is not None and size != file.size:
@@ -199,7 +199,7 @@ def verify(local: Path, file: RemoteFile, what: str, accepted: frozenset[str] = 
     actual = sha256_of(local) if file.sha256 else None
     if actual is None or actual == file.sha256 or actual in accepted:
         return
-    kept = blob.with_name(actual)
+    kept = blob.with_name(kept_name(file.sha256, actual))
     os.replace(blob, kept)
     local.unlink(missing_ok=True)
     if file.sha256_from == "models.toml":
@@ -219,6 +219,12 @@ def verify(local: Path, file: RemoteFile, what: str, accepted: frozenset[str] = 
         actual,
         kept,
     )
+
+
+def kept_name(expected: str | None, actual: str) -> str:
+    """A blob kept aside: named by the sha256 it was fetched as and the one it has, so that
+    --accept-hash takes it back for that file only."""
+    return f"{expected}.mismatch-{actual}"
 
 
 def record_ref(plan: Plan, settings: HubSettings) -> None:

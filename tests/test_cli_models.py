@@ -237,7 +237,8 @@ def test_a_checksum_mismatch_keeps_the_file_aside_and_says_how_to_take_it(cli: C
     code, _, err = cli("pull", "tiny", "-q", "--endpoint", "<hub>")
     commit = cli.hub.repos["test/tiny-target-GGUF"].commit
     actual = sha256(cli.hub.repos["test/tiny-target-GGUF"].served["tiny-target.gguf"])
-    kept = f"<cache>/models--test--tiny-target-GGUF/blobs/{actual}"
+    expected = sha256(cli.hub.repos["test/tiny-target-GGUF"].files["tiny-target.gguf"])
+    kept = f"<cache>/models--test--tiny-target-GGUF/blobs/{expected}.mismatch-{actual}"
     assert code == 2
     assert err.startswith(f"localspec: error: tiny-target.gguf from test/tiny-target-GGUF@{commit[:12]} has sha256 ")
     assert err.splitlines()[0].endswith(f"(from the hub); the file is kept aside as {kept}")

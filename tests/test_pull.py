@@ -105,7 +105,8 @@ def test_a_file_with_another_sha256_is_kept_aside_and_refused_with_both_hashes(h
         pull("tiny", endpoint=hub.endpoint, progress=False)
     expected = sha256(hub.repos[TARGET_REPO].files[TARGET_FILE])
     assert f"has sha256 {sha256(served)}, expected {expected} (from the hub)" in refused.value.message
-    assert refused.value.kept == cache / "models--test--tiny-target-GGUF" / "blobs" / sha256(served)
+    kept = f"{expected}.mismatch-{sha256(served)}"
+    assert refused.value.kept == cache / "models--test--tiny-target-GGUF" / "blobs" / kept
     assert refused.value.kept.read_bytes() == served  # nothing downloaded is destroyed
     assert f"--accept-hash {sha256(served)} takes it as it is" in str(refused.value.hint)
     assert not list((cache / "models--test--tiny-target-GGUF" / "snapshots").rglob("*.gguf"))

@@ -81,7 +81,14 @@ def test_each_shard_is_checked_on_its_own(hub: FakeHub) -> None:
     hub.tamper("test/split-GGUF", SHARDS[1])
     with pytest.raises(ChecksumMismatchError, match=f"^{SHARDS[1]} from test/split-GGUF@") as refused:
         pull("split", endpoint=hub.endpoint, progress=False)
-    assert refused.value.actual == sha256(hub.repos["test/split-GGUF"].served[SHARDS[1]])
+    served = hub.repos["test/split-GGUF"].served[SHARDS[1]]
+    assert refused.value.actual == sha256(served)
+    hub.requests.clear()
+    pull("split", endpoint=hub.endpoint, progress=False, accept_hashes=[sha256(served)])  # that shard only
+    assert [n for n in hub.resolve_gets() if n.startswith("split")] == [SHARDS[2]]
+    first = resolve_pair("split").target
+    files = hub.repos["test/split-GGUF"].files
+    assert [(first.parent / n).read_bytes() for n in SHARDS] == [files[SHARDS[0]], served, files[SHARDS[2]]]
 
 
 def write_split(source: Path, folder: Path, shards: int) -> Path:
