@@ -91,6 +91,9 @@ class LlamaCppBackend:
         cparams.n_ubatch = max_block
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        # Rollback of a rejected draft needs the whole sliding-window cache (Gemma 3's, say):
+        # a pruned window cannot give back the tokens it dropped.
+        cparams.swa_full = True
         ctx = llama.llama_init_from_model(model, cparams)
         if not ctx:
             llama.llama_model_free(model)

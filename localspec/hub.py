@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,13 @@ class PullError(LocalspecError):
 
 
 class ChecksumMismatchError(PullError):
-    """A fetched file is not the file the registry or the hub vouches for; it was deleted."""
+    """A fetched file is not the file the registry or the hub vouches for; it is kept aside
+    for --accept-hash to take it without a new download."""
+
+    def __init__(self, message: str, hint: str, actual: str, kept: Path) -> None:
+        super().__init__(message, hint)
+        self.actual = actual
+        self.kept = kept
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class RemoteFile:
     name: str
     size: int | None
     sha256: str | None
-    sha256_from: str  # who vouches for the sha256: "models.toml" or "the hub"
+    sha256_from: str  # who vouches for the sha256: "models.toml", "the hub" or "--accept-hash"
     cached: bool
 
 
@@ -89,7 +95,7 @@ def repo_dir(settings: HubSettings, repo: str) -> Path:
     return settings.cache_dir / ("models--" + repo.replace("/", "--"))
 
 
-def plan(artifact: HubArtifact, settings: HubSettings) -> Plan:
+def plan(artifact: HubArtifact, settings: HubSettings, accepted: frozenset[str] = frozenset()) -> Plan:
     """Ask the hub (one request) which files, sizes and sha256s the artifact means; offline,
     read the same from the cache."""
     if settings.offline:
@@ -109,9 +115,13 @@ def plan(artifact: HubArtifact, settings: HubSettings) -> Plan:
         for name in names:
             sibling = siblings[name]
             hub_sha = sibling.lfs.sha256 if sibling.lfs is not None else None
-            _check_agrees(artifact, name, "size", spec.size, sibling.size)
-            _check_agrees(artifact, name, "sha256", spec.sha256, hub_sha)
-            sha, sha_from = (spec.sha256, "models.toml") if spec.sha256 else (hub_sha, "the hub")
+            sha: str | None
+            if spec.sha256 and hub_sha in accepted - {spec.sha256}:
+                sha, sha_from = hub_sha, "--accept-hash"  # the user takes the hub's file over the pin
+            else:
+                _check_agrees(artifact, name, "size", spec.size, sibling.size)
+                _check_agrees(artifact, name, "sha256", spec.sha256, hub_sha)
+                sha, sha_from = (spec.sha256, "models.toml") if spec.sha256 else (hub_sha, "the hub")
             cached = (repo_dir(settings, artifact.repo) / "snapshots" / commit / name).is_file()
             chosen[name] = RemoteFile(name, sibling.size, sha, sha_from, cached)
     return Plan(artifact, commit, tuple(chosen.values()))
@@ -136,12 +146,24 @@ def _plan_offline(artifact: HubArtifact, settings: HubSettings) -> Plan:
     return Plan(artifact, commit, tuple(chosen.values()))
 
 
-def fetch(plan: Plan, file: RemoteFile, settings: HubSettings, bar: type[FileBar]) -> Path:
+def fetch(
+    plan: Plan, file: RemoteFile, settings: HubSettings, bar: type[FileBar], accepted: frozenset[str] = frozenset()
+) -> Path:
     """One file into the hub cache, checked. huggingface-hub writes to a temporary file and
-    renames it only when complete, so an interrupted fetch leaves nothing that looks whole."""
+    renames it only when complete, so an interrupted fetch leaves nothing that looks whole.
+    A file kept aside by an earlier mismatch whose sha256 is now accepted is taken back."""
     from huggingface_hub import hf_hub_download
 
     artifact = plan.artifact
+    what = f"{file.name} from {artifact.repo}@{plan.commit[:12]}"
+    blobs = repo_dir(settings, artifact.repo) / "blobs"
+    snapshot = repo_dir(settings, artifact.repo) / "snapshots" / plan.commit / file.name
+    kept = next((k for h in sorted(accepted) if (k := blobs / kept_name(file.sha256, h)).is_file()), None)
+    if kept is not None and not snapshot.exists():
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        snapshot.symlink_to(os.path.relpath(kept, snapshot.parent))
+        verify(snapshot, replace(file, size=None), what, accepted)  # its sha256 vouches for it
+        return snapshot
     with hub_errors(artifact, file.name, settings):
         local = Path(
             hf_hub_download(
@@ -155,32 +177,54 @@ def fetch(plan: Plan, file: RemoteFile, settings: HubSettings, bar: type[FileBar
                 tqdm_class=bar.named(file.name),
             )
         )
-    verify(local, file, f"{file.name} from {artifact.repo}@{plan.commit[:12]}")
+    verify(local, file, what, accepted)
     return local
 
 
-def verify(local: Path, file: RemoteFile, what: str) -> None:
-    """Check size and sha256; a file that fails is deleted, blob and snapshot link alike."""
+def verify(local: Path, file: RemoteFile, what: str, accepted: frozenset[str] = frozenset()) -> None:
+    """Check size and sha256. A file of the wrong size is a broken transfer and is deleted;
+    a whole file with another sha256 may be the right one under a stale pin, so it is moved
+    aside among the hub cache's blobs (see kept_name) and the snapshot link dropped."""
     size = local.stat().st_size
-    actual = sha256_of(local) if file.sha256 else None
-    problem = None
-    if file.size is not None and size != file.size:
-        problem = f"has {size} bytes, expected {file.size}"
-    elif file.sha256 and actual != file.sha256:
-        problem = f"has sha256 {actual}, expected {file.sha256} (from {file.sha256_from})"
-    if problem is None:
-        return
     blob = local.resolve()
+    if file.size is not None and size != file.size:
+        local.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
+        raise ChecksumMismatchError(
+            f"{what} has {size} bytes, expected {file.size}; the broken file was deleted",
+            "run the same command again; if it repeats, something between you and the hub cuts the file",
+            "",
+            blob,
+        )
+    actual = sha256_of(local) if file.sha256 else None
+    if actual is None or actual == file.sha256 or actual in accepted:
+        return
+    kept = blob.with_name(kept_name(file.sha256, actual))
+    os.replace(blob, kept)
     local.unlink(missing_ok=True)
-    blob.unlink(missing_ok=True)
-    cause = (
-        "the models.toml entry is stale (the hub serves another file)"
-        if file.sha256_from == "models.toml"
-        else "something between you and the hub alters the file (a proxy or mirror)"
-    )
+    if file.sha256_from == "models.toml":
+        hint = (
+            f"if the hub's file is the right one (the pin is stale), run the same command with --accept-hash {actual} "
+            f'(no new download), or set sha256 = "{actual}" for it in your models.toml; else delete {kept}'
+        )
+    else:
+        hint = (
+            f"something between you and the hub (a proxy or mirror) altered the file: delete {kept} and run the same "
+            f"command again; --accept-hash {actual} takes it as it is"
+        )
     raise ChecksumMismatchError(
-        f"{what} {problem}; the file was deleted", f"run the same command again; if it repeats, {cause}"
+        f"{what} has sha256 {actual}, expected {file.sha256} (from {file.sha256_from}); "
+        f"the file is kept aside as {kept}",
+        hint,
+        actual,
+        kept,
     )
+
+
+def kept_name(expected: str | None, actual: str) -> str:
+    """A blob kept aside: named by the sha256 it was fetched as and the one it has, so that
+    --accept-hash takes it back for that file only."""
+    return f"{expected}.mismatch-{actual}"
 
 
 def record_ref(plan: Plan, settings: HubSettings) -> None:
@@ -195,9 +239,12 @@ def record_ref(plan: Plan, settings: HubSettings) -> None:
 
 def _check_agrees(artifact: HubArtifact, name: str, what: str, ours: object, hubs: object) -> None:
     if ours is not None and hubs is not None and ours != hubs:
+        accept = (
+            f", or run the same command with --accept-hash {hubs} to take the hub's file" if what == "sha256" else ""
+        )
         raise PullError(
             f"models.toml gives {name} in {artifact.repo}@{artifact.revision} {what} {ours}, the hub {hubs}",
-            "the entry is stale: fix it, or pin `revision` to the commit it was written for",
+            f"the entry is stale: fix it, or pin `revision` to the commit it was written for{accept}",
         )
 
 

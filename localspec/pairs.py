@@ -28,8 +28,8 @@ def load_pair(
     registry: Registry | None = None,
     **options: Any,
 ) -> Runtime:
-    """Load a pulled pair; strategy (None or "auto") and draft_tokens (None) default to the
-    pair's recommendation. A pair that is not pulled raises NotPulledError naming the
+    """Load a pulled pair; strategy and draft_tokens given as None or "auto" (every caller's
+    default) take the pair's own. A pair that is not pulled raises NotPulledError naming the
     `localspec pull` command that fetches it."""
     from localspec.api import load
     from localspec.pull import resolve_pair
@@ -41,19 +41,26 @@ def load_pair(
         draft_model=str(resolved.drafter) if resolved.drafter is not None else None,
         strategy=pair.strategy if strategy in (None, "auto") else strategy,
         backend=backend,
-        draft_tokens=pair.draft_tokens if draft_tokens is None else draft_tokens,
+        draft_tokens=pair.draft_tokens if draft_tokens in (None, "auto") else draft_tokens,
         **options,
     )
 
 
 def gguf_vocab_identity(path: Path) -> VocabIdentity:
-    """The tokenizer a GGUF file declares, as llama.cpp would report it once loaded."""
+    """The tokenizer a GGUF file declares (a split one's first shard holds it), as llama.cpp
+    would report it once loaded."""
     import gguf
 
     try:
         reader = gguf.GGUFReader(path)
     except Exception as exc:  # the gguf reader raises many kinds on a damaged header
         raise ModelLoadError(f"cannot read the GGUF header of {path}: {exc}", "pull the pair again") from exc
+    return reader_vocab_identity(reader, str(path))
+
+
+def reader_vocab_identity(reader: Any, where: str) -> VocabIdentity:
+    """The tokenizer in a parsed GGUF header (gguf.GGUFReader); where names the file."""
+    import gguf
 
     def scalar(key: str) -> Any:
         field = reader.fields.get(key)
@@ -66,7 +73,7 @@ def gguf_vocab_identity(path: Path) -> VocabIdentity:
 
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
-        raise ModelLoadError(f"{path} has no tokenizer (no tokenizer.ggml.tokens)", "use a GGUF converted with one")
+        raise ModelLoadError(f"{where} has no tokenizer (no tokenizer.ggml.tokens)", "use a GGUF converted with one")
     texts = tuple(bytes(tokens.parts[i]) for i in tokens.data)
     kind = GGUF_TOKENIZER_KINDS.get(str(scalar("tokenizer.ggml.model")), "none")
     return VocabIdentity(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,16 @@ from localspec.errors import LocalspecError, ModelLoadError
 from localspec.hub import FileBar, HubSettings, Plan, Progress, ReportingBar, SilentBar, fetch, plan, record_ref
 from localspec.pairs import check_pair_fits
 from localspec.paths import data_dir, models_dir
-from localspec.registry import HubArtifact, Model, Pair, PyPIArtifact, Registry, load_registry
+from localspec.registry import (
+    HubArtifact,
+    LocalArtifact,
+    Model,
+    Pair,
+    PyPIArtifact,
+    Registry,
+    load_registry,
+    split_shards,
+)
 
 
 class NotPulledError(ModelLoadError):
@@ -81,18 +91,23 @@ def pull(
     progress: bool = True,
     registry: Registry | None = None,
     on_progress: Progress | None = None,
+    accept_hashes: Sequence[str] = (),
 ) -> PullResult:
     """Fetch a pair's files for one backend, drafter first, checking every file with a known
     sha256 and the pair's tokenizers; with dry_run, only say what would be fetched.
     progress draws bars on stderr; on_progress(done, total, what) gets the byte counts
-    instead (an app drawing its own bar), with None, None while the size is unknown."""
+    instead (an app drawing its own bar), with None, None while the size is unknown.
+    accept_hashes: sha256s taken in place of a pin they contradict (a stale models.toml)."""
     reg = registry or load_registry()
     pair = _pair_for(reg, pair_id, backend)
     settings = HubSettings.resolve(endpoint, cache_dir, token)
+    accepted = frozenset(h.lower() for h in accept_hashes)
     files: list[PulledFile] = []
     for role, model in _roles(pair):
         artifact = model.artifacts[backend]
-        if _model_path(model, backend) is not None:
+        if isinstance(artifact, LocalArtifact):
+            files.extend(_local_files(role, model, backend, artifact))
+        elif _model_path(model, backend) is not None:
             files.extend(_already_pulled(role, model, backend))
         elif isinstance(artifact, PyPIArtifact):
             if on_progress is not None:
@@ -100,7 +115,7 @@ def pull(
             files.append(_pull_pypi(role, model, artifact, dry_run, progress and on_progress is None))
         else:
             bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
-            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar))
+            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar, accepted))
     if dry_run:
         return PullResult(pair, backend, dry_run, tuple(files))
     if pair.drafter is not None:
@@ -117,6 +132,10 @@ def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | N
     reg = registry or load_registry()
     pair = _pair_for(reg, pair_id, backend)
     paths = {m.id: _model_path(m, backend) for m in pair.models}
+    for model in pair.models:
+        artifact = model.artifacts[backend]
+        if isinstance(artifact, LocalArtifact) and paths[model.id] is None:
+            raise _local_missing(model, artifact)
     missing = [m.name for m in pair.models if paths[m.id] is None]
     if missing:
         raise NotPulledError(
@@ -161,8 +180,8 @@ def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = 
         p for p in reg.pairs.values() if p is not pair and _pair_mark(p, backend).exists() and is_pulled(p, backend)
     ]
     for model in pair.models:
-        if _model_path(model, backend) is None:
-            continue
+        if _model_path(model, backend) is None or isinstance(model.artifacts[backend], LocalArtifact):
+            continue  # the user's own files (`path =` entries) are never deleted
         users = tuple(p.id for p in others if model.id in (m.id for m in p.models))
         if users:
             kept.append((model.id, users))
@@ -206,6 +225,8 @@ def _spec(artifact: HubArtifact) -> list[Any]:
 
 def _read_record(model: Model, backend: str) -> dict[str, Any] | None:
     artifact = model.artifacts.get(backend)
+    if isinstance(artifact, LocalArtifact):
+        return _local_record(artifact, backend)
     if isinstance(artifact, PyPIArtifact):  # ensure_pypi_model only ever leaves complete, verified files
         path = models_dir() / artifact.source.filename
         if not path.is_file():
@@ -241,6 +262,39 @@ def _already_pulled(role: str, model: Model, backend: str) -> list[PulledFile]:
     return [PulledFile(role, model.id, origin, f["name"], f["size"], True, Path(f["path"])) for f in record["files"]]
 
 
+def _local_record(artifact: LocalArtifact, backend: str) -> dict[str, Any] | None:
+    """A `path =` entry read like a pull record: the file (every shard of a split GGUF), or
+    the folder's files; None when something is missing."""
+    path = artifact.path
+    if backend == "llamacpp":
+        paths = [path.with_name(name) for name in split_shards(path.name)]
+        if not all(p.is_file() for p in paths):
+            return None
+    elif path.is_dir():
+        paths = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        return None
+    files = [{"name": p.name, "path": str(p), "size": p.stat().st_size} for p in paths]
+    return {"origin": f"local {path}", "root": str(path), "files": files}
+
+
+def _local_files(role: str, model: Model, backend: str, artifact: LocalArtifact) -> list[PulledFile]:
+    record = _local_record(artifact, backend)
+    if record is None:
+        raise _local_missing(model, artifact)
+    origin = str(record["origin"])
+    return [PulledFile(role, model.id, origin, f["name"], f["size"], True, Path(f["path"])) for f in record["files"]]
+
+
+def _local_missing(model: Model, artifact: LocalArtifact) -> ModelLoadError:
+    shards = split_shards(artifact.path.name)
+    what = f"{artifact.path} (with its {len(shards)} shards)" if len(shards) > 1 else str(artifact.path)
+    return ModelLoadError(
+        f"model {model.id!r} points at {what}, which is not there",
+        f"fix its `path` in {model.origin}",
+    )
+
+
 def _pull_pypi(role: str, model: Model, artifact: PyPIArtifact, dry_run: bool, progress: bool) -> PulledFile:
     src = artifact.source
     origin = f"PyPI {src.package}=={src.version}"
@@ -256,14 +310,15 @@ def _pull_hub(
     settings: HubSettings,
     dry_run: bool,
     bar: type[FileBar],
+    accepted: frozenset[str],
 ) -> list[PulledFile]:
-    planned = plan(artifact, settings)
+    planned = plan(artifact, settings, accepted)
     origin = f"{artifact.repo}@{artifact.revision}"
     if dry_run:
         return [PulledFile(role, model.id, origin, f.name, f.size, f.cached, None) for f in planned.files]
     if bar is FileBar:
         print(f"pulling {role} {model.id} from {origin}", file=sys.stderr)
-    fetched = [(f, fetch(planned, f, settings, bar)) for f in planned.files]
+    fetched = [(f, fetch(planned, f, settings, bar, accepted)) for f in planned.files]  # shard by shard
     record_ref(planned, settings)
     files = [PulledFile(role, model.id, origin, f.name, p.stat().st_size, f.cached, p) for f, p in fetched]
     _write_record(model, backend, planned, files, settings)

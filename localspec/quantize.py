@@ -11,6 +11,7 @@ from pathlib import Path
 from localspec.errors import BackendUnavailableError, InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf
 from localspec.hardware import physical_cores
+from localspec.registry import SPLIT_GGUF
 
 # llama_ftype values (llama.h)
 FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
@@ -51,5 +52,7 @@ def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Seq
 def derived(source: str | Path, ftype: str, folder: str | Path, prune_layers: Sequence[int] = ()) -> Path:
     """source at ftype (minus pruned blocks) inside folder, made once and reused."""
     tag = f".skip{'-'.join(map(str, sorted(set(prune_layers))))}" if prune_layers else ""
-    dest = Path(folder) / f"{Path(source).stem}{tag}.{ftype}.gguf"
+    split = SPLIT_GGUF.match(Path(source).name)  # llama.cpp reads a split model through its first shard
+    stem = split["prefix"] if split else Path(source).stem
+    dest = Path(folder) / f"{stem}{tag}.{ftype}.gguf"
     return dest if dest.exists() else quantize(source, dest, ftype, prune_layers)

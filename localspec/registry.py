@@ -35,6 +35,8 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# llama.cpp's split GGUF names (llama-gguf-split): PREFIX-00001-of-00003.gguf
+SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 class RegistryError(LocalspecError):
@@ -77,7 +79,23 @@ class PyPIArtifact:
     size: int | None = None
 
 
-Artifact = HubArtifact | PyPIArtifact
+@dataclass(frozen=True)
+class LocalArtifact:
+    """The user's own files: a GGUF (the first shard of a split one) or a model folder."""
+
+    path: Path
+
+
+Artifact = HubArtifact | PyPIArtifact | LocalArtifact
+
+
+def split_shards(name: str) -> tuple[str, ...]:
+    """Every shard's name of a split GGUF, given any one of them; (name,) for a single file."""
+    m = SPLIT_GGUF.match(name)
+    if m is None:
+        return (name,)
+    count = int(m["count"])
+    return tuple(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1))
 
 
 @dataclass(frozen=True)
@@ -267,6 +285,9 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
     if "pypi" in entry:
         _check_keys(entry, {"pypi"}, path, where)
         return _parse_pypi(entry["pypi"], path, where)
+    if "path" in entry:
+        _check_keys(entry, {"path"}, path, where)
+        return _parse_local(entry, path, where, backend)
     _check_keys(entry, {"repo", "revision", "files"}, path, where, required={"repo", "revision", "files"})
     files = entry["files"]
     if not isinstance(files, list) or not files:
@@ -274,7 +295,37 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
     parsed = tuple(_parse_file(f, path, f"{where}, files[{i}]") for i, f in enumerate(files))
     if backend == "llamacpp" and any(f.is_pattern or not f.name.endswith(".gguf") for f in parsed):
         raise _fail(path, where, "files", "llama.cpp needs exact .gguf file names (split files in order)")
+    if backend == "llamacpp":
+        parsed = _expand_split(parsed, path, where)
     return HubArtifact(_str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where), parsed)
+
+
+def _expand_split(files: tuple[HubFile, ...], path: Path, where: str) -> tuple[HubFile, ...]:
+    """A split GGUF given by its first shard alone means every shard; listed shards must be
+    the whole set, in order (llama.cpp opens the first and finds the others by name)."""
+    shards = split_shards(files[0].name)
+    if len(files) == 1 and len(shards) > 1 and shards[0] == files[0].name:
+        return (files[0], *(HubFile(name) for name in shards[1:]))
+    names = tuple(f.name for f in files)
+    for file in files:
+        expected = split_shards(file.name)
+        if len(expected) > 1 and names != expected:
+            raise _fail(
+                path,
+                where,
+                "files",
+                f"{file.name} is one shard of {len(expected)}: list {expected[0]} alone, or every shard in order",
+            )
+    return files
+
+
+def _parse_local(entry: Mapping[str, Any], path: Path, where: str, backend: str) -> LocalArtifact:
+    """`path = ...`: absolute, or relative to the models.toml that names it; ~ is expanded."""
+    local = Path(_str(entry, "path", path, where)).expanduser()
+    local = local if local.is_absolute() else path.parent / local
+    if backend == "llamacpp" and local.suffix != ".gguf":
+        raise _fail(path, where, "path", f"llama.cpp needs a .gguf file (the first shard of a split one), got {local}")
+    return LocalArtifact(local)
 
 
 def _parse_file(entry: Any, path: Path, where: str) -> HubFile:
@@ -319,8 +370,8 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
         raise _fail(path, where, "id", f"{pair_id!r} does not match {_ID.pattern}")
     if not isinstance(entry, dict):
         raise _fail(path, where, pair_id, "expected a table")
-    required = {"description", "target", "strategy", "draft_tokens"}
-    _check_keys(entry, required | {"aliases", "drafter"}, path, where, required=required)
+    required = {"description", "target", "strategy"}
+    _check_keys(entry, required | {"aliases", "drafter", "draft_tokens"}, path, where, required=required)
 
     def model(key: str) -> Model:
         name = _str(entry, key, path, where)
@@ -347,7 +398,7 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
         target=model("target"),
         drafter=drafter,
         strategy=strategy,
-        draft_tokens=_draft_tokens(entry["draft_tokens"], path, where),
+        draft_tokens=_draft_tokens(entry.get("draft_tokens", "auto"), path, where),
         origin=path,
     )
     if not pair.backends:

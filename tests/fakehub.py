@@ -6,12 +6,13 @@ hf_raise_for_status):
 - GET  /api/models/{repo}/revision/{rev}[?blobs=true]  model info: sha, siblings (size, blobId, lfs)
 - GET  /api/models/{repo}/tree/{rev}[/{path}]          the file tree
 - HEAD /{repo}/resolve/{rev}/{file}                    X-Repo-Commit, ETag, X-Linked-Etag, X-Linked-Size
-- GET  /{repo}/resolve/{rev}/{file}                    the bytes; `Range: bytes=N-` answers 206
+- GET  /{repo}/resolve/{rev}/{file}                    the bytes; `Range: bytes=N-[M]` answers 206
 
 Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) as the
 hub's do. Files are served by the hub itself (as mirrors do), not redirected to a CDN.
 Knobs for failures: tamper() serves other bytes under the same metadata, cut_after() drops
-the connection mid-file, `down` answers 503 to everything."""
+the connection mid-file, `down` answers 503 to everything; rename() moves a file (a registry
+entry gone stale), and split_gguf() writes a GGUF as llama.cpp's shards."""
 
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ class FakeHub:
         data = bytearray(self.repos[repo].files[name])
         data[-1] ^= 0xFF
         self.repos[repo].served[name] = bytes(data)
+
+    def rename(self, repo: str, old: str, new: str) -> None:
+        self.repos[repo].files[new] = self.repos[repo].files.pop(old)
 
     def cut_after(self, name: str, n_bytes: int, then_down: bool = False) -> None:
         """The next GET of `name` sends n_bytes, then the connection drops; with then_down the
@@ -159,23 +163,25 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             data = repo.served.get(name, repo.files[name])
             lfs = name.endswith(LFS_SUFFIXES)
             etag = sha256(repo.files[name]) if lfs else git_oid(repo.files[name])
-            start = int(m[1]) if (m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")) else 0
-            self.send_response(206 if start else 200)
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+            start = int(m[1]) if m else 0
+            end = min(int(m[2]) + 1, len(data)) if m and m[2] else len(data)
+            self.send_response(206 if m else 200)
             self.send_header("X-Repo-Commit", repo.commit)
             self.send_header("ETag", f'"{etag}"')
             if lfs:
                 self.send_header("X-Linked-Etag", f'"{etag}"')
                 self.send_header("X-Linked-Size", str(len(data)))
             self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(len(data) - start))
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Length", str(end - start))
+            if m:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
             self.end_headers()
             if not body:
                 return
             cut = hub._cuts.pop(name, None)
             if cut is None:
-                self.wfile.write(data[start:])
+                self.wfile.write(data[start:end])
                 return
             n_bytes, then_down = cut
             self.wfile.write(data[start : start + n_bytes])
@@ -227,6 +233,26 @@ def tiny_gguf(tokens: list[str], model: str = "gpt2", padding: int = 1 << 16) ->
         writer.write_tensors_to_file()
         writer.close()
         return path.read_bytes()
+
+
+def split_gguf(stem: str, tokens: list[str], shards: int, padding: int = 1 << 12) -> dict[str, bytes]:
+    """A GGUF written as llama.cpp's split files (one tensor per shard), by name."""
+    import gguf
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = gguf.GGUFWriter(Path(tmp) / f"{stem}.gguf", "llama", split_max_tensors=1)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(tokens)
+        writer.add_bos_token_id(0)
+        writer.add_eos_token_id(1)
+        for i in range(shards):
+            writer.add_tensor(f"pad{i}", np.zeros(padding, dtype=np.int8))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
 
 
 TOKENS = ["<s>", "</s>", *(f"tok{i}" for i in range(60))]

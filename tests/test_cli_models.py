@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import FakeHub, serve_test_pairs
+from fakehub import FakeHub, serve_test_pairs, sha256
 
 from localspec.cli.main import main
 from localspec.registry import packaged_registry_file
@@ -17,11 +17,13 @@ from localspec.registry import packaged_registry_file
 PACKAGED_LIST = """\
 PAIR              TARGET                     DRAFTER                      STRATEGY  SIZE     PULLED  BACKENDS
 smollm2-135m      SmolLM2-135M-Instruct      -                            ngram     98.4 MB  no      llamacpp,mlx,torch
-smollm2-1.7b      SmolLM2-1.7B-Instruct      SmolLM2-135M-Instruct        draft     ?        no      llamacpp,mlx,torch
+smollm2-1.7b      SmolLM2-1.7B-Instruct      SmolLM2-135M-Instruct        draft     1.2 GB   no      llamacpp,mlx,torch
 qwen2.5-7b        Qwen2.5-7B-Instruct        Qwen2.5-0.5B-Instruct        draft     ?        no      llamacpp,mlx,torch
 qwen2.5-coder-7b  Qwen2.5-Coder-7B-Instruct  Qwen2.5-Coder-0.5B-Instruct  draft     ?        no      llamacpp,mlx,torch
+qwen3-8b          Qwen3-8B                   Qwen3-0.6B                   draft     ?        no      llamacpp,mlx,torch
+llama-3.2-3b      Llama-3.2-3B-Instruct      Llama-3.2-1B-Instruct        draft     ?        no      llamacpp,mlx,torch
 llama-3.1-8b      Llama-3.1-8B-Instruct      Llama-3.2-1B-Instruct        draft     ?        no      llamacpp,mlx,torch
-gemma-3-12b       gemma-3-12b-it             gemma-3-1b-it                draft     ?        no      llamacpp,torch
+gemma-3-12b       gemma-3-12b-it             gemma-3-1b-it                draft     ?        no      llamacpp,mlx,torch
 """
 
 
@@ -230,17 +232,21 @@ def test_errors_say_what_to_do(cli: Cli, case: str) -> None:
     assert cli(*argv) == (2, "", f"localspec: error: {message}\n")
 
 
-def test_a_checksum_mismatch_says_the_file_was_deleted(cli: Cli) -> None:
+def test_a_checksum_mismatch_keeps_the_file_aside_and_says_how_to_take_it(cli: Cli) -> None:
     cli.hub.tamper("test/tiny-target-GGUF", "tiny-target.gguf")
     code, _, err = cli("pull", "tiny", "-q", "--endpoint", "<hub>")
     commit = cli.hub.repos["test/tiny-target-GGUF"].commit
-    assert (code, err.splitlines()[-1]) == (
-        2,
-        "  -> run the same command again; if it repeats, something between you and the hub alters the file "
-        "(a proxy or mirror)",
-    )
+    actual = sha256(cli.hub.repos["test/tiny-target-GGUF"].served["tiny-target.gguf"])
+    expected = sha256(cli.hub.repos["test/tiny-target-GGUF"].files["tiny-target.gguf"])
+    kept = f"<cache>/models--test--tiny-target-GGUF/blobs/{expected}.mismatch-{actual}"
+    assert code == 2
     assert err.startswith(f"localspec: error: tiny-target.gguf from test/tiny-target-GGUF@{commit[:12]} has sha256 ")
-    assert err.splitlines()[0].endswith("(from the hub); the file was deleted")
+    assert err.splitlines()[0].endswith(f"(from the hub); the file is kept aside as {kept}")
+    assert err.splitlines()[-1] == (
+        f"  -> something between you and the hub (a proxy or mirror) altered the file: delete {kept} and run the "
+        f"same command again; --accept-hash {actual} takes it as it is"
+    )
+    assert cli("pull", "tiny", "-q", "--endpoint", "<hub>", "--accept-hash", actual)[0] == 0
 
 
 def test_an_interrupted_pull_says_to_run_it_again(cli: Cli) -> None:

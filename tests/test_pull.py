@@ -98,26 +98,55 @@ def test_what_the_hub_does_not_have_is_named(hub: FakeHub, pair: str, message: s
         pull(pair, endpoint=hub.endpoint, progress=False)
 
 
-def test_sha256_mismatch_deletes_the_file_and_says_so(hub: FakeHub, cache: Path) -> None:
+def test_a_file_with_another_sha256_is_kept_aside_and_refused_with_both_hashes(hub: FakeHub, cache: Path) -> None:
     hub.tamper(TARGET_REPO, TARGET_FILE)
-    with pytest.raises(ChecksumMismatchError, match=r"tiny-target.gguf .* has sha256 .*the file was deleted"):
+    served = hub.repos[TARGET_REPO].served[TARGET_FILE]
+    with pytest.raises(ChecksumMismatchError) as refused:
         pull("tiny", endpoint=hub.endpoint, progress=False)
-    assert blobs(cache, TARGET_REPO) == []
+    expected = sha256(hub.repos[TARGET_REPO].files[TARGET_FILE])
+    assert f"has sha256 {sha256(served)}, expected {expected} (from the hub)" in refused.value.message
+    kept = f"{expected}.mismatch-{sha256(served)}"
+    assert refused.value.kept == cache / "models--test--tiny-target-GGUF" / "blobs" / kept
+    assert refused.value.kept.read_bytes() == served  # nothing downloaded is destroyed
+    assert f"--accept-hash {sha256(served)} takes it as it is" in str(refused.value.hint)
     assert not list((cache / "models--test--tiny-target-GGUF" / "snapshots").rglob("*.gguf"))
     with pytest.raises(NotPulledError, match=r"missing: Tiny-Target\)"):  # the drafter is kept: it was fine
         resolve_pair("tiny")
 
 
+def pin_target(home: Path, sha: str) -> None:
+    pinned = TEST_REGISTRY.replace(
+        'files = ["tiny-target.gguf"]', f'files = [{{ name = "{TARGET_FILE}", sha256 = "{sha}" }}]'
+    )
+    (home / "models.toml").write_text(pinned)
+
+
+def test_a_wrong_pin_keeps_the_download_and_accept_hash_takes_it_without_fetching_again(
+    hub: FakeHub, temporary_localspec_home: Path
+) -> None:
+    pin_target(temporary_localspec_home, sha256(hub.repos[TARGET_REPO].files[TARGET_FILE]))
+    hub.tamper(TARGET_REPO, TARGET_FILE)  # the bytes served are not the pinned ones
+    served = hub.repos[TARGET_REPO].served[TARGET_FILE]
+    with pytest.raises(ChecksumMismatchError, match=r"\(from models.toml\); the file is kept aside") as refused:
+        pull("tiny", endpoint=hub.endpoint, progress=False)
+    assert f"run the same command with --accept-hash {sha256(served)} (no new download)" in str(refused.value.hint)
+    hub.requests.clear()
+    pull("tiny", endpoint=hub.endpoint, progress=False, accept_hashes=[sha256(served)])
+    assert TARGET_FILE not in hub.resolve_gets()
+    assert resolve_pair("tiny").target.read_bytes() == served
+
+
 def test_a_registry_sha256_the_hub_contradicts_is_refused_before_download(
     hub: FakeHub, temporary_localspec_home: Path
 ) -> None:
-    stale = TEST_REGISTRY.replace(
-        'files = ["tiny-target.gguf"]', f'files = [{{ name = "{TARGET_FILE}", sha256 = "{"0" * 64}" }}]'
-    )
-    (temporary_localspec_home / "models.toml").write_text(stale)
-    with pytest.raises(PullError, match=r"models.toml gives tiny-target.gguf .* sha256 0000.*, the hub "):
+    pin_target(temporary_localspec_home, "0" * 64)
+    hub_sha = sha256(hub.repos[TARGET_REPO].files[TARGET_FILE])
+    with pytest.raises(PullError, match=f"models.toml gives tiny-target.gguf .* sha256 0000.*, the hub {hub_sha}") as e:
         pull("tiny", endpoint=hub.endpoint, progress=False)
+    assert f"--accept-hash {hub_sha} to take the hub's file" in str(e.value.hint)
     assert TARGET_FILE not in hub.resolve_gets()
+    pull("tiny", endpoint=hub.endpoint, progress=False, accept_hashes=[hub_sha])
+    assert resolve_pair("tiny").target.read_bytes() == hub.repos[TARGET_REPO].files[TARGET_FILE]
 
 
 def test_a_connection_cut_mid_file_keeps_nothing_and_a_rerun_finishes(hub: FakeHub, cache: Path) -> None:

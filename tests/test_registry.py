@@ -60,12 +60,44 @@ def test_the_packaged_registry_has_the_consumer_pairs() -> None:
         "smollm2-1.7b": ("SmolLM2-1.7B-Instruct", "SmolLM2-135M-Instruct"),
         "qwen2.5-coder-7b": ("Qwen2.5-Coder-7B-Instruct", "Qwen2.5-Coder-0.5B-Instruct"),
         "gemma-3-12b": ("gemma-3-12b-it", "gemma-3-1b-it"),
+        "qwen3-8b": ("Qwen3-8B", "Qwen3-0.6B"),
+        "llama-3.2-3b": ("Llama-3.2-3B-Instruct", "Llama-3.2-1B-Instruct"),
     }
     for pair_id, (target, drafter) in wanted.items():
         pair = registry.pair(pair_id)
         assert (pair.target.name, pair.drafter.name if pair.drafter else None) == (target, drafter)
         assert pair.drafter is not None and pair.drafter.family == pair.target.family
         assert "llamacpp" in pair.backends
+
+
+def test_gemma_3_12b_has_an_mlx_entry() -> None:
+    artifact = load_registry().pair("gemma3").target.artifacts["mlx"]
+    assert isinstance(artifact, HubArtifact) and artifact.repo == "mlx-community/gemma-3-12b-it-4bit"
+
+
+def test_qwen2_5_coder_7b_names_a_single_file_that_exists() -> None:
+    artifact = load_registry().models["qwen2.5-coder-7b-instruct"].artifacts["llamacpp"]
+    assert isinstance(artifact, HubArtifact)
+    assert (artifact.repo, [f.name for f in artifact.files]) == (
+        "bartowski/Qwen2.5-Coder-7B-Instruct-GGUF",
+        ["Qwen2.5-Coder-7B-Instruct-Q4_K_M.gguf"],
+    )
+
+
+def test_confirmed_pins_are_carried() -> None:
+    models = load_registry().models
+    smollm2 = models["smollm2-1.7b-instruct"].artifacts["llamacpp"]
+    coder = models["qwen2.5-coder-0.5b-instruct"].artifacts["llamacpp"]
+    qwen = models["qwen2.5-7b-instruct"].artifacts["llamacpp"]
+    assert isinstance(smollm2, HubArtifact) and isinstance(coder, HubArtifact) and isinstance(qwen, HubArtifact)
+    assert smollm2.pinned and smollm2.files[0].size == 1055609536
+    assert coder.pinned and coder.files[0].sha256 == "e1a77721fa97d412f121878223eec81fb4ae6f271e18f922d746711f67b344d1"
+    assert qwen.files[0].sha256 == "65b8fcd92af6b4fefa935c625d1ac27ea29dcb6ee14589c55a8f115ceaaa1423"
+
+
+def test_draft_tokens_may_be_left_out_for_auto() -> None:
+    write_user_file(MODEL + PAIR.replace("draft_tokens = 5\n", ""))
+    assert load_registry().pair("my-pair").draft_tokens == "auto"
 
 
 def test_the_default_pair_is_the_embedded_default_model() -> None:
@@ -148,6 +180,10 @@ def test_an_unknown_pair_suggests_a_close_one() -> None:
             r"model 'mine', backend 'llamacpp', files\[0\]: key 'size': expected a size in bytes > 0, got -1",
         ),
         (MODEL.replace("llamacpp =", "onnx ="), "model 'mine': key 'onnx': unknown key"),
+        (
+            MODEL.replace('{ repo = "me/mine-GGUF", revision = "main", files = ["mine.gguf"] }', '{ path = "m.bin" }'),
+            "model 'mine', backend 'llamacpp': key 'path': llama.cpp needs a .gguf file",
+        ),
         ("[pairs]\n[moodels]\n", "the file: key 'moodels': unknown key"),
     ],
 )

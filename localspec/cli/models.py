@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from localspec.registry import BACKENDS, Artifact, HubArtifact, Model, Pair, load_registry
+from localspec.registry import BACKENDS, Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry
 
 PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")
 
@@ -127,6 +127,8 @@ def _artifact_lines(model: Model) -> list[str]:
 def _describe(artifact: Artifact) -> list[str]:
     if isinstance(artifact, HubArtifact):
         return [f"{artifact.repo}@{artifact.revision}", ", ".join(f.name for f in artifact.files)]
+    if isinstance(artifact, LocalArtifact):
+        return ["your own files", str(artifact.path)]
     src = artifact.source
     return [f"PyPI {src.package}=={src.version}", f"{src.member} (sha256 {src.sha256[:12]}...)"]
 

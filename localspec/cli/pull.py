@@ -22,6 +22,13 @@ def register(sub: Any) -> None:
     p.add_argument("--endpoint", metavar="URL", help="hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
     p.add_argument("--cache-dir", metavar="DIR", help="hub cache (default: the standard one, `localspec path`)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--accept-hash",
+        action="append",
+        default=[],
+        metavar="SHA256",
+        help="take a file with this sha256 in place of a models.toml pin it contradicts (repeatable)",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -36,6 +43,7 @@ def handle(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         dry_run=args.dry_run,
         progress=not args.quiet,
+        accept_hashes=args.accept_hash,
     )
     rows = [[f.role, f.origin, f.name, human_size(f.size), "(already here)" if f.cached else ""] for f in result.files]
     n = sum(not f.cached for f in result.files)
