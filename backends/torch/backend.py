@@ -18,6 +18,7 @@ from localspec.errors import InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf
 from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.sampling import Distribution, SamplingConfig
 
 from . import linear, native
 from . import tokenizer as tok
@@ -84,7 +85,9 @@ class TorchBackend:
     physical core), max_block, device ("auto", "cpu", "cuda", "cuda:1"), dtype ("auto",
     "float32", "bfloat16", "float16"), cuda_graphs (replay decode/verify steps of up to
     `graph_tokens` tokens from captured CUDA graphs; default on for CUDA), compile (also
-    torch.compile those steps), static (the graph-ready forward without capturing: for tests).
+    torch.compile those steps), static (the graph-ready forward without capturing: for tests),
+    verify_on_device (the engine's acceptance rule runs on the model's device, verify.py;
+    default on for CUDA, where it spares each step a full-vocabulary copy to the host).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class TorchBackend:
         compile: bool = False,
         graph_tokens: int = 16,
         static: bool = False,
+        verify_on_device: bool | None = None,
     ) -> None:
         source = open_source(path)
         self._device = pick_device(device)
@@ -151,7 +155,10 @@ class TorchBackend:
             n_params=n_params,
             n_layers=config.n_layers,
         )
-        self.capabilities = Capabilities(rollback=True, max_block=max_block, device=self._device.type, extra=extra)
+        verifies = self._device.type == "cuda" if verify_on_device is None else verify_on_device
+        self.capabilities = Capabilities(
+            rollback=True, max_block=max_block, device=self._device.type, extra=extra, verifies=verifies
+        )
 
     def _graphed(self) -> GraphedSteps:
         from .cuda import GraphedSteps
@@ -277,6 +284,32 @@ class TorchBackend:
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        if len(tokens) == 0:
+            self._check(tokens, logits)
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        if self._graphs is not None and self._graphs.handles(len(tokens)):
+            self._check(tokens, logits)
+            with torch.inference_mode():
+                out = self._graphs.run(tokens, self.n_past, logits)
+            self._wrote(tokens)
+            return out
+        return to_numpy(self._evaluate(tokens, logits), self._n_vocab)
+
+    def verify_block(
+        self,
+        tokens: Sequence[int],
+        draft_dists: Sequence[Distribution] | None,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+    ) -> tuple[int, int]:
+        """eval_block(tokens, "all") and the acceptance rule on the device (verify.py): only
+        the two integers it returns come back to the host."""
+        from . import verify
+
+        with torch.inference_mode():
+            return verify.accept(tokens[1:], draft_dists, self._evaluate(tokens, "all"), cfg, rng)
+
+    def _check(self, tokens: Sequence[int], logits: str) -> None:
         n = len(tokens)
         if self._closed:
             raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
@@ -285,21 +318,26 @@ class TorchBackend:
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
         self._sync()
-        past = len(self._tokens)  # an early-exit view starts past its host's tokens
-        if past + n > self.info.n_ctx:
+        if len(self._tokens) + n > self.info.n_ctx:  # an early-exit view starts past its host's tokens
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        if n == 0:
-            return np.empty((0, self._n_vocab), dtype=np.float32)
         if any(not 0 <= t < self._n_vocab for t in tokens):
             raise InvalidRequestError(f"token ids must lie in [0, {self._n_vocab})")
+
+    def _evaluate(self, tokens: Sequence[int], logits: str) -> torch.Tensor:
+        """The block's logits as a tensor on the model's device ([0, 0] for "none")."""
+        self._check(tokens, logits)
+        past = len(self._tokens)
         with torch.inference_mode():
-            if self._graphs is not None and self._graphs.handles(n):
-                out = self._graphs.run(tokens, past, logits)
+            if self._graphs is not None and self._graphs.handles(len(tokens)):
+                out = self._graphs.run_on_device(tokens, past, logits)
             else:
                 out = self._forward(tokens, past, logits)
+        self._wrote(tokens)
+        return out
+
+    def _wrote(self, tokens: Sequence[int]) -> None:
         self._tokens.extend(tokens)
         self._writes += 1
-        return out
 
     def _block(self, past: int, n: int) -> Block:
         positions = self._positions[past : past + n]
@@ -307,7 +345,7 @@ class TorchBackend:
             return static_block(positions, self.cache.n_ctx, self.model.window, self._dtype)
         return eager_block(positions, past, n, self.model.window, self._dtype)
 
-    def _forward(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
+    def _forward(self, tokens: Sequence[int], past: int, logits: str) -> torch.Tensor:
         n = len(tokens)
         model = self.model
         ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
@@ -326,13 +364,7 @@ class TorchBackend:
             x = model.layers_from(model.embedding(ids), block, self.cache, 0, self._exit)
             if self._host is not None and self._exit is not None:
                 self._host._keep_exit_states(tokens, past, x, self._exit)
-        out = model.head(x, logits)
-        if logits == "none":
-            return np.empty((0, self._n_vocab), dtype=np.float32)
-        if out.dtype != torch.float32 or out.device.type != "cpu":
-            out = out.float().cpu()
-        array: Logits = out.numpy()
-        return array
+        return model.head(x, logits)
 
     def _keep_exit_states(self, tokens: Sequence[int], past: int, x: torch.Tensor, exit: int) -> None:
         if self._exit_states is None:
@@ -367,6 +399,16 @@ class TorchBackend:
             self._graphs.release()
         self._graphs = None
         self._tokens = []
+
+
+def to_numpy(out: torch.Tensor, n_vocab: int) -> Logits:
+    """Logits as the float32 host array the Backend protocol hands out."""
+    if out.shape[0] == 0:
+        return np.empty((0, n_vocab), dtype=np.float32)
+    if out.dtype != torch.float32 or out.device.type != "cpu":
+        out = out.float().cpu()
+    array: Logits = out.numpy()
+    return array
 
 
 def load(path: str, **options: Any) -> TorchBackend:

@@ -9,7 +9,8 @@ cache through a mask built from the positions tensor (layers.static_block), and 
 are written with index_copy_, so one graph serves every position. Optionally the step is
 torch.compile'd first (mode "max-autotune-no-cudagraphs": fused kernels, captured by our
 own graphs). The only host synchronisation per step is the copy of the logits the
-acceptance rule reads.
+acceptance rule reads, or, where the backend verifies on the GPU (verify.py), of the two
+integers that rule returns.
 """
 
 from __future__ import annotations
@@ -64,6 +65,18 @@ class GraphedSteps:
         return self.steps[logits]
 
     def run(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
+        out = self.run_on_device(tokens, past, logits)
+        rows = out.shape[0]
+        if rows == 0:
+            return np.empty((0, self.host.shape[1]), dtype=np.float32)
+        self.host[:rows].copy_(out, non_blocking=True)
+        torch.cuda.current_stream().synchronize()  # the acceptance rule needs the logits now
+        array: Logits = self.host[:rows].numpy()
+        return array
+
+    def run_on_device(self, tokens: Sequence[int], past: int, logits: str) -> torch.Tensor:
+        """The step's float32 logits on the GPU, in the graph's static output buffer (the next
+        replay of that graph overwrites them)."""
         n = len(tokens)
         self.tokens[:n].copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=True)
         self.positions[:n].copy_(self.arange[past : past + n])
@@ -76,13 +89,7 @@ class GraphedSteps:
                 self._capture(n, past, logits)
             graph, out = self.graphs[key]
             graph.replay()
-        rows = out.shape[0]
-        if rows == 0:
-            return np.empty((0, self.host.shape[1]), dtype=np.float32)
-        self.host[:rows].copy_(out, non_blocking=True)
-        torch.cuda.current_stream().synchronize()  # the acceptance rule needs the logits now
-        array: Logits = self.host[:rows].numpy()
-        return array
+        return out
 
     def release(self) -> None:
         """Destroy the captured graphs now (a closed backend's), not whenever Python gets to it."""
