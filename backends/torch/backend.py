@@ -20,7 +20,7 @@ from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.sampling import Distribution, SamplingConfig
 
-from . import linear, native
+from . import linear, native, quantized
 from . import tokenizer as tok
 from . import weights as wts
 from .config import ModelConfig
@@ -38,7 +38,7 @@ class Source:
 
     config: ModelConfig
     vocab: tok.Vocabulary
-    read: Callable[[wts.TensorSink], None]
+    read: Callable[[wts.TensorSink, str | None], None]  # (sink, low-bit kind for GGUF matrices)
     name: str
     path: str
     file_type: str | None = None  # GGUF general.file_type (what self-drafting derives from)
@@ -50,7 +50,7 @@ def open_source(path: str) -> Source:
         config, raw = wts.hf_config(folder)
         vocab = tok.from_hf(folder, raw)
         return Source(
-            config, vocab, lambda sink: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
+            config, vocab, lambda sink, kind: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
         )
     check_gguf(path)
     file = wts.open_gguf(path)
@@ -58,7 +58,12 @@ def open_source(path: str) -> Source:
     vocab = tok.from_gguf(file.meta)
     file_type = str(file.meta.get("general.file_type", 1))
     return Source(
-        config, vocab, lambda sink: wts.read_gguf_tensors(file, config, sink), os.path.basename(path), path, file_type
+        config,
+        vocab,
+        lambda sink, kind: wts.read_gguf_tensors(file, config, sink, kind),
+        os.path.basename(path),
+        path,
+        file_type,
     )
 
 
@@ -66,6 +71,26 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+# GGUF general.file_type -> the low-bit layout its matrices go into on CUDA: 4-bit files into
+# int4, 5/6/8-bit ones into int8 (quantized.py says which conversions are exact).
+INT4_FILE_TYPES = {"2", "3", "14", "15"}  # Q4_0, Q4_1, Q4_K_S, Q4_K_M
+INT8_FILE_TYPES = {"7", "16", "17", "18"}  # Q8_0, Q5_K_S, Q5_K_M, Q6_K
+WEIGHT_FORMATS = ("auto", "dense", "int4", "int8")
+EMBEDDING = "token_embd.weight"  # a table read by rows: stays dense unless it is the head
+
+
+def pick_weights(weights: str, device: torch.device, dtype: torch.dtype, file_type: str | None) -> str:
+    """auto: a quantized GGUF stays low-bit on CUDA in bfloat16 (the kernels' type); the CPU
+    keeps its own kernels and every other case is dense."""
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidRequestError(f"unknown weights {weights!r}", f"choose one of: {', '.join(WEIGHT_FORMATS)}")
+    if weights != "auto":
+        return weights
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return "dense"
+    return "int4" if file_type in INT4_FILE_TYPES else "int8" if file_type in INT8_FILE_TYPES else "dense"
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -87,7 +112,10 @@ class TorchBackend:
     `graph_tokens` tokens from captured CUDA graphs; default on for CUDA), compile (also
     torch.compile those steps), static (the graph-ready forward without capturing: for tests),
     verify_on_device (the engine's acceptance rule runs on the model's device, verify.py;
-    default on for CUDA, where it spares each step a full-vocabulary copy to the host).
+    default on for CUDA, where it spares each step a full-vocabulary copy to the host),
+    weights ("auto", "dense", "int4", "int8": the matrices' layout; auto keeps a 4-bit GGUF in
+    int4 and a 5-8-bit one in int8 on CUDA, read by torch's low-bit kernels, see
+    pick_weights; explicit int4/int8 work on the CPU too, through torch's CPU kernels).
     """
 
     def __init__(
@@ -103,6 +131,7 @@ class TorchBackend:
         graph_tokens: int = 16,
         static: bool = False,
         verify_on_device: bool | None = None,
+        weights: str = "auto",
     ) -> None:
         source = open_source(path)
         self._device = pick_device(device)
@@ -117,6 +146,8 @@ class TorchBackend:
             torch.set_num_threads(threads)  # process-wide: every torch backend shares the cores
             extra["threads"] = str(threads)
             extra["kernels"] = native.describe()
+        self._weights = pick_weights(weights, self._device, self._dtype, source.file_type)
+        extra["weights"] = self._weights
         config = source.config
         n_ctx = min(n_ctx, config.context_length or n_ctx)
         self.model, n_params, n_bytes = self._build(source, n_ctx)
@@ -218,20 +249,31 @@ class TorchBackend:
         return view
 
     def _build(self, source: Source, n_ctx: int) -> tuple[Model, int, int]:
-        table: dict[str, torch.Tensor] = {}
+        table: dict[str, quantized.Matrix] = {}
         counts = [0, 0]
 
-        def sink(name: str, tensor: torch.Tensor) -> None:
-            # RoPE frequency factors stay float32; everything else takes the compute dtype.
-            dtype = torch.float32 if name == "rope_freqs.weight" else self._dtype
-            table[name] = tensor.to(device=self._device, dtype=dtype)
-            counts[0] += tensor.numel()
-            counts[1] += tensor.numel() * table[name].element_size()
+        kind = None if self._weights == "dense" else self._weights
 
-        source.read(sink)
+        def sink(name: str, value: quantized.Matrix) -> None:
+            if kind is not None and isinstance(value, torch.Tensor) and value.dim() == 2 and name != EMBEDDING:
+                value = quantized.quantize_groups(value) if kind == "int4" else quantized.quantize_rows(value)
+            if isinstance(value, torch.Tensor):
+                # RoPE frequency factors stay float32; everything else takes the compute dtype.
+                dtype = torch.float32 if name == "rope_freqs.weight" else self._dtype
+                moved = table[name] = value.to(device=self._device, dtype=dtype)
+                counts[0] += value.numel()
+                counts[1] += value.numel() * moved.element_size()
+            else:
+                table[name] = value.to(self._device)
+                out, width = value.codes.shape
+                counts[0] += out * width
+                counts[1] += quantized.matrix_bytes(out, width, self._weights)
+
+        source.read(sink, kind)
         module = importlib.import_module(f"{__package__}.{source.config.family}")
+        factory = linear.for_device(self._device, self._dtype) if kind is None else linear.LOW_BIT[kind]
         try:
-            model: Model = module.Model(source.config, table, n_ctx, linear.for_device(self._device, self._dtype))
+            model: Model = module.Model(source.config, table, n_ctx, factory)
         except KeyError as exc:
             raise ModelLoadError(f"{source.path} lacks the tensor {exc.args[0]}", "the file is incomplete") from exc
         return model, counts[0], counts[1]
