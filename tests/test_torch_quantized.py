@@ -169,3 +169,17 @@ def test_the_default_q4_1_model_runs_as_int4_on_the_cpu_when_asked(smollm2_q4_1:
     a, b = dense.eval_block(tokens, "all"), int4.eval_block(tokens, "all")
     # Every block's Q4_1 matrix is carried over exactly; only the tied Q8_0 head is re-quantized.
     assert np.mean(a.argmax(1) == b.argmax(1)) >= 0.8
+
+
+def test_the_gpu_shapes_benchmark_runs_on_the_cpu_with_tiny_shapes(capsys) -> None:
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import gpu_shapes
+
+    threads = torch.get_num_threads()
+    try:
+        gpu_shapes.main(["--tiny", "--reps", "1", "--kinds", "int4,bf16", "--n-ctx", "64"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "t(k)/t(1)" in out and "adaptive γ" in out
+    assert out.count("tiny <- tiny") == 2 * len(gpu_shapes.ALPHAS)
