@@ -147,7 +147,7 @@ def test_a_converted_model_is_cached_by_its_files_hash(models, monkeypatch) -> N
 def test_an_int4_target_stays_close_to_its_dense_self_and_smaller(models) -> None:
     path = str(models(SMALL))
     dense, int4 = tiny(path, weights="dense"), tiny(path, weights="int4")
-    assert int4.info.size_bytes < dense.info.size_bytes / 3
+    assert int4.info.size_bytes < dense.info.size_bytes / 2  # its tied head keeps a dense embedding too
     a, b = dense.eval_block(TEXT_IDS[:12], "all"), int4.eval_block(TEXT_IDS[:12], "all")
     assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.95
 

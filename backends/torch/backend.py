@@ -254,7 +254,10 @@ class TorchBackend:
 
         kind = None if self._weights == "dense" else self._weights
 
+        names: set[str] = set()
+
         def sink(name: str, value: quantized.Matrix) -> None:
+            names.add(name)
             if kind is not None and isinstance(value, torch.Tensor) and value.dim() == 2 and name != EMBEDDING:
                 value = quantized.quantize_groups(value) if kind == "int4" else quantized.quantize_rows(value)
             if isinstance(value, torch.Tensor):
@@ -276,7 +279,13 @@ class TorchBackend:
             model: Model = module.Model(source.config, table, n_ctx, factory)
         except KeyError as exc:
             raise ModelLoadError(f"{source.path} lacks the tensor {exc.args[0]}", "the file is incomplete") from exc
+        if kind is not None and "output.weight" not in names and not model.output.cheap_rows:
+            # A tied head kept low-bit reads its embedding rows from a dense copy of its own.
+            counts[1] += model.config.vocab_size * model.config.hidden * self._cache_itemsize()
         return model, counts[0], counts[1]
+
+    def _cache_itemsize(self) -> int:
+        return torch.empty((), dtype=self._dtype).element_size()
 
     # -- description ------------------------------------------------------------------------
 
