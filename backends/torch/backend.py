@@ -266,15 +266,15 @@ class TorchBackend:
                 moved = table[name] = value.to(device=self._device, dtype=dtype)
                 counts[0] += value.numel()
                 counts[1] += value.numel() * moved.element_size()
-            else:
-                table[name] = value.to(self._device)
+            else:  # on the host until its matrix is packed on the device (linear.low_bit)
+                table[name] = value
                 out, width = value.codes.shape
                 counts[0] += out * width
                 counts[1] += quantized.matrix_bytes(out, width, self._weights)
 
         source.read(sink, kind)
         module = importlib.import_module(f"{__package__}.{source.config.family}")
-        factory = linear.for_device(self._device, self._dtype) if kind is None else linear.LOW_BIT[kind]
+        factory = linear.for_device(self._device, self._dtype) if kind is None else linear.low_bit(kind, self._device)
         try:
             model: Model = module.Model(source.config, table, n_ctx, factory)
         except KeyError as exc:

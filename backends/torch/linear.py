@@ -20,6 +20,7 @@ Each also answers `rows(ids)` (a tied embedding is the output head read by rows)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -142,6 +143,41 @@ def has_cuda_kernel(op: str) -> bool:
     return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CUDA"))
 
 
+@functools.cache
+def packed_int4_works(device: torch.device) -> bool:
+    """Whether torch's CUDA int4 kernel runs on this device and computes its codes' values:
+    a build may lack the kernel, or an image for this GPU's architecture (it needs sm80+)."""
+    if not has_cuda_kernel("_weight_int4pack_mm"):
+        return False
+    codes = quantize_groups(torch.randn(16, 256, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(1))
+    try:
+        nibbles = (codes.codes[:, ::2] << 4 | codes.codes[:, 1::2]).to(device)
+        packed = torch.ops.aten._convert_weight_to_int4pack(nibbles, 8)
+        sz = torch.stack([codes.scale, codes.zero], -1).transpose(0, 1).contiguous().to(device, torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm(x.to(device, torch.bfloat16), packed, GROUP, sz).float().cpu()
+    except RuntimeError:
+        return False
+    expected = x @ codes.dequantized().T
+    return bool((y - expected).abs().max() < 0.05 * expected.abs().max())
+
+
+@functools.cache
+def packed_int8_works(device: torch.device) -> bool:
+    """Whether torch's int8 weight-only kernel runs on this CUDA device in bfloat16."""
+    if not has_cuda_kernel("_weight_int8pack_mm"):
+        return False
+    codes = quantize_rows(torch.randn(16, 256, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(1))
+    try:
+        q, scale = codes.codes.to(device), codes.scale.to(device, torch.bfloat16)
+        y = torch.ops.aten._weight_int8pack_mm(x.to(device, torch.bfloat16), q, scale).float().cpu()
+    except RuntimeError:
+        return False
+    expected = x @ codes.dequantized().T
+    return bool((y - expected).abs().max() < 0.05 * expected.abs().max())
+
+
 class Int8:
     """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale. On a CPU in
     int8 column panels for native.py's kernel (a quarter of float32's bytes to stream), else
@@ -160,7 +196,7 @@ class Int8:
         dtype = weight.dtype if isinstance(weight, torch.Tensor) else torch.bfloat16
         self.scale, self.bias = (scale if self.on_cpu else scale.to(dtype)).contiguous(), bias
         self.out_features = int(self.q.shape[0])
-        self.packed_cuda = not self.on_cpu and has_cuda_kernel("_weight_int8pack_mm")
+        self.packed_cuda = not self.on_cpu and packed_int8_works(self.q.device)
         self.kernels = native.kernels() if self.on_cpu else None
         if self.kernels is not None:
             self.panels = to_panels(self.q)
@@ -212,7 +248,7 @@ class Int4:
             dtype = weight.dtype if isinstance(weight, torch.Tensor) else torch.bfloat16
         self.bias, self.out_features, self.in_features = bias, int(out), int(width)
         tiles = inner_k_tiles(width)
-        self.packed_cuda = not self.on_cpu and tiles is not None and has_cuda_kernel("_weight_int4pack_mm")
+        self.packed_cuda = not self.on_cpu and tiles is not None and packed_int4_works(codes.codes.device)
         if self.on_cpu or self.packed_cuda:
             pad = -out % 16  # the kernels take whole tiles of output rows
             padded = (
@@ -268,6 +304,17 @@ def astuple(codes: GroupCodes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 LOW_BIT: dict[str, Factory] = {"int4": Int4, "int8": Int8}
+
+
+def low_bit(kind: str, device: torch.device) -> Factory:
+    """Int4 or Int8 matrices made on `device` from codes held on the host, one at a time: a
+    model's unpacked codes (a byte a weight) never sit on the GPU all at once."""
+    layer = LOW_BIT[kind]
+
+    def make(weight: Matrix, bias: torch.Tensor | None) -> Linear:
+        return layer(weight if isinstance(weight, torch.Tensor) else weight.to(device), bias)
+
+    return make
 
 
 def for_device(device: torch.device, dtype: torch.dtype) -> Factory:

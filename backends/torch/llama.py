@@ -84,7 +84,7 @@ class Model:
         # Tied embeddings (no output.weight): the embedding is the head read by rows, unless
         # the head's layout has no cheap rows (packed int4): then a dense table of its own.
         tied = head is None and self.output.cheap_rows
-        self.embed: Linear = self.output if tied else Dense(as_float(embed).to(self.dtype))
+        self.embed: Linear = self.output if tied else Dense(as_float(embed).to(device=self.device, dtype=self.dtype))
         self.layers = [self.layer_type(weights, f"blk.{i}.", linear) for i in range(config.n_layers)]
         self.rope = Rope(
             config.head_dim,
