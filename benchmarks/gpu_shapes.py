@@ -9,8 +9,8 @@ only the accepted ids come back). One table:
 - plain decode tok/s at batch 1, against the bandwidth limit: bytes read per token (the
   matrices, one embedding row, the KV cache the graphs' attention reads) ÷ the bandwidth a
   device-to-device copy reaches on the same GPU;
-- per-step host overhead: a whole engine step (ids in, graph replay, argmax and acceptance on
-  the device, two integers out) minus the replay alone;
+- per-step host overhead: a whole engine step (ids in, graph replay with the greedy
+  acceptance inside it, two integers out) minus the replay alone;
 - t_verify(k)/t_verify(1) for blocks of k = 1..16 tokens;
 - for each 8B/7B target with its family's small model as the drafter: the speedup those
   costs give at acceptance rates 0.6, 0.7 and 0.8 with the best fixed γ, and the γ the
@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from localspec.backends.torch import quantized, verify
+from localspec.backends.torch.cuda import GREEDY, GraphedSteps
 from localspec.backends.torch.layers import KVCache, Model, eager_block
 from localspec.backends.torch.shapes import SHAPES, random_model
 from localspec.controller import AdaptiveDraftLength, CostCurve, StepOutcome
@@ -67,10 +68,8 @@ class Runner:
         c = model.config
         self.model, self.device, self.dtype = model, device, dtype
         self.cache = KVCache(c.n_layers, c.n_kv_heads, n_ctx, c.head_dim, dtype, device)
-        self.graphs = None
+        self.graphs: GraphedSteps | None = None
         if device.type == "cuda":
-            from localspec.backends.torch.cuda import GraphedSteps
-
             self.graphs = GraphedSteps(model, self.cache, MAX_K, True, False)
 
     def logits(self, tokens: list[int], past: int) -> torch.Tensor:
@@ -85,13 +84,16 @@ class Runner:
         """One verify step of a k-token block (k - 1 drafted tokens), greedy, on the device."""
         tokens = [(7 * i + 3) % 100 for i in range(k)]
         with torch.inference_mode():
+            if self.graphs is not None:  # the backend's greedy step: the rule inside the graph
+                n_acc, token = self.graphs.run_on_device(tokens, past, GREEDY).tolist()
+                return int(n_acc), int(token)
             outcome: tuple[int, int] = verify.accept_greedy(tokens[1:], self.logits(tokens, past))
         return outcome
 
     def replay_only(self) -> Callable[[], None] | None:
         if self.graphs is None:
             return None
-        graph: torch.cuda.CUDAGraph = self.graphs.graphs[(1, "all")][0]
+        graph: torch.cuda.CUDAGraph = self.graphs.graphs[(1, GREEDY)][0]
         replay: Callable[[], None] = graph.replay
         return replay
 
@@ -130,7 +132,7 @@ def bandwidth(device: torch.device, size: int) -> float:
 def read_per_token(name: str, kind: str, n_ctx: int) -> int:
     config, tied, _ = SHAPES[name]
     layout = "dense" if kind == "bf16" else kind
-    weights = quantized.model_bytes(config, layout, tied)
+    weights = quantized.model_bytes(config, layout, tied, head=quantized.head_kind(layout, quantized.Q6_K))
     if not (tied and layout == "dense"):
         weights -= config.vocab_size * config.hidden * 2  # the embedding table: one row a token
     return weights + quantized.kv_cache_bytes(config, n_ctx)

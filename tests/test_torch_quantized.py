@@ -114,7 +114,8 @@ def test_the_int8_kernel_reads_converted_codes_as_their_values(rows: int) -> Non
 
 def test_an_8b_int4_target_fits_in_6_gib_before_its_kv_cache() -> None:
     config, tied, _ = SHAPES["llama-3.1-8b"]
-    int4 = quantized.model_bytes(config, "int4", tied)
+    # A Q4_K_M file: block matrices into int4, its Q6_K head into int8.
+    int4 = quantized.model_bytes(config, "int4", tied, head=quantized.head_kind("int4", Q6_K))
     assert int4 <= 6 * GiB
     # The same shapes dense in bfloat16 are the ~16 GB no 8-12 GB card holds.
     assert quantized.model_bytes(config, "dense", tied) > 14 * GiB
@@ -142,6 +143,12 @@ def test_a_converted_model_is_cached_by_its_files_hash(models, monkeypatch) -> N
     monkeypatch.setattr(quantized, "convert", no_conversion)
     again = tiny(path, weights="int4")
     np.testing.assert_array_equal(again.eval_block(TEXT_IDS[:6], "all"), first.eval_block(TEXT_IDS[:6], "all"))
+
+
+def test_a_head_of_more_than_4_bits_goes_into_int8_and_a_4_bit_one_stays_int4() -> None:
+    assert quantized.head_kind("int4", Q6_K) == quantized.head_kind("int4", Q8_0) == "int8"
+    assert quantized.head_kind("int4", Q4_K) == "int4"
+    assert quantized.head_kind("int8", Q4_0) == "int8"
 
 
 def test_an_int4_target_stays_close_to_its_dense_self_and_smaller(models) -> None:

@@ -259,7 +259,8 @@ class TorchBackend:
         def sink(name: str, value: quantized.Matrix) -> None:
             names.add(name)
             if kind is not None and isinstance(value, torch.Tensor) and value.dim() == 2 and name != EMBEDDING:
-                value = quantized.quantize_groups(value) if kind == "int4" else quantized.quantize_rows(value)
+                layout = quantized.head_kind(kind, quantized.F32) if name == "output.weight" else kind
+                value = quantized.quantize_groups(value) if layout == "int4" else quantized.quantize_rows(value)
             if isinstance(value, torch.Tensor):
                 # RoPE frequency factors stay float32; everything else takes the compute dtype.
                 dtype = torch.float32 if name == "rope_freqs.weight" else self._dtype
@@ -270,11 +271,12 @@ class TorchBackend:
                 table[name] = value
                 out, width = value.codes.shape
                 counts[0] += out * width
-                counts[1] += quantized.matrix_bytes(out, width, self._weights)
+                layout = "int4" if isinstance(value, quantized.GroupCodes) else "int8"
+                counts[1] += quantized.matrix_bytes(out, width, layout)
 
         source.read(sink, kind)
         module = importlib.import_module(f"{__package__}.{source.config.family}")
-        factory = linear.for_device(self._device, self._dtype) if kind is None else linear.low_bit(kind, self._device)
+        factory = linear.for_device(self._device, self._dtype) if kind is None else linear.low_bit(self._device)
         try:
             model: Model = module.Model(source.config, table, n_ctx, factory)
         except KeyError as exc:
@@ -357,6 +359,15 @@ class TorchBackend:
         the two integers it returns come back to the host."""
         from . import verify
 
+        if cfg.greedy and self._graphs is not None and self._graphs.handles(len(tokens)):
+            from .cuda import GREEDY
+
+            self._check(tokens, "all")
+            with torch.inference_mode():
+                outcome = self._graphs.run_on_device(tokens, len(self._tokens), GREEDY)
+            self._wrote(tokens)
+            n_acc, token = outcome.tolist()
+            return int(n_acc), int(token)
         with torch.inference_mode():
             return verify.accept(tokens[1:], draft_dists, self._evaluate(tokens, "all"), cfg, rng)
 

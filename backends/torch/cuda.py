@@ -10,7 +10,7 @@ are written with index_copy_, so one graph serves every position. Optionally the
 torch.compile'd first (mode "max-autotune-no-cudagraphs": fused kernels, captured by our
 own graphs). The only host synchronisation per step is the copy of the logits the
 acceptance rule reads, or, where the backend verifies on the GPU (verify.py), of the two
-integers that rule returns.
+integers that rule returns: a greedy verify step's graph ends in the rule itself.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ import torch
 from localspec.protocol import Logits
 
 from .layers import KVCache, Model, static_block
+from .verify import greedy_outcome
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# A verify step's mode whose graph ends in the greedy acceptance rule (verify.greedy_outcome).
+GREEDY = "greedy"
 
 
 class GraphedSteps:
@@ -58,6 +61,8 @@ class GraphedSteps:
 
             def step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
                 block = static_block(positions, cache.n_ctx, model.window, cache.k.dtype)
+                if logits == GREEDY:  # the greedy acceptance inside the graph: two integers out
+                    return greedy_outcome(model.forward(tokens, block, cache, "all", n_layers), tokens)
                 return model.forward(tokens, block, cache, logits, n_layers).float()
 
             compiled: Any = torch.compile(step, mode="max-autotune-no-cudagraphs") if self.compile else step
@@ -107,7 +112,7 @@ class GraphedSteps:
         text reaches them and writes them. Other modes (prefill's "none", a drafter's "last")
         capture the size they meet."""
         sizes = [n]
-        if logits == "all" and past + self.max_tokens <= self.cache.n_ctx:
+        if logits in ("all", GREEDY) and past + self.max_tokens <= self.cache.n_ctx:
             sizes = [m for m in range(1, self.max_tokens + 1) if (m, logits) not in self.graphs]
         # A graph destroyed while another is being captured invalidates that capture (CUDA
         # refuses the teardown mid-capture): collect garbage first and not during it.

@@ -303,16 +303,16 @@ def astuple(codes: GroupCodes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return codes.codes, codes.scale, codes.zero
 
 
-LOW_BIT: dict[str, Factory] = {"int4": Int4, "int8": Int8}
-
-
-def low_bit(kind: str, device: torch.device) -> Factory:
-    """Int4 or Int8 matrices made on `device` from codes held on the host, one at a time: a
-    model's unpacked codes (a byte a weight) never sit on the GPU all at once."""
-    layer = LOW_BIT[kind]
+def low_bit(device: torch.device) -> Factory:
+    """Int4 or Int8 matrices, as their codes say, made on `device` from codes held on the
+    host one at a time: a model's unpacked codes (a byte a weight) never sit on the GPU all
+    at once. A float matrix reaching it is a tied head read from a float table: int8, as
+    quantized.head_kind keeps heads of more than 4 bits."""
 
     def make(weight: Matrix, bias: torch.Tensor | None) -> Linear:
-        return layer(weight if isinstance(weight, torch.Tensor) else weight.to(device), bias)
+        if isinstance(weight, GroupCodes):
+            return Int4(weight.to(device), bias)
+        return Int8(weight if isinstance(weight, torch.Tensor) else weight.to(device), bias)
 
     return make
 

@@ -10,8 +10,8 @@ import torch
 
 from .config import ModelConfig
 from .layers import Model
-from .linear import LOW_BIT, Dense
-from .quantized import Matrix, quantize_groups, quantize_rows
+from .linear import Dense, low_bit
+from .quantized import Q6_K, Matrix, head_kind, quantize_groups, quantize_rows
 
 
 def llama3(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int) -> ModelConfig:
@@ -43,7 +43,8 @@ def random_model(
     name: str, kind: str, n_ctx: int, device: torch.device, dtype: torch.dtype, layers: int | None = None
 ) -> Model:
     """The torch backend's own Llama-style model at a named shape, random weights made on the
-    device one matrix at a time, its matrices dense (in dtype) or in `kind` ("int4", "int8").
+    device one matrix at a time, its matrices dense (in dtype) or in `kind` ("int4", "int8";
+    an int4 model's head in int8, as a converted Q4_K_M file's).
     `layers` cuts the depth (a smaller run with per-layer figures that scale)."""
     from .llama import Model as LlamaModel
 
@@ -54,11 +55,13 @@ def random_model(
     c = config
     scale = c.hidden**-0.5
 
-    def matrix(out: int, width: int) -> Matrix:
+    def matrix(out: int, width: int, layout: str = kind) -> Matrix:
         weight = torch.randn(out, width, device=device, dtype=dtype, generator=generator) * scale
-        if kind == "int4":
+        if layout == "int4":
             return quantize_groups(weight)
-        return quantize_rows(weight) if kind == "int8" else weight
+        return quantize_rows(weight) if layout == "int8" else weight
+
+    head = head_kind(kind, Q6_K)  # as a Q4_K_M file's Q6_K head converts
 
     def vector(size: int, value: float | None = None) -> torch.Tensor:
         if value is not None:
@@ -67,9 +70,9 @@ def random_model(
 
     table: dict[str, Matrix] = {"output_norm.weight": vector(c.hidden, 1.0)}
     embed = torch.randn(c.vocab_size, c.hidden, device=device, dtype=dtype, generator=generator) * 0.02
-    table["token_embd.weight"] = embed if not tied else matrix(c.vocab_size, c.hidden)
+    table["token_embd.weight"] = embed if not tied else matrix(c.vocab_size, c.hidden, head)
     if not tied:
-        table["output.weight"] = matrix(c.vocab_size, c.hidden)
+        table["output.weight"] = matrix(c.vocab_size, c.hidden, head)
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     for i in range(c.n_layers):
         p = f"blk.{i}."
@@ -83,6 +86,6 @@ def random_model(
         table[p + "ffn_gate.weight"] = matrix(c.ffn, c.hidden)
         table[p + "ffn_up.weight"] = matrix(c.ffn, c.hidden)
         table[p + "ffn_down.weight"] = matrix(c.hidden, c.ffn)
-    factory = Dense if kind == "dense" else LOW_BIT[kind]
+    factory = Dense if kind == "dense" else low_bit(device)
     model: Model = LlamaModel(config, table, n_ctx, factory)
     return model

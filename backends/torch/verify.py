@@ -23,16 +23,19 @@ from localspec.sampling import Distribution, SamplingConfig
 def accept_greedy(draft: Sequence[int], logits: torch.Tensor) -> tuple[int, int]:
     """Keep the longest prefix of the draft that equals the target's argmax at each position."""
     k = len(draft)
-    choice = torch.argmax(logits[: k + 1], dim=-1)
-    proposed = torch.tensor(draft, dtype=torch.long).to(logits.device, non_blocking=True)
-    return _first_miss(choice[:k] == proposed, choice)
-
-
-def _first_miss(kept: torch.Tensor, tokens: torch.Tensor) -> tuple[int, int]:
-    """(leading True count n, tokens[n]) with one transfer to the host."""
-    n = torch.cumprod(kept.to(torch.int64), 0).sum() if kept.numel() else tokens.new_zeros(())
-    n_acc, token = torch.stack([n, tokens[n]]).tolist()
+    block = torch.tensor([0, *draft], dtype=torch.long).to(logits.device, non_blocking=True)
+    n_acc, token = greedy_outcome(logits[: k + 1], block).tolist()
     return int(n_acc), int(token)
+
+
+def greedy_outcome(logits: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """[accepted, next token] as a device tensor, from a verify block's logits [n, vocab] and
+    its tokens [n] (the pending token, then the draft). Nothing here waits on the host, so a
+    CUDA graph can hold it after the forward pass (cuda.py's "greedy" steps)."""
+    choice = torch.argmax(logits, dim=-1)
+    kept = (choice[:-1] == block[1:]).to(torch.int64)
+    n = torch.cumprod(kept, 0).sum().view(1)  # the leading run of matches
+    return torch.cat([n, choice.gather(0, n)])
 
 
 def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -207,7 +207,9 @@ def read_gguf_tensors(file: GGUFFile, config: ModelConfig, sink: TensorSink, kin
             # Q/K rows back in rotate-half order: rows of blocks are independent, so the raw
             # rows are reordered before converting.
             raw = _permuted(tensor.name, file.raw(tensor), config)
-            made[tensor.name] = codes = quantized.convert(raw, tensor.qtype, tensor.dims[1], kind)
+            head = tensor.name == "output.weight" or (tied and tensor.name == "token_embd.weight")
+            layout = quantized.head_kind(kind, tensor.qtype) if head else kind
+            made[tensor.name] = codes = quantized.convert(raw, tensor.qtype, tensor.dims[1], layout)
         sink(tensor.name, codes)
     if made:
         converted.save(entry, {**(stored or {}), **made})
