@@ -20,8 +20,8 @@ package's own dequantizer, probed with unit scales, so no bit layout is restated
     other       re-quantized from the dequantized values    re-quantized
 
 The output head is the exception: a file that stores it in more than 4 bits (most do, and
-llama.cpp's Q4_K_M keeps it in Q6_K) has it converted into int8, not int4: re-quantizing
-SmolLM2's Q8_0 head into int4 cost 5 % perplexity, into int8 well under 1 %.
+llama.cpp's Q4_K_M keeps it in Q6_K) has it converted into int8, not int4, since squeezing
+the head into 4 bits costs far more perplexity than all the blocks do (requant_perplexity.py).
 
 On CUDA the int4 kernel takes its scales and zeros in bfloat16, which keeps 8 significant
 bits of each: there even the exact rows above are re-quantized, by at most 2^-9 of each
