@@ -14,7 +14,7 @@ from localspec.acceptance import accept_greedy, accept_rejection_sampling
 from localspec.controller import DraftLengthPolicy, StepOutcome
 from localspec.drafters import Draft, Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
-from localspec.protocol import Backend, eval_chunked
+from localspec.protocol import Backend, Verifier, eval_chunked
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
@@ -47,6 +47,9 @@ class Engine:
         # guessed for nothing and right more often than a small model's guess; elsewhere the
         # model drafts. The policy picks per step (choose_source).
         self.lookup = lookup
+        # A backend that verifies where its logits are (a GPU) is handed the whole rule.
+        verifies = getattr(target.capabilities, "verifies", False)
+        self.verifier = target if verifies and isinstance(target, Verifier) else None
 
     def generate(
         self,
@@ -138,11 +141,14 @@ class Engine:
                     draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
                 tokens = draft.tokens[:gamma]
                 t1 = time.perf_counter()
-                logits = self.target.eval_block([ctx[-1], *tokens], "all")
-                if cfg.greedy:
-                    n_acc, nxt = accept_greedy(tokens, logits)
+                if self.verifier is not None:
+                    n_acc, nxt = self.verifier.verify_block([ctx[-1], *tokens], draft.dists, cfg, rng)
                 else:
-                    n_acc, nxt = accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng)
+                    logits = self.target.eval_block([ctx[-1], *tokens], "all")
+                    if cfg.greedy:
+                        n_acc, nxt = accept_greedy(tokens, logits)
+                    else:
+                        n_acc, nxt = accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng)
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from localspec.sampling import Distribution, SamplingConfig
 
 Logits = npt.NDArray[np.float32]
 LogitsMode = Literal["all", "last", "none"]
@@ -55,6 +58,9 @@ class Capabilities:
     max_block: int = 512  # most tokens one eval_block call takes
     device: str = "cpu"
     extra: dict[str, str] = field(default_factory=dict)
+    # The backend's verify_block applies the acceptance rule where its logits are (a GPU),
+    # so the engine calls that instead of eval_block and localspec.acceptance.
+    verifies: bool = False
 
 
 @runtime_checkable
@@ -107,6 +113,24 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """A backend that can verify a draft itself (Capabilities.verifies)."""
+
+    def verify_block(
+        self,
+        tokens: Sequence[int],
+        draft_dists: Sequence[Distribution] | None,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+    ) -> tuple[int, int]:
+        """eval_block(tokens, "all") for tokens = [pending, *draft], then the acceptance rule
+        of localspec.acceptance on its logits (greedy when cfg is): (number of draft tokens
+        accepted, the token the target adds after them). The cache then holds all of tokens,
+        as after eval_block; the caller rolls back what was not accepted."""
+        ...
 
 
 def eval_chunked(backend: Backend, tokens: Sequence[int], logits: Literal["last", "none"]) -> Logits:

@@ -5,7 +5,11 @@ steps replayed from CUDA graphs).
     backend.py    the Backend protocol: cache bookkeeping, tokenizer, logits to numpy; early_exit()
                   gives a layer-skip self-drafter sharing the weights and KV cache (the verify
                   resumes from its exit), quantized() a QSpec one
-    linear.py     weight matrices: float32 column panels (CPU), dense (CUDA), int8 / int4
+    linear.py     weight matrices: float32 column panels (CPU), dense (CUDA), int8 / int4 (packed kernels)
+    quantized.py  GGUF blocks into the int4 / int8 kernels' codes; what a model takes in them
+    converted.py  those conversions cached per file hash in the user directory
+    verify.py     the acceptance rules on torch tensors: a GPU step sends the host two integers
+    shapes.py     Llama-3.1-8B / 3.2-1B, Qwen2.5-7B / 0.5B shapes with random weights (benchmarks)
     native.py     AVX2 kernels for short CPU blocks (matmul, RMSNorm, attention), built with cc
     llama.py      Llama, SmolLM2, Mistral, Qwen2/2.5/3 (one module per family, found by name)
     gemma3.py     Gemma 3

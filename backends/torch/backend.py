@@ -18,8 +18,9 @@ from localspec.errors import InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf
 from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.sampling import Distribution, SamplingConfig
 
-from . import linear, native
+from . import linear, native, quantized
 from . import tokenizer as tok
 from . import weights as wts
 from .config import ModelConfig
@@ -37,7 +38,7 @@ class Source:
 
     config: ModelConfig
     vocab: tok.Vocabulary
-    read: Callable[[wts.TensorSink], None]
+    read: Callable[[wts.TensorSink, str | None], None]  # (sink, low-bit kind for GGUF matrices)
     name: str
     path: str
     file_type: str | None = None  # GGUF general.file_type (what self-drafting derives from)
@@ -49,7 +50,7 @@ def open_source(path: str) -> Source:
         config, raw = wts.hf_config(folder)
         vocab = tok.from_hf(folder, raw)
         return Source(
-            config, vocab, lambda sink: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
+            config, vocab, lambda sink, kind: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
         )
     check_gguf(path)
     file = wts.open_gguf(path)
@@ -57,7 +58,12 @@ def open_source(path: str) -> Source:
     vocab = tok.from_gguf(file.meta)
     file_type = str(file.meta.get("general.file_type", 1))
     return Source(
-        config, vocab, lambda sink: wts.read_gguf_tensors(file, config, sink), os.path.basename(path), path, file_type
+        config,
+        vocab,
+        lambda sink, kind: wts.read_gguf_tensors(file, config, sink, kind),
+        os.path.basename(path),
+        path,
+        file_type,
     )
 
 
@@ -65,6 +71,26 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+# GGUF general.file_type -> the low-bit layout its matrices go into on CUDA: 4-bit files into
+# int4, 5/6/8-bit ones into int8 (quantized.py says which conversions are exact).
+INT4_FILE_TYPES = {"2", "3", "14", "15"}  # Q4_0, Q4_1, Q4_K_S, Q4_K_M
+INT8_FILE_TYPES = {"7", "16", "17", "18"}  # Q8_0, Q5_K_S, Q5_K_M, Q6_K
+WEIGHT_FORMATS = ("auto", "dense", "int4", "int8")
+EMBEDDING = "token_embd.weight"  # a table read by rows: stays dense unless it is the head
+
+
+def pick_weights(weights: str, device: torch.device, dtype: torch.dtype, file_type: str | None) -> str:
+    """auto: a quantized GGUF stays low-bit on CUDA in bfloat16 (the kernels' type); the CPU
+    keeps its own kernels and every other case is dense."""
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidRequestError(f"unknown weights {weights!r}", f"choose one of: {', '.join(WEIGHT_FORMATS)}")
+    if weights != "auto":
+        return weights
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return "dense"
+    return "int4" if file_type in INT4_FILE_TYPES else "int8" if file_type in INT8_FILE_TYPES else "dense"
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -84,7 +110,12 @@ class TorchBackend:
     physical core), max_block, device ("auto", "cpu", "cuda", "cuda:1"), dtype ("auto",
     "float32", "bfloat16", "float16"), cuda_graphs (replay decode/verify steps of up to
     `graph_tokens` tokens from captured CUDA graphs; default on for CUDA), compile (also
-    torch.compile those steps), static (the graph-ready forward without capturing: for tests).
+    torch.compile those steps), static (the graph-ready forward without capturing: for tests),
+    verify_on_device (the engine's acceptance rule runs on the model's device, verify.py;
+    default on for CUDA, where it spares each step a full-vocabulary copy to the host),
+    weights ("auto", "dense", "int4", "int8": the matrices' layout; auto keeps a 4-bit GGUF in
+    int4 and a 5-8-bit one in int8 on CUDA, read by torch's low-bit kernels, see
+    pick_weights; explicit int4/int8 work on the CPU too, through torch's CPU kernels).
     """
 
     def __init__(
@@ -99,6 +130,8 @@ class TorchBackend:
         compile: bool = False,
         graph_tokens: int = 16,
         static: bool = False,
+        verify_on_device: bool | None = None,
+        weights: str = "auto",
     ) -> None:
         source = open_source(path)
         self._device = pick_device(device)
@@ -113,6 +146,8 @@ class TorchBackend:
             torch.set_num_threads(threads)  # process-wide: every torch backend shares the cores
             extra["threads"] = str(threads)
             extra["kernels"] = native.describe()
+        self._weights = pick_weights(weights, self._device, self._dtype, source.file_type)
+        extra["weights"] = self._weights
         config = source.config
         n_ctx = min(n_ctx, config.context_length or n_ctx)
         self.model, n_params, n_bytes = self._build(source, n_ctx)
@@ -151,7 +186,10 @@ class TorchBackend:
             n_params=n_params,
             n_layers=config.n_layers,
         )
-        self.capabilities = Capabilities(rollback=True, max_block=max_block, device=self._device.type, extra=extra)
+        verifies = self._device.type == "cuda" if verify_on_device is None else verify_on_device
+        self.capabilities = Capabilities(
+            rollback=True, max_block=max_block, device=self._device.type, extra=extra, verifies=verifies
+        )
 
     def _graphed(self) -> GraphedSteps:
         from .cuda import GraphedSteps
@@ -211,23 +249,45 @@ class TorchBackend:
         return view
 
     def _build(self, source: Source, n_ctx: int) -> tuple[Model, int, int]:
-        table: dict[str, torch.Tensor] = {}
+        table: dict[str, quantized.Matrix] = {}
         counts = [0, 0]
 
-        def sink(name: str, tensor: torch.Tensor) -> None:
-            # RoPE frequency factors stay float32; everything else takes the compute dtype.
-            dtype = torch.float32 if name == "rope_freqs.weight" else self._dtype
-            table[name] = tensor.to(device=self._device, dtype=dtype)
-            counts[0] += tensor.numel()
-            counts[1] += tensor.numel() * table[name].element_size()
+        kind = None if self._weights == "dense" else self._weights
 
-        source.read(sink)
+        names: set[str] = set()
+
+        def sink(name: str, value: quantized.Matrix) -> None:
+            names.add(name)
+            if kind is not None and isinstance(value, torch.Tensor) and value.dim() == 2 and name != EMBEDDING:
+                layout = quantized.head_kind(kind, quantized.F32) if name == "output.weight" else kind
+                value = quantized.quantize_groups(value) if layout == "int4" else quantized.quantize_rows(value)
+            if isinstance(value, torch.Tensor):
+                # RoPE frequency factors stay float32; everything else takes the compute dtype.
+                dtype = torch.float32 if name == "rope_freqs.weight" else self._dtype
+                moved = table[name] = value.to(device=self._device, dtype=dtype)
+                counts[0] += value.numel()
+                counts[1] += value.numel() * moved.element_size()
+            else:  # on the host until its matrix is packed on the device (linear.low_bit)
+                table[name] = value
+                out, width = value.codes.shape
+                counts[0] += out * width
+                layout = "int4" if isinstance(value, quantized.GroupCodes) else "int8"
+                counts[1] += quantized.matrix_bytes(out, width, layout)
+
+        source.read(sink, kind)
         module = importlib.import_module(f"{__package__}.{source.config.family}")
+        factory = linear.for_device(self._device, self._dtype) if kind is None else linear.low_bit(self._device)
         try:
-            model: Model = module.Model(source.config, table, n_ctx, linear.for_device(self._device, self._dtype))
+            model: Model = module.Model(source.config, table, n_ctx, factory)
         except KeyError as exc:
             raise ModelLoadError(f"{source.path} lacks the tensor {exc.args[0]}", "the file is incomplete") from exc
+        if kind is not None and "output.weight" not in names and not model.output.cheap_rows:
+            # A tied head kept low-bit reads its embedding rows from a dense copy of its own.
+            counts[1] += model.config.vocab_size * model.config.hidden * self._cache_itemsize()
         return model, counts[0], counts[1]
+
+    def _cache_itemsize(self) -> int:
+        return torch.empty((), dtype=self._dtype).element_size()
 
     # -- description ------------------------------------------------------------------------
 
@@ -277,6 +337,41 @@ class TorchBackend:
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        if len(tokens) == 0:
+            self._check(tokens, logits)
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        if self._graphs is not None and self._graphs.handles(len(tokens)):
+            self._check(tokens, logits)
+            with torch.inference_mode():
+                out = self._graphs.run(tokens, self.n_past, logits)
+            self._wrote(tokens)
+            return out
+        return to_numpy(self._evaluate(tokens, logits), self._n_vocab)
+
+    def verify_block(
+        self,
+        tokens: Sequence[int],
+        draft_dists: Sequence[Distribution] | None,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+    ) -> tuple[int, int]:
+        """eval_block(tokens, "all") and the acceptance rule on the device (verify.py): only
+        the two integers it returns come back to the host."""
+        from . import verify
+
+        if cfg.greedy and self._graphs is not None and self._graphs.handles(len(tokens)):
+            from .cuda import GREEDY
+
+            self._check(tokens, "all")
+            with torch.inference_mode():
+                outcome = self._graphs.run_on_device(tokens, len(self._tokens), GREEDY)
+            self._wrote(tokens)
+            n_acc, token = outcome.tolist()
+            return int(n_acc), int(token)
+        with torch.inference_mode():
+            return verify.accept(tokens[1:], draft_dists, self._evaluate(tokens, "all"), cfg, rng)
+
+    def _check(self, tokens: Sequence[int], logits: str) -> None:
         n = len(tokens)
         if self._closed:
             raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
@@ -285,21 +380,26 @@ class TorchBackend:
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
         self._sync()
-        past = len(self._tokens)  # an early-exit view starts past its host's tokens
-        if past + n > self.info.n_ctx:
+        if len(self._tokens) + n > self.info.n_ctx:  # an early-exit view starts past its host's tokens
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        if n == 0:
-            return np.empty((0, self._n_vocab), dtype=np.float32)
         if any(not 0 <= t < self._n_vocab for t in tokens):
             raise InvalidRequestError(f"token ids must lie in [0, {self._n_vocab})")
+
+    def _evaluate(self, tokens: Sequence[int], logits: str) -> torch.Tensor:
+        """The block's logits as a tensor on the model's device ([0, 0] for "none")."""
+        self._check(tokens, logits)
+        past = len(self._tokens)
         with torch.inference_mode():
-            if self._graphs is not None and self._graphs.handles(n):
-                out = self._graphs.run(tokens, past, logits)
+            if self._graphs is not None and self._graphs.handles(len(tokens)):
+                out = self._graphs.run_on_device(tokens, past, logits)
             else:
                 out = self._forward(tokens, past, logits)
+        self._wrote(tokens)
+        return out
+
+    def _wrote(self, tokens: Sequence[int]) -> None:
         self._tokens.extend(tokens)
         self._writes += 1
-        return out
 
     def _block(self, past: int, n: int) -> Block:
         positions = self._positions[past : past + n]
@@ -307,7 +407,7 @@ class TorchBackend:
             return static_block(positions, self.cache.n_ctx, self.model.window, self._dtype)
         return eager_block(positions, past, n, self.model.window, self._dtype)
 
-    def _forward(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
+    def _forward(self, tokens: Sequence[int], past: int, logits: str) -> torch.Tensor:
         n = len(tokens)
         model = self.model
         ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
@@ -326,13 +426,7 @@ class TorchBackend:
             x = model.layers_from(model.embedding(ids), block, self.cache, 0, self._exit)
             if self._host is not None and self._exit is not None:
                 self._host._keep_exit_states(tokens, past, x, self._exit)
-        out = model.head(x, logits)
-        if logits == "none":
-            return np.empty((0, self._n_vocab), dtype=np.float32)
-        if out.dtype != torch.float32 or out.device.type != "cpu":
-            out = out.float().cpu()
-        array: Logits = out.numpy()
-        return array
+        return model.head(x, logits)
 
     def _keep_exit_states(self, tokens: Sequence[int], past: int, x: torch.Tensor, exit: int) -> None:
         if self._exit_states is None:
@@ -367,6 +461,16 @@ class TorchBackend:
             self._graphs.release()
         self._graphs = None
         self._tokens = []
+
+
+def to_numpy(out: torch.Tensor, n_vocab: int) -> Logits:
+    """Logits as the float32 host array the Backend protocol hands out."""
+    if out.shape[0] == 0:
+        return np.empty((0, n_vocab), dtype=np.float32)
+    if out.dtype != torch.float32 or out.device.type != "cpu":
+        out = out.float().cpu()
+    array: Logits = out.numpy()
+    return array
 
 
 def load(path: str, **options: Any) -> TorchBackend:

@@ -9,7 +9,8 @@ cache through a mask built from the positions tensor (layers.static_block), and 
 are written with index_copy_, so one graph serves every position. Optionally the step is
 torch.compile'd first (mode "max-autotune-no-cudagraphs": fused kernels, captured by our
 own graphs). The only host synchronisation per step is the copy of the logits the
-acceptance rule reads.
+acceptance rule reads, or, where the backend verifies on the GPU (verify.py), of the two
+integers that rule returns: a greedy verify step's graph ends in the rule itself.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ import torch
 from localspec.protocol import Logits
 
 from .layers import KVCache, Model, static_block
+from .verify import greedy_outcome
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# A verify step's mode whose graph ends in the greedy acceptance rule (verify.greedy_outcome).
+GREEDY = "greedy"
 
 
 class GraphedSteps:
@@ -57,6 +61,8 @@ class GraphedSteps:
 
             def step(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
                 block = static_block(positions, cache.n_ctx, model.window, cache.k.dtype)
+                if logits == GREEDY:  # the greedy acceptance inside the graph: two integers out
+                    return greedy_outcome(model.forward(tokens, block, cache, "all", n_layers), tokens)
                 return model.forward(tokens, block, cache, logits, n_layers).float()
 
             compiled: Any = torch.compile(step, mode="max-autotune-no-cudagraphs") if self.compile else step
@@ -64,6 +70,18 @@ class GraphedSteps:
         return self.steps[logits]
 
     def run(self, tokens: Sequence[int], past: int, logits: str) -> Logits:
+        out = self.run_on_device(tokens, past, logits)
+        rows = out.shape[0]
+        if rows == 0:
+            return np.empty((0, self.host.shape[1]), dtype=np.float32)
+        self.host[:rows].copy_(out, non_blocking=True)
+        torch.cuda.current_stream().synchronize()  # the acceptance rule needs the logits now
+        array: Logits = self.host[:rows].numpy()
+        return array
+
+    def run_on_device(self, tokens: Sequence[int], past: int, logits: str) -> torch.Tensor:
+        """The step's float32 logits on the GPU, in the graph's static output buffer (the next
+        replay of that graph overwrites them)."""
         n = len(tokens)
         self.tokens[:n].copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=True)
         self.positions[:n].copy_(self.arange[past : past + n])
@@ -76,13 +94,7 @@ class GraphedSteps:
                 self._capture(n, past, logits)
             graph, out = self.graphs[key]
             graph.replay()
-        rows = out.shape[0]
-        if rows == 0:
-            return np.empty((0, self.host.shape[1]), dtype=np.float32)
-        self.host[:rows].copy_(out, non_blocking=True)
-        torch.cuda.current_stream().synchronize()  # the acceptance rule needs the logits now
-        array: Logits = self.host[:rows].numpy()
-        return array
+        return out
 
     def release(self) -> None:
         """Destroy the captured graphs now (a closed backend's), not whenever Python gets to it."""
@@ -100,7 +112,7 @@ class GraphedSteps:
         text reaches them and writes them. Other modes (prefill's "none", a drafter's "last")
         capture the size they meet."""
         sizes = [n]
-        if logits == "all" and past + self.max_tokens <= self.cache.n_ctx:
+        if logits in ("all", GREEDY) and past + self.max_tokens <= self.cache.n_ctx:
             sizes = [m for m in range(1, self.max_tokens + 1) if (m, logits) not in self.graphs]
         # A graph destroyed while another is being captured invalidates that capture (CUDA
         # refuses the teardown mid-capture): collect garbage first and not during it.

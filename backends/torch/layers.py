@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from . import native
 from .config import ModelConfig
 from .linear import Factory, Linear
+from .quantized import Matrix, concatenated
 
 # The native attention kernel takes blocks up to this long (decode and verify steps); a
 # prefill's many queries go through batched matmuls, which use every thread.
@@ -248,11 +249,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight
 
 
-def fused(parts: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+def fused(parts: Sequence[Matrix | None]) -> Matrix | None:
     """One matrix for projections that read the same input (q, k, v; gate, up): one matmul."""
     present = [p for p in parts if p is not None]
     if not present:
         return None
     if len(present) != len(parts):
         raise ValueError("some of the fused projections are missing")
-    return torch.cat(present, 0).contiguous()
+    return concatenated(present)

@@ -9,10 +9,10 @@
   A matrix whose every value is a half-precision number (an F16 GGUF's) is kept in half
   panels: the kernel widens them exactly, so the products are the float32 ones, from half
   the bytes.
-- Int8 / Int4: weight-only int8 (one scale per output row) or 4-bit (group 32) copies, the
-  QSpec-style self-drafter's matrices: native.py's int8 kernel or torch's CPU kernels on a
-  CPU; elsewhere (CUDA) dequantized to the compute type inside the step, which CUDA graphs
-  replay as a few fused kernels.
+- Int8 / Int4: weight-only int8 (one scale per output row) or 4-bit (group 32): the
+  QSpec-style self-drafter's matrices, and a quantized target's on CUDA (a GGUF's blocks
+  converted at load time, quantized.py): native.py's int8 kernel or torch's CPU kernels on a
+  CPU, torch's packed int4 / int8 kernels on CUDA, which read the low-bit weights.
 
 Each also answers `rows(ids)` (a tied embedding is the output head read by rows) and
 `dense()` (the float weight, for deriving a quantized copy).
@@ -20,6 +20,7 @@ Each also answers `rows(ids)` (a tied embedding is the output head read by rows)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native
+from .quantized import GROUP, GroupCodes, Matrix, RowCodes, as_float, quantize_groups, quantize_rows
 
 # Blocks up to this many rows (every decode and verify step) use the AVX2 kernel; longer ones
 # (prefill) a batched matmul. On SmolLM2-135M's matrices (2-core EPYC) the kernel streams
@@ -42,6 +44,7 @@ INT4_KERNEL_ROWS = 1
 class Linear(Protocol):
     out_features: int
     bias: torch.Tensor | None
+    cheap_rows: bool  # whether rows() reads only the rows asked for
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, in] -> x @ W^T (+ bias) as [n, out]."""
@@ -56,13 +59,16 @@ class Linear(Protocol):
         ...
 
 
-Factory = Callable[[torch.Tensor, torch.Tensor | None], Linear]
+# Builds one matrix from a float weight or from codes a GGUF was converted into (quantized.py).
+Factory = Callable[[Matrix, torch.Tensor | None], Linear]
 
 
 class Dense:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight, self.bias = weight, bias
-        self.out_features = int(weight.shape[0])
+    cheap_rows = True
+
+    def __init__(self, weight: Matrix, bias: torch.Tensor | None = None) -> None:
+        self.weight, self.bias = as_float(weight), bias
+        self.out_features = int(self.weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -100,7 +106,10 @@ def exactly_half(weight: torch.Tensor) -> bool:
 
 
 class Panels:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    cheap_rows = True
+
+    def __init__(self, weight: Matrix, bias: torch.Tensor | None = None) -> None:
+        weight = as_float(weight)
         self.kernels = native.kernels() if weight.dtype == torch.float32 else None
         # Lossless: only a matrix that already is half precision (an F16 file's) is stored so.
         # Decoding reads every weight once per step, so half the bytes is up to half the time.
@@ -129,35 +138,78 @@ class Panels:
         return self.panels.transpose(0, 1).reshape(self.panels.shape[1], -1)[:, : self.out_features].t().float()
 
 
+def has_cuda_kernel(op: str) -> bool:
+    """Whether this torch build has a CUDA kernel for aten::op."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CUDA"))
+
+
+@functools.cache
+def packed_int4_works(device: torch.device) -> bool:
+    """Whether torch's CUDA int4 kernel runs on this device and computes its codes' values:
+    a build may lack the kernel, or an image for this GPU's architecture (it needs sm80+)."""
+    if not has_cuda_kernel("_weight_int4pack_mm"):
+        return False
+    codes = quantize_groups(torch.randn(16, 256, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(1))
+    try:
+        nibbles = (codes.codes[:, ::2] << 4 | codes.codes[:, 1::2]).to(device)
+        packed = torch.ops.aten._convert_weight_to_int4pack(nibbles, 8)
+        sz = torch.stack([codes.scale, codes.zero], -1).transpose(0, 1).contiguous().to(device, torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm(x.to(device, torch.bfloat16), packed, GROUP, sz).float().cpu()
+    except RuntimeError:
+        return False
+    expected = x @ codes.dequantized().T
+    return bool((y - expected).abs().max() < 0.05 * expected.abs().max())
+
+
+@functools.cache
+def packed_int8_works(device: torch.device) -> bool:
+    """Whether torch's int8 weight-only kernel runs on this CUDA device in bfloat16."""
+    if not has_cuda_kernel("_weight_int8pack_mm"):
+        return False
+    codes = quantize_rows(torch.randn(16, 256, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(1))
+    try:
+        q, scale = codes.codes.to(device), codes.scale.to(device, torch.bfloat16)
+        y = torch.ops.aten._weight_int8pack_mm(x.to(device, torch.bfloat16), q, scale).float().cpu()
+    except RuntimeError:
+        return False
+    expected = x @ codes.dequantized().T
+    return bool((y - expected).abs().max() < 0.05 * expected.abs().max())
+
+
 class Int8:
     """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale. On a CPU in
     int8 column panels for native.py's kernel (a quarter of float32's bytes to stream), else
     in rows for torch's `_weight_int8pack_mm`, which on an AVX2 CPU is 4x slower than float32
-    (BENCHMARKS.md section 9) but keeps qspec exact and working everywhere. Off the CPU
-    (CUDA) the rows are widened to the input's type for F.linear: half the weight bytes at
-    rest, no faster per step (the drafter's speed on a GPU is its launch count, not bytes)."""
+    (BENCHMARKS.md section 9) but keeps qspec exact and working everywhere. On CUDA the same
+    kernel where the torch build has one for CUDA; otherwise the rows are widened to the
+    input's type for F.linear (a torch.compile'd step fuses the widening into the matmul)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        dtype, weight = weight.dtype, weight.float()
-        scale = weight.abs().amax(1).clamp_min(1e-12) / 127.0
-        self.q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-        self.on_cpu = weight.is_cpu
+    cheap_rows = True
+
+    def __init__(self, weight: Matrix, bias: torch.Tensor | None = None) -> None:
+        codes = weight if isinstance(weight, RowCodes) else quantize_rows(as_float(weight))
+        self.q, scale = codes.codes.contiguous(), codes.scale.float()
+        self.on_cpu = self.q.is_cpu
         # Off the CPU the scale is kept in the compute type: no cast kernel in every step.
+        dtype = weight.dtype if isinstance(weight, torch.Tensor) else torch.bfloat16
         self.scale, self.bias = (scale if self.on_cpu else scale.to(dtype)).contiguous(), bias
-        self.out_features = int(weight.shape[0])
+        self.out_features = int(self.q.shape[0])
+        self.packed_cuda = not self.on_cpu and packed_int8_works(self.q.device)
         self.kernels = native.kernels() if self.on_cpu else None
         if self.kernels is not None:
             self.panels = to_panels(self.q)
             self.panel_scale = torch.cat([scale, scale.new_ones(self.panels.shape[0] * native.PANEL - len(scale))])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None:
+        if self.kernels is not None and x.dtype == torch.float32:
             # A longer block (the drafter's prefill, or its catch-up after sitting out) goes
             # through the kernel KERNEL_ROWS rows at a time: torch's int8 kernel costs ~60 ms a
             # row here, which made a 165-token prompt's drafter prefill take 10 s, not 0.3 s.
             y = kernel_matmul(self.kernels, x, self.panels, self.panel_scale)[:, : self.out_features]
-        elif self.on_cpu:
-            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        elif self.on_cpu or self.packed_cuda:
+            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale.to(x.dtype))
         else:
             y = F.linear(x, self.q.to(x.dtype)) * self.scale
         return y if self.bias is None else y.add_(self.bias)
@@ -169,55 +221,100 @@ class Int8:
         return self.q.float() * self.scale[:, None].float()
 
 
+def inner_k_tiles(width: int) -> int | None:
+    """The CUDA int4 kernel's inner tiling for an input width (it needs width % (16·t) == 0)."""
+    return next((t for t in (8, 4, 2) if width % (16 * t) == 0), None)
+
+
 class Int4:
-    """Weight-only 4-bit, asymmetric, a scale and offset per group of GROUP inputs of each
-    output row. On a CPU, torch's kernel (`_weight_int4pack_mm_for_cpu`) reads the packed
-    weight as (q - 8) * scale + zero; elsewhere (CUDA) the codes stay one per byte and are
-    widened to the input's type inside the step, as Int8 does."""
+    """Weight-only 4-bit, a scale and zero per group of GROUP inputs of each output row, read
+    by torch's kernels as (q - 8) · scale + zero from their packed layout: on a CPU
+    `_weight_int4pack_mm_for_cpu` (one-row blocks; longer ones widen the codes to float32
+    once per call), on CUDA `_weight_int4pack_mm` (tinygemm, bfloat16: what gpt-fast uses),
+    which reads 4.5-5 bits a weight instead of bf16's 16. Where that kernel does not apply
+    (no CUDA kernel, an input width it cannot tile) the codes stay one per byte and are
+    widened to the input's type inside the step."""
 
-    GROUP = 32
+    GROUP = GROUP
+    cheap_rows = False
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        out, width = weight.shape
-        if width % self.GROUP:
-            raise ValueError(f"int4 needs the input width to be a multiple of {self.GROUP}, got {width}")
-        self.on_cpu, dtype = weight.is_cpu, weight.dtype
-        pad = -out % 16 if self.on_cpu else 0  # the CPU kernel takes whole 16-row tiles
-        weight = torch.cat([weight.float(), weight.new_zeros(pad, width, dtype=torch.float32)])
-        groups = weight.reshape(out + pad, width // self.GROUP, self.GROUP)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 15).clamp_min(1e-12)
-        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp_(0, 15)
-        if self.on_cpu:
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                q.to(torch.int32).reshape(out + pad, width), 1
-            )
-            # [groups, out, 2]: the kernel's layout for the scales and the offsets
-            self.scales_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
-            q, scale, low = q[:out], scale[:out], low[:out]
-        # The codes one per byte, with scales and offsets in the compute type (no cast kernels
-        # in every step): CUDA's path, and the CPU's for blocks of more than INT4_KERNEL_ROWS.
-        self.codes, self.scale, self.low = q.to(torch.uint8), scale[..., None].to(dtype), low[..., None].to(dtype)
+    def __init__(self, weight: Matrix, bias: torch.Tensor | None = None) -> None:
+        codes = weight if isinstance(weight, GroupCodes) else quantize_groups(as_float(weight), self.GROUP)
+        out, width = codes.codes.shape
+        self.group = codes.group
+        self.on_cpu = codes.codes.is_cpu
+        dtype = weight.dtype if isinstance(weight, torch.Tensor) else torch.float32
+        if not self.on_cpu:
+            dtype = weight.dtype if isinstance(weight, torch.Tensor) else torch.bfloat16
         self.bias, self.out_features, self.in_features = bias, int(out), int(width)
+        tiles = inner_k_tiles(width)
+        self.packed_cuda = not self.on_cpu and tiles is not None and packed_int4_works(codes.codes.device)
+        if self.on_cpu or self.packed_cuda:
+            pad = -out % 16  # the kernels take whole tiles of output rows
+            padded = (
+                GroupCodes(*(torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in astuple(codes))) if pad else codes
+            )
+            # [groups, out, 2]: the kernels' layout for the scales and the zeros
+            sz = torch.stack([padded.scale, padded.zero], -1).transpose(0, 1).contiguous()
+            if self.on_cpu:
+                q = padded.codes.to(torch.int32)
+                self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+                self.scales_zeros = sz.float()
+            else:
+                nibbles = (padded.codes[:, ::2] << 4 | padded.codes[:, 1::2]).contiguous()
+                self.packed = torch.ops.aten._convert_weight_to_int4pack(nibbles, tiles)
+                self.scales_zeros = sz.to(torch.bfloat16)
+        if not self.packed_cuda:
+            # The codes one per byte, with scales and zeros in the compute type (no cast kernels
+            # in every step): the CPU's path for longer blocks, and CUDA's without the kernel.
+            self.codes = codes.codes.to(torch.uint8)
+            self.scale, self.zero = codes.scale[..., None].to(dtype), codes.zero[..., None].to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.on_cpu and x.shape[0] <= INT4_KERNEL_ROWS:
-            y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.contiguous(), self.packed, self.GROUP, self.scales_zeros
+        y: torch.Tensor
+        if self.packed_cuda:
+            wide = x.to(torch.bfloat16)  # the kernel's only input type
+            y = torch.ops.aten._weight_int4pack_mm(wide, self.packed, self.group, self.scales_zeros)
+            y = y[:, : self.out_features].to(x.dtype)
+        elif self.on_cpu and x.shape[0] <= INT4_KERNEL_ROWS:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.contiguous(), self.packed, self.group, self.scales_zeros.to(x.dtype)
             )[:, : self.out_features]
         else:
             y = F.linear(x, self._widened(x.dtype))
         return y if self.bias is None else y.add_(self.bias)
 
     def _widened(self, dtype: torch.dtype) -> torch.Tensor:
-        weight = self.codes.to(dtype) * self.scale + self.low
-        return weight.reshape(self.out_features, self.in_features).to(dtype)
+        groups = (self.codes.to(dtype) - 8).view(self.out_features, -1, self.group)
+        return (groups * self.scale + self.zero).reshape(self.out_features, self.in_features).to(dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.dense()[ids]
 
     def dense(self) -> torch.Tensor:
+        if self.packed_cuda:  # the packed layout is the kernel's own: read it back through it
+            eye = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
+            y: torch.Tensor = torch.ops.aten._weight_int4pack_mm(eye, self.packed, self.group, self.scales_zeros)
+            return y[:, : self.out_features].t().float()
         return self._widened(torch.float32)
+
+
+def astuple(codes: GroupCodes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return codes.codes, codes.scale, codes.zero
+
+
+def low_bit(device: torch.device) -> Factory:
+    """Int4 or Int8 matrices, as their codes say, made on `device` from codes held on the
+    host one at a time: a model's unpacked codes (a byte a weight) never sit on the GPU all
+    at once. A float matrix reaching it is a tied head read from a float table: int8, as
+    quantized.head_kind keeps heads of more than 4 bits."""
+
+    def make(weight: Matrix, bias: torch.Tensor | None) -> Linear:
+        if isinstance(weight, GroupCodes):
+            return Int4(weight.to(device), bias)
+        return Int8(weight if isinstance(weight, torch.Tensor) else weight.to(device), bias)
+
+    return make
 
 
 def for_device(device: torch.device, dtype: torch.dtype) -> Factory:

@@ -15,8 +15,15 @@ import torch.nn.functional as F
 from .config import ModelConfig
 from .layers import Block, KVCache, Rope, Rotation, attend, fused, rms_norm, rope_attend, rotate, write_cache
 from .linear import Dense, Factory, Linear
+from .quantized import Matrix, as_float
 
-Weights = MutableMapping[str, torch.Tensor]
+# Float tensors, or for a quantized target's matrices the codes its GGUF was converted into.
+Weights = MutableMapping[str, Matrix]
+
+
+def tensor(value: Matrix | None) -> torch.Tensor | None:
+    """A norm, bias or table entry: always a float tensor."""
+    return None if value is None else as_float(value)
 
 
 class Layer:
@@ -26,24 +33,27 @@ class Layer:
     LINEARS = ("wqkv", "wo", "w13", "w2")
 
     def __init__(self, w: Weights, prefix: str, linear: Factory = Dense) -> None:
-        def take(name: str) -> torch.Tensor | None:
+        def matrix(name: str) -> Matrix | None:
             return w.pop(prefix + name, None)
 
-        def need(name: str) -> torch.Tensor:
-            tensor = take(name)
-            if tensor is None:
-                raise KeyError(prefix + name)
-            return tensor
+        def take(name: str) -> torch.Tensor | None:
+            return tensor(matrix(name))
 
-        self.attn_norm = need("attn_norm.weight")
-        wqkv = fused([take("attn_q.weight"), take("attn_k.weight"), take("attn_v.weight")])
+        def need(name: str) -> Matrix:
+            value = matrix(name)
+            if value is None:
+                raise KeyError(prefix + name)
+            return value
+
+        self.attn_norm = as_float(need("attn_norm.weight"))
+        wqkv = fused([matrix("attn_q.weight"), matrix("attn_k.weight"), matrix("attn_v.weight")])
         if wqkv is None:
             raise KeyError(prefix + "attn_q.weight")
-        self.wqkv: Linear = linear(wqkv, fused([take("attn_q.bias"), take("attn_k.bias"), take("attn_v.bias")]))
+        self.wqkv: Linear = linear(wqkv, tensor(fused([take("attn_q.bias"), take("attn_k.bias"), take("attn_v.bias")])))
         self.wo: Linear = linear(need("attn_output.weight"), None)
         self.q_norm, self.k_norm = take("attn_q_norm.weight"), take("attn_k_norm.weight")
-        self.ffn_norm = need("ffn_norm.weight")
-        w13 = fused([take("ffn_gate.weight"), take("ffn_up.weight")])
+        self.ffn_norm = as_float(need("ffn_norm.weight"))
+        w13 = fused([matrix("ffn_gate.weight"), matrix("ffn_up.weight")])
         if w13 is None:
             raise KeyError(prefix + "ffn_gate.weight")
         self.w13: Linear = linear(w13, None)
@@ -67,12 +77,14 @@ class Model:
     def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, linear: Factory = Dense) -> None:
         self.config = config
         embed = weights.pop("token_embd.weight")
-        self.dtype, self.device = embed.dtype, embed.device
+        self.norm = as_float(weights["output_norm.weight"])
+        self.dtype, self.device = self.norm.dtype, self.norm.device
         head = weights.pop("output.weight", None)
         self.output: Linear = linear(embed if head is None else head, None)
-        # Tied embeddings (no output.weight): the embedding is the head read by rows.
-        self.embed: Linear = self.output if head is None else Dense(embed)
-        self.norm = weights["output_norm.weight"]
+        # Tied embeddings (no output.weight): the embedding is the head read by rows, unless
+        # the head's layout has no cheap rows (packed int4): then a dense table of its own.
+        tied = head is None and self.output.cheap_rows
+        self.embed: Linear = self.output if tied else Dense(as_float(embed).to(device=self.device, dtype=self.dtype))
         self.layers = [self.layer_type(weights, f"blk.{i}.", linear) for i in range(config.n_layers)]
         self.rope = Rope(
             config.head_dim,
@@ -81,7 +93,7 @@ class Model:
             config.rope_scale,
             self.dtype,
             self.device,
-            weights.get("rope_freqs.weight"),
+            tensor(weights.get("rope_freqs.weight")),
         )
         self.window = 0
 

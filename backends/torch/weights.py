@@ -23,6 +23,7 @@ import torch
 
 from localspec.errors import ModelLoadError
 
+from . import converted, quantized
 from .config import ModelConfig, from_gguf, from_hf, llama3_rope_factors
 
 # Architectures whose GGUF stores Q/K rows permuted for llama.cpp's interleaved RoPE.
@@ -56,7 +57,7 @@ GEMMA3_LAYER_NAMES = {
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 Array = npt.NDArray[Any]
-TensorSink = Callable[[str, torch.Tensor], None]
+TensorSink = Callable[[str, quantized.Matrix], None]
 
 
 # -- GGUF -------------------------------------------------------------------------------------
@@ -90,13 +91,18 @@ class GGUFFile:
         """One tensor as float32, in PyTorch's [out, in] order."""
         import gguf
 
-        qtype = gguf.GGMLQuantizationType(t.qtype)
-        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = self.raw(t)
+        data = np.array(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.qtype)), dtype=np.float32)
+        return data.reshape(tuple(reversed(t.dims)))  # a writable copy, off the file
+
+    def raw(self, t: GGUFTensor) -> Array:
+        """One tensor's bytes as stored, one row (its blocks) per output row."""
+        import gguf
+
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.qtype)]
         rows = int(np.prod(t.dims[1:])) if len(t.dims) > 1 else 1
         shape = (rows, t.dims[0] // block * size)
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.offset, shape=shape).view(np.ndarray)
-        data = np.array(gguf.quants.dequantize(raw, qtype), dtype=np.float32)  # a writable copy, off the file
-        return data.reshape(tuple(reversed(t.dims)))
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.offset, shape=shape).view(np.ndarray)
 
 
 class _Cursor:
@@ -181,13 +187,38 @@ def gguf_config(meta: dict[str, Any]) -> ModelConfig:
     return from_gguf(meta, vocab)
 
 
-def read_gguf_tensors(file: GGUFFile, config: ModelConfig, sink: TensorSink) -> None:
+def read_gguf_tensors(file: GGUFFile, config: ModelConfig, sink: TensorSink, kind: str | None = None) -> None:
+    """Every tensor as float; with `kind` ("int4", "int8"), every matrix as the codes of
+    torch's low-bit kernels instead (quantized.py), converted once per file and cached."""
+    if kind is None:
+        for tensor in file.tensors:
+            sink(tensor.name, torch.from_numpy(_permuted(tensor.name, file.tensor(tensor), config)))
+        return
+    entry = converted.entry(file.path, kind)
+    stored = converted.load(entry)
+    made: dict[str, quantized.Codes] = {}
+    tied = all(t.name != "output.weight" for t in file.tensors)  # then the embedding is the head
     for tensor in file.tensors:
-        data = file.tensor(tensor)
-        if config.architecture in PERMUTED_QK and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = config.n_heads if "attn_q" in tensor.name else config.n_kv_heads
-            data = unpermute_qk(data, heads)
-        sink(tensor.name, torch.from_numpy(data))
+        if len(tensor.dims) != 2 or (tensor.name == "token_embd.weight" and not tied):
+            sink(tensor.name, torch.from_numpy(file.tensor(tensor)))
+            continue
+        codes = stored.get(tensor.name) if stored is not None else None
+        if codes is None:
+            # Q/K rows back in rotate-half order: rows of blocks are independent, so the raw
+            # rows are reordered before converting.
+            raw = _permuted(tensor.name, file.raw(tensor), config)
+            head = tensor.name == "output.weight" or (tied and tensor.name == "token_embd.weight")
+            layout = quantized.head_kind(kind, tensor.qtype) if head else kind
+            made[tensor.name] = codes = quantized.convert(raw, tensor.qtype, tensor.dims[1], layout)
+        sink(tensor.name, codes)
+    if made:
+        converted.save(entry, {**(stored or {}), **made})
+
+
+def _permuted(name: str, data: Array, config: ModelConfig) -> Array:
+    if config.architecture in PERMUTED_QK and name.endswith(("attn_q.weight", "attn_k.weight")):
+        return unpermute_qk(data, config.n_heads if "attn_q" in name else config.n_kv_heads)
+    return data
 
 
 def unpermute_qk(w: Array, n_heads: int) -> Array:

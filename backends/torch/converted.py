@@ -1,0 +1,94 @@
+"""A GGUF's matrices converted for the GPU's low-bit kernels (quantized.py), kept on disk.
+
+Converting an 8B file takes minutes of numpy; the result depends on nothing but the file's
+bytes and the target layout, so it is stored once per (file hash, layout) under the user
+directory and read back on later loads. The file's sha256 is itself remembered per
+(path, size, modification time), so an unchanged file is not hashed again either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from localspec.default_model import sha256_of
+from localspec.paths import data_dir
+
+from .quantized import Codes, GroupCodes, RowCodes
+
+FORMAT = 1  # bump when the stored layout changes: old entries are then ignored
+
+
+def cache_dir() -> Path:
+    return data_dir() / "converted"
+
+
+def file_hash(path: str) -> str:
+    """The file's sha256, remembered per (path, size, modification time)."""
+    stat = os.stat(path)
+    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+    index = cache_dir() / "hashes.json"
+    try:
+        known: dict[str, str] = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        if stat.st_size > 1 << 30:
+            print(f"hashing {os.path.basename(path)} once, to key its converted weights", file=sys.stderr)
+        known[key] = sha256_of(Path(path))
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(json.dumps(known, indent=1))
+    return known[key]
+
+
+def entry(path: str, kind: str) -> Path:
+    return cache_dir() / f"{file_hash(path)[:24]}-{kind}-v{FORMAT}.safetensors"
+
+
+def load(file: Path) -> dict[str, Codes] | None:
+    """The stored conversion, or None when there is none (or it cannot be read)."""
+    if not file.exists():
+        return None
+    from safetensors.torch import load_file
+
+    try:
+        flat = load_file(str(file))
+    except (OSError, ValueError, RuntimeError):
+        return None
+    out: dict[str, Codes] = {}
+    for name in {key.rsplit(".", 1)[0] for key in flat}:
+        if f"{name}.zero" in flat:
+            nibbles = flat[f"{name}.codes"].numpy()
+            codes = torch.from_numpy(np.stack([nibbles >> 4, nibbles & 15], -1).reshape(nibbles.shape[0], -1))
+            out[name] = GroupCodes(codes, flat[f"{name}.scale"], flat[f"{name}.zero"])
+        else:
+            out[name] = RowCodes(flat[f"{name}.codes"], flat[f"{name}.scale"])
+    return out
+
+
+def save(file: Path, matrices: dict[str, Codes]) -> None:
+    """Written to a temporary name and renamed: a crash never leaves half an entry."""
+    from safetensors.torch import save_file
+
+    flat = dict(_flatten(matrices))
+    file.parent.mkdir(parents=True, exist_ok=True)
+    partial = file.with_suffix(".partial")
+    save_file(flat, str(partial))
+    partial.replace(file)
+
+
+def _flatten(matrices: dict[str, Codes]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, codes in matrices.items():
+        if isinstance(codes, GroupCodes):  # two 4-bit codes a byte, as the CUDA packer takes them
+            pairs = codes.codes.numpy().reshape(codes.codes.shape[0], -1, 2)
+            yield f"{name}.codes", torch.from_numpy(pairs[..., 0] << 4 | pairs[..., 1])
+            yield f"{name}.zero", codes.zero.contiguous()
+        else:
+            yield f"{name}.codes", codes.codes.contiguous()
+        yield f"{name}.scale", codes.scale.contiguous()
