@@ -4,6 +4,7 @@ load both with the pair's recommended strategy and draft length."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +27,12 @@ def load_pair(
     strategy: str | None = None,
     draft_tokens: DraftTokens | None = None,
     registry: Registry | None = None,
+    rpc: str | Sequence[str] | None = None,
     **options: Any,
 ) -> Runtime:
     """Load a pulled pair; strategy (None or "auto") and draft_tokens (None) default to the
     pair's recommendation. A pair that is not pulled raises NotPulledError naming the
-    `localspec pull` command that fetches it."""
+    `localspec pull` command that fetches it. rpc (None) defaults to the pair's servers."""
     from localspec.api import load
     from localspec.pull import resolve_pair
 
@@ -42,6 +44,7 @@ def load_pair(
         strategy=pair.strategy if strategy in (None, "auto") else strategy,
         backend=backend,
         draft_tokens=pair.draft_tokens if draft_tokens is None else draft_tokens,
+        rpc=pair.rpc if rpc is None else rpc,
         **options,
     )
 

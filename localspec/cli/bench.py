@@ -15,6 +15,7 @@ from localspec.errors import InvalidRequestError
 from localspec.peers import find_or_build, run_peer
 from localspec.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.protocol import Backend
+from localspec.rpc import split_options
 
 
 def register(sub: Any) -> None:
@@ -83,7 +84,7 @@ def handle(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"n_ctx": args.ctx}
     if args.threads:
         options["threads"] = args.threads
-    target = load_backend(args.backend, model, **options)
+    target = load_backend(args.backend, model, **options, **split_options(args.backend, args.rpc))
     contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
     rows = bench(
         target,

@@ -1,0 +1,256 @@
+"""llama.cpp's RPC backend: a target's layers split over `rpc-server` processes on other
+machines, while the drafter stays on this one.
+
+Each decoding step crosses every server in turn, so a split target is bound by round trips
+more than by bandwidth: exactly where verifying several drafted tokens in one pass pays.
+The RPC protocol has no authentication; a server must only ever listen on a trusted network.
+
+llama.cpp ends the whole process when an RPC connection fails (GGML_ABORT), so every server
+is probed here first (connect, then the protocol's hello) and a lost server mid-generation
+ends the process with a message that says what happened instead of a backtrace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from localspec.errors import BackendUnavailableError, InvalidRequestError, LocalspecError
+
+INSTALL_WITH_RPC = 'CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 50052  # rpc-server's own default
+SECURITY_NOTE = (
+    "RPC has no authentication: anyone who can reach a server can run code on it; "
+    "keep servers on 127.0.0.1 or a trusted network"
+)
+RPC_HELP = (
+    "split the target over llama.cpp rpc-servers; the drafter stays here. "
+    "RPC has no authentication: only servers on 127.0.0.1 or a trusted network"
+)
+PROBE_TIMEOUT_S = 5.0
+_CMD_HELLO = 14  # RPC_CMD_HELLO in ggml-rpc.cpp
+_HELLO_REQUEST_BYTES = 24
+_ALL_LAYERS = 999  # n_gpu_layers: every layer goes to the listed devices
+_LOST_EXIT_CODE = 2  # what the CLI returns for any LocalspecError
+
+
+class RpcServerError(LocalspecError):
+    """An RPC server that cannot be reached, is not an rpc-server, or speaks another version."""
+
+
+def parse_endpoints(value: str | Iterable[str]) -> tuple[str, ...]:
+    """'HOST:PORT[,HOST:PORT...]' (or a list of them) as a tuple of checked endpoints."""
+    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]
+    endpoints = []
+    for part in (p.strip() for p in parts):
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RpcServerError(
+                f"{part!r} is not an RPC server address",
+                f"write HOST:PORT, e.g. {DEFAULT_HOST}:{DEFAULT_PORT}; several are separated by commas",
+            )
+        endpoints.append(f"{host}:{int(port)}")
+    if len(set(endpoints)) != len(endpoints):
+        raise RpcServerError(f"an RPC server is listed twice in {','.join(endpoints)}", "list each server once")
+    return tuple(endpoints)
+
+
+def split_options(backend: str, rpc: str | Sequence[str] | None) -> dict[str, Any]:
+    """The target's backend options for a split over RPC servers (none without rpc)."""
+    if not rpc:
+        return {}
+    if backend != "llamacpp":
+        raise InvalidRequestError(
+            f"--rpc splits a llama.cpp target over rpc-servers; the {backend} backend cannot",
+            "use --backend llamacpp with a GGUF target",
+        )
+    endpoints = parse_endpoints(rpc)
+    require_rpc()
+    return {"rpc": endpoints}
+
+
+# -- the library ------------------------------------------------------------------------------
+
+
+def _library_dir() -> Path:
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def _library(stem: str) -> ctypes.CDLL | None:
+    for suffix in (".so", ".dylib", ".dll"):
+        path = _library_dir() / f"{stem}{suffix}"
+        if path.exists():
+            return ctypes.CDLL(str(path))
+    return None
+
+
+@dataclass(frozen=True)
+class _Libraries:
+    rpc: ctypes.CDLL  # libggml-rpc: servers
+    base: ctypes.CDLL  # libggml-base: registries, devices, the abort hook
+    ggml: ctypes.CDLL  # libggml: the device registry
+
+
+@cache
+def _libraries() -> _Libraries | None:
+    """llama.cpp's libraries with the signatures used here, or None without RPC."""
+    try:
+        rpc, base, ggml = _library("libggml-rpc"), _library("libggml-base"), _library("libggml")
+    except (ImportError, OSError):
+        return None
+    if rpc is None or base is None or ggml is None or not hasattr(rpc, "ggml_backend_rpc_add_server"):
+        return None
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    rpc.ggml_backend_rpc_add_server.argtypes, rpc.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], vp
+    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, sz, sz, ctypes.POINTER(vp)]
+    rpc.ggml_backend_rpc_start_server.restype = None
+    base.ggml_backend_reg_dev_count.argtypes, base.ggml_backend_reg_dev_count.restype = [vp], sz
+    base.ggml_backend_reg_dev_get.argtypes, base.ggml_backend_reg_dev_get.restype = [vp, sz], vp
+    ggml.ggml_backend_dev_by_type.argtypes, ggml.ggml_backend_dev_by_type.restype = [ctypes.c_int], vp
+    base.ggml_set_abort_callback.argtypes, base.ggml_set_abort_callback.restype = [_ABORT_CALLBACK], vp
+    return _Libraries(rpc, base, ggml)
+
+
+def rpc_available() -> bool:
+    """Whether the installed llama.cpp was built with its RPC backend (GGML_RPC)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return False
+    return bool(llama_cpp.llama_supports_rpc()) and _libraries() is not None
+
+
+def require_rpc() -> _Libraries:
+    libs = _libraries()
+    if libs is None:
+        raise BackendUnavailableError(
+            "the installed llama-cpp-python was built without llama.cpp's RPC backend",
+            f"rebuild it with RPC: {INSTALL_WITH_RPC}",
+        )
+    return libs
+
+
+# -- probing a server -------------------------------------------------------------------------
+
+
+def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> int:
+    """Connect and exchange the protocol's hello; returns the server's protocol major version.
+    Raises RpcServerError naming the server and the fix (llama.cpp itself would abort)."""
+    host, _, port = endpoint.rpartition(":")
+    start = f"start one there: localspec rpc-server --host {host} --port {port} (or llama.cpp's rpc-server)"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(bytes([_CMD_HELLO]) + struct.pack("<Q", _HELLO_REQUEST_BYTES) + bytes(_HELLO_REQUEST_BYTES))
+            size = struct.unpack("<Q", _receive(sock, 8))[0]
+            reply = _receive(sock, size) if 0 < size < 1024 else b""
+    except ConnectionRefusedError:
+        raise RpcServerError(f"no RPC server listens at {endpoint} (connection refused)", start) from None
+    except TimeoutError:
+        raise RpcServerError(
+            f"the RPC server at {endpoint} did not answer within {timeout:.0f} s",
+            "check the address and the network; a server serves one client at a time, so it may be busy",
+        ) from None
+    except (OSError, EOFError) as exc:
+        raise RpcServerError(f"cannot reach an RPC server at {endpoint}: {exc}", start) from None
+    if not reply:
+        raise RpcServerError(
+            f"{endpoint} answered, but not as a llama.cpp rpc-server", "check the port: is it the rpc-server's?"
+        )
+    return reply[0]
+
+
+def _receive(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the server closed the connection")
+        data += chunk
+    return data
+
+
+# -- splitting a model over servers -----------------------------------------------------------
+
+
+@cache
+def _server_devices(endpoint: str) -> tuple[int, ...]:
+    """The devices one server offers, registered with ggml once per process."""
+    libs = require_rpc()
+    probe(endpoint)
+    reg = libs.rpc.ggml_backend_rpc_add_server(endpoint.encode())
+    if not reg:
+        raise RpcServerError(f"llama.cpp could not register the RPC server at {endpoint}")
+    count = libs.base.ggml_backend_reg_dev_count(reg)
+    return tuple(libs.base.ggml_backend_reg_dev_get(reg, i) for i in range(count))
+
+
+def offload_to_servers(mparams: Any, endpoints: Sequence[str]) -> ctypes.Array[ctypes.c_void_p]:
+    """Point llama_model_params at the servers' devices with every layer on them; returns
+    the NULL-terminated device array, which must outlive the model load."""
+    devices = [d for e in endpoints for d in _server_devices(e)]
+    if not devices:
+        raise RpcServerError(f"the RPC servers {','.join(endpoints)} offer no device")
+    array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+    mparams.devices = ctypes.cast(array, ctypes.c_void_p).value
+    mparams.n_gpu_layers = _ALL_LAYERS
+    _servers_in_use.update(endpoints)
+    _install_abort_message()
+    return array
+
+
+# -- a server lost mid-generation -------------------------------------------------------------
+
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_servers_in_use: set[str] = set()
+
+
+@_ABORT_CALLBACK  # type: ignore[misc,untyped-decorator]
+def _on_abort(message: bytes | None) -> None:
+    # llama.cpp calls abort() right after this returns: say what happened and leave first.
+    text = (message or b"").decode(errors="replace").strip().splitlines()
+    servers = ", ".join(sorted(_servers_in_use))
+    sys.stderr.write(
+        f"localspec: error: llama.cpp stopped ({text[-1] if text else 'no message'}).\n"
+        f"  The target is split over the RPC servers {servers}: one of them stopped or the network "
+        "dropped, and llama.cpp cannot continue without it.\n"
+        "  -> check that every server is running (localspec rpc-server ...) and run again\n"
+    )
+    sys.stderr.flush()
+    os._exit(_LOST_EXIT_CODE)
+
+
+@cache
+def _install_abort_message() -> None:
+    require_rpc().base.ggml_set_abort_callback(_on_abort)
+
+
+# -- serving ----------------------------------------------------------------------------------
+
+
+def serve(
+    host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, threads: int | None = None, cache_dir: str | None = None
+) -> None:
+    """Run llama.cpp's RPC server on this machine's CPU, in this process, until killed."""
+    from localspec.backends.llamacpp import init_library
+    from localspec.hardware import physical_cores
+
+    libs = require_rpc()
+    init_library()
+    cpu = libs.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    devices = (ctypes.c_void_p * 1)(cpu)
+    endpoint = f"{host}:{port}".encode()
+    libs.rpc.ggml_backend_rpc_start_server(
+        endpoint, cache_dir.encode() if cache_dir else None, threads or physical_cores(), 1, devices
+    )
