@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import socket
 import struct
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from localspec.errors import BackendUnavailableError, InvalidRequestError, LocalspecError
@@ -81,45 +80,28 @@ def split_options(backend: str, rpc: str | Sequence[str] | None) -> dict[str, An
 # -- the library ------------------------------------------------------------------------------
 
 
-def _library_dir() -> Path:
-    import llama_cpp
-
-    return Path(llama_cpp.__file__).parent / "lib"
-
-
-def _library(stem: str) -> ctypes.CDLL | None:
-    for suffix in (".so", ".dylib", ".dll"):
-        path = _library_dir() / f"{stem}{suffix}"
-        if path.exists():
-            return ctypes.CDLL(str(path))
-    return None
-
-
-@dataclass(frozen=True)
-class _Libraries:
-    rpc: ctypes.CDLL  # libggml-rpc: servers
-    base: ctypes.CDLL  # libggml-base: registries, devices, the abort hook
-    ggml: ctypes.CDLL  # libggml: the device registry
-
-
 @cache
-def _libraries() -> _Libraries | None:
-    """llama.cpp's libraries with the signatures used here, or None without RPC."""
+def _library() -> ctypes.CDLL | None:
+    """libllama as llama-cpp-python loaded it, with the ggml functions used here, or None
+    without RPC. Symbols are looked up through libllama's own handle, which reaches the
+    ggml libraries it links: opening them again by path would load second copies whose
+    state (the abort hook) llama.cpp never sees."""
     try:
-        rpc, base, ggml = _library("libggml-rpc"), _library("libggml-base"), _library("libggml")
-    except (ImportError, OSError):
+        from llama_cpp import llama_cpp
+    except ImportError:
         return None
-    if rpc is None or base is None or ggml is None or not hasattr(rpc, "ggml_backend_rpc_add_server"):
+    lib: ctypes.CDLL = llama_cpp._lib
+    if not hasattr(lib, "ggml_backend_rpc_add_server"):
         return None
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    rpc.ggml_backend_rpc_add_server.argtypes, rpc.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], vp
-    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, sz, sz, ctypes.POINTER(vp)]
-    rpc.ggml_backend_rpc_start_server.restype = None
-    base.ggml_backend_reg_dev_count.argtypes, base.ggml_backend_reg_dev_count.restype = [vp], sz
-    base.ggml_backend_reg_dev_get.argtypes, base.ggml_backend_reg_dev_get.restype = [vp, sz], vp
-    ggml.ggml_backend_dev_by_type.argtypes, ggml.ggml_backend_dev_by_type.restype = [ctypes.c_int], vp
-    base.ggml_set_abort_callback.argtypes, base.ggml_set_abort_callback.restype = [_ABORT_CALLBACK], vp
-    return _Libraries(rpc, base, ggml)
+    lib.ggml_backend_rpc_add_server.argtypes, lib.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], vp
+    lib.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, sz, sz, ctypes.POINTER(vp)]
+    lib.ggml_backend_rpc_start_server.restype = None
+    lib.ggml_backend_reg_dev_count.argtypes, lib.ggml_backend_reg_dev_count.restype = [vp], sz
+    lib.ggml_backend_reg_dev_get.argtypes, lib.ggml_backend_reg_dev_get.restype = [vp, sz], vp
+    lib.ggml_backend_dev_by_type.argtypes, lib.ggml_backend_dev_by_type.restype = [ctypes.c_int], vp
+    lib.ggml_set_abort_callback.argtypes, lib.ggml_set_abort_callback.restype = [_ABORT_CALLBACK], vp
+    return lib
 
 
 def rpc_available() -> bool:
@@ -128,17 +110,17 @@ def rpc_available() -> bool:
         import llama_cpp
     except ImportError:
         return False
-    return bool(llama_cpp.llama_supports_rpc()) and _libraries() is not None
+    return bool(llama_cpp.llama_supports_rpc()) and _library() is not None
 
 
-def require_rpc() -> _Libraries:
-    libs = _libraries()
-    if libs is None:
+def require_rpc() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
         raise BackendUnavailableError(
             "the installed llama-cpp-python was built without llama.cpp's RPC backend",
             f"rebuild it with RPC: {INSTALL_WITH_RPC}",
         )
-    return libs
+    return lib
 
 
 # -- probing a server -------------------------------------------------------------------------
@@ -187,13 +169,12 @@ def _receive(sock: socket.socket, n: int) -> bytes:
 @cache
 def _server_devices(endpoint: str) -> tuple[int, ...]:
     """The devices one server offers, registered with ggml once per process."""
-    libs = require_rpc()
+    lib = require_rpc()
     probe(endpoint)
-    reg = libs.rpc.ggml_backend_rpc_add_server(endpoint.encode())
+    reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
     if not reg:
         raise RpcServerError(f"llama.cpp could not register the RPC server at {endpoint}")
-    count = libs.base.ggml_backend_reg_dev_count(reg)
-    return tuple(libs.base.ggml_backend_reg_dev_get(reg, i) for i in range(count))
+    return tuple(lib.ggml_backend_reg_dev_get(reg, i) for i in range(lib.ggml_backend_reg_dev_count(reg)))
 
 
 def offload_to_servers(mparams: Any, endpoints: Sequence[str]) -> ctypes.Array[ctypes.c_void_p]:
@@ -219,10 +200,11 @@ _servers_in_use: set[str] = set()
 @_ABORT_CALLBACK  # type: ignore[misc,untyped-decorator]
 def _on_abort(message: bytes | None) -> None:
     # llama.cpp calls abort() right after this returns: say what happened and leave first.
-    text = (message or b"").decode(errors="replace").strip().splitlines()
+    lines = (message or b"").decode(errors="replace").strip().splitlines() or ["no message"]
+    reason = re.sub(r"^\S+:\d+: ", "", lines[-1])  # drop llama.cpp's source file and line
     servers = ", ".join(sorted(_servers_in_use))
     sys.stderr.write(
-        f"localspec: error: llama.cpp stopped ({text[-1] if text else 'no message'}).\n"
+        f"localspec: error: llama.cpp stopped: {reason}.\n"
         f"  The target is split over the RPC servers {servers}: one of them stopped or the network "
         "dropped, and llama.cpp cannot continue without it.\n"
         "  -> check that every server is running (localspec rpc-server ...) and run again\n"
@@ -233,7 +215,7 @@ def _on_abort(message: bytes | None) -> None:
 
 @cache
 def _install_abort_message() -> None:
-    require_rpc().base.ggml_set_abort_callback(_on_abort)
+    require_rpc().ggml_set_abort_callback(_on_abort)
 
 
 # -- serving ----------------------------------------------------------------------------------
@@ -246,11 +228,11 @@ def serve(
     from localspec.backends.llamacpp import init_library
     from localspec.hardware import physical_cores
 
-    libs = require_rpc()
+    lib = require_rpc()
     init_library()
-    cpu = libs.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    cpu = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
     devices = (ctypes.c_void_p * 1)(cpu)
     endpoint = f"{host}:{port}".encode()
-    libs.rpc.ggml_backend_rpc_start_server(
+    lib.ggml_backend_rpc_start_server(
         endpoint, cache_dir.encode() if cache_dir else None, threads or physical_cores(), 1, devices
     )
