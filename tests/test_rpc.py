@@ -46,10 +46,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    """`localspec rpc-server` on 127.0.0.1:port, returned once it answers the protocol's hello."""
+def start_server(
+    port: int, program: Sequence[str] = (sys.executable, "-m", "localspec", "rpc-server")
+) -> subprocess.Popen[bytes]:
+    """An RPC server (`localspec rpc-server` unless told) on 127.0.0.1:port, returned once it
+    answers the protocol's hello."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "localspec", "rpc-server", "--port", str(port), "--threads", "1"],
+        [*program, "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -221,3 +224,29 @@ def test_a_server_that_dies_mid_generation_ends_the_run_with_a_clear_error(smoll
     message = err.decode()
     assert f"RPC servers 127.0.0.1:{port}" in message and "localspec rpc-server" in message
     assert "Backtrace" not in message and "gdb" not in message
+
+
+def _llama_cpp_rpc_server() -> Path | None:
+    """llama.cpp's own rpc-server: LOCALSPEC_RPC_SERVER_BIN, or localspec's peer build."""
+    from localspec.peers import RPC_SERVER, peers_dir
+
+    candidates = [os.environ.get("LOCALSPEC_RPC_SERVER_BIN", ""), str(peers_dir() / "build" / "bin" / RPC_SERVER)]
+    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+
+
+def test_llama_cpps_own_rpc_server_serves_the_split_target(smollm2_q4_1: Path) -> None:
+    program = _llama_cpp_rpc_server()
+    if program is None:
+        pytest.skip("llama.cpp's rpc-server is not built (set LOCALSPEC_RPC_SERVER_BIN or build the peers)")
+    port = _free_port()
+    proc = start_server(port, [str(program)])
+    try:
+        split = _load(smollm2_q4_1, [f"127.0.0.1:{port}"])
+        try:
+            tokens, _ = _greedy(split, 8)
+        finally:
+            split.close()
+        assert len(tokens) == 8
+    finally:
+        proc.kill()
+        proc.wait()
