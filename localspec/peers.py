@@ -37,9 +37,7 @@ def peers_dir() -> Path:
     return data_dir() / "peers" / f"llama.cpp-{version('llama-cpp-python')}"
 
 
-def find_or_build(
-    bin_dir: str | Path | None = None, build: bool = False, programs: Sequence[str] = PROGRAMS
-) -> Path:
+def find_or_build(bin_dir: str | Path | None = None, build: bool = False, programs: Sequence[str] = PROGRAMS) -> Path:
     """The folder holding llama.cpp's programs (the peers, or RPC_SERVER): given, already
     built, or built now (~10 min)."""
     folder = Path(bin_dir) if bin_dir else peers_dir() / "build" / "bin"

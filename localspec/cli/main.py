@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description="Lossless speculative decoding for local LLMs.")
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from localspec.cli import bench, chat, doctor, models, pull, rpc_server, run
+    from localspec.cli import bench, chat, doctor, export, models, pull, rpc_server, run
 
     run.register(sub)
     bench.register(sub)
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     pull.register(sub)
     models.register(sub)
     rpc_server.register(sub)
+    export.register(sub)
     return parser
 
 
