@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.errors import BackendUnavailableError
 from localspec.protocol import Backend
-from localspec.rpc import RpcServerError, parse_endpoints, probe, rpc_available
+from localspec.rpc import RpcServerError, probe, rpc_available
 
 pytestmark = [
     pytest.mark.model,
@@ -178,28 +177,6 @@ def test_a_port_of_another_service_is_a_clear_error(smollm2_q4_1: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@pytest.mark.parametrize("bad", ["localhost", "host:port", "127.0.0.1:0", "127.0.0.1:70000", "a:1,a:1"])
-def test_a_malformed_server_list_is_refused(bad: str) -> None:
-    with pytest.raises(RpcServerError):
-        parse_endpoints(bad)
-
-
-def test_rpc_on_another_backend_is_refused(smollm2_q4_1: Path) -> None:
-    from localspec.errors import InvalidRequestError
-    from localspec.rpc import split_options
-
-    with pytest.raises(InvalidRequestError, match="--backend llamacpp"):
-        split_options("torch", "127.0.0.1:50052")
-
-
-def test_without_rpc_in_llama_cpp_the_error_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec import rpc
-
-    monkeypatch.setattr(rpc, "_library", lambda: None)
-    with pytest.raises(BackendUnavailableError, match='CMAKE_ARGS="-DGGML_RPC=on" pip install'):
-        rpc.split_options("llamacpp", "127.0.0.1:50052")
 
 
 def test_a_server_that_dies_mid_generation_ends_the_run_with_a_clear_error(smollm2_q4_1: Path) -> None:
