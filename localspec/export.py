@@ -166,10 +166,12 @@ def _sglang(target: str, drafter: str | None, k: int) -> tuple[str, ...]:
 def _llama_server(target: Path, drafter: Path | None, k: int) -> tuple[str, ...]:
     argv = ["llama-server", "-m", str(target), "--host", HOST]
     if drafter:
-        argv += ["-md", str(drafter), "--spec-type", "draft-simple"]
+        argv += ["-md", str(drafter), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
+        argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
     else:
-        argv += ["--spec-type", "ngram-simple"]
-    argv += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
+        # ngram-simple matches the last size-n tokens and drafts the size-m that followed.
+        argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(PROMPT_LOOKUP_MAX)]
+        argv += ["--spec-ngram-simple-size-m", str(k)]
     return tuple(argv)
 
 

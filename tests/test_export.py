@@ -38,8 +38,8 @@ SGLANG_FLAGS = {
 SGLANG_ALGORITHMS = {"STANDALONE", "NGRAM"}
 
 # llama-server, llama.cpp common/arg.cpp and tools/server/README.md after the 2026 renames
-# (--draft-max/--draft-min became --spec-draft-n-max/-n-min; the peer programs localspec
-# builds from the same source take them, see localspec/peers.py).
+# (--draft-max/--draft-min became --spec-draft-n-max/-n-min), as `--help` of the programs
+# built from llama-cpp-python 0.3.36's vendored source lists them (spec types included).
 LLAMA_SERVER_FLAGS = {
     "-m",
     "-md",
@@ -49,6 +49,8 @@ LLAMA_SERVER_FLAGS = {
     "--spec-draft-n-max",
     "--spec-draft-n-min",
     "--spec-draft-p-min",
+    "--spec-ngram-simple-size-n",
+    "--spec-ngram-simple-size-m",
 }
 LLAMA_SERVER_SPEC_TYPES = {"draft-simple", "ngram-simple"}
 
@@ -126,7 +128,9 @@ def test_every_export_binds_to_this_machine_only() -> None:
 
 def test_an_auto_draft_length_is_fixed_with_a_note() -> None:
     out = export_pair(pair("smollm2-135m"), "llama-server", ggufs=fake_ggufs)
-    assert flags(out.argv)["--spec-draft-n-max"] == "4"
+    given = flags(out.argv)
+    assert set(given) <= LLAMA_SERVER_FLAGS
+    assert (given["--spec-type"], given["--spec-ngram-simple-size-m"]) == ("ngram-simple", "4")
     assert any("fixed" in note for note in out.notes)
 
 
