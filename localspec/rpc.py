@@ -36,7 +36,10 @@ RPC_HELP = (
     "RPC has no authentication: only servers on 127.0.0.1 or a trusted network"
 )
 PROBE_TIMEOUT_S = 5.0
-_CMD_HELLO = 14  # RPC_CMD_HELLO in ggml-rpc.cpp
+# The hello exchange of RPC_PROTO_MAJOR_VERSION 7 (ggml-rpc.h of llama-cpp-python 0.3.36):
+# command byte, payload size, payload; the reply's first byte is the server's major version.
+_PROTOCOL_MAJOR = 7
+_CMD_HELLO = 14
 _HELLO_REQUEST_BYTES = 24
 _ALL_LAYERS = 999  # n_gpu_layers: every layer goes to the listed devices
 _LOST_EXIT_CODE = 2  # what the CLI returns for any LocalspecError
@@ -126,9 +129,9 @@ def require_rpc() -> ctypes.CDLL:
 # -- probing a server -------------------------------------------------------------------------
 
 
-def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> int:
-    """Connect and exchange the protocol's hello; returns the server's protocol major version.
-    Raises RpcServerError naming the server and the fix (llama.cpp itself would abort)."""
+def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Connect and exchange the protocol's hello; RpcServerError names the server and the fix
+    where llama.cpp itself would abort."""
     host, _, port = endpoint.rpartition(":")
     start = f"start one there: localspec rpc-server --host {host} --port {port} (or llama.cpp's rpc-server)"
     try:
@@ -150,7 +153,11 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> int:
         raise RpcServerError(
             f"{endpoint} answered, but not as a llama.cpp rpc-server", "check the port: is it the rpc-server's?"
         )
-    return reply[0]
+    if reply[0] != _PROTOCOL_MAJOR:
+        raise RpcServerError(
+            f"the RPC server at {endpoint} speaks protocol version {reply[0]}, this llama.cpp {_PROTOCOL_MAJOR}",
+            "run the same llama.cpp on both ends, e.g. `localspec rpc-server` from this localspec install",
+        )
 
 
 def _receive(sock: socket.socket, n: int) -> bytes:

@@ -3,6 +3,9 @@ run where llama.cpp has no RPC backend too (tests/test_rpc.py runs the real serv
 
 from __future__ import annotations
 
+import socketserver
+import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from localspec.cli.main import build_parser
 from localspec.errors import BackendUnavailableError, InvalidRequestError
 from localspec.registry import RegistryError, load_registry, user_registry_file
-from localspec.rpc import RpcServerError, parse_endpoints, split_options
+from localspec.rpc import RpcServerError, parse_endpoints, probe, split_options
 
 PAIR_WITH_SERVERS = """
 [pairs.split-qwen]
@@ -72,3 +75,22 @@ def test_the_model_commands_take_rpc_and_warn_about_it(command: str) -> None:
     assert args.rpc == "127.0.0.1:50052"
     sub = parser._subparsers._group_actions[0].choices[command.split()[0]]  # type: ignore[union-attr]
     assert "no authentication" in sub.format_help()
+
+
+class _OtherVersion(socketserver.BaseRequestHandler):
+    """Answers the hello as an rpc-server of protocol version 3 would."""
+
+    def handle(self) -> None:
+        self.request.recv(64)
+        self.request.sendall(struct.pack("<Q", 3) + bytes([3, 0, 0]))
+
+
+def test_a_server_of_another_protocol_version_is_named() -> None:
+    server = socketserver.TCPServer(("127.0.0.1", 0), _OtherVersion)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RpcServerError, match="protocol version 3"):
+            probe(f"127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
