@@ -73,6 +73,11 @@ def handle(args: argparse.Namespace) -> int:
         from localspec.plot import check_plot_target
 
         check_plot_target(args.plot)
+    if args.peers and args.rpc:
+        raise InvalidRequestError(
+            "--peers runs llama.cpp's programs on this machine only, so it cannot compare a split target",
+            "drop --peers or --rpc",
+        )
     strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
     if "draft" in strategies and not args.draft_model:
         raise InvalidRequestError("strategy 'draft' needs a draft model", "add --draft-model PATH")
