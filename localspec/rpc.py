@@ -210,6 +210,7 @@ def _on_abort(message: bytes | None) -> None:
     lines = (message or b"").decode(errors="replace").strip().splitlines() or ["no message"]
     reason = re.sub(r"^\S+:\d+: ", "", lines[-1])  # drop llama.cpp's source file and line
     servers = ", ".join(sorted(_servers_in_use))
+    _restore_terminal()
     sys.stderr.write(
         f"localspec: error: llama.cpp stopped: {reason}.\n"
         f"  The target is split over the RPC servers {servers}: one of them stopped or the network "
@@ -218,6 +219,14 @@ def _on_abort(message: bytes | None) -> None:
     )
     sys.stderr.flush()
     os._exit(_LOST_EXIT_CODE)
+
+
+def _restore_terminal() -> None:
+    # `localspec chat` may own the screen (alternate screen, raw mode, mouse reporting).
+    if sys.stdin is not None and sys.stdout is not None and sys.stdin.isatty() and sys.stdout.isatty():
+        sys.stdout.write("\x1b[?1000l\x1b[?1003l\x1b[?1006l\x1b[?25h\x1b[?1049l")
+        sys.stdout.flush()
+        os.system("stty sane")
 
 
 @cache
