@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
@@ -129,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--server-threads", type=int, default=1, help="threads of each rpc-server (default 1)")
     parser.add_argument("--server-bin", help="llama.cpp's rpc-server (default: localspec rpc-server)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers and proxies too
     args.prompts = args.prompts.split(",")
     if args.model is None:
         from localspec.default_model import ensure_pypi_model

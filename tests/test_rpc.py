@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -150,6 +151,24 @@ def test_speculation_over_rpc_keeps_the_greedy_text(smollm2_q4_1: Path, servers:
         out = rt.generate(temperature=0.0, **request)  # type: ignore[arg-type]
     assert out.tokens == expected
     assert out.stats.drafted > 0
+
+
+def test_a_local_draft_model_over_a_split_target_keeps_the_greedy_text(
+    smollm2_q4_1: Path, derived_models: Any, servers: tuple[str, ...]
+) -> None:
+    import localspec
+
+    drafter = str(derived_models["Q4_0"])
+    request = {"messages": [{"role": "user", "content": "Count from one to ten in words."}], "max_tokens": 32}
+    with localspec.load(str(smollm2_q4_1), strategy="none", n_ctx=N_CTX, calibrate=False, rpc=servers) as plain:
+        expected = plain.generate(temperature=0.0, **request).tokens  # type: ignore[arg-type]
+    with localspec.load(
+        str(smollm2_q4_1), draft_model=drafter, draft_tokens=3, n_ctx=N_CTX, calibrate=False, rpc=servers
+    ) as rt:
+        assert rt.draft is not None and rt.draft.capabilities.device == "cpu"  # the drafter stays here
+        out = rt.generate(temperature=0.0, **request)  # type: ignore[arg-type]
+    assert out.tokens == expected
+    assert out.stats.accepted > 0
 
 
 def test_an_unreachable_server_is_a_clear_error(smollm2_q4_1: Path) -> None:
