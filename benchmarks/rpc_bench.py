@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -52,13 +53,17 @@ def wait_ready(proc: subprocess.Popen[bytes], endpoint: str) -> None:
             time.sleep(0.1)
 
 
+LOG_DIR = Path(tempfile.mkdtemp(prefix="rpc_bench-"))  # each server's and proxy's output
+
+
 @contextlib.contextmanager
 def processes(commands: Sequence[tuple[list[str], str]]) -> Iterator[None]:
     """Start each command, wait until its endpoint answers, stop them all afterwards."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for command, endpoint in commands:
-            procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            with open(LOG_DIR / f"{endpoint.replace(':', '_')}.log", "ab") as log:
+                procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
             wait_ready(procs[-1], endpoint)
         yield
     finally:
@@ -141,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from localspec.quantize import derived
 
         args.draft_model = str(derived(args.model, args.draft_model, data_dir() / "derived"))
+    print(f"servers' and proxies' logs: {LOG_DIR}", file=sys.stderr)
     servers = [free_port(), free_port()]
     results: list[tuple[float, BenchRow]] = []
     commands = [(server_command(s, args.server_threads, args.server_bin), f"127.0.0.1:{s}") for s in servers]
