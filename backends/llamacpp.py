@@ -65,15 +65,33 @@ def extra_buffers() -> bool:
     return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
 
 
+def _model_params(rpc: Sequence[str]) -> tuple[Any, Any]:
+    """Model parameters: every layer on this CPU, or on the given RPC servers' devices
+    (returned too: the array must outlive the load)."""
+    mparams = llama.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    mparams.use_extra_bufts = extra_buffers()
+    if not rpc:
+        return mparams, None
+    from localspec.rpc import offload_to_servers
+
+    return mparams, offload_to_servers(mparams, rpc)
+
+
 class LlamaCppBackend:
     """One GGUF model with its own context (KV cache) on the CPU."""
 
-    def __init__(self, path: str, n_ctx: int = 4096, threads: int | None = None, max_block: int = 512) -> None:
+    def __init__(
+        self,
+        path: str,
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        max_block: int = 512,
+        rpc: Sequence[str] = (),
+    ) -> None:
         check_gguf(path)
         init_library()
-        mparams = llama.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        mparams.use_extra_bufts = extra_buffers()
+        mparams, self._devices = _model_params(rpc)
         model = llama.llama_model_load_from_file(path.encode(), mparams)
         if not model:
             raise ModelLoadError(
@@ -125,11 +143,11 @@ class LlamaCppBackend:
             n_params=int(llama.llama_model_n_params(model)),
             n_layers=int(llama.llama_model_n_layer(model)),
         )
+        extra = {"threads": str(threads), "file_type": self._meta("general.file_type") or "1", "build": build_id()}
+        if rpc:  # the servers are part of the cost curve: another list is another calibration
+            extra["rpc"] = ",".join(rpc)
         self.capabilities = Capabilities(
-            rollback=True,
-            max_block=max_block,
-            device="cpu",
-            extra={"threads": str(threads), "file_type": self._meta("general.file_type") or "1", "build": build_id()},
+            rollback=True, max_block=max_block, device="rpc" if rpc else "cpu", extra=extra
         )
 
     # -- description ------------------------------------------------------------------------

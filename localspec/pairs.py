@@ -4,6 +4,7 @@ load both with the pair's recommended strategy and draft length."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +27,12 @@ def load_pair(
     strategy: str | None = None,
     draft_tokens: DraftTokens | None = None,
     registry: Registry | None = None,
+    rpc: str | Sequence[str] | None = None,
     **options: Any,
 ) -> Runtime:
     """Load a pulled pair; strategy and draft_tokens given as None or "auto" (every caller's
-    default) take the pair's own. A pair that is not pulled raises NotPulledError naming the
-    `localspec pull` command that fetches it."""
+    default) take the pair's own, and rpc (None) the pair's servers. A pair that is not pulled
+    raises NotPulledError naming the `localspec pull` command that fetches it."""
     from localspec.api import load
     from localspec.pull import resolve_pair
 
@@ -42,6 +44,7 @@ def load_pair(
         strategy=pair.strategy if strategy in (None, "auto") else strategy,
         backend=backend,
         draft_tokens=pair.draft_tokens if draft_tokens in (None, "auto") else draft_tokens,
+        rpc=pair.rpc if rpc is None else rpc,
         **options,
     )
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -18,6 +19,7 @@ from localspec.hardware import physical_cores
 from localspec.paths import data_dir
 
 PROGRAMS = ("llama-speculative-simple", "llama-lookup")
+RPC_SERVER = "rpc-server"  # llama.cpp's own RPC server, for a target split with --rpc
 _SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
@@ -35,14 +37,15 @@ def peers_dir() -> Path:
     return data_dir() / "peers" / f"llama.cpp-{version('llama-cpp-python')}"
 
 
-def find_or_build(bin_dir: str | Path | None = None, build: bool = False) -> Path:
-    """The folder holding the peer programs: given, already built, or built now (~10 min)."""
+def find_or_build(bin_dir: str | Path | None = None, build: bool = False, programs: Sequence[str] = PROGRAMS) -> Path:
+    """The folder holding llama.cpp's programs (the peers, or RPC_SERVER): given, already
+    built, or built now (~10 min)."""
     folder = Path(bin_dir) if bin_dir else peers_dir() / "build" / "bin"
-    if all((folder / p).exists() for p in PROGRAMS):
+    if all((folder / p).exists() for p in programs):
         return folder
     if bin_dir or not build:
         raise BackendUnavailableError(
-            f"llama.cpp's programs {', '.join(PROGRAMS)} are not in {folder}",
+            f"llama.cpp's programs {', '.join(programs)} are not in {folder}",
             "add --build-peers to build them from llama-cpp-python's source (about 10 minutes on 2 cores)",
         )
     source = _fetch_source(peers_dir())
@@ -51,11 +54,12 @@ def find_or_build(bin_dir: str | Path | None = None, build: bool = False) -> Pat
         "-DLLAMA_BUILD_EXAMPLES=ON",
         "-DLLAMA_BUILD_TOOLS=ON",
         "-DLLAMA_CURL=OFF",
+        "-DGGML_RPC=ON",  # builds rpc-server, and lets the peers' own builds reach RPC servers
         "-DBUILD_SHARED_LIBS=OFF",
         "-DCMAKE_BUILD_TYPE=Release",
     ]
     _run(["cmake", "-S", str(source), "-B", str(build_dir), *flags])
-    _run(["cmake", "--build", str(build_dir), "-j", str(physical_cores()), "--target", *PROGRAMS])
+    _run(["cmake", "--build", str(build_dir), "-j", str(physical_cores()), "--target", *programs])
     return build_dir / "bin"
 
 

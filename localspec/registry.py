@@ -119,6 +119,7 @@ class Pair:
     strategy: str
     draft_tokens: DraftTokens
     origin: Path
+    rpc: tuple[str, ...] = ()  # llama.cpp rpc-servers the target is split over (HOST:PORT)
 
     @property
     def models(self) -> tuple[Model, ...]:
@@ -371,7 +372,7 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
     if not isinstance(entry, dict):
         raise _fail(path, where, pair_id, "expected a table")
     required = {"description", "target", "strategy"}
-    _check_keys(entry, required | {"aliases", "drafter", "draft_tokens"}, path, where, required=required)
+    _check_keys(entry, required | {"aliases", "drafter", "draft_tokens", "rpc"}, path, where, required=required)
 
     def model(key: str) -> Model:
         name = _str(entry, key, path, where)
@@ -400,6 +401,7 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
         strategy=strategy,
         draft_tokens=_draft_tokens(entry.get("draft_tokens", "auto"), path, where),
         origin=path,
+        rpc=_rpc(entry.get("rpc", []), path, where),
     )
     if not pair.backends:
         raise _fail(path, where, "drafter", "target and drafter have no backend in common")
@@ -412,6 +414,19 @@ def _draft_tokens(value: Any, path: Path, where: str) -> DraftTokens:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 16:
         raise _fail(path, where, "draft_tokens", f"expected 'auto' or a whole number from 1 to 16, got {value!r}")
     return value
+
+
+def _rpc(value: Any, path: Path, where: str) -> tuple[str, ...]:
+    from localspec.rpc import RpcServerError, parse_endpoints
+
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail(path, where, "rpc", f'expected "HOST:PORT" or a list of them, got {value!r}')
+    try:
+        return parse_endpoints(value) if value else ()
+    except RpcServerError as exc:
+        raise _fail(path, where, "rpc", exc.message) from None
 
 
 def _check_aliases(pairs: Mapping[str, Pair]) -> None:

@@ -15,6 +15,7 @@ from localspec.errors import InvalidRequestError
 from localspec.peers import find_or_build, run_peer
 from localspec.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.protocol import Backend
+from localspec.rpc import split_options
 
 
 def register(sub: Any) -> None:
@@ -72,6 +73,11 @@ def handle(args: argparse.Namespace) -> int:
         from localspec.plot import check_plot_target
 
         check_plot_target(args.plot)
+    if args.peers and args.rpc:
+        raise InvalidRequestError(
+            "--peers runs llama.cpp's programs on this machine only, so it cannot compare a split target",
+            "drop --peers or --rpc",
+        )
     strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
     if "draft" in strategies and not args.draft_model:
         raise InvalidRequestError("strategy 'draft' needs a draft model", "add --draft-model PATH")
@@ -83,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"n_ctx": args.ctx}
     if args.threads:
         options["threads"] = args.threads
-    target = load_backend(args.backend, model, **options)
+    target = load_backend(args.backend, model, **options, **split_options(args.backend, args.rpc))
     contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
     rows = bench(
         target,

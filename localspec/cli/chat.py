@@ -8,6 +8,7 @@ from typing import Any
 
 def register(sub: Any) -> None:
     from localspec.cli.main import add_sampling_options
+    from localspec.rpc import RPC_HELP
 
     p = sub.add_parser(
         "chat",
@@ -34,6 +35,7 @@ def register(sub: Any) -> None:
     p.add_argument("--system", default="", help="system message")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens (default 4096)")
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
     p.add_argument("--history-path", action="store_true", help="print where conversations are saved, then exit")
     add_sampling_options(p, temperature=0.8)
     p.set_defaults(handler=handle, max_tokens=1024)
@@ -62,6 +64,7 @@ def handle(args: argparse.Namespace) -> int:
         draft_tokens=args.draft_tokens,
         n_ctx=args.ctx,
         threads=args.threads,
+        rpc=args.rpc,
         system=args.system,
         temperature=args.temperature,
         top_k=args.top_k,

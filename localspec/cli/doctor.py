@@ -11,6 +11,7 @@ from localspec.backend_loader import load_backend
 from localspec.calibrate import calibrated
 from localspec.controller import choose_static
 from localspec.hardware import predict_verify_seconds, probe
+from localspec.rpc import INSTALL_WITH_RPC, rpc_available
 
 
 def register(sub: Any) -> None:
@@ -63,6 +64,7 @@ def handle(args: argparse.Namespace) -> int:
                     },
                     "predicted_ms": [t * 1e3 for t in predicted],
                     "gamma_for_acceptance": choices,
+                    "llamacpp_rpc": rpc_available(),
                 },
                 indent=1,
             )
@@ -81,6 +83,7 @@ def handle(args: argparse.Namespace) -> int:
         print(f"accelerator  {a.kind}: {a.name}, {a.memory_gib:.0f} GiB, {spec}{measured}")
     if not device.accelerators:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
+    print(f"llama.cpp    {_rpc_line()}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
     print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve))
@@ -96,3 +99,9 @@ def handle(args: argparse.Namespace) -> int:
         "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
     )
     return 0
+
+
+def _rpc_line() -> str:
+    if rpc_available():
+        return "RPC backend built in: --rpc can split a target over rpc-servers"
+    return f"no RPC backend: --rpc needs {INSTALL_WITH_RPC}"

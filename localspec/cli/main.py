@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from localspec.errors import LocalspecError
+from localspec.rpc import RPC_HELP
 
 
 def _draft_tokens(value: str) -> int | str:
@@ -35,6 +36,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens (default 4096)")
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
 
 
 def add_sampling_options(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description="Lossless speculative decoding for local LLMs.")
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from localspec.cli import add, bench, chat, doctor, models, pull, registry, run
+    from localspec.cli import add, bench, chat, doctor, export, models, pull, registry, rpc_server, run
 
     run.register(sub)
     bench.register(sub)
@@ -62,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.register(sub)
     registry.register(sub)
     add.register(sub)
+    rpc_server.register(sub)
+    export.register(sub)
     return parser
 
 

@@ -40,6 +40,8 @@ def handle(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"n_ctx": args.ctx}
     if args.threads:
         options["threads"] = args.threads
+    if args.rpc:
+        options["rpc"] = args.rpc
     runtime = load(
         args.model,
         draft_model=args.draft_model,

@@ -42,6 +42,7 @@ def load_runtime(settings: ChatSettings) -> Runtime:
         draft_tokens=settings.draft_tokens,
         n_ctx=settings.n_ctx,
         threads=settings.threads,
+        rpc=settings.rpc,
     )
 
 

@@ -11,7 +11,7 @@ from localspec.errors import InvalidRequestError
 DraftTokens = int | Literal["auto"]
 
 # Fields a Runtime is built from; everything else applies to the next request only.
-RUNTIME_FIELDS = ("model", "draft_model", "backend", "strategy", "draft_tokens", "n_ctx", "threads")
+RUNTIME_FIELDS = ("model", "draft_model", "backend", "strategy", "draft_tokens", "n_ctx", "threads", "rpc")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class ChatSettings:
     draft_tokens: DraftTokens = "auto"
     n_ctx: int = 4096
     threads: int | None = None
+    rpc: str | None = None  # llama.cpp rpc-servers the target is split over
     system: str = ""
     temperature: float = 0.8
     top_k: int = 40
