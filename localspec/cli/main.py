@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description="Lossless speculative decoding for local LLMs.")
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from localspec.cli import bench, chat, doctor, models, pull, run
+    from localspec.cli import bench, chat, doctor, models, pull, run, serve
 
     run.register(sub)
     bench.register(sub)
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.register(sub)
     pull.register(sub)
     models.register(sub)
+    serve.register(sub)
     return parser
 
 
