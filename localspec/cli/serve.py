@@ -102,7 +102,8 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _is_file(model: str | None) -> bool:
-    return model is not None and (os.path.exists(model) or model.endswith(".gguf"))
+    """A model file (or a reference model's spec) rather than a pair of models.toml."""
+    return model is not None and (os.path.exists(model) or model.endswith(".gguf") or model.startswith("reference"))
 
 
 def _served_id(model: str | None, draft_model: str | None) -> str:

@@ -100,6 +100,7 @@ class Worker:
                 self._waiting.remove(job)
                 job.outcome = "cancelled"
                 job.finished.set()
+                self._cond.notify_all()
                 return
         job.cancel()
 
@@ -112,9 +113,10 @@ class Worker:
                 "served": self.served,
             }
 
-    def idle(self) -> bool:
+    def wait_until(self, condition: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
+        """Block until condition(status()) holds, e.g. lambda s: not s["busy"]; False on timeout."""
         with self._cond:
-            return self._running is None and not self._waiting
+            return self._cond.wait_for(lambda: condition(self.status()), timeout)
 
     def check_prompt(self, model: str, request: Mapping[str, Any]) -> None:
         """Tokenize the prompt now, in the request's thread, so a prompt that does not fit is
@@ -198,6 +200,7 @@ class Worker:
                 job = self._waiting.popleft()
                 self._running = job
                 job.outcome = "running"
+                self._cond.notify_all()
             started = time.perf_counter()
             try:
                 self._serve(job)
@@ -207,6 +210,7 @@ class Worker:
                     self.served += 1
                     self._seconds.append(time.perf_counter() - started)
                     self.history.append(job)
+                    self._cond.notify_all()
                 job.finished.set()
 
     def _serve(self, job: Job) -> None:
