@@ -8,9 +8,12 @@ server.stop()
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -30,6 +33,20 @@ class _Uvicorn(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, worker: Worker) -> None:
         super().__init__(config)
         self.worker = worker
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # As uvicorn's, without raising the signal again once stopped: a stop on request is
+        # a clean exit, and the CLI says so.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
