@@ -7,7 +7,7 @@ The server runs in its own process (`localspec serve --port 0`), as clients meet
 
     python benchmarks/serve_bench.py                          # the embedded default
     python benchmarks/serve_bench.py --model smollm2-1.7b --max-tokens 256
-    python benchmarks/serve_bench.py --max-tokens 8 --prompts 2   # a quick check
+    python benchmarks/serve_bench.py --max-tokens 8 --prompts 2 --repeats 1 --draft-tokens 4   # a quick check
 """
 
 from __future__ import annotations
@@ -120,7 +120,9 @@ class Server:
 
 def start_server(args: argparse.Namespace) -> Server:
     command = [sys.executable, "-m", "localspec", "serve", "--port", "0", "--ctx", str(args.ctx)]
-    command += ["--backend", args.backend] + ([args.model] if args.model else [])
+    command += ["--backend", args.backend, "--draft-tokens", str(args.draft_tokens)] + (
+        [args.model] if args.model else []
+    )
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     for line in process.stderr:
@@ -179,7 +181,7 @@ def throughput(url: str, prompts: Sequence[str], max_tokens: int, clients: int) 
 
 def rows(args: argparse.Namespace) -> Iterator[tuple[str, str, str, str]]:
     prompts = PROMPTS[: args.prompts]
-    runtime = load(args.model, backend=args.backend, n_ctx=args.ctx)
+    runtime = load(args.model, backend=args.backend, n_ctx=args.ctx, draft_tokens=args.draft_tokens)
     with runtime:
         api_text = {p: api_timing(runtime, user(p), args.max_tokens)[1] for p in prompts}  # warm-up, reference
         api = [api_timing(runtime, user(p), args.max_tokens)[0] for p in prompts for _ in range(args.repeats)]
@@ -229,6 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many prompts (1-{len(PROMPTS)})")
     parser.add_argument("--repeats", type=int, default=2, help="decode runs per prompt and side")
     parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument(
+        "--draft-tokens",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="as `localspec serve --draft-tokens` (a number skips the first calibration: a quick check)",
+    )
     args = parser.parse_args(argv)
     table = [("", "in-process API", "HTTP (localspec serve)", "HTTP / API"), *rows(args)]
     widths = [max(len(r[i]) for r in table) for i in range(4)]

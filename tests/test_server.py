@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -348,6 +349,46 @@ def test_the_default_bind_address_is_127_0_0_1() -> None:
     with LocalServer(runtime, "ref", lambda _: runtime, port=0) as server:
         assert server.address[0] == "127.0.0.1"
     assert local_only("127.0.0.1") and not local_only("0.0.0.0")
+
+
+@pytest.fixture(scope="module")
+def fim_model(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model with three rare tokens renamed to StarCoder's FIM tokens (same byte
+    length, so the GGUF is patched in place): a vocabulary with FIM tokens to serve."""
+    data = bytearray(smollm2_q4_1.read_bytes())
+    start = data.index(b"tokenizer.ggml.tokens")
+    for old, new in (
+        (b"orangutans", b"<fim_prefix>"),
+        (b"volleyball", b"<fim_suffix>"),
+        (b"Identities", b"<fim_middle>"),
+    ):
+        at = data.index(struct.pack("<Q", 12) + "Ġ".encode() + old, start) + 8
+        data[at : at + 12] = new
+    path = tmp_path_factory.mktemp("fim") / "smollm2-fim.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_suffix_fills_in_the_middle_where_the_vocabulary_has_fim_tokens(fim_model: Path) -> None:
+    runtime = load(str(fim_model), n_ctx=TEST_N_CTX, calibrate=False)
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+    catalog = Catalog("fim", pairs=False)
+    with LocalServer(
+        runtime, "fim", lambda _: runtime, port=0, catalog=catalog, settings=Settings(log=lambda line: None)
+    ) as srv:
+        srv.start()
+        body = {"model": "fim", "prompt": prefix, "suffix": suffix, "max_tokens": 8, "temperature": 0}
+        answer = httpx.post(f"{srv.url}/completions", json=body, timeout=60).json()
+        target = runtime.target
+        fim = find_fim_tokens(target.vocab_identity())
+        assert fim is not None
+        head = target.tokenize("", add_special=True, parse_special=False)
+        ids = fim.prompt(
+            prefix, suffix, lambda text: target.tokenize(text, add_special=False, parse_special=False), head
+        )
+        expected = runtime.generate(prompt=ids, max_tokens=8, temperature=0)
+    assert answer["choices"][0]["text"] == expected.text
+    assert answer["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_fim_tokens_are_found_by_their_spelling_and_put_in_prefix_suffix_middle_order() -> None:
