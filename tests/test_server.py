@@ -391,6 +391,28 @@ def test_suffix_fills_in_the_middle_where_the_vocabulary_has_fim_tokens(fim_mode
     assert answer["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_naming_a_pulled_pair_loads_it_in_place_of_the_served_model(
+    fim_model: Path, smollm2_q4_1: Path, temporary_localspec_home: Path
+) -> None:
+    models = temporary_localspec_home / "models"  # the embedded default's pair, as after a pull
+    models.mkdir(parents=True)
+    (models / smollm2_q4_1.name).symlink_to(smollm2_q4_1)
+
+    def loader(model_id: str) -> Runtime:
+        return load(str(fim_model) if model_id == "fim" else model_id, n_ctx=TEST_N_CTX, calibrate=False)
+
+    settings = Settings(log=lambda line: None)
+    with LocalServer(loader("fim"), "fim", loader, port=0, catalog=Catalog("fim"), settings=settings) as srv:
+        srv.start()
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["fim", MODEL]
+        answer = client.chat.completions.create(model="default", messages=RIVERS, max_tokens=4, temperature=0)
+        assert answer.model == MODEL and srv.worker.model_id == MODEL
+        assert [m.id for m in client.models.list().data] == [MODEL, "fim"]
+        again = client.chat.completions.create(model="fim", messages=RIVERS, max_tokens=4, temperature=0)
+        assert again.model == "fim" and srv.worker.model_id == "fim"
+
+
 def test_fim_tokens_are_found_by_their_spelling_and_put_in_prefix_suffix_middle_order() -> None:
     texts = (b"a", b"<fim_prefix>", b"<fim_suffix>", b"<fim_middle>", b"b")
     fim = find_fim_tokens(VocabIdentity("bpe", len(texts), None, None, texts))

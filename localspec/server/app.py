@@ -93,7 +93,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings) -> FastAPI:
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:
         loaded = worker.model_id
-        ids = [loaded, *(i for i in await run_in_threadpool(catalog.pulled) if i != loaded)]
+        ids = list(dict.fromkeys([loaded, catalog.served, *await run_in_threadpool(catalog.pulled)]))
         return {"object": "list", "data": [_model_card(i, catalog, loaded) for i in ids]}
 
     @api.get("/v1/models/{model_id}")
