@@ -18,7 +18,7 @@ from localspec.api import Runtime, load
 from localspec.protocol import Backend, VocabIdentity
 from localspec.server import Catalog, LocalServer, Settings, local_only
 from localspec.server.fim import FimTokens, find_fim_tokens
-from localspec.server.worker import Job, stream_kwargs
+from localspec.server.worker import Job, Worker, stream_kwargs
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -56,6 +56,7 @@ def held(server: LocalServer) -> Iterator[threading.Event]:
     """The generation thread held on a request of its own until the event is set, so that
     what queues behind it is known."""
     gate = threading.Event()
+    idle_count(server.worker)
     job = Job(MODEL, stream_kwargs(prompt="1, 2, 3,", max_tokens=2, stop=(), sampling={}), lambda _: gate.wait())
     server.worker.submit(job)
     assert server.worker.wait_until(lambda s: s["busy"], timeout=30)
@@ -173,9 +174,16 @@ def test_sse_framing_is_data_events_keep_alive_comments_and_done(server, held) -
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def idle_count(worker: Worker) -> int:
+    """Requests served so far, once the previous one has left the generation thread (its
+    answer is sent a moment before), so that the next request to run is the test's own."""
+    assert worker.wait_until(lambda s: not s["busy"] and not s["waiting"], timeout=60)
+    return int(worker.status()["served"])
+
+
 def test_a_client_that_leaves_mid_stream_ends_its_generation_within_one_step(server, client) -> None:
     worker = server.worker
-    served = worker.status()["served"]
+    served = idle_count(worker)
     body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1000, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server.url}/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():
@@ -191,7 +199,7 @@ def test_a_client_that_leaves_mid_stream_ends_its_generation_within_one_step(ser
 
 def test_a_non_streaming_client_that_leaves_ends_its_generation(server, client) -> None:
     worker = server.worker
-    served = worker.status()["served"]
+    served = idle_count(worker)
     body = json.dumps({"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1000, "temperature": 0}).encode()
     host, port = server.address
     with socket.create_connection((host, port)) as sock:

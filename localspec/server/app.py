@@ -237,6 +237,7 @@ async def _collect(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: 
             item = get.result()
             if isinstance(item, BaseException):
                 finished = True
+                reply.note(None, f"failed: {_api_error(item).message}")
                 raise item
             if isinstance(item, Finished):
                 finished = True
