@@ -212,7 +212,7 @@ def rows(args: argparse.Namespace) -> Iterator[tuple[str, str, str, str]]:
         "time to first token, ms",
         f"{api_ttft * 1e3:.1f}",
         f"{http_ttft * 1e3:.1f}",
-        f"+{(http_ttft - api_ttft) * 1e3:.1f} ms",
+        f"{(http_ttft - api_ttft) * 1e3:+.1f} ms",
     )
     for kind in ("new", "returning", "interleaved"):
         a, h = api_turns[kind], http_turns[kind]
