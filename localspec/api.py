@@ -171,21 +171,27 @@ class Runtime:
     # -- requests ---------------------------------------------------------------------------
 
     def prompt_tokens(
-        self, prompt: str | None = None, messages: Sequence[Mapping[str, str]] | None = None
+        self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, str]] | None = None
     ) -> list[int]:
+        """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens)."""
         if (prompt is None) == (messages is None):
             raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
         if messages is not None:
             text = render_chat(self.target.chat_template(), messages, self.target.special_texts())
             return self.target.tokenize(text, add_special=False, parse_special=True)
         assert prompt is not None
+        if not isinstance(prompt, str):
+            ids = [int(t) for t in prompt]
+            if not ids or not all(0 <= t < self.target.info.n_vocab for t in ids):
+                raise InvalidRequestError(f"prompt token ids must be 0 to {self.target.info.n_vocab - 1}, at least one")
+            return ids
         if not prompt:
             raise InvalidRequestError("the prompt is empty", "give some text to continue")
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
 
     def stream(
         self,
-        prompt: str | None = None,
+        prompt: str | Sequence[int] | None = None,
         *,
         messages: Sequence[Mapping[str, str]] | None = None,
         max_tokens: int = 256,
@@ -204,7 +210,7 @@ class Runtime:
 
     def generate(
         self,
-        prompt: str | None = None,
+        prompt: str | Sequence[int] | None = None,
         *,
         messages: Sequence[Mapping[str, str]] | None = None,
         max_tokens: int = 256,

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description="Lossless speculative decoding for local LLMs.")
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from localspec.cli import add, bench, chat, doctor, export, models, pull, registry, rpc_server, run
+    from localspec.cli import add, bench, chat, doctor, export, models, pull, registry, rpc_server, run, serve
 
     run.register(sub)
     bench.register(sub)
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.register(sub)
     pull.register(sub)
     models.register(sub)
+    serve.register(sub)
     registry.register(sub)
     add.register(sub)
     rpc_server.register(sub)

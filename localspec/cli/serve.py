@@ -1,0 +1,120 @@
+"""`localspec serve`: an OpenAI-compatible local server with speculative decoding behind it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from localspec.errors import InvalidRequestError
+
+DEFAULT_PAIR = "smollm2-135m"  # models.toml's pair for the embedded default
+
+
+def register(sub: Any) -> None:
+    from localspec.cli.main import add_model_options
+
+    p = sub.add_parser(
+        "serve",
+        help="serve the OpenAI API on this machine",
+        description="An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health) "
+        "with speculative decoding behind it. Binds 127.0.0.1 unless told otherwise.",
+    )
+    p.add_argument("pair", nargs="?", help="a pulled pair from models.toml (default: the embedded SmolLM2-135M)")
+    p.add_argument("--strategy", "-s", default="auto", help="none, ngram, draft, qspec[:TYPE] or layerskip[:L]")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("LOCALSPEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: $LOCALSPEC_API_KEY)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed to call the server (repeatable; default: none)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait behind the one running; more get 503 (default 16)",
+    )
+    add_model_options(p)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from localspec.api import load
+    from localspec.server import Catalog, LocalServer, Settings, local_only
+
+    if args.pair and args.model:
+        raise InvalidRequestError("name the model once: a pair, or --model FILE", "drop one of them")
+    if args.max_queue < 0:
+        raise InvalidRequestError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    model = args.pair or args.model
+    options: dict[str, Any] = {"n_ctx": args.ctx, "backend": args.backend, "draft_tokens": args.draft_tokens}
+    if args.threads:
+        options["threads"] = args.threads
+    if args.rpc:
+        options["rpc"] = args.rpc
+    served = _served_id(model, args.draft_model)
+
+    def loader(pair_id: str) -> Any:
+        if pair_id == served:
+            return load(model, draft_model=args.draft_model, strategy=args.strategy, **options)
+        return load(pair_id, strategy=args.strategy, **options)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    say(f"localspec serve: loading {served}")
+    runtime = loader(served)
+    # Another pair may be loaded on request only where pairs are what is served.
+    catalog = Catalog(served, backend=args.backend, pairs=args.draft_model is None and not _is_file(model))
+    try:
+        server = LocalServer(
+            runtime,
+            served,
+            loader,
+            host=args.host,
+            port=args.port,
+            max_queue=args.max_queue,
+            catalog=catalog,
+            settings=Settings(api_key=args.api_key or None, cors_origins=args.cors_origin, log=say),
+        )
+    except OSError as exc:
+        runtime.close()
+        raise InvalidRequestError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", "pick another --port (0: any free one)"
+        ) from None
+    if not local_only(args.host) and not args.api_key:
+        say(
+            f"warning: listening on {args.host} without an API key: anyone who can reach this machine can use it "
+            "(set --api-key or LOCALSPEC_API_KEY)"
+        )
+    say(f"localspec serve: {served} ({runtime.label}) at {server.url}  (Ctrl+C stops)")
+    server.serve()
+    say("localspec serve: stopped")
+    return 0
+
+
+def _is_file(model: str | None) -> bool:
+    """A model file (or a reference model's spec) rather than a pair of models.toml."""
+    return model is not None and (os.path.exists(model) or model.endswith(".gguf") or model.startswith("reference"))
+
+
+def _served_id(model: str | None, draft_model: str | None) -> str:
+    """The model id clients name: the pair id, or the file's name for a GGUF file."""
+    if model is None:
+        return DEFAULT_PAIR if draft_model is None else f"default+{Path(draft_model).stem}"
+    if not _is_file(model):
+        from localspec.registry import load_registry
+
+        return load_registry().pair(model).id
+    name = Path(model).stem
+    return name if draft_model is None else f"{name}+{Path(draft_model).stem}"

@@ -1,0 +1,136 @@
+"""`localspec serve`: an OpenAI-compatible HTTP server over one Runtime.
+
+server = LocalServer(runtime, "smollm2-135m", loader, host="127.0.0.1", port=0)
+server.start()            # in a background thread (tests, benchmarks); serve() blocks (the CLI)
+print(server.url)         # http://127.0.0.1:PORT/v1
+server.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from localspec.api import Runtime
+from localspec.server.app import Catalog, Settings, create_app
+from localspec.server.worker import Loader, Worker
+
+__all__ = ["Catalog", "LocalServer", "Settings"]
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, ending the generation in flight as soon as Ctrl+C or SIGTERM arrives (uvicorn
+    would otherwise wait for every open stream to finish)."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker) -> None:
+        super().__init__(config)
+        self.worker = worker
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # As uvicorn's, without raising the signal again once stopped: a stop on request is
+        # a clean exit, and the CLI says so.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # Off the signal handler: stopping takes the worker's lock.
+        threading.Thread(target=self.worker.stop, name="localspec-stop").start()
+
+
+class LocalServer:
+    def __init__(
+        self,
+        runtime: Runtime,
+        model_id: str,
+        loader: Loader,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        max_queue: int = 16,
+        catalog: Catalog | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.worker = Worker(runtime, model_id, loader, max_queue)
+        self.settings = settings or Settings()
+        self.app = create_app(self.worker, catalog or Catalog(model_id), self.settings)
+        try:
+            self.socket = _bind(host, port)
+        except BaseException:
+            self.worker.close()
+            raise
+        config = uvicorn.Config(
+            self.app, log_config=None, log_level=logging.WARNING, access_log=False, timeout_graceful_shutdown=5
+        )
+        self._server = _Uvicorn(config, self.worker)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.socket.getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+    def serve(self) -> None:
+        """Serve until Ctrl+C or SIGTERM (in the main thread) or stop(); then free everything."""
+        try:
+            self._server.run(sockets=[self.socket])
+        finally:
+            self.worker.close()
+            self.socket.close()
+
+    def start(self) -> None:
+        """Serve from a background thread; returns once the server accepts connections."""
+        self._thread = threading.Thread(target=self.serve, name="localspec-server", daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server stopped while starting")
+            self._thread.join(0.01)
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bound here rather than by uvicorn, so that the address (port 0 included) is known
+    before serving starts."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(128)
+    return sock
+
+
+def local_only(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")

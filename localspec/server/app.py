@@ -1,0 +1,436 @@
+"""The HTTP side: OpenAI's routes over the generation worker, with streaming as server-sent
+events, OpenAI error objects, an optional API key, CORS and one log line per request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localspec.api import Finished, TextDelta
+from localspec.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
+from localspec.server import schemas
+from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
+from localspec.server.worker import Item, Job, Worker, stream_kwargs
+from localspec.stats import Stats
+
+UNLIMITED = 1 << 30  # no max_tokens: generate until a stop or the context is full
+
+
+@dataclass
+class Settings:
+    api_key: str | None = None
+    cors_origins: Sequence[str] = ()
+    keepalive_s: float = 10.0  # SSE comment while a request waits or its prompt is evaluated
+    max_body_bytes: int = 8 << 20
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class Catalog:
+    """Which model ids this server answers to: the one it serves and the pulled pairs."""
+
+    served: str
+    backend: str = "llamacpp"
+    pairs: bool = True  # whether pairs of models.toml may be loaded on request
+    started: int = field(default_factory=schemas.now)
+
+    def pulled(self) -> list[str]:
+        if not self.pairs:
+            return []
+        from localspec.pull import is_pulled
+        from localspec.registry import load_registry
+
+        return [p.id for p in load_registry().pairs.values() if is_pulled(p, self.backend)]
+
+    def resolve(self, name: str | None, loaded: str) -> str:
+        """The pair id to run a request on; 404 naming `localspec pull` when it is not here."""
+        if not name or name in (loaded, self.served):
+            return name or loaded
+        if not self.pairs:
+            raise _no_model(name, f"this server serves {self.served!r} only")
+        from localspec.pull import is_pulled, pull_command
+        from localspec.registry import UnknownPairError, load_registry
+
+        try:
+            pair = load_registry().pair(name)
+        except UnknownPairError:
+            raise _no_model(name, "`localspec list` shows the pairs; fetch one with `localspec pull PAIR`") from None
+        if pair.id in (loaded, self.served):
+            return pair.id
+        if not is_pulled(pair, self.backend):
+            raise _no_model(name, f"fetch it with: {pull_command(pair, self.backend)}")
+        return pair.id
+
+
+def _no_model(name: str, hint: str) -> ApiError:
+    return ApiError(404, f"model {name!r} is not available here: {hint}", param="model", code="model_not_found")
+
+
+def create_app(worker: Worker, catalog: Catalog, settings: Settings) -> FastAPI:
+    app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app)
+    api = APIRouter(dependencies=[Depends(_key_check(settings.api_key))])
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", **worker.status()}
+
+    @api.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        loaded = worker.model_id
+        ids = list(dict.fromkeys([loaded, catalog.served, *await run_in_threadpool(catalog.pulled)]))
+        return {"object": "list", "data": [_model_card(i, catalog, loaded) for i in ids]}
+
+    @api.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict[str, Any]:
+        loaded = worker.model_id
+        return _model_card(await run_in_threadpool(catalog.resolve, model_id, loaded), catalog, loaded)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        body.refuse_unsupported()
+        return await _generate(request, body, "chat", {"messages": body.chat()})
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        body.refuse_unsupported()
+        return await _generate(request, body, "text", body.source())
+
+    async def _generate(request: Request, body: GenerationRequest, kind: str, source: dict[str, Any]) -> Response:
+        model = await run_in_threadpool(catalog.resolve, body.model, worker.model_id)
+        limit = body.token_limit
+        kwargs = stream_kwargs(
+            max_tokens=UNLIMITED if limit is None else limit, stop=body.stops, sampling=body.sampling(), **source
+        )
+        await run_in_threadpool(worker.check_prompt, model, kwargs)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Item] = asyncio.Queue()
+
+        def emit(item: Item) -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
+                loop.call_soon_threadsafe(events.put_nowait, item)
+
+        job = Job(model, kwargs, emit)
+        worker.submit(job)
+        reply = Reply(kind, model, request)
+        if body.stream:
+            return StreamingResponse(
+                _sse(reply, job, events, worker, body.include_usage, settings.keepalive_s),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _collect(reply, job, events, worker)
+
+    app.include_router(api)
+    # Outermost last: the log sees every answer, CORS answers preflights before the key check.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(
+        JsonCors,
+        allow_origins=list(settings.cors_origins),
+        allow_methods=["GET", "POST"],
+        allow_headers=["Authorization", "Content-Type"],
+    )
+    app.add_middleware(RequestLog, write=settings.log)
+    return app
+
+
+def _model_card(model_id: str, catalog: Catalog, loaded: str) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": catalog.started,
+        "owned_by": "localspec",
+        "loaded": model_id == loaded,
+    }
+
+
+def _key_check(key: str | None) -> Callable[[Request], None]:
+    def check(request: Request) -> None:
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(
+                401,
+                "a valid API key is required: send the header 'Authorization: Bearer KEY'"
+                if not given
+                else "the API key is not valid",
+                code="invalid_api_key",
+            )
+
+    return check
+
+
+# -- answers --------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """One request's answer in OpenAI's shape: chat or text completion."""
+
+    kind: str  # "chat" or "text"
+    model: str
+    request: Request
+    id: str = ""
+    created: int = field(default_factory=schemas.now)
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.id = schemas.new_id("chatcmpl" if self.kind == "chat" else "cmpl")
+
+    def whole(self, done: Finished) -> dict[str, Any]:
+        shape = schemas.chat_completion if self.kind == "chat" else schemas.text_completion
+        return shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats)
+
+    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def note(self, stats: Stats | None, outcome: str = "") -> None:
+        """What the request log says about this answer."""
+        if stats is None:
+            self.request.state.log_note = f"{self.model} {outcome}"
+            return
+        self.request.state.log_note = (
+            f"{self.model} {stats.prompt_tokens}+{stats.generated_tokens} tokens "
+            f"{stats.decode_tokens_per_s:.1f} tok/s acceptance {stats.acceptance_rate:.0%} "
+            f"({stats.strategy}, {stats.tokens_per_step:.2f} tokens/step){outcome}"
+        )
+
+
+async def _collect(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: Worker) -> Response:
+    """A whole answer; a client that leaves first ends its generation."""
+    left = asyncio.ensure_future(_disconnected(reply.request))
+    finished = False
+    try:
+        while True:
+            get = asyncio.ensure_future(events.get())
+            await asyncio.wait({get, left}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                reply.note(None, f"client left after {job.steps} steps")
+                return Response(status_code=499)  # nobody reads it: the connection is gone
+            item = get.result()
+            if isinstance(item, BaseException):
+                finished = True
+                reply.note(None, f"failed: {_api_error(item).message}")
+                raise item
+            if isinstance(item, Finished):
+                finished = True
+                reply.note(item.stats)
+                return JSONResponse(reply.whole(item))
+    finally:
+        left.cancel()
+        if not finished:
+            worker.withdraw(job)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _event(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _sse(
+    reply: Reply, job: Job, events: asyncio.Queue[Item], worker: Worker, include_usage: bool, keepalive: float
+) -> AsyncIterator[bytes]:
+    """data: events, a comment every `keepalive` seconds while nothing else is sent, a final
+    [DONE]. A client that leaves cancels this generator, which ends its generation."""
+    finished = False
+    first = True
+    usage_none = {"usage": None} if include_usage else {}
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(events.get(), keepalive)
+            except asyncio.TimeoutError:
+                yield b": keep-alive\n\n"
+                continue
+            if isinstance(item, BaseException):
+                finished = True
+                error = _api_error(item)
+                reply.note(None, f"failed: {error.message}")
+                yield _event(error.body())
+                break
+            if first and reply.kind == "chat":
+                yield _event({**reply.chunk(None, role=True), **usage_none})
+            first = False
+            if isinstance(item, TextDelta):
+                if item.text:
+                    yield _event({**reply.chunk(item.text), **usage_none})
+                continue
+            finished = True
+            reply.note(item.stats)
+            finish = schemas.FINISH_REASONS.get(item.finish_reason, item.finish_reason)
+            yield _event({**reply.chunk(None, finish), **usage_none, "speculation": schemas.speculation(item.stats)})
+            if include_usage:
+                last = {**reply.chunk(None), "choices": [], "usage": schemas.usage(item.stats)}
+                yield _event({**last, "speculation": schemas.speculation(item.stats)})
+            break
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not finished:
+            reply.note(None, f"client left after {job.steps} steps")
+            worker.withdraw(job)
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def _api_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextFullError):
+        return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
+    from localspec.pull import NotPulledError
+    from localspec.registry import UnknownPairError
+
+    if isinstance(exc, NotPulledError | UnknownPairError):
+        return ApiError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, InvalidRequestError | PairMismatchError):
+        return ApiError(400, str(exc))
+    if isinstance(exc, LocalspecError):
+        return ApiError(500, str(exc), type="server_error")
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def api_error(request: Request, exc: Exception) -> Response:
+        return _error_response(_api_error(exc))
+
+    async def invalid(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {"msg": "invalid request", "loc": ()}
+        if first.get("type") == "json_invalid":
+            reason = dict(first.get("ctx") or {}).get("error", "")
+            return _error_response(ApiError(400, f"the body is not valid JSON: {reason}"))
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        where = f"'{param}': " if param else ""
+        return _error_response(ApiError(400, f"{where}{first['msg']}", param=param, code="invalid_value"))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        error = ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        return _error_response(error)
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(LocalspecError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, api_error)
+
+
+# -- middleware -----------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """413 for a request body over the limit, before any of it is parsed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                error = ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
+                await _error_response(error)(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay() -> Message:
+            nonlocal body
+            if body is not None:
+                message, body = body, None
+                return message
+            return await receive()  # after the body: waits for the client to disconnect
+
+        await self.app(scope, replay, send)
+
+
+class JsonCors(CORSMiddleware):
+    """Starlette's CORS, refusing a preflight with an OpenAI error object."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        origin = request_headers.get("origin")
+        reason = bytes(response.body).decode()
+        hint = "" if self.allow_origins else ": CORS is off; start the server with --cors-origin ORIGIN"
+        error = ApiError(400, f"{reason} (origin {origin!r}){hint}", code="cors_refused")
+        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-") or k == "vary"}
+        return JSONResponse(error.body(), status_code=400, headers=headers)
+
+
+class RequestLog:
+    """One line per request, written when its answer is complete."""
+
+    def __init__(self, app: ASGIApp, write: Callable[[str], None]) -> None:
+        self.app = app
+        self.write = write
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 0
+        state: dict[str, Any] = scope.setdefault("state", {})
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            note = state.get("log_note", "")
+            seconds = time.perf_counter() - started
+            self.write(f"{scope['method']} {scope['path']} {status or '-'} {seconds:.2f}s {note}".rstrip())

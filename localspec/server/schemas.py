@@ -1,0 +1,267 @@
+"""The OpenAI request bodies localspec serves, validated at the edge, and the response
+objects it writes back (chat.completion, chat.completion.chunk, text_completion, errors)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localspec.stats import Stats
+
+# The engine's finish reasons in OpenAI's words: a filled context is a length limit too.
+FINISH_REASONS = {"stop": "stop", "max_tokens": "length", "context_full": "length"}
+
+SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
+
+# Fields OpenAI clients send that do not change the text, accepted and not used.
+HARMLESS_FIELDS = frozenset(
+    {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
+)
+
+
+class ApiError(Exception):
+    """An OpenAI error object with its HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[TextPart] | None = None
+
+
+class GenerationRequest(BaseModel):
+    """What chat and text completions share. Unknown fields are kept so that they can be
+    refused by name: a field that would change the output is never silently ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, lt=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Accepted at the values that leave the output as it is; anything else is refused.
+    n: int | None = 1
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = 0
+    presence_penalty: float | None = 0
+    logit_bias: dict[str, float] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampler settings; a field left out takes `localspec run`'s default (a small
+        model wants min-p and top-k trimming to stay coherent)."""
+        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+        return {**SAMPLING_DEFAULTS, **{k: v for k, v in given.items() if v is not None}, "seed": self.seed}
+
+    def refuse_unsupported(self) -> None:
+        """400 naming the first field that asks for something localspec does not do."""
+        changes_output = {
+            "n": self.n not in (None, 1),
+            "logprobs": bool(self.logprobs),
+            "top_logprobs": bool(self.top_logprobs),
+            "frequency_penalty": bool(self.frequency_penalty),
+            "presence_penalty": bool(self.presence_penalty),
+            "logit_bias": bool(self.logit_bias),
+            "tools": bool(self.tools),
+            "tool_choice": self.tool_choice not in (None, "none", "auto"),
+            "functions": bool(self.functions),
+            "function_call": self.function_call not in (None, "none", "auto"),
+            "response_format": self.response_format not in (None, {"type": "text"}),
+        }
+        for name, refused in changes_output.items():
+            if refused:
+                raise ApiError(400, f"'{name}' is not supported by localspec serve", param=name, code="unsupported")
+        for name in self.model_extra or {}:
+            if name not in HARMLESS_FIELDS:
+                raise ApiError(400, f"unknown or unsupported field '{name}'", param=name, code="unsupported")
+
+
+class ChatRequest(GenerationRequest):
+    messages: list[ChatMessage]
+
+    def chat(self) -> list[dict[str, str]]:
+        """The messages as plain role/content strings, as chat templates take them."""
+        if not self.messages:
+            raise ApiError(400, "'messages' is empty: give at least one message", param="messages")
+        out = []
+        for i, message in enumerate(self.messages):
+            if message.role not in ("system", "developer", "user", "assistant"):
+                raise ApiError(400, f"message role {message.role!r} is not supported", param=f"messages[{i}].role")
+            role = "system" if message.role == "developer" else message.role
+            out.append({"role": role, "content": _text_of(message, i)})
+        return out
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[int]  # a text, a list holding one text, or token ids
+    suffix: str | None = None
+    echo: bool = False
+    best_of: int | None = None
+
+    def source(self) -> dict[str, Any]:
+        """Runtime.stream's prompt (text or token ids), or a fill-in-the-middle request."""
+        prompt: str | list[int]
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            if len(self.prompt) != 1:
+                raise ApiError(400, "give one prompt: several prompts in one request are not supported", param="prompt")
+            prompt = str(self.prompt[0])
+        else:
+            prompt = self.prompt  # type: ignore[assignment]
+        if self.suffix is None:
+            return {"prompt": prompt}
+        if not isinstance(prompt, str):
+            raise ApiError(400, "'suffix' needs the prompt as text, not token ids", param="suffix")
+        return {"fim": (prompt, self.suffix)}
+
+    def refuse_unsupported(self) -> None:
+        if self.echo:
+            raise ApiError(400, "'echo' is not supported by localspec serve", param="echo", code="unsupported")
+        if self.best_of not in (None, 1):
+            raise ApiError(400, "'best_of' is not supported by localspec serve", param="best_of", code="unsupported")
+        super().refuse_unsupported()
+
+
+def _text_of(message: ChatMessage, i: int) -> str:
+    if message.content is None:
+        raise ApiError(400, f"message {i} has no content", param=f"messages[{i}].content")
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise ApiError(
+                400,
+                f"content part of type {part.type!r} is not supported: only text",
+                param=f"messages[{i}].content[{j}]",
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(stats: Stats) -> dict[str, int]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+    }
+
+
+def speculation(stats: Stats) -> dict[str, Any]:
+    """localspec's figures for one request: an extra key OpenAI clients ignore."""
+    return {
+        "strategy": stats.strategy,
+        "drafted_tokens": stats.drafted,
+        "accepted_tokens": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "verify_steps": stats.verify_steps,
+        "tokens_per_step": round(stats.tokens_per_step, 4),
+        "mean_draft_length": round(stats.mean_gamma, 4),
+        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+        "prompt_tokens_evaluated": stats.prefill_tokens,
+    }
+
+
+ChatObject = Literal["chat.completion", "chat.completion.chunk"]
+
+
+def chat_completion(rid: str, created: int, model: str, text: str, finish: str, stats: Stats) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": FINISH_REASONS.get(finish, finish),
+            }
+        ],
+        "usage": usage(stats),
+        "speculation": speculation(stats),
+    }
+
+
+def text_completion(rid: str, created: int, model: str, text: str, finish: str, stats: Stats) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH_REASONS.get(finish, finish)}],
+        "usage": usage(stats),
+        "speculation": speculation(stats),
+    }

@@ -1,0 +1,280 @@
+"""One generation thread owns the Runtime: requests run one at a time, in arrival order,
+from a bounded queue; a cancelled request stops after the verify step in flight."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.api import Finished, Runtime, TextDelta
+from localspec.errors import ContextFullError, LocalspecError
+from localspec.server.fim import FimTokens, find_fim_tokens
+from localspec.server.schemas import ApiError
+
+log = logging.getLogger("localspec.server")
+
+Item = TextDelta | Finished | BaseException
+Loader = Callable[[str], Runtime]
+HISTORY = 64  # finished jobs kept for /health and the tests
+
+
+class QueueFullError(ApiError):
+    def __init__(self, waiting: int, retry_after: int) -> None:
+        super().__init__(
+            503,
+            f"the server is busy: {waiting} requests are waiting; retry in {retry_after} s",
+            type="server_error",
+            code="queue_full",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+
+
+@dataclass
+class Job:
+    """One generation request. `emit` must be safe to call from the generation thread."""
+
+    model: str
+    request: Mapping[str, Any]  # Runtime.stream keyword arguments
+    emit: Callable[[Item], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    steps: int = 0  # verify steps whose tokens were taken from the runtime
+    steps_at_cancel: int | None = None
+    outcome: str = "waiting"  # then running, finished, cancelled or failed
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Ask the generation to stop; it ends after the verify step in flight."""
+        if not self.cancelled.is_set():
+            self.steps_at_cancel = self.steps
+            self.cancelled.set()
+
+
+class Worker:
+    """The generation thread and its FIFO queue. `max_queue` requests may wait behind the
+    one running; more get a 503 with Retry-After."""
+
+    def __init__(self, runtime: Runtime, model_id: str, loader: Loader, max_queue: int) -> None:
+        self.runtime: Runtime | None = runtime
+        self.model_id = model_id
+        self.loader = loader
+        self.max_queue = max_queue
+        self.history: deque[Job] = deque(maxlen=HISTORY)
+        self.served = 0
+        self._fim: FimTokens | bool | None = False  # False: not looked up yet for this model
+        self._cond = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._running: Job | None = None
+        self._stopping = False
+        self._seconds: deque[float] = deque(maxlen=8)  # recent request durations, for Retry-After
+        # Held while the runtime is replaced, so a request thread never tokenizes with a closed model.
+        self.swap_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="localspec-generation", daemon=True)
+        self._thread.start()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise shutting_down()
+            busy = self._running is not None or bool(self._waiting)
+            if busy and len(self._waiting) >= self.max_queue:
+                raise QueueFullError(len(self._waiting), self._retry_after())
+            self._waiting.append(job)
+            self._cond.notify_all()
+
+    def withdraw(self, job: Job) -> None:
+        """A client left: drop its job if it still waits, else stop it after this step."""
+        with self._cond:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                job.outcome = "cancelled"
+                job.finished.set()
+                self._cond.notify_all()
+                return
+        job.cancel()
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "model": self.model_id,
+                "busy": self._running is not None,
+                "waiting": len(self._waiting),
+                "served": self.served,
+            }
+
+    def wait_until(self, condition: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
+        """Block until condition(status()) holds, e.g. lambda s: not s["busy"]; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: condition(self.status()), timeout)
+
+    def check_prompt(self, model: str, request: Mapping[str, Any]) -> None:
+        """Tokenize the prompt now, in the request's thread, so a prompt that does not fit is
+        refused with a status before a stream begins. Skipped when another model must be
+        loaded first: the generation thread checks it then."""
+        with self.swap_lock:
+            runtime = self.runtime
+            if runtime is None or model != self.model_id:
+                return None
+            prepared = self._prepare(runtime, request)
+            tokens = runtime.prompt_tokens(prepared.get("prompt"), prepared.get("messages"))
+            n_ctx = runtime.target.info.n_ctx
+            if len(tokens) >= n_ctx:
+                raise ContextFullError(
+                    f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}",
+                    "shorten the prompt, or start the server with a larger --ctx",
+                )
+
+    def _prepare(self, runtime: Runtime, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Runtime.stream's arguments: a fill-in-the-middle request becomes its token ids."""
+        out = dict(request)
+        if "fim" not in out:
+            return out
+        prefix, suffix = out.pop("fim")
+        fim = self._fim_tokens(runtime)
+        if fim is None:
+            raise ApiError(
+                400,
+                f"{self.model_id} has no fill-in-the-middle tokens in its vocabulary, so 'suffix' cannot be used",
+                param="suffix",
+                code="fim_unsupported",
+            )
+        target = runtime.target
+        head = target.tokenize("", add_special=True, parse_special=False)
+        out["prompt"] = fim.prompt(
+            prefix, suffix, lambda text: target.tokenize(text, add_special=False, parse_special=False), head
+        )
+        return out
+
+    def _fim_tokens(self, runtime: Runtime) -> FimTokens | None:
+        """The loaded model's fill-in-the-middle tokens, looked up once per model."""
+        if self._fim is False:
+            self._fim = find_fim_tokens(runtime.target.vocab_identity())
+        assert not isinstance(self._fim, bool)
+        return self._fim
+
+    def stop(self) -> None:
+        """End the request in flight after its current step and refuse those waiting."""
+        with self._cond:
+            self._stopping = True
+            for job in self._waiting:
+                job.outcome = "cancelled"
+                job.emit(shutting_down())
+                job.finished.set()
+            self._waiting.clear()
+            if self._running is not None:
+                self._running.cancel()
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.stop()
+        self._thread.join(timeout)
+        with self.swap_lock:
+            if self.runtime is not None:
+                self.runtime.close()
+                self.runtime = None
+
+    def _retry_after(self) -> int:
+        per_request = sum(self._seconds) / len(self._seconds) if self._seconds else 1.0
+        return max(1, round(per_request * (len(self._waiting) + 1)))
+
+    # -- the generation thread -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                job = self._waiting.popleft()
+                self._running = job
+                job.outcome = "running"
+                self._cond.notify_all()
+            started = time.perf_counter()
+            try:
+                self._serve(job)
+            finally:
+                with self._cond:
+                    self._running = None
+                    self.served += 1
+                    self._seconds.append(time.perf_counter() - started)
+                    self.history.append(job)
+                    self._cond.notify_all()
+                job.finished.set()
+
+    def _serve(self, job: Job) -> None:
+        try:
+            runtime = self._runtime_for(job.model)
+            events = runtime.stream(**self._prepare(runtime, job.request))
+            with closing(events):
+                for event in events:
+                    if isinstance(event, TextDelta) and event.tokens:
+                        job.steps += 1
+                    if job.cancelled.is_set():
+                        break
+                    job.emit(event)
+        except (LocalspecError, ApiError) as exc:
+            job.outcome = "failed"
+            job.emit(exc)
+            return
+        except Exception as exc:  # a bug must end this request, not the generation thread
+            log.exception("generation failed")
+            job.outcome = "failed"
+            job.emit(exc)
+            return
+        if job.cancelled.is_set():
+            job.outcome = "cancelled"
+            if self._stopping:
+                job.emit(shutting_down())
+        else:
+            job.outcome = "finished"
+
+    def _runtime_for(self, model: str) -> Runtime:
+        """The runtime for `model`, loading that pulled pair in place of the current one
+        (one pair in memory at a time)."""
+        if model == self.model_id and self.runtime is not None:
+            return self.runtime
+        previous = self.model_id
+        log.info("loading %s in place of %s", model, previous)
+        with self.swap_lock:
+            if self.runtime is not None:
+                self.runtime.close()
+                self.runtime = None
+            self._fim = False
+            try:
+                self.runtime = self.loader(model)
+                self.model_id = model
+            except BaseException:
+                self.runtime = self.loader(previous)  # keep serving what was served
+                raise
+            return self.runtime
+
+
+def stream_kwargs(
+    *,
+    prompt: str | Sequence[int] | None = None,
+    messages: Sequence[Mapping[str, str]] | None = None,
+    fim: tuple[str, str] | None = None,
+    max_tokens: int,
+    stop: Sequence[str],
+    sampling: Mapping[str, Any],
+) -> dict[str, Any]:
+    request: dict[str, Any] = {"max_tokens": max_tokens, "stop": list(stop), **sampling}
+    if messages is not None:
+        request["messages"] = list(messages)
+    elif fim is not None:
+        request["fim"] = fim  # made into token ids once the model is known (Worker._prepare)
+    else:
+        request["prompt"] = prompt
+    return request
