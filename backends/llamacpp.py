@@ -62,6 +62,10 @@ class LlamaCppBackend:
         init_library()
         mparams = llama.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        # LOCALSPEC_LLAMA_EXTRA_BUFTS=0 keeps weights in plain buffers: llama.cpp's AMX repack
+        # crashes the first pass in some VMs that report AMX (a Firecracker guest does).
+        if os.environ.get("LOCALSPEC_LLAMA_EXTRA_BUFTS") == "0":
+            mparams.use_extra_bufts = False
         model = llama.llama_model_load_from_file(path.encode(), mparams)
         if not model:
             raise ModelLoadError(
