@@ -4,6 +4,7 @@ so `localspec bench --peers` compares like with like."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from localspec.hardware import physical_cores
 from localspec.paths import data_dir
 
 PROGRAMS = ("llama-speculative-simple", "llama-lookup")
+# llama.cpp's own plain-decoding benchmark: the figure localspec's plain decoding is held to.
+LLAMA_BENCH = "llama-bench"
 _SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
@@ -55,7 +58,7 @@ def find_or_build(bin_dir: str | Path | None = None, build: bool = False) -> Pat
         "-DCMAKE_BUILD_TYPE=Release",
     ]
     _run(["cmake", "-S", str(source), "-B", str(build_dir), *flags])
-    _run(["cmake", "--build", str(build_dir), "-j", str(physical_cores()), "--target", *PROGRAMS])
+    _run(["cmake", "--build", str(build_dir), "-j", str(physical_cores()), "--target", *PROGRAMS, LLAMA_BENCH])
     return build_dir / "bin"
 
 
@@ -128,3 +131,20 @@ def run_peer(
         float(speed.group(3)),
         float(accept.group(1)) / 100 if accept else 0.0,
     )
+
+
+def run_llama_bench(bin_dir: Path, model: str, tokens: int = 128, threads: int | None = None) -> float | None:
+    """llama-bench's plain decoding rate (tokens/s generating `tokens` tokens, its `tg`
+    test) on the same model and threads; None where the folder has no llama-bench."""
+    program = bin_dir / LLAMA_BENCH
+    if not program.exists():
+        return None
+    threads = threads or physical_cores()
+    cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-t", str(threads), "-o", "json"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    try:
+        runs = json.loads(result.stdout)
+        return float(next(r["avg_ts"] for r in runs if r.get("n_gen") == tokens))
+    except (ValueError, StopIteration, KeyError, TypeError):
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+        raise BackendUnavailableError(f"{LLAMA_BENCH} failed (exit {result.returncode}):\n{tail}") from None
