@@ -167,6 +167,8 @@ class CostCurve:
     learning: bool = False
     corrections: list[float] = field(default_factory=list)
     evidence: list[float] = field(default_factory=list)  # passes behind each correction
+    _effective: list[float] | None = field(default=None, repr=False, compare=False)
+    _updates: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -194,13 +196,19 @@ class CostCurve:
         were timed, else interpolated between the nearest timed sizes (1.0: none yet)."""
         if not self.learning:
             return 1.0
-        i = min(k, len(self.corrections)) - 1
+        # Worked out for every size once per few passes, not at each of the dozen prices a
+        # step's choice reads: the per-step work stays a small share of a step.
+        if self._effective is None:
+            self._effective = [self._correction(i) for i in range(len(self.corrections))]
+        return self._effective[min(k, len(self.corrections)) - 1]
+
+    def _correction(self, i: int) -> float:
         if self.evidence[i] >= LEARNT_PASSES:
             return self.corrections[i]
-        below = next((j for j in range(i, -1, -1) if self.evidence[j] > 0), None)
-        above = next((j for j in range(i, len(self.evidence)) if self.evidence[j] > 0), None)
+        below = next((j for j in range(i - 1, -1, -1) if self.evidence[j] > 0), None)
+        above = next((j for j in range(i + 1, len(self.evidence)) if self.evidence[j] > 0), None)
         if below is None and above is None:
-            return 1.0
+            return self.corrections[i]  # its own passes, or 1.0 before any
         if above is None and below is not None:
             near = self._beyond(i, below)
         elif below is None or above is None or below == above:
@@ -246,6 +254,9 @@ class CostCurve:
         # A running mean over the first LEARNT_PASSES passes of a size, then an EMA that
         # follows the machine. A prior can be off severalfold, so only wild outliers clip.
         i = min(k, len(self.corrections)) - 1
+        self._updates += 1
+        if self.evidence[i] < LEARNT_PASSES or self._updates % LEARNT_PASSES == 0:
+            self._effective = None
         ratio = min(max(ratio, 0.1), 10.0)
         if self.evidence[i] == 0:
             self.corrections[i] = ratio

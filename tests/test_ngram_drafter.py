@@ -37,3 +37,31 @@ def test_a_repeating_pattern_is_continued_past_the_end_of_the_text() -> None:
 def test_text_never_seen_before_gets_no_guess() -> None:
     assert guess([1, 2, 3, 4], 4) == ([], 0)
     assert guess([5], 4) == ([], 0)
+
+
+def test_a_proven_copy_broken_by_one_changed_token_is_resumed_after_it() -> None:
+    # The text copies a 12-token passage, but with its 13th token changed (a renamed name):
+    # the source's continuation after the changed token is offered, backed by the copy.
+    source = [20 + i for i in range(30)]
+    context = [*source, 1, *source[:12]]
+    drafter = NgramDrafter()
+    drafter.start(context)
+    draft = drafter.propose(context, 4, GREEDY, np.random.default_rng(0))
+    assert draft.tokens == source[12:16]
+    context.append(99)  # the target wrote 99 where the copy said source[12]
+    drafter.commit(context, 0)
+    resumed = drafter.propose(context, 4, GREEDY, np.random.default_rng(0))
+    assert resumed.tokens == source[13:17] and resumed.support >= 12
+    context.extend(source[13:15])  # the text follows the source again: still resumed
+    drafter.commit(context, 2)
+    assert drafter.propose(context, 2, GREEDY, np.random.default_rng(0)).tokens == source[15:17]
+
+
+def test_a_weak_guess_that_breaks_is_not_resumed() -> None:
+    context = [5, 6, 7, 8, 1, 5, 6]
+    drafter = NgramDrafter()
+    drafter.start(context)
+    assert drafter.propose(context, 2, GREEDY, np.random.default_rng(0)).tokens == [7, 8]
+    context.append(42)
+    drafter.commit(context, 0)
+    assert drafter.propose(context, 2, GREEDY, np.random.default_rng(0)).tokens == []
