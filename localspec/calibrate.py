@@ -24,7 +24,7 @@ import numpy as np
 from localspec.controller import CostCurve
 from localspec.drafters import common_prefix
 from localspec.drafters.model import ModelDrafter
-from localspec.hardware import cpu_probe, machine_key, predict_verify_seconds, probe
+from localspec.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
 from localspec.paths import calibration_file
 from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import SamplingConfig
@@ -368,16 +368,22 @@ def prior_calibration(backend: Backend, max_k: int = 16) -> Calibration:
     Q4_1 SmolLM2 on two hosts). The decoding passes then correct it (CostCurve.learning)."""
     info, on = backend.info, backend.capabilities.device
     device = cpu_probe() if on == "cpu" else probe()
-    single = predict_verify_seconds(info.size_bytes, info.n_params, device, 1, on)
+    return prior_from(device, info.size_bytes, info.n_params, on, deep=info.n_ctx >= DEEP_DEPTH + max_k + 1)
+
+
+def prior_from(
+    device: DeviceProbe, size_bytes: int, n_params: int, on: str = "cpu", max_k: int = 16, deep: bool = True
+) -> Calibration:
+    """prior_calibration() for a model of this size on this device (another machine's, say)."""
+    single = predict_verify_seconds(size_bytes, n_params, device, 1, on)
     if on == "cpu":
-        per_token = 2 * info.n_params / (device.gflops * 1e9)
+        per_token = 2 * n_params / (device.gflops * 1e9)
         shallow = [single] + [single + k * per_token for k in range(2, max_k + 1)]
     else:
-        shallow = [predict_verify_seconds(info.size_bytes, info.n_params, device, k, on) for k in range(1, max_k + 1)]
+        shallow = [predict_verify_seconds(size_bytes, n_params, device, k, on) for k in range(1, max_k + 1)]
     shallow = [max(t, 1e-5) for t in shallow]
-    deep = [t * (PRIOR_DEEP + PRIOR_DEEP_PER_TOKEN * (k - 1)) for k, t in enumerate(shallow, 1)]
-    depth = DEEP_DEPTH if info.n_ctx >= DEEP_DEPTH + max_k + 1 else None
-    return Calibration(shallow, shallow[0], deep if depth else None, DEEP_DEPTH, source="prior")
+    behind = [t * (PRIOR_DEEP + PRIOR_DEEP_PER_TOKEN * (k - 1)) for k, t in enumerate(shallow, 1)]
+    return Calibration(shallow, shallow[0], behind if deep else None, DEEP_DEPTH, source="prior")
 
 
 def _learnt_key(backend: Backend) -> str:

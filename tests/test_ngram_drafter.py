@@ -65,3 +65,43 @@ def test_a_weak_guess_that_breaks_is_not_resumed() -> None:
     context.append(42)
     drafter.commit(context, 0)
     assert drafter.propose(context, 2, GREEDY, np.random.default_rng(0)).tokens == []
+
+
+def test_a_resumed_copy_keeps_greedy_output_identical_to_plain_decoding() -> None:
+    # The reference model's greedy path after (a, b) is fixed; the prompt holds that path
+    # with its 12th token changed, then (a, b) again. The copy of the prompt's passage breaks
+    # at the changed token and is resumed after it: what comes out is still plain decoding.
+    from localspec.backends.reference import BOS, ReferenceBackend
+    from localspec.controller import FixedDraftLength
+    from localspec.engine import Engine
+    from localspec.stats import Stats
+
+    def model() -> ReferenceBackend:
+        return ReferenceBackend(vocab_size=64, seed=0)
+
+    def plain(prompt: list[int], n: int) -> list[int]:
+        context = list(prompt)
+        for _ in range(n):
+            context.append(int(np.argmax(model().exact_probs(context, GREEDY))))
+        return context[len(prompt) :]
+
+    start = [BOS, 5, 9]
+    path = plain(start, 30)
+    changed = [*path[:11], (path[11] + 1) % 60 + 3, *path[12:]]
+    prompt = [*start, *changed, 7, 5, 9]
+    drafter = NgramDrafter()
+    resumed: list[object] = []
+    real = drafter._resumed
+
+    def spy(context: list[int]) -> tuple[int, int] | None:
+        hit = real(context)
+        resumed.append(hit)
+        return hit
+
+    drafter._resumed = spy  # type: ignore[method-assign]
+    stats = Stats()
+    engine = Engine(model(), drafter, free_drafter=True)
+    rng = np.random.default_rng(0)
+    out = [t for step in engine.generate(prompt, 24, GREEDY, FixedDraftLength(4), stats, rng) for t in step.tokens]
+    assert out == plain(prompt, 24)
+    assert any(hit is not None for hit in resumed) and stats.accepted > 12

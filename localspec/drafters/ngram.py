@@ -29,6 +29,9 @@ from localspec.sampling import SamplingConfig
 # bound the work per step (a common token like "\n" occurs hundreds of times).
 MAX_SUPPORT = 32
 CANDIDATES = 64
+# Support added for each further earlier occurrence that matches as far back and goes on
+# the same way, when none goes on otherwise (see _longest_match).
+CONSENSUS_BONUS = 1
 # A copy must have matched this many tokens before its break to be resumed after it.
 RESYNC_PROVEN = 8
 
@@ -90,13 +93,23 @@ class NgramDrafter:
         found = self._index.get(tuple(context[size - self.min_ngram :]))
         if not found:
             return 0, 0
-        best, support = found[-1], 0
+        best, support, witnesses, dissent = found[-1], 0, 0, False
         for pos in reversed(found[-CANDIDATES:]):
             m = self.min_ngram
             while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
                 m += 1
             if m > support:
-                best, support = pos, m
+                best, support, witnesses, dissent = pos, m, 1, False
+            elif m == support:
+                if context[pos] == context[best]:
+                    witnesses += 1
+                else:
+                    dissent = True
+        if CONSENSUS_BONUS and not dissent and support < self.max_support:
+            # Every earlier occurrence matching as far back went on the same way: each is a
+            # witness (a list's "2. " after "1. ...", a JSON key's closing quote), which a
+            # single occurrence of the same length is not.
+            support = min(support + CONSENSUS_BONUS * (witnesses - 1), self.max_support)
         return best, support
 
     def _resumed(self, context: Sequence[int]) -> tuple[int, int] | None:
