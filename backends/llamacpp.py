@@ -45,6 +45,11 @@ def init_library() -> None:
     llama.llama_backend_init()
 
 
+def repacking() -> bool:
+    """Whether llama.cpp may repack weights for its faster kernels (LLAMA_ARG_REPACK)."""
+    return os.environ.get("LLAMA_ARG_REPACK", "1").lower() not in ("0", "false", "off")
+
+
 @cache
 def build_id() -> str:
     """Which llama.cpp this is: the binding's version and a digest of the library's own
@@ -62,9 +67,9 @@ class LlamaCppBackend:
         init_library()
         mparams = llama.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        # LOCALSPEC_LLAMA_EXTRA_BUFTS=0 keeps weights in plain buffers: llama.cpp's AMX repack
-        # crashes the first pass in some VMs that report AMX (a Firecracker guest does).
-        if os.environ.get("LOCALSPEC_LLAMA_EXTRA_BUFTS") == "0":
+        # LLAMA_ARG_REPACK=0, as llama.cpp's own programs read it, keeps the weights as they
+        # are: its AMX repack crashes the first pass in some VMs that report AMX.
+        if not repacking():
             mparams.use_extra_bufts = False
         model = llama.llama_model_load_from_file(path.encode(), mparams)
         if not model:

@@ -5,6 +5,7 @@ so `localspec bench --peers` compares like with like."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -141,6 +142,8 @@ def run_llama_bench(bin_dir: Path, model: str, tokens: int = 128, threads: int |
         return None
     threads = threads or physical_cores()
     cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-t", str(threads), "-o", "json"]
+    if os.environ.get("LLAMA_ARG_REPACK", "1").lower() in ("0", "false", "off"):
+        cmd += ["--repack", "0"]  # the other programs read the variable; llama-bench takes a flag
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     try:
         runs = json.loads(result.stdout)
