@@ -57,11 +57,12 @@ def build_id() -> str:
 @cache
 def extra_buffers() -> bool:
     """Whether llama.cpp may put weights in its extra buffer types (repacked and AMX layouts).
-    A build with AMX kernels faulted on the first matmul of a VM that advertises AMX without
-    running it, so such builds keep them off unless LOCALSPEC_LLAMA_EXTRA_BUFFERS=1."""
-    setting = os.environ.get("LOCALSPEC_LLAMA_EXTRA_BUFFERS")
-    if setting in ("0", "1"):
-        return setting == "1"
+    LLAMA_ARG_REPACK decides when set, as for llama.cpp's own programs. Otherwise a build with
+    AMX kernels keeps them off: those faulted on the first matmul of a VM that advertises AMX
+    without running it."""
+    setting = os.environ.get("LLAMA_ARG_REPACK", "").lower()
+    if setting:
+        return setting not in ("0", "false", "off")
     return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
 
 

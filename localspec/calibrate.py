@@ -24,7 +24,7 @@ import numpy as np
 from localspec.controller import CostCurve
 from localspec.drafters import common_prefix
 from localspec.drafters.model import ModelDrafter
-from localspec.hardware import machine_key
+from localspec.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
 from localspec.paths import calibration_file
 from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import SamplingConfig
@@ -61,6 +61,10 @@ class Calibration:
     # more than one token, and back into a single token (see _curve).
     rebuild_block_seconds: float = 0.0
     rebuild_one_seconds: float = 0.0
+    # "measured" (measure()), "prior" (prior_calibration(): nothing timed) or "learnt" (a
+    # prior the passes of earlier sessions corrected); the last two keep learning.
+    source: str = "measured"
+    evidence: list[float] | None = None  # learnt: passes behind each size's figure
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -69,6 +73,8 @@ class Calibration:
             "deep_verify_seconds": self.deep_verify_seconds,
             "deep_depth": self.deep_depth,
             "rebuild_seconds": [self.rebuild_block_seconds, self.rebuild_one_seconds],
+            "source": self.source,
+            "evidence": self.evidence,
         }
 
     @classmethod
@@ -87,6 +93,9 @@ class Calibration:
             and len(rebuild) == 2
         ):
             return None
+        source, evidence = data.get("source", "measured"), data.get("evidence")
+        if source not in ("measured", "learnt") or not (evidence is None or isinstance(evidence, list)):
+            return None
         return cls(
             [float(t) for t in curve],
             decode,
@@ -94,6 +103,8 @@ class Calibration:
             depth,
             float(rebuild[0]),
             float(rebuild[1]),
+            str(source),
+            [float(e) for e in evidence] if evidence else None,
         )
 
     def cost_curve(self) -> CostCurve:
@@ -102,6 +113,8 @@ class Calibration:
             deep_seconds=list(self.deep_verify_seconds) if self.deep_verify_seconds else None,
             depth=SHALLOW_DEPTH,
             deep_depth=self.deep_depth,
+            learning=self.source != "measured",
+            evidence=list(self.evidence) if self.evidence else [],
         )
 
 
@@ -269,6 +282,20 @@ def drafting_seconds(draft: Backend) -> float:
     return value
 
 
+# What a draft model's token costs in a request against its single-token pass, before the
+# drafting speed was timed (see drafting_seconds: 9.3-11.6 ms against 6.0 ms); the
+# controller then learns it from the drafts it makes.
+DRAFTING_OVERHEAD = 1.6
+
+
+def starting_drafting_seconds(draft: Backend) -> float:
+    """drafting_seconds() where it was measured, else a guess that times nothing."""
+    hit = remembered(f"drafting|{_key(draft)}")
+    if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
+        return float(hit["seconds_per_token"])  # type: ignore[arg-type]
+    return starting_calibration(draft).verify_seconds[0] * DRAFTING_OVERHEAD
+
+
 def remembered(key: str) -> dict[str, object] | None:
     """A figure or choice stored under key by remember(), if any."""
     hit = _load_cache().get(key)
@@ -321,6 +348,69 @@ def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
             if isinstance(entry, dict):
                 entry["stale"] = True
     _store(cache)
+    return True
+
+
+# A prior's pass behind DEEP_DEPTH tokens against one behind SHALLOW_DEPTH: attention reads
+# the whole cache for every token checked, so the excess grows with k (SmolLM2-135M on two
+# CPUs: 1.25-1.55x for one token, 1.3-1.8x for sixteen); the passes correct the rest.
+PRIOR_DEEP = 1.3
+PRIOR_DEEP_PER_TOKEN = 0.02
+# Learnt curves are stored once a session has timed this many passes.
+LEARNT_EVIDENCE = 16
+
+
+def prior_calibration(backend: Backend, max_k: int = 16) -> Calibration:
+    """What passes should cost before any was timed, from the model's size and the machine's
+    measured bandwidth and compute (no model pass): one token streams the weights once (the
+    roofline); on the CPU a block adds 2·params flops per token at the machine's float32
+    matmul rate on top, which llama.cpp's batched kernels reach within about 40 % (F16 and
+    Q4_1 SmolLM2 on two hosts). The decoding passes then correct it (CostCurve.learning)."""
+    info, on = backend.info, backend.capabilities.device
+    device = cpu_probe() if on == "cpu" else probe()
+    return prior_from(device, info.size_bytes, info.n_params, on, deep=info.n_ctx >= DEEP_DEPTH + max_k + 1)
+
+
+def prior_from(
+    device: DeviceProbe, size_bytes: int, n_params: int, on: str = "cpu", max_k: int = 16, deep: bool = True
+) -> Calibration:
+    """prior_calibration() for a model of this size on this device (another machine's, say)."""
+    single = predict_verify_seconds(size_bytes, n_params, device, 1, on)
+    if on == "cpu":
+        per_token = 2 * n_params / (device.gflops * 1e9)
+        shallow = [single] + [single + k * per_token for k in range(2, max_k + 1)]
+    else:
+        shallow = [predict_verify_seconds(size_bytes, n_params, device, k, on) for k in range(1, max_k + 1)]
+    shallow = [max(t, 1e-5) for t in shallow]
+    behind = [t * (PRIOR_DEEP + PRIOR_DEEP_PER_TOKEN * (k - 1)) for k, t in enumerate(shallow, 1)]
+    return Calibration(shallow, shallow[0], behind if deep else None, DEEP_DEPTH, source="prior")
+
+
+def _learnt_key(backend: Backend) -> str:
+    return f"learnt|{_key(backend)}"
+
+
+def starting_calibration(backend: Backend, max_k: int = 16) -> Calibration:
+    """The curve a runtime starts from without timing anything first: a measured one
+    (`localspec doctor`) while it still describes the machine, else what earlier sessions
+    learnt, else the prior. The last two keep learning from the passes decoding makes."""
+    for key in (_key(backend), _learnt_key(backend)):
+        hit = remembered(key)
+        if hit is None or hit.get("stale"):
+            continue
+        cal = Calibration.from_json(hit)
+        if cal is not None and len(cal.verify_seconds) >= max_k:
+            return cal
+    return prior_calibration(backend, max_k)
+
+
+def remember_learnt(backend: Backend, curve: CostCurve) -> bool:
+    """Store what a learning curve has learnt, for the next load; True when stored."""
+    if not curve.learning or sum(curve.evidence) < LEARNT_EVIDENCE:
+        return False
+    shallow, deep = curve.learnt()
+    cal = Calibration(shallow, shallow[0], deep, curve.deep_depth, source="learnt", evidence=list(curve.evidence))
+    remember(_learnt_key(backend), cal.to_json())
     return True
 
 

@@ -45,6 +45,12 @@ SAMPLED_SUPPORT_PRIORS = (0.15, 0.3, 0.45, 0.55, 0.6, 0.67, 0.85, 0.9, 0.92)
 
 CATCH_UP_HORIZON = 4
 
+# A learning cost curve (CostCurve.learning) trusts a block size's own timings once this many
+# passes of it were timed, and remembers at most MAX_EVIDENCE of them across sessions, so a
+# machine that changes is followed within a few dozen passes.
+LEARNT_PASSES = 8
+MAX_EVIDENCE = 32
+
 
 def support_level(support: int) -> int:
     return sum(1 for edge in SUPPORT_EDGES if support >= edge)
@@ -140,7 +146,14 @@ class CostCurve:
     32, two runs: +42-51 % for one token, +81-102 % for five, +127-151 % for sixteen;
     `benchmarks/verify_costs.py`), so a curve measured on a short text, scaled by one factor,
     mispredicts drafts late in a long answer. `scale` is the drift the machine adds on top
-    (another process, thermal limits)."""
+    (another process, thermal limits).
+
+    A curve that was not measured (a prior, or one learnt in earlier sessions: `learning`)
+    is also corrected per block size: `corrections[k-1]` is what the passes of k tokens
+    have shown about its shape, beside the drift that `scale` tracks for all sizes alike. A
+    size not drafted yet takes the correction of the nearest sizes that were, so a prior
+    that priced every pass 40 % too dear is mended by the single-token steps alone, and the
+    first few drafts mend its slope."""
 
     verify_seconds: list[float]
     scale: float = 1.0
@@ -151,6 +164,11 @@ class CostCurve:
     # which a burst of load that moves `scale` for a few dozen passes barely moves.
     observed: int = 0
     ratio_sum: float = 0.0
+    learning: bool = False
+    corrections: list[float] = field(default_factory=list)
+    evidence: list[float] = field(default_factory=list)  # passes behind each correction
+    _effective: list[float] | None = field(default=None, repr=False, compare=False)
+    _updates: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -158,14 +176,61 @@ class CostCurve:
                 raise ValueError("a cost curve needs positive timings for k = 1..K")
         if self.deep_seconds is not None and self.deep_depth <= self.depth:
             raise ValueError("the deep curve must be measured behind a longer context")
+        self.corrections = self.corrections or [1.0] * len(self.verify_seconds)
+        self.evidence = self.evidence or [0.0] * len(self.verify_seconds)
 
-    def measured(self, k: int, depth: int = 0) -> float:
+    def base(self, k: int, depth: int = 0) -> float:
+        """The curve as loaded, before any correction."""
         shallow = _extend(self.verify_seconds, k)
         if self.deep_seconds is None or depth <= self.depth:
             return shallow
         deep = _extend(self.deep_seconds, k)
         w = (depth - self.depth) / (self.deep_depth - self.depth)
         return max(shallow + w * (deep - shallow), min(shallow, deep))
+
+    def measured(self, k: int, depth: int = 0) -> float:
+        return self.base(k, depth) * self.correction(k)
+
+    def correction(self, k: int) -> float:
+        """The learnt shape correction for passes of k tokens: its own where passes of k
+        were timed, else interpolated between the nearest timed sizes (1.0: none yet)."""
+        if not self.learning:
+            return 1.0
+        # Worked out for every size once per few passes, not at each of the dozen prices a
+        # step's choice reads: the per-step work stays a small share of a step.
+        if self._effective is None:
+            self._effective = [self._correction(i) for i in range(len(self.corrections))]
+        return self._effective[min(k, len(self.corrections)) - 1]
+
+    def _correction(self, i: int) -> float:
+        if self.evidence[i] >= LEARNT_PASSES:
+            return self.corrections[i]
+        below = next((j for j in range(i - 1, -1, -1) if self.evidence[j] > 0), None)
+        above = next((j for j in range(i + 1, len(self.evidence)) if self.evidence[j] > 0), None)
+        if below is None and above is None:
+            return self.corrections[i]  # its own passes, or 1.0 before any
+        if above is None and below is not None:
+            near = self._beyond(i, below)
+        elif below is None or above is None or below == above:
+            near = self.corrections[below if above is None else above]  # type: ignore[index]
+        else:
+            w = (i - below) / (above - below)
+            near = self.corrections[below] + w * (self.corrections[above] - self.corrections[below])
+        if self.evidence[i] == 0:
+            return near
+        # A few passes of this size: their figure, shrunk toward the neighbours'.
+        own = self.evidence[i] / LEARNT_PASSES
+        return own * self.corrections[i] + (1 - own) * near
+
+    def _beyond(self, i: int, last: int) -> float:
+        """Above the largest timed size: the timed curve's last slope carried on (never
+        below the last timed correction), since a prior's own slope may be the wrong part."""
+        before = next((j for j in range(last - 1, -1, -1) if self.evidence[j] > 0), None)
+        if before is None:
+            return self.corrections[last]
+        t_last = self.base(last + 1) * self.corrections[last]
+        slope = (t_last - self.base(before + 1) * self.corrections[before]) / (last - before)
+        return max(self.corrections[last], (t_last + slope * (i - last)) / self.base(i + 1))
 
     def verify(self, k: int, depth: int = 0) -> float:
         return self.measured(k, depth) * self.scale
@@ -175,10 +240,38 @@ class CostCurve:
         # curve. Learning only the observed k instead would make the sizes seldom drafted look
         # cheap next to the single-token step seen at every step, and draft where it does not
         # pay. An outlier (a page fault, a scheduler hiccup) is clipped and damped.
+        if self.learning:
+            self._learn_shape(k, seconds / (self.base(k, depth) * self.scale))
+        i = min(k, len(self.corrections)) - 1
         ratio = min(seconds / self.measured(k, depth), 3.0)
         self.scale += weight * (ratio - self.scale)
-        self.observed += 1
-        self.ratio_sum += ratio
+        if not self.learning or self.evidence[i] >= LEARNT_PASSES:
+            # While a learning curve still finds its shape, its misses are not drift.
+            self.observed += 1
+            self.ratio_sum += ratio
+
+    def _learn_shape(self, k: int, ratio: float) -> None:
+        # A running mean over the first LEARNT_PASSES passes of a size, then an EMA that
+        # follows the machine. A prior can be off severalfold, so only wild outliers clip.
+        i = min(k, len(self.corrections)) - 1
+        self._updates += 1
+        if self.evidence[i] < LEARNT_PASSES or self._updates % LEARNT_PASSES == 0:
+            self._effective = None
+        ratio = min(max(ratio, 0.1), 10.0)
+        if self.evidence[i] == 0:
+            self.corrections[i] = ratio
+        else:
+            step = max(1.0 / (self.evidence[i] + 1), 1.0 / LEARNT_PASSES)
+            self.corrections[i] += step * (ratio - self.corrections[i])
+        self.evidence[i] = min(self.evidence[i] + 1, MAX_EVIDENCE)
+
+    def learnt(self) -> tuple[list[float], list[float] | None]:
+        """The curve as the passes so far have shown it (drift included), behind a short
+        and a long text: what a later load starts from."""
+        n = len(self.verify_seconds)
+        shallow = [self.verify(k, self.depth) for k in range(1, n + 1)]
+        deep = [self.verify(k, self.deep_depth) for k in range(1, n + 1)] if self.deep_seconds else None
+        return shallow, deep
 
     @property
     def long_run_drift(self) -> float:

@@ -101,21 +101,51 @@ def machine_key() -> str:
     return f"{name}|{','.join(simd)}|{physical_cores()}|{os.cpu_count()}"
 
 
+def _cached_probe() -> DeviceProbe | None:
+    try:
+        with open(_cache_file()) as fh:
+            cached = json.load(fh)
+        if cached.get("key") == machine_key():
+            data = cached["probe"]
+            data["simd"] = tuple(data["simd"])
+            data["accelerators"] = tuple(Accelerator(**a) for a in data["accelerators"])
+            return DeviceProbe(**data)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # measure again
+    return None
+
+
+def cpu_probe() -> DeviceProbe:
+    """The cached probe, or the CPU's rates measured now on small buffers (a tenth of a
+    second) without looking for accelerators, whose probe may import torch: what a cost
+    prior on the CPU needs before a model's first token."""
+    cached = _cached_probe()
+    return cached if cached is not None else _quick_cpu_probe()
+
+
+@cache
+def _quick_cpu_probe() -> DeviceProbe:
+    name, simd = _cpu_name_and_flags()
+    cores = physical_cores()
+    return DeviceProbe(
+        cpu=name,
+        machine=platform.machine(),
+        physical_cores=cores,
+        logical_cores=os.cpu_count() or 1,
+        memory_gib=psutil.virtual_memory().total / 2**30,
+        simd=simd,
+        bandwidth_gbs=measure_bandwidth(cores, mib_per_thread=64),
+        gflops=measure_gflops(n=512),
+    )
+
+
 def probe(refresh: bool = False) -> DeviceProbe:
     """The probe for this machine, measured once (about a second) and cached."""
     name, simd = _cpu_name_and_flags()
     key = machine_key()
-    if not refresh:
-        try:
-            with open(_cache_file()) as fh:
-                cached = json.load(fh)
-            if cached.get("key") == key:
-                data = cached["probe"]
-                data["simd"] = tuple(data["simd"])
-                data["accelerators"] = tuple(Accelerator(**a) for a in data["accelerators"])
-                return DeviceProbe(**data)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # measure again
+    cached = None if refresh else _cached_probe()
+    if cached is not None:
+        return cached
     result = DeviceProbe(
         cpu=name,
         machine=platform.machine(),

@@ -4,6 +4,8 @@ so `localspec bench --peers` compares like with like."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +21,9 @@ from localspec.hardware import physical_cores
 from localspec.paths import data_dir
 
 PROGRAMS = ("llama-speculative-simple", "llama-lookup")
-RPC_SERVER = "rpc-server"  # llama.cpp's own RPC server, for a target split with --rpc
+RPC_SERVER = "ggml-rpc-server"  # llama.cpp's own RPC server, for a target split with --rpc
+# llama.cpp's own plain-decoding benchmark: the figure localspec's plain decoding is held to.
+LLAMA_BENCH = "llama-bench"
 _SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
@@ -118,7 +122,7 @@ def run_peer(
     ]
     if draft_model:
         cmd += ["-md", draft_model, "--spec-type", "draft-simple"]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=_peer_env())
     output = result.stdout + result.stderr
     speed = _SPEED.search(output)
     if result.returncode != 0 or not speed:
@@ -132,3 +136,33 @@ def run_peer(
         float(speed.group(3)),
         float(accept.group(1)) / 100 if accept else 0.0,
     )
+
+
+def _repacks() -> bool:
+    """Whether localspec's llama.cpp backend repacks weights here; the peers are run alike."""
+    from localspec.backends.llamacpp import extra_buffers
+
+    return bool(extra_buffers())
+
+
+def _peer_env() -> dict[str, str]:
+    return {**os.environ, "LLAMA_ARG_REPACK": "1" if _repacks() else "0"}
+
+
+def run_llama_bench(bin_dir: Path, model: str, tokens: int = 128, threads: int | None = None) -> float | None:
+    """llama-bench's plain decoding rate (tokens/s generating `tokens` tokens, its `tg`
+    test) on the same model and threads; None where the folder has no llama-bench."""
+    program = bin_dir / LLAMA_BENCH
+    if not program.exists():
+        return None
+    threads = threads or physical_cores()
+    cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-t", str(threads), "-o", "json"]
+    if not _repacks():
+        cmd += ["--repack", "0"]  # the other programs read LLAMA_ARG_REPACK; llama-bench takes a flag
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    try:
+        runs = json.loads(result.stdout)
+        return float(next(r["avg_ts"] for r in runs if r.get("n_gen") == tokens))
+    except (ValueError, StopIteration, KeyError, TypeError):
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+        raise BackendUnavailableError(f"{LLAMA_BENCH} failed (exit {result.returncode}):\n{tail}") from None

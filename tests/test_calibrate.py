@@ -107,9 +107,21 @@ def test_a_draft_model_is_timed_as_the_engine_drives_it_once(
 
 def test_a_model_drafter_is_costed_at_its_measured_drafting_speed(temporary_localspec_home: Path) -> None:
     target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
+    calibrate.drafting_seconds(draft)
     policy = Runtime(target, draft, strategy="draft").policy
     assert isinstance(policy, AdaptiveDraftLength)
     assert policy.draft_seconds_per_token == calibrate.drafting_seconds(draft)
+
+
+def test_an_untimed_draft_model_is_costed_from_its_curve_without_timing_it(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
+    monkeypatch.setattr(calibrate.ModelDrafter, "propose", lambda *args: pytest.fail("timed before the first token"))
+    policy = Runtime(target, draft, strategy="draft").policy
+    assert isinstance(policy, AdaptiveDraftLength)
+    expected = calibrate.starting_calibration(draft).verify_seconds[0] * calibrate.DRAFTING_OVERHEAD
+    assert policy.draft_seconds_per_token == expected
 
 
 def _cache_entry(backend: object) -> dict[str, object]:

@@ -17,12 +17,12 @@ def fresh_setting():
 
 @pytest.mark.parametrize(("value", "expected"), [("0", False), ("1", True)])
 def test_the_environment_decides_when_set(monkeypatch, value, expected):
-    monkeypatch.setenv("LOCALSPEC_LLAMA_EXTRA_BUFFERS", value)
+    monkeypatch.setenv("LLAMA_ARG_REPACK", value)
     assert llamacpp.extra_buffers() is expected
 
 
 def test_an_amx_build_keeps_them_off(monkeypatch):
-    monkeypatch.delenv("LOCALSPEC_LLAMA_EXTRA_BUFFERS", raising=False)
+    monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
     monkeypatch.setattr(llamacpp.llama, "llama_print_system_info", lambda: b"AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1 |")
     assert llamacpp.extra_buffers() is False
     monkeypatch.setattr(llamacpp.llama, "llama_print_system_info", lambda: b"AVX2 = 1 | REPACK = 1 |")

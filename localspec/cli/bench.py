@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+from functools import partial
 from typing import Any
 
 from localspec import selfdraft
 from localspec.backend_loader import in_memory_self_drafter, load_backend
-from localspec.bench import MAX_REPEAT_FACTOR, BenchRow, Contender, bench, format_table, machine, rows_to_json
+from localspec.bench import (
+    MAX_REPEAT_FACTOR,
+    BenchRow,
+    Contender,
+    bench,
+    format_summary,
+    format_table,
+    machine,
+    rows_to_json,
+)
 from localspec.chat import render_chat
 from localspec.errors import InvalidRequestError
-from localspec.peers import find_or_build, run_peer
+from localspec.peers import LLAMA_BENCH, PROGRAMS, find_or_build, run_llama_bench, run_peer
 from localspec.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.protocol import Backend
 from localspec.rpc import split_options
@@ -58,7 +69,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--peers-bin", help="folder holding llama.cpp's programs (default: localspec's own build)")
     p.add_argument("--build-peers", action="store_true", help="build llama.cpp's programs if missing (~10 min)")
-    p.add_argument("--peer-draft-tokens", type=int, default=4, help="the peers' fixed draft length (default 4)")
+    p.add_argument(
+        "--peer-draft-tokens",
+        type=int,
+        action="append",
+        help="a fixed draft length for the peers (repeatable; default: 4 and 8)",
+    )
     add_model_options(p)
     p.set_defaults(handler=handle)
 
@@ -102,8 +118,7 @@ def handle(args: argparse.Namespace) -> int:
         seed=args.seed,
         min_seconds=args.min_seconds,
     )
-    if args.peers:
-        add_peer_figures(args, rows, prompts, target, model)
+    vs_llama_bench = add_peer_figures(args, rows, prompts, target, model) if args.peers else None
     config = {
         "model": model,
         "draft_model": args.draft_model,
@@ -116,10 +131,15 @@ def handle(args: argparse.Namespace) -> int:
     }
     # The figures first: a plot that cannot be written must not take them with it.
     if args.json:
-        print(json.dumps({"machine": machine(), "config": config, "results": rows_to_json(rows)}, indent=1))
+        report: dict[str, Any] = {"machine": machine(), "config": config, "results": rows_to_json(rows)}
+        if vs_llama_bench is not None:
+            report["plain_vs_llama_bench"] = {"plain": vs_llama_bench[0], "llama_bench_tg128": vs_llama_bench[1]}
+        report["summary"] = format_summary(rows, vs_llama_bench).splitlines()
+        print(json.dumps(report, indent=1))
     else:
         print(f"# {machine()['cpu']}, {machine()['physical_cores']} cores | {config}", file=sys.stderr)
         print(format_table(rows))
+        print(format_summary(rows, vs_llama_bench))
     if args.plot:
         from localspec.plot import write_plot
 
@@ -142,7 +162,7 @@ def contenders_for(
             f"e.g. -s {kind}:TYPE -s {kind}:TYPE",
         )
     return [
-        Contender(f"{kind}:{label}", "draft", load_backend(args.backend, str(path), **options))
+        Contender(f"{kind}:{label}", "draft", open_draft=partial(load_backend, args.backend, str(path), **options))
         for label, path in selfdraft.sweep(target, kind)
     ]
 
@@ -154,7 +174,7 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
     if strategy in ("none", "ngram"):
         return Contender(strategy, strategy)
     if strategy == "draft":
-        return Contender("draft", "draft", load(args.draft_model))
+        return Contender("draft", "draft", open_draft=partial(load, args.draft_model))
     parsed = selfdraft.parse(strategy)
     if parsed is None:
         raise InvalidRequestError(
@@ -164,29 +184,32 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
     if in_memory is not None:
         return Contender(in_memory.capabilities.extra.get("self_draft", strategy), "draft", in_memory)
     path, chosen = selfdraft.self_draft_path(target, *parsed, load)
-    return Contender(f"{parsed[0]}:{chosen}", "draft", load(str(path)))
+    return Contender(f"{parsed[0]}:{chosen}", "draft", open_draft=partial(load, str(path)))
 
 
 def add_peer_figures(
     args: argparse.Namespace, rows: list[BenchRow], prompts: list[BenchPrompt], target: Backend, model: str
-) -> None:
+) -> tuple[float, float] | None:
+    """Runs the peers beside every row; returns (our plain rate, llama-bench's) when the
+    peers' folder has llama-bench."""
     if args.temperature != 0:
         raise InvalidRequestError("the peer comparison runs greedy", "use --temperature 0 with --peers")
-    bin_dir = find_or_build(args.peers_bin, build=args.build_peers)
+    bin_dir = find_or_build(args.peers_bin, build=args.build_peers, programs=(*PROGRAMS, LLAMA_BENCH))
     texts = {p.id: render_chat(target.chat_template(), p.messages, target.special_texts()) for p in prompts}
     for row in rows:
         program = {"ngram": "llama-lookup", "draft": "llama-speculative-simple"}.get(row.strategy)
         if program is None:
             continue
         draft = args.draft_model if row.strategy == "draft" else None
-        results = [
-            run_peer(
-                bin_dir, program, model, texts[row.prompt], args.max_tokens, args.peer_draft_tokens, draft, args.threads
-            )
-            for _ in range(row.repeats or args.repeats)
-        ]
-        tokens = sum(r.tokens for r in results)
-        rate = tokens / sum(r.seconds for r in results)
-        row.peer_program = f"{program} (γ={args.peer_draft_tokens})"
-        row.peer_tokens_per_s, row.peer_tokens = rate, tokens
-        row.vs_peer = row.spec_tokens_per_s / rate if rate else 0.0
+        for gamma in args.peer_draft_tokens or [4, 8]:
+            results = [
+                run_peer(bin_dir, program, model, texts[row.prompt], args.max_tokens, gamma, draft, args.threads)
+                for _ in range(row.repeats or args.repeats)
+            ]
+            tokens = sum(r.tokens for r in results)
+            row.add_peer(f"{program} (γ={gamma})", tokens / sum(r.seconds for r in results), tokens)
+    theirs = run_llama_bench(bin_dir, model, 128, args.threads)
+    if theirs is None or not rows:
+        return None
+    ours = statistics.fmean(dict((r.prompt, r.plain_tokens_per_s) for r in rows).values())
+    return ours, theirs

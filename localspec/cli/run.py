@@ -48,6 +48,7 @@ def handle(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         backend=args.backend,
         draft_tokens=args.draft_tokens,
+        on_progress=lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True),
         **options,
     )
     sampling = {

@@ -513,13 +513,13 @@ def _title(text: str, width: int = 60) -> str:
 
 
 def _measured_plain_step(runtime: Runtime) -> float | None:
-    """t_verify(1) from the calibration cache, for policies without a cost curve of their own
-    (a fixed draft length). Measuring, when not cached, takes about a second, once."""
+    """t_verify(1) from the calibration cache or the prior, for policies without a cost curve
+    of their own (a fixed draft length): nothing is timed before the first reply."""
     if runtime.strategy == "none" or hasattr(runtime.policy, "costs"):
         return None
     try:
-        from localspec.calibrate import calibrated
+        from localspec.calibrate import starting_calibration
 
-        return calibrated(runtime.target).verify_seconds[0]
+        return starting_calibration(runtime.target).verify_seconds[0]
     except Exception:
         return None  # the estimate is optional; a model that cannot be timed still chats

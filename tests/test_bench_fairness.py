@@ -1,0 +1,83 @@
+"""The bench times plain decoding and n-gram lookup with one model in the process, as
+llama.cpp's programs run, and reports every peer it ran beside each row."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from localspec.backends.reference import ReferenceBackend
+from localspec.backends.reference import load as load_reference
+from localspec.bench import BenchRow, Contender, bench, format_summary, format_table, geometric_mean
+from localspec.peers import run_llama_bench
+from localspec.prompts import SUITE
+from localspec.protocol import Logits, LogitsMode
+
+OPEN: list[ReferenceBackend] = []
+
+
+class WatchedTarget(ReferenceBackend):
+    """Notes how many drafters were open at every pass of the target."""
+
+    seen: list[int]
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        self.seen.append(len(OPEN))
+        return super().eval_block(tokens, logits)
+
+
+class Drafter(ReferenceBackend):
+    def close(self) -> None:
+        OPEN.remove(self)
+        super().close()
+
+
+def open_drafter() -> ReferenceBackend:
+    backend = load_reference("reference:seed=3,noise=0.3")
+    backend.__class__ = Drafter
+    OPEN.append(backend)
+    return backend
+
+
+def test_no_drafter_is_open_while_plain_decoding_or_ngram_is_timed(temporary_localspec_home: Path) -> None:
+    target = load_reference("reference:seed=3")
+    target.__class__ = WatchedTarget
+    target.seen = []  # type: ignore[attr-defined]
+    contenders = [Contender("ngram", "ngram"), Contender("draft", "draft", open_draft=open_drafter)]
+    rows = bench(target, contenders, SUITE[:1], max_tokens=12, repeats=2)
+    assert [r.strategy for r in rows] == ["ngram", "draft"]
+    assert not OPEN  # every drafter was closed after its run
+    seen = target.seen  # type: ignore[attr-defined]
+    assert 1 in seen and 0 in seen
+    # Passes with a drafter open come in runs of the draft column only: plain and n-gram
+    # runs (12 tokens, at least a few passes each) sit between them with none open.
+    assert sum(1 for a, b in itertools.pairwise(seen) if a == 0 and b == 1) == 2
+
+
+def test_the_summary_gives_geometric_means_against_plain_and_each_peer() -> None:
+    rows = []
+    for prompt, speedup, ours, lookup4, lookup8 in (("a", 2.0, 100.0, 80.0, 100.0), ("b", 0.5, 50.0, 50.0, 40.0)):
+        row = BenchRow(prompt, "ngram", 50.0, ours, speedup, 0.5, 1.5, 2.0, 10, 10, 100.0)
+        row.add_peer("llama-lookup (γ=4)", lookup4, 10)
+        row.add_peer("llama-lookup (γ=8)", lookup8, 10)
+        rows.append(row)
+    assert rows[0].peer_program == "llama-lookup (γ=4)" and rows[0].vs_peer == 1.25
+    summary = format_summary(rows, (50.0, 52.0))
+    assert "ngram: 1.00x plain decoding" in summary
+    expected = f"{geometric_mean([1.25, 1.0]):.2f}x (1.00x to 1.25x, ahead on 1 of 2)"
+    assert f"ngram vs llama-lookup (γ=4): {expected}" in summary
+    assert "vs llama-bench -n 128 52.0 tok/s: 0.96x" in summary
+    table = format_table(rows)
+    assert "llama-lookup (γ=8)" in table and "1.25x" in table
+
+
+def test_llama_bench_is_read_from_its_json(tmp_path: Path) -> None:
+    fake = tmp_path / "llama-bench"
+    fake.write_text('#!/bin/sh\necho \'[{"n_prompt": 0, "n_gen": 128, "avg_ts": 75.4}]\'\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert run_llama_bench(tmp_path, "model.gguf", 128, 2) == 75.4
+    os.remove(fake)
+    assert run_llama_bench(tmp_path, "model.gguf") is None  # a folder without llama-bench

@@ -1,0 +1,191 @@
+"""The first token waits for no calibration: a runtime starts from a prior cost curve (or
+what earlier sessions learnt), corrects it from the passes decoding makes anyway, and keeps
+what it learnt for the next load."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from localspec import calibrate
+from localspec.api import Runtime, TextDelta, load
+from localspec.backends.reference import ReferenceBackend
+from localspec.backends.reference import load as load_reference
+from localspec.controller import AdaptiveDraftLength, CostCurve
+from localspec.protocol import Logits, LogitsMode
+
+# What a 2-core AVX2 host measured for F16 SmolLM2-135M (ms, k = 1..16): the truth the
+# learning curves below are fed.
+TRUE_MS = [14.9, 22.6, 22.8, 25.7, 27.2, 29.7, 31.6, 33.5, 35.9, 38.3, 40.7, 43.1, 45.7, 48.2, 51.8, 55.5]
+
+
+def true_seconds(k: int) -> float:
+    return TRUE_MS[k - 1] / 1e3
+
+
+class CountingReference(ReferenceBackend):
+    """The reference model, counting its passes."""
+
+    passes = 0
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        self.passes += 1
+        return super().eval_block(tokens, logits)
+
+
+def counting_target() -> CountingReference:
+    backend = load_reference("reference:seed=3")
+    backend.__class__ = CountingReference
+    return backend  # type: ignore[return-value]
+
+
+def test_a_never_seen_model_starts_from_a_prior_without_timing_a_pass(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
+    target = counting_target()
+    policy = Runtime(target, strategy="ngram").policy
+    assert isinstance(policy, AdaptiveDraftLength) and policy.costs.learning
+    assert target.passes == 0
+
+
+def test_the_first_request_decodes_with_no_pass_but_the_prompts_and_the_steps(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
+    target = counting_target()
+    runtime = Runtime(target, strategy="ngram")
+    events = runtime.stream("one two three one two three one two", max_tokens=12, temperature=0.0)
+    first = next(e for e in events if isinstance(e, TextDelta))
+    assert first.tokens and target.passes == 2  # the prompt's prefill, then the first verify pass
+    finished = list(events)[-1]
+    assert target.passes == 1 + finished.stats.verify_steps  # type: ignore[union-attr]
+
+
+def test_load_of_a_never_seen_model_measures_nothing(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
+    with load("reference:seed=5", backend="reference", strategy="ngram") as rt:
+        assert rt.generate("a b a b a b", max_tokens=8, temperature=0.0).stats.generated_tokens == 8
+
+
+def test_the_prior_is_the_roofline_with_dearer_blocks_and_deeper_contexts(temporary_localspec_home: Path) -> None:
+    target = load_reference("reference:seed=3")
+    prior = calibrate.prior_calibration(target)
+    assert prior.source == "prior" and len(prior.verify_seconds) == 16
+    assert all(b > a for a, b in zip(prior.verify_seconds, prior.verify_seconds[1:], strict=False))
+    assert prior.deep_verify_seconds is not None
+    assert all(d > s for d, s in zip(prior.deep_verify_seconds, prior.verify_seconds, strict=True))
+
+
+def test_a_prior_that_starts_wrong_converges_to_the_machines_curve() -> None:
+    # A prior twice too cheap for one token and flat beyond (an accelerator-like roofline)
+    # where the machine's blocks cost up to 3.7 times a step.
+    curve = CostCurve([0.0075] * 16, learning=True)
+    policy = AdaptiveDraftLength(curve, 0.0, max_gamma=15)
+    for step in range(300):
+        k = (1, 1, 1, 5, 1, 9, 1, 3)[step % 8] if step % 3 else 1
+        policy.observe_shadow(0, 0)
+        curve.update(k, true_seconds(k))
+    for k in (1, 3, 5, 9):
+        assert curve.verify(k) == pytest.approx(true_seconds(k), rel=0.05)
+    for k in (2, 4, 7, 16):  # never timed: the nearest timed sizes' corrections carry over
+        assert curve.verify(k) == pytest.approx(true_seconds(k), rel=0.25)
+    truth = AdaptiveDraftLength(CostCurve([t / 1e3 for t in TRUE_MS]), 0.0, max_gamma=15)
+    for support in (2, 4, 8, 20):
+        assert abs(policy.choose(15, support) - truth.choose(15, support)) <= 1
+
+
+def test_a_measured_curve_learns_drift_but_not_shape() -> None:
+    curve = CostCurve([t / 1e3 for t in TRUE_MS])
+    for _ in range(100):
+        curve.update(1, true_seconds(1) * 1.2)
+    assert curve.verify(1) == pytest.approx(true_seconds(1) * 1.2, rel=0.02)
+    assert curve.verify(8) / curve.verify(1) == pytest.approx(TRUE_MS[7] / TRUE_MS[0])
+
+
+def test_what_a_session_learnt_is_where_the_next_load_starts(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
+    target = load_reference("reference:seed=3")
+    runtime = Runtime(target, strategy="ngram")
+    runtime.generate("x y z x y z x y z", max_tokens=40, temperature=0.0)
+    learnt = calibrate.starting_calibration(target)
+    assert learnt.source == "learnt" and learnt.evidence and sum(learnt.evidence) >= calibrate.LEARNT_EVIDENCE
+    again = Runtime(target, strategy="ngram").policy
+    assert isinstance(again, AdaptiveDraftLength) and again.costs.learning
+    assert again.costs.verify_seconds == learnt.verify_seconds
+
+
+def test_a_changed_machine_is_followed_and_stored(temporary_localspec_home: Path) -> None:
+    # What a machine ten times faster learnt: this one's passes correct it within the session
+    # and the next load starts from the corrected curve.
+    target = load_reference("reference:seed=3")
+    fast = calibrate.Calibration([1e-7] * 16, 1e-7, None, source="learnt", evidence=[32.0] + [0.0] * 15)
+    calibrate.remember(f"learnt|{calibrate.backend_key(target)}", fast.to_json())
+    runtime = Runtime(target, strategy="ngram")
+    runtime.generate("x y z x y z x y z", max_tokens=60, temperature=0.0)
+    stored = calibrate.starting_calibration(target)
+    assert stored.source == "learnt" and stored.verify_seconds[0] > 5e-7
+
+
+def test_a_measured_curve_the_machine_left_gives_way_to_learning_not_to_a_measurement(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = load_reference("reference:seed=3")
+    calibrate.calibrated(target)
+    calibrate.note_drift(CostCurve([0.01], scale=3.0, observed=100, ratio_sum=300.0), [target])
+    monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("measured before the first token"))
+    assert calibrate.starting_calibration(target).source == "prior"
+
+
+def test_a_learnt_curve_survives_the_cache_file(temporary_localspec_home: Path) -> None:
+    cal = calibrate.Calibration([0.01, 0.02], 0.01, None, source="learnt", evidence=[3.0, 1.0])
+    back = calibrate.Calibration.from_json(json.loads(json.dumps(cal.to_json())))
+    assert back == cal and back.cost_curve().learning
+    assert not calibrate.Calibration([0.01], 0.01).cost_curve().learning
+
+
+def test_a_slow_step_before_the_first_token_says_what_it_is_doing() -> None:
+    import threading
+
+    from localspec.progress import announced
+
+    said: list[str] = []
+    spoke = threading.Event()
+
+    def announce(what: str) -> None:
+        said.append(what)
+        spoke.set()
+
+    with announced("loading big.gguf", announce, after=0.01):
+        assert spoke.wait(10)
+    with announced("loading small.gguf", announce, after=60):
+        pass
+    assert said == ["loading big.gguf"]
+
+
+@pytest.mark.model
+def test_the_first_run_of_a_never_seen_gguf_times_no_calibration_pass(
+    smollm2_q4_1: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localspec.backends import llamacpp
+    from localspec.cli.main import main
+
+    passes: list[int] = []
+    real = llamacpp.LlamaCppBackend.eval_block
+
+    def counted(self: llamacpp.LlamaCppBackend, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        passes.append(len(tokens))
+        return real(self, tokens, logits)
+
+    monkeypatch.setattr(llamacpp.LlamaCppBackend, "eval_block", counted)
+    monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
+    assert main(["run", "Say hi", "-m", str(smollm2_q4_1), "-t", "0", "-n", "16", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert len(passes) == 1 + stats["verify_steps"]  # the prompt, then one pass per step
