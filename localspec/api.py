@@ -28,13 +28,14 @@ from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
-from localspec.engine import Engine
+from localspec.engine import Engine, check_fits
 from localspec.errors import BackendClosedError, InvalidRequestError, PairMismatchError
 from localspec.pairing import vocab_mismatch
 from localspec.protocol import Backend
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 from localspec.textstream import TextAssembler
+from localspec.validate import check_ctx, check_threads, clean_text
 
 STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
@@ -134,17 +135,32 @@ class Runtime:
         self.strategy = strategy
         self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
         self.drafter: Drafter = self._make_drafter()
-        self.policy = self._make_policy(draft_tokens, calibrate)
+        # Built on first use, so a request that is refused (a prompt longer than the context)
+        # is refused before a calibration it does not need.
+        self._policy: DraftLengthPolicy | None = None
+        self._policy_options = (draft_tokens, calibrate)
         # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
         # the policy predicts faster at each step; a fixed draft length uses the model alone.
-        lookup = NgramDrafter() if self.draft is not None and isinstance(self.policy, AdaptiveDraftLength) else None
+        adaptive = draft_tokens == "auto" and calibrate
+        lookup = NgramDrafter() if self.draft is not None and adaptive else None
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
         self._owner: _Owner | None = None
         self._closed = False
         # The adaptive policy's cost curve, kept here because UIs wrap the policy (StepRecorder).
-        self._costs = self.policy.costs if isinstance(self.policy, AdaptiveDraftLength) else None
+        self._costs: Any = None
         self._drift_noted = False
+
+    @property
+    def policy(self) -> DraftLengthPolicy:
+        if self._policy is None:
+            self._policy = self._make_policy(*self._policy_options)
+            self._costs = self._policy.costs if isinstance(self._policy, AdaptiveDraftLength) else None
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: DraftLengthPolicy) -> None:
+        self._policy = value
 
     def _make_drafter(self) -> Drafter:
         if self.strategy == "draft":
@@ -192,6 +208,7 @@ class Runtime:
             return chat_tokens(self.target, text, [m["content"] for m in chat])
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"prompt must be a string, got {type(prompt).__name__}")
+        prompt = clean_text(prompt)
         if not prompt:
             raise InvalidRequestError("the prompt is empty", "give some text to continue")
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
@@ -213,6 +230,7 @@ class Runtime:
         cfg = sampling_config(sampling)
         max_tokens, stop = check_limits(max_tokens, stop)
         tokens = self.prompt_tokens(prompt, messages)
+        check_fits(tokens, self.target.info.n_ctx)
         holder: list[Generator[Event, None, None]] = []
         gen = self._run(holder, tokens, max_tokens, cfg, stop, cancel)
         holder.append(gen)
@@ -386,6 +404,7 @@ def load(
 ) -> Runtime:
     """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
     (pulled with `localspec pull`), or None for the embedded default."""
+    n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
     pair_id = model if model is not None and not os.path.exists(model) and not model.endswith(".gguf") else None
     if pair_id is not None and draft_model is None and backend != "reference":  # reference models are specs
         from localspec.pairs import load_pair

@@ -12,6 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localspec.errors import InvalidRequestError
 from localspec.protocol import Backend
+from localspec.validate import clean_text
 
 # Used only when a model ships no template; ChatML is what most small instruct models use.
 CHATML = (
@@ -52,7 +53,7 @@ def message_text(i: int, content: Any) -> str:
     """A message's content as text: a string, None (empty, as OpenAI allows for an assistant
     turn), or OpenAI's list of parts, whose text parts are joined; anything else is refused."""
     if isinstance(content, str):
-        return content
+        return clean_text(content)
     if content is None:
         return ""
     if isinstance(content, list):
@@ -63,7 +64,7 @@ def message_text(i: int, content: Any) -> str:
                 raise InvalidRequestError(
                     f"chat message {i} has a content part of type {kind!r}", "this model reads text parts only"
                 )
-            texts.append(part["text"])
+            texts.append(clean_text(part["text"]))
         return "".join(texts)
     raise InvalidRequestError(
         f"chat message {i} has content of type {type(content).__name__}",

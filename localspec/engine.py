@@ -64,12 +64,7 @@ class Engine:
             raise InvalidRequestError("the prompt is empty", "give some text to continue or a chat message")
         if max_tokens < 0:
             raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
-        n_ctx = self.target.info.n_ctx
-        if len(prompt) >= n_ctx:
-            raise ContextFullError(
-                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}",
-                "shorten the prompt or start a new conversation, or load the model with a larger n_ctx",
-            )
+        check_fits(prompt, self.target.info.n_ctx)
         stats.prompt_tokens = len(prompt)
         policy.begin(not cfg.greedy)
         # A draft model the policy would not use even with nothing to catch up on is spared
@@ -213,6 +208,14 @@ class Engine:
                     return
         finally:
             stats.decode_seconds = time.perf_counter() - t_start
+
+
+def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
+    if len(prompt) >= n_ctx:
+        raise ContextFullError(
+            f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}",
+            "shorten the prompt or start a new conversation, or load the model with a larger n_ctx",
+        )
 
 
 def _never() -> bool:

@@ -175,7 +175,13 @@ def load_registry(user_file: Path | None = None) -> Registry:
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            raw = fh.read()
+        # A BOM is what some Windows editors put first: accepted, as most TOML readers do.
+        return tomllib.loads(raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RegistryError(
+            f"{path}: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})", "save the file as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"{path}: not valid TOML: {exc}", "fix the file's syntax") from exc
     except OSError as exc:

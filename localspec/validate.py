@@ -3,7 +3,9 @@ the API and the chat, so hostile input is refused at the edge with a message, no
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 
 from localspec.errors import InvalidRequestError
 
@@ -55,3 +57,35 @@ def seed_value(seed: object) -> int | None:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidRequestError(f"seed must be a whole number, got {seed!r}")
     return None if seed < 0 else seed
+
+
+# argparse types: a bad value is reported by argparse as a usage error naming the option.
+
+
+def ctx_arg(value: str) -> int:
+    try:
+        return check_ctx(int(value))
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(f"expected a context length of 1 or more tokens, got {value!r}") from None
+
+
+def threads_arg(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a thread count of 1 or more (0: all physical cores), got {value!r}")
+    return n
+
+
+def seed_arg(value: str) -> int | None:
+    try:
+        return seed_value(int(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number (-1: random), got {value!r}") from None
+
+
+def read_stdin() -> str:
+    """Standard input as text, whatever its bytes (undecodable ones become U+FFFD)."""
+    return sys.stdin.buffer.read().decode("utf-8", "replace")
