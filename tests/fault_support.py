@@ -1,0 +1,187 @@
+"""Fault injection for the runtime: Ctrl+C at random points of prefill and decode, cancelled
+and abandoned streams, and a check after each that the runtime answers exactly as a fresh
+one does. Shared by tests/test_fault_injection.py (a few cases per backend, for CI) and
+benchmarks/fault_injection.py (the full counts, printed as a table)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from localspec.api import Runtime
+
+GREEDY = {"temperature": 0}
+LONG_PROMPT = "A river starts in the hills, gathers rain and snow, and runs to the sea. " * 12
+CHECK_PROMPT = "Name three things a river carries."
+CHECK_TOKENS = 12
+SHORT_PROMPT = "A river starts in the hills and runs to the sea. " * 3  # for 256-token tiny models
+
+
+@dataclass
+class Tally:
+    """Cases tried and the ones that failed, with why."""
+
+    name: str
+    tried: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def row(self) -> str:
+        return f"| {self.name} | {self.tried} | {len(self.failures)} |"
+
+
+# An injector patches the lowest level call that fills a cache (llama_decode, a forward
+# pass) so that the k-th call raises KeyboardInterrupt after its work is done: the moment
+# a Ctrl+C is most harmful, the cache filled but the backend's record not yet updated.
+Injector = Callable[[Runtime, Callable[[], bool]], contextlib.AbstractContextManager[None]]
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, fire: Callable[[], bool]) -> Iterator[None]:
+    real = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        if fire():
+            raise KeyboardInterrupt
+        return out
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
+def answer(rt: Runtime) -> str:
+    return rt.generate(CHECK_PROMPT, max_tokens=CHECK_TOKENS, **GREEDY).text
+
+
+def count_calls(rt: Runtime, inject: Injector, prompt: str = LONG_PROMPT) -> int:
+    calls = 0
+
+    def never() -> bool:
+        nonlocal calls
+        calls += 1
+        return False
+
+    with inject(rt, never):
+        rt.generate(prompt, max_tokens=16, **GREEDY)
+    return calls
+
+
+def interrupts(
+    rt: Runtime, expected: str, inject: Injector, cases: int, seed: int, name: str, prompt: str = LONG_PROMPT
+) -> Tally:
+    """Ctrl+C at `cases` random low-level calls of a long prompt and its answer; after each,
+    the runtime must give `expected` (a fresh runtime's greedy answer)."""
+    tally = Tally(name)
+    rng = np.random.default_rng(seed)
+    total = count_calls(rt, inject, prompt)
+    for _ in range(cases):
+        at = int(rng.integers(1, total + 1))
+        seen = [0]
+
+        def fire(at: int = at, seen: list[int] = seen) -> bool:
+            seen[0] += 1
+            return seen[0] == at
+
+        tally.tried += 1
+        try:
+            with inject(rt, fire):
+                rt.generate(prompt, max_tokens=16, **GREEDY)
+        except KeyboardInterrupt:
+            pass
+        try:
+            got = answer(rt)
+        except Exception as exc:  # the failure this suite exists to catch
+            tally.failures.append(f"call {at}/{total}: {exc!r}")
+            continue
+        if got != expected:
+            tally.failures.append(f"call {at}/{total}: answered {got!r}")
+    return tally
+
+
+def cancelled_streams(rt: Runtime, expected: str, cases: int, seed: int, name: str) -> Tally:
+    """Streams ended early every way a caller can (break, close, cancel event, dropped),
+    then the greedy answer must match a fresh runtime's."""
+    tally = Tally(name)
+    rng = np.random.default_rng(seed)
+    for i in range(cases):
+        stop_after = int(rng.integers(0, 6))
+        cancel = threading.Event()
+        stream = rt.stream(LONG_PROMPT if i % 2 else CHECK_PROMPT, max_tokens=24, cancel=cancel, **GREEDY)
+        tally.tried += 1
+        try:
+            for n, _ in enumerate(stream):
+                if n >= stop_after:
+                    if i % 3 == 0:
+                        cancel.set()
+                        continue  # the stream ends itself with finish reason "cancelled"
+                    if i % 3 == 1:
+                        stream.close()
+                    break
+            del stream
+        except Exception as exc:
+            tally.failures.append(f"stream {i}: {exc!r}")
+    got = answer(rt)
+    if got != expected:
+        tally.failures.append(f"after {cases} streams: answered {got!r}")
+    return tally
+
+
+def abandoning_threads(rt: Runtime, expected: str, cases: int, seed: int, name: str, bound: float = 120.0) -> Tally:
+    """Two threads, each breaking out of `cases` streams and dropping them; neither may hang,
+    and the runtime then answers as a fresh one."""
+    tally = Tally(name)
+    errors: list[str] = []
+
+    def worker(offset: int) -> None:
+        rng = np.random.default_rng(seed + offset)
+        for i in range(cases):
+            try:
+                for n, _ in enumerate(rt.stream(CHECK_PROMPT, max_tokens=16, **GREEDY)):
+                    if n >= int(rng.integers(0, 4)):
+                        break
+            except Exception as exc:
+                errors.append(f"thread {offset} stream {i}: {exc!r}")
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(bound)
+    tally.tried = 2 * cases
+    tally.failures += errors
+    if any(t.is_alive() for t in threads):
+        tally.failures.append(f"a thread still waited after {bound:.0f} s")
+        return tally
+    got = answer(rt)
+    if got != expected:
+        tally.failures.append(f"after both threads: answered {got!r}")
+    return tally
+
+
+# -- injectors per backend ----------------------------------------------------------------
+
+
+def llamacpp_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractContextManager[None]:
+    import backends.llamacpp as llamacpp
+
+    return patched(llamacpp.llama, "llama_decode", fire)
+
+
+def reference_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractContextManager[None]:
+    return patched(rt.target, "eval_block", fire)
+
+
+def torch_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractContextManager[None]:
+    return patched(rt.target, "_forward", fire)
+
+
+def mlx_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractContextManager[None]:
+    return patched(rt.target.forward, "hidden", fire)  # type: ignore[attr-defined]
