@@ -175,7 +175,7 @@ def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = 
         if _model_path(model, backend) is None:
             continue
         users = tuple(p.id for p in others if model.id in (m.id for m in p.models))
-        users += _other_uses(model, backend, reg)
+        users += _other_uses(model, backend, reg, keep_default=model is not pair.target)
         if users:
             kept.append((model.id, users))
         else:
@@ -300,13 +300,14 @@ def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledF
     os.replace(partial, target)  # the record appears whole or not at all
 
 
-def _other_uses(model: Model, backend: str, reg: Registry) -> tuple[str, ...]:
+def _other_uses(model: Model, backend: str, reg: Registry, keep_default: bool) -> tuple[str, ...]:
     """Why a model's files must stay although this pair goes: the embedded default model
-    (an offline user's only model), or the same files pulled for another backend."""
+    (an offline user's only model) unless its own pair goes, or the same files pulled for
+    another backend."""
     record = _read_record(model, backend)
     mine = {os.path.realpath(f["path"]) for f in record["files"]} if record else set()
     reasons: list[str] = []
-    if os.path.realpath(models_dir() / DEFAULT_MODEL.filename) in mine:
+    if keep_default and os.path.realpath(models_dir() / DEFAULT_MODEL.filename) in mine:
         reasons.append("it is the embedded default model")
     for other in sorted({b for m in reg.models.values() for b in m.artifacts if b != backend}):
         for m in reg.models.values():
