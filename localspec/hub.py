@@ -219,8 +219,10 @@ def _offline_missing(artifact: HubArtifact, what: str) -> PullError:
 def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -> Iterator[None]:
     """huggingface-hub's exceptions, as errors that say what to do."""
     from huggingface_hub.errors import (
+        BadRequestError,
         EntryNotFoundError,
         GatedRepoError,
+        HFValidationError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
@@ -246,6 +248,12 @@ def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -
         raise _offline_missing(artifact, name or f"revision {artifact.revision}") from exc
     except EntryNotFoundError as exc:
         raise _missing(artifact, name or "?", settings) from exc
+    except (HFValidationError, BadRequestError) as exc:  # the hub refused the name itself
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PullError(
+            f"{settings.endpoint} refused {repo if name is None else f'{name} in {repo}'} as a name: {reason}",
+            "fix the repo id or file name in models.toml",
+        ) from exc
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise _interrupted(repo, name, settings, exc) from exc

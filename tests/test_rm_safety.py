@@ -1,5 +1,5 @@
 """`localspec rm` removes only what nothing else uses and never reaches outside localspec's
-folders through a link (issue 20)."""
+folders through a link; a name the hub refuses is reported as a name (issue 20)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,19 @@ def test_rm_of_a_pair_keeps_the_embedded_default_model_it_drafts_with(capsys: py
 
     assert default.exists()
     assert "kept smollm2-135m-instruct: it is the embedded default model" in capsys.readouterr().out
+
+
+def test_a_repo_id_the_hub_rejects_is_reported_as_a_bad_name(hub: FakeHub, temporary_localspec_home: Path) -> None:
+    from localspec.hub import PullError
+
+    registry = temporary_localspec_home / "models.toml"
+    registry.write_text(
+        registry.read_text()
+        + '\n[models.badly-named]\nname = "B"\nfamily = "tiny"\nlicense = "mit"\nparams = "1K"\n'
+        + 'llamacpp = { repo = "test/bad--name", revision = "main", files = ["b.gguf"] }\n'
+        + '\n[pairs.badly-named]\ndescription = "x"\ntarget = "badly-named"\n'
+        + 'strategy = "ngram"\ndraft_tokens = "auto"\n'
+    )
+    with pytest.raises(PullError, match="as a name") as caught:
+        pull("badly-named", endpoint=hub.endpoint, progress=False)
+    assert "connection" not in str(caught.value)
