@@ -286,9 +286,7 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
     parsed = tuple(_parse_file(f, path, f"{where}, files[{i}]") for i, f in enumerate(files))
     if backend == "llamacpp" and any(f.is_pattern or not f.name.endswith(".gguf") for f in parsed):
         raise _fail(path, where, "files", "llama.cpp needs exact .gguf file names (split files in order)")
-    return HubArtifact(
-        _str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where, _REVISION), parsed
-    )
+    return HubArtifact(_str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where, _REVISION), parsed)
 
 
 def _parse_file(entry: Any, path: Path, where: str) -> HubFile:
