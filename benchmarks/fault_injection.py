@@ -3,7 +3,8 @@ section: Ctrl+C at random calls of prefill and decode (per backend, per strategy
 streams, and two threads abandoning streams. After every fault the runtime must answer a
 greedy prompt exactly as a fresh runtime does.
 
-    python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--model Q4_1.gguf]
+    python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
+        [--model Q4_1.gguf] [--draft-model Q8_0.gguf] [--only reference|llamacpp|torch|pull]
 
 Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
 """
@@ -25,6 +26,7 @@ from fault_support import (  # noqa: E402
     answer,
     cancelled_streams,
     interrupts,
+    killed_pulls,
     llamacpp_injector,
     reference_injector,
     torch_injector,
@@ -96,16 +98,21 @@ def torch_rows(args: argparse.Namespace) -> list[Tally]:
     return [interrupts(rt(), answer(rt()), torch_injector, args.cases, 8, "torch (tiny llama): Ctrl+C", SHORT_PROMPT)]
 
 
+def pull_rows(args: argparse.Namespace) -> list[Tally]:
+    return [killed_pulls(args.pull_kills, 9, Path(tempfile.mkdtemp()))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100, help="Ctrl+C points per backend and strategy")
     parser.add_argument("--streams", type=int, default=100, help="cancelled streams per backend")
     parser.add_argument("--threads", type=int, default=10, help="abandoned streams per thread (two threads)")
+    parser.add_argument("--pull-kills", type=int, default=10, help="pulls SIGKILLed mid-file before a normal re-run")
     parser.add_argument("--model", help="llama.cpp target GGUF (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--draft-model", help="llama.cpp drafter GGUF, to interrupt a draft pair too")
-    parser.add_argument("--only", choices=["reference", "llamacpp", "torch"], action="append")
+    parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull"], action="append")
     args = parser.parse_args()
-    suites = {"reference": reference_rows, "llamacpp": llamacpp_rows, "torch": torch_rows}
+    suites = {"reference": reference_rows, "llamacpp": llamacpp_rows, "torch": torch_rows, "pull": pull_rows}
     rows: list[Tally] = []
     print("| case | tried | failures |\n|---|---:|---:|", flush=True)
     for name, suite in suites.items():

@@ -142,6 +142,8 @@ def fetch(plan: Plan, file: RemoteFile, settings: HubSettings, bar: type[FileBar
     from huggingface_hub import hf_hub_download
 
     artifact = plan.artifact
+    if not settings.offline:
+        sweep_incomplete(Path(settings.cache_dir), artifact.repo)
     with hub_errors(artifact, file.name, settings):
         local = Path(
             hf_hub_download(
@@ -157,6 +159,28 @@ def fetch(plan: Plan, file: RemoteFile, settings: HubSettings, bar: type[FileBar
         )
     verify(local, file, f"{file.name} from {artifact.repo}@{plan.commit[:12]}")
     return local
+
+
+def sweep_incomplete(cache_dir: Path, repo: str) -> int:
+    """Delete the partial downloads a killed pull left in a repo's blobs (huggingface-hub names
+    them per process, so none is ever resumed); one whose download lock another process
+    holds is still being written and stays. Returns how many went."""
+    from filelock import FileLock, Timeout
+
+    folder = "models--" + repo.replace("/", "--")
+    swept = 0
+    for part in (cache_dir / folder / "blobs").glob("*.incomplete"):
+        lock = FileLock(str(cache_dir / ".locks" / folder / f"{part.name.split('.')[0]}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except (Timeout, OSError):
+            continue
+        try:
+            part.unlink(missing_ok=True)
+            swept += 1
+        finally:
+            lock.release()
+    return swept
 
 
 def verify(local: Path, file: RemoteFile, what: str) -> None:

@@ -27,6 +27,7 @@ from localspec.hub import (
     hub_cache_dir,
     plan,
     record_ref,
+    sweep_incomplete,
 )
 from localspec.pairs import check_pair_fits
 from localspec.paths import data_dir, models_dir
@@ -341,6 +342,9 @@ def _delete_model(model: Model, backend: str) -> int:
         if blob != link and not _still_linked(blob):
             blob.unlink()
     _record_file(model, backend).unlink(missing_ok=True)
+    artifact = model.artifacts.get(backend)
+    if isinstance(artifact, HubArtifact):  # what a killed pull of it left goes too
+        sweep_incomplete(hub_cache_dir(), artifact.repo)
     return freed
 
 

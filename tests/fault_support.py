@@ -6,9 +6,14 @@ benchmarks/fault_injection.py (the full counts, printed as a table)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -185,3 +190,47 @@ def torch_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.Abstract
 
 def mlx_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractContextManager[None]:
     return patched(rt.target.forward, "hidden", fire)  # type: ignore[attr-defined]
+
+
+# -- pulls killed outright ----------------------------------------------------------------
+
+
+def killed_pulls(cases: int, seed: int, folder: Path, bound: float = 120.0) -> Tally:
+    """`localspec pull` SIGKILLed at `cases` random offsets of a file (against the fake hub),
+    then a normal pull: it must finish, verified, and leave no partial download behind."""
+    from fakehub import FakeHub, serve_test_pairs
+
+    tally = Tally("pull: SIGKILL mid-file, then a re-run")
+    home, cache = folder / "home", folder / "hub-cache"
+    rng = np.random.default_rng(seed)
+    with FakeHub() as hub:
+        serve_test_pairs(hub, home)
+        data = hub.repos["test/tiny-drafter-GGUF"].files["tiny-drafter.gguf"]
+        env = {**os.environ, "LOCALSPEC_HOME": str(home), "HF_HUB_CACHE": str(cache), "HF_ENDPOINT": hub.endpoint}
+        env.pop("HF_HUB_OFFLINE", None)
+        for _ in range(cases):
+            reached = hub.stall_after("tiny-drafter.gguf", int(rng.integers(1, len(data))))
+            child = subprocess.Popen(
+                [sys.executable, "-m", "localspec", "pull", "tiny-solo"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            tally.tried += 1
+            if not reached.wait(bound):
+                tally.failures.append(f"the pull never reached the file (exit {child.poll()})")
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        rerun = subprocess.run(
+            [sys.executable, "-m", "localspec", "pull", "tiny-solo"], env=env, capture_output=True, text=True
+        )
+        if rerun.returncode != 0:
+            tally.failures.append(f"the re-run failed: {rerun.stderr.strip()[-300:]}")
+        blobs = cache / "models--test--tiny-drafter-GGUF" / "blobs"
+        left = sorted(p.name for p in blobs.glob("*.incomplete"))
+        if left:
+            tally.failures.append(f"partial downloads left behind: {left}")
+        kept = [p for p in blobs.iterdir() if not p.name.endswith(".incomplete")] if blobs.exists() else []
+        if [p.read_bytes() for p in kept] != [data]:
+            tally.failures.append("the pulled file is not the hub's")
+    return tally

@@ -5,6 +5,7 @@ counts (benchmarks/fault_injection.py runs the full ones and prints the table)."
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from fault_support import (
     answer,
     cancelled_streams,
     interrupts,
+    killed_pulls,
     llamacpp_injector,
     reference_injector,
     torch_injector,
@@ -91,3 +93,8 @@ def test_torch_survives_interrupts_in_prefill_and_decode(models: Callable[[objec
 
     injector: Injector = torch_injector
     assert_clean(interrupts(runtime(), answer(runtime()), injector, CASES, 7, "torch", SHORT_PROMPT))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_pulls_killed_mid_file_leave_nothing_and_a_rerun_finishes(tmp_path: Path) -> None:
+    assert_clean(killed_pulls(min(CASES, 3), 9, tmp_path))
