@@ -15,6 +15,7 @@ the connection mid-file, `down` answers 503 to everything."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -188,7 +189,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
                 stall[1].set()
                 self.close_connection = True
-                self.rfile.read(1)  # returns when the client's end closes (it was killed)
+                with contextlib.suppress(OSError):
+                    self.rfile.read(1)  # returns when the client's end closes (it was killed)
                 return
             cut = hub._cuts.pop(name, None)
             if cut is None:
