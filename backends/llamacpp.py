@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.errors import BackendUnavailableError, InvalidRequestError, ModelLoadError
+from localspec.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf, diagnose_gguf
 from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
@@ -93,7 +93,7 @@ class LlamaCppBackend:
         check_gguf(path)
         init_library()
         mparams, self._devices = _model_params(rpc)
-        model = llama.llama_model_load_from_file(path.encode(), mparams)
+        model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
             raise ModelLoadError(
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
@@ -131,6 +131,9 @@ class LlamaCppBackend:
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
         self._tokens: list[int] = []
+        # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
+        # that lands after llama_decode filled the cache but before the tokens were recorded.
+        self._unrecorded = False
         self._closed = False
         self._piece_buf = ctypes.create_string_buffer(256)
         self.info = ModelInfo(
@@ -150,6 +153,11 @@ class LlamaCppBackend:
         self.capabilities = Capabilities(
             rollback=True, max_block=max_block, device="rpc" if rpc else "cpu", extra=extra
         )
+
+    def _live(self) -> None:
+        # Every call reaches into freed C memory once closed: refuse it instead of crashing.
+        if self._closed:
+            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
 
     # -- description ------------------------------------------------------------------------
 
@@ -171,6 +179,7 @@ class LlamaCppBackend:
         return self._tokens
 
     def vocab_identity(self) -> VocabIdentity:
+        self._live()
         texts = tuple((llama.llama_vocab_get_text(self._vocab, i) or b"") for i in range(self._n_vocab))
         bos = int(llama.llama_vocab_bos(self._vocab))
         eos = int(llama.llama_vocab_eos(self._vocab))
@@ -179,6 +188,7 @@ class LlamaCppBackend:
         return VocabIdentity(kind, self._n_vocab, bos if bos >= 0 else None, eos if eos >= 0 else None, texts)
 
     def end_of_generation(self) -> frozenset[int]:
+        self._live()
         return self._eog()
 
     @cache  # noqa: B019 - one backend per model, lives as long as the model
@@ -186,9 +196,11 @@ class LlamaCppBackend:
         return frozenset(i for i in range(self._n_vocab) if llama.llama_vocab_is_eog(self._vocab, i))
 
     def chat_template(self) -> str | None:
+        self._live()
         return self._meta("tokenizer.chat_template")
 
     def special_texts(self) -> dict[str, str]:
+        self._live()
         out = {}
         for name, tok in (
             ("bos_token", llama.llama_vocab_bos(self._vocab)),
@@ -200,6 +212,7 @@ class LlamaCppBackend:
     # -- text -------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        self._live()
         raw = text.encode("utf-8")
         cap = len(raw) + 8
         buf = (llama.llama_token * cap)()
@@ -211,6 +224,7 @@ class LlamaCppBackend:
         return list(buf[:n])
 
     def token_bytes(self, token: int) -> bytes:
+        self._live()
         n = llama.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
         if n < 0:
             big = ctypes.create_string_buffer(-n)
@@ -224,6 +238,7 @@ class LlamaCppBackend:
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        self._live()
         n = len(tokens)
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
@@ -232,6 +247,12 @@ class LlamaCppBackend:
         if n == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         self._tok[:n] = tokens
+        if int(self._tok[:n].min()) < 0 or int(self._tok[:n].max()) >= self._n_vocab:
+            bad = next(int(t) for t in tokens if not 0 <= t < self._n_vocab)
+            raise InvalidRequestError(
+                f"token id {bad} is outside {self.info.name}'s vocabulary of {self._n_vocab}",
+                "tokenize with the model that evaluates, or use a drafter with the target's tokenizer",
+            )
         past = len(self._tokens)
         self._pos[:n] = np.arange(past, past + n)
         self._out[:n] = 0
@@ -240,11 +261,16 @@ class LlamaCppBackend:
         elif logits == "last":
             self._out[n - 1] = 1
         self._batch.n_tokens = n
+        if self._unrecorded:
+            llama.llama_memory_seq_rm(self._mem, 0, past, -1)
+        self._unrecorded = True
         rc = llama.llama_decode(self._ctx, self._batch)
         if rc != 0:
             # A failed decode leaves the cache as it was before the batch.
+            self._unrecorded = False
             raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
         self._tokens.extend(tokens)
+        self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
         if rows == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
@@ -252,9 +278,13 @@ class LlamaCppBackend:
         return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
 
     def rollback(self, n: int) -> None:
-        if n < len(self._tokens):
-            llama.llama_memory_seq_rm(self._mem, 0, n, -1)
-            del self._tokens[n:]
+        self._live()
+        if n < 0:
+            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        # Unconditionally: the cache may hold positions the token record does not (see _unrecorded).
+        llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+        del self._tokens[n:]
+        self._unrecorded = False
 
     def close(self) -> None:
         if self._closed:

@@ -149,6 +149,8 @@ class ReferenceBackend:
         return out
 
     def rollback(self, n: int) -> None:
+        if self._closed:
+            raise InvalidRequestError("this reference backend was closed", "load a new one")
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
         del self._tokens[n:]

@@ -28,6 +28,7 @@ def accept_rejection_sampling(
     target_logits: npt.NDArray[np.floating],
     cfg: SamplingConfig,
     rng: np.random.Generator,
+    refused: Distribution | None = None,
 ) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023, Chen et al. 2023).
 
@@ -36,6 +37,10 @@ def accept_rejection_sampling(
     The output is then distributed exactly as p. A drafter with no distribution (n-gram) is
     a point mass: acceptance becomes p(x), the residual is p without x, which is the same
     law as "sample from p and keep the draft iff they agree".
+
+    refused: the draft's distribution one position past the draft, whose drafted token the
+    target cannot take (an id beyond its vocabulary, so p = 0 there): that token counts as
+    drafted and rejected, so the token after a fully kept draft comes from the residual.
     """
     for i, x in enumerate(draft):
         p = process(target_logits[i], cfg)
@@ -44,7 +49,8 @@ def accept_rejection_sampling(
         if qx > 0 and rng.random() * qx < px:
             continue
         return i, _sample_residual(p, q, rng)
-    return len(draft), process(target_logits[len(draft)], cfg).sample(rng)
+    last = process(target_logits[len(draft)], cfg)
+    return len(draft), (last.sample(rng) if refused is None else _sample_residual(last, refused, rng))
 
 
 def _sample_residual(p: Distribution, q: Distribution, rng: np.random.Generator) -> int:

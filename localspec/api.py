@@ -7,11 +7,14 @@ print(out.text, out.stats.summary())
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import weakref
 from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
+from inspect import GEN_RUNNING, getgeneratorstate
 from typing import Any, Literal
 
 import numpy as np
@@ -25,14 +28,14 @@ from localspec.calibrate import (
     starting_calibration,
     starting_drafting_seconds,
 )
-from localspec.chat import render_chat
+from localspec.chat import chat_tokens, normalize_messages, render_chat
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
-from localspec.engine import Engine
-from localspec.errors import InvalidRequestError, PairMismatchError
+from localspec.engine import Engine, check_fits
+from localspec.errors import BackendClosedError, InvalidRequestError, PairMismatchError
 from localspec.pairing import vocab_mismatch
 from localspec.progress import Announce, announced
 from localspec.protocol import Backend
@@ -40,6 +43,7 @@ from localspec.rpc import split_options
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 from localspec.textstream import TextAssembler
+from localspec.validate import check_ctx, check_threads, clean_text
 
 STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
@@ -79,18 +83,26 @@ class Completion:
     finish_reason: str
 
 
+# How long a waiting call lets a suspended stream sit before collecting garbage once, in
+# case that stream was dropped inside a reference cycle (which only the collector frees).
+RECLAIM_WAIT_SECONDS = 1.0
+
+
 @dataclass
 class _Owner:
-    """Who holds the runtime: a thread, and the stream it is iterating."""
+    """Who holds the runtime: a thread, and (weakly) the stream it is iterating. Weakly, so
+    a stream its caller dropped is collected, and collecting a generator closes it, which
+    releases the runtime."""
 
     thread: int
-    stream: Generator[Event, None, None] | None = None
+    stream: weakref.ref[Generator[Event, None, None]] | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
 class Runtime:
     """A loaded target with its drafter. One request at a time: calls from other threads
-    wait their turn; a new call in the thread of an unfinished stream ends that stream."""
+    wait their turn; a new call in the thread of an unfinished stream ends that stream, and
+    a stream nobody refers to any more is closed when it is collected."""
 
     def __init__(
         self,
@@ -131,16 +143,32 @@ class Runtime:
         self.strategy = strategy
         self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
         self.drafter: Drafter = self._make_drafter()
-        self.policy = self._make_policy(draft_tokens, calibrate)
+        # Built on first use, so a request that is refused (a prompt longer than the context)
+        # is refused before a calibration it does not need.
+        self._policy: DraftLengthPolicy | None = None
+        self._policy_options = (draft_tokens, calibrate)
         # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
         # the policy predicts faster at each step; a fixed draft length uses the model alone.
-        lookup = NgramDrafter() if self.draft is not None and isinstance(self.policy, AdaptiveDraftLength) else None
+        adaptive = draft_tokens == "auto" and calibrate
+        lookup = NgramDrafter() if self.draft is not None and adaptive else None
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
         self._owner: _Owner | None = None
+        self._closed = False
         # The adaptive policy's cost curve, kept here because UIs wrap the policy (StepRecorder).
-        self._costs = self.policy.costs if isinstance(self.policy, AdaptiveDraftLength) else None
+        self._costs: Any = None
         self._drift_noted = False
+
+    @property
+    def policy(self) -> DraftLengthPolicy:
+        if self._policy is None:
+            self._policy = self._make_policy(*self._policy_options)
+            self._costs = self._policy.costs if isinstance(self._policy, AdaptiveDraftLength) else None
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: DraftLengthPolicy) -> None:
+        self._policy = value
 
     def _make_drafter(self) -> Drafter:
         if self.strategy == "draft":
@@ -180,20 +208,24 @@ class Runtime:
     # -- requests ---------------------------------------------------------------------------
 
     def prompt_tokens(
-        self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, str]] | None = None
+        self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None
     ) -> list[int]:
         """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens)."""
         if (prompt is None) == (messages is None):
             raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
         if messages is not None:
-            text = render_chat(self.target.chat_template(), messages, self.target.special_texts())
-            return self.target.tokenize(text, add_special=False, parse_special=True)
-        assert prompt is not None
+            chat = normalize_messages(messages)
+            text = render_chat(self.target.chat_template(), chat, self.target.special_texts())
+            return chat_tokens(self.target, text, [m["content"] for m in chat])
+        if isinstance(prompt, (list, tuple)):
+            n_vocab = self.target.info.n_vocab
+            ids_ok = all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in prompt)
+            if not prompt or not ids_ok:
+                raise InvalidRequestError(f"prompt token ids must be whole numbers 0 to {n_vocab - 1}, at least one")
+            return list(prompt)
         if not isinstance(prompt, str):
-            ids = [int(t) for t in prompt]
-            if not ids or not all(0 <= t < self.target.info.n_vocab for t in ids):
-                raise InvalidRequestError(f"prompt token ids must be 0 to {self.target.info.n_vocab - 1}, at least one")
-            return ids
+            raise InvalidRequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        prompt = clean_text(prompt)
         if not prompt:
             raise InvalidRequestError("the prompt is empty", "give some text to continue")
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
@@ -202,18 +234,22 @@ class Runtime:
         self,
         prompt: str | Sequence[int] | None = None,
         *,
-        messages: Sequence[Mapping[str, str]] | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
         max_tokens: int = 256,
         stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
         **sampling: Any,
     ) -> Generator[Event, None, None]:
-        """Yields TextDelta events as text becomes final, then one Finished event."""
-        cfg = SamplingConfig(**sampling)
+        """Yields TextDelta events as text becomes final, then one Finished event. Setting
+        `cancel` ends the request at the next prompt chunk or verify step (finish reason
+        "cancelled"), so another thread can stop even a long prompt evaluation."""
+        self._check_open()
+        cfg = sampling_config(sampling)
+        max_tokens, stop = check_limits(max_tokens, stop)
         tokens = self.prompt_tokens(prompt, messages)
-        if max_tokens < 0:
-            raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
+        check_fits(tokens, self.target.info.n_ctx)
         holder: list[Generator[Event, None, None]] = []
-        gen = self._run(holder, tokens, max_tokens, cfg, stop)
+        gen = self._run(holder, tokens, max_tokens, cfg, stop, cancel)
         holder.append(gen)
         return gen
 
@@ -221,13 +257,14 @@ class Runtime:
         self,
         prompt: str | Sequence[int] | None = None,
         *,
-        messages: Sequence[Mapping[str, str]] | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
         max_tokens: int = 256,
         stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
         **sampling: Any,
     ) -> Completion:
         tokens: list[int] = []
-        events = self.stream(prompt, messages=messages, max_tokens=max_tokens, stop=stop, **sampling)
+        events = self.stream(prompt, messages=messages, max_tokens=max_tokens, stop=stop, cancel=cancel, **sampling)
         with closing(events):  # type: ignore[type-var]
             for event in events:
                 if isinstance(event, TextDelta):
@@ -243,13 +280,18 @@ class Runtime:
         max_tokens: int,
         cfg: SamplingConfig,
         stop: Sequence[str],
+        cancel: threading.Event | None,
     ) -> Generator[Event, None, None]:
-        self._acquire(me[0])
+        # pop, not index: the frame must not keep its own generator alive (see _Owner).
+        self._acquire(me.pop())
         try:
             rng = np.random.default_rng(cfg.seed)
             stats = Stats(strategy=self.label)
             text = TextAssembler(self.target.token_bytes, stop)
-            for step in self.engine.generate(tokens, max_tokens, cfg, self.policy, stats, rng):
+            steps = self.engine.generate(
+                tokens, max_tokens, cfg, self.policy, stats, rng, cancel.is_set if cancel is not None else None
+            )
+            for step in steps:
                 delta = text.push(step.tokens)
                 flags = tuple(i < step.n_from_draft for i in range(len(step.tokens)))
                 yield TextDelta(delta, tuple(step.tokens), flags)
@@ -273,25 +315,52 @@ class Runtime:
 
     # -- one request at a time --------------------------------------------------------------
 
-    def _acquire(self, stream: Generator[Event, None, None]) -> None:
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosedError("this runtime was closed", "load the model again with localspec.load()")
+
+    def _acquire(self, stream: Generator[Event, None, None] | None) -> None:
         me = threading.get_ident()
         with self._cond:
             while self._owner is not None:
-                if self._owner.thread == me:
-                    # This thread left a stream unfinished; it is suspended, so closing it
-                    # here is safe and releases the runtime.
-                    stale = self._owner
-                    self._cond.release()
-                    try:
-                        if stale.stream is not None:
-                            stale.stream.close()
-                    finally:
-                        self._cond.acquire()
-                    if self._owner is stale:
-                        self._owner = None
-                    continue
-                self._cond.wait()
-            self._owner = _Owner(me, stream)
+                if not self._reclaim(self._owner, me):
+                    self._wait_for(self._owner)
+            self._check_open()
+            self._owner = _Owner(me, weakref.ref(stream) if stream is not None else None)
+
+    def _reclaim(self, owner: _Owner, me: int, any_thread: bool = False) -> bool:
+        """Close the owner's stream if it is suspended and this thread may end it: its own
+        thread's (it is here, so not iterating), or any thread's when the runtime closes."""
+        held = owner.stream() if owner.stream is not None else None
+        if held is None or getgeneratorstate(held) == GEN_RUNNING or (owner.thread != me and not any_thread):
+            return False
+        self._cond.release()
+        try:
+            held.close()
+        except ValueError:  # its thread resumed it meanwhile: wait for it instead
+            return False
+        finally:
+            del held
+            self._cond.acquire()
+        if self._owner is owner:
+            self._owner = None
+        return True
+
+    def _wait_for(self, owner: _Owner) -> None:
+        if self._cond.wait(RECLAIM_WAIT_SECONDS) or self._owner is not owner:
+            return
+        # Still held after a while by a stream that is not running: it may have been dropped
+        # inside a reference cycle, which only the collector frees (and so closes).
+        held = owner.stream() if owner.stream is not None else None
+        suspended = held is not None and getgeneratorstate(held) != GEN_RUNNING and not owner.done.is_set()
+        del held
+        if suspended:
+            owner.done.set()  # once per owner: a live stream someone still reads is left alone
+            self._cond.release()
+            try:
+                gc.collect()
+            finally:
+                self._cond.acquire()
 
     def _release(self) -> None:
         with self._cond:
@@ -299,6 +368,16 @@ class Runtime:
             self._cond.notify_all()
 
     def close(self) -> None:
+        """Free the models. A stream still open is ended first (one running in another
+        thread is waited for), so no model is freed under a thread that uses it."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._closed:
+                return
+            while self._owner is not None:
+                if not self._reclaim(self._owner, me, any_thread=True):
+                    self._wait_for(self._owner)
+            self._closed = True
         self.drafter.close()
         self.target.close()
 
@@ -307,6 +386,28 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def sampling_config(options: Mapping[str, Any]) -> SamplingConfig:
+    """The sampling keywords of stream()/generate(), checked: an unknown name is refused."""
+    known = {f for f in SamplingConfig.__dataclass_fields__}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        takes = ", ".join(["max_tokens", "stop", "cancel", *sorted(known)])
+        raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
+    return SamplingConfig(**options)
+
+
+def check_limits(max_tokens: Any, stop: Any) -> tuple[int, tuple[str, ...]]:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer):
+        raise InvalidRequestError(f"max_tokens must be a whole number, got {max_tokens!r}")
+    if max_tokens < 0:
+        raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequestError(f"stop must be a list of strings, got {stop!r}")
+    return int(max_tokens), tuple(stop)
 
 
 def load(
@@ -327,6 +428,7 @@ def load(
     splits the target over llama.cpp rpc-servers; the drafter stays on this machine.
     on_progress is told what a step that takes more than two seconds is doing (a CLI prints
     it, a chat shows it)."""
+    n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
     pair_id = model if model is not None and not os.path.exists(model) and not model.endswith(".gguf") else None
     if pair_id is not None and draft_model is None and backend != "reference":  # reference models are specs
         from localspec.pairs import load_pair

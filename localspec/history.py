@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.errors import LocalspecError
-from localspec.paths import data_dir
+from localspec.paths import data_dir, private_dir
 
 SCHEMA_VERSION = 1
 FILENAME = "history.sqlite3"
@@ -94,7 +94,7 @@ class History:
 
     def _open(self) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
         except OSError as exc:
             return self._in_memory(f"the history folder {self.path.parent} cannot be created ({exc})")
         try:
@@ -107,6 +107,8 @@ class History:
 
     def _connect_checked(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=2.0)
+        with contextlib.suppress(OSError):  # best effort: a file we cannot chmod still serves
+            os.chmod(self.path, 0o600)  # the chats are this user's only
         try:
             db.execute("PRAGMA foreign_keys = ON")
             version = _schema_version(db)
@@ -136,6 +138,10 @@ class History:
 
     def _set_aside(self, exc: BaseException) -> sqlite3.Connection:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while aside.exists():  # two set aside in the same second: neither overwrites the other
+            n += 1
+            aside = aside.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
         try:
             os.replace(self.path, aside)
             for suffix in ("-wal", "-shm", "-journal"):

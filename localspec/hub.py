@@ -155,6 +155,8 @@ def fetch(
     from huggingface_hub import hf_hub_download
 
     artifact = plan.artifact
+    if not settings.offline:
+        sweep_incomplete(Path(settings.cache_dir), artifact.repo)
     what = f"{file.name} from {artifact.repo}@{plan.commit[:12]}"
     blobs = repo_dir(settings, artifact.repo) / "blobs"
     snapshot = repo_dir(settings, artifact.repo) / "snapshots" / plan.commit / file.name
@@ -179,6 +181,28 @@ def fetch(
         )
     verify(local, file, what, accepted)
     return local
+
+
+def sweep_incomplete(cache_dir: Path, repo: str) -> int:
+    """Delete the partial downloads a killed pull left in a repo's blobs (huggingface-hub names
+    them per process, so none is ever resumed); one whose download lock another process
+    holds is still being written and stays. Returns how many went."""
+    from filelock import FileLock, Timeout
+
+    folder = "models--" + repo.replace("/", "--")
+    swept = 0
+    for part in (cache_dir / folder / "blobs").glob("*.incomplete"):
+        lock = FileLock(str(cache_dir / ".locks" / folder / f"{part.name.split('.')[0]}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except (Timeout, OSError):
+            continue
+        try:
+            part.unlink(missing_ok=True)
+            swept += 1
+        finally:
+            lock.release()
+    return swept
 
 
 def verify(local: Path, file: RemoteFile, what: str, accepted: frozenset[str] = frozenset()) -> None:
@@ -266,8 +290,10 @@ def _offline_missing(artifact: HubArtifact, what: str) -> PullError:
 def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -> Iterator[None]:
     """huggingface-hub's exceptions, as errors that say what to do."""
     from huggingface_hub.errors import (
+        BadRequestError,
         EntryNotFoundError,
         GatedRepoError,
+        HFValidationError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
@@ -293,6 +319,12 @@ def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -
         raise _offline_missing(artifact, name or f"revision {artifact.revision}") from exc
     except EntryNotFoundError as exc:
         raise _missing(artifact, name or "?", settings) from exc
+    except (HFValidationError, BadRequestError) as exc:  # the hub refused the name itself
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PullError(
+            f"{settings.endpoint} refused {repo if name is None else f'{name} in {repo}'} as a name: {reason}",
+            "fix the repo id or file name in models.toml",
+        ) from exc
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise _interrupted(repo, name, settings, exc) from exc

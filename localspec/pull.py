@@ -15,9 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localspec.default_model import ensure_pypi_model
+from localspec.default_model import DEFAULT_MODEL, ensure_pypi_model
 from localspec.errors import LocalspecError, ModelLoadError
-from localspec.hub import FileBar, HubSettings, Plan, Progress, ReportingBar, SilentBar, fetch, plan, record_ref
+from localspec.hub import (
+    FileBar,
+    HubSettings,
+    Plan,
+    Progress,
+    ReportingBar,
+    SilentBar,
+    fetch,
+    hub_cache_dir,
+    plan,
+    record_ref,
+    sweep_incomplete,
+)
 from localspec.pairs import check_pair_fits
 from localspec.paths import data_dir, models_dir
 from localspec.registry import (
@@ -183,6 +195,7 @@ def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = 
         if _model_path(model, backend) is None or isinstance(model.artifacts[backend], LocalArtifact):
             continue  # the user's own files (`path =` entries) are never deleted
         users = tuple(p.id for p in others if model.id in (m.id for m in p.models))
+        users += _other_uses(model, backend, reg, keep_default=model is not pair.target)
         if users:
             kept.append((model.id, users))
         else:
@@ -343,6 +356,28 @@ def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledF
     os.replace(partial, target)  # the record appears whole or not at all
 
 
+def _other_uses(model: Model, backend: str, reg: Registry, keep_default: bool) -> tuple[str, ...]:
+    """Why a model's files must stay although this pair goes: the embedded default model
+    (an offline user's only model) unless its own pair goes, or the same files pulled for
+    another backend."""
+    record = _read_record(model, backend)
+    mine = {os.path.realpath(f["path"]) for f in record["files"]} if record else set()
+    reasons: list[str] = []
+    if keep_default and os.path.realpath(models_dir() / DEFAULT_MODEL.filename) in mine:
+        reasons.append("it is the embedded default model")
+    for other in sorted({b for m in reg.models.values() for b in m.artifacts if b != backend}):
+        for m in reg.models.values():
+            theirs = _read_record(m, other) if other in m.artifacts else None
+            if theirs and mine & {os.path.realpath(f["path"]) for f in theirs["files"]}:
+                reasons.append(f"the {other} pull of {m.id} uses the same files")
+    return tuple(dict.fromkeys(reasons))
+
+
+def _inside_our_folders(path: Path) -> bool:
+    roots = [data_dir().resolve(), hub_cache_dir().resolve()]
+    return any(path.is_relative_to(root) for root in roots)
+
+
 def _delete_model(model: Model, backend: str) -> int:
     record = _read_record(model, backend)
     assert record is not None
@@ -350,11 +385,21 @@ def _delete_model(model: Model, backend: str) -> int:
     for f in record["files"]:
         link = Path(f["path"])
         blob = link.resolve()
+        # Never through a link out of localspec's folders and the hub cache: a link planted
+        # (or left) there must not take a file elsewhere with it.
+        if not _inside_our_folders(link.parent.resolve()):
+            continue
+        if not _inside_our_folders(blob):
+            link.unlink(missing_ok=True)  # the link is ours; what it points to is not
+            continue
         freed += blob.stat().st_size
         link.unlink()
         if blob != link and not _still_linked(blob):
             blob.unlink()
     _record_file(model, backend).unlink(missing_ok=True)
+    artifact = model.artifacts.get(backend)
+    if isinstance(artifact, HubArtifact):  # what a killed pull of it left goes too
+        sweep_incomplete(hub_cache_dir(), artifact.repo)
     return freed
 
 

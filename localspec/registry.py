@@ -37,6 +37,12 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # llama.cpp's split GGUF names (llama-gguf-split): PREFIX-00001-of-00003.gguf
 SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# What reaches a program's argument list or a path is checked first: a value that could be
+# read as an option (pip's --log=FILE) or that climbs out of a folder (../) is refused.
+_REVISION = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][\w./-]*(?<![/.])$")
+_PACKAGE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+_RELATIVE = re.compile(r"^(?![/\\])(?!(?:.*[/\\])?\.\.(?:[/\\]|$))[^\x00]+$")
 
 
 class RegistryError(LocalspecError):
@@ -194,7 +200,13 @@ def load_registry(user_file: Path | None = None) -> Registry:
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            raw = fh.read()
+        # A BOM is what some Windows editors put first: accepted, as most TOML readers do.
+        return tomllib.loads(raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RegistryError(
+            f"{path}: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})", "save the file as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"{path}: not valid TOML: {exc}", "fix the file's syntax") from exc
     except OSError as exc:
@@ -298,7 +310,7 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
         raise _fail(path, where, "files", "llama.cpp needs exact .gguf file names (split files in order)")
     if backend == "llamacpp":
         parsed = _expand_split(parsed, path, where)
-    return HubArtifact(_str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where), parsed)
+    return HubArtifact(_str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where, _REVISION), parsed)
 
 
 def _expand_split(files: tuple[HubFile, ...], path: Path, where: str) -> tuple[HubFile, ...]:
@@ -336,7 +348,7 @@ def _parse_file(entry: Any, path: Path, where: str) -> HubFile:
         raise _fail(path, where, "name", f"expected a file name or a table, got {entry!r}")
     _check_keys(entry, {"name", "size", "sha256"}, path, where, required={"name"})
     file = HubFile(
-        _str(entry, "name", path, where),
+        _str(entry, "name", path, where, _RELATIVE),
         _size(entry.get("size"), path, where, "size"),
         _sha(entry.get("sha256"), path, where, "sha256"),
     )
@@ -354,9 +366,9 @@ def _parse_pypi(entry: Any, path: Path, where: str) -> PyPIArtifact:
     sha = _sha(entry["sha256"], path, where, "sha256")
     assert sha is not None  # required above
     source = PyPIModel(
-        _str(entry, "package", path, where),
-        _str(entry, "version", path, where),
-        _str(entry, "member", path, where),
+        _str(entry, "package", path, where, _PACKAGE),
+        _str(entry, "version", path, where, _VERSION),
+        _str(entry, "member", path, where, _RELATIVE),
         sha,
     )
     return PyPIArtifact(source, _size(entry.get("size"), path, where, "size"))

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.errors import InvalidRequestError
+from localspec.validate import seed_value
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -32,6 +33,13 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "top_k"):
+            value = getattr(self, name)
+            kinds = (int, np.integer) if name == "top_k" else (int, float, np.integer, np.floating)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+        # A negative seed means "random", as llama.cpp's --seed -1 does.
+        object.__setattr__(self, "seed", seed_value(self.seed))
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise InvalidRequestError(
                 f"temperature must be 0 or more, got {self.temperature}", "use 0 for greedy decoding"

@@ -27,6 +27,8 @@ class Stats:
     lookup_drafted: int = 0
     lookup_accepted: int = 0
     finish_reason: str = ""
+    # What the user should know about this request (a drafter switched off, say).
+    notices: list[str] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:

@@ -16,6 +16,7 @@ entry gone stale), and split_gguf() writes a GGUF as llama.cpp's shards."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -61,6 +62,7 @@ class FakeHub:
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.down = False
         self._cuts: dict[str, tuple[int, bool]] = {}
+        self._stalls: dict[str, tuple[int, threading.Event]] = {}
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -89,6 +91,14 @@ class FakeHub:
         """The next GET of `name` sends n_bytes, then the connection drops; with then_down the
         hub answers 503 to everything after, until `down` is set back to False."""
         self._cuts[name] = (n_bytes, then_down)
+
+    def stall_after(self, name: str, n_bytes: int) -> threading.Event:
+        """The next GET of `name` sends n_bytes, then holds the connection open until the
+        client goes; the returned event is set once those bytes are sent (a client to kill
+        mid-file)."""
+        reached = threading.Event()
+        self._stalls[name] = (n_bytes, reached)
+        return reached
 
     def resolve_gets(self) -> list[str]:
         return [p.rsplit("/", 1)[-1] for m, p, _ in self.requests if m == "GET" and "/resolve/" in p]
@@ -178,6 +188,15 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
             self.end_headers()
             if not body:
+                return
+            stall = hub._stalls.pop(name, None)
+            if stall is not None:
+                self.wfile.write(data[start : start + stall[0]])
+                self.wfile.flush()
+                stall[1].set()
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.rfile.read(1)  # returns when the client's end closes (it was killed)
                 return
             cut = hub._cuts.pop(name, None)
             if cut is None:

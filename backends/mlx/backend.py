@@ -176,6 +176,9 @@ class MlxBackend:
         materialize(forward.model)
         self._cache = forward.make_cache()
         self._tokens: list[int] = []
+        # True while the cache may run ahead of self._tokens (an exception such as Ctrl+C
+        # between the forward pass and the record); the next call trims it back.
+        self._unrecorded = False
         self._closed = False
         model = forward.model
         self._n_vocab = int(self._probe_vocab())
@@ -232,6 +235,8 @@ class MlxBackend:
     # -- text -------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        if self._closed:
+            raise InvalidRequestError("this MLX backend was closed", "load the model again")
         return self.vocab.encode(text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token: int) -> bytes:
@@ -259,9 +264,12 @@ class MlxBackend:
             raise InvalidRequestError(
                 f"token ids must be in [0, {self._n_vocab}), got {int(ids.min())}..{int(ids.max())}"
             )
+        self._resync()
         with mx.stream(compute_stream()):
+            self._unrecorded = True
             h = self.forward.hidden(mx.array(ids.astype(np.int32))[None], self._cache)
             self._tokens.extend(int(t) for t in tokens)
+            self._unrecorded = False
             # The cache is evaluated with the output every time, so no lazy graph outlives a call
             # (a later call may come from another thread, and MLX streams are per thread).
             state = cast(list[tuple[str, Any]], tree_flatten([c.state for c in self._cache]))
@@ -274,9 +282,25 @@ class MlxBackend:
             mx.eval(out, arrays)
         return np.array(out, copy=True)
 
+    def _resync(self) -> None:
+        """Trim a cache that ran ahead of the token record back to it (see _unrecorded)."""
+        if not self._unrecorded:
+            return
+        n = len(self._tokens)
+        if n == 0 or self._refusal:
+            self._cache = self.forward.make_cache()
+            self._tokens = []
+        else:
+            for c in self._cache:
+                c.trim(max(0, int(getattr(c, "offset", n)) - n))
+        self._unrecorded = False
+
     def rollback(self, n: int) -> None:
+        if self._closed:
+            raise InvalidRequestError("this MLX backend was closed", "load the model again")
         if n < 0:
             raise InvalidRequestError(f"cannot keep {n} tokens")
+        self._resync()
         drop = len(self._tokens) - n
         if drop <= 0:
             return

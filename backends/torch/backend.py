@@ -447,7 +447,10 @@ class TorchBackend:
         return m, exit
 
     def rollback(self, n: int) -> None:
-        # The cache rows past n stay allocated and are overwritten by the next block.
+        # The cache rows past n stay allocated and are overwritten by the next block, so rows
+        # a Ctrl+C left unrecorded are overwritten too: nothing needs clearing.
+        if self._closed:
+            raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
         self._sync()
         if self._host is not None and n < self._host.n_past:
             self._host.rollback(n)  # those rows are shared: forgetting them is for both

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from localspec.paths import data_dir
+from localspec.paths import data_dir, owned_privately, private_dir
 
 PANEL = 16  # output columns per panel: two 8-float AVX registers
 MAX_ROWS = 6  # rows one pass of the kernel holds in registers (12 accumulators + 2 weights + 1)
@@ -331,9 +331,11 @@ def _build() -> Path | None:
     if compiler is None:
         return None
     target = data_dir() / "kernels" / f"torch-cpu-{_digest()}.so"
+    private_dir(target.parent)
+    if not owned_privately(target.parent):
+        return None  # a folder others can write to could hand us their code
     if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+        return target if owned_privately(target) else None
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         source, out = Path(tmp) / "kernel.c", Path(tmp) / "kernel.so"
         source.write_text(SOURCE)

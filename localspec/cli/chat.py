@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from localspec.validate import arg_text, ctx_arg, threads_arg
+
 
 def register(sub: Any) -> None:
     from localspec.cli.main import add_sampling_options
@@ -32,9 +34,9 @@ def register(sub: Any) -> None:
         metavar="N|auto",
         help="draft length: 'auto' adapts it to this machine and the text (default)",
     )
-    p.add_argument("--system", default="", help="system message")
-    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens (default 4096)")
-    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--system", type=arg_text, default="", help="system message")
+    p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
+    p.add_argument("--threads", type=threads_arg, help="CPU threads (default or 0: physical cores)")
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
     p.add_argument("--history-path", action="store_true", help="print where conversations are saved, then exit")
     add_sampling_options(p, temperature=0.8)

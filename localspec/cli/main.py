@@ -7,8 +7,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from localspec.cli.signals import interrupt_on_termination
 from localspec.errors import LocalspecError
 from localspec.rpc import RPC_HELP
+from localspec.validate import ctx_arg, seed_arg, threads_arg
 
 
 def _draft_tokens(value: str) -> int | str:
@@ -34,8 +36,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         metavar="N|auto",
         help="draft length: 'auto' adapts it to this machine and the text (default)",
     )
-    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens (default 4096)")
-    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
+    p.add_argument("--threads", type=threads_arg, help="CPU threads (default or 0: physical cores)")
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
 
 
@@ -44,7 +46,7 @@ def add_sampling_options(p: argparse.ArgumentParser, temperature: float) -> None
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=seed_arg, help="sampling seed (default or -1: random)")
     p.add_argument("--max-tokens", "-n", type=int, default=512)
 
 
@@ -76,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    interrupt_on_termination()
     try:
         code: int = args.handler(args)
         return code

@@ -140,7 +140,11 @@ def handle_rm(args: argparse.Namespace) -> int:
     for model, freed in removal.removed:
         print(f"removed {model} ({human_size(freed)})")
     for model, users in removal.kept:
-        print(f"kept {model}: pulled pair {', '.join(users)} {'is' if len(users) == 1 else 'are'} still using it")
+        pairs = [u for u in users if " " not in u]  # pair ids; the rest are reasons in words
+        if pairs:
+            print(f"kept {model}: pulled pair {', '.join(pairs)} {'is' if len(pairs) == 1 else 'are'} still using it")
+        if len(pairs) < len(users):
+            print(f"kept {model}: {'; '.join(u for u in users if ' ' in u)}")
     return 0
 
 

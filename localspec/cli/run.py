@@ -9,13 +9,14 @@ from typing import Any
 
 from localspec.api import Finished, TextDelta, load
 from localspec.errors import InvalidRequestError
+from localspec.validate import arg_text, read_stdin
 
 
 def register(sub: Any) -> None:
     from localspec.cli.main import add_model_options, add_sampling_options
 
     p = sub.add_parser("run", help="answer one prompt", description="Answer one prompt with speculative decoding.")
-    p.add_argument("prompt", help="the prompt; '-' reads it from standard input")
+    p.add_argument("prompt", type=arg_text, help="the prompt; '-' reads it from standard input")
     p.add_argument(
         "--strategy",
         "-s",
@@ -23,9 +24,9 @@ def register(sub: Any) -> None:
         help="none, ngram, draft, qspec[:TYPE] or layerskip[:L]; "
         "auto (default): 'draft' when --draft-model is given, else 'ngram'",
     )
-    p.add_argument("--system", help="system message")
+    p.add_argument("--system", type=arg_text, help="system message")
     p.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", type=arg_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--verbose", "-v", action="store_true", help="print statistics on stderr")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
     add_model_options(p)
@@ -34,7 +35,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_stdin() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
     options: dict[str, Any] = {"n_ctx": args.ctx}

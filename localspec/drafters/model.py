@@ -33,8 +33,24 @@ class ModelDrafter:
     def __init__(self, backend: Backend, min_confidence: float = MIN_CONFIDENCE) -> None:
         self.backend = backend
         self.min_confidence = min_confidence
+        # Set when the context holds a token this drafter's vocabulary lacks (a target with a
+        # larger vocabulary): drafting stops for the rest of the request, with this notice.
+        self.off_notice: str | None = None
+
+    def _readable(self, tokens: Sequence[int]) -> bool:
+        if self.off_notice is None:
+            bad = next((t for t in tokens if not 0 <= t < self.backend.info.n_vocab), None)
+            if bad is not None:
+                self.off_notice = (
+                    f"token {bad} is beyond the drafter {self.backend.info.name}'s vocabulary of "
+                    f"{self.backend.info.n_vocab}: drafting is off for the rest of this request"
+                )
+        return self.off_notice is None
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
+        self.off_notice = None
+        if not self._readable(context):
+            return
         keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
         self.backend.rollback(keep)
         if warm:
@@ -43,7 +59,7 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         past = self.backend.n_past
         n = min(n, self.backend.info.n_ctx - len(context) - 1)
-        if n <= 0:
+        if n <= 0 or not self._readable(context[past:]):
             return Draft()
         row = eval_chunked(self.backend, context[past:], "last")[-1]
         tokens: list[int] = []
@@ -69,6 +85,8 @@ class ModelDrafter:
 
     def backlog(self, context: Sequence[int]) -> int:
         # The context's last token is evaluated with the first guess in any case.
+        if self.off_notice is not None:
+            return 0
         return max(0, len(context) - 1 - self.backend.n_past)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:

@@ -76,6 +76,7 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "toggle_drafts", "Drafts"),
         Binding("ctrl+l", "conversations", "Chats"),
         Binding("ctrl+o", "settings", "Settings"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in every terminal program
     ]
 
     def __init__(
@@ -498,11 +499,15 @@ class ChatApp(App[None]):
         return apply
 
     async def on_unmount(self) -> None:
+        released = True
+        turn = self.turn
+        if turn is not None and turn.reply.text:  # quitting mid-answer keeps what was said
+            self.save_turn(turn.prompt, StoredMessage("assistant", turn.reply.text))
         if self._last_job is not None:
-            self._last_job.cancel()
-            self._last_job.released.wait(10)
-        if self.runtime is not None:
-            self.runtime.close()
+            self._last_job.cancel()  # the worker stops within one prompt chunk or verify step
+            released = self._last_job.released.wait(60)
+        if self.runtime is not None and released:
+            self.runtime.close()  # never under a worker still using the model
         if self.history is not None:
             self.history.close()
 

@@ -2,7 +2,8 @@
 
 The worker iterates the runtime's stream and checks the cancel flag after every event; the
 engine yields after every verify step (a few milliseconds), so Esc takes effect within one
-step. Closing the stream from the worker thread releases the runtime for the next request.
+step. The runtime polls the same flag between prompt chunks, so a long prompt evaluation
+stops within one chunk. Closing the stream from the worker thread releases the runtime.
 
 Events are buffered under a lock and the UI is woken at most once per batch, so a fast
 model never floods the UI's message queue: however many steps ran since the last repaint,
@@ -54,7 +55,9 @@ class ReplyJob:
     def run(self, wake: Callable[[], object]) -> None:
         """The worker thread's body. Never raises: errors travel to the UI in the batch."""
         try:
-            events = self.runtime.stream(messages=self.messages, max_tokens=self.max_tokens, **self.sampling)
+            events = self.runtime.stream(
+                messages=self.messages, max_tokens=self.max_tokens, cancel=self.cancelled, **self.sampling
+            )
             try:
                 for event in events:
                     if self.cancelled.is_set():

