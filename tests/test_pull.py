@@ -268,6 +268,7 @@ def test_load_pair_loads_the_files_with_the_recommended_strategy(hub: FakeHub, m
                 "strategy": "draft",
                 "backend": "llamacpp",
                 "draft_tokens": 4,
+                "rpc": (),
                 "n_ctx": 512,
             },
         )
