@@ -63,3 +63,25 @@ def test_a_repo_id_the_hub_rejects_is_reported_as_a_bad_name(hub: FakeHub, tempo
     with pytest.raises(PullError, match="as a name") as caught:
         pull("badly-named", endpoint=hub.endpoint, progress=False)
     assert "connection" not in str(caught.value)
+
+
+def test_rm_for_one_backend_keeps_the_files_another_backend_s_pull_uses(
+    hub: FakeHub, temporary_localspec_home: Path
+) -> None:
+    registry = temporary_localspec_home / "models.toml"
+    registry.write_text(
+        registry.read_text()
+        + '\n[models.shared]\nname = "S"\nfamily = "tiny"\nlicense = "mit"\nparams = "66K"\n'
+        + 'mlx = { repo = "test/tiny-target-mlx", revision = "main", files = ["*.json", "*.safetensors"] }\n'
+        + 'torch = { repo = "test/tiny-target-mlx", revision = "main", files = ["*.json", "*.safetensors"] }\n'
+        + '\n[pairs.shared]\ndescription = "x"\ntarget = "shared"\nstrategy = "ngram"\n'
+    )
+    pull("shared", backend="mlx", endpoint=hub.endpoint, progress=False)
+    pull("shared", backend="torch", endpoint=hub.endpoint, progress=False)
+    files = [p for p in resolve_pair("shared", backend="torch").target.rglob("*") if p.is_file()]
+    assert files
+
+    removal = remove("shared", backend="mlx")
+
+    assert all(p.exists() for p in files)
+    assert removal.kept and "the torch pull of shared uses the same files" in removal.kept[0][1]
