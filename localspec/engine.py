@@ -14,7 +14,7 @@ from localspec.acceptance import accept_greedy, accept_rejection_sampling
 from localspec.controller import DraftLengthPolicy, StepOutcome
 from localspec.drafters import Draft, Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
-from localspec.protocol import Backend, Verifier
+from localspec.protocol import Backend, Verifier, eval_chunked
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
@@ -90,11 +90,9 @@ class Engine:
         keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
         self.target.rollback(keep)
         todo = list(prompt[keep:-1])
-        step = self.target.capabilities.max_block
-        for start in range(0, len(todo), step):
-            if stop():  # between chunks: a long prompt can be abandoned within one chunk
-                return False
-            self.target.eval_block(todo[start : start + step], "none")
+        eval_chunked(self.target, todo, "none", stop)
+        if stop():
+            return False
         self.drafter.start(prompt, warm_drafter)
         self._note_drafter_off(stats)
         if self.lookup is not None:

@@ -7,7 +7,7 @@ behind it in localspec.backends and are imported only when a user asks for them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -133,11 +133,20 @@ class Verifier(Protocol):
         ...
 
 
-def eval_chunked(backend: Backend, tokens: Sequence[int], logits: Literal["last", "none"]) -> Logits:
+def eval_chunked(
+    backend: Backend,
+    tokens: Sequence[int],
+    logits: Literal["last", "none"],
+    stop: Callable[[], bool] | None = None,
+) -> Logits:
     """eval_block over any number of tokens, in pieces the backend accepts; logits (if asked)
-    are those of the last piece."""
+    are those of the last piece. stop is asked before each piece: once it says so the rest is
+    left out and no rows come back, so a long prompt can be abandoned within one piece."""
     step = backend.capabilities.max_block
     tail = (len(tokens) - 1) // step * step if tokens else 0
-    for start in range(0, tail, step):
-        backend.eval_block(tokens[start : start + step], "none")
+    for start in range(0, tail + 1, step):
+        if stop is not None and stop():
+            return np.empty((0, backend.info.n_vocab), dtype=np.float32)
+        if start < tail:
+            backend.eval_block(tokens[start : start + step], "none")
     return backend.eval_block(tokens[tail:], logits)
