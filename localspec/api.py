@@ -477,10 +477,12 @@ def load(
         if draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
                 draft = load_backend(backend, draft_model, **options)
-        with announced("comparing the drafter with the target", on_progress):
-            return Runtime(
-                target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label
-            )
+        runtime = Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label)
+        if runtime.draft is not None:
+            # The pair's agreement is measured when the policy is built: here, where it is announced.
+            with announced("comparing the drafter with the target", on_progress):
+                runtime.policy  # noqa: B018
+        return runtime
     except BaseException:
         if draft is not None:
             draft.close()
