@@ -180,7 +180,10 @@ def _server_devices(endpoint: str) -> tuple[int, ...]:
     probe(endpoint)
     reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
     if not reg:
-        raise RpcServerError(f"llama.cpp could not register the RPC server at {endpoint}")
+        raise RpcServerError(
+            f"llama.cpp could not register the RPC server at {endpoint}",
+            "restart that rpc-server from the same llama.cpp build as this one (`localspec rpc-server`), then retry",
+        )
     return tuple(lib.ggml_backend_reg_dev_get(reg, i) for i in range(lib.ggml_backend_reg_dev_count(reg)))
 
 
@@ -189,7 +192,10 @@ def offload_to_servers(mparams: Any, endpoints: Sequence[str]) -> ctypes.Array[c
     the NULL-terminated device array, which must outlive the model load."""
     devices = [d for e in endpoints for d in _server_devices(e)]
     if not devices:
-        raise RpcServerError(f"the RPC servers {','.join(endpoints)} offer no device")
+        raise RpcServerError(
+            f"the RPC servers {','.join(endpoints)} offer no device",
+            "start each rpc-server with a CPU or GPU backend (`localspec rpc-server` serves the CPU), then retry",
+        )
     array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
     mparams.devices = ctypes.cast(array, ctypes.c_void_p).value
     mparams.n_gpu_layers = _ALL_LAYERS
