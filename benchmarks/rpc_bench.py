@@ -33,6 +33,7 @@ from localspec.rpc import RpcServerError, probe
 
 PROXY = Path(__file__).with_name("latency_proxy.py")
 START_S = 60.0
+STOP_S = 10.0
 
 
 def free_port() -> int:
@@ -70,7 +71,11 @@ def processes(commands: Sequence[tuple[list[str], str]]) -> Iterator[None]:
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait()
+            try:
+                proc.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # a process that ignores SIGTERM must not hold the table back
+                proc.wait()
 
 
 def server_command(port: int, threads: int, server_bin: str | None) -> list[str]:

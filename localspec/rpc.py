@@ -15,9 +15,11 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import signal
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
@@ -251,10 +253,37 @@ def serve(
     from localspec.hardware import physical_cores
 
     lib = require_rpc()
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        raise RpcServerError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "choose another port with --port, or stop what listens there",
+        ) from None
     init_library()
     cpu = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
     devices = (ctypes.c_void_p * 1)(cpu)
-    endpoint = f"{host}:{port}".encode()
-    lib.ggml_backend_rpc_start_server(
-        endpoint, cache_dir.encode() if cache_dir else None, threads or physical_cores(), 1, devices
+    args = (
+        f"{host}:{port}".encode(),
+        cache_dir.encode() if cache_dir else None,
+        threads or physical_cores(),
+        1,
+        devices,
     )
+
+    def run() -> None:
+        # A signal that lands while llama.cpp serves a client never returns control to
+        # Python (its loop goes back to accept()), so only the main thread takes signals.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        lib.ggml_backend_rpc_start_server(*args)
+
+    server = threading.Thread(target=run, name="rpc-server", daemon=True)
+    server.start()
+    server.join()  # interruptible: Ctrl+C or SIGTERM ends the command, and the daemon thread with it
+    raise RpcServerError(
+        f"llama.cpp's RPC server on {host}:{port} stopped: it could not listen or accept a connection",
+        "check that the port is free and that this host may listen on it, then start it again",
+    )
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}

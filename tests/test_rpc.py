@@ -222,6 +222,34 @@ def test_a_server_that_dies_mid_generation_ends_the_run_with_a_clear_error(smoll
     assert "Backtrace" not in message and "gdb" not in message
 
 
+def test_a_server_stops_on_sigterm_while_a_client_is_connected() -> None:
+    # The signal lands while llama.cpp serves a connection, the case that used to hang.
+    port = _free_port()
+    proc = start_server(port)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=SERVER_START_S) as client:
+            client.sendall(bytes([14]) + (24).to_bytes(8, "little") + bytes(24))  # hello
+            assert client.recv(8)  # the server is inside this connection now
+            proc.terminate()
+            assert proc.wait(timeout=SERVER_START_S) == 130
+    finally:
+        proc.kill()
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "localspec", "rpc-server", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=SERVER_START_S,
+        )
+    assert run.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in run.stderr and "--port" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def _llama_cpp_rpc_server() -> Path | None:
     """llama.cpp's own rpc-server: LOCALSPEC_RPC_SERVER_BIN, or localspec's peer build."""
     from localspec.peers import RPC_SERVER, peers_dir
