@@ -234,7 +234,18 @@ def geometric_mean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else 0.0
 
 
-def format_summary(rows: Sequence[BenchRow], plain_vs_llama_bench: tuple[float, float] | None = None) -> str:
+@dataclass(frozen=True)
+class VsLlamaBench:
+    """Plain decoding against llama-bench's generation test, from an empty context (the
+    issue's `-n 128`) and at the prompts' mean length (`-d`), where attention costs the same."""
+
+    ours: float
+    empty: float
+    at_depth: float | None = None
+    depth: int = 0
+
+
+def format_summary(rows: Sequence[BenchRow], vs_llama_bench: VsLlamaBench | None = None) -> str:
     """Per strategy: the geometric mean speedup over plain decoding, and over each peer (with
     the lowest and highest prompt); then plain decoding against llama-bench, when run."""
     lines = []
@@ -251,12 +262,13 @@ def format_summary(rows: Sequence[BenchRow], plain_vs_llama_bench: tuple[float, 
                 f"{strategy} vs {program}: {geometric_mean(ratios):.2f}x "
                 f"({min(ratios):.2f}x to {max(ratios):.2f}x, ahead on {sum(x > 1 for x in ratios)} of {len(ratios)})"
             )
-    if plain_vs_llama_bench is not None:
-        ours, theirs = plain_vs_llama_bench
-        lines.append(
-            f"plain decoding {ours:.1f} tok/s (mean over the prompts) vs llama-bench -n 128 {theirs:.1f} tok/s: "
-            f"{ours / theirs:.2f}x"
-        )
+    if vs_llama_bench is not None:
+        v = vs_llama_bench
+        line = f"plain decoding {v.ours:.1f} tok/s (mean over the prompts) vs llama-bench -n 128 {v.empty:.1f} tok/s: "
+        line += f"{v.ours / v.empty:.2f}x"
+        if v.at_depth:
+            line += f"; at the prompts' mean length (-d {v.depth}) {v.at_depth:.1f} tok/s: {v.ours / v.at_depth:.2f}x"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -149,14 +149,17 @@ def _peer_env() -> dict[str, str]:
     return {**os.environ, "LLAMA_ARG_REPACK": "1" if _repacks() else "0"}
 
 
-def run_llama_bench(bin_dir: Path, model: str, tokens: int = 128, threads: int | None = None) -> float | None:
+def run_llama_bench(
+    bin_dir: Path, model: str, tokens: int = 128, threads: int | None = None, depth: int = 0
+) -> float | None:
     """llama-bench's plain decoding rate (tokens/s generating `tokens` tokens, its `tg`
-    test) on the same model and threads; None where the folder has no llama-bench."""
+    test, after `depth` tokens of context) on the same model and threads; None where the
+    folder has no llama-bench."""
     program = bin_dir / LLAMA_BENCH
     if not program.exists():
         return None
     threads = threads or physical_cores()
-    cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-t", str(threads), "-o", "json"]
+    cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-d", str(depth), "-t", str(threads), "-o", "json"]
     if not _repacks():
         cmd += ["--repack", "0"]  # the other programs read LLAMA_ARG_REPACK; llama-bench takes a flag
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)

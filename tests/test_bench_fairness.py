@@ -11,7 +11,7 @@ from pathlib import Path
 
 from localspec.backends.reference import ReferenceBackend
 from localspec.backends.reference import load as load_reference
-from localspec.bench import BenchRow, Contender, bench, format_summary, format_table, geometric_mean
+from localspec.bench import BenchRow, Contender, VsLlamaBench, bench, format_summary, format_table, geometric_mean
 from localspec.peers import run_llama_bench
 from localspec.prompts import SUITE
 from localspec.protocol import Logits, LogitsMode
@@ -65,19 +65,24 @@ def test_the_summary_gives_geometric_means_against_plain_and_each_peer() -> None
         row.add_peer("llama-lookup (γ=8)", lookup8, 10)
         rows.append(row)
     assert rows[0].peer_program == "llama-lookup (γ=4)" and rows[0].vs_peer == 1.25
-    summary = format_summary(rows, (50.0, 52.0))
+    summary = format_summary(rows, VsLlamaBench(50.0, 52.0, 55.0, 300))
     assert "ngram: 1.00x plain decoding" in summary
     expected = f"{geometric_mean([1.25, 1.0]):.2f}x (1.00x to 1.25x, ahead on 1 of 2)"
     assert f"ngram vs llama-lookup (γ=4): {expected}" in summary
     assert "vs llama-bench -n 128 52.0 tok/s: 0.96x" in summary
+    assert "at the prompts' mean length (-d 300) 55.0 tok/s: 0.91x" in summary
     table = format_table(rows)
     assert "llama-lookup (γ=8)" in table and "1.25x" in table
 
 
 def test_llama_bench_is_read_from_its_json(tmp_path: Path) -> None:
     fake = tmp_path / "llama-bench"
-    fake.write_text('#!/bin/sh\necho \'[{"n_prompt": 0, "n_gen": 128, "avg_ts": 75.4}]\'\n')
+    fake.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/args\necho \'[{{"n_prompt": 0, "n_gen": 128, "avg_ts": 75.4}}]\'\n'
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     assert run_llama_bench(tmp_path, "model.gguf", 128, 2) == 75.4
+    assert run_llama_bench(tmp_path, "model.gguf", 128, 2, depth=300) == 75.4
+    assert "-n 128 -d 300 -t 2" in (tmp_path / "args").read_text()  # the context depth of our prompts
     os.remove(fake)
     assert run_llama_bench(tmp_path, "model.gguf") is None  # a folder without llama-bench

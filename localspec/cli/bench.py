@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -15,6 +16,7 @@ from localspec.bench import (
     MAX_REPEAT_FACTOR,
     BenchRow,
     Contender,
+    VsLlamaBench,
     bench,
     format_summary,
     format_table,
@@ -133,7 +135,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         report: dict[str, Any] = {"machine": machine(), "config": config, "results": rows_to_json(rows)}
         if vs_llama_bench is not None:
-            report["plain_vs_llama_bench"] = {"plain": vs_llama_bench[0], "llama_bench_tg128": vs_llama_bench[1]}
+            report["plain_vs_llama_bench"] = dataclasses.asdict(vs_llama_bench)
         report["summary"] = format_summary(rows, vs_llama_bench).splitlines()
         print(json.dumps(report, indent=1))
     else:
@@ -189,8 +191,8 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
 
 def add_peer_figures(
     args: argparse.Namespace, rows: list[BenchRow], prompts: list[BenchPrompt], target: Backend, model: str
-) -> tuple[float, float] | None:
-    """Runs the peers beside every row; returns (our plain rate, llama-bench's) when the
+) -> VsLlamaBench | None:
+    """Runs the peers beside every row; returns plain decoding against llama-bench when the
     peers' folder has llama-bench."""
     if args.temperature != 0:
         raise InvalidRequestError("the peer comparison runs greedy", "use --temperature 0 with --peers")
@@ -212,4 +214,7 @@ def add_peer_figures(
     if theirs is None or not rows:
         return None
     ours = statistics.fmean(dict((r.prompt, r.plain_tokens_per_s) for r in rows).values())
-    return ours, theirs
+    depth = round(
+        statistics.fmean(len(target.tokenize(t, add_special=True, parse_special=True)) for t in texts.values())
+    )
+    return VsLlamaBench(ours, theirs, run_llama_bench(bin_dir, model, 128, args.threads, depth), depth)
