@@ -119,6 +119,10 @@ class LlamaCppBackend:
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
         self._ctx = ctx
         self._mem = llama.llama_get_memory(ctx)
+        if rpc:
+            from localspec.rpc import limit_waits
+
+            limit_waits(rpc)
         # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
         # larger than its batch would abort the process, so take its figure as ours.
         max_block = min(max_block, int(llama.llama_n_batch(ctx)))

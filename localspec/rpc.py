@@ -79,6 +79,7 @@ def split_options(backend: str, rpc: str | Sequence[str] | None) -> dict[str, An
         )
     endpoints = parse_endpoints(rpc)
     require_rpc()
+    wait_limit()  # a bad LOCALSPEC_RPC_TIMEOUT is refused before a model is loaded
     return {"rpc": endpoints}
 
 
@@ -208,8 +209,64 @@ def offload_to_servers(mparams: Any, endpoints: Sequence[str]) -> ctypes.Array[c
 
 # -- a server lost mid-generation -------------------------------------------------------------
 
+WAIT_ENV = "LOCALSPEC_RPC_TIMEOUT"
+DEFAULT_WAIT_S = 120.0  # longer than any one pass of a big model's share on a CPU server
+
+
+def wait_limit() -> float:
+    """Seconds llama.cpp may wait on one server's answer (LOCALSPEC_RPC_TIMEOUT; 0: no limit)."""
+    value = os.environ.get(WAIT_ENV, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_WAIT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise InvalidRequestError(
+            f"{WAIT_ENV}={value!r} is not a number of seconds", f"set it to e.g. {DEFAULT_WAIT_S:g}, or 0 for no limit"
+        )
+    return seconds
+
+
+def limit_waits(endpoints: Sequence[str]) -> int:
+    """Give this process's sockets to the servers a receive and send timeout. llama.cpp's RPC
+    client has none, so a server that stops answering without closing the connection (a
+    laptop asleep, a link gone without a reset) would hold generation forever; with one, the
+    wait fails and ends the run through the abort message below. Returns the sockets found."""
+    seconds = wait_limit()
+    if seconds <= 0:
+        return 0
+    peers = {(info[4][0], info[4][1]) for e in endpoints for info in _resolve(e)}
+    timeval = struct.pack("@ll", int(seconds), int(seconds % 1 * 1_000_000))
+    found = 0
+    for name in os.listdir("/dev/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue  # not a socket (or closed meanwhile)
+        with sock:
+            try:
+                peer = sock.getpeername()
+            except OSError:
+                continue
+            if isinstance(peer, tuple) and (peer[0], peer[1]) in peers:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+                found += 1
+    _wait_limit_in_use[0] = seconds
+    return found
+
+
+def _resolve(endpoint: str) -> list[Any]:
+    host, _, port = endpoint.rpartition(":")
+    try:
+        return socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+
+
 _ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 _servers_in_use: set[str] = set()
+_wait_limit_in_use = [0.0]
 
 
 @_ABORT_CALLBACK  # type: ignore[misc,untyped-decorator]
@@ -218,11 +275,13 @@ def _on_abort(message: bytes | None) -> None:
     lines = (message or b"").decode(errors="replace").strip().splitlines() or ["no message"]
     reason = re.sub(r"^\S+:\d+: ", "", lines[-1])  # drop llama.cpp's source file and line
     servers = ", ".join(sorted(_servers_in_use))
+    limit = _wait_limit_in_use[0]
+    waited = f"did not answer within {limit:g} s ({WAIT_ENV}), " if limit else ""
     _restore_terminal()
     sys.stderr.write(
         f"localspec: error: llama.cpp stopped: {reason}.\n"
-        f"  The target is split over the RPC servers {servers}: one of them stopped or the network "
-        "dropped, and llama.cpp cannot continue without it.\n"
+        f"  The target is split over the RPC servers {servers}: one of them stopped, {waited}or the "
+        "network dropped, and llama.cpp cannot continue without it.\n"
         "  -> check that every server is running (localspec rpc-server ...) and run again\n"
     )
     sys.stderr.flush()

@@ -10,6 +10,7 @@ NEAR_TIE of each other; the comparison stops at such a flip instead of failing.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import socketserver
 import subprocess
@@ -23,8 +24,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from localspec.errors import InvalidRequestError
 from localspec.protocol import Backend
-from localspec.rpc import RpcServerError, probe, rpc_available
+from localspec.rpc import RpcServerError, probe, rpc_available, split_options
 
 pytestmark = [
     pytest.mark.model,
@@ -220,6 +222,37 @@ def test_a_server_that_dies_mid_generation_ends_the_run_with_a_clear_error(smoll
     message = err.decode()
     assert f"RPC servers 127.0.0.1:{port}" in message and "localspec rpc-server" in message
     assert "Backtrace" not in message and "gdb" not in message
+
+
+def test_a_server_that_stops_answering_ends_the_run_after_the_wait_limit(smollm2_q4_1: Path) -> None:
+    # A frozen server keeps its connection open: only the sockets' timeout can end the wait.
+    port = _free_port()
+    server = start_server(port)
+    try:
+        command = ["run", "-m", str(smollm2_q4_1), "--rpc", f"127.0.0.1:{port}", "--strategy", "none"]
+        command += ["--temperature", "0", "--max-tokens", "400", "--ctx", str(N_CTX), "Write a long story."]
+        run = subprocess.Popen(
+            [sys.executable, "-m", "localspec", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "LOCALSPEC_RPC_TIMEOUT": "3"},
+        )
+        assert run.stdout is not None
+        assert run.stdout.read(1)  # generation is under way
+        server.send_signal(signal.SIGSTOP)
+        _, err = run.communicate(timeout=120)
+    finally:
+        server.kill()
+        server.wait()
+    assert run.returncode == 2
+    message = err.decode()
+    assert f"RPC servers 127.0.0.1:{port}" in message and "did not answer within 3 s" in message
+
+
+def test_a_bad_wait_limit_is_refused_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALSPEC_RPC_TIMEOUT", "soon")
+    with pytest.raises(InvalidRequestError, match="LOCALSPEC_RPC_TIMEOUT='soon' is not a number"):
+        split_options("llamacpp", "127.0.0.1:50052")
 
 
 def test_a_server_stops_on_sigterm_while_a_client_is_connected() -> None:
