@@ -16,6 +16,7 @@ import torch
 
 from localspec.errors import InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf
+from localspec.gguf_header import read_header
 from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.sampling import Distribution, SamplingConfig
@@ -53,7 +54,7 @@ def open_source(path: str) -> Source:
             config, vocab, lambda sink, kind: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
         )
     check_gguf(path)
-    file = wts.open_gguf(path)
+    file = read_header(path)
     config = wts.gguf_config(file.meta)
     vocab = tok.from_gguf(file.meta)
     file_type = str(file.meta.get("general.file_type", 1))
