@@ -37,7 +37,7 @@ from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run
 
 from localspec.backends.torch import TorchBackend, linear, make_self_drafter, native  # noqa: E402
 from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
-from localspec.backends.torch.tokenizer import _byte_decoder  # noqa: E402
+from localspec.backends.vocab import byte_decoder  # noqa: E402
 
 N_CTX = 256
 CHATML = (
@@ -68,7 +68,7 @@ class Spec:
 
 def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
     """GPT-2 style: three control tokens, the 256 byte symbols, a few merges."""
-    symbols = sorted(_byte_decoder(), key=lambda c: _byte_decoder()[c])
+    symbols = sorted(byte_decoder(), key=lambda c: byte_decoder()[c])
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a n", "an d", "Ġ and"]
     merged = [m.replace(" ", "") for m in merges]
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *symbols, *merged]

@@ -21,8 +21,8 @@ from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.sampling import Distribution, SamplingConfig
 
+from ..vocab import Vocab, from_folder, from_gguf
 from . import linear, native, quantized
-from . import tokenizer as tok
 from . import weights as wts
 from .config import ModelConfig
 from .layers import Block, KVCache, Model, eager_block, static_block
@@ -38,7 +38,7 @@ class Source:
     """A model on disk, read far enough to know what it is; `read` streams its tensors."""
 
     config: ModelConfig
-    vocab: tok.Vocabulary
+    vocab: Vocab
     read: Callable[[wts.TensorSink, str | None], None]  # (sink, low-bit kind for GGUF matrices)
     name: str
     path: str
@@ -49,14 +49,14 @@ def open_source(path: str) -> Source:
     folder = Path(path)
     if folder.is_dir():
         config, raw = wts.hf_config(folder)
-        vocab = tok.from_hf(folder, raw)
+        vocab = from_folder(folder, raw)
         return Source(
             config, vocab, lambda sink, kind: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
         )
     check_gguf(path)
     file = read_header(path)
     config = wts.gguf_config(file.meta)
-    vocab = tok.from_gguf(file.meta)
+    vocab = from_gguf(file.meta, path)
     file_type = str(file.meta.get("general.file_type", 1))
     return Source(
         config,
@@ -310,9 +310,7 @@ class TorchBackend:
         return self._tokens
 
     def vocab_identity(self) -> VocabIdentity:
-        v = self._vocab
-        texts = tuple(t.encode("utf-8") for t in v.texts)
-        return VocabIdentity(v.kind, len(texts), v.bos, v.eos, texts)
+        return self._vocab.identity()
 
     def end_of_generation(self) -> frozenset[int]:
         return self._vocab.eog
@@ -326,11 +324,10 @@ class TorchBackend:
     # -- text -------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._vocab.encode(text, add_special, parse_special)
+        return self._vocab.encode(text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token: int) -> bytes:
-        pieces = self._vocab.pieces
-        return pieces[token] if 0 <= token < len(pieces) else b""
+        return self._vocab.token_bytes(token)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
