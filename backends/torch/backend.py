@@ -211,17 +211,7 @@ class TorchBackend:
             raise InvalidRequestError(f"an early exit must keep between 1 and {config.n_layers - 1} blocks")
         if self._host is not None:
             return self._host.early_exit(n_layers)
-        view = copy.copy(self)
-        view._exit = n_layers
-        view._tokens = []
-        view._closed = False
-        view._host, view._writes, view._seen = self, 0, -1
-        view._exits, view._exit_states = {}, None
-        view._graphs = view._graphed() if self._graphs is not None else None
-        label = f"layerskip:{n_layers}"
-        view.info = replace(self.info, name=f"{self.info.name} [{label}]", n_layers=n_layers)
-        view.capabilities = replace(self.capabilities, extra={**self.capabilities.extra, "self_draft": label})
-        return view
+        return self._self_drafter(f"layerskip:{n_layers}", {"n_layers": n_layers}, _exit=n_layers, _host=self)
 
     def quantized(self, bits: int) -> TorchBackend:
         """This model with weight-only int8 (or int4) matrices: a QSpec-style self-drafter.
@@ -232,20 +222,22 @@ class TorchBackend:
         if bits not in factories:
             raise InvalidRequestError(f"qspec on the torch backend takes int8 or int4, got int{bits}")
         config = self.model.config
-        view = copy.copy(self)
-        view.model = self.model.requantized(factories[bits])
-        view._exit = None
-        view._host, view._writes, view._seen = None, 0, -1
-        view._exits, view._exit_states = {}, None
-        view._tokens = []
-        view._closed = False
-        view.cache = KVCache(
+        cache = KVCache(
             config.n_layers, config.n_kv_heads, self.cache.n_ctx, config.head_dim, self._dtype, self._device
         )
-        view._graphs = view._graphed() if self._graphs is not None else None
-        label = f"qspec:int{bits}"
         size = self.info.size_bytes * bits // (8 * self.cache.k.element_size())  # the matrices dominate
-        view.info = replace(self.info, name=f"{self.info.name} [{label}]", size_bytes=size)
+        model = self.model.requantized(factories[bits])
+        return self._self_drafter(f"qspec:int{bits}", {"size_bytes": size}, model=model, cache=cache)
+
+    def _self_drafter(self, label: str, info: dict[str, Any], **fields: Any) -> TorchBackend:
+        """A shallow copy of this backend named as the self-drafter `label`, holding no tokens
+        and none of this backend's early-exit bookkeeping; `fields` replace its attributes
+        (model, cache, _exit, _host) and `info` fields of its ModelInfo."""
+        view = copy.copy(self)
+        fresh = {"_tokens": [], "_closed": False, "_exit": None, "_host": None, "_writes": 0, "_seen": -1}
+        vars(view).update({**fresh, "_exits": {}, "_exit_states": None, **fields})
+        view._graphs = view._graphed() if self._graphs is not None else None
+        view.info = replace(self.info, name=f"{self.info.name} [{label}]", **info)
         view.capabilities = replace(self.capabilities, extra={**self.capabilities.extra, "self_draft": label})
         return view
 
