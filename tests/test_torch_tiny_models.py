@@ -144,36 +144,7 @@ def test_the_graph_ready_static_path_computes_what_the_eager_path_does(models, s
     np.testing.assert_allclose(static, eager, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", [Spec("llama"), Spec("gemma3")], ids=lambda s: s.arch)
-def test_rollback_then_new_tokens_equals_evaluating_the_new_text_fresh(models, spec: Spec) -> None:
-    backend = tiny(str(models(spec)))
-    backend.eval_block(TEXT_IDS[:12], "none")
-    backend.eval_block(TEXT_IDS[12:20], "all")  # a draft ...
-    backend.rollback(14)  # ... of which two tokens were kept
-    assert list(backend.cached_tokens()) == TEXT_IDS[:14]
-    other = [7, 8, 9, 10, 11]
-    continued = backend.eval_block(other, "all").copy()
-    fresh = tiny(str(models(spec))).eval_block([*TEXT_IDS[:14], *other], "all")[14:]
-    np.testing.assert_allclose(continued, fresh, rtol=1e-4, atol=1e-4)
-    assert backend.n_past == 19
-
-
-def test_a_full_context_is_refused_and_leaves_the_cache_as_it_was(models) -> None:
-    backend = tiny(str(models(Spec("llama"))), n_ctx=16)
-    backend.eval_block(TEXT_IDS[:10], "none")
-    with pytest.raises(Exception, match="context of 16 tokens is full"):
-        backend.eval_block(TEXT_IDS[10:20], "all")
-    assert backend.n_past == 10
-
-
-def test_logits_modes_return_the_rows_asked_for(models) -> None:
-    backend = tiny(str(models(Spec("qwen2"))))
-    vocab = backend.info.n_vocab
-    assert backend.eval_block(TEXT_IDS[:4], "none").shape == (0, vocab)
-    last = backend.eval_block(TEXT_IDS[4:8], "last")
-    assert last.shape == (1, vocab) and last.dtype == np.float32
-    assert backend.eval_block([], "all").shape == (0, vocab)
-    assert backend.n_past == 8
+# rollback, logits modes and a full context: test_backend_contract.py
 
 
 # -- speculation through the engine is exact --------------------------------------------------
