@@ -92,7 +92,7 @@ def read_header(path: str | Path) -> GGUFHeader:
     try:
         with open(path, "rb") as fh:
             return _read(str(path), fh)
-    except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot read {path} as GGUF ({type(exc).__name__}: {exc})", "download the file again"
         ) from exc
@@ -102,13 +102,24 @@ def _read(path: str, fh: BinaryIO) -> GGUFHeader:
     size = 1 << 20
     while True:  # the header is read in one piece, growing until it holds every field
         fh.seek(0)
-        cur = _Cursor(fh.read(size))
-        try:
-            return _parse(path, cur)
-        except struct.error:
-            if len(cur.buf) < size:
-                raise
-            size *= 4
+        data = fh.read(size)
+        header = header_from_bytes(data, path)
+        if header is not None:
+            return header
+        if len(data) < size:
+            raise ValueError("the file ends inside its header")
+        size *= 4
+
+
+def header_from_bytes(data: bytes, where: str) -> GGUFHeader | None:
+    """The header at the start of data, or None when data ends inside it (read more); data
+    that is not a GGUF raises ValueError."""
+    try:
+        return _parse(where, _Cursor(data))
+    except struct.error:
+        return None
+    except KeyError as exc:
+        raise ValueError(f"unknown GGUF value type {exc}") from exc
 
 
 def _parse(path: str, cur: _Cursor) -> GGUFHeader:
