@@ -12,6 +12,7 @@ import pytest
 
 from localspec.backend_loader import load_backend
 from localspec.errors import BackendUnavailableError
+from localspec.gguf_header import gguf_vocab_identity
 from localspec.protocol import Backend
 
 pytestmark = pytest.mark.model
@@ -71,3 +72,7 @@ def test_vocabulary_end_of_generation_and_specials_match_llamacpp(backend: Backe
     assert backend.end_of_generation() == target_backend.end_of_generation()
     assert backend.special_texts() == target_backend.special_texts()
     assert backend.chat_template() == target_backend.chat_template()
+
+
+def test_the_pair_checks_header_reader_sees_llamacpps_vocabulary(smollm2_q4_1: Path, target_backend: Backend) -> None:
+    assert gguf_vocab_identity(smollm2_q4_1) == target_backend.vocab_identity()
