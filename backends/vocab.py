@@ -52,11 +52,11 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
         (("\\p{N}", _GPT2), False, False),
     ),
     # Llama 3's tokenizer takes a whole pre-token that is in the vocabulary before merging.
-    **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx", "smaug-bpe"),
-        ((_LLAMA3,), True, True),
-    ),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral"), ((_LLAMA3,), True, True)),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), ((_LLAMA3,), False, False)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"), ((_QWEN2,), False, False)),
+    "falcon": (("[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2, "[0-9][0-9][0-9]"), False, False),
+    "deepseek-coder": (("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}"), False, False),
     "default": (("[\\p{P}\\$\\+<=>\\^~\\|]+", _GPT2, "\\p{N}+", "[0-9][0-9][0-9]"), False, False),
 }
 
