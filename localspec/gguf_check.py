@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 from localspec.errors import ModelLoadError
@@ -32,20 +33,25 @@ def check_gguf(path: str) -> None:
 
 def diagnose_gguf(path: str) -> str:
     """Why llama.cpp may have refused a file that starts like a GGUF: reads the header fully."""
-    try:
-        import gguf
+    from localspec.gguf_header import read_header
 
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:  # the gguf reader raises many kinds on a damaged header
-        # The reader fails on the first tensor that runs past the end of the file, so a cut
-        # inside the tensor data lands here as well as a damaged header.
-        return f"the file is truncated or damaged ({type(exc).__name__}: {exc}); download it again"
+    try:
+        header = read_header(path)
+        end = max((t.offset + tensor_bytes(t.dims, t.qtype) for t in header.tensors), default=0)
+    except (ModelLoadError, ValueError) as exc:  # an unknown tensor type reads as damage too
+        cause = exc.__cause__ or exc
+        return f"the file is truncated or damaged ({type(cause).__name__}: {cause}); download it again"
     size = os.path.getsize(path)
-    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     if end > size:
         return f"the file is truncated: its tensors need {end} bytes but it has {size}; download it again"
-    arch = reader.fields.get("general.architecture")
+    arch = header.meta.get("general.architecture")
     if arch is not None:
-        name = bytes(arch.parts[arch.data[0]]).decode(errors="replace")
-        return f"its architecture is {name!r}; this llama.cpp build may not support it"
+        return f"its architecture is {arch!r}; this llama.cpp build may not support it"
     return "its header has no general.architecture key"
+
+
+def tensor_bytes(dims: tuple[int, ...], qtype: int) -> int:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+    return math.prod(dims) // block * size

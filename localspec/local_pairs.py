@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from localspec.errors import InvalidRequestError, PairMismatchError
 from localspec.gguf_check import check_gguf
@@ -23,7 +22,7 @@ def add_local_pair(
 ) -> Pair:
     """Check the files and append the pair to the user's models.toml; returns the pair as
     the registry now reads it. Nothing is written when a check fails."""
-    from localspec.pairs import gguf_vocab_identity
+    from localspec.gguf_header import gguf_vocab_identity
 
     if not _ID.match(name):
         raise InvalidRequestError(f"{name!r} cannot name a pair", "use lowercase letters, digits, '.', '_' and '-'")
@@ -88,15 +87,11 @@ def _quote(value: str) -> str:
 
 
 def _metadata(path: Path) -> dict[str, str]:
-    import gguf
+    from localspec.gguf_header import read_header
 
-    reader = gguf.GGUFReader(path)
-    out: dict[str, str] = {}
-    for key in ("general.name", "general.license", "general.size_label"):
-        field: Any = reader.fields.get(key)
-        if field is not None and field.types[0] == gguf.GGUFValueType.STRING:
-            out[key] = bytes(field.parts[field.data[0]]).decode(errors="replace")
-    return out
+    meta = read_header(path).meta
+    keys = ("general.name", "general.license", "general.size_label")
+    return {key: meta[key] for key in keys if isinstance(meta.get(key), str)}
 
 
 def _append(path: Path, text: str) -> None:

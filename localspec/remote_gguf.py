@@ -2,14 +2,10 @@
 without its weights.
 
 The header (metadata, then tensor descriptions) sits at the start of the file, but its
-length is only known once it is parsed, so the reads grow until the gguf reader parses a
-header that ends inside the bytes fetched. The bytes go into a sparse file of the real size,
-so the reader (which maps the whole file) sees every tensor where the header says it is."""
+length is only known once it is parsed, so the reads grow until the bytes fetched hold a
+whole header (localspec.gguf_header)."""
 
 from __future__ import annotations
-
-import tempfile
-from pathlib import Path
 
 from localspec.errors import ModelLoadError
 from localspec.hub import HubSettings
@@ -23,30 +19,26 @@ def remote_vocab_identity(
     artifact: HubArtifact, commit: str, name: str, size: int, settings: HubSettings
 ) -> VocabIdentity:
     """The tokenizer of the GGUF `name` (size bytes) in artifact's repo at commit."""
-    import gguf
     from huggingface_hub import hf_hub_url
 
-    from localspec.pairs import reader_vocab_identity
+    from localspec.gguf_header import header_from_bytes, vocab_identity
 
     url = hf_hub_url(artifact.repo, name, revision=commit, endpoint=settings.endpoint)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / name
-        path.write_bytes(b"")
-        have = 0
-        while True:
-            with path.open("r+b") as fh:
-                fh.seek(have)
-                have += fh.write(_read_range(url, have, max(have, FIRST_READ), artifact, name, settings))
-                fh.truncate(size)  # sparse: no disk for the weights that were not fetched
-            try:
-                reader = gguf.GGUFReader(path)
-                if reader.data_offset <= have:  # the header parsed from real bytes only
-                    return reader_vocab_identity(reader, f"{artifact.repo}/{name}")
-            except Exception as exc:  # a header cut short reads as garbage: fetch more
-                if have >= size:
-                    raise ModelLoadError(
-                        f"{artifact.repo}/{name} has no readable GGUF header: {exc}", "the file on the hub is damaged"
-                    ) from exc
+    where = f"{artifact.repo}/{name}"
+    data = b""
+    while True:
+        chunk = _read_range(url, len(data), max(len(data), FIRST_READ), artifact, name, settings)
+        data += chunk
+        try:
+            header = header_from_bytes(data, where)
+        except ValueError as exc:
+            raise ModelLoadError(
+                f"{where} has no readable GGUF header: {exc}", "the file on the hub is damaged"
+            ) from exc
+        if header is not None:
+            return vocab_identity(header.meta, where)
+        if len(data) >= size or not chunk:
+            raise ModelLoadError(f"{where} ends inside its GGUF header", "the file on the hub is damaged")
 
 
 def _read_range(url: str, start: int, length: int, artifact: HubArtifact, name: str, settings: HubSettings) -> bytes:

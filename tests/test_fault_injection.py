@@ -81,7 +81,7 @@ def test_llamacpp_survives_cancelled_and_abandoned_streams(
 
 def test_torch_survives_interrupts_in_prefill_and_decode(models: Callable[[object], Path]) -> None:
     pytest.importorskip("torch")
-    from test_torch_tiny_models import Spec
+    from gguf_writer import Spec
 
     from backends.torch.backend import TorchBackend
 

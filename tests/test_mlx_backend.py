@@ -38,7 +38,7 @@ from localspec.api import Completion, Runtime  # noqa: E402
 from localspec.backend_loader import load_backend  # noqa: E402
 from localspec.backends.mlx import Forward, MlxBackend, load, make_self_drafter, rollback_refusal  # noqa: E402
 from localspec.backends.mlx.gguf import FrequencyRoPE, check_types  # noqa: E402
-from localspec.backends.mlx.vocab import CONTROL, NORMAL, from_gguf_metadata  # noqa: E402
+from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
 from localspec.controller import FixedDraftLength  # noqa: E402
 from localspec.drafters import common_prefix  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
@@ -97,35 +97,7 @@ def teacher_forced(mlx_target: Backend) -> tuple[list[int], np.ndarray]:
     return tokens, mlx_target.eval_block(tokens, "all").copy()
 
 
-TOKENIZER_SAMPLES = [
-    "Hello world",
-    " leading space, trailing space ",
-    "numbers 12345 and 3.14159, dates 2024-06-11",
-    "def f(x):\n    return x**2\n\n\n",
-    "naïve café — “quotes” 日本語 🙂 émoji👍🏽",
-    "<|im_start|>user\nHi<|im_end|>\n",
-    "tabs\tand  double  spaces   \r\n\r\n x",
-    "I'm you're they'll WE'LL",
-    "<reponame>x<file_sep>y",
-]
-
-
-@pytest.mark.model
-def test_tokenizer_and_vocabulary_match_llamacpp(mlx_target: Backend, target_backend: Backend) -> None:
-    for text in TOKENIZER_SAMPLES:
-        for add_special in (True, False):
-            for parse_special in (True, False):
-                options = {"add_special": add_special, "parse_special": parse_special}
-                assert mlx_target.tokenize(text, **options) == target_backend.tokenize(text, **options), (text, options)
-    n_vocab = target_backend.info.n_vocab
-    assert mlx_target.info.n_vocab == n_vocab
-    assert [mlx_target.token_bytes(i) for i in range(n_vocab)] == [
-        target_backend.token_bytes(i) for i in range(n_vocab)
-    ]
-    assert mlx_target.vocab_identity() == target_backend.vocab_identity()
-    assert mlx_target.end_of_generation() == target_backend.end_of_generation()
-    assert mlx_target.chat_template() == target_backend.chat_template()
-    assert mlx_target.special_texts() == target_backend.special_texts()
+# ids, bytes, specials and the template against llama.cpp: test_vocab_parity.py
 
 
 @pytest.mark.model
@@ -251,7 +223,7 @@ def tiny_vocab() -> Any:
         "tokenizer.ggml.eos_token_id": EOS,
         "tokenizer.ggml.add_bos_token": True,
     }
-    return from_gguf_metadata(meta, "tiny")
+    return from_gguf(meta, "tiny")
 
 
 def tiny_llama(seed: int = 0, layers: int = 4, sharpness: float = 6.0) -> nn.Module:

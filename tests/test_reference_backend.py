@@ -9,7 +9,7 @@ import pytest
 
 from localspec.backends.reference import BOS, END_OF_TURN, EOS, ReferenceBackend, load
 from localspec.errors import InvalidRequestError
-from localspec.protocol import Backend, LogitsMode
+from localspec.protocol import Backend
 from localspec.sampling import SamplingConfig, process
 
 TEXT = [BOS, 5, 9, 3, 7, 7, 12, 4, 200, 31]
@@ -42,12 +42,7 @@ def test_eval_block_rows_equal_one_token_at_a_time() -> None:
     np.testing.assert_array_equal(rows, one_by_one)
 
 
-@pytest.mark.parametrize(("mode", "n_rows"), [("all", len(TEXT)), ("last", 1), ("none", 0)])
-def test_eval_block_returns_the_rows_asked_for(mode: LogitsMode, n_rows: int) -> None:
-    backend = ReferenceBackend()
-    logits = backend.eval_block(TEXT, mode)
-    assert logits.shape == (n_rows, 259)
-    assert backend.n_past == len(TEXT)
+# logits modes and a full context: test_backend_contract.py
 
 
 def test_rollback_then_reeval_gives_identical_logits() -> None:

@@ -25,13 +25,6 @@ from localspec.protocol import Backend
 pytestmark = pytest.mark.model
 
 N_CTX = 1024
-TEXTS = [
-    "Hello world! The quick brown fox jumps over 12345 lazy dogs.",
-    "def f(x):\n    return x**2  # square\n\n\n",
-    "Ünïcödé — 日本語 テキスト 🙂  spaces   and\ttabs",
-    "<|im_start|>user\nhi<|im_end|>\n",
-    "don't won't I'll they're 3.14159 1,000,000",
-]
 # Teacher-forced text for the top-1 comparison: prose and code, as the benchmarks use.
 PASSAGE = (
     "Speculative decoding lets a small draft model propose several tokens that the large model then checks "
@@ -86,33 +79,12 @@ def teacher_text(backend: Backend) -> list[int]:
     return tokens
 
 
-# -- the tokenizer from the GGUF ----------------------------------------------------------------
+# -- the tokenizer and the model ---------------------------------------------------------------
+# (ids, bytes, specials and the template against llama.cpp: test_vocab_parity.py)
 
 
-@pytest.mark.parametrize("parse_special", [False, True])
-def test_token_ids_match_llamacpp(torch_q4_1: Backend, target_backend: Backend, parse_special: bool) -> None:
-    for text in TEXTS:
-        for add_special in (False, True):
-            ids = torch_q4_1.tokenize(text, add_special=add_special, parse_special=parse_special)
-            assert ids == target_backend.tokenize(text, add_special=add_special, parse_special=parse_special), text
-            assert torch_q4_1.detokenize(ids) == target_backend.detokenize(ids)
-
-
-def test_every_token_stands_for_the_same_bytes(torch_q4_1: Backend, target_backend: Backend) -> None:
-    n = target_backend.info.n_vocab
-    assert torch_q4_1.info.n_vocab == n
-    assert [torch_q4_1.token_bytes(t) for t in range(n)] == [target_backend.token_bytes(t) for t in range(n)]
-
-
-def test_vocabulary_specials_and_template_match_llamacpp(torch_q4_1: Backend, target_backend: Backend) -> None:
-    assert torch_q4_1.vocab_identity() == target_backend.vocab_identity()
-    assert torch_q4_1.end_of_generation() == target_backend.end_of_generation()
-    assert torch_q4_1.special_texts() == target_backend.special_texts()
-    assert torch_q4_1.chat_template() == target_backend.chat_template()
+def test_the_model_has_llamacpps_layer_count(torch_q4_1: Backend, target_backend: Backend) -> None:
     assert torch_q4_1.info.n_layers == target_backend.info.n_layers == 30
-
-
-# -- the model ----------------------------------------------------------------------------------
 
 
 def test_top1_agrees_with_llamacpp_on_the_same_f16_weights(derived_models, reference_top1) -> None:

@@ -1,19 +1,17 @@
 """The torch backend on tiny random models written by the test itself, one per family.
 
-Each family's model is written twice: as a GGUF (llama.cpp's layout: Q/K rows permuted for
-the Llama architecture, Gemma's norms with +1 folded in) and as a Hugging Face folder
-(config.json, safetensors, tokenizer.json). llama.cpp, reading the same GGUF, is the
-reference for the architecture and the SentencePiece tokenizer; the engine's own
-chi-square test checks that speculative sampling through this backend is exact.
+Each family's model is written twice (tests/gguf_writer.py): as a GGUF and as a Hugging Face
+folder. llama.cpp, reading the same GGUF, is the reference for the architecture and the
+SentencePiece tokenizer; the engine's own chi-square test checks that speculative sampling
+through this backend is exact.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,232 +31,11 @@ from localspec.sampling import SamplingConfig, one_hot, process  # noqa: E402
 from localspec.stats import Stats  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gguf_writer import CHATML, N_CTX, Spec, write_hf_folder  # noqa: E402
 from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
 
 from localspec.backends.torch import TorchBackend, linear, make_self_drafter, native  # noqa: E402
 from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
-from localspec.backends.torch.tokenizer import _byte_decoder  # noqa: E402
-
-N_CTX = 256
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-# -- tiny models ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Spec:
-    arch: str  # "llama", "qwen2" or "gemma3"
-    hidden: int = 64
-    layers: int = 3
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 16
-    ffn: int = 96
-    seed: int = 0
-    noise: float = 0.0  # perturbs the weights: a drafter close to the seed's model
-    embed_scale: float = 0.3  # larger: sharper next-token distributions
-    window: int = 4  # Gemma 3's sliding window, small so that short texts cross it
-    local: tuple[bool, ...] = (True, False, True)
-    half: bool = False  # matrices stored as F16 in the GGUF (norms stay F32, as llama.cpp wants)
-
-
-def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
-    """GPT-2 style: three control tokens, the 256 byte symbols, a few merges."""
-    symbols = sorted(_byte_decoder(), key=lambda c: _byte_decoder()[c])
-    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a n", "an d", "Ġ and"]
-    merged = [m.replace(" ", "") for m in merges]
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *symbols, *merged]
-    types = [3, 3, 3] + [1] * (len(tokens) - 3)
-    return tokens, types, merges
-
-
-def spm_vocab() -> tuple[list[str], list[int], list[float]]:
-    """SentencePiece style: control tokens, byte fallback, letters and a few longer pieces."""
-    pieces = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁t", "he", "▁the", "▁a", "nd", "▁and", "in", "▁in", "er", "on"]
-    pieces += ["▁on", "ing", "▁s", "en", "▁th", "st", "ll", "▁w", "▁wor", "ld", "▁world"]
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-    tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + pieces
-    types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * len(pieces)
-    scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(pieces))]
-    return tokens, types, scores
-
-
-def hf_weights(spec: Spec, vocab: int) -> dict[str, np.ndarray]:
-    """Random weights under Hugging Face names and conventions."""
-    rng = np.random.default_rng(spec.seed)
-    jitter = np.random.default_rng(spec.seed + 1000)
-
-    def w(*shape: int, std: float) -> np.ndarray:
-        x = rng.normal(0, std, shape)
-        if spec.noise:
-            x = x + jitter.normal(0, std * spec.noise, shape)
-        return x.astype(np.float32)
-
-    h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    gemma = spec.arch == "gemma3"
-    norm_center = 0.0 if gemma else 1.0  # Gemma stores w and multiplies by (1 + w)
-    out = {
-        "model.embed_tokens.weight": w(vocab, h, std=spec.embed_scale),
-        "model.norm.weight": norm_center + w(h, std=0.1),
-    }
-    for i in range(spec.layers):
-        p = f"model.layers.{i}."
-        out |= {
-            p + "input_layernorm.weight": norm_center + w(h, std=0.1),
-            p + "self_attn.q_proj.weight": w(q, h, std=h**-0.5),
-            p + "self_attn.k_proj.weight": w(kv, h, std=h**-0.5),
-            p + "self_attn.v_proj.weight": w(kv, h, std=h**-0.5),
-            p + "self_attn.o_proj.weight": w(h, q, std=0.5 * q**-0.5),
-            p + "post_attention_layernorm.weight": norm_center + w(h, std=0.1),
-            p + "mlp.gate_proj.weight": w(spec.ffn, h, std=h**-0.5),
-            p + "mlp.up_proj.weight": w(spec.ffn, h, std=h**-0.5),
-            p + "mlp.down_proj.weight": w(h, spec.ffn, std=0.5 * spec.ffn**-0.5),
-        }
-        if spec.arch == "qwen2":
-            out |= {p + f"self_attn.{x}_proj.bias": w(n, std=0.2) for x, n in (("q", q), ("k", kv), ("v", kv))}
-        if gemma:
-            out |= {
-                p + "self_attn.q_norm.weight": w(spec.head_dim, std=0.1),
-                p + "self_attn.k_norm.weight": w(spec.head_dim, std=0.1),
-                p + "pre_feedforward_layernorm.weight": w(h, std=0.1),
-                p + "post_feedforward_layernorm.weight": w(h, std=0.1),
-            }
-    return out
-
-
-GGUF_NAMES = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-}
-
-
-def permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """convert_hf_to_gguf's Q/K permutation for llama.cpp's interleaved RoPE."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def gguf_name(name: str, spec: Spec) -> str:
-    if name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if name == "model.norm.weight":
-        return "output_norm.weight"
-    _, _, layer, rest = name.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    if module == "post_attention_layernorm":
-        short = "post_attention_norm" if spec.arch == "gemma3" else "ffn_norm"
-    else:
-        short = GGUF_NAMES[module]
-    return f"blk.{layer}.{short}.{kind}"
-
-
-def write_gguf(spec: Spec, path: Path) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), spec.arch)
-    writer.add_context_length(N_CTX)
-    writer.add_embedding_length(spec.hidden)
-    writer.add_block_count(spec.layers)
-    writer.add_feed_forward_length(spec.ffn)
-    writer.add_head_count(spec.heads)
-    writer.add_head_count_kv(spec.kv_heads)
-    writer.add_key_length(spec.head_dim)
-    writer.add_value_length(spec.head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_chat_template(CHATML)
-    if spec.arch == "gemma3":
-        tokens, types, scores = spm_vocab()
-        writer.add_rope_freq_base(1_000_000.0)
-        writer.add_sliding_window(spec.window)
-        writer.add_sliding_window_pattern(list(spec.local))
-        writer.add_tokenizer_model("llama")
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_scores(scores)
-        writer.add_bos_token_id(2)
-        writer.add_eos_token_id(1)
-        writer.add_unk_token_id(3)
-        writer.add_pad_token_id(0)
-        writer.add_add_bos_token(True)
-        writer.add_add_space_prefix(False)
-    else:
-        tokens, types, merges = bpe_vocab()
-        writer.add_rope_freq_base(10_000.0)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("qwen2" if spec.arch == "qwen2" else "smollm")
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(merges)
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-        writer.add_add_bos_token(False)
-    for name, w in hf_weights(spec, len(tokens)).items():
-        short = gguf_name(name, spec)
-        if spec.arch == "llama" and short.endswith(("attn_q.weight", "attn_k.weight")):
-            w = permute(w, spec.heads if "attn_q" in short else spec.kv_heads)
-        if spec.arch == "gemma3" and short.endswith("norm.weight"):
-            w = w + 1.0
-        writer.add_tensor(short, np.ascontiguousarray(w.astype(np.float16) if spec.half and w.ndim == 2 else w))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def write_hf_folder(spec: Spec, folder: Path, gguf_path: Path) -> Path:
-    """The same model as a Hugging Face folder; its tokenizer.json is the one the backend
-    built from the GGUF, saved."""
-    from safetensors.numpy import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    source = tiny(str(gguf_path))
-    vocab = source._vocab
-    vocab.tokenizer.save(str(folder / "tokenizer.json"))
-    gemma = spec.arch == "gemma3"
-    config = {
-        "model_type": "gemma3_text" if gemma else spec.arch,
-        "hidden_size": spec.hidden,
-        "intermediate_size": spec.ffn,
-        "num_hidden_layers": spec.layers,
-        "num_attention_heads": spec.heads,
-        "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1_000_000.0 if gemma else 10_000.0,
-        "max_position_embeddings": N_CTX,
-        "vocab_size": len(vocab.texts),
-        "tie_word_embeddings": True,
-        "bos_token_id": vocab.bos,
-        "eos_token_id": vocab.eos,
-    }
-    if gemma:
-        config |= {
-            "sliding_window": spec.window,
-            "layer_types": ["sliding_attention" if x else "full_attention" for x in spec.local],
-            "rope_local_base_freq": 10_000.0,
-            "query_pre_attn_scalar": spec.head_dim,
-        }
-    (folder / "config.json").write_text(json.dumps(config))
-    special = vocab.special_texts()
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": CHATML, "bos_token": special["bos_token"], "eos_token": special["eos_token"]})
-    )
-    save_file(hf_weights(spec, len(vocab.texts)), str(folder / "model.safetensors"))
-    return folder
 
 
 def tiny(path: str, n_ctx: int = N_CTX, **options: object) -> TorchBackend:
@@ -367,36 +144,7 @@ def test_the_graph_ready_static_path_computes_what_the_eager_path_does(models, s
     np.testing.assert_allclose(static, eager, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", [Spec("llama"), Spec("gemma3")], ids=lambda s: s.arch)
-def test_rollback_then_new_tokens_equals_evaluating_the_new_text_fresh(models, spec: Spec) -> None:
-    backend = tiny(str(models(spec)))
-    backend.eval_block(TEXT_IDS[:12], "none")
-    backend.eval_block(TEXT_IDS[12:20], "all")  # a draft ...
-    backend.rollback(14)  # ... of which two tokens were kept
-    assert list(backend.cached_tokens()) == TEXT_IDS[:14]
-    other = [7, 8, 9, 10, 11]
-    continued = backend.eval_block(other, "all").copy()
-    fresh = tiny(str(models(spec))).eval_block([*TEXT_IDS[:14], *other], "all")[14:]
-    np.testing.assert_allclose(continued, fresh, rtol=1e-4, atol=1e-4)
-    assert backend.n_past == 19
-
-
-def test_a_full_context_is_refused_and_leaves_the_cache_as_it_was(models) -> None:
-    backend = tiny(str(models(Spec("llama"))), n_ctx=16)
-    backend.eval_block(TEXT_IDS[:10], "none")
-    with pytest.raises(Exception, match="context of 16 tokens is full"):
-        backend.eval_block(TEXT_IDS[10:20], "all")
-    assert backend.n_past == 10
-
-
-def test_logits_modes_return_the_rows_asked_for(models) -> None:
-    backend = tiny(str(models(Spec("qwen2"))))
-    vocab = backend.info.n_vocab
-    assert backend.eval_block(TEXT_IDS[:4], "none").shape == (0, vocab)
-    last = backend.eval_block(TEXT_IDS[4:8], "last")
-    assert last.shape == (1, vocab) and last.dtype == np.float32
-    assert backend.eval_block([], "all").shape == (0, vocab)
-    assert backend.n_past == 8
+# rollback, logits modes and a full context: test_backend_contract.py
 
 
 # -- speculation through the engine is exact --------------------------------------------------

@@ -69,11 +69,11 @@ def load(path: str, n_ctx: int = 4096, max_block: int = 512, **_ignored: Any) ->
 
 
 def load_gguf_file(path: str, n_ctx: int = 4096, max_block: int = 512) -> MlxBackend:
+    from ..vocab import from_gguf
     from .gguf import load_gguf
-    from .vocab import from_gguf_metadata
 
     loaded = load_gguf(path)
-    vocab = from_gguf_metadata(loaded.metadata, path)
+    vocab = from_gguf(loaded.metadata, path)
     extra = {"format": "gguf", "file_type": str(loaded.metadata.get("general.file_type", 1))}
     if loaded.expanded:
         extra["dequantized"] = ",".join(f"{t}:{n}" for t, n in sorted(loaded.expanded.items()))
@@ -92,7 +92,7 @@ def load_gguf_file(path: str, n_ctx: int = 4096, max_block: int = 512) -> MlxBac
 def load_folder(path: str, n_ctx: int = 4096, max_block: int = 512) -> MlxBackend:
     from mlx_lm.utils import load_model
 
-    from .vocab import from_directory
+    from ..vocab import from_folder
 
     folder = Path(path)
     if not (folder / "config.json").exists():
@@ -106,7 +106,7 @@ def load_folder(path: str, n_ctx: int = 4096, max_block: int = 512) -> MlxBacken
         raise ModelLoadError(
             f"mlx-lm could not load {path}: {exc}", "check the folder is a complete mlx-lm model"
         ) from exc
-    vocab = from_directory(folder, config)
+    vocab = from_folder(folder, config)
     limit = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
     quant = config.get("quantization") or {}
     extra = {"format": "mlx"}

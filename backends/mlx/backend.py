@@ -27,7 +27,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from localspec.errors import InvalidRequestError
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
-from .vocab import Vocab
+from ..vocab import Vocab
 
 # mlx-lm modules whose Model is exactly embed -> blocks(h, mask, cache) -> norm -> head, so a
 # forward pass can stop early (layer skip) and the head can run on chosen rows only.
@@ -227,7 +227,7 @@ class MlxBackend:
         return self.vocab.eog
 
     def chat_template(self) -> str | None:
-        return self.vocab.template
+        return self.vocab.chat_template
 
     def special_texts(self) -> dict[str, str]:
         return self.vocab.special_texts()

@@ -12,8 +12,6 @@ pairs, so the weights are used as stored.
 from __future__ import annotations
 
 import importlib
-import mmap
-import struct
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,35 +23,16 @@ from mlx.nn.layers.quantized import quantize
 
 from localspec.errors import ModelLoadError
 from localspec.gguf_check import check_gguf
+from localspec.gguf_header import read_header
 
+from ..tensor_names import GLOBAL_NAMES, LAYER_NAMES
 from .backend import eval_parameters
 
-# ggml type ids (ggml.h) by name, for the types this module must tell apart.
-GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K"}
-GGML_TYPES |= {12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 20: "IQ4_NL", 23: "IQ4_XS", 30: "BF16", 39: "MXFP4"}
 KEPT = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})  # used as stored
 EXPANDED = frozenset({"BF16", "Q2_K", "Q4_K", "Q6_K"})  # mx.load turns these into float16
 
 # GGUF architecture -> (mlx-lm module, rope_traditional)
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
-
-_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
 
 
 @dataclass(frozen=True)
@@ -62,47 +41,6 @@ class GgufModel:
     metadata: dict[str, Any]
     config: dict[str, Any]
     expanded: dict[str, int]  # ggml type -> tensors MLX turned into float16
-
-
-def tensor_types(path: str) -> dict[str, str]:
-    """Tensor name -> ggml type name, from the file's header alone (skips the metadata)."""
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        _version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        pos = 24
-        for _ in range(n_kv):
-            pos = _skip_string(buf, pos)
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            pos = _skip_value(buf, pos + 4, kind)
-        out = {}
-        for _ in range(n_tensors):
-            (length,) = struct.unpack_from("<Q", buf, pos)
-            name = bytes(buf[pos + 8 : pos + 8 + length]).decode()
-            pos += 8 + length
-            (n_dims,) = struct.unpack_from("<I", buf, pos)
-            pos += 4 + 8 * n_dims
-            (ggml_type,) = struct.unpack_from("<I", buf, pos)
-            pos += 12  # type, offset
-            out[name] = GGML_TYPES.get(ggml_type, f"type {ggml_type}")
-        return out
-
-
-def _skip_string(buf: mmap.mmap, pos: int) -> int:
-    (length,) = struct.unpack_from("<Q", buf, pos)
-    return int(pos + 8 + length)
-
-
-def _skip_value(buf: mmap.mmap, pos: int, kind: int) -> int:
-    if kind == _STRING:
-        return _skip_string(buf, pos)
-    if kind == _ARRAY:
-        item, count = struct.unpack_from("<IQ", buf, pos)
-        pos += 12
-        if item in _SCALAR_SIZES:
-            return int(pos + count * _SCALAR_SIZES[item])
-        for _ in range(count):
-            pos = _skip_value(buf, pos, item)
-        return pos
-    return pos + _SCALAR_SIZES[kind]
 
 
 def check_types(path: str, types: Mapping[str, str]) -> dict[str, int]:
@@ -179,10 +117,10 @@ def hf_names(weights: Mapping[str, mx.array], path: str) -> dict[str, mx.array]:
     for name, value in weights.items():
         base, _, suffix = name.rpartition(".")
         parts = base.split(".")
-        if parts[0] == "blk" and len(parts) == 3 and parts[2] in _BLOCK_NAMES:
-            out[f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"] = value
-        elif base in _TOP_NAMES:
-            out[f"{_TOP_NAMES[base]}.{suffix}"] = value
+        if parts[0] == "blk" and len(parts) == 3 and parts[2] in LAYER_NAMES:
+            out[f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{suffix}"] = value
+        elif base in GLOBAL_NAMES:
+            out[f"{GLOBAL_NAMES[base]}.{suffix}"] = value
         elif base != "rope_freqs":
             raise ModelLoadError(f"{path} has a tensor {name!r} that the MLX backend does not know where to put")
     return out
@@ -236,7 +174,7 @@ def build(config: Mapping[str, Any], weights: dict[str, mx.array], path: str) ->
 
 def load_gguf(path: str) -> GgufModel:
     check_gguf(path)
-    expanded = check_types(path, tensor_types(path))
+    expanded = check_types(path, {t.name: t.type_name for t in read_header(path).tensors})
     if expanded:
         what = ", ".join(f"{n} {t}" for t, n in sorted(expanded.items()))
         warnings.warn(

@@ -15,7 +15,7 @@ steps replayed from CUDA graphs).
     gemma3.py     Gemma 3
     layers.py     static KV cache, RoPE, block attention with its causal mask
     weights.py    GGUF (dequantized with the gguf package) and safetensors, one naming scheme
-    tokenizer.py  tokenizer, chat template and special tokens from the model files
+    ../vocab.py   tokenizer, chat template and special tokens from the model files (shared with MLX)
     cuda.py       CUDA graphs and torch.compile for the decode and verify steps (CUDA only)
 """
 

@@ -16,12 +16,13 @@ import torch
 
 from localspec.errors import InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf
+from localspec.gguf_header import read_header
 from localspec.hardware import physical_cores
 from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.sampling import Distribution, SamplingConfig
 
+from ..vocab import Vocab, from_folder, from_gguf
 from . import linear, native, quantized
-from . import tokenizer as tok
 from . import weights as wts
 from .config import ModelConfig
 from .layers import Block, KVCache, Model, eager_block, static_block
@@ -37,7 +38,7 @@ class Source:
     """A model on disk, read far enough to know what it is; `read` streams its tensors."""
 
     config: ModelConfig
-    vocab: tok.Vocabulary
+    vocab: Vocab
     read: Callable[[wts.TensorSink, str | None], None]  # (sink, low-bit kind for GGUF matrices)
     name: str
     path: str
@@ -48,14 +49,14 @@ def open_source(path: str) -> Source:
     folder = Path(path)
     if folder.is_dir():
         config, raw = wts.hf_config(folder)
-        vocab = tok.from_hf(folder, raw)
+        vocab = from_folder(folder, raw)
         return Source(
             config, vocab, lambda sink, kind: wts.read_hf_tensors(folder, config, raw, sink), folder.name, str(folder)
         )
     check_gguf(path)
-    file = wts.open_gguf(path)
+    file = read_header(path)
     config = wts.gguf_config(file.meta)
-    vocab = tok.from_gguf(file.meta)
+    vocab = from_gguf(file.meta, path)
     file_type = str(file.meta.get("general.file_type", 1))
     return Source(
         config,
@@ -210,17 +211,7 @@ class TorchBackend:
             raise InvalidRequestError(f"an early exit must keep between 1 and {config.n_layers - 1} blocks")
         if self._host is not None:
             return self._host.early_exit(n_layers)
-        view = copy.copy(self)
-        view._exit = n_layers
-        view._tokens = []
-        view._closed = False
-        view._host, view._writes, view._seen = self, 0, -1
-        view._exits, view._exit_states = {}, None
-        view._graphs = view._graphed() if self._graphs is not None else None
-        label = f"layerskip:{n_layers}"
-        view.info = replace(self.info, name=f"{self.info.name} [{label}]", n_layers=n_layers)
-        view.capabilities = replace(self.capabilities, extra={**self.capabilities.extra, "self_draft": label})
-        return view
+        return self._self_drafter(f"layerskip:{n_layers}", {"n_layers": n_layers}, _exit=n_layers, _host=self)
 
     def quantized(self, bits: int) -> TorchBackend:
         """This model with weight-only int8 (or int4) matrices: a QSpec-style self-drafter.
@@ -231,20 +222,22 @@ class TorchBackend:
         if bits not in factories:
             raise InvalidRequestError(f"qspec on the torch backend takes int8 or int4, got int{bits}")
         config = self.model.config
-        view = copy.copy(self)
-        view.model = self.model.requantized(factories[bits])
-        view._exit = None
-        view._host, view._writes, view._seen = None, 0, -1
-        view._exits, view._exit_states = {}, None
-        view._tokens = []
-        view._closed = False
-        view.cache = KVCache(
+        cache = KVCache(
             config.n_layers, config.n_kv_heads, self.cache.n_ctx, config.head_dim, self._dtype, self._device
         )
-        view._graphs = view._graphed() if self._graphs is not None else None
-        label = f"qspec:int{bits}"
         size = self.info.size_bytes * bits // (8 * self.cache.k.element_size())  # the matrices dominate
-        view.info = replace(self.info, name=f"{self.info.name} [{label}]", size_bytes=size)
+        model = self.model.requantized(factories[bits])
+        return self._self_drafter(f"qspec:int{bits}", {"size_bytes": size}, model=model, cache=cache)
+
+    def _self_drafter(self, label: str, info: dict[str, Any], **fields: Any) -> TorchBackend:
+        """A shallow copy of this backend named as the self-drafter `label`, holding no tokens
+        and none of this backend's early-exit bookkeeping; `fields` replace its attributes
+        (model, cache, _exit, _host) and `info` fields of its ModelInfo."""
+        view = copy.copy(self)
+        fresh = {"_tokens": [], "_closed": False, "_exit": None, "_host": None, "_writes": 0, "_seen": -1}
+        vars(view).update({**fresh, "_exits": {}, "_exit_states": None, **fields})
+        view._graphs = view._graphed() if self._graphs is not None else None
+        view.info = replace(self.info, name=f"{self.info.name} [{label}]", **info)
         view.capabilities = replace(self.capabilities, extra={**self.capabilities.extra, "self_draft": label})
         return view
 
@@ -309,9 +302,7 @@ class TorchBackend:
         return self._tokens
 
     def vocab_identity(self) -> VocabIdentity:
-        v = self._vocab
-        texts = tuple(t.encode("utf-8") for t in v.texts)
-        return VocabIdentity(v.kind, len(texts), v.bos, v.eos, texts)
+        return self._vocab.identity()
 
     def end_of_generation(self) -> frozenset[int]:
         return self._vocab.eog
@@ -325,11 +316,10 @@ class TorchBackend:
     # -- text -------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._vocab.encode(text, add_special, parse_special)
+        return self._vocab.encode(text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token: int) -> bytes:
-        pieces = self._vocab.pieces
-        return pieces[token] if 0 <= token < len(pieces) else b""
+        return self._vocab.token_bytes(token)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
