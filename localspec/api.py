@@ -29,6 +29,7 @@ from localspec.calibrate import (
     starting_drafting_seconds,
 )
 from localspec.chat import chat_tokens, normalize_messages, render_chat
+from localspec.choices import EVERY_STRATEGY, STRATEGIES
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
@@ -45,7 +46,6 @@ from localspec.stats import Stats
 from localspec.textstream import TextAssembler
 from localspec.validate import check_ctx, check_threads, clean_text
 
-STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 # The pair's measured agreement counts as this many observed draft positions
@@ -114,9 +114,7 @@ class Runtime:
         label: str | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
-            raise InvalidRequestError(
-                f"unknown strategy {strategy!r}", "choose one of: auto, none, ngram, draft, qspec[:TYPE], layerskip[:L]"
-            )
+            raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {EVERY_STRATEGY}")
         if strategy == "auto":
             strategy = "draft" if draft is not None else "ngram"
         if strategy == "draft" and draft is None:
