@@ -79,7 +79,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Label("Draft length: auto (adapts to this machine and the text) or a fixed number")
             yield Input(str(s.draft_tokens), id="draft-tokens", compact=True)
             yield Label("Temperature (0 = greedy)")
-            yield Input(f"{s.temperature:g}", id="temperature", compact=True)
+            yield Input(f"{s.sampling.temperature:g}", id="temperature", compact=True)
             yield Label("System prompt")
             yield Input(s.system, placeholder="none", id="system", compact=True)
             yield Static("", classes="error", id="settings-error")
