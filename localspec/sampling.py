@@ -10,7 +10,6 @@ sorting the whole vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,30 +22,23 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 
-# Each knob's range: (holds, what it must be, the fix). The CLI, the chat, the server and the
-# API all build a SamplingConfig, so this is the only place a value is checked.
-_RANGES: dict[str, tuple[Callable[[Any], bool], str, str | None]] = {
-    "temperature": (lambda v: v >= 0 and math.isfinite(v), "0 or more", "use 0 for greedy decoding"),
-    "top_k": (lambda v: v >= 0, "0 (off) or more", None),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]", "use 1 to turn it off"),
-    "min_p": (lambda v: 0 <= v < 1, "in [0, 1)", "use 0 to turn it off"),
-}
-
-
 def check_knob(name: str, value: Any) -> Any:
-    """One sampling knob, checked: the value to keep (a negative seed becomes None, "random",
-    as llama.cpp's --seed -1), or InvalidRequestError naming the knob."""
-    if name == "seed":
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
+    """One sampling knob, checked: the value to keep, or InvalidRequestError naming the knob
+    and the fix. Every front end builds a SamplingConfig, so this is the one range check."""
+    if name == "seed":  # a negative seed means "random", as llama.cpp's --seed -1 does
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidRequestError(f"seed must be a whole number, got {value!r}")
-        return None if value < 0 else value
+        return None if value is None or value < 0 else value
     kinds = (int, np.integer) if name == "top_k" else (int, float, np.integer, np.floating)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise InvalidRequestError(f"{name} must be a number, got {value!r}")
-    holds, must_be, fix = _RANGES[name]
-    if not holds(value):
+    holds, must_be, fix = {
+        "temperature": (value >= 0 and math.isfinite(value), "0 or more", "use 0 for greedy decoding"),
+        "top_k": (value >= 0, "0 (off) or more", None),
+        "top_p": (0 < value <= 1, "in (0, 1]", "use 1 to turn it off"),
+        "min_p": (0 <= value < 1, "in [0, 1)", "use 0 to turn it off"),
+    }[name]
+    if not holds:
         raise InvalidRequestError(f"{name} must be {must_be}, got {value}", fix)
     return value
 

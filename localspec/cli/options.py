@@ -4,12 +4,13 @@ reported by argparse as a usage error naming the option."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from localspec.choices import BACKENDS
 from localspec.errors import InvalidRequestError
 from localspec.rpc import RPC_HELP
 from localspec.sampling import KNOBS, SamplingConfig, check_knob
-from localspec.validate import check_ctx
+from localspec.validate import check_ctx, check_threads
 
 DEFAULTS = SamplingConfig()
 
@@ -33,14 +34,13 @@ def ctx_arg(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a context length of 1 or more tokens, got {value!r}") from None
 
 
-def threads_arg(value: str) -> int:
+def threads_arg(value: str) -> int | None:
     try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a thread count of 1 or more (0: all physical cores), got {value!r}")
-    return n
+        return check_threads(int(value))
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(
+            f"expected a thread count of 1 or more (0: all physical cores), got {value!r}"
+        ) from None
 
 
 def seed_arg(value: str) -> int | None:
@@ -67,6 +67,17 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
     p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
     p.add_argument("--threads", type=threads_arg, help="CPU threads (default or 0: physical cores)")
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
+
+
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """load()'s keywords from the options add_model_options declares (but --model and --draft-model)."""
+    return {
+        "backend": args.backend,
+        "draft_tokens": args.draft_tokens,
+        "n_ctx": args.ctx,
+        "threads": args.threads,
+        "rpc": args.rpc or None,
+    }
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:

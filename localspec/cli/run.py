@@ -9,7 +9,7 @@ from typing import Any
 
 from localspec.api import Finished, TextDelta, load
 from localspec.choices import STRATEGY_HELP
-from localspec.cli.options import add_model_options, add_sampling_options, sampling
+from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
 from localspec.errors import InvalidRequestError
 from localspec.validate import arg_text, read_stdin
 
@@ -38,19 +38,12 @@ def handle(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
     config = sampling(args)  # refused before a model is loaded for it
-    options: dict[str, Any] = {"n_ctx": args.ctx}
-    if args.threads:
-        options["threads"] = args.threads
-    if args.rpc:
-        options["rpc"] = args.rpc
     runtime = load(
         args.model,
         draft_model=args.draft_model,
         strategy=args.strategy,
-        backend=args.backend,
-        draft_tokens=args.draft_tokens,
         on_progress=lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True),
-        **options,
+        **load_options(args),
     )
     if args.raw:
         request: dict[str, Any] = {"prompt": prompt}

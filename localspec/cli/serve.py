@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.choices import STRATEGY_HELP
-from localspec.cli.options import add_model_options
+from localspec.cli.options import add_model_options, load_options
 from localspec.errors import InvalidRequestError
 
 DEFAULT_PAIR = "smollm2-135m"  # models.toml's pair for the embedded default
@@ -57,11 +57,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be 0 or more, got {args.max_queue}")
     model = args.pair or args.model
-    options: dict[str, Any] = {"n_ctx": args.ctx, "backend": args.backend, "draft_tokens": args.draft_tokens}
-    if args.threads:
-        options["threads"] = args.threads
-    if args.rpc:
-        options["rpc"] = args.rpc
+    options = load_options(args)
     served = _served_id(model, args.draft_model)
 
     def loader(pair_id: str) -> Any:
