@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from inspect import GEN_RUNNING, getgeneratorstate
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ from localspec.calibrate import (
     starting_drafting_seconds,
 )
 from localspec.chat import chat_tokens, normalize_messages, render_chat
+from localspec.choices import EVERY_STRATEGY, STRATEGIES
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
@@ -40,12 +41,11 @@ from localspec.pairing import vocab_mismatch
 from localspec.progress import Announce, announced
 from localspec.protocol import Backend
 from localspec.rpc import split_options
-from localspec.sampling import SamplingConfig
+from localspec.sampling import KNOBS, SamplingConfig
 from localspec.stats import Stats
 from localspec.textstream import TextAssembler
-from localspec.validate import check_ctx, check_threads, clean_text
+from localspec.validate import check_ctx, check_limits, check_threads, clean_text
 
-STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 # The pair's measured agreement counts as this many observed draft positions
@@ -114,9 +114,7 @@ class Runtime:
         label: str | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
-            raise InvalidRequestError(
-                f"unknown strategy {strategy!r}", "choose one of: auto, none, ngram, draft, qspec[:TYPE], layerskip[:L]"
-            )
+            raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {EVERY_STRATEGY}")
         if strategy == "auto":
             strategy = "draft" if draft is not None else "ngram"
         if strategy == "draft" and draft is None:
@@ -238,13 +236,15 @@ class Runtime:
         max_tokens: int = 256,
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
-        **sampling: Any,
+        sampling: SamplingConfig | None = None,
+        **knobs: Any,
     ) -> Generator[Event, None, None]:
         """Yields TextDelta events as text becomes final, then one Finished event. Setting
         `cancel` ends the request at the next prompt chunk or verify step (finish reason
-        "cancelled"), so another thread can stop even a long prompt evaluation."""
+        "cancelled"), so another thread can stop even a long prompt evaluation. sampling
+        defaults to SamplingConfig(); knobs (temperature=0, seed=1...) change its fields."""
         self._check_open()
-        cfg = sampling_config(sampling)
+        cfg = sampling_config(sampling, knobs)
         max_tokens, stop = check_limits(max_tokens, stop)
         tokens = self.prompt_tokens(prompt, messages)
         check_fits(tokens, self.target.info.n_ctx)
@@ -261,10 +261,13 @@ class Runtime:
         max_tokens: int = 256,
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
-        **sampling: Any,
+        sampling: SamplingConfig | None = None,
+        **knobs: Any,
     ) -> Completion:
         tokens: list[int] = []
-        events = self.stream(prompt, messages=messages, max_tokens=max_tokens, stop=stop, cancel=cancel, **sampling)
+        events = self.stream(
+            prompt, messages=messages, max_tokens=max_tokens, stop=stop, cancel=cancel, sampling=sampling, **knobs
+        )
         with closing(events):  # type: ignore[type-var]
             for event in events:
                 if isinstance(event, TextDelta):
@@ -388,26 +391,15 @@ class Runtime:
         self.close()
 
 
-def sampling_config(options: Mapping[str, Any]) -> SamplingConfig:
-    """The sampling keywords of stream()/generate(), checked: an unknown name is refused."""
-    known = {f for f in SamplingConfig.__dataclass_fields__}
-    unknown = sorted(set(options) - known)
+def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -> SamplingConfig:
+    """stream()/generate()'s sampling, with any knobs given as keywords applied to it."""
+    if sampling is not None and not isinstance(sampling, SamplingConfig):
+        raise InvalidRequestError(f"sampling must be a SamplingConfig, got {sampling!r}")
+    unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
-        takes = ", ".join(["max_tokens", "stop", "cancel", *sorted(known)])
+        takes = ", ".join(["max_tokens", "stop", "cancel", "sampling", *sorted(KNOBS)])
         raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
-    return SamplingConfig(**options)
-
-
-def check_limits(max_tokens: Any, stop: Any) -> tuple[int, tuple[str, ...]]:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer):
-        raise InvalidRequestError(f"max_tokens must be a whole number, got {max_tokens!r}")
-    if max_tokens < 0:
-        raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
-    if isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
-        raise InvalidRequestError(f"stop must be a list of strings, got {stop!r}")
-    return int(max_tokens), tuple(stop)
+    return replace(sampling or SamplingConfig(), **knobs)
 
 
 def load(

@@ -6,15 +6,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from localspec import choices
 from localspec.errors import BackendUnavailableError
 from localspec.protocol import Backend
 
-BACKENDS = {
-    "llamacpp": "localspec.backends.llamacpp",
-    "torch": "localspec.backends.torch",
-    "mlx": "localspec.backends.mlx",
-    "reference": "localspec.backends.reference",
-}
+BACKENDS = {name: f"localspec.backends.{name}" for name in choices.BACKENDS}
 
 
 def load_backend(name: str, path: str, **options: Any) -> Backend:

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from localspec.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFTING_STRATEGY, STRATEGIES
 from localspec.default_model import PyPIModel
 from localspec.errors import LocalspecError
 from localspec.paths import data_dir
@@ -26,9 +27,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-BACKENDS = ("llamacpp", "mlx", "torch")
-STRATEGIES = ("auto", "none", "ngram", "draft")
-SELF_DRAFTING = re.compile(r"^(qspec|layerskip)(:[\w.]+)?$")  # derived from the target: qspec[:TYPE], layerskip[:L]
 DraftTokens = int | Literal["auto"]
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -134,7 +132,7 @@ class Pair:
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return tuple(b for b in BACKENDS if all(b in m.artifacts for m in self.models))
+        return tuple(b for b in PULLABLE_BACKENDS if all(b in m.artifacts for m in self.models))
 
     @property
     def family(self) -> str:
@@ -277,10 +275,14 @@ def _parse_model(model_id: str, entry: Any, path: Path) -> Model:
     if not isinstance(entry, dict):
         raise _fail(path, where, model_id, "expected a table")
     meta = {"name", "family", "license", "params"}
-    _check_keys(entry, meta | set(BACKENDS), path, where, required=meta)
-    artifacts = {b: _parse_artifact(entry[b], path, f"{where}, backend {b!r}", b) for b in BACKENDS if b in entry}
+    _check_keys(entry, meta | set(PULLABLE_BACKENDS), path, where, required=meta)
+    artifacts = {
+        b: _parse_artifact(entry[b], path, f"{where}, backend {b!r}", b) for b in PULLABLE_BACKENDS if b in entry
+    }
     if not artifacts:
-        raise _fail(path, where, "llamacpp", f"a model needs files for at least one backend ({', '.join(BACKENDS)})")
+        raise _fail(
+            path, where, "llamacpp", f"a model needs files for at least one backend ({', '.join(PULLABLE_BACKENDS)})"
+        )
     return Model(
         id=model_id,
         name=_str(entry, "name", path, where),
@@ -394,9 +396,8 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
 
     drafter = model("drafter") if "drafter" in entry else None
     strategy = _str(entry, "strategy", path, where)
-    if strategy not in STRATEGIES and not SELF_DRAFTING.match(strategy):
-        expected = ", ".join([*STRATEGIES, "qspec[:TYPE]", "layerskip[:L]"])
-        raise _fail(path, where, "strategy", f"expected one of {expected}, got {strategy!r}")
+    if strategy not in STRATEGIES and not SELF_DRAFTING_STRATEGY.match(strategy):
+        raise _fail(path, where, "strategy", f"expected one of {EVERY_STRATEGY}, got {strategy!r}")
     if strategy == "draft" and drafter is None:
         raise _fail(path, where, "drafter", "missing: strategy 'draft' needs a drafter model")
     if strategy not in ("auto", "draft") and drafter is not None:

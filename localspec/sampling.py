@@ -10,21 +10,43 @@ sorting the whole vocabulary.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from localspec.errors import InvalidRequestError
-from localspec.validate import seed_value
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 
+def check_knob(name: str, value: Any) -> Any:
+    """One sampling knob, checked: the value to keep, or InvalidRequestError naming the knob
+    and the fix. Every front end builds a SamplingConfig, so this is the one range check."""
+    if name == "seed":  # a negative seed means "random", as llama.cpp's --seed -1 does
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidRequestError(f"seed must be a whole number, got {value!r}")
+        return None if value is None or value < 0 else value
+    kinds = (int, np.integer) if name == "top_k" else (int, float, np.integer, np.floating)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    holds, must_be, fix = {
+        "temperature": (value >= 0 and math.isfinite(value), "0 or more", "use 0 for greedy decoding"),
+        "top_k": (value >= 0, "0 (off) or more", None),
+        "top_p": (0 < value <= 1, "in (0, 1]", "use 1 to turn it off"),
+        "min_p": (0 <= value < 1, "in [0, 1)", "use 0 to turn it off"),
+    }[name]
+    if not holds:
+        raise InvalidRequestError(f"{name} must be {must_be}, got {value}", fix)
+    return value
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 means greedy; the other knobs then do nothing."""
+    """How to sample, with every knob's default; temperature 0 means greedy and the other
+    knobs then do nothing. Built with a bad value, it raises InvalidRequestError."""
 
     temperature: float = 0.8
     top_k: int = 40
@@ -33,27 +55,15 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "top_k"):
-            value = getattr(self, name)
-            kinds = (int, np.integer) if name == "top_k" else (int, float, np.integer, np.floating)
-            if isinstance(value, bool) or not isinstance(value, kinds):
-                raise InvalidRequestError(f"{name} must be a number, got {value!r}")
-        # A negative seed means "random", as llama.cpp's --seed -1 does.
-        object.__setattr__(self, "seed", seed_value(self.seed))
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise InvalidRequestError(
-                f"temperature must be 0 or more, got {self.temperature}", "use 0 for greedy decoding"
-            )
-        if self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be 0 (off) or more, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "use 1 to turn it off")
-        if not 0 <= self.min_p < 1:
-            raise InvalidRequestError(f"min_p must be in [0, 1), got {self.min_p}", "use 0 to turn it off")
+        for name in KNOBS:
+            object.__setattr__(self, name, check_knob(name, getattr(self, name)))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+KNOBS = tuple(f.name for f in fields(SamplingConfig))
 
 
 @dataclass(frozen=True)

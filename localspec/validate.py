@@ -3,9 +3,11 @@ the API and the chat, so hostile input is refused at the edge with a message, no
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from collections.abc import Sequence
+
+import numpy as np
 
 from localspec.errors import InvalidRequestError
 
@@ -50,40 +52,17 @@ def check_threads(threads: object) -> int | None:
     return threads
 
 
-def seed_value(seed: object) -> int | None:
-    """A negative seed means "random", as in llama.cpp (--seed -1)."""
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InvalidRequestError(f"seed must be a whole number, got {seed!r}")
-    return None if seed < 0 else seed
-
-
-# argparse types: a bad value is reported by argparse as a usage error naming the option.
-
-
-def ctx_arg(value: str) -> int:
-    try:
-        return check_ctx(int(value))
-    except (ValueError, InvalidRequestError):
-        raise argparse.ArgumentTypeError(f"expected a context length of 1 or more tokens, got {value!r}") from None
-
-
-def threads_arg(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a thread count of 1 or more (0: all physical cores), got {value!r}")
-    return n
-
-
-def seed_arg(value: str) -> int | None:
-    try:
-        return seed_value(int(value))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number (-1: random), got {value!r}") from None
+def check_limits(max_tokens: object, stop: object) -> tuple[int, tuple[str, ...]]:
+    """A request's max_tokens and stop strings (one string, or a list of them)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer):
+        raise InvalidRequestError(f"max_tokens must be a whole number, got {max_tokens!r}")
+    if max_tokens < 0:
+        raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequestError(f"stop must be a list of strings, got {stop!r}")
+    return int(max_tokens), tuple(stop)
 
 
 def read_stdin() -> str:

@@ -280,6 +280,20 @@ def test_wrongly_typed_api_arguments_are_refused(arguments: dict[str, Any]) -> N
         reference_runtime().generate("Hello", **options)
 
 
+def test_sampling_is_a_config_whose_fields_keywords_change() -> None:
+    rt = reference_runtime()
+    greedy = rt.generate("Hello", max_tokens=6, sampling=SamplingConfig(temperature=0)).tokens
+    assert rt.generate("Hello", max_tokens=6, temperature=0).tokens == greedy
+    assert rt.generate("Hello", max_tokens=6, sampling=SamplingConfig(seed=3), temperature=0).tokens == greedy
+    with pytest.raises(InvalidRequestError, match="SamplingConfig"):
+        rt.generate("Hello", max_tokens=2, sampling={"temperature": 0})  # type: ignore[arg-type]
+
+
+def test_a_sampling_option_out_of_range_is_refused_with_its_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*REFERENCE_RUN, "Hello", "--top-p", "0"]) == 2
+    assert "top_p must be in (0, 1], got 0.0\n  -> use 1 to turn it off" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("template", ["{{ 'a' * 10**10 }}", "{{ 7 ** 99999 }}", "{{ [1] * 10**9 }}", "{{ 10**400 }}"])
 def test_a_hostile_chat_template_is_refused(template: str) -> None:
     with pytest.raises(InvalidRequestError, match="chat template"):

@@ -11,6 +11,7 @@ from tui_support import REFERENCE, answered, ready, reference_runtime, replies, 
 
 from localspec.errors import ModelLoadError
 from localspec.history import History, StoredMessage
+from localspec.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.models import MissingModel
 from localspec.tui.screens import ConversationsScreen, FetchScreen, LoadErrorScreen, SettingsScreen
@@ -71,7 +72,7 @@ async def test_shift_enter_and_ctrl_j_make_a_multi_line_prompt() -> None:
 
 @pytest.mark.asyncio
 async def test_esc_stops_at_once_puts_the_prompt_back_and_the_model_stays_usable() -> None:
-    app = ChatApp(slow_runtime(delay=0.01), ChatSettings(temperature=0.0, max_tokens=2000))
+    app = ChatApp(slow_runtime(delay=0.01), ChatSettings(sampling=SamplingConfig(temperature=0.0), max_tokens=2000))
     async with app.run_test(size=SIZE) as pilot:
         await ready(app)
         await send(app, pilot, "Write a lot")
@@ -93,7 +94,7 @@ async def test_esc_stops_at_once_puts_the_prompt_back_and_the_model_stays_usable
 
 @pytest.mark.asyncio
 async def test_scrolling_up_while_a_reply_streams_is_not_hijacked() -> None:
-    app = ChatApp(slow_runtime(delay=0.004), ChatSettings(temperature=0.0, max_tokens=20000))
+    app = ChatApp(slow_runtime(delay=0.004), ChatSettings(sampling=SamplingConfig(temperature=0.0), max_tokens=20000))
     async with app.run_test(size=(60, 16)) as pilot:
         await ready(app)
         await send(app, pilot, "Long answer please")
@@ -139,7 +140,7 @@ async def test_settings_screen_changes_temperature_and_draft_length() -> None:
         await pilot.pause()
         await pilot.click("#apply")
         await wait_for(lambda: app.settings.draft_tokens == 3 and not app.loading, what="the new settings")
-        assert app.settings.temperature == 0.5
+        assert app.settings.sampling.temperature == 0.5
         assert app.runtime is not None and app.runtime.policy.inner.gamma == 3  # type: ignore[attr-defined]
 
 

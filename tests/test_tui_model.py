@@ -21,7 +21,7 @@ def real_app(model: Path, **settings: object) -> ChatApp:
     def loader(s: ChatSettings) -> Runtime:
         return load(s.model, strategy=s.strategy, draft_tokens=s.draft_tokens, n_ctx=s.n_ctx)
 
-    return ChatApp(loader, ChatSettings(model=str(model), n_ctx=2048, **settings))  # type: ignore[arg-type]
+    return ChatApp(loader, ChatSettings(model=str(model), n_ctx=2048).with_changes(**settings))
 
 
 @pytest.mark.asyncio

@@ -10,6 +10,7 @@ from tui_support import reference
 from localspec.api import Finished, TextDelta
 from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength, StepOutcome
 from localspec.errors import InvalidRequestError
+from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 from localspec.tui.attribution import DraftAttribution, drafted_share, flag_spans
 from localspec.tui.job import ReplyJob
@@ -106,7 +107,7 @@ def test_a_job_stops_within_a_step_of_cancel_and_releases_the_runtime() -> None:
     # ends on its own before the cancel lands proves nothing, so try the next seed.
     with reference(strategy="ngram", draft_tokens=2) as rt:
         for seed in range(1, 21):
-            sampling = {"temperature": 1.0, "seed": seed}
+            sampling = SamplingConfig(temperature=1.0, seed=seed)
             job = ReplyJob(rt, [{"role": "user", "content": "go"}], max_tokens=100000, sampling=sampling)
             seen = threading.Event()
             thread = threading.Thread(target=job.run, args=(seen.set,))
@@ -126,7 +127,7 @@ def test_a_job_stops_within_a_step_of_cancel_and_releases_the_runtime() -> None:
 
 def test_a_job_delivers_every_event_then_finished() -> None:
     with reference() as rt:
-        job = ReplyJob(rt, [{"role": "user", "content": "hi"}], max_tokens=30, sampling={"temperature": 0})
+        job = ReplyJob(rt, [{"role": "user", "content": "hi"}], max_tokens=30, sampling=SamplingConfig(temperature=0))
         job.run(lambda: None)
         batch = job.drain()
     assert isinstance(batch.finished, Finished)
@@ -135,7 +136,7 @@ def test_a_job_delivers_every_event_then_finished() -> None:
 
 def test_a_job_reports_errors_instead_of_raising() -> None:
     with reference(n_ctx=16, calibrate=False) as rt:
-        job = ReplyJob(rt, [{"role": "user", "content": "x" * 40}], max_tokens=5, sampling={})
+        job = ReplyJob(rt, [{"role": "user", "content": "x" * 40}], max_tokens=5, sampling=SamplingConfig())
         job.run(lambda: None)
         batch = job.drain()
     assert batch.error is not None and "context" in str(batch.error) and batch.done

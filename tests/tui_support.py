@@ -10,10 +10,15 @@ from typing import Any
 
 from localspec.api import Runtime
 from localspec.backend_loader import load_backend
+from localspec.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
 
 REFERENCE = ChatSettings(
-    model="reference", backend="reference", strategy="draft", draft_model="reference:noise=0.3", temperature=0.0
+    model="reference",
+    backend="reference",
+    strategy="draft",
+    draft_model="reference:noise=0.3",
+    sampling=SamplingConfig(temperature=0.0),
 )
 
 

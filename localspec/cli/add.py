@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from localspec.cli.options import draft_tokens_arg
+
 
 def register(sub: Any) -> None:
-    from localspec.cli.main import _draft_tokens
-
     p = sub.add_parser(
         "add",
         help="add a pair of your own GGUF files to your models.toml",
@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
     p.add_argument("--target", required=True, type=Path, metavar="T.gguf", help="the target model")
     p.add_argument("--drafter", type=Path, metavar="D.gguf", help="the drafter (default: n-gram lookup)")
     p.add_argument(
-        "--draft-tokens", type=_draft_tokens, default="auto", metavar="N|auto", help="the pair's draft length"
+        "--draft-tokens", type=draft_tokens_arg, default="auto", metavar="N|auto", help="the pair's draft length"
     )
     p.add_argument("--description", default="", help="one line shown by `localspec list`")
     p.set_defaults(handler=handle)

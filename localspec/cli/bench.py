@@ -32,7 +32,7 @@ from localspec.rpc import split_options
 
 
 def register(sub: Any) -> None:
-    from localspec.cli.main import add_model_options
+    from localspec.cli.options import add_model_options
 
     p = sub.add_parser(
         "bench",

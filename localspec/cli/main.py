@@ -9,45 +9,6 @@ from collections.abc import Sequence
 
 from localspec.cli.signals import interrupt_on_termination
 from localspec.errors import LocalspecError
-from localspec.rpc import RPC_HELP
-from localspec.validate import ctx_arg, seed_arg, threads_arg
-
-
-def _draft_tokens(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 0, got {n}")
-    return n
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", help="target GGUF file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--draft-model", help="drafter GGUF with the target's tokenizer (strategy 'draft')")
-    p.add_argument("--backend", default="llamacpp", choices=["llamacpp", "torch", "mlx", "reference"])
-    p.add_argument(
-        "--draft-tokens",
-        type=_draft_tokens,
-        default="auto",
-        metavar="N|auto",
-        help="draft length: 'auto' adapts it to this machine and the text (default)",
-    )
-    p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
-    p.add_argument("--threads", type=threads_arg, help="CPU threads (default or 0: physical cores)")
-    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
-
-
-def add_sampling_options(p: argparse.ArgumentParser, temperature: float) -> None:
-    p.add_argument("--temperature", "-t", type=float, default=temperature, help=f"0 = greedy (default {temperature})")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--seed", type=seed_arg, help="sampling seed (default or -1: random)")
-    p.add_argument("--max-tokens", "-n", type=int, default=512)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,14 +6,17 @@ import argparse
 import json
 from typing import Any
 
-from localspec.registry import BACKENDS, Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry
+from localspec.choices import PULLABLE_BACKENDS
+from localspec.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry
 
 PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("list", help="list the model pairs: sizes, pulled or not", description="List the model pairs.")
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS, help="whose sizes and pulled state to show")
+    p.add_argument(
+        "--backend", default="llamacpp", choices=PULLABLE_BACKENDS, help="whose sizes and pulled state to show"
+    )
     p.add_argument("--json", action="store_true", help="one JSON array, every backend")
     p.set_defaults(handler=handle_list)
 
@@ -23,7 +26,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("rm", help="delete a pulled pair's files", description="Delete a pulled pair's files.")
     p.add_argument("pair", help="pair id or alias")
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.add_argument("--backend", default="llamacpp", choices=PULLABLE_BACKENDS)
     p.set_defaults(handler=handle_rm)
 
     p = sub.add_parser("path", help="where localspec keeps things", description="Where localspec keeps things.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.registry import BACKENDS
+from localspec.choices import PULLABLE_BACKENDS
 
 
 def register(sub: Any) -> None:
@@ -17,7 +17,9 @@ def register(sub: Any) -> None:
         "interruption finishes the job. Honours HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT and HF_HUB_CACHE.",
     )
     p.add_argument("pair", help="pair id or alias (see `localspec list`)")
-    p.add_argument("--backend", default="llamacpp", choices=BACKENDS, help="whose files to fetch (default llamacpp)")
+    p.add_argument(
+        "--backend", default="llamacpp", choices=PULLABLE_BACKENDS, help="whose files to fetch (default llamacpp)"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the files and total size it would fetch")
     p.add_argument("--endpoint", metavar="URL", help="hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
     p.add_argument("--cache-dir", metavar="DIR", help="hub cache (default: the standard one, `localspec path`)")

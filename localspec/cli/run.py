@@ -8,21 +8,20 @@ import sys
 from typing import Any
 
 from localspec.api import Finished, TextDelta, load
+from localspec.choices import STRATEGY_HELP
+from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
 from localspec.errors import InvalidRequestError
 from localspec.validate import arg_text, read_stdin
 
 
 def register(sub: Any) -> None:
-    from localspec.cli.main import add_model_options, add_sampling_options
-
     p = sub.add_parser("run", help="answer one prompt", description="Answer one prompt with speculative decoding.")
     p.add_argument("prompt", type=arg_text, help="the prompt; '-' reads it from standard input")
     p.add_argument(
         "--strategy",
         "-s",
         default="auto",
-        help="none, ngram, draft, qspec[:TYPE] or layerskip[:L]; "
-        "auto (default): 'draft' when --draft-model is given, else 'ngram'",
+        help=f"{STRATEGY_HELP}; auto (default): 'draft' when --draft-model is given, else 'ngram'",
     )
     p.add_argument("--system", type=arg_text, help="system message")
     p.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
@@ -30,7 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--verbose", "-v", action="store_true", help="print statistics on stderr")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
     add_model_options(p)
-    add_sampling_options(p, temperature=0.8)
+    add_sampling_options(p)
     p.set_defaults(handler=handle)
 
 
@@ -38,27 +37,14 @@ def handle(args: argparse.Namespace) -> int:
     prompt = read_stdin() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
-    options: dict[str, Any] = {"n_ctx": args.ctx}
-    if args.threads:
-        options["threads"] = args.threads
-    if args.rpc:
-        options["rpc"] = args.rpc
+    config = sampling(args)  # refused before a model is loaded for it
     runtime = load(
         args.model,
         draft_model=args.draft_model,
         strategy=args.strategy,
-        backend=args.backend,
-        draft_tokens=args.draft_tokens,
         on_progress=lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True),
-        **options,
+        **load_options(args),
     )
-    sampling = {
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "seed": args.seed,
-    }
     if args.raw:
         request: dict[str, Any] = {"prompt": prompt}
     else:
@@ -67,7 +53,7 @@ def handle(args: argparse.Namespace) -> int:
         ]
         request = {"messages": messages}
     with runtime:
-        for event in runtime.stream(**request, max_tokens=args.max_tokens, stop=args.stop, **sampling):
+        for event in runtime.stream(**request, max_tokens=args.max_tokens, stop=args.stop, sampling=config):
             if isinstance(event, TextDelta):
                 if not args.json:
                     sys.stdout.write(event.text)

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from localspec.choices import STRATEGY_HELP
+from localspec.cli.options import add_model_options, load_options
 from localspec.errors import InvalidRequestError
 
 DEFAULT_PAIR = "smollm2-135m"  # models.toml's pair for the embedded default
 
 
 def register(sub: Any) -> None:
-    from localspec.cli.main import add_model_options
-
     p = sub.add_parser(
         "serve",
         help="serve the OpenAI API on this machine",
@@ -23,7 +23,7 @@ def register(sub: Any) -> None:
         "with speculative decoding behind it. Binds 127.0.0.1 unless told otherwise.",
     )
     p.add_argument("pair", nargs="?", help="a pulled pair from models.toml (default: the embedded SmolLM2-135M)")
-    p.add_argument("--strategy", "-s", default="auto", help="none, ngram, draft, qspec[:TYPE] or layerskip[:L]")
+    p.add_argument("--strategy", "-s", default="auto", help=STRATEGY_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument(
@@ -57,11 +57,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be 0 or more, got {args.max_queue}")
     model = args.pair or args.model
-    options: dict[str, Any] = {"n_ctx": args.ctx, "backend": args.backend, "draft_tokens": args.draft_tokens}
-    if args.threads:
-        options["threads"] = args.threads
-    if args.rpc:
-        options["rpc"] = args.rpc
+    options = load_options(args)
     served = _served_id(model, args.draft_model)
 
     def loader(pair_id: str) -> Any:

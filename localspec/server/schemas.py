@@ -7,14 +7,15 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
+from localspec.errors import InvalidRequestError
+from localspec.sampling import KNOBS, SamplingConfig, check_knob
 from localspec.stats import Stats
 
 # The engine's finish reasons in OpenAI's words: a filled context is a length limit too.
 FINISH_REASONS = {"stop": "stop", "max_tokens": "length", "context_full": "length"}
-
-SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 
 # Fields OpenAI clients send that do not change the text, accepted and not used.
 HARMLESS_FIELDS = frozenset(
@@ -73,10 +74,11 @@ class GenerationRequest(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, lt=1)
+    # Their ranges are SamplingConfig's; le=2 is OpenAI's own limit, refused as OpenAI does.
+    temperature: float | None = Field(default=None, le=2)
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -108,11 +110,23 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self) -> dict[str, Any]:
-        """The sampler settings; a field left out takes `localspec run`'s default (a small
-        model wants min-p and top-k trimming to stay coherent)."""
-        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
-        return {**SAMPLING_DEFAULTS, **{k: v for k, v in given.items() if v is not None}, "seed": self.seed}
+    @field_validator("temperature", "top_p", "top_k", "min_p")
+    @classmethod
+    def _in_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None:
+            return None
+        try:
+            checked: float = check_knob(str(info.field_name), value)
+        except InvalidRequestError as exc:
+            reason = exc.message if exc.hint is None else f"{exc.message}: {exc.hint}"
+            raise PydanticCustomError("invalid_value", "{reason}", {"reason": reason}) from None
+        return checked
+
+    def sampling(self) -> SamplingConfig:
+        """The sampler settings; a field left out takes SamplingConfig's default, as in `localspec
+        run` (a small model wants min-p and top-k trimming to stay coherent)."""
+        given = {name: getattr(self, name) for name in KNOBS}
+        return SamplingConfig(**{name: value for name, value in given.items() if value is not None})
 
     def refuse_unsupported(self) -> None:
         """400 naming the first field that asks for something localspec does not do."""

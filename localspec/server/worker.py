@@ -14,6 +14,7 @@ from typing import Any
 
 from localspec.api import Finished, Runtime, TextDelta
 from localspec.errors import ContextFullError, LocalspecError
+from localspec.sampling import SamplingConfig
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.schemas import ApiError
 
@@ -268,9 +269,9 @@ def stream_kwargs(
     fim: tuple[str, str] | None = None,
     max_tokens: int,
     stop: Sequence[str],
-    sampling: Mapping[str, Any],
+    sampling: SamplingConfig,
 ) -> dict[str, Any]:
-    request: dict[str, Any] = {"max_tokens": max_tokens, "stop": list(stop), **sampling}
+    request: dict[str, Any] = {"max_tokens": max_tokens, "stop": list(stop), "sampling": sampling}
     if messages is not None:
         request["messages"] = list(messages)
     elif fim is not None:

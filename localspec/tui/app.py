@@ -149,7 +149,7 @@ class ChatApp(App[None]):
             self.runtime.target.info.name if self.runtime else s.model_label(),
             f"strategy {getattr(self.runtime, 'label', s.strategy) if self.runtime else s.strategy}",
             f"draft length {s.draft_tokens}",
-            f"temperature {s.temperature:g}",
+            f"temperature {s.sampling.temperature:g}",
         ]
         if self.history is not None and not self.history.persistent:
             parts.append("history not saved")
@@ -254,7 +254,7 @@ class ChatApp(App[None]):
         self.transcript.follow()
         self.messages.append({"role": "user", "content": text})
         system = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
-        job = ReplyJob(self.runtime, system + self.messages, self.settings.max_tokens, self.settings.sampling())
+        job = ReplyJob(self.runtime, system + self.messages, self.settings.max_tokens, self.settings.sampling)
         self.turn = Turn(job, text, user, reply, DraftAttribution(self.runtime.target.token_bytes))
         self._last_job = job
         self.recorder.reset()
@@ -487,7 +487,7 @@ class ChatApp(App[None]):
                     self._setter(draft_tokens=tokens),
                 )
         for temperature in (0.0, 0.7, 1.0):
-            if temperature != self.settings.temperature:
+            if temperature != self.settings.sampling.temperature:
                 yield SystemCommand(
                     f"Temperature: {temperature:g}", "0 is greedy", self._setter(temperature=temperature)
                 )

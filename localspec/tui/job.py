@@ -15,10 +15,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from localspec.api import Finished, Runtime, TextDelta
 from localspec.errors import LocalspecError
+from localspec.sampling import SamplingConfig
 
 
 @dataclass
@@ -37,12 +37,12 @@ class ReplyJob:
         runtime: Runtime,
         messages: Sequence[Mapping[str, str]],
         max_tokens: int,
-        sampling: Mapping[str, Any],
+        sampling: SamplingConfig,
     ) -> None:
         self.runtime = runtime
         self.messages = [dict(m) for m in messages]
         self.max_tokens = max_tokens
-        self.sampling = dict(sampling)
+        self.sampling = sampling
         self.cancelled = threading.Event()
         self._lock = threading.Lock()
         self._batch = Batch()
@@ -56,7 +56,7 @@ class ReplyJob:
         """The worker thread's body. Never raises: errors travel to the UI in the batch."""
         try:
             events = self.runtime.stream(
-                messages=self.messages, max_tokens=self.max_tokens, cancel=self.cancelled, **self.sampling
+                messages=self.messages, max_tokens=self.max_tokens, cancel=self.cancelled, sampling=self.sampling
             )
             try:
                 for event in events:

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Select, Static
 from textual.widgets.option_list import Option
 
+from localspec.choices import SELF_DRAFTING, STRATEGIES
 from localspec.errors import LocalspecError
 from localspec.history import ConversationSummary
 from localspec.tui.models import MissingModel
@@ -40,15 +41,7 @@ DIALOG_CSS = """
 
 def strategy_choices(current: str) -> list[str]:
     """The strategies load() knows, and the current one if it is another (e.g. qspec:Q4_0)."""
-    from localspec.api import STRATEGIES
-
-    choices = list(STRATEGIES)
-    try:
-        from localspec import selfdraft
-
-        choices += [k for k in getattr(selfdraft, "KINDS", ()) if k not in choices]
-    except ImportError:
-        pass
+    choices = [*STRATEGIES, *SELF_DRAFTING]
     if current not in choices:
         choices.append(current)
     return choices
@@ -86,7 +79,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Label("Draft length: auto (adapts to this machine and the text) or a fixed number")
             yield Input(str(s.draft_tokens), id="draft-tokens", compact=True)
             yield Label("Temperature (0 = greedy)")
-            yield Input(f"{s.temperature:g}", id="temperature", compact=True)
+            yield Input(f"{s.sampling.temperature:g}", id="temperature", compact=True)
             yield Label("System prompt")
             yield Input(s.system, placeholder="none", id="system", compact=True)
             yield Static("", classes="error", id="settings-error")

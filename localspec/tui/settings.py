@@ -3,10 +3,11 @@ sampling options of the next request (changing them loads nothing)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from localspec.errors import InvalidRequestError
+from localspec.sampling import KNOBS, SamplingConfig
 
 DraftTokens = int | Literal["auto"]
 
@@ -25,34 +26,23 @@ class ChatSettings:
     threads: int | None = None
     rpc: str | None = None  # llama.cpp rpc-servers the target is split over
     system: str = ""
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int | None = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_tokens: int = 1024
 
     def needs_new_runtime(self, other: ChatSettings) -> bool:
         return any(getattr(self, name) != getattr(other, name) for name in RUNTIME_FIELDS)
-
-    def sampling(self) -> dict[str, Any]:
-        return {
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "seed": self.seed,
-        }
 
     def model_label(self) -> str:
         name = _short(self.model) if self.model else "default model"
         return f"{name} + {_short(self.draft_model)}" if self.draft_model else name
 
     def with_changes(self, **changes: Any) -> ChatSettings:
-        known = {f.name for f in fields(self)}
-        unknown = set(changes) - known
+        """These settings with some changed; a sampling knob (temperature=0.2) changes `sampling`."""
+        knobs = {name: changes.pop(name) for name in KNOBS if name in changes}
+        unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise InvalidRequestError(f"unknown chat setting(s): {', '.join(sorted(unknown))}")
+        changes["sampling"] = replace(changes.get("sampling", self.sampling), **knobs)
         return replace(self, **changes)
 
 
@@ -70,13 +60,11 @@ def parse_draft_tokens(text: str) -> DraftTokens:
 
 
 def parse_temperature(text: str) -> float:
+    """Its range is checked by SamplingConfig when the settings are changed."""
     try:
-        value = float(text.strip())
+        return float(text.strip())
     except ValueError:
         raise InvalidRequestError(f"temperature must be a number (0 = greedy), got {text!r}") from None
-    if not 0 <= value <= 5:
-        raise InvalidRequestError(f"temperature must be between 0 and 5, got {value}")
-    return value
 
 
 def _short(path: str | None) -> str:

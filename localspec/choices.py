@@ -1,0 +1,19 @@
+"""The backend and strategy names localspec knows, named here once for the CLI, the chat,
+the API, the backend loader and the models.toml check."""
+
+from __future__ import annotations
+
+import re
+
+BACKENDS = ("llamacpp", "torch", "mlx", "reference")
+# Backends a models.toml model can give files for (the reference model is a spec, not a file).
+PULLABLE_BACKENDS = ("llamacpp", "mlx", "torch")
+
+STRATEGIES = ("auto", "none", "ngram", "draft")
+# Drafters derived from the target itself, and what may follow the colon.
+SELF_DRAFTING = {"qspec": "TYPE", "layerskip": "L"}
+SELF_DRAFTING_STRATEGY = re.compile(rf"^({'|'.join(SELF_DRAFTING)})(:[\w.]+)?$")
+
+_SPELLED = [*STRATEGIES, *(f"{kind}[:{option}]" for kind, option in SELF_DRAFTING.items())]
+EVERY_STRATEGY = ", ".join(_SPELLED)  # auto, none, ngram, draft, qspec[:TYPE], layerskip[:L]
+STRATEGY_HELP = ", ".join(_SPELLED[1:-1]) + f" or {_SPELLED[-1]}"  # for a --strategy whose default is auto

@@ -1,0 +1,95 @@
+"""Options several subcommands share, and the argparse types that check them: a bad value is
+reported by argparse as a usage error naming the option."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from localspec.choices import BACKENDS
+from localspec.errors import InvalidRequestError
+from localspec.rpc import RPC_HELP
+from localspec.sampling import KNOBS, SamplingConfig, check_knob
+from localspec.validate import check_ctx, check_threads
+
+DEFAULTS = SamplingConfig()
+
+
+def draft_tokens_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 0, got {n}")
+    return n
+
+
+def ctx_arg(value: str) -> int:
+    try:
+        return check_ctx(int(value))
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(f"expected a context length of 1 or more tokens, got {value!r}") from None
+
+
+def threads_arg(value: str) -> int | None:
+    try:
+        return check_threads(int(value))
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(
+            f"expected a thread count of 1 or more (0: all physical cores), got {value!r}"
+        ) from None
+
+
+def seed_arg(value: str) -> int | None:
+    try:
+        seed: int | None = check_knob("seed", int(value))
+        return seed
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number (-1: random), got {value!r}") from None
+
+
+def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> None:
+    """The pair and how it runs; model_option=False where the model is a positional argument."""
+    if model_option:
+        p.add_argument("--model", "-m", help="target GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft-model", help="drafter GGUF with the target's tokenizer (strategy 'draft')")
+    p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
+    p.add_argument(
+        "--draft-tokens",
+        type=draft_tokens_arg,
+        default="auto",
+        metavar="N|auto",
+        help="draft length: 'auto' adapts it to this machine and the text (default)",
+    )
+    p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
+    p.add_argument("--threads", type=threads_arg, help="CPU threads (default or 0: physical cores)")
+    p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
+
+
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """load()'s keywords from the options add_model_options declares (but --model and --draft-model)."""
+    return {
+        "backend": args.backend,
+        "draft_tokens": args.draft_tokens,
+        "n_ctx": args.ctx,
+        "threads": args.threads,
+        "rpc": args.rpc or None,
+    }
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """SamplingConfig's knobs and defaults; their ranges are checked by SamplingConfig."""
+    t = DEFAULTS.temperature
+    p.add_argument("--temperature", "-t", type=float, default=t, help=f"0 = greedy (default {t})")
+    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k)
+    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
+    p.add_argument("--min-p", type=float, default=DEFAULTS.min_p)
+    p.add_argument("--seed", type=seed_arg, help="sampling seed (default or -1: random)")
+    p.add_argument("--max-tokens", "-n", type=int, default=512)
+
+
+def sampling(args: argparse.Namespace) -> SamplingConfig:
+    return SamplingConfig(**{name: getattr(args, name) for name in KNOBS})
