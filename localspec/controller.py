@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from localspec.stats import Step
+
 # Support levels (see the module doc): level i holds supports in [EDGES[i-1], EDGES[i]), level 0
 # is "unknown" (model drafters). Each starts from a prior near how often an n-gram guess of
 # that support was right across the bench answers of SmolLM2-135M (support 1: 21 %, 2: 40 %,
@@ -60,20 +62,7 @@ def support_priors(sampled: bool) -> tuple[float, ...]:
     return SAMPLED_SUPPORT_PRIORS if sampled else SUPPORT_PRIORS
 
 
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one verify step did: the policy learns acceptance and costs from it."""
-
-    drafted: int
-    accepted: int
-    draft_seconds: float
-    verify_seconds: float
-    support: int = 0  # the draft's support (n-gram match length; 0: unknown)
-    backlog: int = 0  # tokens the draft model caught up on before guessing
-    depth: int = 0  # context length the verify pass ran behind
-    # Drafted by the free lookup that accompanies a draft model (choose_source): its time
-    # says nothing about what the draft model's tokens cost.
-    lookup: bool = False
+StepOutcome = Step  # what a policy observes: one verify step's record (localspec.stats.Step)
 
 
 class DraftLengthPolicy(Protocol):
@@ -102,7 +91,7 @@ class DraftLengthPolicy(Protocol):
         should supply it."""
         ...
 
-    def observe(self, step: StepOutcome) -> None: ...
+    def observe(self, step: Step) -> None: ...
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         """A free drafter's guess (or the part of it from position `start` on, which no step
@@ -129,7 +118,7 @@ class FixedDraftLength:
     ) -> tuple[int, bool]:
         return min(self.gamma, limit), False  # a fixed length drafts with the model it was given
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: Step) -> None:
         pass
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
@@ -424,7 +413,7 @@ class AdaptiveDraftLength:
                 best, best_rate = g, r
         return best, best_rate
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: Step) -> None:
         drafted, accepted = step.drafted, step.accepted
         self.costs.update(drafted + 1, step.verify_seconds, step.depth)
         if drafted == 0:
