@@ -63,8 +63,8 @@ class Engine:
         stats.prompt_tokens = len(prompt)
         policy.begin(not cfg.greedy)
         # A draft model the policy would not use even with nothing to catch up on is spared
-        # its prefill (on a GPU a small drafter's prefill costs ~20 ms, 5-10 % of a short
-        # answer); should a draft come after all, the drafter catches up then.
+        # its prefill, a real share of a short answer (benchmarks/drafter_prefill.py); should
+        # a draft come after all, the drafter catches up then.
         stop = cancelled or _never
         if not self._prefill(prompt, stats, self.free_drafter or policy.would_draft(len(prompt)), stop):
             stats.finish_reason = "cancelled"
@@ -249,11 +249,9 @@ def _never() -> bool:
 class Shadow:
     """The part of a free drafter's guess from position `start` on, which no verify step
     checked; scored as free acceptance evidence token by token as the text it guessed
-    becomes known. Scored only once the whole guess was known, a copy in progress held its
-    evidence back for up to FREE_GUESS_TOKENS steps, just while the controller decides
-    whether the text is being copied (300 recorded answers replayed on a simulated clock:
-    0.33 % faster on average, from 7 % slower to 11 % faster per answer;
-    `benchmarks/replay_variants.py`)."""
+    becomes known. Scored only once the whole guess was known, a copy in progress would hold
+    its evidence back for up to FREE_GUESS_TOKENS steps, just while the controller decides
+    whether the text is being copied (benchmarks/replay_variants.py)."""
 
     guess: list[int]
     at: int  # where the guess begins in the context
