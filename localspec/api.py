@@ -298,7 +298,8 @@ class Runtime:
             )
             for step in steps:
                 delta = text.push(step.tokens)
-                flags = tuple(i < step.n_from_draft for i in range(len(step.tokens)))
+                n = step.n_from_draft
+                flags = (True,) * n + (False,) * (len(step.tokens) - n)
                 yield TextDelta(delta, step.tokens, flags, step, stats)
                 if text.stopped:
                     stats.finish_reason = "stop"
