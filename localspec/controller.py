@@ -289,23 +289,18 @@ class AdaptiveDraftLength:
     # What a draft model pays per token to catch up after sitting out steps (a batched pass),
     # charged spread over CATCH_UP_HORIZON steps: catching up once serves the drafts after it.
     catch_up_seconds_per_token: float = 0.0
-    # Draft only when the predicted rate beats plain decoding by this share. The cost of a
-    # draft model's step is an estimate that drifts with the machine, and near break-even a
-    # wrong prediction loses more than a right one wins. Even a free drafter's draft costs a
-    # little more than the curve says: llama.cpp rebuilds its graph whenever the block size
-    # changes, and the single-token step after a draft pays that again (`localspec doctor`
-    # shows them). Pricing those exactly did no better than this margin (calibrate._curve).
+    # Draft only when the predicted rate beats plain decoding by this share: near break-even
+    # a wrong prediction (a drafter's cost drifts; llama.cpp rebuilds its graph when the block
+    # size changes, and back) loses more than a right one wins (calibrate._curve).
     margin: float = 0.0
     # A free lookup beside a draft model (choose_source): what its guessed tokens cost, and
     # its own margin (no drafter cost to mispredict, only the graph rebuild).
     lookup_seconds_per_token: float = 0.0
     lookup_margin: float = 0.0
     # How many observations the prior is worth for drafts of unknown support (model
-    # drafters), and how many observations of a position the estimate remembers. A good draft
-    # model's misses are rare and come in clusters where the text turns; a miss-heavy EMA
-    # reads one such cluster as a poor drafter, and a model drafter that stops drafting also
-    # stops collecting evidence. Counting hits and trials, with the measured agreement as the
-    # prior, keeps one cluster from outweighing everything seen before it.
+    # drafters), and how many of a position the estimate remembers. A good draft model's
+    # misses come in clusters where the text turns: counting hits and trials, with the
+    # measured agreement as the prior, keeps one cluster from switching it off for good.
     prior_weight: float = 2.0
     memory: float = 50.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
