@@ -252,13 +252,8 @@ class ChatApp(App[None]):
         self.transcript.follow()
         self.messages.append({"role": "user", "content": text})
         system = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
-        job = ReplyJob(
-            self.runtime,
-            system + self.messages,
-            self.settings.max_tokens,
-            self.settings.sampling(),
-            LiveFigures(self._plain_step),
-        )
+        live = LiveFigures(self._plain_step)
+        job = ReplyJob(self.runtime, system + self.messages, self.settings.max_tokens, self.settings.sampling(), live)
         self.turn = Turn(job, text, user, reply, DraftAttribution(self.runtime.target.token_bytes))
         self._last_job = job
         self.status.show("Thinking…", "busy")
