@@ -518,14 +518,12 @@ def _modelled_plain_step(runtime: Runtime) -> Callable[[], float | None]:
     costs = getattr(runtime.policy, "costs", None)
     if costs is not None and hasattr(costs, "verify"):
         return lambda: float(costs.verify(1))
-    measured = None if runtime.strategy == "none" else _calibrated_plain_step(runtime)
-    return lambda: measured
-
-
-def _calibrated_plain_step(runtime: Runtime) -> float | None:
+    if runtime.strategy == "none":
+        return lambda: None
     try:
         from localspec.calibrate import starting_calibration
 
-        return starting_calibration(runtime.target).verify_seconds[0]
+        measured = starting_calibration(runtime.target).verify_seconds[0]
     except Exception:
-        return None  # the estimate is optional; a model that cannot be timed still chats
+        return lambda: None  # the estimate is optional; a model that cannot be timed still chats
+    return lambda: measured
