@@ -42,7 +42,7 @@ from localspec.progress import Announce, announced
 from localspec.protocol import Backend
 from localspec.rpc import split_options
 from localspec.sampling import KNOBS, SamplingConfig
-from localspec.stats import Stats
+from localspec.stats import Stats, Step
 from localspec.textstream import TextAssembler
 from localspec.validate import check_ctx, check_limits, check_threads, clean_text
 
@@ -58,11 +58,16 @@ NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pa
 
 @dataclass(frozen=True)
 class TextDelta:
-    """New final text, the tokens behind this step and which of them the drafter guessed."""
+    """New final text, the tokens behind this step and which of them the drafter guessed.
+    step: the verify step that emitted them (None for text held back until the end); stats:
+    the request's figures so far, updated in place as the stream goes on (read them when the
+    event arrives; Finished carries the same value, final)."""
 
     text: str
     tokens: tuple[int, ...]
     from_draft: tuple[bool, ...]
+    step: Step | None = None
+    stats: Stats | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,7 @@ class Runtime:
         self._cond = threading.Condition()
         self._owner: _Owner | None = None
         self._closed = False
-        # The adaptive policy's cost curve, kept here because UIs wrap the policy (StepRecorder).
+        # The cost curve of the policy built here (one set from outside is not remembered).
         self._costs: Any = None
         self._drift_noted = False
 
@@ -296,14 +301,15 @@ class Runtime:
             )
             for step in steps:
                 delta = text.push(step.tokens)
-                flags = tuple(i < step.n_from_draft for i in range(len(step.tokens)))
-                yield TextDelta(delta, tuple(step.tokens), flags)
+                n = step.n_from_draft
+                flags = (True,) * n + (False,) * (len(step.tokens) - n)
+                yield TextDelta(delta, step.tokens, flags, step, stats)
                 if text.stopped:
                     stats.finish_reason = "stop"
                     break
             tail = text.flush()
             if tail:
-                yield TextDelta(tail, (), ())
+                yield TextDelta(tail, (), (), None, stats)
             yield Finished(text.text, stats, stats.finish_reason)
         finally:
             self._note_drift()

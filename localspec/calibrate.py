@@ -6,8 +6,8 @@ user directory keyed by the model file, its backend options and build, and the C
 the first load of a model pays the second or so it takes. The pair's agreement is where the
 controller starts its acceptance estimates for a model drafter: a drafter that costs real
 time is only tried when it is expected to pay, so a prior far below its true acceptance
-would never be corrected (a quantized copy of the target agrees ~90 % of the time, a fixed
-50 % guess would keep it switched off)."""
+would never be corrected (a fixed 50 % guess would keep a quantized copy of the target
+switched off)."""
 
 from __future__ import annotations
 
@@ -176,15 +176,12 @@ def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> tuple[list[f
     draft length. Each size is timed twice in a row: llama.cpp reuses its compute graph
     while the block size stays the same and rebuilds it when it changes, so the second pass
     is what a run of equal blocks costs, and the first one's excess is the rebuild, which a
-    draft pays going into its block and the next single-token step pays coming back (F16
-    135M on a 2-core CPU: 0.2-0.7 ms each way, 2-8 % of a step). Sizes between the timed
-    ones are interpolated.
+    draft pays going into its block and the next single-token step pays coming back. Sizes
+    between the timed ones are interpolated.
 
     The controller is given the curve without the rebuilds and covers them with its margin
-    (AdaptiveDraftLength.margin). Pricing them exactly, into the block and back, was tried
-    on 300 recorded answers replayed on a clock that charges them: 0.25 % slower on average,
-    and the count of answers below 0.98x of plain decoding moved either way between two
-    calibrations of the same machine (BENCHMARKS.md, section 1f)."""
+    (AdaptiveDraftLength.margin): pricing them exactly did no better on recorded answers
+    replayed on a clock that charges them (benchmarks/replay_variants.py)."""
     past = backend.n_past
     sizes = sorted({k for k in (*range(1, 7), *range(8, len(probe) + 1, 2), len(probe)) if k <= len(probe)})
     samples: dict[int, list[float]] = {k: [] for k in sizes}
@@ -210,10 +207,9 @@ def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> tuple[list[f
 def nondecreasing(timed: Sequence[float]) -> list[float]:
     """Timings by increasing block size, made nondecreasing: a pass over more tokens never
     costs less. Noise on a shared machine only ever adds time, so a size that timed dearer
-    than a larger one was disturbed, and takes the larger one's figure. Lifting the larger
-    sizes instead (a running maximum) carried one disturbed figure into every size above
-    it: a deep curve measured at 20:20 UTC on 2026-11-23 read 24.1, 35.0, 35.0, 35.0, 37.3 ms
-    for 3..7 tokens, pricing the short drafts that start a copy as dear as a 7-token one."""
+    than a larger one was disturbed, and takes the larger one's figure; lifting the larger
+    sizes instead (a running maximum) would carry one disturbed figure into every size above
+    it, pricing the short drafts that start a copy as dear as long ones."""
     out = list(timed)
     for i in range(len(out) - 2, -1, -1):
         out[i] = min(out[i], out[i + 1])
@@ -254,9 +250,9 @@ def drafting_seconds(draft: Backend) -> float:
     """Seconds per drafted token of a draft model driven as the engine drives it, measured once
     per model and machine: guesses of DRAFT_PROBE tokens along AGREEMENT_TEXT, each after
     catching up on the token or two the target added, with the drafter's early stop and its
-    Python around the passes. The calibration's single-token step behind 32 tokens says far
-    less: for a Q8_0 copy of the F16 SmolLM2 on a 2-core CPU 6.0 ms there, 9.3-11.6 ms a
-    token in requests; the controller then tried drafts that lost 2-8 % before it learnt."""
+    Python around the passes: the calibration's single-token step prices a drafted token
+    well below what it costs in a request, and the controller would try drafts that lose
+    until it learnt better."""
     key = f"drafting|{_key(draft)}"
     hit = remembered(key)
     if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
@@ -283,8 +279,8 @@ def drafting_seconds(draft: Backend) -> float:
 
 
 # What a draft model's token costs in a request against its single-token pass, before the
-# drafting speed was timed (see drafting_seconds: 9.3-11.6 ms against 6.0 ms); the
-# controller then learns it from the drafts it makes.
+# drafting speed was timed (see drafting_seconds); the controller then learns it from the
+# drafts it makes.
 DRAFTING_OVERHEAD = 1.6
 
 
@@ -330,8 +326,7 @@ def _store(cache: dict[str, dict[str, object]]) -> None:
 # neighbour then, another host under the same VM; a rebuilt library is keyed apart by its
 # build) misprices every draft of the next load until it has learnt the drift again, so
 # the next load measures afresh. The mean since load, not the scale (an EMA over ~20 passes),
-# decides: a burst of load moves the scale by 20-30 % for a few dozen passes and the mean
-# barely (F16 on a 2-core VM, the suite in one session: scale 0.82-1.19, mean 0.87-0.91).
+# decides: a burst of load moves the scale for a few dozen passes and the mean barely.
 STALE_DRIFT = 1.25
 DRIFT_EVIDENCE = 64
 
@@ -352,8 +347,8 @@ def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
 
 
 # A prior's pass behind DEEP_DEPTH tokens against one behind SHALLOW_DEPTH: attention reads
-# the whole cache for every token checked, so the excess grows with k (SmolLM2-135M on two
-# CPUs: 1.25-1.55x for one token, 1.3-1.8x for sixteen); the passes correct the rest.
+# the whole cache for every token checked, so the excess grows with k
+# (benchmarks/verify_costs.py); the passes correct the rest.
 PRIOR_DEEP = 1.3
 PRIOR_DEEP_PER_TOKEN = 0.02
 # Learnt curves are stored once a session has timed this many passes.
@@ -364,8 +359,8 @@ def prior_calibration(backend: Backend, max_k: int = 16) -> Calibration:
     """What passes should cost before any was timed, from the model's size and the machine's
     measured bandwidth and compute (no model pass): one token streams the weights once (the
     roofline); on the CPU a block adds 2·params flops per token at the machine's float32
-    matmul rate on top, which llama.cpp's batched kernels reach within about 40 % (F16 and
-    Q4_1 SmolLM2 on two hosts). The decoding passes then correct it (CostCurve.learning)."""
+    matmul rate on top, which llama.cpp's batched kernels come close to. The decoding passes
+    then correct it (CostCurve.learning)."""
     info, on = backend.info, backend.capabilities.device
     device = cpu_probe() if on == "cpu" else probe()
     return prior_from(device, info.size_bytes, info.n_params, on, deep=info.n_ctx >= DEEP_DEPTH + max_k + 1)

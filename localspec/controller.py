@@ -1,8 +1,9 @@
 """Choosing the draft length γ for every step.
 
 A draft of γ tokens costs γ drafter steps plus one target pass over γ+1 tokens and yields
-E[accepted] + 1 tokens. On a 2-core CPU a pass over 4 tokens costs up to 3.4x a single-token
-step, so a fixed γ loses on text the drafter cannot guess. The adaptive policy maximises
+E[accepted] + 1 tokens. On a CPU a pass over a few tokens costs several single-token steps
+(benchmarks/verify_costs.py), so a fixed γ loses on text the drafter cannot guess. The
+adaptive policy maximises
 
     tokens per second(γ) = (1 + Σ_{j≤γ} Π_{i≤j} α_i) / (γ·t_draft + t_verify(γ+1))
 
@@ -26,21 +27,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from localspec.stats import Step
+
 # Support levels (see the module doc): level i holds supports in [EDGES[i-1], EDGES[i]), level 0
 # is "unknown" (model drafters). Each starts from a prior near how often an n-gram guess of
-# that support was right across the bench answers of SmolLM2-135M (support 1: 21 %, 2: 40 %,
-# 3-5: 55-76 %, 6-7: 69-81 %, 8-11: 75-100 %, 12+: 97 %), made monotone and shaded down so
-# that a short reply, which leaves little time to learn, does not pay for optimism; the
+# that support came true (benchmarks/acceptance_by_support.py), made monotone and shaded down
+# so that a short reply, which leaves little time to learn, does not pay for optimism; the
 # online estimates take over within a few steps.
 SUPPORT_EDGES = (1, 2, 3, 4, 6, 8, 12, 20, 32)
 SUPPORT_PRIORS = (0.15, 0.35, 0.55, 0.6, 0.7, 0.8, 0.9, 0.93, 0.95)
 
 
 # The same for sampled requests, where a guessed token comes true with the target's
-# probability of it: at temperature 0.8 (top-k 40, top-p 0.95, min-p 0.05) the guesses of 25
-# prompts came true 21 %, 42 %, 54 %, 67 %, 74 %, 77 %, 91 %, 95 % and 95 % of the time by
-# level (greedy: 22 %, 50 %, 62 %, 68 %, 82 %, 90 %, 93 %, 97 %, 98 %;
-# `benchmarks/acceptance_by_support.py`), shaded down as the greedy priors are.
+# probability of it, so less often than under greedy decoding (the same benchmark), shaded
+# down as the greedy priors are.
 SAMPLED_SUPPORT_PRIORS = (0.15, 0.3, 0.45, 0.55, 0.6, 0.67, 0.85, 0.9, 0.92)
 
 CATCH_UP_HORIZON = 4
@@ -60,20 +60,7 @@ def support_priors(sampled: bool) -> tuple[float, ...]:
     return SAMPLED_SUPPORT_PRIORS if sampled else SUPPORT_PRIORS
 
 
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one verify step did: the policy learns acceptance and costs from it."""
-
-    drafted: int
-    accepted: int
-    draft_seconds: float
-    verify_seconds: float
-    support: int = 0  # the draft's support (n-gram match length; 0: unknown)
-    backlog: int = 0  # tokens the draft model caught up on before guessing
-    depth: int = 0  # context length the verify pass ran behind
-    # Drafted by the free lookup that accompanies a draft model (choose_source): its time
-    # says nothing about what the draft model's tokens cost.
-    lookup: bool = False
+StepOutcome = Step  # what a policy observes: one verify step's record (localspec.stats.Step)
 
 
 class DraftLengthPolicy(Protocol):
@@ -102,7 +89,7 @@ class DraftLengthPolicy(Protocol):
         should supply it."""
         ...
 
-    def observe(self, step: StepOutcome) -> None: ...
+    def observe(self, step: Step) -> None: ...
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         """A free drafter's guess (or the part of it from position `start` on, which no step
@@ -129,7 +116,7 @@ class FixedDraftLength:
     ) -> tuple[int, bool]:
         return min(self.gamma, limit), False  # a fixed length drafts with the model it was given
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: Step) -> None:
         pass
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
@@ -142,17 +129,15 @@ class CostCurve:
 
     Measured at load at two context lengths (`depth` and `deep_depth`, k = 1..K each) and
     interpolated linearly between them: attention makes every pass dearer as the text grows,
-    by an amount that depends on k (F16 135M on a 2-core CPU behind 1024 tokens instead of
-    32, two runs: +42-51 % for one token, +81-102 % for five, +127-151 % for sixteen;
-    `benchmarks/verify_costs.py`), so a curve measured on a short text, scaled by one factor,
-    mispredicts drafts late in a long answer. `scale` is the drift the machine adds on top
-    (another process, thermal limits).
+    by an amount that grows with k (benchmarks/verify_costs.py), so a curve measured on a
+    short text, scaled by one factor, mispredicts drafts late in a long answer. `scale` is
+    the drift the machine adds on top (another process, thermal limits).
 
     A curve that was not measured (a prior, or one learnt in earlier sessions: `learning`)
     is also corrected per block size: `corrections[k-1]` is what the passes of k tokens
     have shown about its shape, beside the drift that `scale` tracks for all sizes alike. A
     size not drafted yet takes the correction of the nearest sizes that were, so a prior
-    that priced every pass 40 % too dear is mended by the single-token steps alone, and the
+    that priced every pass too dear is mended by the single-token steps alone, and the
     first few drafts mend its slope."""
 
     verify_seconds: list[float]
@@ -304,27 +289,18 @@ class AdaptiveDraftLength:
     # What a draft model pays per token to catch up after sitting out steps (a batched pass),
     # charged spread over CATCH_UP_HORIZON steps: catching up once serves the drafts after it.
     catch_up_seconds_per_token: float = 0.0
-    # Draft only when the predicted rate beats plain decoding by this share. The cost of a
-    # draft model's step is an estimate that drifts with the machine, and near break-even a
-    # wrong prediction loses more than a right one wins. Even a free drafter's draft costs a
-    # little more than the curve says: llama.cpp rebuilds its graph whenever the block size
-    # changes, and the single-token step after a draft pays that again (0.2-0.7 ms each way
-    # on a 2-core CPU, 2-8 % of a step; `localspec doctor` shows them), which a marginal
-    # draft in a short answer does not win back. Pricing those exactly did no better than this
-    # margin (calibrate._curve).
+    # Draft only when the predicted rate beats plain decoding by this share: near break-even
+    # a wrong prediction (a drafter's cost drifts; llama.cpp rebuilds its graph when the block
+    # size changes, and back) loses more than a right one wins (calibrate._curve).
     margin: float = 0.0
     # A free lookup beside a draft model (choose_source): what its guessed tokens cost, and
     # its own margin (no drafter cost to mispredict, only the graph rebuild).
     lookup_seconds_per_token: float = 0.0
     lookup_margin: float = 0.0
     # How many observations the prior is worth for drafts of unknown support (model
-    # drafters), and how many observations of a position the estimate remembers. A draft
-    # model's misses are rare and come in clusters where the text turns (an int8 copy of the
-    # target agreed with it on 95-98 % of every suite answer, yet missed twice in a row where
-    # the code edit left the copied function); a miss-heavy EMA read those two misses as a
-    # rate near 0.7, and a model drafter that stops drafting also stops collecting evidence.
-    # Counting hits and trials, with the measured agreement as the prior, keeps one cluster
-    # from outweighing everything seen before it.
+    # drafters), and how many of a position the estimate remembers. A good draft model's
+    # misses come in clusters where the text turns: counting hits and trials, with the
+    # measured agreement as the prior, keeps one cluster from switching it off for good.
     prior_weight: float = 2.0
     memory: float = 50.0
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
@@ -389,11 +365,9 @@ class AdaptiveDraftLength:
     ) -> tuple[int, bool]:
         # Each source's best γ and predicted rate. The lookup reads the text directly and
         # costs next to nothing per token; the model pays its drafting time and its catch-up
-        # on what the lookup copied meanwhile, charged as in choose(). Charging at most 16
-        # tokens of it, or none, lets the model back in after every copy: on the torch CPU
-        # backend (int8 drafter, costs simulated over real traces, 2026-11-23) that gained 2 %
-        # on the code edit (1.72x against 1.68x) and lost 8-11 % on the JSON answer (1.75x
-        # and 1.69x against 1.89x), whose short copies alternate with new values.
+        # on what the lookup copied meanwhile, charged as in choose(). Charging less of the
+        # catch-up lets the model back in after every copy, which loses on answers whose short
+        # copies alternate with new values (benchmarks/hybrid_sources.py).
         gamma, rate = self._best(limit, 0, backlog, depth, self.draft_seconds_per_token, self.margin)
         if guessed > 0 and support > 0:
             lookup = self._best(
@@ -424,7 +398,7 @@ class AdaptiveDraftLength:
                 best, best_rate = g, r
         return best, best_rate
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: Step) -> None:
         drafted, accepted = step.drafted, step.accepted
         self.costs.update(drafted + 1, step.verify_seconds, step.depth)
         if drafted == 0:

@@ -11,24 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from localspec.acceptance import accept_greedy, accept_rejection_sampling
-from localspec.controller import DraftLengthPolicy, StepOutcome
+from localspec.controller import DraftLengthPolicy
 from localspec.drafters import Draft, Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
 from localspec.protocol import Backend, Verifier, eval_chunked
 from localspec.sampling import SamplingConfig
-from localspec.stats import Stats
+from localspec.stats import Stats, Step
 
 # A free drafter guesses this far ahead before γ is chosen; what no step verifies is scored
 # later as free evidence (see Shadow).
 FREE_GUESS_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class Step:
-    """Tokens committed by one verify step; the first n_from_draft came from the drafter."""
-
-    tokens: list[int]
-    n_from_draft: int
 
 
 class Engine:
@@ -71,8 +63,8 @@ class Engine:
         stats.prompt_tokens = len(prompt)
         policy.begin(not cfg.greedy)
         # A draft model the policy would not use even with nothing to catch up on is spared
-        # its prefill (on a GPU a small drafter's prefill costs ~20 ms, 5-10 % of a short
-        # answer); should a draft come after all, the drafter catches up then.
+        # its prefill, a real share of a short answer (benchmarks/drafter_prefill.py); should
+        # a draft come after all, the drafter catches up then.
         stop = cancelled or _never
         if not self._prefill(prompt, stats, self.free_drafter or policy.would_draft(len(prompt)), stop):
             stats.finish_reason = "cancelled"
@@ -136,26 +128,9 @@ class Engine:
                     return
                 limit = min(room, max_tokens - produced - 1, max_block - 1)
                 t0 = time.perf_counter()
-                from_lookup = False
-                if self.free_drafter:
-                    draft = self.drafter.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
-                    gamma = policy.choose(len(draft.tokens), draft.support, depth=past)
-                    backlog = 0
-                elif self.lookup is not None:
-                    draft = self.lookup.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
-                    backlog = self.drafter.backlog(ctx)
-                    gamma, from_lookup = policy.choose_source(len(draft.tokens), draft.support, limit, backlog, past)
-                    if from_lookup:
-                        backlog = 0
-                    else:
-                        # The unused guess is still scored once the text is known: free evidence.
-                        if shadow is None and draft.tokens:
-                            shadow = Shadow(draft.tokens, len(ctx), draft.support, 0)
-                        draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
-                else:
-                    backlog = self.drafter.backlog(ctx)
-                    gamma = policy.choose(limit, 0, backlog, past)
-                    draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
+                draft, gamma, backlog, guess = self._draft(ctx, limit, cfg, policy, rng)
+                guessed = draft is guess  # a free drafter's guess, or the lookup's taken over the model's
+                from_lookup = guessed and not self.free_drafter
                 tokens = draft.tokens[:gamma]
                 # A drafter's vocabulary may be larger (padding slack): an id the target has
                 # no row for is a draft token the target rejects, never a block to evaluate.
@@ -163,48 +138,50 @@ class Engine:
                 if refused is not None:
                     tokens = tokens[:refused]
                 t1 = time.perf_counter()
-                if self.verifier is not None and refused is None:  # a refused id takes the numpy rule
-                    n_acc, nxt = self.verifier.verify_block([ctx[-1], *tokens], draft.dists, cfg, rng)
-                else:
-                    logits = self.target.eval_block([ctx[-1], *tokens], "all")
-                    if cfg.greedy:
-                        n_acc, nxt = accept_greedy(tokens, logits)
-                    else:
-                        q = draft.dists[refused] if refused is not None and draft.dists else None
-                        n_acc, nxt = accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng, q)
+                n_acc, nxt = self._verify(ctx[-1], tokens, draft, refused, cfg, rng)
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
-                guessed = self.free_drafter or from_lookup
-                if guessed and shadow is None and n_acc == len(tokens) < len(draft.tokens):
-                    shadow = Shadow(draft.tokens, len(ctx), draft.support, len(tokens))
+                # The part of a free guess no step verified (all of one the model drafted
+                # instead) is scored once the text is known: free evidence.
+                checked = len(tokens) if guessed else 0
+                reached = not guessed or n_acc == checked  # past a rejected token the guess cannot come true
+                if shadow is None and guess is not None and checked < len(guess.tokens) and reached:
+                    shadow = Shadow(guess.tokens, len(ctx), guess.support, checked)
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
                 self.drafter.commit(ctx, 0 if from_lookup else n_acc)
                 self._note_drafter_off(stats)
                 if self.lookup is not None:
                     self.lookup.commit(ctx, n_acc if from_lookup else 0)
-                stats.draft_seconds += t1 - t0
-                stats.verify_seconds += t2 - t1
-                stats.record_step(gamma, len(tokens), n_acc, from_lookup)
-                policy.observe(
-                    StepOutcome(
-                        len(tokens), n_acc, t1 - t0, t2 - t1, draft.support, backlog if tokens else 0, past, from_lookup
-                    )
-                )
-                if shadow is not None and shadow.settle(ctx, policy):
-                    shadow = None
 
                 for i, tok in enumerate(new):
                     if tok in eog:
                         new, stats.finish_reason = new[:i], "stop"
                         break
                 new = new[: max_tokens - produced]
+                step = Step(
+                    drafted=len(tokens),
+                    accepted=n_acc,
+                    draft_seconds=t1 - t0,
+                    verify_seconds=t2 - t1,
+                    support=draft.support,
+                    backlog=backlog if tokens else 0,
+                    depth=past,
+                    lookup=from_lookup,
+                    gamma=gamma,
+                    tokens=tuple(new),
+                )
+                stats.record_step(step)
+                policy.observe(step)
+                if shadow is not None and shadow.settle(ctx, policy):
+                    shadow = None
+
                 produced += len(new)
                 stats.generated_tokens = produced
                 stats.decode_seconds = time.perf_counter() - t_start
                 if new:
-                    yield Step(new, min(n_acc, len(new)))
+                    yield step
                 if stats.finish_reason:
                     return
                 if produced >= max_tokens:
@@ -212,6 +189,48 @@ class Engine:
                     return
         finally:
             stats.decode_seconds = time.perf_counter() - t_start
+
+    def _draft(
+        self, ctx: list[int], limit: int, cfg: SamplingConfig, policy: DraftLengthPolicy, rng: np.random.Generator
+    ) -> tuple[Draft, int, int, Draft | None]:
+        """The step's draft, its γ, the tokens a draft model caught up on first, and the free
+        guess made this step (the draft itself where the guess was chosen; None: no guess)."""
+        past = self.target.n_past
+        if self.free_drafter:
+            draft = self.drafter.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
+            return draft, policy.choose(len(draft.tokens), draft.support, depth=past), 0, draft
+        guess = None
+        if self.lookup is not None:
+            guess = self.lookup.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
+            backlog = self.drafter.backlog(ctx)
+            gamma, from_lookup = policy.choose_source(len(guess.tokens), guess.support, limit, backlog, past)
+            if from_lookup:
+                return guess, gamma, 0, guess
+        else:
+            backlog = self.drafter.backlog(ctx)
+            gamma = policy.choose(limit, 0, backlog, past)
+        draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
+        return draft, gamma, backlog, guess
+
+    def _verify(
+        self,
+        last: int,
+        tokens: list[int],
+        draft: Draft,
+        refused: int | None,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+    ) -> tuple[int, int]:
+        """One target pass over the pending token and the draft: how many draft tokens the
+        target accepts, and the token it adds after them. refused: where the draft was cut
+        at an id the target has no row for."""
+        if self.verifier is not None and refused is None:  # a refused id takes the numpy rule
+            return self.verifier.verify_block([last, *tokens], draft.dists, cfg, rng)
+        logits = self.target.eval_block([last, *tokens], "all")
+        if cfg.greedy:
+            return accept_greedy(tokens, logits)
+        q = draft.dists[refused] if refused is not None and draft.dists else None
+        return accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng, q)
 
 
 def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
@@ -230,11 +249,9 @@ def _never() -> bool:
 class Shadow:
     """The part of a free drafter's guess from position `start` on, which no verify step
     checked; scored as free acceptance evidence token by token as the text it guessed
-    becomes known. Scored only once the whole guess was known, a copy in progress held its
-    evidence back for up to FREE_GUESS_TOKENS steps, just while the controller decides
-    whether the text is being copied (300 recorded answers replayed on a simulated clock:
-    0.33 % faster on average, from 7 % slower to 11 % faster per answer;
-    `benchmarks/replay_variants.py`)."""
+    becomes known. Scored only once the whole guess was known, a copy in progress would hold
+    its evidence back for up to FREE_GUESS_TOKENS steps, just while the controller decides
+    whether the text is being copied (benchmarks/replay_variants.py)."""
 
     guess: list[int]
     at: int  # where the guess begins in the context

@@ -6,6 +6,30 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One verify step, recorded once by the engine: Stats adds it up, the draft-length policy
+    learns acceptance and costs from it, and the stream's events carry it."""
+
+    drafted: int
+    accepted: int
+    draft_seconds: float
+    verify_seconds: float
+    support: int = 0  # the draft's support (n-gram match length; 0: unknown)
+    backlog: int = 0  # tokens the draft model caught up on before guessing
+    depth: int = 0  # context length the verify pass ran behind
+    # Drafted by the free lookup that accompanies a draft model: its time says nothing about
+    # what the draft model's tokens cost.
+    lookup: bool = False
+    gamma: int = 0  # the draft length the policy chose (drafted can fall short of it)
+    tokens: tuple[int, ...] = ()  # what the step emitted (an end of generation is not emitted)
+
+    @property
+    def n_from_draft(self) -> int:
+        """The emitted tokens that came from the drafter: the first n_from_draft."""
+        return min(self.accepted, len(self.tokens))
+
+
 @dataclass
 class Stats:
     strategy: str = "none"
@@ -60,16 +84,18 @@ class Stats:
         """Share of the drafted tokens that the lookup beside a draft model guessed."""
         return self.lookup_drafted / self.drafted if self.drafted else 0.0
 
-    def record_step(self, gamma: int, drafted: int, accepted: int, from_lookup: bool = False) -> None:
+    def record_step(self, step: Step) -> None:
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
         self.verify_steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        if from_lookup:
-            self.lookup_drafted += drafted
-            self.lookup_accepted += accepted
-        self.gamma_histogram[gamma] = self.gamma_histogram.get(gamma, 0) + 1
-        for i in range(drafted):
-            self.record_position(i, 1, 1 if i < accepted else 0)
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        if step.lookup:
+            self.lookup_drafted += step.drafted
+            self.lookup_accepted += step.accepted
+        self.gamma_histogram[step.gamma] = self.gamma_histogram.get(step.gamma, 0) + 1
+        for i in range(step.drafted):
+            self.record_position(i, 1, 1 if i < step.accepted else 0)
 
     def record_position(self, i: int, drafted: int, accepted: int) -> None:
         while len(self.drafted_by_position) <= i:

@@ -141,7 +141,7 @@ async def test_settings_screen_changes_temperature_and_draft_length() -> None:
         await pilot.click("#apply")
         await wait_for(lambda: app.settings.draft_tokens == 3 and not app.loading, what="the new settings")
         assert app.settings.sampling.temperature == 0.5
-        assert app.runtime is not None and app.runtime.policy.inner.gamma == 3  # type: ignore[attr-defined]
+        assert app.runtime is not None and app.runtime.policy.gamma == 3  # type: ignore[attr-defined]
 
 
 @pytest.mark.asyncio

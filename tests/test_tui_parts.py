@@ -8,13 +8,13 @@ import pytest
 from tui_support import reference
 
 from localspec.api import Finished, TextDelta
-from localspec.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength, StepOutcome
+from localspec.controller import AdaptiveDraftLength, CostCurve, StepOutcome
 from localspec.errors import InvalidRequestError
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 from localspec.tui.attribution import DraftAttribution, drafted_share, flag_spans
 from localspec.tui.job import ReplyJob
-from localspec.tui.live_stats import StepRecorder, estimate_speedup, final_figures, format_figures, live_figures
+from localspec.tui.live_stats import LiveFigures, estimate_speedup, final_figures, format_figures
 from localspec.tui.settings import ChatSettings, parse_draft_tokens, parse_temperature
 
 
@@ -61,27 +61,45 @@ def test_speedup_estimate_is_tokens_per_step_times_plain_step_over_step_time() -
     assert estimate_speedup(0.0, 0.0, 0.01) is None
 
 
-def test_the_recorder_passes_everything_through_and_counts() -> None:
-    inner = AdaptiveDraftLength(CostCurve([0.01, 0.012, 0.014, 0.016, 0.018]), 0.001, max_gamma=4)
-    recorder = StepRecorder(inner)
-    gamma = recorder.choose(4)
-    assert gamma == inner.choose(4) and recorder.gamma == gamma
-    recorder.observe(StepOutcome(4, 2, 0.004, 0.016))
-    recorder.observe(StepOutcome(4, 4, 0.004, 0.016))
-    assert (recorder.steps, recorder.drafted, recorder.accepted) == (2, 8, 6)
-    assert recorder.plain_step_seconds() == pytest.approx(inner.costs.verify(1))
-    figures = live_figures(recorder, tokens=8, strategy="draft")
+def test_live_figures_read_the_events_stats_and_the_cost_curve() -> None:
+    policy = AdaptiveDraftLength(CostCurve([0.01, 0.012, 0.014, 0.016, 0.018]), 0.001, max_gamma=4)
+    live = LiveFigures(lambda: policy.costs.verify(1))
+    stats = Stats(strategy="draft")
+    figures = None
+    for step in (
+        StepOutcome(4, 2, 0.004, 0.016, gamma=4, tokens=(1, 2, 3)),
+        StepOutcome(4, 4, 0.004, 0.016, gamma=4, tokens=(4, 5, 6, 7, 8)),
+    ):
+        stats.record_step(step)
+        stats.generated_tokens += len(step.tokens)
+        figures = live.push(TextDelta("", step.tokens, (), step, stats))
+    assert (stats.verify_steps, stats.drafted, stats.accepted) == (2, 8, 6)
+    assert live.plain_step_seconds() == pytest.approx(policy.costs.verify(1))
+    assert figures is not None and figures.gamma == 4 and not figures.final
     assert figures.acceptance == 0.75 and figures.tokens_per_step == 4.0
-    assert figures.est_speedup == pytest.approx(4.0 * inner.costs.verify(1) / 0.02)
+    assert figures.est_speedup == pytest.approx(4.0 * policy.costs.verify(1) / 0.02)
+
+
+def test_every_step_event_carries_its_step_and_the_figures_so_far() -> None:
+    with reference(strategy="ngram", draft_tokens=4) as rt:
+        tokens = 0
+        for event in rt.stream(prompt="abcabcabcabcabc", max_tokens=60, temperature=0):
+            if isinstance(event, TextDelta) and event.step is not None:
+                tokens += len(event.tokens)
+                assert event.tokens == event.step.tokens and event.stats is not None
+                assert event.stats.generated_tokens == tokens
+                assert sum(event.from_draft) == event.step.n_from_draft
+            elif isinstance(event, Finished):
+                assert event.stats.generated_tokens == tokens
 
 
 def test_without_a_cost_curve_plain_steps_or_the_calibration_give_the_baseline() -> None:
-    assert StepRecorder(FixedDraftLength(4)).plain_step_seconds() is None
-    assert StepRecorder(FixedDraftLength(4), measured_plain_step=0.01).plain_step_seconds() == 0.01
-    recorder = StepRecorder(FixedDraftLength(0))
+    assert LiveFigures().plain_step_seconds() is None
+    assert LiveFigures(lambda: 0.01).plain_step_seconds() == 0.01
+    live = LiveFigures()
     for _ in range(4):
-        recorder.observe(StepOutcome(0, 0, 0.0, 0.02))
-    assert recorder.plain_step_seconds() == pytest.approx(0.02)
+        live.push(TextDelta("", (), (), StepOutcome(0, 0, 0.0, 0.02)))
+    assert live.plain_step_seconds() == pytest.approx(0.02)
 
 
 def test_final_figures_come_from_stats_and_say_estimate() -> None:

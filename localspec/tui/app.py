@@ -21,7 +21,7 @@ from localspec.history import History, HistoryError, StoredMessage
 from localspec.stats import Stats
 from localspec.tui.attribution import DraftAttribution
 from localspec.tui.job import ReplyJob
-from localspec.tui.live_stats import Figures, StepRecorder, final_figures, format_figures, live_figures
+from localspec.tui.live_stats import Figures, LiveFigures, final_figures, format_figures
 from localspec.tui.models import MissingCheck, RuntimeLoader
 from localspec.tui.screens import (
     ConversationsScreen,
@@ -51,7 +51,6 @@ class Turn:
     user: UserMessage
     reply: AssistantMessage
     attribution: DraftAttribution
-    tokens: int = 0
 
 
 class ReplyProgress(Message):
@@ -94,7 +93,7 @@ class ChatApp(App[None]):
         self._history_path = history_path
         self.history: History | None = None
         self.runtime: Runtime | None = None
-        self.recorder: StepRecorder | None = None
+        self._plain_step: Callable[[], float | None] = lambda: None  # the runtime's modelled t_verify(1)
         self.loading = False
         self._turn: Turn | None = None
         self._last_job: ReplyJob | None = None  # the newest job on the current runtime
@@ -184,12 +183,11 @@ class ChatApp(App[None]):
     def _load(self, settings: ChatSettings, previous: Runtime | None, previous_job: ReplyJob | None) -> None:
         try:
             runtime = self._load_runtime(settings)
-            recorder = StepRecorder(runtime.policy, _measured_plain_step(runtime))
+            plain_step = _modelled_plain_step(runtime)
         except Exception as exc:
             self.call_from_thread(self._load_failed, settings, exc)
             return
-        runtime.policy = recorder
-        self.call_from_thread(self._loaded, settings, runtime, recorder)
+        self.call_from_thread(self._loaded, settings, runtime, plain_step)
         if previous is not None and previous is not runtime:
             # No request starts while loading, so the last job is the only one that can still
             # hold the old runtime (it was stopped and lets go within one step).
@@ -197,8 +195,8 @@ class ChatApp(App[None]):
                 previous_job.released.wait()
             previous.close()
 
-    def _loaded(self, settings: ChatSettings, runtime: Runtime, recorder: StepRecorder) -> None:
-        self.runtime, self.recorder, self.settings, self.loading = runtime, recorder, settings, False
+    def _loaded(self, settings: ChatSettings, runtime: Runtime, plain_step: Callable[[], float | None]) -> None:
+        self.runtime, self._plain_step, self.settings, self.loading = runtime, plain_step, settings, False
         self._last_job = None
         self.update_topbar()
         self.show_ready()
@@ -246,7 +244,7 @@ class ChatApp(App[None]):
         await self.start_turn(event.text)
 
     async def start_turn(self, text: str) -> None:
-        assert self.runtime is not None and self.recorder is not None
+        assert self.runtime is not None
         user = UserMessage(text)
         reply = AssistantMessage()
         await self.transcript.add(user)
@@ -254,10 +252,10 @@ class ChatApp(App[None]):
         self.transcript.follow()
         self.messages.append({"role": "user", "content": text})
         system = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
-        job = ReplyJob(self.runtime, system + self.messages, self.settings.max_tokens, self.settings.sampling)
+        live = LiveFigures(self._plain_step)
+        job = ReplyJob(self.runtime, system + self.messages, self.settings.max_tokens, self.settings.sampling, live)
         self.turn = Turn(job, text, user, reply, DraftAttribution(self.runtime.target.token_bytes))
         self._last_job = job
-        self.recorder.reset()
         self.status.show("Thinking…", "busy")
         self._generate(job)
 
@@ -273,7 +271,6 @@ class ChatApp(App[None]):
         fragment = "".join(d.text for d in batch.deltas)
         for delta in batch.deltas:
             turn.attribution.push(delta.tokens, delta.from_draft)
-            turn.tokens += len(delta.tokens)
         if fragment:
             await turn.reply.append(fragment, turn.attribution.spans(len(turn.reply.text) + len(fragment)))
         if batch.error is not None:
@@ -283,14 +280,12 @@ class ChatApp(App[None]):
         elif batch.done:
             # Ended without a Finished event: only a stop does that, and a stop is handled.
             self.turn = None
-        elif self.recorder is not None:
-            strategy = getattr(self.runtime, "label", self.settings.strategy)
-            self.status.show(format_figures(live_figures(self.recorder, turn.tokens, strategy)), "busy")
+        elif batch.figures is not None:
+            self.status.show(format_figures(batch.figures), "busy")
 
     async def reply_finished(self, turn: Turn, text: str, stats: Stats) -> None:
         self.turn = None
-        plain = self.recorder.plain_step_seconds() if self.recorder else None
-        figures = final_figures(stats, plain)
+        figures = final_figures(stats, turn.job.figures.plain_step_seconds())
         self.last_figures = figures
         spans = turn.attribution.spans(len(text))
         turn.reply.text, turn.reply.spans = text, spans
@@ -517,14 +512,18 @@ def _title(text: str, width: int = 60) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def _measured_plain_step(runtime: Runtime) -> float | None:
-    """t_verify(1) from the calibration cache or the prior, for policies without a cost curve
-    of their own (a fixed draft length): nothing is timed before the first reply."""
-    if runtime.strategy == "none" or hasattr(runtime.policy, "costs"):
-        return None
+def _modelled_plain_step(runtime: Runtime) -> Callable[[], float | None]:
+    """t_verify(1) as the controller's cost curve has it now, else from the calibration cache
+    or the prior for a fixed draft length: nothing is timed before the first reply."""
+    costs = getattr(runtime.policy, "costs", None)
+    if costs is not None and hasattr(costs, "verify"):
+        return lambda: float(costs.verify(1))
+    if runtime.strategy == "none":
+        return lambda: None
     try:
         from localspec.calibrate import starting_calibration
 
-        return starting_calibration(runtime.target).verify_seconds[0]
+        measured = starting_calibration(runtime.target).verify_seconds[0]
     except Exception:
-        return None  # the estimate is optional; a model that cannot be timed still chats
+        return lambda: None  # the estimate is optional; a model that cannot be timed still chats
+    return lambda: measured

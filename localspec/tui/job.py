@@ -7,7 +7,8 @@ stops within one chunk. Closing the stream from the worker thread releases the r
 
 Events are buffered under a lock and the UI is woken at most once per batch, so a fast
 model never floods the UI's message queue: however many steps ran since the last repaint,
-the UI drains them in one go.
+the UI drains them in one go. The live figures are read on the worker, as each event
+arrives, while the request's Stats hold still.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from localspec.api import Finished, Runtime, TextDelta
 from localspec.errors import LocalspecError
 from localspec.sampling import SamplingConfig
+from localspec.tui.live_stats import Figures, LiveFigures
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Batch:
 
     deltas: list[TextDelta] = field(default_factory=list)
     finished: Finished | None = None
+    figures: Figures | None = None  # as of the last delta
     error: BaseException | None = None
     done: bool = False  # the worker has let go of the runtime
 
@@ -38,11 +41,13 @@ class ReplyJob:
         messages: Sequence[Mapping[str, str]],
         max_tokens: int,
         sampling: SamplingConfig,
+        figures: LiveFigures | None = None,
     ) -> None:
         self.runtime = runtime
         self.messages = [dict(m) for m in messages]
         self.max_tokens = max_tokens
         self.sampling = sampling
+        self.figures = figures or LiveFigures()
         self.cancelled = threading.Event()
         self._lock = threading.Lock()
         self._batch = Batch()
@@ -82,9 +87,11 @@ class ReplyJob:
         return batch
 
     def _put(self, event: TextDelta | Finished, wake: Callable[[], object]) -> None:
+        figures = self.figures.push(event) if isinstance(event, TextDelta) else None
         with self._lock:
             if isinstance(event, TextDelta):
                 self._batch.deltas.append(event)
+                self._batch.figures = figures or self._batch.figures
             else:
                 self._batch.finished = event
         self._wake(wake)

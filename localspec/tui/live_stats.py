@@ -1,8 +1,7 @@
 """The status line's figures, live while a reply streams and final once it is done.
 
-Live figures come from a recorder wrapped around the runtime's draft-length policy: the
-engine tells the policy every verify step's γ, drafted and accepted counts and timings, so
-the recorder sees exactly what Stats will say at the end, as it happens.
+Both come from the request's Stats, which every stream event carries; the steps themselves
+are read only for the current γ and the plain-step baseline.
 
 The speedup is an estimate, and labelled so: plain decoding would take one target pass per
 token, so
@@ -15,67 +14,35 @@ same per-step overhead as the others), else from the controller's measured cost 
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from localspec.controller import DraftLengthPolicy, StepOutcome
+from localspec.api import TextDelta
 from localspec.stats import Stats
 
 MIN_PLAIN_STEPS = 4
 
 
-class StepRecorder:
-    """A DraftLengthPolicy that passes everything to the real one and counts as it goes."""
+class LiveFigures:
+    """One reply's figures as its events arrive."""
 
-    def __init__(self, inner: DraftLengthPolicy, measured_plain_step: float | None = None) -> None:
-        self.inner = inner
-        self.measured_plain_step = measured_plain_step  # t_verify(1) from calibration, if known
-        self.reset()
-
-    def reset(self) -> None:
-        self.started: float | None = None
+    def __init__(self, modelled_plain_step: Callable[[], float | None] = lambda: None) -> None:
+        # t_verify(1) from the controller's cost curve or the calibration (None: neither).
+        self.modelled_plain_step = modelled_plain_step
         self.gamma = 0
-        self.steps = 0
-        self.drafted = 0
-        self.accepted = 0
-        self.step_seconds = 0.0
         self.plain_steps = 0
         self.plain_seconds = 0.0
 
-    def would_draft(self, depth: int = 0) -> bool:
-        return self.inner.would_draft(depth)
-
-    def begin(self, sampled: bool) -> None:
-        self.inner.begin(sampled)
-
-    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
-        if self.started is None:
-            self.started = time.perf_counter()
-        self.gamma = self.inner.choose(limit, support, backlog, depth)
-        return self.gamma
-
-    def choose_source(
-        self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
-    ) -> tuple[int, bool]:
-        if self.started is None:
-            self.started = time.perf_counter()
-        self.gamma, from_lookup = self.inner.choose_source(guessed, support, limit, backlog, depth)
-        return self.gamma, from_lookup
-
-    def observe(self, step: StepOutcome) -> None:
-        self.inner.observe(step)
-        seconds = step.draft_seconds + step.verify_seconds
-        self.steps += 1
-        self.drafted += step.drafted
-        self.accepted += step.accepted
-        self.step_seconds += seconds
-        if step.drafted == 0:
-            self.plain_steps += 1
-            self.plain_seconds += seconds
-
-    def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
-        self.inner.observe_shadow(drafted, accepted, support, start)
+    def push(self, event: TextDelta) -> Figures | None:
+        """The figures as of this event (None: it carries none)."""
+        step = event.step
+        if step is not None:
+            self.gamma = step.gamma
+            if step.drafted == 0:
+                self.plain_steps += 1
+                self.plain_seconds += step.draft_seconds + step.verify_seconds
+        return live_figures(event.stats, self.gamma, self.plain_step_seconds()) if event.stats is not None else None
 
     def plain_step_seconds(self) -> float | None:
         """What one step of plain decoding costs. Steps this reply ran with γ = 0 measure it
@@ -83,11 +50,9 @@ class StepRecorder:
         the controller's cost model (t_verify(1)), or the calibration."""
         if self.plain_steps >= MIN_PLAIN_STEPS:
             return self.plain_seconds / self.plain_steps
-        costs = getattr(self.inner, "costs", None)
-        if costs is not None and hasattr(costs, "verify"):
-            return float(costs.verify(1))
-        if self.measured_plain_step is not None:
-            return self.measured_plain_step
+        modelled = self.modelled_plain_step()
+        if modelled is not None:
+            return modelled
         return self.plain_seconds / self.plain_steps if self.plain_steps else None
 
 
@@ -117,22 +82,22 @@ class Figures:
             return None  # saved by another version: show nothing rather than guess
 
 
-def live_figures(recorder: StepRecorder, tokens: int, strategy: str) -> Figures:
-    elapsed = time.perf_counter() - recorder.started if recorder.started is not None else 0.0
-    per_step = tokens / recorder.steps if recorder.steps else 0.0
-    mean_step = recorder.step_seconds / recorder.steps if recorder.steps else 0.0
-    return Figures(
-        tokens=tokens,
-        tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0,
-        acceptance=recorder.accepted / recorder.drafted if recorder.drafted else None,
-        tokens_per_step=per_step,
-        gamma=float(recorder.gamma),
-        est_speedup=estimate_speedup(per_step, mean_step, recorder.plain_step_seconds()),
-        strategy=strategy,
-    )
+def live_figures(stats: Stats, gamma: int, plain_step: float | None) -> Figures:
+    return _figures(stats, plain_step, gamma=float(gamma))
 
 
 def final_figures(stats: Stats, plain_step: float | None) -> Figures:
+    return _figures(
+        stats,
+        plain_step,
+        gamma=stats.mean_gamma,
+        final=True,
+        finish_reason=stats.finish_reason,
+        lookup_share=stats.lookup_share,
+    )
+
+
+def _figures(stats: Stats, plain_step: float | None, **rest: Any) -> Figures:
     steps = stats.verify_steps
     mean_step = (stats.draft_seconds + stats.verify_seconds) / steps if steps else 0.0
     return Figures(
@@ -140,12 +105,9 @@ def final_figures(stats: Stats, plain_step: float | None) -> Figures:
         tokens_per_s=stats.decode_tokens_per_s,
         acceptance=stats.acceptance_rate if stats.drafted else None,
         tokens_per_step=stats.tokens_per_step,
-        gamma=stats.mean_gamma,
         est_speedup=estimate_speedup(stats.tokens_per_step, mean_step, plain_step),
         strategy=stats.strategy,
-        final=True,
-        finish_reason=stats.finish_reason,
-        lookup_share=stats.lookup_share,
+        **rest,
     )
 
 
