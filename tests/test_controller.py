@@ -22,7 +22,7 @@ from localspec.engine import Engine, Shadow
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 
-# Measured shapes (ms) on a 2-core AVX2 CPU, SmolLM2-135M (ANCHORS.md).
+# Measured shapes (ms) on a 2-core AVX2 CPU, SmolLM2-135M (benchmarks/verify_costs.py).
 Q4_1 = [6.2e-3, 12.4e-3, 16.7e-3, 21.0e-3, 25.1e-3, 29.2e-3, 33.3e-3, 37.4e-3, 41.9e-3]
 NEARLY_FREE = [10e-3 + 0.2e-3 * k for k in range(16)]
 
