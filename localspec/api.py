@@ -15,7 +15,7 @@ from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from inspect import GEN_RUNNING, getgeneratorstate
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
 from localspec.textstream import TextAssembler
 from localspec.validate import check_ctx, check_threads, clean_text
+
+if TYPE_CHECKING:
+    from localspec.registry import DraftTokens, Registry
 
 STRATEGIES = ("auto", "none", "ngram", "draft")
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
@@ -429,14 +432,12 @@ def load(
     on_progress is told what a step that takes more than two seconds is doing (a CLI prints
     it, a chat shows it)."""
     n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
-    pair_id = model if model is not None and not os.path.exists(model) and not model.endswith(".gguf") else None
-    if pair_id is not None and draft_model is None and backend != "reference":  # reference models are specs
-        from localspec.pairs import load_pair
-
+    pair = pair_id(model, draft_model, backend)
+    if pair is not None:
         # The adaptive controller stays the default for pairs; the pair's recommended
         # strategy applies when the caller did not choose one.
         return load_pair(
-            pair_id,
+            pair,
             backend=backend,
             strategy=strategy,
             draft_tokens=draft_tokens,
@@ -488,3 +489,39 @@ def load(
             draft.close()
         target.close()
         raise
+
+
+def pair_id(model: str | None, draft_model: str | None = None, backend: str = "llamacpp") -> str | None:
+    """The registry pair a model argument names: no file and no .gguf path, with no drafter
+    given beside it (reference models are specs, never pairs)."""
+    if model is None or draft_model is not None or backend == "reference":
+        return None
+    return None if os.path.exists(model) or model.endswith(".gguf") else model
+
+
+def load_pair(
+    name: str,
+    *,
+    backend: str = "llamacpp",
+    strategy: str | None = None,
+    draft_tokens: DraftTokens | None = None,
+    registry: Registry | None = None,
+    rpc: str | Sequence[str] | None = None,
+    **options: Any,
+) -> Runtime:
+    """Load the pulled pair called name; strategy and draft_tokens given as None or "auto" (every caller's
+    default) take the pair's own, and rpc (None) the pair's servers. A pair that is not pulled
+    raises NotPulledError naming the `localspec pull` command that fetches it."""
+    from localspec.pull import resolve_pair
+
+    resolved = resolve_pair(name, backend=backend, registry=registry)
+    pair = resolved.pair
+    return load(
+        str(resolved.target),
+        draft_model=str(resolved.drafter) if resolved.drafter is not None else None,
+        strategy=pair.strategy if strategy in (None, "auto") else strategy,
+        backend=backend,
+        draft_tokens=pair.draft_tokens if draft_tokens in (None, "auto") else draft_tokens,
+        rpc=pair.rpc if rpc is None else rpc,
+        **options,
+    )

@@ -11,7 +11,7 @@ from typing import Any
 
 from localspec.errors import InvalidRequestError, PairMismatchError
 from localspec.gguf_check import check_gguf
-from localspec.pairing import vocab_mismatch
+from localspec.pairing import gguf_vocab_identity, vocab_mismatch
 from localspec.registry import DraftTokens, Pair, load_registry, user_registry_file
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -23,8 +23,6 @@ def add_local_pair(
 ) -> Pair:
     """Check the files and append the pair to the user's models.toml; returns the pair as
     the registry now reads it. Nothing is written when a check fails."""
-    from localspec.pairs import gguf_vocab_identity
-
     if not _ID.match(name):
         raise InvalidRequestError(f"{name!r} cannot name a pair", "use lowercase letters, digits, '.', '_' and '-'")
     registry = load_registry()

@@ -26,7 +26,7 @@ def remote_vocab_identity(
     import gguf
     from huggingface_hub import hf_hub_url
 
-    from localspec.pairs import reader_vocab_identity
+    from localspec.pairing import reader_vocab_identity
 
     url = hf_hub_url(artifact.repo, name, revision=commit, endpoint=settings.endpoint)
     with tempfile.TemporaryDirectory() as tmp:

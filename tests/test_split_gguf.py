@@ -124,7 +124,7 @@ def split_model(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, target_backend) -> None:
     from conftest import load_llamacpp
 
-    from localspec.pairs import gguf_vocab_identity
+    from localspec.pairing import gguf_vocab_identity
 
     split = load_llamacpp(split_model)
     try:
