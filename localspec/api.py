@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from localspec import selfdraft
-from localspec.backend_loader import in_memory_self_drafter, load_backend
+from localspec.backend_loader import load_backend
 from localspec.calibrate import (
     note_drift,
     pair_agreement,
@@ -38,7 +38,7 @@ from localspec.engine import Engine, check_fits
 from localspec.errors import BackendClosedError, InvalidRequestError, PairMismatchError
 from localspec.pairing import vocab_mismatch
 from localspec.progress import Announce, announced
-from localspec.protocol import Backend
+from localspec.protocol import Backend, SelfDrafting
 from localspec.rpc import split_options
 from localspec.sampling import SamplingConfig
 from localspec.stats import Stats
@@ -463,19 +463,11 @@ def load(
         if self_draft is not None:
             if draft_model is not None:
                 raise InvalidRequestError(f"strategy {strategy!r} drafts with the target itself; drop --draft-model")
-            kind, option = self_draft
-            deriving = f"deriving the {kind} drafter from {target.info.name} (once per model and machine)"
+            deriving = f"deriving the {self_draft[0]} drafter from {target.info.name} (once per model and machine)"
             with announced(deriving, on_progress):
-                draft = in_memory_self_drafter(backend, target, kind, option)
-            if draft is not None:
-                strategy, label = "draft", draft.capabilities.extra.get("self_draft", kind)
-            else:
-                with announced(deriving, on_progress):
-                    path, chosen = selfdraft.self_draft_path(
-                        target, kind, option, lambda p: load_backend(backend, p, **options)
-                    )
-                draft_model, strategy, label = str(path), "draft", f"{kind}:{chosen}"
-        if draft_model is not None:
+                draft = derive_drafter(target, *self_draft)
+            strategy, label = "draft", draft.capabilities.extra.get("self_draft", self_draft[0])
+        elif draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
                 draft = load_backend(backend, draft_model, **options)
         runtime = Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label)
@@ -489,6 +481,16 @@ def load(
             draft.close()
         target.close()
         raise
+
+
+def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
+    """The self-drafter of strategy f"{kind}:{option}" (see localspec.selfdraft), made by the
+    target's own backend; its label is in capabilities.extra["self_draft"]."""
+    if not isinstance(target, SelfDrafting):
+        raise InvalidRequestError(
+            f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
+        )
+    return target.make_self_drafter(kind, option)
 
 
 def pair_id(model: str | None, draft_model: str | None = None, backend: str = "llamacpp") -> str | None:
