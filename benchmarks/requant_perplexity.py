@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from localspec.backend_loader import load_backend
+from localspec.backends.llamacpp import derived
 from localspec.default_model import ensure_pypi_model
 from localspec.protocol import Backend
-from localspec.quantize import derived
 
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "

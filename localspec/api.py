@@ -15,12 +15,12 @@ from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from inspect import GEN_RUNNING, getgeneratorstate
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from localspec import selfdraft
-from localspec.backend_loader import in_memory_self_drafter, load_backend
+from localspec.backend_loader import load_backend
 from localspec.calibrate import (
     note_drift,
     pair_agreement,
@@ -39,13 +39,15 @@ from localspec.engine import Engine, check_fits
 from localspec.errors import BackendClosedError, InvalidRequestError, PairMismatchError
 from localspec.pairing import vocab_mismatch
 from localspec.progress import Announce, announced
-from localspec.protocol import Backend
+from localspec.protocol import Backend, SelfDrafting
 from localspec.rpc import split_options
 from localspec.sampling import KNOBS, SamplingConfig
 from localspec.stats import Stats, Step
 from localspec.textstream import TextAssembler
 from localspec.validate import check_ctx, check_limits, check_threads, clean_text
 
+if TYPE_CHECKING:
+    from localspec.registry import DraftTokens, Registry
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 # The pair's measured agreement counts as this many observed draft positions
@@ -427,14 +429,12 @@ def load(
     on_progress is told what a step that takes more than two seconds is doing (a CLI prints
     it, a chat shows it)."""
     n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
-    pair_id = model if model is not None and not os.path.exists(model) and not model.endswith(".gguf") else None
-    if pair_id is not None and draft_model is None and backend != "reference":  # reference models are specs
-        from localspec.pairs import load_pair
-
+    pair = pair_id(model, draft_model, backend)
+    if pair is not None:
         # The adaptive controller stays the default for pairs; the pair's recommended
         # strategy applies when the caller did not choose one.
         return load_pair(
-            pair_id,
+            pair,
             backend=backend,
             strategy=strategy,
             draft_tokens=draft_tokens,
@@ -460,19 +460,11 @@ def load(
         if self_draft is not None:
             if draft_model is not None:
                 raise InvalidRequestError(f"strategy {strategy!r} drafts with the target itself; drop --draft-model")
-            kind, option = self_draft
-            deriving = f"deriving the {kind} drafter from {target.info.name} (once per model and machine)"
+            deriving = f"deriving the {self_draft[0]} drafter from {target.info.name} (once per model and machine)"
             with announced(deriving, on_progress):
-                draft = in_memory_self_drafter(backend, target, kind, option)
-            if draft is not None:
-                strategy, label = "draft", draft.capabilities.extra.get("self_draft", kind)
-            else:
-                with announced(deriving, on_progress):
-                    path, chosen = selfdraft.self_draft_path(
-                        target, kind, option, lambda p: load_backend(backend, p, **options)
-                    )
-                draft_model, strategy, label = str(path), "draft", f"{kind}:{chosen}"
-        if draft_model is not None:
+                draft = derive_drafter(target, *self_draft)
+            strategy, label = "draft", draft.capabilities.extra.get("self_draft", self_draft[0])
+        elif draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
                 draft = load_backend(backend, draft_model, **options)
         runtime = Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label)
@@ -486,3 +478,49 @@ def load(
             draft.close()
         target.close()
         raise
+
+
+def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
+    """The self-drafter of strategy f"{kind}:{option}" (see localspec.selfdraft), made by the
+    target's own backend; its label is in capabilities.extra["self_draft"]."""
+    if not isinstance(target, SelfDrafting):
+        raise InvalidRequestError(
+            f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
+        )
+    return target.make_self_drafter(kind, option)
+
+
+def pair_id(model: str | None, draft_model: str | None = None, backend: str = "llamacpp") -> str | None:
+    """The registry pair a model argument names: no file and no .gguf path, with no drafter
+    given beside it (reference models are specs, never pairs)."""
+    if model is None or draft_model is not None or backend == "reference":
+        return None
+    return None if os.path.exists(model) or model.endswith(".gguf") else model
+
+
+def load_pair(
+    name: str,
+    *,
+    backend: str = "llamacpp",
+    strategy: str | None = None,
+    draft_tokens: DraftTokens | None = None,
+    registry: Registry | None = None,
+    rpc: str | Sequence[str] | None = None,
+    **options: Any,
+) -> Runtime:
+    """Load the pulled pair called name; strategy and draft_tokens given as None or "auto" (every caller's
+    default) take the pair's own, and rpc (None) the pair's servers. A pair that is not pulled
+    raises NotPulledError naming the `localspec pull` command that fetches it."""
+    from localspec.pull import resolve_pair
+
+    resolved = resolve_pair(name, backend=backend, registry=registry)
+    pair = resolved.pair
+    return load(
+        str(resolved.target),
+        draft_model=str(resolved.drafter) if resolved.drafter is not None else None,
+        strategy=pair.strategy if strategy in (None, "auto") else strategy,
+        backend=backend,
+        draft_tokens=pair.draft_tokens if draft_tokens in (None, "auto") else draft_tokens,
+        rpc=pair.rpc if rpc is None else rpc,
+        **options,
+    )

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from localspec.errors import LocalspecError
+from localspec.gguf_header import gguf_vocab_identity
 from localspec.hub import HubSettings, hub_errors
-from localspec.pairing import vocab_mismatch
+from localspec.pairing import tokenizer_json_identity, vocab_mismatch
 from localspec.protocol import VocabIdentity
 from localspec.registry import (
     SPLIT_GGUF,
@@ -171,8 +172,6 @@ def _check_fit(pair: Pair, backend: str, hubs: dict[str, _Hub], settings: HubSet
 
 
 def _identity(model: Model, backend: str, hub: _Hub, settings: HubSettings) -> VocabIdentity | None:
-    from localspec.pairs import gguf_vocab_identity, tokenizer_json_identity
-
     artifact = model.artifacts[backend]
     if isinstance(artifact, LocalArtifact):
         return gguf_vocab_identity(artifact.path) if backend == "llamacpp" else tokenizer_json_identity(artifact.path)
@@ -194,8 +193,6 @@ def _identity(model: Model, backend: str, hub: _Hub, settings: HubSettings) -> V
 def _remote_tokenizer_json(artifact: HubArtifact, commit: str, settings: HubSettings) -> VocabIdentity | None:
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # type: ignore[attr-defined]
-
-    from localspec.pairs import tokenizer_json_identity
 
     url = hf_hub_url(artifact.repo, "tokenizer.json", revision=commit, endpoint=settings.endpoint)
     with hub_errors(artifact, "tokenizer.json", settings):

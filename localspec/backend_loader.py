@@ -31,13 +31,3 @@ def load_backend(name: str, path: str, **options: Any) -> Backend:
         ) from exc
     backend: Backend = module.load(path, **options)
     return backend
-
-
-def in_memory_self_drafter(name: str, target: Backend, kind: str, option: str | None) -> Backend | None:
-    """A self-drafter the backend derives in memory from the loaded target (MLX, torch), or
-    None when the backend has no such hook (llama.cpp: derived GGUF files instead)."""
-    factory = getattr(importlib.import_module(BACKENDS[name]), "make_self_drafter", None)
-    if factory is None:
-        return None
-    drafter: Backend | None = factory(target, kind, option)  # None: this kind comes from a derived file
-    return drafter

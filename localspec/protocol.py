@@ -133,6 +133,17 @@ class Verifier(Protocol):
         ...
 
 
+@runtime_checkable
+class SelfDrafting(Protocol):
+    """A backend that derives a drafter from its own model (strategies qspec[:X] and
+    layerskip[:L], see localspec.selfdraft): every backend but the reference one."""
+
+    def make_self_drafter(self, kind: str, option: str | None) -> Backend:
+        """The drafter for f"{kind}:{option}", or without option the one with the best
+        predicted tokens/s; capabilities.extra["self_draft"] holds its label ("qspec:Q4_0")."""
+        ...
+
+
 def eval_chunked(
     backend: Backend,
     tokens: Sequence[int],

@@ -30,7 +30,7 @@ from localspec.hub import (
     record_ref,
     sweep_incomplete,
 )
-from localspec.pairs import check_pair_fits
+from localspec.pairing import check_pair_fits
 from localspec.paths import data_dir, models_dir
 from localspec.registry import (
     HubArtifact,

@@ -58,7 +58,7 @@ class DerivedModels:
 
     def __getitem__(self, ftype: str) -> Path:
         if ftype not in self._made:
-            from localspec.quantize import derived
+            from localspec.backends.llamacpp import derived
 
             self._made[ftype] = derived(self.source, ftype, self.folder)
         return self._made[ftype]

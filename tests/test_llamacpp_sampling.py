@@ -26,9 +26,7 @@ import pytest
 from scipy.stats import chisquare
 from sources import AlternatingSources
 
-from localspec import selfdraft
-from localspec.api import Finished, Runtime
-from localspec.backend_loader import load_backend
+from localspec.api import Finished, Runtime, derive_drafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.protocol import Backend
 from localspec.sampling import SamplingConfig, process
@@ -190,8 +188,7 @@ def test_self_drafting_matches_the_targets_joint_law_of_the_first_two_tokens(
     # The derived GGUFs (a Q2_K copy; the first 20 of 30 blocks) go through the same
     # rejection sampling as any draft model: the law must still be the target's alone.
     kind, _, option = strategy.partition(":")
-    path, _ = selfdraft.self_draft_path(target_backend, kind, option, lambda p: load_backend("llamacpp", p))
-    drafter = load_backend("llamacpp", str(path), n_ctx=target_backend.info.n_ctx)
+    drafter = derive_drafter(target_backend, kind, option)
     try:
         prompt = "Once upon a time, in a small village, there lived a"
         rt = Runtime(target_backend, drafter, strategy="draft", draft_tokens=2, calibrate=False)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from fakehub import OTHER_TOKENS, TOKENS, tiny_gguf
 
+from localspec.api import load_pair
 from localspec.cli.main import main
 from localspec.errors import ModelLoadError, PairMismatchError
 from localspec.local_pairs import add_local_pair
-from localspec.pairs import load_pair
 from localspec.pull import is_pulled, pull, remove, resolve_pair
 from localspec.registry import LocalArtifact, load_registry, user_registry_file
 

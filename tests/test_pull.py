@@ -11,9 +11,10 @@ import pytest
 from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, tiny_gguf
 
 import localspec.pull as pull_module
+from localspec.api import load_pair
 from localspec.errors import PairMismatchError
+from localspec.gguf_header import gguf_vocab_identity
 from localspec.hub import ChecksumMismatchError, PullError, SilentBar
-from localspec.pairs import gguf_vocab_identity, load_pair
 from localspec.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
 from localspec.registry import load_registry
 

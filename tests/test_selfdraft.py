@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec import selfdraft
 from localspec.api import Runtime, load
+from localspec.backends.llamacpp import QSPEC_TYPES
 from localspec.errors import InvalidRequestError
 from localspec.prompts import SUITE
 
@@ -38,7 +38,7 @@ def test_layerskip_drafter_keeps_the_requested_number_of_blocks(smollm2_q4_1: Pa
 def test_an_automatic_choice_is_remembered_for_the_next_load(smollm2_q4_1: Path) -> None:
     with load(str(smollm2_q4_1), strategy="qspec", n_ctx=512) as first:
         label = first.label
-    assert label.split(":")[1] in selfdraft.QSPEC_TYPES
+    assert label.split(":")[1] in QSPEC_TYPES
     with load(str(smollm2_q4_1), strategy="qspec", n_ctx=512) as second:
         assert second.label == label
 

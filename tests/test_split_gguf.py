@@ -124,7 +124,7 @@ def split_model(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, target_backend) -> None:
     from conftest import load_llamacpp
 
-    from localspec.pairs import gguf_vocab_identity
+    from localspec.gguf_header import gguf_vocab_identity
 
     split = load_llamacpp(split_model)
     try:
@@ -141,7 +141,7 @@ def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, targ
 def test_quantize_reads_split_input(split_model: Path, tmp_path: Path) -> None:
     from conftest import load_llamacpp
 
-    from localspec.quantize import derived
+    from localspec.backends.llamacpp import derived
 
     made = derived(split_model, "Q8_0", tmp_path)
     assert made.name == "split.Q8_0.gguf"  # one file, named without the shard suffix

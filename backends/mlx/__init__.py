@@ -3,8 +3,8 @@
 Models come in two layouts: an mlx-lm folder (config.json, safetensors, tokenizer.json,
 quantized or not), loaded by mlx-lm itself, and a GGUF file, mapped onto mlx-lm's own
 architecture modules with MLX keeping Q4_0/Q4_1/Q8_0 weights quantized. Self-drafters are
-built in memory from the loaded target: `make_self_drafter(target, "qspec", "2")` is a
-low-bit MLX-quantized copy, `make_self_drafter(target, "layerskip", "12")` runs the target's
+built in memory from the loaded target: `target.make_self_drafter("qspec", "2")` is a
+low-bit MLX-quantized copy, `target.make_self_drafter("layerskip", "12")` runs the target's
 first blocks only and shares its weights.
 
 The acceptance test runs in the engine on numpy rows (one device sync per verify block);
@@ -42,7 +42,8 @@ except ImportError as exc:
     raise BackendUnavailableError(f"the mlx backend needs MLX and mlx-lm ({exc})", hint) from exc
 
 from .backend import Forward, MlxBackend, model_name, rollback_refusal  # noqa: E402
-from .selfdraft import make_self_drafter  # noqa: E402
+
+make_self_drafter = MlxBackend.make_self_drafter  # the hook as a function of the target
 
 __all__ = [
     "Forward",

@@ -6,11 +6,20 @@ whose cache cannot be trimmed (recurrent state, a sliding window that has wrappe
 the rollback with the reason instead of continuing from a state that no longer matches
 the text. The output head runs only on the rows the caller asked for: prefill blocks skip
 it, decode steps apply it to one row.
+
+Self-drafters are made in memory from the loaded target (no derived files, no second
+download), full Backends the engine drafts with like any separate draft model:
+- qspec[:BITS]: a copy of the target requantized with MLX's affine quantization to 2, 3, 4,
+  5, 6 or 8 bits. Without BITS: 4 for a target wider than 4 bits, else 2. Norms and biases
+  are shared with the target, only the matrices are copied.
+- layerskip[:L]: the target's first L blocks, then its final norm and head (early exit);
+  it shares every weight with the target and has a KV cache of its own.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from functools import cache
@@ -20,18 +29,23 @@ from typing import Any, cast
 import mlx.core as mx
 import numpy as np
 from mlx.nn.layers.base import Module
+from mlx.nn.layers.embedding import Embedding
+from mlx.nn.layers.linear import Linear
+from mlx.nn.layers.quantized import QuantizedEmbedding, QuantizedLinear, quantize
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
 from localspec.errors import InvalidRequestError
-from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.selfdraft import early_exit_drafter
 
 from ..vocab import Vocab
 
 # mlx-lm modules whose Model is exactly embed -> blocks(h, mask, cache) -> norm -> head, so a
 # forward pass can stop early (layer skip) and the head can run on chosen rows only.
 SPLITTABLE = frozenset({"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"})
+QSPEC_BITS = (2, 3, 4, 5, 6, 8)  # the widths MLX's affine quantization takes
 
 
 def splittable(model: Module) -> bool:
@@ -317,6 +331,22 @@ class MlxBackend:
                 c.trim(drop)
         del self._tokens[n:]
 
+    def make_self_drafter(self, kind: str, option: str | None) -> Backend:
+        """The drafter for strategy f"{kind}:{option}" (localspec.protocol.SelfDrafting); its
+        capabilities.extra["self_draft"] is the resolved label (e.g. "qspec:2", "layerskip:15")."""
+        if kind == "qspec":
+            bits = qspec_bits(self.model, option)
+            return self.derive(Forward(low_bit_copy(self.model, bits)), f"qspec:{bits}")
+        if not self.forward.split:
+            raise InvalidRequestError(
+                f"layerskip on MLX needs a llama, qwen2 or qwen3 model; "
+                f"{type(self.model).__module__} cannot stop early",
+                "use --strategy qspec or ngram with this model",
+            )
+        return early_exit_drafter(
+            self, option, self.forward.n_layers, lambda k: self.derive(Forward(self.model, k), f"layerskip:{k}")
+        )
+
     def derive(self, forward: Forward, label: str) -> MlxBackend:
         """A backend over another forward pass (a self-drafter) sharing this one's tokenizer."""
         return MlxBackend(
@@ -340,3 +370,60 @@ class MlxBackend:
 
 def model_name(path: str) -> str:
     return os.path.basename(os.path.normpath(path))
+
+
+def typical_bits(model: Module) -> int:
+    """Bits per weight that most of the model's matrix weights are stored with (16 unquantized)."""
+    weights: dict[int, int] = {}
+    for _, module in modules_of(model):
+        if isinstance(module, QuantizedLinear | QuantizedEmbedding):
+            bits = int(module.bits)
+            weights[bits] = weights.get(bits, 0) + int(module.weight.size) * 32 // bits
+        elif isinstance(module, Linear | Embedding):
+            weights[16] = weights.get(16, 0) + int(module.weight.size)
+    return max(weights, key=lambda b: weights[b]) if weights else 16
+
+
+def qspec_bits(model: Module, option: str | None) -> int:
+    if option is None:
+        return 4 if typical_bits(model) > 4 else 2
+    match = re.fullmatch(r"[Qq]?(\d)(?:_.*)?(?:bits?)?", option.strip())
+    bits = int(match.group(1)) if match else 0
+    if bits not in QSPEC_BITS:
+        raise InvalidRequestError(
+            f"qspec on MLX takes a bit width, got {option!r}", f"choose one of: {', '.join(map(str, QSPEC_BITS))}"
+        )
+    return bits
+
+
+def low_bit_copy(model: Module, bits: int) -> Module:
+    """model with every quantizable matrix requantized to bits; the rest is shared."""
+    from mlx_lm.utils import dequantize_model
+
+    group_size = 32 if bits <= 3 else 64
+    model_class: Any = type(model)  # an mlx-lm Model, built from its args
+    copy: Module = model_class(model.args)
+    packed = {
+        path: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
+        for path, m in modules_of(model)
+        if isinstance(m, QuantizedLinear | QuantizedEmbedding)
+    }
+    if packed:  # give the copy the target's layout so its weights load as they are
+        quantize(copy, class_predicate=lambda path, _m: packed.get(path, False))
+    copy.load_weights(parameters_of(model), strict=True)
+    for mine, theirs in zip(copy.layers, model.layers, strict=True):
+        if hasattr(theirs, "self_attn") and hasattr(theirs.self_attn, "rope"):
+            mine.self_attn.rope = theirs.self_attn.rope  # e.g. a GGUF's frequency-factor rope
+    dequantize_model(copy)
+    quantize(
+        copy,
+        group_size=group_size,
+        bits=bits,
+        class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0,
+    )
+    for _, module in modules_of(copy):  # one matrix at a time keeps the peak memory low
+        if isinstance(module, QuantizedLinear | QuantizedEmbedding):
+            eval_parameters(module)
+    eval_parameters(copy)
+    copy.eval()
+    return copy

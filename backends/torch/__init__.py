@@ -21,7 +21,7 @@ steps replayed from CUDA graphs).
 
 from __future__ import annotations
 
-from localspec.errors import BackendUnavailableError, InvalidRequestError
+from localspec.errors import BackendUnavailableError
 
 try:
     import torch  # noqa: F401 - fail here, with the fix, rather than deep inside a submodule
@@ -31,38 +31,8 @@ except ImportError as exc:
         "pip install 'localspec[torch]' (or pick another backend: --backend llamacpp)",
     ) from exc
 
-from localspec.protocol import Backend
-from localspec.selfdraft import best_in_memory, exit_candidates
-
 from .backend import TorchBackend, load
 
 __all__ = ["TorchBackend", "load", "make_self_drafter"]
 
-
-QSPEC_TYPES = {"int8": 8, "int4": 4}
-
-
-def make_self_drafter(target: Backend, kind: str, option: str | None) -> Backend | None:
-    """layerskip[:L]: the target's own first L blocks, sharing its weights and their KV cache
-    (no second copy); without L, the exit with the best measured agreement × cost.
-    qspec[:int8|int4]: an in-memory copy of the target with weight-only int8 (default) or
-    int4 matrices; the low-bit GGUF types llama.cpp's qspec derives would load dequantized to
-    the target's float type here, so they are refused with the types that do pay."""
-    if not isinstance(target, TorchBackend):
-        return None
-    if kind == "qspec":
-        bits = QSPEC_TYPES.get((option or "int8").lower())
-        if bits is None:
-            raise InvalidRequestError(
-                f"qspec on the torch backend takes int8 or int4, got {option!r}", "use --strategy qspec:int8"
-            )
-        return target.quantized(bits)
-    if kind != "layerskip":
-        return None
-    if option is not None and not option.isdigit():
-        raise InvalidRequestError(f"layerskip takes the number of blocks to keep, got {option!r}")
-    if option is not None:
-        return target.early_exit(int(option))
-    return best_in_memory(
-        target, "layerskip", exit_candidates(target.info.n_layers), lambda k: target.early_exit(int(k))
-    )
+make_self_drafter = TorchBackend.make_self_drafter  # the hook as a function of the target

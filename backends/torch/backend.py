@@ -18,8 +18,9 @@ from localspec.errors import InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf
 from localspec.gguf_header import read_header
 from localspec.hardware import physical_cores
-from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.sampling import Distribution, SamplingConfig
+from localspec.selfdraft import early_exit_drafter
 
 from ..vocab import Vocab, from_folder, from_gguf
 from . import linear, native, quantized
@@ -197,6 +198,19 @@ class TorchBackend:
 
         tokens, graphs, compile = self._graph_options
         return GraphedSteps(self.model, self.cache, tokens, graphs, compile, self._exit)
+
+    def make_self_drafter(self, kind: str, option: str | None) -> Backend:
+        """localspec.protocol.SelfDrafting: layerskip[:L] is early_exit(L), qspec[:int8|int4]
+        quantized(); the low-bit GGUF types llama.cpp's qspec derives would load dequantized
+        to this model's float type, so they are refused with the types that do pay."""
+        if kind == "layerskip":
+            return early_exit_drafter(self, option, self.info.n_layers, self.early_exit)
+        bits = {"int8": 8, "int4": 4}.get((option or "int8").lower())
+        if bits is None:
+            raise InvalidRequestError(
+                f"qspec on the torch backend takes int8 or int4, got {option!r}", "use --strategy qspec:int8"
+            )
+        return self.quantized(bits)
 
     def early_exit(self, n_layers: int) -> TorchBackend:
         """This model cut after its first n_layers blocks, then its own final norm and head:

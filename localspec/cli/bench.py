@@ -11,7 +11,8 @@ from functools import partial
 from typing import Any
 
 from localspec import selfdraft
-from localspec.backend_loader import in_memory_self_drafter, load_backend
+from localspec.api import derive_drafter
+from localspec.backend_loader import load_backend
 from localspec.bench import (
     MAX_REPEAT_FACTOR,
     BenchRow,
@@ -158,35 +159,34 @@ def contenders_for(
         return [contender(strategy, target, args, options)]
     if kind not in selfdraft.KINDS:
         raise InvalidRequestError(f"only qspec and layerskip can sweep their candidates, not {kind!r}")
-    if args.backend != "llamacpp":
+    sweep = getattr(target, "derived_drafters", None)  # the GGUF drafters llama.cpp derives
+    if sweep is None:
         raise InvalidRequestError(
             f"{strategy} sweeps the GGUF drafters derived with llama.cpp; on {args.backend} name them one by one",
             f"e.g. -s {kind}:TYPE -s {kind}:TYPE",
         )
     return [
         Contender(f"{kind}:{label}", "draft", open_draft=partial(load_backend, args.backend, str(path), **options))
-        for label, path in selfdraft.sweep(target, kind)
+        for label, path in sweep(kind)
     ]
 
 
 def contender(strategy: str, target: Backend, args: argparse.Namespace, options: dict[str, Any]) -> Contender:
-    def load(path: str) -> Backend:
-        return load_backend(args.backend, path, **options)
-
     if strategy in ("none", "ngram"):
         return Contender(strategy, strategy)
     if strategy == "draft":
-        return Contender("draft", "draft", open_draft=partial(load, args.draft_model))
+        return Contender("draft", "draft", open_draft=partial(load_backend, args.backend, args.draft_model, **options))
     parsed = selfdraft.parse(strategy)
     if parsed is None:
         raise InvalidRequestError(
             f"unknown strategy {strategy!r}", "choose from: ngram, draft, qspec[:TYPE], layerskip[:L]"
         )
-    in_memory = in_memory_self_drafter(args.backend, target, *parsed)
-    if in_memory is not None:
-        return Contender(in_memory.capabilities.extra.get("self_draft", strategy), "draft", in_memory)
-    path, chosen = selfdraft.self_draft_path(target, *parsed, load)
-    return Contender(f"{parsed[0]}:{chosen}", "draft", open_draft=partial(load, str(path)))
+    draft = derive_drafter(target, *parsed)
+    label = draft.capabilities.extra.get("self_draft", strategy)
+    if draft.info.path == target.info.path:  # it lives in the target's memory
+        return Contender(label, "draft", draft)
+    draft.close()  # a file of its own: opened for its runs only (see Contender)
+    return Contender(label, "draft", open_draft=partial(load_backend, args.backend, draft.info.path, **options))
 
 
 def add_peer_figures(

