@@ -14,6 +14,12 @@ BACKENDS = {name: f"localspec.backends.{name}" for name in choices.BACKENDS}
 
 
 def load_backend(name: str, path: str, **options: Any) -> Backend:
+    backend: Backend = backend_module(name).load(path, **options)
+    return backend
+
+
+def backend_module(name: str) -> Any:
+    """The backend's module, imported now: the one way the core reaches a backend's code."""
     module_name = BACKENDS.get(name)
     if module_name is None:
         raise BackendUnavailableError(f"unknown backend {name!r}", f"choose one of: {', '.join(sorted(BACKENDS))}")
@@ -29,5 +35,4 @@ def load_backend(name: str, path: str, **options: Any) -> Backend:
             f"the {name} backend needs the Python package {exc.name!r}",
             f"pip install 'localspec[{name}]'",
         ) from exc
-    backend: Backend = module.load(path, **options)
-    return backend
+    return module

@@ -140,9 +140,9 @@ def run_peer(
 
 def _repacks() -> bool:
     """Whether localspec's llama.cpp backend repacks weights here; the peers are run alike."""
-    from localspec.backends.llamacpp import extra_buffers
+    from localspec.backend_loader import backend_module
 
-    return bool(extra_buffers())
+    return bool(backend_module("llamacpp").extra_buffers())
 
 
 def _peer_env() -> dict[str, str]:

@@ -308,7 +308,7 @@ def serve(
     host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, threads: int | None = None, cache_dir: str | None = None
 ) -> None:
     """Run llama.cpp's RPC server on this machine's CPU, in this process, until killed."""
-    from localspec.backends.llamacpp import init_library
+    from localspec.backend_loader import backend_module
     from localspec.hardware import physical_cores
 
     lib = require_rpc()
@@ -319,7 +319,7 @@ def serve(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
             "choose another port with --port, or stop what listens there",
         ) from None
-    init_library()
+    backend_module("llamacpp").init_library()
     cpu = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
     devices = (ctypes.c_void_p * 1)(cpu)
     args = (
