@@ -3,19 +3,22 @@ what they must see."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 from textual.command import CommandList
 from tui_support import REFERENCE, answered, ready, reference_runtime, replies, send, slow_runtime, wait_for
 
+from localspec.api import Runtime
 from localspec.errors import ModelLoadError
 from localspec.history import History, StoredMessage
+from localspec.progress import Announce
 from localspec.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.models import MissingModel
 from localspec.tui.screens import ConversationsScreen, FetchScreen, LoadErrorScreen, SettingsScreen
-from localspec.tui.widgets import AssistantMessage, ErrorMessage, UserMessage
+from localspec.tui.widgets import AssistantMessage, ErrorMessage, StatusLine, UserMessage
 
 SIZE = (100, 32)
 
@@ -221,8 +224,25 @@ async def test_drafted_text_can_be_highlighted() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_slow_load_step_says_what_it_is_doing_on_the_status_line() -> None:
+    release = threading.Event()
+
+    def deriving(settings: ChatSettings, on_progress: Announce) -> Runtime:
+        on_progress("deriving a q4_0 drafter from model.gguf")  # what load() says after 2 s
+        release.wait(timeout=30)
+        return reference_runtime(settings)
+
+    app = ChatApp(deriving, REFERENCE)
+    async with app.run_test(size=SIZE):
+        status = app.query_one(StatusLine)
+        await wait_for(lambda: "Deriving a q4_0 drafter from model.gguf…" in str(status.render()), what="the step")
+        release.set()
+        await wait_for(lambda: app.runtime is not None, what="the runtime")
+
+
+@pytest.mark.asyncio
 async def test_a_model_that_fails_to_load_is_explained_in_the_app() -> None:
-    def broken(settings: ChatSettings) -> object:
+    def broken(settings: ChatSettings, on_progress: object) -> object:
         raise ModelLoadError("model.gguf is not a GGUF file", "pass the path of a .gguf model")
 
     app = ChatApp(broken, ChatSettings(model="model.gguf"))  # type: ignore[arg-type]

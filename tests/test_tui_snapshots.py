@@ -111,7 +111,7 @@ def test_saved_chats_screen(snap_compare: Any) -> None:
 
 
 def test_load_error_screen(snap_compare: Any) -> None:
-    def broken(settings: ChatSettings) -> Any:
+    def broken(settings: ChatSettings, on_progress: Any) -> Any:
         raise ModelLoadError("model.gguf is truncated: 1.2 MB of 98 MB", "pull it again: localspec pull smollm2")
 
     async def run_before(pilot: Any) -> None:

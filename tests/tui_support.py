@@ -10,8 +10,10 @@ from typing import Any
 
 from localspec.api import Runtime
 from localspec.backend_loader import load_backend
+from localspec.progress import Announce
 from localspec.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
+from localspec.tui.models import RuntimeLoader
 
 REFERENCE = ChatSettings(
     model="reference",
@@ -22,7 +24,7 @@ REFERENCE = ChatSettings(
 )
 
 
-def reference_runtime(settings: ChatSettings) -> Runtime:
+def reference_runtime(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
     """What `localspec chat reference --backend reference ...` loads: the reference target,
     and the noisy reference drafter when the strategy drafts with a model."""
     target = load_backend("reference", settings.model or "reference", n_ctx=settings.n_ctx)
@@ -56,8 +58,8 @@ class SlowBackend:
         return getattr(self._inner, name)
 
 
-def slow_runtime(delay: float = 0.01) -> Callable[[ChatSettings], Runtime]:
-    def make(settings: ChatSettings) -> Runtime:
+def slow_runtime(delay: float = 0.01) -> RuntimeLoader:
+    def make(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
         target = SlowBackend("reference", delay)
         return Runtime(target, None, strategy="ngram", draft_tokens=4, calibrate=False)  # type: ignore[arg-type]
 

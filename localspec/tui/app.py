@@ -182,7 +182,7 @@ class ChatApp(App[None]):
     @work(thread=True, exclusive=True, group="load")
     def _load(self, settings: ChatSettings, previous: Runtime | None, previous_job: ReplyJob | None) -> None:
         try:
-            runtime = self._load_runtime(settings)
+            runtime = self._load_runtime(settings, self._announce_loading)
             plain_step = _modelled_plain_step(runtime)
         except Exception as exc:
             self.call_from_thread(self._load_failed, settings, exc)
@@ -194,6 +194,10 @@ class ChatApp(App[None]):
             if previous_job is not None:
                 previous_job.released.wait()
             previous.close()
+
+    def _announce_loading(self, what: str) -> None:
+        # From load()'s timer thread, once a step has run for a while: say what it is.
+        self.call_from_thread(self.status.show, f"{what[:1].upper()}{what[1:]}…", "busy")
 
     def _loaded(self, settings: ChatSettings, runtime: Runtime, plain_step: Callable[[], float | None]) -> None:
         self.runtime, self._plain_step, self.settings, self.loading = runtime, plain_step, settings, False

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from localspec.api import Runtime, load, pair_id
 from localspec.errors import LocalspecError
 from localspec.hub import Progress
+from localspec.progress import Announce
 from localspec.tui.settings import ChatSettings
 
-RuntimeLoader = Callable[[ChatSettings], Runtime]
+# Builds a runtime from the settings; a load step that runs long is told to the second
+# argument (what is going on), which the chat shows on its status line.
+RuntimeLoader = Callable[[ChatSettings, Announce], Runtime]
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class MissingModel:
 MissingCheck = Callable[[ChatSettings], "MissingModel | None"]
 
 
-def load_runtime(settings: ChatSettings) -> Runtime:
+def load_runtime(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
     """The default loader: localspec.load() with the settings' pair and strategy."""
     model = settings.model
     if model is None and settings.backend == "llamacpp":
@@ -42,6 +45,7 @@ def load_runtime(settings: ChatSettings) -> Runtime:
         n_ctx=settings.n_ctx,
         threads=settings.threads,
         rpc=settings.rpc,
+        on_progress=on_progress,
     )
 
 
