@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from localspec.backends import llamacpp_rpc as rpc_entry_points  # also how localspec.rpc reaches them
 from localspec.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf, diagnose_gguf
 from localspec.hardware import physical_cores
@@ -85,9 +86,8 @@ def _model_params(rpc: Sequence[str]) -> tuple[Any, Any]:
     mparams.use_extra_bufts = extra_buffers()
     if not rpc:
         return mparams, None
-    from localspec.rpc import offload_to_servers
 
-    return mparams, offload_to_servers(mparams, rpc)
+    return mparams, rpc_entry_points.offload_to_servers(mparams, rpc)
 
 
 class LlamaCppBackend:
@@ -133,9 +133,7 @@ class LlamaCppBackend:
         self._ctx = ctx
         self._mem = llama.llama_get_memory(ctx)
         if rpc:
-            from localspec.rpc import limit_waits
-
-            limit_waits(rpc)
+            rpc_entry_points.limit_waits(rpc)
         # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
         # larger than its batch would abort the process, so take its figure as ours.
         max_block = min(max_block, int(llama.llama_n_batch(ctx)))
