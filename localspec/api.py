@@ -15,7 +15,7 @@ from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from inspect import GEN_RUNNING, getgeneratorstate
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from localspec.calibrate import (
     starting_drafting_seconds,
 )
 from localspec.chat import chat_tokens, normalize_messages, render_chat
-from localspec.choices import EVERY_STRATEGY, STRATEGIES
+from localspec.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
@@ -47,7 +47,7 @@ from localspec.textstream import TextAssembler
 from localspec.validate import check_ctx, check_limits, check_threads, clean_text
 
 if TYPE_CHECKING:
-    from localspec.registry import DraftTokens, Registry
+    from localspec.registry import Registry
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 # The pair's measured agreement counts as this many observed draft positions
@@ -116,7 +116,7 @@ class Runtime:
         target: Backend,
         draft: Backend | None = None,
         strategy: str = "auto",
-        draft_tokens: int | Literal["auto"] = "auto",
+        draft_tokens: DraftTokens = "auto",
         calibrate: bool = True,
         label: str | None = None,
     ) -> None:
@@ -183,7 +183,7 @@ class Runtime:
             return NgramDrafter()
         return NoDrafter()
 
-    def _make_policy(self, draft_tokens: int | Literal["auto"], calibrate: bool) -> DraftLengthPolicy:
+    def _make_policy(self, draft_tokens: DraftTokens, calibrate: bool) -> DraftLengthPolicy:
         if self.strategy == "none":
             return FixedDraftLength(0)
         if draft_tokens != "auto":
@@ -416,7 +416,7 @@ def load(
     draft_model: str | None = None,
     strategy: str = "auto",
     backend: str = "llamacpp",
-    draft_tokens: int | Literal["auto"] = "auto",
+    draft_tokens: DraftTokens = "auto",
     n_ctx: int = 4096,
     threads: int | None = None,
     calibrate: bool = True,

@@ -22,9 +22,10 @@ import resource
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from localspec.api import Runtime
+from localspec.choices import DraftTokens
 from localspec.hardware import physical_cores
 from localspec.prompts import BenchPrompt
 from localspec.protocol import Backend
@@ -139,7 +140,7 @@ def bench(
     max_tokens: int = 160,
     temperature: float = 0.0,
     repeats: int = 1,
-    draft_tokens: int | Literal["auto"] = "auto",
+    draft_tokens: DraftTokens = "auto",
     seed: int = 0,
     min_seconds: float = 0.0,
 ) -> list[BenchRow]:
@@ -198,7 +199,7 @@ def _timed(
     c: Contender,
     runtimes: dict[str, Runtime],
     target: Backend,
-    draft_tokens: int | Literal["auto"],
+    draft_tokens: DraftTokens,
     request: dict[str, Any],
 ) -> Stats:
     """One run of a column: on its runtime, or with its drafter opened for this run only."""

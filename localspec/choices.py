@@ -4,6 +4,9 @@ the API, the backend loader and the models.toml check."""
 from __future__ import annotations
 
 import re
+from typing import Literal
+
+from localspec.errors import InvalidRequestError
 
 BACKENDS = ("llamacpp", "torch", "mlx", "reference")
 # Backends a models.toml model can give files for (the reference model is a spec, not a file).
@@ -17,3 +20,20 @@ SELF_DRAFTING_STRATEGY = re.compile(rf"^({'|'.join(SELF_DRAFTING)})(:[\w.]+)?$")
 _SPELLED = [*STRATEGIES, *(f"{kind}[:{option}]" for kind, option in SELF_DRAFTING.items())]
 EVERY_STRATEGY = ", ".join(_SPELLED)  # auto, none, ngram, draft, qspec[:TYPE], layerskip[:L]
 STRATEGY_HELP = ", ".join(_SPELLED[1:-1]) + f" or {_SPELLED[-1]}"  # for a --strategy whose default is auto
+
+# A fixed number of drafted tokens per step, or "auto": the controller picks it every step.
+DraftTokens = int | Literal["auto"]
+
+
+def parse_draft_tokens(text: str) -> DraftTokens:
+    """A draft length as a user types it: "auto" (or nothing) or a whole number >= 0."""
+    value = text.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidRequestError(f"draft length must be 'auto' or a whole number, got {text!r}") from None
+    if n < 0:
+        raise InvalidRequestError(f"draft length must be 'auto' or a whole number >= 0, got {n}")
+    return n

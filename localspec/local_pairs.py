@@ -8,10 +8,11 @@ import json
 import re
 from pathlib import Path
 
+from localspec.choices import DraftTokens
 from localspec.errors import InvalidRequestError, PairMismatchError
 from localspec.gguf_check import check_gguf
 from localspec.pairing import vocab_mismatch
-from localspec.registry import DraftTokens, Pair, load_registry, user_registry_file
+from localspec.registry import Pair, load_registry, user_registry_file
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _HEADER = "# Your own pairs and models, merged over localspec's (`localspec path registry`).\n"

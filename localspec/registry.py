@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from localspec.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFTING_STRATEGY, STRATEGIES
+from localspec.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFTING_STRATEGY, STRATEGIES, DraftTokens
 from localspec.default_model import PyPIModel
 from localspec.errors import LocalspecError
 from localspec.paths import data_dir
@@ -27,7 +27,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-DraftTokens = int | Literal["auto"]
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

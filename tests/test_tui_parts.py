@@ -8,6 +8,7 @@ import pytest
 from tui_support import reference
 
 from localspec.api import Finished, TextDelta
+from localspec.choices import parse_draft_tokens
 from localspec.controller import AdaptiveDraftLength, CostCurve, StepOutcome
 from localspec.errors import InvalidRequestError
 from localspec.sampling import SamplingConfig
@@ -15,7 +16,7 @@ from localspec.stats import Stats
 from localspec.tui.attribution import DraftAttribution, drafted_share, flag_spans
 from localspec.tui.job import ReplyJob
 from localspec.tui.live_stats import LiveFigures, estimate_speedup, final_figures, format_figures
-from localspec.tui.settings import ChatSettings, parse_draft_tokens, parse_temperature
+from localspec.tui.settings import ChatSettings, parse_temperature
 
 
 def utf8_tokens(text: str, size: int) -> dict[int, bytes]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.choices import BACKENDS
+from localspec.choices import BACKENDS, DraftTokens, parse_draft_tokens
 from localspec.errors import InvalidRequestError
 from localspec.rpc import RPC_HELP
 from localspec.sampling import KNOBS, SamplingConfig, check_knob
@@ -15,16 +15,11 @@ from localspec.validate import check_ctx, check_threads
 DEFAULTS = SamplingConfig()
 
 
-def draft_tokens_arg(value: str) -> int | str:
-    if value == "auto":
-        return value
+def draft_tokens_arg(value: str) -> DraftTokens:
     try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number >= 0, got {n}")
-    return n
+        return parse_draft_tokens(value)
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 def ctx_arg(value: str) -> int:

@@ -14,11 +14,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Select, Static
 from textual.widgets.option_list import Option
 
-from localspec.choices import SELF_DRAFTING, STRATEGIES
+from localspec.choices import SELF_DRAFTING, STRATEGIES, parse_draft_tokens
 from localspec.errors import LocalspecError
 from localspec.history import ConversationSummary
 from localspec.tui.models import MissingModel
-from localspec.tui.settings import ChatSettings, parse_draft_tokens, parse_temperature
+from localspec.tui.settings import ChatSettings, parse_temperature
 
 DIALOG_CSS = """
 {name} {{ align: center middle; }}

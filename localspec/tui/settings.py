@@ -4,12 +4,11 @@ sampling options of the next request (changing them loads nothing)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any
 
+from localspec.choices import DraftTokens
 from localspec.errors import InvalidRequestError
 from localspec.sampling import KNOBS, SamplingConfig
-
-DraftTokens = int | Literal["auto"]
 
 # Fields a Runtime is built from; everything else applies to the next request only.
 RUNTIME_FIELDS = ("model", "draft_model", "backend", "strategy", "draft_tokens", "n_ctx", "threads", "rpc")
@@ -44,19 +43,6 @@ class ChatSettings:
             raise InvalidRequestError(f"unknown chat setting(s): {', '.join(sorted(unknown))}")
         changes["sampling"] = replace(changes.get("sampling", self.sampling), **knobs)
         return replace(self, **changes)
-
-
-def parse_draft_tokens(text: str) -> DraftTokens:
-    value = text.strip().lower()
-    if value in ("", "auto"):
-        return "auto"
-    try:
-        n = int(value)
-    except ValueError:
-        raise InvalidRequestError(f"draft length must be 'auto' or a whole number, got {text!r}") from None
-    if n < 0:
-        raise InvalidRequestError(f"draft length must be 'auto' or a whole number >= 0, got {n}")
-    return n
 
 
 def parse_temperature(text: str) -> float:
