@@ -63,6 +63,7 @@ def build_id() -> str:
     feature line (SIMD, LLAMAFILE, REPACK...). A rebuilt or upgraded library has other
     kernels, hence another cost curve: calibrations are cached under this."""
     features = (llama.llama_print_system_info() or b"") + (b"" if extra_buffers() else b"no-extra-buffers")
+    features += f"flash-attn={flash_attention()}".encode()
     return f"{llama.__version__}+{hashlib.sha1(features).hexdigest()[:10]}"
 
 
@@ -76,6 +77,24 @@ def extra_buffers() -> bool:
     if setting:
         return setting not in ("0", "false", "off")
     return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
+
+
+FLASH_ATTN = {
+    "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
+}
+
+
+def flash_attention() -> int:
+    """llama.cpp's flash attention, off where the model runs on the CPU: its CPU kernel makes
+    every pass dearer as the context grows (benchmarks/flash_attention.py). A GPU build keeps
+    llama.cpp's own choice; LLAMA_ARG_FLASH_ATTN (on, off, auto), llama.cpp's own variable,
+    overrides either."""
+    chosen = os.environ.get("LLAMA_ARG_FLASH_ATTN", "").strip().lower()
+    if chosen in FLASH_ATTN:
+        return int(FLASH_ATTN[chosen])
+    return int(FLASH_ATTN["auto" if llama.llama_supports_gpu_offload() else "off"])
 
 
 def _model_params(rpc: Sequence[str]) -> tuple[Any, Any]:
@@ -126,6 +145,7 @@ class LlamaCppBackend:
         # Rollback of a rejected draft needs the whole sliding-window cache (Gemma 3's, say):
         # a pruned window cannot give back the tokens it dropped.
         cparams.swa_full = True
+        cparams.flash_attn_type = flash_attention()
         ctx = llama.llama_init_from_model(model, cparams)
         if not ctx:
             llama.llama_model_free(model)

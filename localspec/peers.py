@@ -138,15 +138,18 @@ def run_peer(
     )
 
 
-def _repacks() -> bool:
-    """Whether localspec's llama.cpp backend repacks weights here; the peers are run alike."""
+def _same_settings() -> dict[str, str]:
+    """localspec's llama.cpp settings here (repacked weights, flash attention) as llama.cpp's
+    own variables, so the peers run alike."""
     from localspec.backend_loader import backend_module
 
-    return bool(backend_module("llamacpp").extra_buffers())
+    llamacpp = backend_module("llamacpp")
+    flash = {int(v): k for k, v in llamacpp.FLASH_ATTN.items()}[llamacpp.flash_attention()]
+    return {"LLAMA_ARG_REPACK": "1" if llamacpp.extra_buffers() else "0", "LLAMA_ARG_FLASH_ATTN": flash}
 
 
 def _peer_env() -> dict[str, str]:
-    return {**os.environ, "LLAMA_ARG_REPACK": "1" if _repacks() else "0"}
+    return {**os.environ, **_same_settings()}
 
 
 def run_llama_bench(
@@ -160,8 +163,8 @@ def run_llama_bench(
         return None
     threads = threads or physical_cores()
     cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-d", str(depth), "-t", str(threads), "-o", "json"]
-    if not _repacks():
-        cmd += ["--repack", "0"]  # the other programs read LLAMA_ARG_REPACK; llama-bench takes a flag
+    same = _same_settings()  # the other programs read these variables; llama-bench takes flags
+    cmd += ["--repack", same["LLAMA_ARG_REPACK"], "-fa", same["LLAMA_ARG_FLASH_ATTN"]]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     try:
         runs = json.loads(result.stdout)

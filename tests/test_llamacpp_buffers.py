@@ -1,5 +1,6 @@
 """llama.cpp's extra weight buffers (repacked and AMX layouts) stay off where its AMX
-kernels are compiled in, unless the user turns them on."""
+kernels are compiled in, and flash attention stays off on a CPU build, unless the user
+turns them on; the peers run with the same settings."""
 
 from __future__ import annotations
 
@@ -28,3 +29,26 @@ def test_an_amx_build_keeps_them_off(monkeypatch):
     monkeypatch.setattr(llamacpp.llama, "llama_print_system_info", lambda: b"AVX2 = 1 | REPACK = 1 |")
     llamacpp.extra_buffers.cache_clear()
     assert llamacpp.extra_buffers() is True
+
+
+def test_flash_attention_is_off_on_a_cpu_build_and_llama_cpp_decides_on_a_gpu_build(monkeypatch):
+    monkeypatch.delenv("LLAMA_ARG_FLASH_ATTN", raising=False)
+    monkeypatch.setattr(llamacpp.llama, "llama_supports_gpu_offload", lambda: False)
+    assert llamacpp.flash_attention() == llamacpp.llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    monkeypatch.setattr(llamacpp.llama, "llama_supports_gpu_offload", lambda: True)
+    assert llamacpp.flash_attention() == llamacpp.llama.LLAMA_FLASH_ATTN_TYPE_AUTO
+
+
+@pytest.mark.parametrize("value", ["on", "off", "auto"])
+def test_flash_attention_follows_llama_cpps_variable(monkeypatch, value):
+    monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", value)
+    assert llamacpp.flash_attention() == llamacpp.FLASH_ATTN[value]
+
+
+def test_the_peers_run_with_the_same_settings(monkeypatch):
+    from localspec.peers import _peer_env
+
+    monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")
+    monkeypatch.setenv("LLAMA_ARG_REPACK", "0")
+    env = _peer_env()
+    assert env["LLAMA_ARG_FLASH_ATTN"] == "off" and env["LLAMA_ARG_REPACK"] == "0"
