@@ -200,20 +200,27 @@ def test_a_port_of_another_service_is_a_clear_error(smollm2_q4_1: Path) -> None:
         server.server_close()
 
 
+def _long_split_run(model: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
+    """`localspec run` of a long answer on a target split over the server at port, returned
+    once its first output has come (generation is under way)."""
+    command = ["run", "-m", str(model), "--rpc", f"127.0.0.1:{port}", "--strategy", "none"]
+    command += ["--temperature", "0", "--max-tokens", "400", "--ctx", str(N_CTX), "Write a long story."]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "localspec", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+    )
+    assert run.stdout is not None
+    assert run.stdout.read(1)
+    return run
+
+
 def test_a_server_that_dies_mid_generation_ends_the_run_with_a_clear_error(smollm2_q4_1: Path) -> None:
     port = _free_port()
     server = start_server(port)
     try:
-        command = ["run", "-m", str(smollm2_q4_1), "--rpc", f"127.0.0.1:{port}", "--strategy", "none"]
-        command += ["--temperature", "0", "--max-tokens", "400", "--ctx", str(N_CTX), "Write a long story."]
-        run = subprocess.Popen(
-            [sys.executable, "-m", "localspec", *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert run.stdout is not None
-        assert run.stdout.read(1)  # generation is under way
+        run = _long_split_run(smollm2_q4_1, port)
     finally:
         server.kill()
         server.wait()
@@ -229,16 +236,7 @@ def test_a_server_that_stops_answering_ends_the_run_after_the_wait_limit(smollm2
     port = _free_port()
     server = start_server(port)
     try:
-        command = ["run", "-m", str(smollm2_q4_1), "--rpc", f"127.0.0.1:{port}", "--strategy", "none"]
-        command += ["--temperature", "0", "--max-tokens", "400", "--ctx", str(N_CTX), "Write a long story."]
-        run = subprocess.Popen(
-            [sys.executable, "-m", "localspec", *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "LOCALSPEC_RPC_TIMEOUT": "3"},
-        )
-        assert run.stdout is not None
-        assert run.stdout.read(1)  # generation is under way
+        run = _long_split_run(smollm2_q4_1, port, LOCALSPEC_RPC_TIMEOUT="3")
         server.send_signal(signal.SIGSTOP)
         _, err = run.communicate(timeout=120)
     finally:
