@@ -43,7 +43,8 @@ from localspec.backends.torch import quantized, verify
 from localspec.backends.torch.cuda import GREEDY, GraphedSteps
 from localspec.backends.torch.layers import KVCache, Model, eager_block
 from localspec.backends.torch.shapes import SHAPES, random_model
-from localspec.controller import AdaptiveDraftLength, CostCurve, StepOutcome
+from localspec.controller import AdaptiveDraftLength, CostCurve
+from localspec.stats import Step
 
 PAIRS = {"llama-3.1-8b": "llama-3.2-1b", "qwen2.5-7b": "qwen2.5-0.5b"}
 KINDS = ("bf16", "int8", "int4")  # bf16 is float32 on a CPU (--tiny)
@@ -184,7 +185,7 @@ def adaptive_gamma(target: list[float], draft: float, alpha: float, steps: int =
         accepted = 0
         while accepted < gamma and rng.random() < alpha:
             accepted += 1
-        policy.observe(StepOutcome(gamma, accepted, gamma * draft, target[gamma]))
+        policy.observe(Step(gamma, accepted, gamma * draft, target[gamma]))
         if i >= steps // 2:
             chosen[gamma] += 1
     settled: int = chosen.most_common(1)[0][0]

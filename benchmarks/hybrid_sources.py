@@ -14,17 +14,18 @@ import copy
 
 from localspec.api import Runtime, load
 from localspec.calibrate import measure
-from localspec.controller import AdaptiveDraftLength, StepOutcome
+from localspec.controller import AdaptiveDraftLength
 from localspec.prompts import SUITE
+from localspec.stats import Step
 
 
-def run(runtime: Runtime, messages: list[dict[str, str]], tokens: int) -> tuple[list[StepOutcome], float, int]:
+def run(runtime: Runtime, messages: list[dict[str, str]], tokens: int) -> tuple[list[Step], float, int]:
     """The steps of one greedy answer, its decode seconds and its length."""
     policy = runtime.policy
-    steps: list[StepOutcome] = []
+    steps: list[Step] = []
     observe = policy.observe
 
-    def recorded(step: StepOutcome) -> None:
+    def recorded(step: Step) -> None:
         steps.append(step)
         observe(step)
 

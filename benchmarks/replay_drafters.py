@@ -41,7 +41,7 @@ from localspec.accelerators import Accelerator
 from localspec.api import MAX_DRAFT, NGRAM_MARGIN, NGRAM_SECONDS_PER_TOKEN, load
 from localspec.backend_loader import load_backend
 from localspec.calibrate import Calibration, calibrated, prior_from
-from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength, StepOutcome
+from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import common_prefix
 from localspec.drafters.ngram import NgramDrafter
 from localspec.engine import Engine
@@ -50,7 +50,7 @@ from localspec.paths import data_dir
 from localspec.prompts import BenchPrompt, load_prompt_sets
 from localspec.protocol import Capabilities, ModelInfo
 from localspec.sampling import SamplingConfig
-from localspec.stats import Stats
+from localspec.stats import Stats, Step
 
 
 class Clock:
@@ -157,7 +157,7 @@ class Traced:
         self.steps.append((support if from_lookup else 0, gamma, 0))
         return gamma, from_lookup
 
-    def observe(self, step: StepOutcome) -> None:
+    def observe(self, step: Step) -> None:
         support, gamma, _ = self.steps[-1]
         self.steps[-1] = (support, gamma, step.accepted)
         self.inner.observe(step)

@@ -113,10 +113,8 @@ class Row:
 
 
 def self_drafted(backend: Backend, strategy: str) -> Runtime:
-    from localspec.backends.torch import make_self_drafter
-
     kind, _, option = strategy.partition(":")
-    drafter = make_self_drafter(backend, kind, option or None)
+    drafter = backend.make_self_drafter(kind, option or None)  # type: ignore[attr-defined]
     if drafter is None:
         raise SystemExit(f"{strategy} is not a torch self-drafting strategy")
     label = drafter.capabilities.extra.get("self_draft", strategy)

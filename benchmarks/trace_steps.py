@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 
 from localspec.api import load
-from localspec.controller import AdaptiveDraftLength, StepOutcome
+from localspec.controller import AdaptiveDraftLength
 from localspec.prompts import SUITE
+from localspec.stats import Step
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
         steps.append((support if from_lookup else 0, gamma, 0))
         return gamma, from_lookup
 
-    def traced_observe(step: StepOutcome) -> None:
+    def traced_observe(step: Step) -> None:
         support, gamma, _ = steps[-1]
         steps[-1] = (support, gamma, step.accepted)
         observe(step)

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from localspec.api import load
 from localspec.backends.llamacpp import LlamaCppBackend
-from localspec.controller import StepOutcome
 from localspec.prompts import SUITE
+from localspec.stats import Step
 
 TEXT = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n  The quick brown fox jumps. " * 120
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
@@ -79,7 +79,7 @@ def observed(model: str, runs: int) -> None:
     rows: dict[int, list[tuple[float, float]]] = defaultdict(list)
     inner = policy.observe
 
-    def observe(step: StepOutcome) -> None:
+    def observe(step: Step) -> None:
         predicted = policy.costs.verify(step.drafted + 1, step.depth)  # type: ignore[attr-defined]
         rows[step.drafted + 1].append((step.verify_seconds, predicted))
         inner(step)

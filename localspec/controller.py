@@ -60,9 +60,6 @@ def support_priors(sampled: bool) -> tuple[float, ...]:
     return SAMPLED_SUPPORT_PRIORS if sampled else SUPPORT_PRIORS
 
 
-StepOutcome = Step  # what a policy observes: one verify step's record (localspec.stats.Step)
-
-
 class DraftLengthPolicy(Protocol):
     def begin(self, sampled: bool) -> None:
         """A request starts; sampled: its tokens are drawn from the target's distribution

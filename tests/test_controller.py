@@ -12,7 +12,6 @@ from localspec.controller import (
     AdaptiveDraftLength,
     CostCurve,
     FixedDraftLength,
-    StepOutcome,
     choose_static,
     support_level,
 )
@@ -20,7 +19,7 @@ from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.engine import Engine, Shadow
 from localspec.sampling import SamplingConfig
-from localspec.stats import Stats
+from localspec.stats import Stats, Step
 
 # Measured shapes (ms) on a 2-core AVX2 CPU, SmolLM2-135M (benchmarks/verify_costs.py).
 Q4_1 = [6.2e-3, 12.4e-3, 16.7e-3, 21.0e-3, 25.1e-3, 29.2e-3, 33.3e-3, 37.4e-3, 41.9e-3]
@@ -53,7 +52,7 @@ def test_the_policy_learns_to_stop_drafting_when_drafts_are_rejected() -> None:
     for _ in range(40):
         g = policy.choose(8)
         chosen.append(g)
-        policy.observe(StepOutcome(g, 0, 0.0, Q4_1[g]))
+        policy.observe(Step(g, 0, 0.0, Q4_1[g]))
     assert chosen[-20:] == [0] * 20
 
 
@@ -63,7 +62,7 @@ def test_with_nearly_free_verification_rejected_drafts_shrink_to_cheap_probes() 
     for _ in range(40):
         g = policy.choose(8)
         chosen.append(g)
-        policy.observe(StepOutcome(g, 0, 0.0, NEARLY_FREE[g]))
+        policy.observe(Step(g, 0, 0.0, NEARLY_FREE[g]))
     assert chosen[0] >= 4
     assert max(chosen[-10:]) <= 1
 
@@ -79,11 +78,11 @@ def test_the_policy_lengthens_drafts_when_everything_is_accepted() -> None:
 def test_the_policy_recovers_from_a_rejected_stretch_when_text_becomes_predictable() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=8)
     for _ in range(20):
-        policy.observe(StepOutcome(4, 0, 0.0, NEARLY_FREE[4]))
+        policy.observe(Step(4, 0, 0.0, NEARLY_FREE[4]))
     low = policy.choose(8)
     for _ in range(20):
         g = max(policy.choose(8), 1)
-        policy.observe(StepOutcome(g, g, 0.0, NEARLY_FREE[g]))
+        policy.observe(Step(g, g, 0.0, NEARLY_FREE[g]))
     assert policy.choose(8) > low
 
 
@@ -116,7 +115,7 @@ def test_drift_seen_on_single_token_steps_moves_the_whole_curve() -> None:
     policy = AdaptiveDraftLength(CostCurve([10.0, 16.0, 18.0, 20.0]), 0.0, prior=0.3)
     assert policy.choose(3) == 0
     for _ in range(200):
-        policy.observe(StepOutcome(0, 0, 0.0, 14.0))
+        policy.observe(Step(0, 0, 0.0, 14.0))
     assert policy.choose(3) == 0
 
 
@@ -129,7 +128,7 @@ def test_random_acceptance_stream_converges_near_its_true_rate() -> None:
         accepted = 0
         while accepted < 4 and rng.random() < 0.7:
             accepted += 1
-        policy.observe(StepOutcome(4, accepted, 0.0, NEARLY_FREE[4]))  # a model drafter's drafts
+        policy.observe(Step(4, accepted, 0.0, NEARLY_FREE[4]))  # a model drafter's drafts
         hit = int(rng.random() < 0.7)
         even.observe_shadow(1, hit, support=8)  # a free drafter's guesses of support 8
         cautious.observe_shadow(1, hit, support=8)
@@ -152,9 +151,9 @@ def test_a_short_cluster_of_misses_does_not_stop_a_drafter_that_agreed_all_along
     for _ in range(20):
         g = policy.choose(6)
         assert g > 0
-        policy.observe(StepOutcome(g, g, g * 11e-3, FLAT[g]))
-    policy.observe(StepOutcome(5, 0, 55e-3, FLAT[5]))  # where the text turns
-    policy.observe(StepOutcome(5, 1, 55e-3, FLAT[5]))
+        policy.observe(Step(g, g, g * 11e-3, FLAT[g]))
+    policy.observe(Step(5, 0, 55e-3, FLAT[5]))  # where the text turns
+    policy.observe(Step(5, 1, 55e-3, FLAT[5]))
     assert policy.choose(6) > 0
     assert policy.alpha[0] > 0.85
 
@@ -165,7 +164,7 @@ def test_a_drafter_that_keeps_missing_stops_despite_a_high_prior() -> None:
     for _ in range(40):
         g = policy.choose(6)
         chosen.append(g)
-        policy.observe(StepOutcome(g, 0, g * 11e-3, FLAT[g]))
+        policy.observe(Step(g, 0, g * 11e-3, FLAT[g]))
     assert chosen[0] > 0
     assert chosen[-20:] == [0] * 20
 
@@ -203,10 +202,10 @@ def test_a_long_catch_up_keeps_the_model_out_while_the_lookup_has_a_guess() -> N
 
 def test_the_lookups_drafts_do_not_teach_the_model_drafters_cost() -> None:
     policy = hybrid()
-    policy.observe(StepOutcome(10, 10, 2e-4, FLAT[7], support=20, lookup=True))
+    policy.observe(Step(10, 10, 2e-4, FLAT[7], support=20, lookup=True))
     assert policy.draft_seconds_per_token == pytest.approx(11e-3)
     assert policy.alpha[0] == pytest.approx(0.95)  # a lookup draft is evidence about the lookup
-    policy.observe(StepOutcome(2, 2, 2 * 13e-3, FLAT[2]))
+    policy.observe(Step(2, 2, 2 * 13e-3, FLAT[2]))
     assert policy.draft_seconds_per_token > 11e-3
 
 
@@ -217,10 +216,10 @@ def test_a_fixed_length_drafts_with_the_model() -> None:
 def test_a_model_drafters_evidence_ages_while_it_sits_out() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(FLAT)), 11e-3, max_gamma=6, prior=0.95, prior_weight=2)
     for _ in range(10):
-        policy.observe(StepOutcome(1, 0, 11e-3, FLAT[1]))
+        policy.observe(Step(1, 0, 11e-3, FLAT[1]))
     low = policy.alpha[0]
     for _ in range(1000):
-        policy.observe(StepOutcome(0, 0, 0.0, FLAT[0]))  # sitting out: no new evidence
+        policy.observe(Step(0, 0, 0.0, FLAT[0]))  # sitting out: no new evidence
     assert low < 0.2 < 0.6 < policy.alpha[0] < 0.95
 
 
@@ -246,10 +245,10 @@ def test_support_levels_learn_separately() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
     strong = policy.choose(12, support=24)
     for _ in range(30):
-        policy.observe(StepOutcome(3, 0, 0.0, F16[3], support=3))  # weak guesses keep failing
+        policy.observe(Step(3, 0, 0.0, F16[3], support=3))  # weak guesses keep failing
     assert policy.choose(12, support=24) == strong
     for _ in range(30):
-        policy.observe(StepOutcome(8, 0, 0.0, F16[8], support=24))  # now the strong ones fail too
+        policy.observe(Step(8, 0, 0.0, F16[8], support=24))  # now the strong ones fail too
     assert policy.choose(12, support=24) == 0
 
 
@@ -304,7 +303,7 @@ def test_a_copy_is_trusted_more_with_every_token_it_has_matched() -> None:
 def test_a_miss_teaches_the_level_of_the_token_that_missed() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
     before = list(policy.by_support)
-    policy.observe(StepOutcome(6, 2, 0.0, F16[6], support=3))  # tokens on 3 and 4 right, on 5 wrong
+    policy.observe(Step(6, 2, 0.0, F16[6], support=3))  # tokens on 3 and 4 right, on 5 wrong
     levels = [a - b for a, b in zip(policy.by_support, before, strict=True)]
     assert levels[2] > 0 and levels[3] != 0 and all(d == pytest.approx(0, abs=1e-3) for d in levels[5:])
 
@@ -331,7 +330,7 @@ def test_a_draft_that_does_not_pay_on_a_short_text_can_pay_on_a_long_one() -> No
     policy = AdaptiveDraftLength(curve, 0.0, prior=0.5)
     assert policy.choose(8, depth=32) == 0
     assert policy.choose(8, depth=512) > 0
-    policy.observe(StepOutcome(0, 0, 0.0, DEEP[0], depth=512))  # as predicted: no drift learned
+    policy.observe(Step(0, 0, 0.0, DEEP[0], depth=512))  # as predicted: no drift learned
     assert policy.costs.scale == pytest.approx(1.0)
 
 
@@ -352,7 +351,7 @@ def test_a_long_catch_up_for_a_draft_model_is_charged_before_drafting() -> None:
 
 def test_catching_up_does_not_count_as_the_cost_of_each_drafted_token() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 2e-3, catch_up_seconds_per_token=3e-3)
-    policy.observe(StepOutcome(4, 4, 4 * 2e-3 + 50 * 3e-3, NEARLY_FREE[4], backlog=50))
+    policy.observe(Step(4, 4, 4 * 2e-3 + 50 * 3e-3, NEARLY_FREE[4], backlog=50))
     assert policy.draft_seconds_per_token == pytest.approx(2e-3)
 
 
@@ -378,11 +377,11 @@ def test_sampled_requests_start_from_their_own_lower_priors() -> None:
 def test_greedy_and_sampled_requests_keep_their_own_evidence() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
     for _ in range(20):
-        policy.observe(StepOutcome(6, 0, 0.0, F16[6], support=3))  # greedy guesses keep failing
+        policy.observe(Step(6, 0, 0.0, F16[6], support=3))  # greedy guesses keep failing
     greedy_learnt = list(policy.by_support)
     policy.begin(sampled=True)
     assert policy.by_support == list(SAMPLED_SUPPORT_PRIORS)  # none of that carried over
-    policy.observe(StepOutcome(6, 6, 0.0, F16[6], support=3))
+    policy.observe(Step(6, 6, 0.0, F16[6], support=3))
     sampled_learnt = list(policy.by_support)
     policy.begin(sampled=False)
     assert policy.by_support == greedy_learnt

@@ -36,7 +36,7 @@ from mlx_lm.models import llama, mamba  # noqa: E402
 
 from localspec.api import Completion, Runtime  # noqa: E402
 from localspec.backend_loader import load_backend  # noqa: E402
-from localspec.backends.mlx import Forward, MlxBackend, load, make_self_drafter, rollback_refusal  # noqa: E402
+from localspec.backends.mlx import Forward, MlxBackend, load, rollback_refusal  # noqa: E402
 from localspec.backends.mlx.gguf import FrequencyRoPE, check_types  # noqa: E402
 from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
 from localspec.controller import FixedDraftLength  # noqa: E402
@@ -318,7 +318,7 @@ N_RUNS = 200  # the law puts 90% on three cells; test_exactness.py shows the tes
 )
 def test_sampled_tokens_follow_the_target_law_with_a_self_drafter(kind: str, option: str) -> None:
     target = tiny_backend(tiny_llama())
-    drafter = make_self_drafter(target, kind, option)
+    drafter = target.make_self_drafter(kind, option)
     law = exact_law(target, TOP5)
     engine = Engine(target, ModelDrafter(drafter))
     observed: Counter[Outcome] = Counter()
@@ -338,7 +338,7 @@ def test_self_drafters_reproduce_greedy_plain_decoding(strategy: str) -> None:
         prompt="abcab", max_tokens=24, temperature=0
     )
     kind, _, option = strategy.partition(":")
-    drafter = make_self_drafter(target, kind, option)
+    drafter = target.make_self_drafter(kind, option)
     assert drafter.capabilities.extra["self_draft"] == strategy
     spec = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
         prompt="abcab", max_tokens=24, temperature=0
@@ -350,7 +350,7 @@ def test_self_drafters_reproduce_greedy_plain_decoding(strategy: str) -> None:
 def test_layerskip_is_the_target_cut_after_its_first_blocks() -> None:
     full = tiny_llama(seed=1, layers=4)
     target = tiny_backend(full)
-    drafter = make_self_drafter(target, "layerskip", "2")
+    drafter = target.make_self_drafter("layerskip", "2")
     cut = tiny_llama(seed=99, layers=2)
     cut.update(
         {"model": {"embed_tokens": full.model.embed_tokens, "layers": full.model.layers[:2], "norm": full.model.norm}}
@@ -367,10 +367,10 @@ def test_layerskip_without_a_count_takes_the_measured_best_exit(monkeypatch: pyt
     from localspec import selfdraft
 
     target = tiny_backend(tiny_llama(seed=1, layers=6))
-    chosen = make_self_drafter(target, "layerskip", None).capabilities.extra["self_draft"]
+    chosen = target.make_self_drafter("layerskip", None).capabilities.extra["self_draft"]
     assert chosen in {f"layerskip:{k}" for k in selfdraft.exit_candidates(6)}
     monkeypatch.setattr(selfdraft, "agreement", lambda *args: pytest.fail("measured again"))
-    assert make_self_drafter(target, "layerskip", None).capabilities.extra["self_draft"] == chosen
+    assert target.make_self_drafter("layerskip", None).capabilities.extra["self_draft"] == chosen
 
 
 def test_qspec_copy_is_low_bit_and_leaves_the_target_alone() -> None:
@@ -378,8 +378,8 @@ def test_qspec_copy_is_low_bit_and_leaves_the_target_alone() -> None:
     tokens = [BOS, 5, 6, 7, 8, 9]
     before = target.eval_block(tokens)
     target.rollback(0)
-    eight = make_self_drafter(target, "qspec", "8")
-    two = make_self_drafter(target, "qspec", "2")
+    eight = target.make_self_drafter("qspec", "8")
+    two = target.make_self_drafter("qspec", "2")
     assert cast(MlxBackend, two).model.layers[0].mlp.up_proj.bits == 2
     assert isinstance(target.model.layers[0].mlp.up_proj, nn.Linear)  # the target stays as it was
     np.testing.assert_array_equal(target.eval_block(tokens), before)
@@ -392,17 +392,17 @@ def test_qspec_copy_is_low_bit_and_leaves_the_target_alone() -> None:
 def test_self_drafter_options_are_checked() -> None:
     target = tiny_backend(tiny_llama())
     with pytest.raises(InvalidRequestError, match="between 1 and 3 of 4"):
-        make_self_drafter(target, "layerskip", "4")
+        target.make_self_drafter("layerskip", "4")
     with pytest.raises(InvalidRequestError, match="bit width"):
-        make_self_drafter(target, "qspec", "Q7")
-    assert make_self_drafter(target, "qspec", "Q4_0").capabilities.extra["self_draft"] == "qspec:4"
-    assert make_self_drafter(target, "qspec", None).capabilities.extra["self_draft"] == "qspec:4"  # float target
+        target.make_self_drafter("qspec", "Q7")
+    assert target.make_self_drafter("qspec", "Q4_0").capabilities.extra["self_draft"] == "qspec:4"
+    assert target.make_self_drafter("qspec", None).capabilities.extra["self_draft"] == "qspec:4"  # float target
 
 
 def test_a_runtime_loaded_in_one_thread_generates_in_another() -> None:
     # MLX streams are per thread (0.31.2+): the TUI and servers generate from worker threads.
     target = tiny_backend(tiny_llama(seed=0))
-    drafter = make_self_drafter(target, "layerskip", "2")
+    drafter = target.make_self_drafter("layerskip", "2")
     rt = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False)
     here = rt.generate(prompt="abcab", max_tokens=12, temperature=0)
     there: list[Completion] = []

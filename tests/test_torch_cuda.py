@@ -47,7 +47,7 @@ from test_torch_tiny_models import (  # noqa: E402
     tiny,
 )
 
-from localspec.backends.torch import TorchBackend, make_self_drafter  # noqa: E402
+from localspec.backends.torch import TorchBackend  # noqa: E402
 
 
 def on_gpu(path: Path, **options: object) -> TorchBackend:
@@ -198,7 +198,7 @@ def test_greedy_speculation_on_cuda_reproduces_plain_decoding(gpu_bf16: TorchBac
         messages=messages, max_tokens=64, temperature=0
     )
     kind, _, option = strategy.partition(":")
-    drafter = make_self_drafter(gpu_bf16, kind, option or None) if kind != "ngram" else None
+    drafter = gpu_bf16.make_self_drafter(kind, option or None) if kind != "ngram" else None
     runtime = Runtime(gpu_bf16, drafter, strategy="draft" if drafter else "ngram", draft_tokens=4, calibrate=False)
     spec = runtime.generate(messages=messages, max_tokens=64, temperature=0)
     assert spec.stats.accepted > 0
@@ -285,7 +285,7 @@ def test_greedy_speculation_on_an_int4_target_verified_on_cuda_reproduces_plain_
     messages = SUITE[0].messages
     plain = Runtime(target, strategy="none", calibrate=False).generate(messages=messages, max_tokens=64, temperature=0)
     kind, _, option = strategy.partition(":")
-    drafter = make_self_drafter(target, kind, option or None) if kind != "ngram" else None
+    drafter = target.make_self_drafter(kind, option or None) if kind != "ngram" else None
     runtime = Runtime(target, drafter, strategy="draft" if drafter else "ngram", draft_tokens=4, calibrate=False)
     spec = runtime.generate(messages=messages, max_tokens=64, temperature=0)
     assert spec.stats.accepted > 0

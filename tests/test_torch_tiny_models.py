@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gguf_writer import CHATML, N_CTX, Spec, write_hf_folder  # noqa: E402
 from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
 
-from localspec.backends.torch import TorchBackend, linear, make_self_drafter, native  # noqa: E402
+from localspec.backends.torch import TorchBackend, linear, native  # noqa: E402
 from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
 
 
@@ -231,7 +231,7 @@ def test_greedy_speculation_with_a_qspec_self_drafter_reproduces_plain_decoding(
     prompt = "the sand and the"
     plain = Runtime(target, strategy="none", calibrate=False).generate(prompt, max_tokens=40, temperature=0)
     kind, _, option = strategy.partition(":")
-    drafter = make_self_drafter(target, kind, option or None)
+    drafter = target.make_self_drafter(kind, option or None)
     assert drafter is not None
     spec = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
         prompt, max_tokens=40, temperature=0
@@ -258,7 +258,7 @@ def test_a_qspec_drafter_owns_its_matrices_and_cache_and_shares_only_read_only_t
 def test_qspec_on_torch_names_the_types_it_takes(models) -> None:
     target = tiny(str(models(SMALL)))
     with pytest.raises(InvalidRequestError, match="int8 or int4"):
-        make_self_drafter(target, "qspec", "Q4_0")
+        target.make_self_drafter("qspec", "Q4_0")
 
 
 @pytest.mark.parametrize("rows", [1, 3, 6, 7, 13, 16, 17, 40])
@@ -423,12 +423,12 @@ def test_layerskip_without_a_count_measures_the_exits_once(models, temporary_loc
     from localspec import selfdraft
 
     target = tiny(str(models(Spec("llama", layers=6, local=(False,) * 6))))
-    drafter = make_self_drafter(target, "layerskip", None)
+    drafter = target.make_self_drafter("layerskip", None)
     assert drafter is not None
     chosen = drafter.capabilities.extra["self_draft"]
     assert chosen in {f"layerskip:{k}" for k in selfdraft.exit_candidates(6)} and len(selfdraft.exit_candidates(6)) > 1
     monkeypatch.setattr(selfdraft, "agreement", lambda *args: pytest.fail("measured again"))
-    again = make_self_drafter(target, "layerskip", None)
+    again = target.make_self_drafter("layerskip", None)
     assert again is not None and again.capabilities.extra["self_draft"] == chosen
 
 

@@ -9,10 +9,10 @@ from tui_support import reference
 
 from localspec.api import Finished, TextDelta
 from localspec.choices import parse_draft_tokens
-from localspec.controller import AdaptiveDraftLength, CostCurve, StepOutcome
+from localspec.controller import AdaptiveDraftLength, CostCurve
 from localspec.errors import InvalidRequestError
 from localspec.sampling import SamplingConfig
-from localspec.stats import Stats
+from localspec.stats import Stats, Step
 from localspec.tui.attribution import DraftAttribution, drafted_share, flag_spans
 from localspec.tui.job import ReplyJob
 from localspec.tui.live_stats import LiveFigures, estimate_speedup, final_figures, format_figures
@@ -68,8 +68,8 @@ def test_live_figures_read_the_events_stats_and_the_cost_curve() -> None:
     stats = Stats(strategy="draft")
     figures = None
     for step in (
-        StepOutcome(4, 2, 0.004, 0.016, gamma=4, tokens=(1, 2, 3)),
-        StepOutcome(4, 4, 0.004, 0.016, gamma=4, tokens=(4, 5, 6, 7, 8)),
+        Step(4, 2, 0.004, 0.016, gamma=4, tokens=(1, 2, 3)),
+        Step(4, 4, 0.004, 0.016, gamma=4, tokens=(4, 5, 6, 7, 8)),
     ):
         stats.record_step(step)
         stats.generated_tokens += len(step.tokens)
@@ -99,7 +99,7 @@ def test_without_a_cost_curve_plain_steps_or_the_calibration_give_the_baseline()
     assert LiveFigures(lambda: 0.01).plain_step_seconds() == 0.01
     live = LiveFigures()
     for _ in range(4):
-        live.push(TextDelta("", (), (), StepOutcome(0, 0, 0.0, 0.02)))
+        live.push(TextDelta("", (), (), Step(0, 0, 0.0, 0.02)))
     assert live.plain_step_seconds() == pytest.approx(0.02)
 
 

@@ -43,15 +43,12 @@ except ImportError as exc:
 
 from .backend import Forward, MlxBackend, model_name, rollback_refusal  # noqa: E402
 
-make_self_drafter = MlxBackend.make_self_drafter  # the hook as a function of the target
-
 __all__ = [
     "Forward",
     "MlxBackend",
     "load",
     "load_folder",
     "load_gguf_file",
-    "make_self_drafter",
     "rollback_refusal",
     "unavailable_reason",
 ]

@@ -33,6 +33,4 @@ except ImportError as exc:
 
 from .backend import TorchBackend, load
 
-__all__ = ["TorchBackend", "load", "make_self_drafter"]
-
-make_self_drafter = TorchBackend.make_self_drafter  # the hook as a function of the target
+__all__ = ["TorchBackend", "load"]
