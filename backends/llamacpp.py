@@ -94,7 +94,20 @@ def flash_attention() -> int:
     chosen = os.environ.get("LLAMA_ARG_FLASH_ATTN", "").strip().lower()
     if chosen in FLASH_ATTN:
         return int(FLASH_ATTN[chosen])
-    return int(FLASH_ATTN["auto" if llama.llama_supports_gpu_offload() else "off"])
+    return int(FLASH_ATTN["auto" if has_gpu() else "off"])
+
+
+@cache
+def has_gpu() -> bool:
+    """Whether this llama.cpp build sees a GPU. Not llama_supports_gpu_offload(): that is also
+    true for any build with RPC, whose servers may be CPUs."""
+    llama.llama_supports_gpu_offload()  # loads the backends, as llama.cpp does before asking
+    lib = llama.llama_cpp._lib
+    lib.ggml_backend_dev_by_type.argtypes, lib.ggml_backend_dev_by_type.restype = [ctypes.c_int], ctypes.c_void_p
+    return any(lib.ggml_backend_dev_by_type(kind) for kind in _GPU_DEVICE_TYPES)
+
+
+_GPU_DEVICE_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 
 
 def _model_params(rpc: Sequence[str]) -> tuple[Any, Any]:

@@ -33,10 +33,17 @@ def test_an_amx_build_keeps_them_off(monkeypatch):
 
 def test_flash_attention_is_off_on_a_cpu_build_and_llama_cpp_decides_on_a_gpu_build(monkeypatch):
     monkeypatch.delenv("LLAMA_ARG_FLASH_ATTN", raising=False)
-    monkeypatch.setattr(llamacpp.llama, "llama_supports_gpu_offload", lambda: False)
+    monkeypatch.setattr(llamacpp, "has_gpu", lambda: False)
     assert llamacpp.flash_attention() == llamacpp.llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    monkeypatch.setattr(llamacpp.llama, "llama_supports_gpu_offload", lambda: True)
+    monkeypatch.setattr(llamacpp, "has_gpu", lambda: True)
     assert llamacpp.flash_attention() == llamacpp.llama.LLAMA_FLASH_ATTN_TYPE_AUTO
+
+
+def test_a_cpu_build_with_rpc_sees_no_gpu():
+    # llama_supports_gpu_offload() is true for any RPC build; that must not turn it on.
+    if not llamacpp.llama.llama_supports_rpc():
+        pytest.skip("this llama.cpp has no RPC backend")
+    assert llamacpp.has_gpu() is False
 
 
 @pytest.mark.parametrize("value", ["on", "off", "auto"])
