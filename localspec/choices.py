@@ -25,6 +25,9 @@ STRATEGY_HELP = ", ".join(_SPELLED[1:-1]) + f" or {_SPELLED[-1]}"  # for a --str
 DraftTokens = int | Literal["auto"]
 
 
+_DRAFT_HINT = "give auto (the controller picks it every step) or a number such as 4 (0 drafts nothing)"
+
+
 def parse_draft_tokens(text: str) -> DraftTokens:
     """A draft length as a user types it: "auto" (or nothing) or a whole number >= 0."""
     value = text.strip().lower()
@@ -33,7 +36,7 @@ def parse_draft_tokens(text: str) -> DraftTokens:
     try:
         n = int(value)
     except ValueError:
-        raise InvalidRequestError(f"draft length must be 'auto' or a whole number, got {text!r}") from None
+        raise InvalidRequestError(f"draft length must be 'auto' or a whole number, got {text!r}", _DRAFT_HINT) from None
     if n < 0:
-        raise InvalidRequestError(f"draft length must be 'auto' or a whole number >= 0, got {n}")
+        raise InvalidRequestError(f"draft length must be 'auto' or a whole number >= 0, got {n}", _DRAFT_HINT)
     return n
