@@ -87,27 +87,13 @@ FLASH_ATTN = {
 
 
 def flash_attention() -> int:
-    """llama.cpp's flash attention, off where the model runs on the CPU: its CPU kernel makes
-    every pass dearer as the context grows (benchmarks/flash_attention.py). A GPU build keeps
-    llama.cpp's own choice; LLAMA_ARG_FLASH_ATTN (on, off, auto), llama.cpp's own variable,
-    overrides either."""
+    """llama.cpp's flash attention: llama.cpp's own choice (on wherever the device has the
+    kernel). Off decodes faster on the CPU at long contexts (benchmarks/flash_attention.py),
+    but greedy speculative output then drifts from plain decoding after a rollback
+    (tests/test_llamacpp_greedy.py), so only LLAMA_ARG_FLASH_ATTN (on, off, auto), llama.cpp's
+    own variable, turns it off."""
     chosen = os.environ.get("LLAMA_ARG_FLASH_ATTN", "").strip().lower()
-    if chosen in FLASH_ATTN:
-        return int(FLASH_ATTN[chosen])
-    return int(FLASH_ATTN["auto" if has_gpu() else "off"])
-
-
-@cache
-def has_gpu() -> bool:
-    """Whether this llama.cpp build sees a GPU. Not llama_supports_gpu_offload(): that is also
-    true for any build with RPC, whose servers may be CPUs."""
-    llama.llama_supports_gpu_offload()  # loads the backends, as llama.cpp does before asking
-    lib = llama.llama_cpp._lib
-    lib.ggml_backend_dev_by_type.argtypes, lib.ggml_backend_dev_by_type.restype = [ctypes.c_int], ctypes.c_void_p
-    return any(lib.ggml_backend_dev_by_type(kind) for kind in _GPU_DEVICE_TYPES)
-
-
-_GPU_DEVICE_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+    return int(FLASH_ATTN.get(chosen, FLASH_ATTN["auto"]))
 
 
 def _model_params(rpc: Sequence[str]) -> tuple[Any, Any]:

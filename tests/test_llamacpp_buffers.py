@@ -1,6 +1,6 @@
 """llama.cpp's extra weight buffers (repacked and AMX layouts) stay off where its AMX
-kernels are compiled in, and flash attention stays off on a CPU build, unless the user
-turns them on; the peers run with the same settings."""
+kernels are compiled in, unless the user turns them on; flash attention is llama.cpp's own
+choice unless told; the peers run with the same settings."""
 
 from __future__ import annotations
 
@@ -31,19 +31,9 @@ def test_an_amx_build_keeps_them_off(monkeypatch):
     assert llamacpp.extra_buffers() is True
 
 
-def test_flash_attention_is_off_on_a_cpu_build_and_llama_cpp_decides_on_a_gpu_build(monkeypatch):
+def test_flash_attention_is_llama_cpps_own_choice_unless_told(monkeypatch):
     monkeypatch.delenv("LLAMA_ARG_FLASH_ATTN", raising=False)
-    monkeypatch.setattr(llamacpp, "has_gpu", lambda: False)
-    assert llamacpp.flash_attention() == llamacpp.llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    monkeypatch.setattr(llamacpp, "has_gpu", lambda: True)
     assert llamacpp.flash_attention() == llamacpp.llama.LLAMA_FLASH_ATTN_TYPE_AUTO
-
-
-def test_a_cpu_build_with_rpc_sees_no_gpu():
-    # llama_supports_gpu_offload() is true for any RPC build; that must not turn it on.
-    if not llamacpp.llama.llama_supports_rpc():
-        pytest.skip("this llama.cpp has no RPC backend")
-    assert llamacpp.has_gpu() is False
 
 
 @pytest.mark.parametrize("value", ["on", "off", "auto"])
