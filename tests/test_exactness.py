@@ -21,6 +21,7 @@ from sources import AlternatingSources
 from localspec.backends.reference import BOS, ReferenceBackend
 from localspec.controller import DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
+from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
@@ -54,9 +55,30 @@ def draft_model() -> ReferenceBackend:
     return ReferenceBackend(vocab_size=VOCAB, seed=0, noise=DRAFT_NOISE)
 
 
+def remembering(documents: Sequence[Sequence[int]]) -> NgramDrafter:
+    """n-gram lookup with a memory of these earlier requests' tokens."""
+    memory = NgramMemory()
+    for document in documents:
+        memory.add(document)
+    return NgramDrafter(memory=memory)
+
+
+def sampled_request(seed: int, n: int = 12) -> list[int]:
+    """PROMPT and n tokens the target sampled after it."""
+    model, context, rng = target(), list(PROMPT), np.random.default_rng(seed)
+    for _ in range(n):
+        context.append(int(rng.choice(VOCAB, p=model.exact_probs(context, FULL))))
+    return context
+
+
+# Earlier requests that began like PROMPT: they match further back than the prompt's own
+# repeats, so their continuations (sometimes right, sometimes not) are what gets drafted.
+REMEMBERED = [sampled_request(seed) for seed in range(3)]
+
 DRAFTERS: dict[str, Callable[[], Drafter]] = {
     "none": NoDrafter,
     "ngram": lambda: NgramDrafter(min_ngram=1),
+    "ngram-memory": lambda: remembering(REMEMBERED),
     "model": lambda: ModelDrafter(draft_model(), min_confidence=0.0),
     # Stops after a token it gave less than 35 %: about half the drafts end early here.
     "model-confidence": lambda: ModelDrafter(draft_model(), min_confidence=0.35),
@@ -209,6 +231,13 @@ GREEDY_PROMPTS = [
 GREEDY_DRAFTERS: dict[str, Callable[[], Drafter]] = {
     "none": NoDrafter,
     "ngram": lambda: NgramDrafter(min_ngram=1),
+    # The answers to two of the prompts, and a near miss of a third (its answer, changed).
+    "ngram-memory": lambda: remembering(
+        [
+            *([*p, *plain_decoding(p)] for p in GREEDY_PROMPTS[:2]),
+            [*GREEDY_PROMPTS[2], *[(t + 1) % GREEDY_VOCAB for t in plain_decoding(GREEDY_PROMPTS[2])]],
+        ]
+    ),
     "model": lambda: ModelDrafter(ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0, noise=DRAFT_NOISE), 0.0),
     "model-confidence": lambda: ModelDrafter(
         ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0, noise=DRAFT_NOISE), min_confidence=0.35

@@ -6,6 +6,9 @@ Of all earlier occurrences of the last `min_ngram` tokens, the guess copies the 
 match extends furthest back (the most recent on a tie): a 1-token match picks from many
 places, a long match usually finds the very passage being copied. The match length is
 returned as the draft's support, which the draft-length policy turns into confidence.
+
+Given a memory of earlier requests, a passage recalled from it is guessed instead where it
+matches further back than anything in the request's own text.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from localspec.drafters import Draft
+from localspec.drafters.memory import NgramMemory
 from localspec.sampling import SamplingConfig
 
 # How far back a match is measured, and how many earlier occurrences are compared: both
@@ -26,11 +30,12 @@ CANDIDATES = 64
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, min_ngram: int = 1, max_support: int = MAX_SUPPORT) -> None:
+    def __init__(self, min_ngram: int = 1, max_support: int = MAX_SUPPORT, memory: NgramMemory | None = None) -> None:
         if min_ngram < 1:
             raise ValueError("min_ngram must be at least 1")
         self.min_ngram = min_ngram
         self.max_support = max(max_support, min_ngram)
+        self.memory = memory
         # Positions right after every earlier occurrence of each min_ngram-gram, oldest first.
         # Append-only per request, so each step costs O(new tokens), not O(context).
         self._index: dict[tuple[int, ...], list[int]] = {}
@@ -51,6 +56,15 @@ class NgramDrafter:
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         self._extend(context)
+        draft = self._copy(context, n)
+        if self.memory is not None and draft.support < self.max_support:
+            recalled = self.memory.recall(context, n, self.max_support)
+            if recalled.support > draft.support:
+                return recalled
+        return draft
+
+    def _copy(self, context: Sequence[int], n: int) -> Draft:
+        """The guess from the request's own text."""
         size = len(context)
         if size < self.min_ngram or n <= 0:
             return Draft()

@@ -1,0 +1,95 @@
+"""What earlier requests said: the tokens of past prompts and answers (and, in the chat, of
+past conversations), which n-gram lookup searches when the request's own text has no long
+match. An app that asks the same kind of question again (the same JSON shape, the same code
+boilerplate, a regenerated answer) gets guesses from its earlier answers; llama-lookup's
+dynamic cache does this across runs, SuffixDecoding across an agent's calls.
+
+Drafting from it is lossless like any draft: the target verifies every token.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from localspec.drafters import Draft, common_prefix
+
+# A recalled passage must match at least this many tokens before the context's end: in a
+# large memory a shorter match is a coincidence more often than a copy.
+KEY = 4
+# Earlier occurrences compared per lookup (the newest), which bounds a step's work.
+CANDIDATES = 32
+# Past this many tokens the oldest half is forgotten: about 30 MiB of index.
+CAPACITY = 200_000
+_SEPARATOR = -1  # between documents, so a match never runs from one into another
+
+
+class NgramMemory:
+    """Documents of token ids, indexed by their KEY-grams, searched from any thread."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        if capacity < 2 * KEY:
+            raise ValueError(f"capacity must be at least {2 * KEY} tokens")
+        self.capacity = capacity
+        self._tokens: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}
+        self._last: list[int] = []  # the last document added, to extend rather than repeat it
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Remember a document. One that continues the last one (the next turn of the same
+        conversation: its prompt holds the last prompt and answer) adds only what is new."""
+        tokens = list(tokens)
+        with self._lock:
+            shared = common_prefix(self._last, tokens)
+            if self._last and shared == len(self._last):
+                self._append(tokens[shared:])
+            else:
+                if self._tokens:
+                    self._append([_SEPARATOR])
+                self._append(tokens)
+            self._last = tokens
+            if len(self._tokens) > self.capacity:
+                self._forget_oldest_half()
+
+    def _append(self, tokens: Sequence[int]) -> None:
+        start = len(self._tokens)
+        self._tokens.extend(tokens)
+        # Register the KEY-gram ending just before each new position, as the context index does.
+        for end in range(max(start, KEY), len(self._tokens)):
+            key = tuple(self._tokens[end - KEY : end])
+            if _SEPARATOR not in key:
+                self._index.setdefault(key, []).append(end)
+
+    def _forget_oldest_half(self) -> None:
+        keep = self._tokens[len(self._tokens) // 2 :]
+        cut = keep.index(_SEPARATOR) + 1 if _SEPARATOR in keep else 0  # start at a document
+        self._tokens, self._index = [], {}
+        self._append(keep[cut:])
+
+    def recall(self, context: Sequence[int], n: int, max_support: int) -> Draft:
+        """Up to n tokens that followed the remembered passage matching the context's end
+        furthest back (at least KEY tokens; the newest on a tie), with that match length as
+        the draft's support."""
+        size = len(context)
+        if size < KEY or n <= 0:
+            return Draft()
+        with self._lock:
+            found = self._index.get(tuple(context[size - KEY :]))
+            if not found:
+                return Draft()
+            memory = self._tokens
+            best, support = found[-1], 0
+            for pos in reversed(found[-CANDIDATES:]):
+                m = KEY
+                while m < max_support and pos > m and memory[pos - m - 1] == context[size - m - 1]:
+                    m += 1
+                if m > support:
+                    best, support = pos, m
+            tokens = memory[best : best + n]
+        if _SEPARATOR in tokens:
+            tokens = tokens[: tokens.index(_SEPARATOR)]
+        return Draft(tokens=tokens, support=support) if tokens else Draft()

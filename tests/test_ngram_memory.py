@@ -1,0 +1,98 @@
+"""The memory of earlier requests that n-gram lookup searches beside the request's own text."""
+
+from __future__ import annotations
+
+import numpy as np
+from tui_support import reference
+
+from localspec.drafters.memory import KEY, NgramMemory
+from localspec.drafters.ngram import NgramDrafter
+from localspec.sampling import SamplingConfig
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def remembered(*documents: list[int], capacity: int = 1000) -> NgramMemory:
+    memory = NgramMemory(capacity)
+    for document in documents:
+        memory.add(document)
+    return memory
+
+
+def test_a_passage_of_an_earlier_request_is_recalled_with_its_match_length() -> None:
+    memory = remembered([1, 2, 3, 4, 5, 6, 7, 8])
+    draft = memory.recall([9, 2, 3, 4, 5], 3, 32)
+    assert draft.tokens == [6, 7, 8] and draft.support == KEY
+
+
+def test_a_match_shorter_than_the_key_recalls_nothing() -> None:
+    assert remembered([1, 2, 3, 4, 5, 6]).recall([9, 9, 3, 4, 5], 2, 32).tokens == []
+
+
+def test_the_passage_matching_furthest_back_is_recalled() -> None:
+    memory = remembered([7, 1, 2, 3, 4, 10, 11], [8, 7, 1, 2, 3, 4, 20, 21], [1, 2, 3, 4, 30])
+    draft = memory.recall([8, 7, 1, 2, 3, 4], 2, 32)
+    assert draft.tokens == [20, 21] and draft.support == 6
+
+
+def test_a_recall_stops_at_the_end_of_its_document() -> None:
+    memory = remembered([1, 2, 3, 4, 5], [6, 7, 8, 9])
+    assert memory.recall([1, 2, 3, 4], 4, 32).tokens == [5]
+
+
+def test_the_next_turn_of_a_conversation_adds_only_what_is_new() -> None:
+    memory = remembered([1, 2, 3, 4, 5])
+    memory.add([1, 2, 3, 4, 5, 6, 7, 8])
+    assert len(memory) == 8  # one document, extended
+    assert memory.recall([3, 4, 5, 6], 2, 32).tokens == [7, 8]  # matches across the join
+    memory.add([1, 2, 3, 4, 5, 6, 7, 8])
+    assert len(memory) == 8  # the same request again adds nothing
+
+
+def test_past_its_capacity_the_oldest_half_is_forgotten() -> None:
+    memory = remembered(*([100 + d, 1, 2, 3, 4, 50 + d] for d in range(10)), capacity=40)
+    assert len(memory) <= 40
+    assert memory.recall([100, 1, 2, 3, 4], 1, 32).support == KEY  # the oldest's own start is gone
+    assert memory.recall([109, 1, 2, 3, 4], 1, 32).tokens == [59]
+
+
+def test_the_drafter_prefers_its_own_text_unless_the_memory_matches_further_back() -> None:
+    memory = remembered([5, 6, 1, 2, 3, 4, 40, 41, 42])
+    drafter = NgramDrafter(memory=memory)
+    own = [9, 1, 2, 3, 4, 8, 8, 9, 1, 2, 3, 4]  # its own text matches 5 back, the memory 4
+    drafter.start(own)
+    assert drafter.propose(own, 2, GREEDY, np.random.default_rng(0)).tokens == [8, 8]
+    other = [7, 5, 6, 1, 2, 3, 4]  # nothing of its own; the memory matches 6 back
+    drafter.start(other)
+    draft = drafter.propose(other, 3, GREEDY, np.random.default_rng(0))
+    assert draft.tokens == [40, 41, 42] and draft.support == 6
+
+
+def test_a_request_asked_again_is_drafted_from_the_first_answer_and_says_the_same() -> None:
+    forgetful = reference(strategy="ngram", draft_tokens=4)
+    runtime = reference(strategy="ngram", draft_tokens=4, memory=NgramMemory())
+    prompt = "tell me about the weather"
+    first = runtime.generate(prompt, max_tokens=40, temperature=0)
+    again = runtime.generate(prompt, max_tokens=40, temperature=0)
+    alone = forgetful.generate(prompt, max_tokens=40, temperature=0)
+    assert first.tokens == again.tokens == alone.tokens
+    assert again.stats.accepted > alone.stats.accepted
+    assert again.stats.accepted >= len(again.tokens) // 2
+
+
+def test_remembered_conversations_are_searched() -> None:
+    runtime = reference(strategy="ngram", draft_tokens=4, memory=NgramMemory())
+    messages = [{"role": "user", "content": "hello there"}]
+    answer = runtime.generate(messages=messages, max_tokens=30, temperature=0)
+    fresh = reference(strategy="ngram", draft_tokens=4, memory=NgramMemory())
+    fresh.remember(messages=[*messages, {"role": "assistant", "content": answer.text}])
+    again = fresh.generate(messages=messages, max_tokens=30, temperature=0)
+    assert again.tokens == answer.tokens
+    assert again.stats.accepted > answer.stats.accepted
+
+
+def test_load_keeps_no_memory_when_asked_not_to() -> None:
+    from localspec.api import load
+
+    assert load("reference", backend="reference", memory=False).memory is None
+    assert load("reference", backend="reference").memory is not None
