@@ -32,6 +32,7 @@ from localspec.chat import chat_tokens, normalize_messages, render_chat
 from localspec.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
+from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
@@ -119,6 +120,7 @@ class Runtime:
         draft_tokens: DraftTokens = "auto",
         calibrate: bool = True,
         label: str | None = None,
+        memory: NgramMemory | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {EVERY_STRATEGY}")
@@ -147,6 +149,8 @@ class Runtime:
         self.draft = draft if strategy == "draft" else None
         self.strategy = strategy
         self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
+        # Earlier requests' text, which n-gram lookup searches beside the request's own.
+        self.memory = memory
         self.drafter: Drafter = self._make_drafter()
         # Built on first use, so a request that is refused (a prompt longer than the context)
         # is refused before a calibration it does not need.
@@ -155,7 +159,7 @@ class Runtime:
         # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
         # the policy predicts faster at each step; a fixed draft length uses the model alone.
         adaptive = draft_tokens == "auto" and calibrate
-        lookup = NgramDrafter() if self.draft is not None and adaptive else None
+        lookup = NgramDrafter(memory=memory) if self.draft is not None and adaptive else None
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
         self._owner: _Owner | None = None
@@ -180,7 +184,7 @@ class Runtime:
             assert self.draft is not None
             return ModelDrafter(self.draft)
         if self.strategy == "ngram":
-            return NgramDrafter()
+            return NgramDrafter(memory=self.memory)
         return NoDrafter()
 
     def _make_policy(self, draft_tokens: DraftTokens, calibrate: bool) -> DraftLengthPolicy:
@@ -292,6 +296,7 @@ class Runtime:
         stop: Sequence[str],
         cancel: threading.Event | None,
     ) -> Generator[Event, None, None]:
+        said = list(tokens)  # the prompt, then the answer: what the memory keeps
         # pop, not index: the frame must not keep its own generator alive (see _Owner).
         self._acquire(me.pop())
         try:
@@ -302,6 +307,7 @@ class Runtime:
                 tokens, max_tokens, cfg, self.policy, stats, rng, cancel.is_set if cancel is not None else None
             )
             for step in steps:
+                said.extend(step.tokens)
                 delta = text.push(step.tokens)
                 n = step.n_from_draft
                 flags = (True,) * n + (False,) * (len(step.tokens) - n)
@@ -314,6 +320,8 @@ class Runtime:
                 yield TextDelta(tail, (), (), None, stats)
             yield Finished(text.text, stats, stats.finish_reason)
         finally:
+            if self.memory is not None:
+                self.memory.add(said)
             self._note_drift()
             self._release()
 
@@ -323,6 +331,21 @@ class Runtime:
             self._drift_noted = note_drift(self._costs, [b for b in (self.target, self.draft) if b is not None])
         if self._costs is not None:
             remember_learnt(self.target, self._costs)  # a learning curve: the next load starts there
+
+    def remember(
+        self, prompt: str | Sequence[int] | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None
+    ) -> None:
+        """Add a text or a conversation (a past chat, a document the app expects answers to
+        quote) to the memory n-gram lookup searches. Takes the runtime like a request, so a
+        thread can feed many between another's requests."""
+        if self.memory is None:
+            return
+        self._check_open()
+        self._acquire(None)
+        try:
+            self.memory.add(self.prompt_tokens(prompt, messages))
+        finally:
+            self._release()
 
     # -- one request at a time --------------------------------------------------------------
 
@@ -422,12 +445,14 @@ def load(
     calibrate: bool = True,
     rpc: str | Sequence[str] | None = None,
     on_progress: Announce | None = None,
+    memory: bool = True,
 ) -> Runtime:
     """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
     (pulled with `localspec pull`), or None for the embedded default. rpc ("HOST:PORT,...")
     splits the target over llama.cpp rpc-servers; the drafter stays on this machine.
     on_progress is told what a step that takes more than two seconds is doing (a CLI prints
-    it, a chat shows it)."""
+    it, a chat shows it). memory: n-gram lookup also searches this runtime's earlier
+    requests (and whatever runtime.remember() is given); kept in this process only."""
     n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
     pair = pair_id(model, draft_model, backend)
     if pair is not None:
@@ -443,6 +468,7 @@ def load(
             calibrate=calibrate,
             rpc=rpc,
             on_progress=on_progress,
+            memory=memory,
         )
     if model is None:
         from localspec.default_model import ensure_pypi_model
@@ -467,7 +493,15 @@ def load(
         elif draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
                 draft = load_backend(backend, draft_model, **options)
-        runtime = Runtime(target, draft, strategy=strategy, draft_tokens=draft_tokens, calibrate=calibrate, label=label)
+        runtime = Runtime(
+            target,
+            draft,
+            strategy=strategy,
+            draft_tokens=draft_tokens,
+            calibrate=calibrate,
+            label=label,
+            memory=NgramMemory() if memory else None,
+        )
         if runtime.draft is not None:
             # The pair's agreement is measured when the policy is built: here, where it is announced.
             with announced("comparing the drafter with the target", on_progress):

@@ -351,6 +351,21 @@ def test_an_allowed_origin_passes_the_cors_preflight(keyed_server) -> None:
     assert response.headers["access-control-allow-origin"] == "http://app.example"
 
 
+def test_a_request_like_an_earlier_one_is_drafted_from_its_answer(client) -> None:
+    messages = [{"role": "user", "content": "List four farm animals, one per line, each with the sound it makes."}]
+    first, again = chat(client, messages, 48), chat(client, messages, 48)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    steps = [answer.model_extra["speculation"]["verify_steps"] for answer in (first, again)]
+    assert steps[1] < steps[0] * 0.6  # most of the answer came four tokens a step
+
+
+def test_serve_no_memory_keeps_requests_apart() -> None:
+    from localspec.cli.main import build_parser
+
+    assert build_parser().parse_args(["serve"]).memory is True
+    assert build_parser().parse_args(["serve", "--no-memory"]).memory is False
+
+
 def test_the_default_bind_address_is_127_0_0_1() -> None:
     from localspec.cli.main import build_parser
 

@@ -316,3 +316,29 @@ async def test_a_stored_message_with_damaged_stats_still_opens() -> None:
         await ready(app)
         await app.open_conversation(cid)
         assert app.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "**hello**"}]
+
+
+@pytest.mark.asyncio
+async def test_saved_chats_are_remembered_for_lookup_once_the_model_is_ready() -> None:
+    from localspec.backend_loader import load_backend
+    from localspec.drafters.memory import NgramMemory
+
+    saved = [StoredMessage("user", "Name a river"), StoredMessage("assistant", "The Nile runs through Egypt.")]
+    history = History()
+    cid = history.create("Rivers", "reference", "be brief")
+    for message in saved:
+        history.append(cid, message)
+    history.close()
+
+    def remembering(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
+        target = load_backend("reference", "reference", n_ctx=settings.n_ctx)
+        return Runtime(target, None, strategy="ngram", memory=NgramMemory())
+
+    app = ChatApp(remembering, REFERENCE.with_changes(strategy="ngram", draft_model=None))
+    async with app.run_test(size=SIZE):
+        await ready(app)
+        runtime = app.runtime
+        assert runtime is not None and runtime.memory is not None
+        await wait_for(lambda: len(runtime.memory) > 0, what="the saved chat in the memory")  # type: ignore[arg-type]
+        chat = [{"role": "system", "content": "be brief"}, *({"role": m.role, "content": m.content} for m in saved)]
+        assert len(runtime.memory) == len(runtime.prompt_tokens(messages=chat))

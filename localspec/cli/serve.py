@@ -44,6 +44,13 @@ def register(sub: Any) -> None:
         default=16,
         help="requests that may wait behind the one running; more get 503 (default 16)",
     )
+    p.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="n-gram lookup searches only each request's own text, not earlier requests' (keeps clients' "
+        "requests apart, in timing too)",
+    )
     add_model_options(p)
     p.set_defaults(handler=handle)
 
@@ -57,7 +64,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be 0 or more, got {args.max_queue}")
     model = args.pair or args.model
-    options = load_options(args)
+    options = {**load_options(args), "memory": args.memory}
     served = _served_id(model, args.draft_model)
 
     def loader(pair_id: str) -> Any:

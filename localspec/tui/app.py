@@ -14,9 +14,10 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
 
 from localspec.api import Runtime
-from localspec.errors import ContextFullError, LocalspecError
+from localspec.errors import BackendClosedError, ContextFullError, LocalspecError
 from localspec.history import History, HistoryError, StoredMessage
 from localspec.stats import Stats
 from localspec.tui.attribution import DraftAttribution
@@ -35,6 +36,9 @@ from localspec.tui.transcript import Transcript
 from localspec.tui.widgets import AssistantMessage, ErrorMessage, PromptInput, StatusLine, UserMessage
 
 _Write = Callable[[History, int], None]
+
+# Past chats fed to n-gram lookup's memory when a model loads: the newest this many.
+RECALLED_CONVERSATIONS = 100
 
 FINISH_NOTES = {
     "max_tokens": "Stopped at the reply length limit (max tokens); ask it to go on for more.",
@@ -204,6 +208,35 @@ class ChatApp(App[None]):
         self._last_job = None
         self.update_topbar()
         self.show_ready()
+        self._recall(runtime, self._past_chats())
+
+    def _past_chats(self) -> list[list[dict[str, str]]]:
+        """The newest saved chats as messages, read here in the app's thread (the history's)."""
+        if self.history is None:
+            return []
+        chats = []
+        try:
+            for summary in self.history.conversations(RECALLED_CONVERSATIONS):
+                conversation = self.history.get(summary.id)
+                system = [{"role": "system", "content": conversation.system}] if conversation.system else []
+                chats.append(system + [{"role": m.role, "content": m.content} for m in conversation.messages])
+        except HistoryError:
+            pass  # the history's own notice has said what is wrong with it
+        return chats
+
+    @work(thread=True, group="recall")
+    def _recall(self, runtime: Runtime, chats: list[list[dict[str, str]]]) -> None:
+        # After the first answer can start: each chat takes the runtime only for its tokenizing.
+        worker = get_current_worker()
+        for messages in chats:
+            if worker.is_cancelled:
+                return
+            try:
+                runtime.remember(messages=messages)
+            except BackendClosedError:
+                return  # closed for another model
+            except LocalspecError:
+                continue  # a chat the template refuses is left out
 
     def _load_failed(self, settings: ChatSettings, exc: BaseException) -> None:
         self.loading = False
