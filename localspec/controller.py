@@ -50,6 +50,17 @@ CATCH_UP_HORIZON = 4
 # machine that changes is followed within a few dozen passes.
 LEARNT_PASSES = 8
 MAX_EVIDENCE = 32
+# A pass timed under this share of what the learnt curve says its size costs is no jitter:
+# load only ever adds time, so the curve's shape was learnt while the machine was busier.
+STALE_SHAPE = 2 / 3
+
+# A proven copy source the cost curve keeps idle: after PROBE_AFTER steps in a row that
+# declined a guess whose first token the evidence says comes true (α ≥ PROBE_ALPHA), one
+# token of it is verified anyway, so the price of drafting is timed again instead of trusted
+# for good (a curve learnt on a busy machine prices every draft too dear, and a size that is
+# never drafted is never timed). The probe costs one token's share of a pass.
+PROBE_AFTER = 32
+PROBE_ALPHA = 0.6
 
 
 def support_level(support: int) -> int:
@@ -240,12 +251,31 @@ class CostCurve:
         if self.evidence[i] < LEARNT_PASSES or self._updates % LEARNT_PASSES == 0:
             self._effective = None
         ratio = min(max(ratio, 0.1), 10.0)
+        if i > 0 and ratio < STALE_SHAPE * self.correction(k):
+            self._rebase(i, ratio)
+            return
         if self.evidence[i] == 0:
             self.corrections[i] = ratio
         else:
             step = max(1.0 / (self.evidence[i] + 1), 1.0 / LEARNT_PASSES)
             self.corrections[i] += step * (ratio - self.corrections[i])
         self.evidence[i] = min(self.evidence[i] + 1, MAX_EVIDENCE)
+
+    def _rebase(self, i: int, ratio: float) -> None:
+        """A pass of i+1 tokens at `ratio` times the curve's base shows the curve's shape was
+        learnt on a busier machine. This pass, no slower than load allows, is that size's
+        cost; every size above the single-token step (which each step times) is priced
+        afresh on the line through the two, and learns from its own passes again."""
+        one = self.verify_seconds[0] * self.corrections[0]
+        slope = max(self.verify_seconds[i] * ratio - one, 0.0) / i
+        deep_factor = self.deep_seconds[0] / self.verify_seconds[0] if self.deep_seconds else 1.0
+        for j in range(1, len(self.verify_seconds)):
+            self.verify_seconds[j] = one + slope * j
+            if self.deep_seconds is not None:
+                self.deep_seconds[j] = self.verify_seconds[j] * deep_factor
+            self.corrections[j], self.evidence[j] = 1.0, 0.0
+        self.evidence[i] = float(LEARNT_PASSES)
+        self._effective = None
 
     def learnt(self) -> tuple[list[float], list[float] | None]:
         """The curve as the passes so far have shown it (drift included), behind a short
@@ -308,6 +338,7 @@ class AdaptiveDraftLength:
     hits: list[float] = field(default_factory=list)
     trials: list[float] = field(default_factory=list)
     _other_kind: _Estimates | None = field(default=None, repr=False)
+    _declined: int = field(default=0, repr=False)  # proven guesses passed over in a row (PROBE_AFTER)
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -355,7 +386,21 @@ class AdaptiveDraftLength:
         return self.choose(self.max_gamma, 0, 0, depth) > 0
 
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
-        return self._best(limit, support, backlog, depth, self.draft_seconds_per_token, self.margin)[0]
+        gamma = self._best(limit, support, backlog, depth, self.draft_seconds_per_token, self.margin)[0]
+        return self._probe(gamma, limit, support)
+
+    def _probe(self, gamma: int, guessed: int, support: int) -> int:
+        """gamma, or 1 where PROBE_AFTER proven guesses in a row were passed over."""
+        if gamma > 0 or guessed <= 0 or support <= 0:
+            self._declined = 0 if gamma > 0 else self._declined
+            return gamma
+        if self.chain(1, support)[0] < PROBE_ALPHA:
+            return 0
+        self._declined += 1
+        if self._declined < PROBE_AFTER:
+            return 0
+        self._declined = 0
+        return 1
 
     def choose_source(
         self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
@@ -371,7 +416,11 @@ class AdaptiveDraftLength:
                 min(guessed, limit), support, 0, depth, self.lookup_seconds_per_token, self.lookup_margin
             )
             if lookup[0] > 0 and (gamma == 0 or lookup[1] > rate):
+                self._declined = 0
                 return lookup[0], True
+            if gamma == 0 and self._probe(0, min(guessed, limit), support) > 0:
+                return 1, True
+        self._declined = 0 if gamma > 0 else self._declined
         return gamma, False
 
     def _best(

@@ -7,6 +7,8 @@ import pytest
 
 from localspec.backends.reference import BOS, ReferenceBackend
 from localspec.controller import (
+    PROBE_AFTER,
+    PROBE_ALPHA,
     SAMPLED_SUPPORT_PRIORS,
     SUPPORT_PRIORS,
     AdaptiveDraftLength,
@@ -434,3 +436,58 @@ def test_a_drafter_started_cold_catches_up_when_a_draft_comes_after_all() -> Non
     assert drafter.backlog(prompt) == len(prompt) - 1
     guess = drafter.propose(prompt, 3, SamplingConfig(temperature=0.0), np.random.default_rng(0))
     assert len(guess.tokens) >= 1 and list(draft.cached_tokens()[: len(prompt)]) == prompt
+
+
+# A curve learnt while the machine was busy: passes of 2 tokens and more priced 7-30 times a
+# single-token step, each size trusted on 32 passes, where they really cost a little more
+# than one step.
+BUSY = [7.0e-3, 52e-3, 57e-3, 45e-3, 70e-3, 95e-3, 160e-3, 229e-3] + [229e-3 + 30e-3 * i for i in range(1, 9)]
+
+
+def quiet(k: int) -> float:
+    return 7.0e-3 * (1 + 0.08 * (k - 1))
+
+
+def busy_curve() -> CostCurve:
+    return CostCurve(list(BUSY), learning=True, evidence=[32.0] * len(BUSY))
+
+
+def test_a_pass_far_under_a_learnt_price_drops_the_shape_learnt_on_a_busy_machine() -> None:
+    curve = busy_curve()
+    curve.update(1, quiet(1))
+    curve.update(2, quiet(2))  # the first two-token pass in a quiet session
+    assert curve.verify(2) == pytest.approx(quiet(2), rel=0.05)
+    assert curve.verify(9) < 1.5 * quiet(9)  # the other sizes follow the timed slope
+    assert curve.verify(9) > quiet(2)
+
+
+def test_a_pass_within_the_noise_of_its_price_keeps_the_learnt_shape() -> None:
+    curve = busy_curve()
+    curve.update(3, BUSY[2] * 0.8)
+    assert curve.verify(8) == pytest.approx(BUSY[7], rel=0.05)
+
+
+def test_a_proven_copy_source_kept_idle_by_a_stale_curve_is_probed_and_drafts_again() -> None:
+    policy = AdaptiveDraftLength(busy_curve(), 2e-5, max_gamma=15)
+    gammas = []
+    for _ in range(120):
+        gamma = policy.choose(16, support=20)
+        gammas.append(gamma)
+        policy.observe(
+            Step(drafted=gamma, accepted=gamma, draft_seconds=0.0, verify_seconds=quiet(gamma + 1), support=20)
+        )
+    first = next(i for i, g in enumerate(gammas) if g > 0)
+    assert first == PROBE_AFTER - 1 and gammas[first] == 1  # one token, after PROBE_AFTER passes
+    assert min(gammas[first + 1 :]) >= 4  # and long drafts from then on
+
+
+def test_weak_guesses_are_never_probed() -> None:
+    policy = AdaptiveDraftLength(busy_curve(), 2e-5, max_gamma=15)
+    assert policy.chain(1, 1)[0] < PROBE_ALPHA
+    assert all(policy.choose(16, support=1) == 0 for _ in range(3 * PROBE_AFTER))
+
+
+def test_a_stale_curve_beside_a_draft_model_probes_with_the_lookup() -> None:
+    policy = AdaptiveDraftLength(busy_curve(), 5e-3, max_gamma=15, lookup_seconds_per_token=2e-5)
+    choices = [policy.choose_source(16, 20, 16) for _ in range(PROBE_AFTER)]
+    assert choices[-1] == (1, True) and all(c == (0, False) for c in choices[:-1])
