@@ -1,7 +1,9 @@
 """What the engine spends per step outside the target's pass, for plain decoding, n-gram
 lookup and a draft model beside lookup, on one prompt: the controller's and drafters' share
 of a step. On a prompt where nothing is drafted (the default's *chat* answer) the three do
-the same passes, so the difference is the price of deciding not to draft.
+the same passes, so the difference is the price of deciding not to draft. "ngram+memory"
+searches a memory of earlier requests filled to capacity with the other suite prompts and
+their answers, again and again: the most a step spends looking there.
 
     python benchmarks/step_overhead.py TARGET.gguf DRAFT.gguf [--prompt chat] [-r 5]
 """
@@ -13,7 +15,26 @@ import statistics
 
 from localspec.api import Runtime
 from localspec.backend_loader import load_backend
-from localspec.prompts import SUITE
+from localspec.drafters.memory import CAPACITY, NgramMemory
+from localspec.prompts import SUITE, BenchPrompt
+
+
+def answered(runtime: Runtime, prompts: list[BenchPrompt]) -> list[list[int]]:
+    """Each prompt's tokens followed by its greedy answer."""
+    documents = []
+    for p in prompts:
+        answer = runtime.generate(messages=list(p.messages), max_tokens=160, temperature=0.0).tokens
+        documents.append(runtime.prompt_tokens(messages=list(p.messages)) + answer)
+    return documents
+
+
+def full_memory(documents: list[list[int]]) -> NgramMemory:
+    """A memory near capacity: the documents, cycled (each copy a document of its own)."""
+    memory = NgramMemory()
+    while len(memory) < CAPACITY * 0.9:
+        for document in documents:
+            memory.add(document)
+    return memory
 
 
 def main() -> None:
@@ -24,16 +45,20 @@ def main() -> None:
     parser.add_argument("--repeats", "-r", type=int, default=5)
     args = parser.parse_args()
     target, draft = load_backend("llamacpp", args.model), load_backend("llamacpp", args.draft_model)
+    prompt = next(p for p in SUITE if p.id == args.prompt)
+    documents = answered(Runtime(target, strategy="none"), [p for p in SUITE if p.id != args.prompt])
     runtimes = {
         "none": Runtime(target, strategy="none"),
         "ngram": Runtime(target, strategy="ngram"),
+        "ngram+memory": Runtime(target, strategy="ngram", memory=full_memory(documents)),
         "draft": Runtime(target, draft, strategy="draft"),
     }
-    prompt = next(p for p in SUITE if p.id == args.prompt)
     outside: dict[str, list[float]] = {name: [] for name in runtimes}
     passes: dict[str, list[float]] = {name: [] for name in runtimes}
     drafted = dict.fromkeys(runtimes, 0)
     for _ in range(args.repeats):
+        # The memory as filled, not holding the answer an earlier repeat added to it.
+        runtimes["ngram+memory"] = Runtime(target, strategy="ngram", memory=full_memory(documents))
         for name, runtime in runtimes.items():  # interleaved, as the bench does
             s = runtime.generate(messages=list(prompt.messages), max_tokens=160, temperature=0.0).stats
             outside[name].append((s.decode_seconds - s.verify_seconds) / s.verify_steps * 1e3)
@@ -41,7 +66,7 @@ def main() -> None:
             drafted[name] += s.drafted
     for name in runtimes:
         print(
-            f"{name:<6} outside the pass {statistics.median(outside[name]):.3f} ms/step, "
+            f"{name:<12} outside the pass {statistics.median(outside[name]):.3f} ms/step, "
             f"pass {statistics.median(passes[name]):.2f} ms/step, {drafted[name]} tokens drafted"
         )
 

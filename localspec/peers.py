@@ -101,8 +101,10 @@ def run_peer(
     draft_tokens: int,
     draft_model: str | None = None,
     threads: int | None = None,
+    extra_args: Sequence[str] = (),
 ) -> PeerResult:
-    """Greedy run of one peer program; prompt is the already-rendered chat text."""
+    """Greedy run of one peer program; prompt is the already-rendered chat text. extra_args:
+    more of the program's own flags (llama-lookup's dynamic cache, say)."""
     cmd = [
         str(bin_dir / program),
         "-m",
@@ -122,6 +124,7 @@ def run_peer(
     ]
     if draft_model:
         cmd += ["-md", draft_model, "--spec-type", "draft-simple"]
+    cmd += extra_args
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=_peer_env())
     output = result.stdout + result.stderr
     speed = _SPEED.search(output)
