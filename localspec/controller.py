@@ -54,11 +54,12 @@ MAX_EVIDENCE = 32
 # load only ever adds time, so the curve's shape was learnt while the machine was busier.
 STALE_SHAPE = 2 / 3
 
-# A proven copy source the cost curve keeps idle: after PROBE_AFTER steps in a row that
-# declined a guess whose first token the evidence says comes true (α ≥ PROBE_ALPHA), one
-# token of it is verified anyway, so the price of drafting is timed again instead of trusted
-# for good (a curve learnt on a busy machine prices every draft too dear, and a size that is
-# never drafted is never timed). The probe costs one token's share of a pass.
+# A proven copy source the cost curve keeps idle or short: after PROBE_AFTER steps that
+# stopped a guess where the evidence says its next token comes true (α ≥ PROBE_ALPHA), the
+# guess is drafted as far as it is more likely right than wrong, so the price of a longer
+# pass is timed instead of trusted for good (a curve learnt on a busy machine, or carried on
+# from a few sizes, can price every longer draft too dear, and a size never drafted is never
+# timed). A probe costs one longer pass on a guess likely to come true.
 PROBE_AFTER = 32
 PROBE_ALPHA = 0.6
 
@@ -217,9 +218,11 @@ class CostCurve:
 
     def _beyond(self, i: int, last: int) -> float:
         """Above the largest timed size: the timed curve's last slope carried on (never
-        below the last timed correction), since a prior's own slope may be the wrong part."""
+        below the last timed correction), since a prior's own slope may be the wrong part.
+        A slope from the single-token step is not carried: a block takes other kernels than
+        one token does (llama.cpp's CPU path), so that step says nothing about the blocks'."""
         before = next((j for j in range(last - 1, -1, -1) if self.evidence[j] > 0), None)
-        if before is None:
+        if before is None or before == 0:
             return self.corrections[last]
         t_last = self.base(last + 1) * self.corrections[last]
         slope = (t_last - self.base(before + 1) * self.corrections[before]) / (last - before)
@@ -262,17 +265,18 @@ class CostCurve:
         self.evidence[i] = min(self.evidence[i] + 1, MAX_EVIDENCE)
 
     def _rebase(self, i: int, ratio: float) -> None:
-        """A pass of i+1 tokens at `ratio` times the curve's base shows the curve's shape was
-        learnt on a busier machine. This pass, no slower than load allows, is that size's
-        cost; every size above the single-token step (which each step times) is priced
-        afresh on the line through the two, and learns from its own passes again."""
-        one = self.verify_seconds[0] * self.corrections[0]
-        slope = max(self.verify_seconds[i] * ratio - one, 0.0) / i
-        deep_factor = self.deep_seconds[0] / self.verify_seconds[0] if self.deep_seconds else 1.0
-        for j in range(1, len(self.verify_seconds)):
-            self.verify_seconds[j] = one + slope * j
+        """A pass of i+1 tokens at `ratio` times the curve's base shows the curve was learnt
+        on a busier machine: its block sizes are no guide any more. This pass, no slower than
+        load allows, is that size's cost, and every other block size is priced at it too until
+        its own passes say more: an optimistic start, so the next proven guess is drafted long
+        and that pass times the far end of the curve (the single-token step, timed at every
+        step, keeps what it learnt)."""
+        shallow = self.verify_seconds[i] * ratio
+        deep = self.deep_seconds[i] * ratio if self.deep_seconds is not None else 0.0
+        for j in range(1, len(self.corrections)):
+            self.verify_seconds[j] = shallow
             if self.deep_seconds is not None:
-                self.deep_seconds[j] = self.verify_seconds[j] * deep_factor
+                self.deep_seconds[j] = deep
             self.corrections[j], self.evidence[j] = 1.0, 0.0
         self.evidence[i] = float(LEARNT_PASSES)
         self._effective = None
@@ -390,17 +394,24 @@ class AdaptiveDraftLength:
         return self._probe(gamma, limit, support)
 
     def _probe(self, gamma: int, guessed: int, support: int) -> int:
-        """gamma, or 1 where PROBE_AFTER proven guesses in a row were passed over."""
-        if gamma > 0 or guessed <= 0 or support <= 0:
+        """gamma, or a longer probe once PROBE_AFTER proven guesses were stopped short."""
+        alpha = self.chain(min(guessed, self.max_gamma), support) if support > 0 else []
+        if gamma >= len(alpha):
             self._declined = 0 if gamma > 0 else self._declined
             return gamma
-        if self.chain(1, support)[0] < PROBE_ALPHA:
-            return 0
+        if alpha[gamma] < PROBE_ALPHA:
+            return gamma
         self._declined += 1
         if self._declined < PROBE_AFTER:
-            return 0
+            return gamma
         self._declined = 0
-        return 1
+        likely, run = gamma + 1, 1.0
+        for n, a in enumerate(alpha, 1):  # as far as the whole draft is more likely right than wrong
+            run *= a
+            if run < 0.5:
+                break
+            likely = max(likely, n)
+        return likely
 
     def choose_source(
         self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
@@ -416,11 +427,10 @@ class AdaptiveDraftLength:
                 min(guessed, limit), support, 0, depth, self.lookup_seconds_per_token, self.lookup_margin
             )
             if lookup[0] > 0 and (gamma == 0 or lookup[1] > rate):
-                self._declined = 0
-                return lookup[0], True
-            if gamma == 0 and self._probe(0, min(guessed, limit), support) > 0:
-                return 1, True
-        self._declined = 0 if gamma > 0 else self._declined
+                return self._probe(lookup[0], min(guessed, limit), support), True
+            if gamma == 0:
+                probe = self._probe(0, min(guessed, limit), support)
+                return (probe, True) if probe > 0 else (0, False)
         return gamma, False
 
     def _best(
