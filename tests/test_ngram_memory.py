@@ -56,16 +56,24 @@ def test_past_its_capacity_the_oldest_half_is_forgotten() -> None:
     assert memory.recall([109, 1, 2, 3, 4], 1, 32).tokens == [59]
 
 
-def test_the_drafter_prefers_its_own_text_unless_the_memory_matches_further_back() -> None:
-    memory = remembered([5, 6, 1, 2, 3, 4, 40, 41, 42])
-    drafter = NgramDrafter(memory=memory)
-    own = [9, 1, 2, 3, 4, 8, 8, 9, 1, 2, 3, 4]  # its own text matches 5 back, the memory 4
-    drafter.start(own)
-    assert drafter.propose(own, 2, GREEDY, np.random.default_rng(0)).tokens == [8, 8]
-    other = [7, 5, 6, 1, 2, 3, 4]  # nothing of its own; the memory matches 6 back
-    drafter.start(other)
-    draft = drafter.propose(other, 3, GREEDY, np.random.default_rng(0))
-    assert draft.tokens == [40, 41, 42] and draft.support == 6
+def guessed(drafter: NgramDrafter, context: list[int], n: int) -> list[int]:
+    drafter.start(context)
+    return drafter.propose(context, n, GREEDY, np.random.default_rng(0)).tokens
+
+
+def test_the_memory_is_preferred_where_the_requests_own_text_has_no_real_match() -> None:
+    drafter = NgramDrafter(memory=remembered([5, 6, 1, 2, 3, 4, 40, 41, 42]))
+    assert guessed(drafter, [7, 5, 6, 1, 2, 3, 4], 3) == [40, 41, 42]  # nothing of its own
+    assert guessed(drafter, [8, 8, 4, 77, 6, 1, 2, 3, 4], 2) == [40, 41]  # its own matches 1 back, the memory 5
+    assert guessed(drafter, [1, 2, 3, 4, 77, 8, 6, 1, 2, 3, 4], 2) == [77, 8]  # its own 4 back: a real match
+
+
+def test_where_its_own_text_matches_the_memory_must_match_twice_as_far_back() -> None:
+    memory = remembered([20, 21, 22, 23, 24, 1, 2, 3, 4, 40, 41])
+    own = [9, 1, 2, 3, 4, 8, 8, 9, 1, 2, 3, 4]  # its own text matches 5 back
+    assert guessed(NgramDrafter(memory=memory), own, 2) == [8, 8]  # the memory's 4 back is not enough
+    memory.add([0, 9, 8, 8, 9, 1, 2, 3, 4, 50, 51])  # 10 back: twice as far
+    assert guessed(NgramDrafter(memory=memory), [0, 9, 8, 8, *own[7:]], 2) == [50, 51]
 
 
 def test_a_request_asked_again_is_drafted_from_the_first_answer_and_says_the_same() -> None:

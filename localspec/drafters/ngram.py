@@ -8,7 +8,8 @@ places, a long match usually finds the very passage being copied. The match leng
 returned as the draft's support, which the draft-length policy turns into confidence.
 
 Given a memory of earlier requests, a passage recalled from it is guessed instead where it
-matches further back than anything in the request's own text.
+matches further back than anything in the request's own text (twice as far where that text
+has a real match).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from localspec.drafters import Draft
-from localspec.drafters.memory import NgramMemory
+from localspec.drafters.memory import KEY, NgramMemory
 from localspec.sampling import SamplingConfig
 
 # How far back a match is measured, and how many earlier occurrences are compared: both
@@ -59,7 +60,10 @@ class NgramDrafter:
         draft = self._copy(context, n)
         if self.memory is not None and draft.support < self.max_support:
             recalled = self.memory.recall(context, n, self.max_support)
-            if recalled.support > draft.support:
+            # The request's own text is the likelier source (an earlier answer to a like
+            # request shares its shape, not its values): where it matches a real passage,
+            # the memory must match twice as far back to be preferred.
+            if recalled.support > (draft.support if draft.support < KEY else 2 * draft.support):
                 return recalled
         return draft
 
