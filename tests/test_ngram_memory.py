@@ -22,7 +22,7 @@ def remembered(*documents: list[int], capacity: int = 1000) -> NgramMemory:
 def test_a_passage_of_an_earlier_request_is_recalled_with_its_match_length() -> None:
     memory = remembered([1, 2, 3, 4, 5, 6, 7, 8])
     draft = memory.recall([9, 2, 3, 4, 5], 3, 32)
-    assert draft.tokens == [6, 7, 8] and draft.support == KEY
+    assert draft.tokens == [6, 7, 8] and draft.support == 1  # the match beyond the KEY every recall has
 
 
 def test_a_match_shorter_than_the_key_recalls_nothing() -> None:
@@ -32,7 +32,7 @@ def test_a_match_shorter_than_the_key_recalls_nothing() -> None:
 def test_the_passage_matching_furthest_back_is_recalled() -> None:
     memory = remembered([7, 1, 2, 3, 4, 10, 11], [8, 7, 1, 2, 3, 4, 20, 21], [1, 2, 3, 4, 30])
     draft = memory.recall([8, 7, 1, 2, 3, 4], 2, 32)
-    assert draft.tokens == [20, 21] and draft.support == 6
+    assert draft.tokens == [20, 21] and draft.support == 6 - KEY + 1
 
 
 def test_a_recall_stops_at_the_end_of_its_document() -> None:
@@ -52,7 +52,7 @@ def test_the_next_turn_of_a_conversation_adds_only_what_is_new() -> None:
 def test_past_its_capacity_the_oldest_half_is_forgotten() -> None:
     memory = remembered(*([100 + d, 1, 2, 3, 4, 50 + d] for d in range(10)), capacity=40)
     assert len(memory) <= 40
-    assert memory.recall([100, 1, 2, 3, 4], 1, 32).support == KEY  # the oldest's own start is gone
+    assert memory.recall([100, 1, 2, 3, 4], 1, 32).support == 1  # the oldest's own start is gone
     assert memory.recall([109, 1, 2, 3, 4], 1, 32).tokens == [59]
 
 

@@ -72,8 +72,8 @@ class NgramMemory:
 
     def recall(self, context: Sequence[int], n: int, max_support: int) -> Draft:
         """Up to n tokens that followed the remembered passage matching the context's end
-        furthest back (at least KEY tokens; the newest on a tie), with that match length as
-        the draft's support."""
+        furthest back (at least KEY tokens; the newest on a tie), with the match's length
+        beyond KEY - 1 tokens as the draft's support."""
         size = len(context)
         if size < KEY or n <= 0:
             return Draft()
@@ -92,4 +92,6 @@ class NgramMemory:
             tokens = memory[best : best + n]
         if _SEPARATOR in tokens:
             tokens = tokens[: tokens.index(_SEPARATOR)]
-        return Draft(tokens=tokens, support=support) if tokens else Draft()
+        # Support counts the match beyond the KEY tokens every recalled passage has: the end
+        # of a prompt matches every earlier prompt through the chat template's own tokens.
+        return Draft(tokens=tokens, support=support - KEY + 1) if tokens else Draft()
