@@ -255,7 +255,12 @@ class CostCurve:
             self._effective = None
         ratio = min(max(ratio, 0.1), 10.0)
         if i > 0 and ratio < STALE_SHAPE * self.correction(k):
-            self._rebase(i, ratio)
+            if self.evidence[i] >= LEARNT_PASSES:
+                self._rebase(i, ratio)  # a price its own passes had set is wrong: all are
+            else:
+                # A price read off the neighbours: this pass, no slower than load allows, is it.
+                self.corrections[i], self.evidence[i] = ratio, float(LEARNT_PASSES)
+                self._effective = None
             return
         if self.evidence[i] == 0:
             self.corrections[i] = ratio
