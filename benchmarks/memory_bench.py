@@ -1,0 +1,141 @@
+"""Requests that resemble earlier ones: n-gram lookup with the runtime's memory of earlier
+requests, against lookup on the request's own text alone, plain decoding, and llama.cpp's
+`llama-lookup` with and without its dynamic cache (`-lcd`, which it loads before a run and
+saves after, so it too remembers earlier runs).
+
+A session is a run of related requests (the same instruction on other records, the same
+schema, the same kind of code) sent one after another, as an app or an agent sends them;
+each session starts with an empty memory and an empty dynamic cache. The figures are over
+every request but each session's first, which neither side can recall anything for.
+
+    python benchmarks/memory_bench.py MODEL.gguf --peers-bin DIR [-n 160] [-r 1]
+        [--sessions benchmarks/prompts_sessions.jsonl] [--gamma 4 --gamma 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from localspec.api import Runtime
+from localspec.backend_loader import load_backend
+from localspec.bench import geometric_mean
+from localspec.chat import render_chat
+from localspec.drafters.memory import NgramMemory
+from localspec.peers import run_peer
+
+SESSIONS = Path(__file__).with_name("prompts_sessions.jsonl")
+OURS = ("plain", "ngram", "ngram+memory")
+
+
+def load_sessions(path: Path) -> dict[str, list[str]]:
+    sessions: dict[str, list[str]] = defaultdict(list)
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            sessions[obj["session"]].append(obj["prompt"])
+    return dict(sessions)
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = defaultdict(int)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def add(self, column: str, tokens: int, seconds: float) -> None:
+        self.tokens[column] += tokens
+        self.seconds[column] += seconds
+
+    def rate(self, column: str) -> float:
+        return self.tokens[column] / self.seconds[column] if self.seconds[column] else 0.0
+
+
+def run_session(
+    target: object, model: str, prompts: list[str], args: argparse.Namespace, tally: Tally, counts: dict[str, int]
+) -> None:
+    runtimes = {
+        "plain": Runtime(target, strategy="none"),  # type: ignore[arg-type]
+        "ngram": Runtime(target, strategy="ngram"),  # type: ignore[arg-type]
+        "ngram+memory": Runtime(target, strategy="ngram", memory=NgramMemory()),  # type: ignore[arg-type]
+    }
+    template, specials = target.chat_template(), target.special_texts()  # type: ignore[attr-defined]
+    with tempfile.TemporaryDirectory() as caches:
+        for i, prompt in enumerate(prompts):
+            messages = [{"role": "user", "content": prompt}]
+            answers = {}
+            for column, runtime in runtimes.items():  # interleaved: drift hits every column alike
+                out = runtime.generate(messages=messages, max_tokens=args.max_tokens, temperature=0.0)
+                answers[column] = out.tokens
+                if i > 0:
+                    tally.add(column, out.stats.generated_tokens, out.stats.decode_seconds)
+            counts["requests"] += i > 0
+            counts["identical"] += i > 0 and answers["ngram+memory"] == answers["plain"]
+            text = render_chat(template, messages, specials)
+            for gamma in args.gamma:
+                for cached in (False, True):
+                    cache = ["-lcd", str(Path(caches) / f"dynamic-{gamma}.bin")] if cached else []
+                    peer = run_peer(
+                        args.peers_bin, "llama-lookup", model, text, args.max_tokens, gamma, None, args.threads, cache
+                    )
+                    if i > 0:
+                        tally.add(peer_column(gamma, cached), peer.tokens, peer.seconds)
+
+
+def peer_column(gamma: int, cached: bool) -> str:
+    return f"llama-lookup γ={gamma}" + (" -lcd" if cached else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--peers-bin", type=Path, required=True, help="folder with llama.cpp's llama-lookup")
+    parser.add_argument("--sessions", type=Path, default=SESSIONS)
+    parser.add_argument("--max-tokens", "-n", type=int, default=160)
+    parser.add_argument("--repeats", "-r", type=int, default=1)
+    parser.add_argument("--gamma", type=int, action="append", help="llama-lookup's draft length (default 4 and 8)")
+    parser.add_argument("--threads", type=int)
+    args = parser.parse_args()
+    args.gamma = args.gamma or [4, 8]
+    sessions = load_sessions(args.sessions)
+    target = load_backend("llamacpp", args.model, n_ctx=4096, **({"threads": args.threads} if args.threads else {}))
+    Runtime(target, strategy="none").generate("Hello", max_tokens=8, temperature=0.0)  # warm caches
+    peers = [peer_column(g, c) for g in args.gamma for c in (False, True)]
+    columns = [*OURS, *peers]
+    per_session: dict[str, Tally] = {}
+    counts = {"requests": 0, "identical": 0}
+    for name, prompts in sessions.items():
+        per_session[name] = tally = Tally()
+        for _ in range(args.repeats):
+            run_session(target, args.model, prompts, args, tally, counts)
+        print(name, {c: round(tally.rate(c), 1) for c in columns}, flush=True)
+
+    report(per_session, columns, peers)
+    print(
+        f"greedy answers with memory identical to plain decoding: {counts['identical']} of "
+        f"{counts['requests']} requests; median plain "
+        f"{statistics.median(t.rate('plain') for t in per_session.values()):.1f} tok/s"
+    )
+
+
+def report(per_session: dict[str, Tally], columns: list[str], peers: list[str]) -> None:
+    """One Markdown table: tokens/s per column, then ngram+memory's ratio to each other column."""
+    against = ["plain", "ngram", *peers]
+    head = [f"{c} tok/s" for c in columns] + [f"memory vs {c}" for c in against]
+    print(f"\n| session | {' | '.join(head)} |")
+    print("|---" * (1 + len(head)) + "|")
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for name, tally in per_session.items():
+        for c in against:
+            ratios[c].append(tally.rate("ngram+memory") / tally.rate(c))
+        cells = [f"{tally.rate(c):.1f}" for c in columns] + [f"{ratios[c][-1]:.2f}x" for c in against]
+        print(f"| {name} | {' | '.join(cells)} |")
+    means = [""] * len(columns) + [f"**{geometric_mean(ratios[c]):.2f}x**" for c in against]
+    print(f"| **geometric mean** | {' | '.join(means)} |\n")
+
+
+if __name__ == "__main__":
+    main()
