@@ -340,8 +340,7 @@ class Runtime:
         thread can feed many between another's requests."""
         if self.memory is None:
             return
-        self._check_open()
-        self._acquire(None)
+        self._acquire(None)  # refuses a closed runtime
         try:
             self.memory.add(self.prompt_tokens(prompt, messages))
         finally:

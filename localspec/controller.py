@@ -400,18 +400,19 @@ class AdaptiveDraftLength:
 
     def _probe(self, gamma: int, guessed: int, support: int) -> int:
         """gamma, or a longer probe once PROBE_AFTER proven guesses were stopped short."""
-        alpha = self.chain(min(guessed, self.max_gamma), support) if support > 0 else []
-        if gamma >= len(alpha):
+        longest = min(guessed, self.max_gamma) if support > 0 else 0
+        if gamma >= longest:
             self._declined = 0 if gamma > 0 else self._declined
             return gamma
-        if alpha[gamma] < PROBE_ALPHA:
+        # Per step only the next token's estimate is read; the whole chain only for a probe.
+        if self.by_support[support_level(support + gamma) - 1] < PROBE_ALPHA:
             return gamma
         self._declined += 1
         if self._declined < PROBE_AFTER:
             return gamma
         self._declined = 0
         likely, run = gamma + 1, 1.0
-        for n, a in enumerate(alpha, 1):  # as far as the whole draft is more likely right than wrong
+        for n, a in enumerate(self.chain(longest, support), 1):  # while more likely right than wrong
             run *= a
             if run < 0.5:
                 break
