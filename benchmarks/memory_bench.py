@@ -27,6 +27,7 @@ from localspec.bench import geometric_mean
 from localspec.chat import render_chat
 from localspec.drafters.memory import NgramMemory
 from localspec.peers import run_peer
+from localspec.protocol import Backend
 
 SESSIONS = Path(__file__).with_name("prompts_sessions.jsonl")
 OURS = ("plain", "ngram", "ngram+memory")
@@ -55,14 +56,14 @@ class Tally:
 
 
 def run_session(
-    target: object, model: str, prompts: list[str], args: argparse.Namespace, tally: Tally, counts: dict[str, int]
+    target: Backend, model: str, prompts: list[str], args: argparse.Namespace, tally: Tally, counts: dict[str, int]
 ) -> None:
     runtimes = {
-        "plain": Runtime(target, strategy="none"),  # type: ignore[arg-type]
-        "ngram": Runtime(target, strategy="ngram"),  # type: ignore[arg-type]
-        "ngram+memory": Runtime(target, strategy="ngram", memory=NgramMemory()),  # type: ignore[arg-type]
+        "plain": Runtime(target, strategy="none"),
+        "ngram": Runtime(target, strategy="ngram"),
+        "ngram+memory": Runtime(target, strategy="ngram", memory=NgramMemory()),
     }
-    template, specials = target.chat_template(), target.special_texts()  # type: ignore[attr-defined]
+    template, specials = target.chat_template(), target.special_texts()
     with tempfile.TemporaryDirectory() as caches:
         for i, prompt in enumerate(prompts):
             messages = [{"role": "user", "content": prompt}]
