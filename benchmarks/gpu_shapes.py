@@ -19,6 +19,7 @@ only the accepted ids come back). One table:
 
     python benchmarks/gpu_shapes.py                 # a CUDA GPU: the four shapes, ~2-4 minutes
     python benchmarks/gpu_shapes.py --tiny          # any machine: tiny shapes, a smoke test
+    python benchmarks/gpu_shapes.py --project RUN.txt ...   # the projections again from saved runs
 
 For comparison, gpt-fast's published Llama-2-7B figures on an A100 (~1,700 GB/s): bf16 104.9
 tok/s (82 % of bandwidth), int8 155.6 (63 %), int4 g32 196.8 (51 %); speculative: a 70B int4
@@ -39,11 +40,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from localspec.api import model_draft_policy
 from localspec.backends.torch import quantized, verify
 from localspec.backends.torch.cuda import GREEDY, GraphedSteps
 from localspec.backends.torch.layers import KVCache, Model, eager_block
 from localspec.backends.torch.shapes import SHAPES, random_model
-from localspec.controller import AdaptiveDraftLength, CostCurve
+from localspec.controller import CostCurve
 from localspec.stats import Step
 
 PAIRS = {"llama-3.1-8b": "llama-3.2-1b", "qwen2.5-7b": "qwen2.5-0.5b"}
@@ -176,8 +178,9 @@ def speedup(target: list[float], draft: float, gamma: int, alpha: float) -> floa
 
 
 def adaptive_gamma(target: list[float], draft: float, alpha: float, steps: int = 600) -> int:
-    """The γ the controller settles on over simulated steps with these costs and acceptance."""
-    policy = AdaptiveDraftLength(CostCurve(list(target)), draft, max_gamma=MAX_K - 1)
+    """The γ the controller settles on over simulated steps with these costs and acceptance,
+    set up as a runtime sets it up for a draft model (its load-time agreement measures alpha)."""
+    policy = model_draft_policy(CostCurve(list(target)), draft, alpha)
     rng = np.random.default_rng(0)
     chosen: Counter[int] = Counter()
     for i in range(steps):
@@ -198,7 +201,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help="bf16,int8,int4 (default: all)")
     parser.add_argument("--n-ctx", type=int, default=512, help="the KV cache (the graphs' attention reads all of it)")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--fit-ctx", type=int, default=4096, help="CUDA: the KV cache of the memory check (0: skip)")
+    parser.add_argument("--project", nargs="+", metavar="OUTPUT", help="projections from saved outputs of this script")
     args = parser.parse_args(argv)
+    if args.project:
+        saved = {(m.shape, m.kind): m for path in args.project for m in read_rows(path)}
+        kinds = list(dict.fromkeys(kind for _, kind in saved))
+        known = {**PAIRS, "tiny": "tiny"}
+        pairs = {t: d for t, d in known.items() if all((t, k) in saved and (d, k) in saved for k in kinds)}
+        print_projection(saved, pairs, kinds)
+        return
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     if not args.tiny and device.type != "cuda":
         sys.exit("no CUDA device: run on a GPU, or pass --tiny for the CPU smoke test")
@@ -212,32 +224,54 @@ def main(argv: list[str] | None = None) -> None:
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"# {what}, torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s; KV cache {args.n_ctx}")
     results: dict[tuple[str, str], Measured] = {}
+    start = time.perf_counter()
+    print_table_head()
     for kind in kinds:
-        for name in names:
-            print(f"  measuring {name} {kind} ...", file=sys.stderr, flush=True)
+        for name in names:  # each row as soon as it is measured: a cut run keeps what it had
+            print(f"  {time.perf_counter() - start:5.0f} s: measuring {name} {kind}", file=sys.stderr, flush=True)
             results[name, kind] = measure(name, kind, device, dtype, args.n_ctx, args.reps)
-    print_table(results, bw)
+            print_row(results[name, kind], bw)
     print_projection(results, pairs, kinds)
+    if device.type == "cuda" and args.fit_ctx:
+        print_fit(pairs, kinds, device, dtype, args.fit_ctx)
 
 
-def print_table(results: dict[tuple[str, str], Measured], bw: float) -> None:
+def print_table_head() -> None:
     ratios = " ".join(f"{k:>4}" for k in range(2, MAX_K + 1))
     head = f"{'model':<14}{'kind':<6}{'MB/tok':>8}{'tok/s':>8}{'limit':>8}{'of bw':>7}{'host ms':>8}"
     print(f"\n{head}  t(k)/t(1): {ratios}")
-    for m in results.values():
-        limit = bw / m.bytes_per_token
-        tok_s = 1 / m.engine_step
-        host = (m.engine_step - m.gpu_step) * 1e3
-        curve = " ".join(f"{t / m.curve[0]:4.2f}" for t in m.curve[1:])
-        print(
-            f"{m.shape:<14}{m.kind:<6}{m.bytes_per_token / 1e6:8.0f}{tok_s:8.1f}{limit:8.1f}{tok_s / limit:7.0%}"
-            f"{host:8.3f}  {'':11}{curve}"
-        )
+
+
+def print_row(m: Measured, bw: float) -> None:
+    limit = bw / m.bytes_per_token
+    tok_s = 1 / m.engine_step
+    host = (m.engine_step - m.gpu_step) * 1e3
+    curve = " ".join(f"{t / m.curve[0]:4.2f}" for t in m.curve[1:])
+    print(
+        f"{m.shape:<14}{m.kind:<6}{m.bytes_per_token / 1e6:8.0f}{tok_s:8.1f}{limit:8.1f}{tok_s / limit:7.0%}"
+        f"{host:8.3f}  {'':11}{curve}",
+        flush=True,
+    )
+
+
+def read_rows(path: str) -> list[Measured]:
+    """The measured rows of a saved output (tok/s, host ms and t(k)/t(1) give the curve back)."""
+    rows = []
+    with open(path, encoding="utf-8") as saved:
+        lines = saved.read().splitlines()
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 7 + MAX_K - 1 and fields[0] in SHAPES and fields[1] in KINDS:
+            step = 1 / float(fields[3])
+            curve = [step, *(step * float(r) for r in fields[7:])]
+            host = float(fields[6]) / 1e3
+            rows.append(Measured(fields[0], fields[1], int(float(fields[2]) * 1e6), step - host, step, curve))
+    return rows
 
 
 def print_projection(results: dict[tuple[str, str], Measured], pairs: dict[str, str], kinds: list[str]) -> None:
     head = f"{'target <- drafter':<30}{'kind':<6}{'alpha':>6}{'best γ':>7}{'speedup':>8}"
-    print(f"\n{head}{'adaptive γ':>11}{'speedup':>8}{'of best':>8}")
+    print(f"\n{head}{'adaptive γ':>11}{'speedup':>8}{'of best':>8}", flush=True)
     for target, drafter in pairs.items():
         for kind in kinds:
             t, d = results[target, kind], results[drafter, kind]
@@ -249,6 +283,46 @@ def print_projection(results: dict[tuple[str, str], Measured], pairs: dict[str, 
                     f"{target + ' <- ' + drafter:<30}{kind:<6}{alpha:6.1f}{best:7d}{fixed[best]:7.2f}x"
                     f"{chosen:11d}{fixed[chosen]:7.2f}x{fixed[chosen] / fixed[best]:8.0%}"
                 )
+
+
+def resident(target: str, drafter: str, kind: str, device: torch.device, dtype: torch.dtype, n_ctx: int) -> int:
+    """Bytes the allocator holds for a target and its drafter together on the GPU, each with a
+    KV cache of n_ctx tokens and its captured graphs, at the peak of a verify step."""
+    layout = "dense" if kind == "bf16" else kind
+    runners: list[Runner] = []
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    try:
+        for name in (target, drafter):
+            with torch.inference_mode():
+                model = random_model(name, layout, n_ctx, device, dtype)
+            runners.append(Runner(model, n_ctx, device, dtype))
+            del model
+            runners[-1].step(MAX_K, n_ctx - MAX_K)  # every block size's graph captured
+        gc.collect()
+        torch.cuda.reset_peak_memory_stats(device)  # building random weights peaks higher than a load
+        for runner in runners:
+            runner.step(MAX_K, n_ctx - MAX_K)
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    finally:
+        for runner in runners:
+            runner.release()
+        runners.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def print_fit(pairs: dict[str, str], kinds: list[str], device: torch.device, dtype: torch.dtype, n_ctx: int) -> None:
+    """Does a pair fit a consumer card: what both models take, KV caches and graphs included."""
+    free, total = torch.cuda.mem_get_info(device)
+    context = total - free - torch.cuda.memory_reserved(device)  # the CUDA context and kernels
+    print(f"\n{'target + drafter, resident':<34}{'kind':<6}{'KV ctx':>7}{'GiB':>7}{'+ CUDA context':>15}")
+    for target, drafter in pairs.items():
+        for kind in kinds:
+            held = resident(target, drafter, kind, device, dtype, n_ctx)
+            pair = f"{target} + {drafter}"
+            print(f"{pair:<34}{kind:<6}{n_ctx:>7}{held / 2**30:7.2f}{(held + context) / 2**30:15.2f}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from localspec.calibrate import (
 )
 from localspec.chat import chat_tokens, normalize_messages, render_chat
 from localspec.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
-from localspec.controller import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
 from localspec.drafters import Drafter
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
@@ -57,6 +57,24 @@ MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 AGREEMENT_WEIGHT = 20.0
 NGRAM_MARGIN = 0.05  # see AdaptiveDraftLength.margin: a draft's graph rebuilds
 NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pass
+
+
+def model_draft_policy(
+    curve: CostCurve, draft_seconds: float, agreement: float, catch_up_seconds_per_token: float = 0.0
+) -> AdaptiveDraftLength:
+    """The draft-length policy of a runtime with a draft model: the target's cost curve, the
+    drafter's seconds per token and the pair's measured agreement as its prior."""
+    return AdaptiveDraftLength(
+        curve,
+        draft_seconds,
+        max_gamma=MAX_DRAFT,
+        prior=agreement,
+        prior_weight=AGREEMENT_WEIGHT,
+        catch_up_seconds_per_token=catch_up_seconds_per_token,
+        margin=MODEL_DRAFT_MARGIN,
+        lookup_seconds_per_token=NGRAM_SECONDS_PER_TOKEN,
+        lookup_margin=NGRAM_MARGIN,
+    )
 
 
 @dataclass(frozen=True)
@@ -200,18 +218,12 @@ class Runtime:
         if self.draft is None:
             return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
         # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
-        prior = pair_agreement(self.target, self.draft)
         drafter = starting_calibration(self.draft)
-        return AdaptiveDraftLength(
+        return model_draft_policy(
             curve,
             starting_drafting_seconds(self.draft),
-            max_gamma=MAX_DRAFT,
-            prior=prior,
-            prior_weight=AGREEMENT_WEIGHT,
-            catch_up_seconds_per_token=drafter.verify_seconds[-1] / len(drafter.verify_seconds),
-            margin=MODEL_DRAFT_MARGIN,
-            lookup_seconds_per_token=NGRAM_SECONDS_PER_TOKEN,
-            lookup_margin=NGRAM_MARGIN,
+            pair_agreement(self.target, self.draft),
+            drafter.verify_seconds[-1] / len(drafter.verify_seconds),
         )
 
     # -- requests ---------------------------------------------------------------------------

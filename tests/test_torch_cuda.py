@@ -213,7 +213,7 @@ def test_greedy_speculation_on_cuda_reproduces_plain_decoding(gpu_bf16: TorchBac
 
 @pytest.mark.model
 def test_cuda_float32_top1_agrees_with_the_cpu_and_bf16_nearly(smollm2: Path) -> None:
-    cpu = TorchBackend(str(smollm2), n_ctx=512, threads=os.cpu_count())
+    cpu = TorchBackend(str(smollm2), n_ctx=512, device="cpu", threads=os.cpu_count())
     tokens = cpu.tokenize(SUITE[0].messages[-1]["content"] * 3, add_special=True, parse_special=False)[:300]
     reference = np.concatenate([cpu.eval_block(tokens[i : i + 13], "all").argmax(1) for i in range(0, 300, 13)])
     cpu.close()

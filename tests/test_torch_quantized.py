@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorc
 gguf = pytest.importorskip("gguf")
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gguf_writer import Spec  # noqa: E402
 from test_torch_tiny_models import SMALL, TEXT_IDS, tiny  # noqa: E402
 
 from localspec.backends.torch import converted, quantized  # noqa: E402
@@ -159,6 +160,15 @@ def test_an_int4_target_stays_close_to_its_dense_self_and_smaller(models) -> Non
     assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.95
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4", "dense"])
+def test_a_bfloat16_model_feeds_its_blocks_bfloat16_whatever_its_tables_layout(models, weights: str) -> None:
+    # A tied int8 head read by rows gives float32; CUDA's graphed cache write (index_copy_)
+    # and fused attention refuse a float32 row next to a bfloat16 cache (seen on an H200).
+    for spec in (SMALL, Spec("gemma3")):
+        backend = tiny(str(models(spec)), dtype="bfloat16", weights=weights)
+        assert backend.model.embedding(torch.tensor([1, 2, 3])).dtype == torch.bfloat16
+
+
 def test_unknown_weight_layouts_are_refused_with_the_choices(models) -> None:
     from localspec.errors import InvalidRequestError
 
@@ -178,7 +188,7 @@ def test_the_default_q4_1_model_runs_as_int4_on_the_cpu_when_asked(smollm2_q4_1:
     assert np.mean(a.argmax(1) == b.argmax(1)) >= 0.8
 
 
-def test_the_gpu_shapes_benchmark_runs_on_the_cpu_with_tiny_shapes(capsys) -> None:
+def test_the_gpu_shapes_benchmark_runs_on_the_cpu_with_tiny_shapes(capsys, tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
     import gpu_shapes
 
@@ -190,3 +200,11 @@ def test_the_gpu_shapes_benchmark_runs_on_the_cpu_with_tiny_shapes(capsys) -> No
     out = capsys.readouterr().out
     assert "t(k)/t(1)" in out and "adaptive γ" in out
     assert out.count("tiny <- tiny") == 2 * len(gpu_shapes.ALPHAS)
+    # A saved run (a GPU's, cut short say) gives the same projections back without a GPU.
+    saved = tmp_path / "run.txt"
+    saved.write_text(out)
+    gpu_shapes.main(["--project", str(saved)])
+    projected = capsys.readouterr().out
+    assert [line for line in projected.splitlines() if "tiny <- tiny" in line] == [
+        line for line in out.splitlines() if "tiny <- tiny" in line
+    ]

@@ -48,7 +48,7 @@ class Model(LlamaModel):
         return clone
 
     def embedding(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed.rows(tokens) * self.embed_scale
+        return (self.embed.rows(tokens) * self.embed_scale).to(self.dtype)
 
     def layers_from(
         self, x: torch.Tensor, block: Block, cache: KVCache, start: int, end: int | None = None

@@ -3,8 +3,8 @@
 - Dense: the [out, in] matrix and F.linear (CUDA, half precision, anything not float32 on a CPU).
 - Panels: float32 on a CPU, packed in column panels [out/16, in, 16]. Decode and verify steps
   multiply a handful of rows by every weight once, which is bound by memory bandwidth; MKL
-  streams an [out, in] matrix for so few rows at about half the bandwidth the machine has
-  (BENCHMARKS.md section 9). Short blocks go through native.py's AVX2 kernel, long ones
+  streams an [out, in] matrix for so few rows at about half the bandwidth the machine has.
+  Short blocks go through native.py's AVX2 kernel, long ones
   (prefill) through a batched matmul over the panels, where MKL is compute-bound and good.
   A matrix whose every value is a half-precision number (an F16 GGUF's) is kept in half
   panels: the kernel widens them exactly, so the products are the float32 ones, from half
@@ -12,7 +12,7 @@
 - Int8 / Int4: weight-only int8 (one scale per output row) or 4-bit (group 32): the
   QSpec-style self-drafter's matrices, and a quantized target's on CUDA (a GGUF's blocks
   converted at load time, quantized.py): native.py's int8 kernel or torch's CPU kernels on a
-  CPU, torch's packed int4 / int8 kernels on CUDA, which read the low-bit weights.
+  CPU; on CUDA torch's packed int4 kernel, and int8 rows widened inside the step.
 
 Each also answers `rows(ids)` (a tied embedding is the output head read by rows) and
 `dense()` (the float weight, for deriving a quantized copy).
@@ -162,29 +162,14 @@ def packed_int4_works(device: torch.device) -> bool:
     return bool((y - expected).abs().max() < 0.05 * expected.abs().max())
 
 
-@functools.cache
-def packed_int8_works(device: torch.device) -> bool:
-    """Whether torch's int8 weight-only kernel runs on this CUDA device in bfloat16."""
-    if not has_cuda_kernel("_weight_int8pack_mm"):
-        return False
-    codes = quantize_rows(torch.randn(16, 256, generator=torch.Generator().manual_seed(0)))
-    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(1))
-    try:
-        q, scale = codes.codes.to(device), codes.scale.to(device, torch.bfloat16)
-        y = torch.ops.aten._weight_int8pack_mm(x.to(device, torch.bfloat16), q, scale).float().cpu()
-    except RuntimeError:
-        return False
-    expected = x @ codes.dequantized().T
-    return bool((y - expected).abs().max() < 0.05 * expected.abs().max())
-
-
 class Int8:
     """Weight-only int8, symmetric, one float scale per output row: W ≈ q · scale. On a CPU in
     int8 column panels for native.py's kernel (a quarter of float32's bytes to stream), else
     in rows for torch's `_weight_int8pack_mm`, which on an AVX2 CPU is 4x slower than float32
-    (BENCHMARKS.md section 9) but keeps qspec exact and working everywhere. On CUDA the same
-    kernel where the torch build has one for CUDA; otherwise the rows are widened to the
-    input's type for F.linear (a torch.compile'd step fuses the widening into the matmul)."""
+    but keeps qspec exact and working everywhere. On CUDA the rows are widened to the input's
+    type for F.linear inside the step (a torch.compile'd step fuses the widening into the
+    matmul): torch's CUDA `_weight_int8pack_mm` is slower than that at every block size on a
+    Hopper GPU, and the more so the longer the block (BENCHMARKS.md, the GPU section)."""
 
     cheap_rows = True
 
@@ -196,7 +181,6 @@ class Int8:
         dtype = weight.dtype if isinstance(weight, torch.Tensor) else torch.bfloat16
         self.scale, self.bias = (scale if self.on_cpu else scale.to(dtype)).contiguous(), bias
         self.out_features = int(self.q.shape[0])
-        self.packed_cuda = not self.on_cpu and packed_int8_works(self.q.device)
         self.kernels = native.kernels() if self.on_cpu else None
         if self.kernels is not None:
             self.panels = to_panels(self.q)
@@ -208,7 +192,7 @@ class Int8:
             # through the kernel KERNEL_ROWS rows at a time: torch's int8 kernel costs ~60 ms a
             # row here, which made a 165-token prompt's drafter prefill take 10 s, not 0.3 s.
             y = kernel_matmul(self.kernels, x, self.panels, self.panel_scale)[:, : self.out_features]
-        elif self.on_cpu or self.packed_cuda:
+        elif self.on_cpu:
             y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scale.to(x.dtype))
         else:
             y = F.linear(x, self.q.to(x.dtype)) * self.scale

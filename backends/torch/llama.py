@@ -114,7 +114,8 @@ class Model:
         return self.head(self.layers_from(self.embedding(tokens), block, cache, 0, n_layers), logits)
 
     def embedding(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed.rows(tokens)
+        # A low-bit table's rows come back in float32; the blocks and the KV cache are in dtype.
+        return self.embed.rows(tokens).to(self.dtype)
 
     def layers_from(
         self, x: torch.Tensor, block: Block, cache: KVCache, start: int, end: int | None = None

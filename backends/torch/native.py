@@ -4,7 +4,7 @@ not x86-64), and the callers fall back to torch's own operators.
 
 Why: a decode or verify step multiplies 1..16 rows by every weight matrix once, so it is bound
 by memory bandwidth, but MKL's sgemv/sgemm for so few rows of an [N, K] weight streams it at
-about 10 GB/s on a 2-core EPYC where 19-24 GB/s is there to take (BENCHMARKS.md section 9).
+about 10 GB/s on a 2-core EPYC where 19-24 GB/s is there to take.
 `panel_matmul` reads weights packed in column panels [N/16, K, 16]: one contiguous stream, 16
 output columns per panel held in two AVX registers per row, up to 6 rows per pass; float32,
 half (widened exactly with F16C, which every AVX2 CPU has: an F16 model's weights in half the
