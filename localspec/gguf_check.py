@@ -4,23 +4,67 @@ from __future__ import annotations
 
 import math
 import os
+import stat
+from typing import BinaryIO
 
 from localspec.errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
 
+# What a path that is not a regular file is, for the message (stat's S_IS* tests).
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
-def check_gguf(path: str) -> None:
-    """Refuse what is plainly not a GGUF model, with the reason; costs one 4-byte read."""
-    if not os.path.exists(path):
+
+def open_model_file(path: str | os.PathLike[str]) -> BinaryIO:
+    """path opened for reading, refused unless it is a regular file (or a symlink to one):
+    opening a named pipe blocks until a writer comes, and a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
         raise ModelLoadError(
             f"no model file at {path}",
             "check the path, or run `localspec run` without --model to use the embedded default",
-        )
-    if os.path.isdir(path):
-        raise ModelLoadError(f"{path} is a folder, not a GGUF file", "point to the .gguf file inside it")
+        ) from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from exc
+    _refuse_special(path, mode)
     try:
-        with open(path, "rb") as fh:
+        # O_NONBLOCK: were the path swapped for a pipe after the stat, the open still returns
+        # at once and the fstat below refuses it.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+    try:
+        _refuse_special(path, os.fstat(fd).st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _refuse_special(path: str | os.PathLike[str], mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise ModelLoadError(f"{path} is a folder, not a GGUF file", "point to the .gguf file inside it")
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
+    raise ModelLoadError(
+        f"{path} is {kind}, not a GGUF file on disk",
+        "point to the .gguf file itself (a regular file, or a symlink to one); copy a streamed model to disk first",
+    )
+
+
+def check_gguf(path: str) -> None:
+    """Refuse what is plainly not a GGUF model, with the reason; costs one 4-byte read."""
+    try:
+        with open_model_file(path) as fh:
             magic = fh.read(4)
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc

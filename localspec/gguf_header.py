@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.errors import ModelLoadError
+from localspec.gguf_check import open_model_file
 from localspec.protocol import VocabIdentity
 
 # ggml type ids (ggml.h) by name, for the types the backends tell apart.
@@ -90,7 +91,7 @@ def read_header(path: str | Path) -> GGUFHeader:
     """The header of the GGUF at path; a file that is not one, or is cut inside its header,
     raises ModelLoadError."""
     try:
-        with open(path, "rb") as fh:
+        with open_model_file(path) as fh:
             return _read(str(path), fh)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
