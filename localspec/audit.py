@@ -121,7 +121,9 @@ def _ask_hub(artifact: HubArtifact, settings: HubSettings) -> _Hub:
     api = HfApi(endpoint=settings.endpoint, token=settings.token)
     try:
         with hub_errors(artifact, None, settings):
-            info = api.model_info(artifact.repo, revision=artifact.revision, files_metadata=True)
+            info = api.model_info(
+                artifact.repo, revision=artifact.revision, files_metadata=True, timeout=settings.timeout
+            )
     except LocalspecError as exc:
         return _Hub(None, {}, exc.message)
     return _Hub(str(info.sha), {s.rfilename: s for s in info.siblings or []}, None)
@@ -196,7 +198,9 @@ def _remote_tokenizer_json(artifact: HubArtifact, commit: str, settings: HubSett
 
     url = hf_hub_url(artifact.repo, "tokenizer.json", revision=commit, endpoint=settings.endpoint)
     with hub_errors(artifact, "tokenizer.json", settings):
-        response = get_session().get(url, headers=build_hf_headers(token=settings.token), follow_redirects=True)
+        response = get_session().get(
+            url, headers=build_hf_headers(token=settings.token), follow_redirects=True, timeout=settings.timeout
+        )
         hf_raise_for_status(response)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "tokenizer.json").write_bytes(response.content)

@@ -1,8 +1,10 @@
 """The Hugging Face hub side of a pull: which files a registry entry means at which commit,
 fetching them into the standard hub cache (shared with other tools) and checking them.
 
-huggingface-hub reads HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE once, at import; here
-they are read when a pull starts and passed explicitly, so settings made later still count."""
+huggingface-hub reads HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE and its timeouts once, at
+import; here they are read when a pull starts and passed explicitly, so settings made later
+still count. Every call has a timeout: a hub that accepts the connection and never answers
+ends the pull with what to do instead of a wait without end."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import fnmatch
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,14 @@ from tqdm import tqdm
 
 from localspec.default_model import sha256_of
 from localspec.errors import LocalspecError
+from localspec.progress import Announce, announced
 from localspec.registry import HubArtifact
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
+# huggingface-hub's own defaults: seconds to connect and between two reads, for the metadata
+# calls (HF_HUB_ETAG_TIMEOUT) and for a file's bytes (HF_HUB_DOWNLOAD_TIMEOUT).
+DEFAULT_TIMEOUT = 10.0
+WAITING_AFTER = 1.0  # a hub call still unanswered this many seconds in says so
 
 
 class PullError(LocalspecError):
@@ -45,12 +52,43 @@ class HubSettings:
     cache_dir: Path
     token: str | None
     offline: bool
+    timeout: float = DEFAULT_TIMEOUT  # metadata calls: connect, and wait between reads
+    download_timeout: float = DEFAULT_TIMEOUT  # a file's bytes: the same, per read
 
     @classmethod
     def resolve(
         cls, endpoint: str | None = None, cache_dir: str | Path | None = None, token: str | None = None
     ) -> HubSettings:
-        return cls(endpoint or hub_endpoint(), Path(cache_dir) if cache_dir else hub_cache_dir(), token, hub_offline())
+        return cls(
+            endpoint or hub_endpoint(),
+            Path(cache_dir) if cache_dir else hub_cache_dir(),
+            token,
+            hub_offline(),
+            hub_timeout("HF_HUB_ETAG_TIMEOUT"),
+            hub_timeout("HF_HUB_DOWNLOAD_TIMEOUT"),
+        )
+
+
+def hub_timeout(variable: str) -> float:
+    """Seconds from huggingface-hub's timeout variable; unset, empty or not a positive number
+    means its default (as huggingface-hub reads them)."""
+    try:
+        value = float(os.environ.get(variable, ""))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def waiting_for_hub(settings: HubSettings, what: str, announce: Announce | None) -> Any:
+    """A context in which a hub call still unanswered after WAITING_AFTER seconds is announced,
+    with how long it may still wait and the variable that sets it."""
+    if announce is None or settings.offline:
+        return nullcontext()
+    line = (
+        f"waiting for {settings.endpoint} ({what}); gives up after {settings.timeout:g} s without an answer "
+        "(HF_HUB_ETAG_TIMEOUT sets it)"
+    )
+    return announced(line, announce, after=WAITING_AFTER)
 
 
 def hub_endpoint() -> str:
@@ -95,16 +133,21 @@ def repo_dir(settings: HubSettings, repo: str) -> Path:
     return settings.cache_dir / ("models--" + repo.replace("/", "--"))
 
 
-def plan(artifact: HubArtifact, settings: HubSettings, accepted: frozenset[str] = frozenset()) -> Plan:
+def plan(
+    artifact: HubArtifact,
+    settings: HubSettings,
+    accepted: frozenset[str] = frozenset(),
+    announce: Announce | None = None,
+) -> Plan:
     """Ask the hub (one request) which files, sizes and sha256s the artifact means; offline,
-    read the same from the cache."""
+    read the same from the cache. announce is told when the hub is slow to answer."""
     if settings.offline:
         return _plan_offline(artifact, settings)
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=settings.endpoint, token=settings.token)
-    with hub_errors(artifact, None, settings):
-        info = api.model_info(artifact.repo, revision=artifact.revision, files_metadata=True)
+    with hub_errors(artifact, None, settings), waiting_for_hub(settings, f"asking about {artifact.repo}", announce):
+        info = api.model_info(artifact.repo, revision=artifact.revision, files_metadata=True, timeout=settings.timeout)
     commit = str(info.sha)
     siblings = {s.rfilename: s for s in info.siblings or []}
     chosen: dict[str, RemoteFile] = {}
@@ -166,7 +209,7 @@ def fetch(
         snapshot.symlink_to(os.path.relpath(kept, snapshot.parent))
         verify(snapshot, replace(file, size=None), what, accepted)  # its sha256 vouches for it
         return snapshot
-    with hub_errors(artifact, file.name, settings):
+    with hub_errors(artifact, file.name, settings), download_timeouts(settings):
         local = Path(
             hf_hub_download(
                 artifact.repo,
@@ -177,10 +220,30 @@ def fetch(
                 token=settings.token,
                 local_files_only=settings.offline,
                 tqdm_class=bar.named(file.name),
+                etag_timeout=settings.timeout,
             )
         )
     verify(local, file, what, accepted)
     return local
+
+
+@contextmanager
+def download_timeouts(settings: HubSettings) -> Iterator[None]:
+    """huggingface-hub times a file's bytes, and its retry of a metadata call that failed, by
+    module values it read at import; they are set from settings for this call (no parameter
+    reaches them), so a stalled transfer ends after the timeout the user set now."""
+    from huggingface_hub import constants, file_download
+
+    saved = constants.HF_HUB_DOWNLOAD_TIMEOUT, getattr(file_download, "_ETAG_RETRY_TIMEOUT", None)
+    constants.HF_HUB_DOWNLOAD_TIMEOUT = settings.download_timeout  # type: ignore[assignment]
+    if saved[1] is not None:
+        file_download._ETAG_RETRY_TIMEOUT = max(settings.timeout, 1)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DOWNLOAD_TIMEOUT = saved[0]
+        if saved[1] is not None:
+            file_download._ETAG_RETRY_TIMEOUT = saved[1]
 
 
 def sweep_incomplete(cache_dir: Path, repo: str) -> int:
@@ -316,6 +379,8 @@ def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -
     except RevisionNotFoundError as exc:
         raise PullError(f"{repo} has no revision {artifact.revision!r}", "fix `revision` in models.toml") from exc
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as exc:
+        if not settings.offline:  # online, this is how huggingface-hub reports a failed metadata call
+            raise _interrupted(repo, name, settings, exc) from exc
         raise _offline_missing(artifact, name or f"revision {artifact.revision}") from exc
     except EntryNotFoundError as exc:
         raise _missing(artifact, name or "?", settings) from exc
@@ -337,6 +402,8 @@ def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -
 
 
 def _interrupted(repo: str, name: str | None, settings: HubSettings, exc: BaseException) -> PullError:
+    if _timed_out(exc):
+        return _stalled(repo, name, settings)
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if name is None:
         return PullError(
@@ -346,6 +413,33 @@ def _interrupted(repo: str, name: str | None, settings: HubSettings, exc: BaseEx
     return PullError(
         f"the download of {name} from {repo} failed: {reason}; nothing partial was kept",
         "run the same command again to finish; HF_HUB_OFFLINE=1 uses files already in the hub cache",
+    )
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    """Is a timeout behind exc? The transport's own class (httpx, requests) depends on the
+    hub client's version, and huggingface-hub wraps it, so the chain is read by name."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, TimeoutError) or any(
+            c.__name__.endswith(("Timeout", "TimeoutException")) for c in type(exc).__mro__
+        ):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _stalled(repo: str, name: str | None, settings: HubSettings) -> PullError:
+    if name is None:
+        what = f"about {repo} (no reply within {settings.timeout:g} s)"
+    else:
+        seconds = settings.download_timeout
+        what = f"while sending {name} from {repo} (no reply within {seconds:g} s); nothing partial was kept"
+    return PullError(
+        f"{settings.endpoint} stopped answering {what}",
+        "check your connection or proxy, then run the same command again; on a slow link raise "
+        "HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT (seconds); HF_ENDPOINT names a mirror; "
+        "HF_HUB_OFFLINE=1 uses files already in the hub cache",
     )
 
 

@@ -32,6 +32,7 @@ from localspec.hub import (
 )
 from localspec.pairing import check_pair_fits
 from localspec.paths import data_dir, models_dir
+from localspec.progress import Announce
 from localspec.registry import (
     HubArtifact,
     LocalArtifact,
@@ -114,6 +115,7 @@ def pull(
     pair = _pair_for(reg, pair_id, backend)
     settings = HubSettings.resolve(endpoint, cache_dir, token)
     accepted = frozenset(h.lower() for h in accept_hashes)
+    announce = _announcer(progress, on_progress)
     files: list[PulledFile] = []
     for role, model in _roles(pair):
         artifact = model.artifacts[backend]
@@ -127,7 +129,7 @@ def pull(
             files.append(_pull_pypi(role, model, artifact, dry_run, progress and on_progress is None))
         else:
             bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
-            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar, accepted))
+            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar, accepted, announce))
     if dry_run:
         return PullResult(pair, backend, dry_run, tuple(files))
     if pair.drafter is not None:
@@ -324,8 +326,9 @@ def _pull_hub(
     dry_run: bool,
     bar: type[FileBar],
     accepted: frozenset[str],
+    announce: Announce | None,
 ) -> list[PulledFile]:
-    planned = plan(artifact, settings, accepted)
+    planned = plan(artifact, settings, accepted, announce)
     origin = f"{artifact.repo}@{artifact.revision}"
     if dry_run:
         return [PulledFile(role, model.id, origin, f.name, f.size, f.cached, None) for f in planned.files]
@@ -336,6 +339,16 @@ def _pull_hub(
     files = [PulledFile(role, model.id, origin, f.name, p.stat().st_size, f.cached, p) for f, p in fetched]
     _write_record(model, backend, planned, files, settings)
     return files
+
+
+def _announcer(progress: bool, on_progress: Progress | None) -> Announce | None:
+    """Where a slow hub's waiting line goes: the app's progress callback, else stderr."""
+    if on_progress is not None:
+        report = on_progress
+        return lambda what: report(None, None, what)
+    if progress:
+        return lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True)
+    return None
 
 
 def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledFile], settings: HubSettings) -> None:

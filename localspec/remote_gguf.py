@@ -49,7 +49,7 @@ def _read_range(url: str, start: int, length: int, artifact: HubArtifact, name: 
 
     headers = build_hf_headers(token=settings.token)
     headers["Range"] = f"bytes={start}-{start + length - 1}"
-    stream = get_session().stream("GET", url, headers=headers, follow_redirects=True)
+    stream = get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=settings.timeout)
     with hub_errors(artifact, name, settings), stream as response:
         hf_raise_for_status(response)
         skip = start if response.status_code == 200 else 0  # the whole file from byte 0
