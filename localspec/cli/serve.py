@@ -39,6 +39,15 @@ def register(sub: Any) -> None:
         help="a browser origin allowed to call the server (repeatable; default: none)",
     )
     p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients may reach the server by, besides localhost, loopback addresses and --host "
+        "(repeatable; '*' turns the check off, behind a proxy that checks names); other Host headers get 403, "
+        "so a web page cannot reach the server through a domain it points here (DNS rebinding)",
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
         default=16,
@@ -88,7 +97,12 @@ def handle(args: argparse.Namespace) -> int:
             port=args.port,
             max_queue=args.max_queue,
             catalog=catalog,
-            settings=Settings(api_key=args.api_key or None, cors_origins=args.cors_origin, log=say),
+            settings=Settings(
+                api_key=args.api_key or None,
+                cors_origins=args.cors_origin,
+                allowed_hosts=args.allow_host,
+                log=say,
+            ),
         )
     except OSError as exc:
         runtime.close()

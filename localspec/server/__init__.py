@@ -69,7 +69,7 @@ class LocalServer:
     ) -> None:
         self.worker = Worker(runtime, model_id, loader, max_queue)
         self.settings = settings or Settings()
-        self.app = create_app(self.worker, catalog or Catalog(model_id), self.settings)
+        self.app = create_app(self.worker, catalog or Catalog(model_id), self.settings, bound_host=host)
         try:
             self.socket = _bind(host, port)
         except BaseException:

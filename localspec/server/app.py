@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from localspec.api import Finished, TextDelta
 from localspec.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
 from localspec.server import schemas
+from localspec.server.hosts import HostCheck, HostPolicy
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
 from localspec.server.worker import Item, Job, Worker, stream_kwargs
 from localspec.stats import Stats
@@ -35,6 +36,7 @@ UNLIMITED = 1 << 30  # no max_tokens: generate until a stop or the context is fu
 class Settings:
     api_key: str | None = None
     cors_origins: Sequence[str] = ()
+    allowed_hosts: Sequence[str] = ()  # Host names answered besides loopback and the bound host
     keepalive_s: float = 10.0  # SSE comment while a request waits or its prompt is evaluated
     max_body_bytes: int = 8 << 20
     log: Callable[[str], None] = print
@@ -81,7 +83,7 @@ def _no_model(name: str, hint: str) -> ApiError:
     return ApiError(404, f"model {name!r} is not available here: {hint}", param="model", code="model_not_found")
 
 
-def create_app(worker: Worker, catalog: Catalog, settings: Settings) -> FastAPI:
+def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host: str = "127.0.0.1") -> FastAPI:
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
     api = APIRouter(dependencies=[Depends(_key_check(settings.api_key))])
@@ -145,6 +147,9 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings) -> FastAPI:
         allow_methods=["GET", "POST"],
         allow_headers=["Authorization", "Content-Type"],
     )
+    # Before CORS: a rebinding page is its own origin, so only the names tell it apart.
+    policy = HostPolicy.of(bound_host, settings.allowed_hosts)
+    app.add_middleware(HostCheck, policy=policy, cors_origins=list(settings.cors_origins))
     app.add_middleware(RequestLog, write=settings.log)
     return app
 
