@@ -28,6 +28,7 @@ from localspec.hardware import DeviceProbe, cpu_probe, machine_key, predict_veri
 from localspec.paths import calibration_file
 from localspec.protocol import Backend, eval_chunked
 from localspec.sampling import SamplingConfig
+from localspec.store import save_json_quietly
 
 CALIBRATION_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
@@ -310,14 +311,8 @@ def backend_key(backend: Backend) -> str:
 
 
 def _store(cache: dict[str, dict[str, object]]) -> None:
-    path = calibration_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only means measuring again next time
+    # A full or read-only home only means measuring again next time: one notice, no error.
+    save_json_quietly(calibration_file(), cache, "the calibration (measured again next time)")
 
 
 # A cached curve the machine has left behind: timed passes averaged this factor off it,

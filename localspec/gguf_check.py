@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Sequence
 from typing import BinaryIO
 
 from localspec.errors import ModelLoadError
@@ -99,3 +100,35 @@ def tensor_bytes(dims: tuple[int, ...], qtype: int) -> int:
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
     return math.prod(dims) // block * size
+
+
+def quantized_bytes(source: str, ftype: str, prune_layers: Sequence[int] = ()) -> int:
+    """About how many bytes source requantized to ftype ("Q4_K_M": its main type, Q4_K)
+    takes, without the pruned blocks: what a requantization must find free on its disk."""
+    import gguf
+
+    from localspec.gguf_header import read_header
+
+    qtype = gguf.GGMLQuantizationType[ftype.removesuffix("_M").removesuffix("_S")]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    pruned = tuple(f"blk.{i}." for i in prune_layers)
+    total = 0
+    for tensor in read_header(source).tensors:
+        if pruned and tensor.name.startswith(pruned):
+            continue
+        n = math.prod(tensor.dims)
+        # Rows that do not split into the type's blocks stay F32, as llama.cpp keeps them.
+        total += n // block * size if tensor.dims and tensor.dims[0] % block == 0 else n * 4
+    return total
+
+
+def quantize_failure_cause(source: str, dest: str, ftype: str, prune_layers: Sequence[int] = ()) -> str | None:
+    """Why writing source requantized to ftype at dest failed, when it shows from outside
+    llama.cpp (which returns only an exit code): a read-only folder or a disk too full."""
+    from localspec.store import why_not_writable
+
+    try:
+        needed = quantized_bytes(source, ftype, prune_layers)
+    except (ModelLoadError, KeyError, ValueError):
+        needed = os.path.getsize(source)  # the source's own size: near it for same-precision copies
+    return why_not_writable(os.path.dirname(os.path.abspath(dest)), needed)

@@ -17,6 +17,7 @@ import psutil
 
 from localspec.accelerators import Accelerator, probe_accelerators
 from localspec.paths import data_dir
+from localspec.store import save_json_quietly
 
 SIMD_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "neon", "sve")
 
@@ -157,12 +158,9 @@ def probe(refresh: bool = False) -> DeviceProbe:
         gflops=measure_gflops(),
         accelerators=probe_accelerators(),
     )
-    try:
-        os.makedirs(os.path.dirname(_cache_file()), exist_ok=True)
-        with open(_cache_file(), "w") as fh:
-            json.dump({"key": key, "probe": asdict(result)}, fh)
-    except OSError:
-        pass
+    save_json_quietly(
+        _cache_file(), {"key": key, "probe": asdict(result)}, "the machine probe (measured again next time)"
+    )
     return result
 
 

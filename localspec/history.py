@@ -20,6 +20,7 @@ from typing import Any
 
 from localspec.errors import LocalspecError
 from localspec.paths import data_dir, private_dir
+from localspec.store import disk_full_message
 
 SCHEMA_VERSION = 1
 FILENAME = "history.sqlite3"
@@ -239,6 +240,17 @@ class History:
         try:
             yield
         except sqlite3.Error as exc:
+            # SQLite rolls the transaction back: what was saved before stays as it was.
+            if "full" in str(exc):
+                raise HistoryError(
+                    f"could not {doing}: {disk_full_message(self.path.parent)}",
+                    "free some space there; the chat stays on screen until then",
+                ) from exc
+            if "readonly" in str(exc):
+                raise HistoryError(
+                    f"could not {doing}: {self.path} is read-only here",
+                    "make it writable, or set LOCALSPEC_HOME to a folder you can write",
+                ) from exc
             raise HistoryError(
                 f"could not {doing}: {exc}", f"check {self.path} (its disk may be full or the file damaged)"
             ) from exc

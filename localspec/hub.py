@@ -24,6 +24,7 @@ from localspec.default_model import sha256_of
 from localspec.errors import LocalspecError
 from localspec.progress import Announce, announced
 from localspec.registry import HubArtifact
+from localspec.store import write_atomic
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # huggingface-hub's own defaults: seconds to connect and between two reads, for the metadata
@@ -319,9 +320,7 @@ def record_ref(plan: Plan, settings: HubSettings) -> None:
     no ref), so offline runs of this or other tools find them."""
     if plan.artifact.pinned or settings.offline:
         return
-    ref = repo_dir(settings, plan.artifact.repo) / "refs" / plan.artifact.revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    ref.write_text(plan.commit)
+    write_atomic(repo_dir(settings, plan.artifact.repo) / "refs" / plan.artifact.revision, plan.commit)
 
 
 def _check_agrees(artifact: HubArtifact, name: str, what: str, ours: object, hubs: object) -> None:

@@ -13,6 +13,7 @@ from localspec.errors import InvalidRequestError, PairMismatchError
 from localspec.gguf_check import check_gguf
 from localspec.pairing import vocab_mismatch
 from localspec.registry import Pair, load_registry, user_registry_file
+from localspec.store import write_atomic
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _HEADER = "# Your own pairs and models, merged over localspec's (`localspec path registry`).\n"
@@ -96,15 +97,11 @@ def _metadata(path: Path) -> dict[str, str]:
 
 
 def _append(path: Path, text: str) -> None:
-    """Append, then read the whole registry back; a file it cannot read is put back as it was."""
-    before = path.read_text(encoding="utf-8") if path.is_file() else None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text((before if before is not None else _HEADER) + text, encoding="utf-8")
-    try:
-        load_registry()
-    except Exception:
-        if before is None:
-            path.unlink()
-        else:
-            path.write_text(before, encoding="utf-8")
-        raise
+    """Append atomically: the new file is read back as a registry before it replaces the old
+    one, so a full disk or an entry the registry refuses leaves models.toml as it was."""
+    before = path.read_text(encoding="utf-8") if path.is_file() else _HEADER
+    write_atomic(path, before + text, check=_reads_as_registry)
+
+
+def _reads_as_registry(written: Path) -> None:
+    load_registry(written)  # raises RegistryError, naming the entry, for text it refuses

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from localspec.registry import (
     load_registry,
     split_shards,
 )
+from localspec.store import StoreError, write_atomic, write_json_atomic
 
 
 class NotPulledError(ModelLoadError):
@@ -136,8 +138,9 @@ def pull(
         resolved = resolve_pair(pair.id, backend, reg)
         assert resolved.drafter is not None
         check_pair_fits(pair, resolved.target, resolved.drafter, reg)
-    _pair_mark(pair, backend).parent.mkdir(parents=True, exist_ok=True)
-    _pair_mark(pair, backend).touch()  # pulled on purpose: `rm` of another pair keeps its files
+    if not _pair_mark(pair, backend).exists():
+        with _recording(pair.id):
+            write_atomic(_pair_mark(pair, backend), b"")  # pulled on purpose: `rm` of another pair keeps its files
     return PullResult(pair, backend, dry_run, tuple(files))
 
 
@@ -362,11 +365,21 @@ def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledF
         "root": str(snapshot),
         "files": [{"name": f.name, "path": str(f.path), "size": f.size} for f in files],
     }
-    target = _record_file(model, backend)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".json.partial")
-    partial.write_text(json.dumps(record, indent=1))
-    os.replace(partial, target)  # the record appears whole or not at all
+    with _recording(model.id):
+        write_json_atomic(_record_file(model, backend), record)  # the record appears whole or not at all
+
+
+@contextmanager
+def _recording(what: str) -> Iterator[None]:
+    """A record that cannot be written ends the pull saying the files are safe in the hub cache."""
+    try:
+        yield
+    except StoreError as exc:
+        raise StoreError(
+            f"{what} was fetched, but the record that it is pulled could not be saved: {exc.message}",
+            f"{exc.hint} (the files stay in the hub cache: nothing is downloaded again)",
+            exc.errno,
+        ) from exc
 
 
 def _other_uses(model: Model, backend: str, reg: Registry, keep_default: bool) -> tuple[str, ...]:

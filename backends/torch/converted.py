@@ -19,6 +19,7 @@ import torch
 
 from localspec.default_model import sha256_of
 from localspec.paths import data_dir
+from localspec.store import StoreError, notice, replace_atomic, save_json_quietly
 
 from .quantized import Codes, GroupCodes, RowCodes
 
@@ -42,8 +43,7 @@ def file_hash(path: str) -> str:
         if stat.st_size > 1 << 30:
             print(f"hashing {os.path.basename(path)} once, to key its converted weights", file=sys.stderr)
         known[key] = sha256_of(Path(path))
-        index.parent.mkdir(parents=True, exist_ok=True)
-        index.write_text(json.dumps(known, indent=1))
+        save_json_quietly(index, known, f"the hash of {os.path.basename(path)} (computed again next time)")
     return known[key]
 
 
@@ -73,14 +73,19 @@ def load(file: Path) -> dict[str, Codes] | None:
 
 
 def save(file: Path, matrices: dict[str, Codes]) -> None:
-    """Written to a temporary name and renamed: a crash never leaves half an entry."""
+    """Stored whole or not at all; a full or read-only folder costs converting again next
+    time (one notice), never the load."""
     from safetensors.torch import save_file
 
     flat = dict(_flatten(matrices))
-    file.parent.mkdir(parents=True, exist_ok=True)
-    partial = file.with_suffix(".partial")
-    save_file(flat, str(partial))
-    partial.replace(file)
+
+    def fill(fd: int, temporary: Path) -> None:
+        save_file(flat, str(temporary))  # safetensors writes by name; the descriptor is fsynced after
+
+    try:
+        replace_atomic(file, fill, sum(t.nbytes for t in flat.values()))
+    except StoreError as exc:
+        notice(f"the converted weights were not saved (converted again next time): {exc.message}; {exc.hint}")
 
 
 def _flatten(matrices: dict[str, Codes]) -> Iterator[tuple[str, torch.Tensor]]:
