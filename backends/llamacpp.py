@@ -4,6 +4,9 @@ One reusable llama_batch, logits requested only for the positions that need them
 rollback with llama_memory_seq_rm. Not the high-level Llama class: it keeps logits for
 every position of the context and cannot take a draft model.
 
+A hybrid model (Qwen3.5's Gated DeltaNet layers beside attention) keeps recurrent state,
+which cannot be cut at a position, only replaced: RecurrentRollback takes it back.
+
 Its self-drafters are GGUFs derived once with llama.cpp's own quantize call: a low-bit copy
 (qspec), or a copy with blocks left out through quantize's prune list (layerskip). That
 costs the kept blocks' weights once more in memory and a KV cache of their own: llama.cpp
@@ -108,6 +111,74 @@ def _model_params(rpc: Sequence[str]) -> tuple[Any, Any]:
     return mparams, rpc_entry_points.offload_to_servers(mparams, rpc)
 
 
+# Per-token recurrent-state snapshots llama.cpp keeps from each decode of a hybrid model
+# (n_rs_seq): a verify block of up to this many drafted tokens goes back with no replay.
+RECURRENT_SNAPSHOTS = 16
+
+
+class RecurrentRollback:
+    """Rollback for a model whose memory holds recurrent state. Cheapest way first:
+
+    1. llama.cpp's own snapshots of the last decode (n_rs_seq; only the architectures its
+       list names get them): a rejected draft inside the last block costs nothing;
+    2. a copy of the recurrent state taken where the last rollback left off, restored, and
+       the tokens since replayed: what a draft model's token-by-token drafts need, and any
+       rollback on an architecture without snapshots. Copies start once a rollback needed one;
+    3. a replay from the start (a rollback behind the copy: another request's prefix).
+
+    rewind() says from which position the caller must replay (None: nothing to replay)."""
+
+    def __init__(self, ctx: Any, mem: Any, snapshots: int) -> None:
+        self._ctx, self._mem, self.snapshots = ctx, mem, snapshots
+        self._last_block = 0  # tokens in the last decode: the snapshots cover these
+        self._pending = False  # a snapshot rollback waits for the next decode (one per decode)
+        self._copying = False  # rollbacks have needed copies: take one where each rollback ends
+        self._copy_due = False
+        self._copy: tuple[int, Any] | None = None  # (position, the recurrent state there)
+
+    def before_decode(self, past: int) -> None:
+        if self._copying and self._copy_due:
+            size = llama.llama_state_seq_get_size_ext(self._ctx, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            buf = (ctypes.c_uint8 * size)()
+            llama.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            self._copy = (past, buf)
+        self._copy_due = False
+        self._last_block = 0  # until this decode is known to have finished (after_decode)
+
+    def after_decode(self, n: int) -> None:
+        self._last_block, self._pending = n, False
+
+    def settled(self) -> None:
+        """A rollback (and its replay) is done: the next decode starts where drafts start."""
+        self._copy_due = True
+
+    def rewind(self, n: int, cached: int) -> int | None:
+        """Keep the first n of the `cached` positions the memory holds."""
+        drop = cached - n
+        if drop <= 0:
+            return None
+        if (
+            not self._pending
+            and drop <= self.snapshots
+            and drop < self._last_block
+            and llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+        ):
+            self._pending = True
+            return None
+        self._copying = True
+        if self._copy is not None and self._copy[0] <= n:
+            at, buf = self._copy
+            flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if llama.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, flags) == len(buf):
+                llama.llama_memory_seq_rm(self._mem, 0, at, -1)  # the attention layers' rows
+                self._pending = False
+                return at
+        self._copy = None
+        llama.llama_memory_seq_rm(self._mem, 0, 0, -1)
+        self._pending = False
+        return 0
+
+
 class LlamaCppBackend:
     """One GGUF model with its own context (KV cache) on the CPU."""
 
@@ -118,6 +189,7 @@ class LlamaCppBackend:
         threads: int | None = None,
         max_block: int = 512,
         rpc: Sequence[str] = (),
+        recurrent_snapshots: int = RECURRENT_SNAPSHOTS,
     ) -> None:
         check_gguf(path)
         init_library()
@@ -145,12 +217,20 @@ class LlamaCppBackend:
         # a pruned window cannot give back the tokens it dropped.
         cparams.swa_full = True
         cparams.flash_attn_type = flash_attention()
+        stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
+        if stateful:
+            cparams.n_rs_seq = recurrent_snapshots
+            # The snapshots come from the last ubatch: a verify block must fit in one.
+            cparams.n_ubatch = max(cparams.n_ubatch, recurrent_snapshots + 1)
         ctx = llama.llama_init_from_model(model, cparams)
         if not ctx:
             llama.llama_model_free(model)
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
         self._ctx = ctx
         self._mem = llama.llama_get_memory(ctx)
+        # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
+        self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
+        self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
         if rpc:
             rpc_entry_points.limit_waits(rpc)
         # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
@@ -294,15 +374,19 @@ class LlamaCppBackend:
             self._out[:n] = 1
         elif logits == "last":
             self._out[n - 1] = 1
-        self._batch.n_tokens = n
         if self._unrecorded:
-            llama.llama_memory_seq_rm(self._mem, 0, past, -1)
-        self._unrecorded = True
+            self.rollback(past)
+        self._batch.n_tokens = n
+        if self._recurrent is not None:
+            self._recurrent.before_decode(past)
+        self._unrecorded, self._in_flight = True, n
         rc = llama.llama_decode(self._ctx, self._batch)
         if rc != 0:
             # A failed decode leaves the cache as it was before the batch.
             self._unrecorded = False
             raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
+        if self._recurrent is not None:
+            self._recurrent.after_decode(n)
         self._tokens.extend(tokens)
         self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
@@ -315,10 +399,27 @@ class LlamaCppBackend:
         self._live()
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        if self._recurrent is not None:
+            self._rewind(n)
+            return
         # Unconditionally: the cache may hold positions the token record does not (see _unrecorded).
         llama.llama_memory_seq_rm(self._mem, 0, n, -1)
         del self._tokens[n:]
         self._unrecorded = False
+
+    def _rewind(self, n: int) -> None:
+        assert self._recurrent is not None
+        cached = len(self._tokens) + (self._in_flight if self._unrecorded else 0)
+        kept = self._tokens[:n]
+        self._unrecorded = False
+        start = self._recurrent.rewind(min(n, cached), cached)
+        if start is not None:  # the state went back further: decode what it lacks again
+            del self._tokens[start:]
+            step = self.capabilities.max_block
+            for at in range(start, len(kept), step):
+                self.eval_block(kept[at : at + step], "none")
+        del self._tokens[n:]
+        self._recurrent.settled()
 
     def close(self) -> None:
         if self._closed:
@@ -337,6 +438,7 @@ class LlamaCppBackend:
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
         """The qspec or layerskip drafter (localspec.protocol.SelfDrafting), derived once per
         model file and loaded beside this one; without option, the measured best candidate."""
+        self._can_skip_layers(kind)
         folder, ftype = derived_home(self)
         options = {c.label: c for c in candidates(kind, option, self.info.n_layers, ftype)}
 
@@ -349,8 +451,19 @@ class LlamaCppBackend:
 
         return best_drafter(self, kind, list(options), make)
 
+    def _can_skip_layers(self, kind: str) -> None:
+        if kind == "layerskip" and self._recurrent is not None:
+            # The blocks' kinds follow from their indices (every n-th is attention): a copy
+            # with blocks left out would run recurrent weights as attention and fail to load.
+            raise InvalidRequestError(
+                f"layerskip cannot draft for {self.info.name}: a {self.info.architecture} model mixes recurrent "
+                "and attention blocks by position, so blocks cannot be left out",
+                "use --strategy ngram (the default), qspec, or a draft model",
+            )
+
     def derived_drafters(self, kind: str) -> list[tuple[str, Path]]:
         """Every candidate drafter of a kind, derived (once) for a side-by-side measurement."""
+        self._can_skip_layers(kind)
         folder, ftype = derived_home(self)
         if kind == "qspec":
             options = [Candidate(t, t) for t in QSPEC_SWEEP if t != ftype]

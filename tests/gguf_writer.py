@@ -232,3 +232,144 @@ def write_hf_folder(spec: Spec, folder: Path, gguf_path: Path) -> Path:
     )
     save_file(hf_weights(spec, len(vocab.texts)), str(folder / "model.safetensors"))
     return folder
+
+
+# -- hybrids: Qwen3.5's Gated DeltaNet layers beside attention ---------------------------------
+
+
+@dataclass(frozen=True)
+class HybridSpec:
+    """A tiny qwen35 model: every `interval`-th block is attention, the others recurrent
+    (Gated DeltaNet); `nextn` appends that many MTP blocks (the model's own drafter)."""
+
+    layers: int = 4
+    interval: int = 2
+    nextn: int = 0
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    ffn: int = 96
+    ssm_state: int = 16
+    ssm_groups: int = 2
+    ssm_heads: int = 4  # time_step_rank: value heads
+    conv_kernel: int = 4
+    seed: int = 0
+    noise: float = 0.0
+    embed_scale: float = 0.5
+    head_scale: float = 4.0  # larger: sharper next-token distributions
+    tied: float = 0.2  # how much of the output head is the embedding (see qwen35_tensors)
+
+
+def qwen35_tensors(spec: HybridSpec, vocab: int) -> dict[str, np.ndarray]:
+    """Random weights under llama.cpp's qwen35 tensor names, numpy shapes (GGUF ne reversed)."""
+    rng = np.random.default_rng(spec.seed)
+    jitter = np.random.default_rng(spec.seed + 1000)
+
+    def w(*shape: int, std: float, center: float = 0.0) -> np.ndarray:
+        x = rng.normal(0, std, shape)
+        if spec.noise:
+            x = x + jitter.normal(0, std * spec.noise, shape)
+        return (center + x).astype(np.float32)
+
+    h, hd = spec.hidden, spec.head_dim
+    key_dim, value_dim = spec.ssm_state * spec.ssm_groups, spec.ssm_state * spec.ssm_heads
+    embed = w(vocab, h, std=spec.embed_scale)
+    out = {
+        "token_embd.weight": embed,
+        "output_norm.weight": w(h, std=0.1, center=1.0),
+        # Half tied: a tied head reads the residual stream back as its own input token (a
+        # random model repeats one token forever), an untied one makes noise that nothing
+        # can guess; between them the text falls into loops that lookup drafts can copy.
+        "output.weight": spec.tied * embed / spec.embed_scale + w(vocab, h, std=spec.head_scale * h**-0.5),
+    }
+
+    def attention(p: str) -> dict[str, np.ndarray]:
+        return {
+            p + "attn_q.weight": w(2 * spec.heads * hd, h, std=h**-0.5),  # the query and its gate
+            p + "attn_k.weight": w(spec.kv_heads * hd, h, std=h**-0.5),
+            p + "attn_v.weight": w(spec.kv_heads * hd, h, std=h**-0.5),
+            p + "attn_output.weight": w(h, spec.heads * hd, std=0.5 * (spec.heads * hd) ** -0.5),
+            p + "attn_q_norm.weight": w(hd, std=0.1, center=1.0),
+            p + "attn_k_norm.weight": w(hd, std=0.1, center=1.0),
+        }
+
+    def common(p: str) -> dict[str, np.ndarray]:
+        return {
+            p + "attn_norm.weight": w(h, std=0.1, center=1.0),
+            p + "post_attention_norm.weight": w(h, std=0.1, center=1.0),
+            p + "ffn_gate.weight": w(spec.ffn, h, std=h**-0.5),
+            p + "ffn_up.weight": w(spec.ffn, h, std=h**-0.5),
+            p + "ffn_down.weight": w(h, spec.ffn, std=0.5 * spec.ffn**-0.5),
+        }
+
+    for i in range(spec.layers):
+        p = f"blk.{i}."
+        out |= common(p)
+        if (i + 1) % spec.interval == 0:
+            out |= attention(p)
+            continue
+        out |= {
+            p + "attn_qkv.weight": w(2 * key_dim + value_dim, h, std=h**-0.5),
+            p + "attn_gate.weight": w(value_dim, h, std=h**-0.5),
+            p + "ssm_conv1d.weight": w(2 * key_dim + value_dim, spec.conv_kernel, std=0.5),
+            p + "ssm_dt.bias": w(spec.ssm_heads, std=0.5),
+            p + "ssm_a": -np.exp(w(spec.ssm_heads, std=0.5)),  # decay rates: negative
+            p + "ssm_beta.weight": w(spec.ssm_heads, h, std=h**-0.5),
+            p + "ssm_alpha.weight": w(spec.ssm_heads, h, std=h**-0.5),
+            p + "ssm_norm.weight": w(spec.ssm_state, std=0.1, center=1.0),
+            p + "ssm_out.weight": w(h, value_dim, std=0.5 * value_dim**-0.5),
+        }
+    for i in range(spec.layers, spec.layers + spec.nextn):
+        p = f"blk.{i}."
+        out |= common(p) | attention(p)
+        out |= {
+            p + "nextn.eh_proj.weight": w(h, 2 * h, std=(2 * h) ** -0.5),
+            p + "nextn.enorm.weight": w(h, std=0.1, center=1.0),
+            p + "nextn.hnorm.weight": w(h, std=0.1, center=1.0),
+        }
+    return out
+
+
+def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
+    import gguf
+
+    arch = "qwen35"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(N_CTX)
+    writer.add_embedding_length(spec.hidden)
+    writer.add_block_count(spec.layers + spec.nextn)
+    writer.add_feed_forward_length(spec.ffn)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10_000.0)
+    writer.add_rope_dimension_count(spec.head_dim // 2)
+    writer.add_array(f"{arch}.rope.dimension_sections", [2, 1, 1, 0])
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", spec.conv_kernel)
+    writer.add_uint32(f"{arch}.ssm.state_size", spec.ssm_state)
+    writer.add_uint32(f"{arch}.ssm.group_count", spec.ssm_groups)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", spec.ssm_heads)
+    writer.add_uint32(f"{arch}.ssm.inner_size", spec.ssm_state * spec.ssm_heads)
+    writer.add_uint32(f"{arch}.full_attention_interval", spec.interval)
+    if spec.nextn:
+        writer.add_uint32(f"{arch}.nextn_predict_layers", spec.nextn)
+    writer.add_chat_template(CHATML)
+    tokens, types, merges = bpe_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    for name, tensor in qwen35_tensors(spec, len(tokens)).items():
+        writer.add_tensor(name, np.ascontiguousarray(tensor))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -65,14 +65,19 @@ def plain_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.tolist() if isinstance(v, mx.array) else v) for k, v in meta.items()}
 
 
-def config_from_metadata(meta: Mapping[str, Any], weights: Mapping[str, mx.array], path: str) -> dict[str, Any]:
-    """The mlx-lm config.json a Hugging Face checkpoint of this GGUF would have."""
+def check_architecture(meta: Mapping[str, Any], path: str) -> str:
     arch = str(meta.get("general.architecture", ""))
     if arch not in ARCHITECTURES:
         raise ModelLoadError(
             f"the MLX backend reads {', '.join(ARCHITECTURES)} GGUF files; {path} is {arch or 'unknown'!r}",
             "use --backend llamacpp for this file, or convert the original model with `mlx_lm.convert`",
         )
+    return arch
+
+
+def config_from_metadata(meta: Mapping[str, Any], weights: Mapping[str, mx.array], path: str) -> dict[str, Any]:
+    """The mlx-lm config.json a Hugging Face checkpoint of this GGUF would have."""
+    arch = check_architecture(meta, path)
     if meta.get(f"{arch}.expert_count"):
         raise ModelLoadError(
             f"{path} is a mixture-of-experts model, which the MLX backend does not read from GGUF",
@@ -174,7 +179,9 @@ def build(config: Mapping[str, Any], weights: dict[str, mx.array], path: str) ->
 
 def load_gguf(path: str) -> GgufModel:
     check_gguf(path)
-    expanded = check_types(path, {t.name: t.type_name for t in read_header(path).tensors})
+    header = read_header(path)
+    check_architecture(header.meta, path)  # before any tensor: a hybrid's would be misnamed
+    expanded = check_types(path, {t.name: t.type_name for t in header.tensors})
     if expanded:
         what = ", ".join(f"{n} {t}" for t, n in sorted(expanded.items()))
         warnings.warn(

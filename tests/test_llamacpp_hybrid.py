@@ -1,0 +1,192 @@
+"""Hybrid targets on llama.cpp: Qwen3.5's Gated DeltaNet (recurrent) layers beside attention.
+
+Recurrent state cannot be cut at a position, so a rejected draft is taken back through
+llama.cpp's per-token snapshots of the last decode, or a copy of the state plus a replay
+(backends/llamacpp.py, RecurrentRollback). Each path must leave the model exactly where a
+clean decode of the kept tokens leaves it, and every strategy must stay lossless on top.
+The models are tiny random-weight qwen35 GGUFs the tests write (tests/gguf_writer.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
+
+from gguf_writer import HybridSpec, write_qwen35_gguf
+from test_llamacpp_sampling import (
+    P_FLOOR,
+    SAMPLING,
+    chi_square_p_value,
+    exact_first_two,
+    sample_first_two,
+    worst_cells,
+)
+
+from localspec.api import Runtime
+from localspec.backends.llamacpp import LlamaCppBackend
+from localspec.cli.main import main
+from localspec.sampling import SamplingConfig
+
+TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261]
+LOOPING = "the world and the world and the"  # the tiny model's greedy text falls into loops
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """hybrid(**spec fields) -> the path of that tiny qwen35 GGUF, written once."""
+    folder = tmp_path_factory.mktemp("hybrids")
+    made: dict[HybridSpec, Path] = {}
+
+    def get(**fields: object) -> Path:
+        spec = HybridSpec(**fields)  # type: ignore[arg-type]
+        if spec not in made:
+            made[spec] = write_qwen35_gguf(spec, folder / f"qwen35-{len(made)}.gguf")
+        return made[spec]
+
+    return get
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[..., LlamaCppBackend]]:
+    backends: list[LlamaCppBackend] = []
+
+    def load(path: Path, **options: object) -> LlamaCppBackend:
+        backends.append(LlamaCppBackend(str(path), n_ctx=256, **options))  # type: ignore[arg-type]
+        return backends[-1]
+
+    yield load
+    for backend in backends:
+        backend.close()
+
+
+def clean_logits(load: Callable[..., LlamaCppBackend], path: Path, tokens: list[int], rows: int) -> np.ndarray:
+    """The last `rows` rows of a fresh model's pass over tokens: where no rollback happened."""
+    return load(path).eval_block(tokens, "all")[-rows:].copy()
+
+
+@pytest.mark.parametrize("snapshots", [16, 0], ids=["llama.cpp-snapshots", "state-copies"])
+def test_a_rejected_draft_leaves_a_hybrid_where_a_clean_decode_of_the_kept_tokens_does(
+    hybrid, opened, snapshots: int
+) -> None:
+    path = hybrid()
+    model = opened(path, recurrent_snapshots=snapshots)
+    assert model._recurrent is not None and model._recurrent.snapshots == snapshots
+    model.eval_block(TEXT[:8], "none")
+    for _ in range(3):  # verify blocks, each with rejected tokens taken back
+        kept = model.n_past + 2
+        model.eval_block([40, 41, 42, 43, 44], "all")
+        model.rollback(kept)
+        after = model.eval_block([7, 8], "all").copy()
+        np.testing.assert_allclose(after, clean_logits(opened, path, list(model.cached_tokens()), 2), atol=1e-4)
+
+
+def test_llama_cpps_snapshots_take_back_a_verify_block_without_copying_state(hybrid, opened) -> None:
+    model = opened(hybrid())
+    model.eval_block(TEXT[:8], "none")
+    model.eval_block([40, 41, 42, 43], "all")
+    model.rollback(9)
+    model.eval_block([5], "all")
+    assert model._recurrent is not None and model._recurrent._copy is None  # no copy was ever needed
+
+
+@pytest.mark.parametrize("snapshots", [16, 0], ids=["llama.cpp-snapshots", "state-copies"])
+def test_a_hybrid_drafter_takes_back_drafts_made_one_token_at_a_time(hybrid, opened, snapshots: int) -> None:
+    path = hybrid()
+    drafter = opened(path, recurrent_snapshots=snapshots)
+    drafter.eval_block(TEXT[:8], "none")
+    for accepted in (1, 0, 2):
+        start = drafter.n_past
+        for token in (50, 51, 52):  # a draft model proposes one token per pass
+            drafter.eval_block([token], "last")
+        drafter.rollback(start + accepted)
+        after = drafter.eval_block([9, 10], "all").copy()
+        np.testing.assert_allclose(after, clean_logits(opened, path, list(drafter.cached_tokens()), 2), atol=1e-4)
+
+
+def test_going_back_behind_every_copy_replays_the_kept_prefix(hybrid, opened) -> None:
+    path = hybrid()
+    model = opened(path)
+    model.eval_block(TEXT, "none")
+    model.rollback(3)  # another request that shares only the first 3 tokens
+    after = model.eval_block([12, 13], "all").copy()
+    np.testing.assert_allclose(after, clean_logits(opened, path, [*TEXT[:3], 12, 13], 2), atol=1e-4)
+
+
+# -- every strategy stays lossless on a hybrid target --------------------------------------------
+
+
+def drafters(path: Path, load: Callable[..., LlamaCppBackend], kind: str) -> tuple[LlamaCppBackend | None, str]:
+    if kind == "ngram":
+        return None, "ngram"
+    # A perturbed copy of the target: a hybrid drafter that agrees with it most of the time.
+    return load(Path(str(path).replace(".gguf", "-drafter.gguf"))), "draft"
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+@pytest.mark.parametrize("snapshots", [16, 0], ids=["llama.cpp-snapshots", "state-copies"])
+def test_greedy_speculation_on_a_hybrid_target_reproduces_plain_decoding(
+    hybrid, opened, tmp_path: Path, kind: str, snapshots: int
+) -> None:
+    path = hybrid()
+    write_qwen35_gguf(HybridSpec(noise=0.3), Path(str(path).replace(".gguf", "-drafter.gguf")))
+    target = opened(path, recurrent_snapshots=snapshots)
+    plain = Runtime(target, strategy="none").generate(prompt=LOOPING, max_tokens=80, temperature=0)
+    drafter, strategy = drafters(path, opened, kind)
+    runtime = Runtime(target, drafter, strategy=strategy, draft_tokens=4, calibrate=False)
+    spec = runtime.generate(prompt=LOOPING, max_tokens=80, temperature=0)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.accepted > 0 and spec.stats.drafted > spec.stats.accepted  # kept and cut
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_speculative_sampling_on_a_hybrid_target_follows_the_targets_law(hybrid, opened, kind: str) -> None:
+    path = hybrid()
+    write_qwen35_gguf(HybridSpec(noise=0.3), Path(str(path).replace(".gguf", "-drafter.gguf")))
+    target = opened(path)
+    drafter, strategy = drafters(path, opened, kind)
+    runtime = Runtime(target, drafter, strategy=strategy, draft_tokens=2, calibrate=False)
+    # The prompt ends inside the loop the model's greedy text falls into: lookup guesses it,
+    # and the target at temperature 1 keeps the guess often but not always.
+    start = runtime.prompt_tokens(LOOPING)
+    prompt = start + Runtime(target, strategy="none").generate(prompt=start, max_tokens=60, temperature=0).tokens
+    law = exact_first_two(target, prompt, SamplingConfig(**SAMPLING))
+    samples = sample_first_two(runtime, prompt, n=600)
+    assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"
+    p = chi_square_p_value(samples.counts, law)
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
+
+
+def test_the_default_strategy_answers_on_a_hybrid_gguf_as_plain_decoding_does(hybrid, capsys) -> None:
+    # What a new user met: `localspec run` on a qwen35 GGUF stopped mid-answer with
+    # "llama_decode failed" as soon as lookup drafted.
+    path = str(hybrid())
+    outputs = []
+    for strategy in ("none", "ngram", "auto"):
+        code = main(["run", "-m", path, "--strategy", strategy, "-t", "0", "--max-tokens", "60", LOOPING])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        outputs.append(captured.out)
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_layer_skipping_on_a_hybrid_is_refused_with_what_works_instead(hybrid, capsys) -> None:
+    code = main(["run", "-m", str(hybrid()), "--strategy", "layerskip", "-t", "0", "--max-tokens", "8", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "qwen35" in err and "--strategy ngram" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_a_hybrid_on_a_backend_without_recurrent_layers_names_the_one_that_runs_it(
+    hybrid, capsys, backend: str
+) -> None:
+    pytest.importorskip("torch" if backend == "torch" else "mlx")
+    code = main(["run", "-m", str(hybrid()), "--backend", backend, "-t", "0", "--max-tokens", "8", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "qwen35" in err and "llamacpp" in err and "Traceback" not in err
