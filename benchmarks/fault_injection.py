@@ -1,10 +1,12 @@
 """The fault-injection suite at full counts, as a table for BENCHMARKS.md's reliability
 section: Ctrl+C at random calls of prefill and decode (per backend, per strategy), cancelled
 streams, and two threads abandoning streams. After every fault the runtime must answer a
-greedy prompt exactly as a fresh runtime does.
+greedy prompt exactly as a fresh runtime does. Mutated GGUF headers (one row per kind of
+mutation) must each be read or refused with a ModelLoadError.
 
     python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
-        [--model Q4_1.gguf] [--draft-model Q8_0.gguf] [--only reference|llamacpp|torch|pull]
+        [--gguf-cases 20000] [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
+        [--only reference|llamacpp|torch|pull|gguf]
 
 Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
 """
@@ -102,17 +104,37 @@ def pull_rows(args: argparse.Namespace) -> list[Tally]:
     return [killed_pulls(args.pull_kills, 9, Path(tempfile.mkdtemp()))]
 
 
+def gguf_rows(args: argparse.Namespace) -> list[Tally]:
+    from gguf_fuzz import fuzz
+
+    result = fuzz(range(args.gguf_cases))
+    rows = []
+    for name, tried in result.tried.items():
+        failures = [f for f in result.failures if f"({name})" in f]
+        rows.append(Tally(f"GGUF header fuzz: {name}", tried, failures))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100, help="Ctrl+C points per backend and strategy")
     parser.add_argument("--streams", type=int, default=100, help="cancelled streams per backend")
     parser.add_argument("--threads", type=int, default=10, help="abandoned streams per thread (two threads)")
     parser.add_argument("--pull-kills", type=int, default=10, help="pulls SIGKILLed mid-file before a normal re-run")
+    parser.add_argument(
+        "--gguf-cases", type=int, default=20000, help="mutated GGUF headers (seeds 0..N-1; the CI test runs 1400)"
+    )
     parser.add_argument("--model", help="llama.cpp target GGUF (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--draft-model", help="llama.cpp drafter GGUF, to interrupt a draft pair too")
-    parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull"], action="append")
+    parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull", "gguf"], action="append")
     args = parser.parse_args()
-    suites = {"reference": reference_rows, "llamacpp": llamacpp_rows, "torch": torch_rows, "pull": pull_rows}
+    suites = {
+        "reference": reference_rows,
+        "llamacpp": llamacpp_rows,
+        "torch": torch_rows,
+        "pull": pull_rows,
+        "gguf": gguf_rows,
+    }
     rows: list[Tally] = []
     print("| case | tried | failures |\n|---|---:|---:|", flush=True)
     for name, suite in suites.items():

@@ -29,6 +29,10 @@ GGUF_TOKENIZER_KINDS = {"llama": "spm", "gpt2": "bpe", "bert": "wpm", "t5": "ugm
 # GGUF value types (gguf.GGUFValueType): fixed-size scalars as struct codes
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+# Arrays of arrays nest this deep at most: no GGUF writer nests at all beyond one level, and a
+# crafted file nesting thousands deep would otherwise end in a RecursionError.
+_MAX_NESTING = 8
+KNOWN_VERSIONS = (2, 3)
 _NUMPY: dict[int, npt.DTypeLike] = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32}
 _NUMPY.update({6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64})
 
@@ -69,10 +73,12 @@ class _Cursor:
         self.pos += n
         return self.buf[self.pos - n : self.pos].decode("utf-8", errors="replace")
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
+            if depth >= _MAX_NESTING:
+                raise ValueError(f"arrays nested more than {_MAX_NESTING} deep")
             item, count = self.scalar("I"), self.scalar("Q")
             if item == _STRING:
                 return [self.string() for _ in range(count)]
@@ -83,7 +89,7 @@ class _Cursor:
                 arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
                 self.pos += arr.nbytes
                 return arr.tolist()
-            return [self.value(item) for _ in range(count)]
+            return [self.value(item, depth + 1) for _ in range(count)]
         return self.scalar(_SCALARS[kind])
 
 
@@ -130,6 +136,10 @@ def _parse(path: str, cur: _Cursor) -> GGUFHeader:
     version = cur.scalar("I")
     if version < 2:
         raise ValueError(f"GGUF version {version} is too old")
+    if version not in KNOWN_VERSIONS:
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big") in KNOWN_VERSIONS
+        note = " (a big-endian GGUF: convert it again for this machine)" if swapped else ""
+        raise ValueError(f"GGUF version {version} is not one this reader knows{note}")
     n_tensors, n_kv = cur.scalar("Q"), cur.scalar("Q")
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
@@ -140,7 +150,11 @@ def _parse(path: str, cur: _Cursor) -> GGUFHeader:
         name = cur.string()
         dims = tuple(cur.scalar("Q") for _ in range(cur.scalar("I")))
         infos.append((name, dims, cur.scalar("I"), cur.scalar("Q")))
-    align = int(meta.get("general.alignment", 32))
+    align = meta.get("general.alignment", 32)
+    # An int type (bools are ints in Python), a power of two as GGUF requires: else every
+    # offset computed from it would be wrong, or a division by zero.
+    if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+        raise ValueError(f"general.alignment is {align!r}, not a power of two")
     start = (cur.pos + align - 1) // align * align
     tensors = [GGUFTensor(name, dims, qtype, start + offset) for name, dims, qtype, offset in infos]
     return GGUFHeader(path, meta, tensors, start)
@@ -152,10 +166,24 @@ def vocab_identity(meta: dict[str, Any], where: str) -> VocabIdentity:
     tokens = meta.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise ModelLoadError(f"{where} has no tokenizer (no tokenizer.ggml.tokens)", "use a GGUF converted with one")
+    if not isinstance(tokens, list):
+        raise ModelLoadError(
+            f"{where} has a damaged tokenizer (tokenizer.ggml.tokens is a {type(tokens).__name__}, not a list)",
+            "download the file again",
+        )
     texts = tuple(str(t).encode() for t in tokens)
     kind = GGUF_TOKENIZER_KINDS.get(str(meta.get("tokenizer.ggml.model")), "none")
-    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-    return VocabIdentity(kind, len(texts), None if bos is None else int(bos), None if eos is None else int(eos), texts)
+    bos, eos = (_token_id(meta, f"tokenizer.ggml.{name}_token_id", where) for name in ("bos", "eos"))
+    return VocabIdentity(kind, len(texts), bos, eos, texts)
+
+
+def _token_id(meta: dict[str, Any], key: str, where: str) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ModelLoadError(f"{where} has a damaged tokenizer ({key} is {value!r})", "download the file again")
+    return value
 
 
 def gguf_vocab_identity(path: str | Path) -> VocabIdentity:
