@@ -63,6 +63,16 @@ class StoredMessage:
     stats: dict[str, Any] | None = None  # what the status line showed for this reply
     drafted_spans: tuple[tuple[int, int], ...] = ()  # character ranges the drafter guessed
 
+    @classmethod
+    def unanswered(cls, prompt: str) -> StoredMessage:
+        """A prompt sent but abandoned before any reply (the chat quit during prefill):
+        kept, so what the user typed is not lost, and marked, so it is not taken as a turn."""
+        return cls("user", prompt, {"unanswered": True})
+
+    @property
+    def is_unanswered(self) -> bool:
+        return self.role == "user" and bool(self.stats and self.stats.get("unanswered"))
+
 
 @dataclass(frozen=True)
 class ConversationSummary:

@@ -103,6 +103,7 @@ class ChatApp(App[None]):
         self._last_job: ReplyJob | None = None  # the newest job on the current runtime
         self.messages: list[dict[str, str]] = []
         self.conversation_id: int | None = None
+        self._reopened_unanswered = False  # the open chat's unanswered prompt is in the input
         self.last_figures: Figures | None = None
 
     # -- layout ----------------------------------------------------------------------------
@@ -363,6 +364,9 @@ class ChatApp(App[None]):
 
     def save_turn(self, prompt: str, reply: StoredMessage) -> None:
         def write(history: History, cid: int) -> None:
+            if self._reopened_unanswered:  # it was put back in the input; this turn replaces it
+                history.drop_last(cid, "user")
+                self._reopened_unanswered = False
             history.append(cid, StoredMessage("user", prompt))
             history.append(cid, reply)
 
@@ -389,8 +393,15 @@ class ChatApp(App[None]):
             self.notify(str(exc), title="Chat history", severity="error")
             return
         await self.cancel_turn()
-        await self.transcript.reset(conversation.messages)
-        self.messages = [{"role": m.role, "content": m.content} for m in conversation.messages]
+        messages = conversation.messages
+        unanswered = messages[-1] if messages and messages[-1].is_unanswered else None
+        if unanswered is not None:  # not a turn: back in the input, to send or edit
+            messages = messages[:-1]
+            self.prompt.load_text(unanswered.content)
+            self.prompt.move_cursor(self.prompt.document.end)
+        self._reopened_unanswered = unanswered is not None
+        await self.transcript.reset(messages)
+        self.messages = [{"role": m.role, "content": m.content} for m in messages]
         self.conversation_id = conversation.id
         self.settings = self.settings.with_changes(system=conversation.system)
         self.update_topbar()
@@ -423,6 +434,7 @@ class ChatApp(App[None]):
         self.prompt.clear()
         await self.transcript.reset()
         self.messages, self.conversation_id, self.last_figures = [], None, None
+        self._reopened_unanswered = False
         self.show_ready()
 
     async def action_regenerate(self) -> None:
@@ -535,6 +547,9 @@ class ChatApp(App[None]):
         turn = self.turn
         if turn is not None and turn.reply.text:  # quitting mid-answer keeps what was said
             self.save_turn(turn.prompt, StoredMessage("assistant", turn.reply.text))
+        elif turn is not None:  # quitting before the first token keeps what the user typed
+            kept = StoredMessage.unanswered(turn.prompt)
+            self._save(lambda history, cid: history.append(cid, kept))
         if self._last_job is not None:
             self._last_job.cancel()  # the worker stops within one prompt chunk or verify step
             released = self._last_job.released.wait(60)
