@@ -30,11 +30,14 @@ import numpy as np
 from localspec.backends import llamacpp_rpc as rpc_entry_points  # also how localspec.rpc reaches them
 from localspec.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
 from localspec.gguf_check import check_gguf, diagnose_gguf
+from localspec.gguf_header import read_header
 from localspec.hardware import physical_cores
 from localspec.paths import data_dir
 from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.registry import SPLIT_GGUF
 from localspec.selfdraft import best_drafter, layerskip_blocks
+
+from .llamacpp_mtp import MtpHead, TargetStates
 
 try:
     import llama_cpp as llama
@@ -196,6 +199,11 @@ class LlamaCppBackend:
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
         mparams, self._devices = _model_params(rpc)
+        meta = read_header(path).meta
+        # A model's own MTP blocks (Qwen3.5's nextn layers) are loaded only when asked for, and
+        # a drafting context on a model loaded without them aborts the process.
+        self._mtp_layers = int(meta.get(f"{meta.get('general.architecture', '')}.nextn_predict_layers", 0) or 0)
+        mparams.load_mtp = self._mtp_layers > 0
         model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
             raise ModelLoadError(
@@ -231,6 +239,8 @@ class LlamaCppBackend:
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
+        self._states: TargetStates | None = None  # hidden states an MTP head reads (mtp_head)
+        self._heads: list[MtpHead] = []
         if rpc:
             rpc_entry_points.limit_waits(rpc)
         # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
@@ -264,6 +274,8 @@ class LlamaCppBackend:
         extra = {"threads": str(threads), "file_type": self._meta("general.file_type") or "1", "build": build_id()}
         if rpc:  # the servers are part of the cost curve: another list is another calibration
             extra["rpc"] = ",".join(rpc)
+        if self._mtp_layers:
+            extra["mtp_layers"] = str(self._mtp_layers)
         self.capabilities = Capabilities(
             rollback=True, max_block=max_block, device="rpc" if rpc else "cpu", extra=extra
         )
@@ -387,6 +399,8 @@ class LlamaCppBackend:
             raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
         if self._recurrent is not None:
             self._recurrent.after_decode(n)
+        if self._states is not None:
+            self._states.record(past, n)
         self._tokens.extend(tokens)
         self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
@@ -425,6 +439,8 @@ class LlamaCppBackend:
         if self._closed:
             return
         self._closed = True
+        for head in self._heads:  # their contexts read this model and this context
+            head.close()
         llama.llama_batch_free(self._batch)
         llama.llama_free(self._ctx)
         llama.llama_model_free(self._model)
@@ -438,6 +454,8 @@ class LlamaCppBackend:
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
         """The qspec or layerskip drafter (localspec.protocol.SelfDrafting), derived once per
         model file and loaded beside this one; without option, the measured best candidate."""
+        if kind == "mtp":
+            return self.mtp_head()
         self._can_skip_layers(kind)
         folder, ftype = derived_home(self)
         options = {c.label: c for c in candidates(kind, option, self.info.n_layers, ftype)}
@@ -450,6 +468,21 @@ class LlamaCppBackend:
             return drafter
 
         return best_drafter(self, kind, list(options), make)
+
+    def mtp_head(self) -> MtpHead:
+        """The model's own MTP block as a drafter (strategy mtp)."""
+        self._live()
+        if not self._mtp_layers:
+            raise InvalidRequestError(
+                f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",
+                "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
+            )
+        if self._states is None:
+            width = int(llama.llama_model_n_embd_out(self._model))
+            self._states = TargetStates(self._ctx, self.info.n_ctx, width)
+            self.rollback(0)  # positions decoded before now have no states: decode them again
+        self._heads.append(MtpHead(self, self._model, self._ctx, self._states))
+        return self._heads[-1]
 
     def _can_skip_layers(self, kind: str) -> None:
         if kind == "layerskip" and self._recurrent is not None:

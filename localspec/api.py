@@ -493,6 +493,8 @@ def load(
     draft = None
     label = None
     try:
+        if strategy == "auto" and draft_model is None and target.capabilities.extra.get("mtp_layers"):
+            strategy = "mtp"  # the model's own drafter, trained on its hidden states
         self_draft = selfdraft.parse(strategy)
         if self_draft is not None:
             if draft_model is not None:
@@ -531,6 +533,10 @@ def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
     if not isinstance(target, SelfDrafting):
         raise InvalidRequestError(
             f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
+        )
+    if kind == "mtp" and target.info.backend != "llamacpp":
+        raise InvalidRequestError(
+            f"the {target.info.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
     return target.make_self_drafter(kind, option)
 

@@ -30,7 +30,7 @@ from localspec.errors import InvalidRequestError
 from localspec.prompts import CODE, PASSAGE
 from localspec.protocol import Backend
 
-KINDS = ("qspec", "layerskip")
+KINDS = ("qspec", "layerskip", "mtp")
 
 
 def parse(strategy: str) -> tuple[str, str | None] | None:

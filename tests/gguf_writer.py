@@ -259,6 +259,7 @@ class HybridSpec:
     embed_scale: float = 0.5
     head_scale: float = 4.0  # larger: sharper next-token distributions
     tied: float = 0.2  # how much of the output head is the embedding (see qwen35_tensors)
+    mtp_echo: float = 0.0  # > 0: the MTP block guesses its input token again (see qwen35_tensors)
 
 
 def qwen35_tensors(spec: HybridSpec, vocab: int) -> dict[str, np.ndarray]:
@@ -328,6 +329,14 @@ def qwen35_tensors(spec: HybridSpec, vocab: int) -> dict[str, np.ndarray]:
             p + "nextn.enorm.weight": w(h, std=0.1, center=1.0),
             p + "nextn.hnorm.weight": w(h, std=0.1, center=1.0),
         }
+        if spec.mtp_echo:
+            # A head that guesses its input token again: right wherever the text repeats a
+            # token, so tests see drafts both kept and cut.
+            project = np.zeros((h, 2 * h), dtype=np.float32)
+            project[:, :h] = spec.mtp_echo * np.eye(h, dtype=np.float32)
+            out[p + "nextn.eh_proj.weight"] = project
+            out[p + "attn_output.weight"] = np.zeros_like(out[p + "attn_output.weight"])
+            out[p + "ffn_down.weight"] = np.zeros_like(out[p + "ffn_down.weight"])
     return out
 
 

@@ -1,0 +1,128 @@
+"""A model's own MTP head drafting for it on llama.cpp (strategy mtp): Qwen3.5's nextn layer.
+
+The tiny qwen35 GGUFs the tests write carry one random MTP block, so its guesses are poor but
+its arithmetic is real: what matters here is that the head's cache always holds what a clean
+pass over the accepted text would (its states re-read from the target), and that the output
+stays exactly the target's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
+
+from gguf_writer import HybridSpec, write_qwen35_gguf
+from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
+
+import localspec
+from localspec.api import Runtime
+from localspec.backends.llamacpp import LlamaCppBackend
+from localspec.cli.main import main
+from localspec.errors import InvalidRequestError
+from localspec.sampling import SamplingConfig
+
+TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261, 40, 41]
+LOOPING = "the world and the world and the"
+
+
+@pytest.fixture(scope="module")
+def with_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_qwen35_gguf(HybridSpec(nextn=1, mtp_echo=1.0), tmp_path_factory.mktemp("mtp") / "qwen35-mtp.gguf")
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[..., LlamaCppBackend]]:
+    backends: list[LlamaCppBackend] = []
+
+    def load(path: Path) -> LlamaCppBackend:
+        backends.append(LlamaCppBackend(str(path), n_ctx=256))
+        return backends[-1]
+
+    yield load
+    for backend in backends:
+        backend.close()
+
+
+def test_the_head_reads_drafted_positions_again_with_the_targets_states_once_verified(with_head, opened) -> None:
+    # A clean pass: the target decodes the text, the head reads it with the target's states.
+    target = opened(with_head)
+    head = target.mtp_head()
+    target.eval_block(TEXT, "none")
+    clean = head.eval_block(TEXT, "all").copy()
+
+    # The same text reached through a draft: the head guesses 3 tokens on its own states, the
+    # target verifies them, and the head is rolled back to the accepted ones and moves on.
+    target = opened(with_head)
+    head = target.mtp_head()
+    m = 8
+    target.eval_block(TEXT[:m], "none")
+    head.eval_block(TEXT[: m + 1], "last")
+    for token in TEXT[m + 1 : m + 3]:
+        head.eval_block([token], "last")
+    target.eval_block(TEXT[m : m + 4], "all")  # the verify pass
+    head.rollback(m + 3)  # all three drafts kept
+    target.eval_block(TEXT[m + 4 :], "none")  # and the target goes on to the end
+    rest = head.eval_block(TEXT[m + 3 :], "all")
+    np.testing.assert_allclose(rest, clean[m + 3 :], atol=1e-4)
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_greedy_mtp_drafting_reproduces_plain_decoding(with_head, opened, gamma: int) -> None:
+    target = opened(with_head)
+    plain = Runtime(target, strategy="none").generate(prompt=LOOPING, max_tokens=60, temperature=0)
+    runtime = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=gamma, calibrate=False)
+    spec = runtime.generate(prompt=LOOPING, max_tokens=60, temperature=0)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.drafted > spec.stats.accepted > 0
+
+
+def test_mtp_sampling_follows_the_targets_law(with_head, opened) -> None:
+    target = opened(with_head)
+    runtime = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=2, calibrate=False)
+    start = runtime.prompt_tokens(LOOPING)
+    prompt = start + Runtime(target, strategy="none").generate(prompt=start, max_tokens=60, temperature=0).tokens
+    law = exact_first_two(target, prompt, SamplingConfig(**SAMPLING))
+    samples = sample_first_two(runtime, prompt, n=600)
+    assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
+    p = chi_square_p_value(samples.counts, law)
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
+
+
+def test_auto_drafts_with_the_head_a_gguf_ships(with_head) -> None:
+    runtime = localspec.load(model=str(with_head), n_ctx=256)
+    try:
+        assert runtime.label == "mtp"
+        plain = localspec.load(model=str(with_head), n_ctx=256, strategy="none")
+        with plain:
+            expected = plain.generate(prompt=LOOPING, max_tokens=40, temperature=0).tokens
+        assert runtime.generate(prompt=LOOPING, max_tokens=40, temperature=0).tokens == expected
+    finally:
+        runtime.close()
+
+
+def test_mtp_on_a_gguf_without_the_head_is_refused_with_what_to_use(tmp_path: Path, capsys) -> None:
+    path = write_qwen35_gguf(HybridSpec(), tmp_path / "no-head.gguf")
+    code = main(["run", "-m", str(path), "--strategy", "mtp", "-t", "0", "--max-tokens", "8", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "no MTP head" in err and "MTP-GGUF" in err and "Traceback" not in err
+    model = LlamaCppBackend(str(path), n_ctx=64)
+    try:
+        with pytest.raises(InvalidRequestError):
+            model.mtp_head()
+    finally:
+        model.close()
+
+
+def test_mtp_on_another_backend_names_the_one_that_runs_it(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("torch")
+    from gguf_writer import Spec, write_gguf
+
+    path = write_gguf(Spec("llama"), tmp_path / "llama.gguf")
+    code = main(["run", "-m", str(path), "--backend", "torch", "--strategy", "mtp", "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--backend llamacpp" in err and "Traceback" not in err
