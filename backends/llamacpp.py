@@ -29,13 +29,14 @@ import numpy as np
 
 from localspec.backends import llamacpp_rpc as rpc_entry_points  # also how localspec.rpc reaches them
 from localspec.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
-from localspec.gguf_check import check_gguf, diagnose_gguf
+from localspec.gguf_check import check_gguf, diagnose_gguf, quantize_failure_cause
 from localspec.gguf_header import read_header
 from localspec.hardware import physical_cores
 from localspec.paths import data_dir
 from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.registry import SPLIT_GGUF
 from localspec.selfdraft import best_drafter, layerskip_blocks
+from localspec.store import save_json_quietly
 
 from .llamacpp_mtp import MtpHead, TargetStates
 
@@ -568,8 +569,7 @@ def file_fingerprint(path: str) -> str:
             for block in iter(lambda: fh.read(1 << 22), b""):
                 digest.update(block)
         known[key] = digest.hexdigest()
-        store.parent.mkdir(parents=True, exist_ok=True)
-        store.write_text(json.dumps(known, indent=1))
+        save_json_quietly(store, known, "the hash of the model (computed again next time)")
     return str(known[key])
 
 
@@ -603,6 +603,10 @@ def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Seq
     rc = llama.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
     if rc != 0 or not partial.exists():
         partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"llama.cpp could not quantize {source} to {ftype} (code {rc})")
+        why = quantize_failure_cause(str(source), str(dest), ftype, prune_layers)
+        raise ModelLoadError(
+            f"llama.cpp could not quantize {source} to {ftype} (code {rc})" + (f": {why}" if why else ""),
+            "free some space or pick another strategy; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+        )
     os.replace(partial, dest)
     return dest

@@ -33,20 +33,16 @@ import gc
 import statistics
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+from projection import projection_rows
 
-from localspec.api import model_draft_policy
 from localspec.backends.torch import quantized, verify
 from localspec.backends.torch.cuda import GREEDY, GraphedSteps
 from localspec.backends.torch.layers import KVCache, Model, eager_block
 from localspec.backends.torch.shapes import SHAPES, random_model
-from localspec.controller import CostCurve
-from localspec.stats import Step
 
 PAIRS = {"llama-3.1-8b": "llama-3.2-1b", "qwen2.5-7b": "qwen2.5-0.5b"}
 KINDS = ("bf16", "int8", "int4")  # bf16 is float32 on a CPU (--tiny)
@@ -167,34 +163,6 @@ def timings(runner: Runner, past: int, reps: int) -> tuple[list[float], float]:
     return curve, timed(replay, runner.device, reps) if replay is not None else curve[0]
 
 
-def expected_tokens(gamma: int, alpha: float) -> float:
-    return sum(alpha**j for j in range(gamma + 1))
-
-
-def speedup(target: list[float], draft: float, gamma: int, alpha: float) -> float:
-    """Tokens per second over plain decoding's, with every drafted token kept with chance alpha."""
-    cost = gamma * draft + (target[gamma] if gamma < len(target) else target[-1])
-    return expected_tokens(gamma, alpha) * target[0] / cost
-
-
-def adaptive_gamma(target: list[float], draft: float, alpha: float, steps: int = 600) -> int:
-    """The γ the controller settles on over simulated steps with these costs and acceptance,
-    set up as a runtime sets it up for a draft model (its load-time agreement measures alpha)."""
-    policy = model_draft_policy(CostCurve(list(target)), draft, alpha)
-    rng = np.random.default_rng(0)
-    chosen: Counter[int] = Counter()
-    for i in range(steps):
-        gamma = policy.choose(MAX_K - 1)
-        accepted = 0
-        while accepted < gamma and rng.random() < alpha:
-            accepted += 1
-        policy.observe(Step(gamma, accepted, gamma * draft, target[gamma]))
-        if i >= steps // 2:
-            chosen[gamma] += 1
-    settled: int = chosen.most_common(1)[0][0]
-    return settled
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on whatever device: a smoke test")
@@ -275,13 +243,10 @@ def print_projection(results: dict[tuple[str, str], Measured], pairs: dict[str, 
     for target, drafter in pairs.items():
         for kind in kinds:
             t, d = results[target, kind], results[drafter, kind]
-            for alpha in ALPHAS:
-                fixed = {g: speedup(t.curve, d.engine_step, g, alpha) for g in range(MAX_K)}
-                best = max(fixed, key=lambda g: fixed[g])
-                chosen = adaptive_gamma(t.curve, d.engine_step, alpha)
+            for alpha, best, best_speed, chosen, chosen_speed in projection_rows(t.curve, d.engine_step, ALPHAS):
                 print(
-                    f"{target + ' <- ' + drafter:<30}{kind:<6}{alpha:6.1f}{best:7d}{fixed[best]:7.2f}x"
-                    f"{chosen:11d}{fixed[chosen]:7.2f}x{fixed[chosen] / fixed[best]:8.0%}"
+                    f"{target + ' <- ' + drafter:<30}{kind:<6}{alpha:6.1f}{best:7d}{best_speed:7.2f}x"
+                    f"{chosen:11d}{chosen_speed:7.2f}x{chosen_speed / best_speed:8.0%}"
                 )
 
 
