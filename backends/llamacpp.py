@@ -103,11 +103,62 @@ def flash_attention() -> int:
     return int(FLASH_ATTN.get(chosen, FLASH_ATTN["auto"]))
 
 
-def _model_params(rpc: Sequence[str]) -> tuple[Any, Any]:
-    """Model parameters: every layer on this CPU, or on the given RPC servers' devices
-    (returned too: the array must outlive the load)."""
+@dataclass(frozen=True)
+class GpuDevice:
+    name: str
+    free_bytes: int
+
+
+_GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU and _IGPU
+# What a GPU keeps free beside the layers it takes: the KV cache, the compute buffers.
+GPU_RESERVE = 1 << 30
+
+
+@cache
+def gpu_device() -> GpuDevice | None:
+    """The GPU this llama.cpp build runs on (a Metal, CUDA or Vulkan build), or None. Asked of
+    ggml's device list: llama_supports_gpu_offload() says yes for any build with RPC, and an
+    RPC server's device is another machine's."""
+    from llama_cpp import llama_cpp as raw
+
+    lib = raw._lib
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.ggml_backend_dev_count.restype = sz
+    lib.ggml_backend_dev_get.argtypes, lib.ggml_backend_dev_get.restype = [sz], vp
+    lib.ggml_backend_dev_type.argtypes, lib.ggml_backend_dev_type.restype = [vp], ctypes.c_int
+    lib.ggml_backend_dev_description.argtypes, lib.ggml_backend_dev_description.restype = [vp], ctypes.c_char_p
+    lib.ggml_backend_dev_backend_reg.argtypes, lib.ggml_backend_dev_backend_reg.restype = [vp], vp
+    lib.ggml_backend_reg_name.argtypes, lib.ggml_backend_reg_name.restype = [vp], ctypes.c_char_p
+    lib.ggml_backend_dev_memory.argtypes = [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]
+    init_library()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if lib.ggml_backend_dev_type(dev) not in _GPU_TYPES:
+            continue
+        if (lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)) or b"") == b"RPC":
+            continue
+        free, total = sz(), sz()
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        return GpuDevice((lib.ggml_backend_dev_description(dev) or b"GPU").decode(), int(free.value))
+    return None
+
+
+def gpu_layers_that_fit(n_layers: int, size_bytes: int, device: GpuDevice | None) -> int:
+    """How many of a model's layers go to the GPU: all of them (and the output layer) where
+    the weights fit beside GPU_RESERVE, else the share of the layers that does, none without one."""
+    if device is None:
+        return 0
+    room = device.free_bytes - GPU_RESERVE
+    if room >= size_bytes:
+        return n_layers + 1
+    return max(0, n_layers * room // max(size_bytes, 1))
+
+
+def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
+    """Model parameters: gpu_layers layers on this machine's GPU and the rest on its CPU, or
+    every layer on the given RPC servers' devices (returned too: the array must outlive the load)."""
     mparams = llama.llama_model_default_params()
-    mparams.n_gpu_layers = 0
+    mparams.n_gpu_layers = gpu_layers
     mparams.use_extra_bufts = extra_buffers()
     if not rpc:
         return mparams, None
@@ -194,13 +245,18 @@ class LlamaCppBackend:
         max_block: int = 512,
         rpc: Sequence[str] = (),
         recurrent_snapshots: int = RECURRENT_SNAPSHOTS,
+        gpu_layers: int | None = None,
     ) -> None:
         check_gguf(path)
         init_library()
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
-        mparams, self._devices = _model_params(rpc)
         meta = read_header(path).meta
+        if gpu_layers is None:  # None: every layer that fits on this build's GPU, if it has one
+            blocks = int(meta.get(f"{meta.get('general.architecture', '')}.block_count", 0) or 0)
+            gpu_layers = 0 if rpc else gpu_layers_that_fit(blocks, os.path.getsize(path), gpu_device())
+        self._options["gpu_layers"] = gpu_layers
+        mparams, self._devices = _model_params(rpc, gpu_layers)
         # A model's own MTP blocks (Qwen3.5's nextn layers) are loaded only when asked for, and
         # a drafting context on a model loaded without them aborts the process.
         self._mtp_layers = int(meta.get(f"{meta.get('general.architecture', '')}.nextn_predict_layers", 0) or 0)
@@ -277,8 +333,11 @@ class LlamaCppBackend:
             extra["rpc"] = ",".join(rpc)
         if self._mtp_layers:
             extra["mtp_layers"] = str(self._mtp_layers)
+        device = gpu_device() if gpu_layers and not rpc else None
+        if device is not None:  # another device, another cost curve
+            extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
         self.capabilities = Capabilities(
-            rollback=True, max_block=max_block, device="rpc" if rpc else "cpu", extra=extra
+            rollback=True, max_block=max_block, device="rpc" if rpc else ("gpu" if device else "cpu"), extra=extra
         )
 
     def _live(self) -> None:

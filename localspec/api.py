@@ -457,14 +457,21 @@ def load(
     rpc: str | Sequence[str] | None = None,
     on_progress: Announce | None = None,
     memory: bool = True,
+    gpu_layers: int | None = None,
 ) -> Runtime:
     """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
     (pulled with `localspec pull`), or None for the embedded default. rpc ("HOST:PORT,...")
     splits the target over llama.cpp rpc-servers; the drafter stays on this machine.
     on_progress is told what a step that takes more than two seconds is doing (a CLI prints
     it, a chat shows it). memory: n-gram lookup also searches this runtime's earlier
-    requests (and whatever runtime.remember() is given); kept in this process only."""
+    requests (and whatever runtime.remember() is given); kept in this process only.
+    gpu_layers: how many layers a llama.cpp build with a GPU backend puts there (None: all
+    that fit)."""
     n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
+    if gpu_layers is not None and backend != "llamacpp":
+        raise InvalidRequestError(
+            f"gpu_layers is for the llama.cpp backend, not {backend}", "drop --gpu-layers, or use --backend llamacpp"
+        )
     pair = pair_id(model, draft_model, backend)
     if pair is not None:
         # The adaptive controller stays the default for pairs; the pair's recommended
@@ -480,6 +487,7 @@ def load(
             rpc=rpc,
             on_progress=on_progress,
             memory=memory,
+            gpu_layers=gpu_layers,
         )
     if model is None:
         from localspec.default_model import ensure_pypi_model
@@ -488,6 +496,8 @@ def load(
     options: dict[str, Any] = {"n_ctx": n_ctx}
     if threads is not None:
         options["threads"] = threads
+    if gpu_layers is not None:
+        options["gpu_layers"] = gpu_layers
     with announced(f"loading {os.path.basename(model)}", on_progress):
         target = load_backend(backend, model, **options, **split_options(backend, rpc))
     draft = None

@@ -43,6 +43,7 @@ def handle(args: argparse.Namespace) -> int:
         curve, deep = cal.verify_seconds, cal.deep_verify_seconds
         info = backend.info
         on = backend.capabilities.device
+        gpu = backend.capabilities.extra.get("gpu")
     finally:
         backend.close()
     predicted = [
@@ -84,6 +85,8 @@ def handle(args: argparse.Namespace) -> int:
     if not device.accelerators:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
     print(f"llama.cpp    {_rpc_line()}")
+    if args.backend == "llamacpp":
+        print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
     print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve))
@@ -99,6 +102,12 @@ def handle(args: argparse.Namespace) -> int:
         "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
     )
     return 0
+
+
+def _gpu_line(gpu: str | None) -> str:
+    if gpu:
+        return f"decodes on {gpu}; --gpu-layers N moves fewer layers there"
+    return "decodes on the CPU: this build has no GPU backend (a Metal, CUDA or Vulkan build offloads by itself)"
 
 
 def _rpc_line() -> str:

@@ -29,6 +29,16 @@ def ctx_arg(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a context length of 1 or more tokens, got {value!r}") from None
 
 
+def gpu_layers_arg(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--gpu-layers takes a whole number of layers (0 or more), got {value!r}")
+    return n
+
+
 def threads_arg(value: str) -> int | None:
     try:
         return check_threads(int(value))
@@ -62,6 +72,12 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
     p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
     p.add_argument("--threads", type=threads_arg, help="CPU threads (default or 0: physical cores)")
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
+    p.add_argument(
+        "--gpu-layers",
+        type=gpu_layers_arg,
+        metavar="N",
+        help="llama.cpp: layers on the GPU of a Metal/CUDA/Vulkan build (default: all that fit; 0: CPU only)",
+    )
 
 
 def load_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -72,6 +88,7 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
         "n_ctx": args.ctx,
         "threads": args.threads,
         "rpc": args.rpc or None,
+        "gpu_layers": args.gpu_layers,
     }
 
 

@@ -1,0 +1,68 @@
+"""Where llama.cpp's layers run: on the GPU of a Metal, CUDA or Vulkan build (every layer
+that fits, unless --gpu-layers says otherwise), on the CPU of a build without one. CI's
+build is a CPU one with RPC, which llama_supports_gpu_offload() calls offload-capable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
+
+from gguf_writer import Spec, write_gguf
+
+from localspec.backends import llamacpp
+from localspec.backends.llamacpp import GPU_RESERVE, GpuDevice, LlamaCppBackend, gpu_layers_that_fit
+from localspec.cli.main import main
+
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gguf(Spec("llama"), tmp_path_factory.mktemp("gpu") / "llama.gguf")
+
+
+def test_a_build_without_a_gpu_backend_decodes_on_the_cpu(tiny: Path) -> None:
+    assert llamacpp.gpu_device() is None  # an RPC build: its rpc devices are other machines'
+    model = LlamaCppBackend(str(tiny), n_ctx=64)
+    try:
+        assert model.capabilities.device == "cpu" and "gpu" not in model.capabilities.extra
+    finally:
+        model.close()
+
+
+def test_every_layer_goes_to_a_gpu_the_weights_fit_and_a_share_where_they_do_not() -> None:
+    roomy = GpuDevice("roomy", 8 * GiB)
+    assert gpu_layers_that_fit(32, 5 * GiB, roomy) == 33  # the output layer too
+    tight = GpuDevice("tight", 3 * GiB + GPU_RESERVE)
+    assert gpu_layers_that_fit(32, 6 * GiB, tight) == 16
+    assert gpu_layers_that_fit(32, 6 * GiB, GpuDevice("full", GPU_RESERVE // 2)) == 0
+    assert gpu_layers_that_fit(32, 6 * GiB, None) == 0
+
+
+def test_the_choice_reaches_llama_cpp_and_names_the_device(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llamacpp, "gpu_device", lambda: GpuDevice("Test GPU", 8 * GiB))
+    model = LlamaCppBackend(str(tiny), n_ctx=64)
+    try:
+        assert model._options["gpu_layers"] == model.info.n_layers + 1
+        assert model.capabilities.extra["gpu"].startswith("Test GPU")
+        assert model.capabilities.device == "gpu"
+    finally:
+        model.close()
+    chosen = LlamaCppBackend(str(tiny), n_ctx=64, gpu_layers=0)  # --gpu-layers 0: the CPU only
+    try:
+        assert chosen.capabilities.device == "cpu" and chosen._options["gpu_layers"] == 0
+    finally:
+        chosen.close()
+
+
+def test_gpu_layers_on_the_command_line(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "-m", str(tiny), "--gpu-layers", "0", "-t", "0", "--max-tokens", "4", "hi"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["run", "-m", str(tiny), "--gpu-layers", "-2", "hi"])
+    assert "whole number of layers" in capsys.readouterr().err
+    code = main(["run", "-m", str(tiny), "--backend", "torch", "--gpu-layers", "3", "--max-tokens", "4", "hi"])
+    assert code != 0 and "--backend llamacpp" in capsys.readouterr().err
