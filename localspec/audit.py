@@ -1,7 +1,9 @@
 """`localspec registry check`: every entry of models.toml asked of the hub without downloading
 weights. For each pair and backend: do the repo, the revision and each file exist, do their
 sizes and sha256s (the hub's LFS oids) agree with the registry, and do the pair's two
-tokenizers fit (read from the GGUF headers by range requests, or from tokenizer.json)."""
+tokenizers fit (read from the GGUF headers by range requests, or from tokenizer.json).
+A pair drafting with an MTP head needs nextn layers in the target's GGUF; a sidecar drafter
+(mtp-*.gguf) must be an MTP drafter made for the target: its width and tokenizer."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.errors import LocalspecError
-from localspec.gguf_header import gguf_vocab_identity
+from localspec.gguf_header import GGUFHeader, gguf_vocab_identity, vocab_identity
 from localspec.hub import HubSettings, hub_errors
 from localspec.pairing import tokenizer_json_identity, vocab_mismatch
 from localspec.protocol import VocabIdentity
@@ -27,6 +29,7 @@ from localspec.registry import (
     PyPIArtifact,
     Registry,
     load_registry,
+    sidecar_of,
 )
 
 
@@ -77,6 +80,8 @@ def check_registry(
                 findings += [Finding(pair.id, f.backend, f.subject, f.ok, f.detail) for f in seen[key][1]]
             if pair.drafter is not None:
                 findings.append(_check_fit(pair, backend, hubs, settings))
+            if backend == "llamacpp" and pair.mtp is not None:
+                findings.append(_check_mtp(pair, hubs[pair.target.id], settings))
     return findings
 
 
@@ -171,6 +176,89 @@ def _check_fit(pair: Pair, backend: str, hubs: dict[str, _Hub], settings: HubSet
     reason = vocab_mismatch(target, drafter)
     detail = f"fit ({target.kind}, {target.size} and {drafter.size} tokens)" if reason is None else reason
     return Finding(pair.id, backend, "tokenizers", reason is None, detail)
+
+
+# -- a pair's MTP drafter: the target's own head, or a sidecar beside it
+
+
+def _check_mtp(pair: Pair, hub: _Hub, settings: HubSettings) -> Finding:
+    artifact = pair.target.artifacts["llamacpp"]
+    sidecar = sidecar_of(pair.target)
+    subject = f"MTP {sidecar.name}" if sidecar is not None else "MTP head"
+    if not isinstance(artifact, HubArtifact):
+        return Finding(pair.id, "llamacpp", subject, True, "your own file: checked when it loads")
+    if hub.problem is not None:
+        return Finding(pair.id, "llamacpp", subject, False, "not checked: the target's files are not all there")
+    try:
+        target = _remote_header(artifact, artifact.files[0].name, hub, settings)
+        if sidecar is None:
+            ok, detail = _mtp_head(target)
+        else:
+            ok, detail = _sidecar_fit(target, _remote_header(artifact, sidecar.name, hub, settings))
+    except LocalspecError as exc:
+        return Finding(pair.id, "llamacpp", subject, False, f"not checked: {exc.message}")
+    return Finding(pair.id, "llamacpp", subject, ok, detail)
+
+
+def _nextn_layers(header: GGUFHeader) -> tuple[str, int]:
+    arch = str(header.meta.get("general.architecture", "?"))
+    layers = header.meta.get(f"{arch}.nextn_predict_layers", 0)
+    return arch, layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
+
+
+def _mtp_head(target: GGUFHeader) -> tuple[bool, str]:
+    arch, layers = _nextn_layers(target)
+    if layers <= 0:
+        return False, f"{arch} without nextn layers: converted without its MTP head; use a *-MTP-GGUF conversion"
+    return True, f"{arch} with {layers} nextn layer{'s' if layers != 1 else ''}: the MTP head is in the file"
+
+
+def _sidecar_fit(target: GGUFHeader, drafter: GGUFHeader) -> tuple[bool, str]:
+    """The sidecar drafts for this target: an MTP model whose output width is the target's
+    hidden width (llama.cpp asserts it), with the target's tokenizer."""
+    arch, layers = _nextn_layers(drafter)
+    if layers <= 0:
+        return False, f"{arch} without nextn layers: not an MTP drafter"
+    t_arch = str(target.meta.get("general.architecture", "?"))
+    width, out = target.meta.get(f"{t_arch}.embedding_length"), drafter.meta.get(f"{arch}.embedding_length_out")
+    if width is None:
+        return False, f"the target ({t_arch}) declares no embedding_length: not a model this sidecar drafts for"
+    if out is not None and out != width:
+        return False, f"drafts for a model {out} wide; this {t_arch} is {width} wide (the sidecar of another size?)"
+    if "tokenizer.ggml.tokens" in drafter.meta:
+        reason = vocab_mismatch(vocab_identity(target.meta, "target"), vocab_identity(drafter.meta, "sidecar"))
+        if reason is not None:
+            return False, reason
+    return True, f"{arch} drafter ({layers} layer{'s' if layers != 1 else ''}) for this {width}-wide {t_arch}"
+
+
+def _remote_header(artifact: HubArtifact, name: str, hub: _Hub, settings: HubSettings) -> GGUFHeader:
+    """The GGUF header of a file on the hub, by range requests growing until it is whole (as
+    localspec.remote_gguf reads a tokenizer)."""
+    from huggingface_hub import hf_hub_url
+
+    from localspec import remote_gguf
+    from localspec.errors import ModelLoadError
+    from localspec.gguf_header import header_from_bytes
+
+    assert hub.commit is not None
+    url = hf_hub_url(artifact.repo, name, revision=hub.commit, endpoint=settings.endpoint)
+    where, size, data = f"{artifact.repo}/{name}", int(hub.files[name].size), b""
+    while True:
+        chunk = remote_gguf._read_range(
+            url, len(data), max(len(data), remote_gguf.FIRST_READ), artifact, name, settings
+        )
+        data += chunk
+        try:
+            header = header_from_bytes(data, where)
+        except ValueError as exc:
+            raise ModelLoadError(
+                f"{where} has no readable GGUF header: {exc}", "the file on the hub is damaged"
+            ) from exc
+        if header is not None:
+            return header
+        if len(data) >= size or not chunk:
+            raise ModelLoadError(f"{where} ends inside its GGUF header", "the file on the hub is damaged")
 
 
 def _identity(model: Model, backend: str, hub: _Hub, settings: HubSettings) -> VocabIdentity | None:

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
 
 from localspec.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFTING_STRATEGY, STRATEGIES, DraftTokens
 from localspec.default_model import PyPIModel
@@ -34,6 +34,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # llama.cpp's split GGUF names (llama-gguf-split): PREFIX-00001-of-00003.gguf
 SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# A drafter sidecar, as llama.cpp names it (mtp-<name>.gguf in the target's repo, found by
+# `llama-server -hf`): an MTP assistant such as Gemma 4's, listed after the target's own file.
+MTP_SIDECAR = re.compile(r"^mtp-.+\.gguf$")
 # What reaches a program's argument list or a path is checked first: a value that could be
 # read as an option (pip's --log=FILE) or that climbs out of a folder (../) is refused.
 _REVISION = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][\w./-]*(?<![/.])$")
@@ -62,6 +65,11 @@ class HubFile:
     def is_pattern(self) -> bool:
         return any(c in self.name for c in "*?[")
 
+    @property
+    def is_sidecar(self) -> bool:
+        """An MTP drafter shipped beside a GGUF (mtp-*.gguf), not a shard of the model itself."""
+        return bool(MTP_SIDECAR.match(PurePosixPath(self.name).name))
+
 
 @dataclass(frozen=True)
 class HubArtifact:
@@ -72,6 +80,10 @@ class HubArtifact:
     @property
     def pinned(self) -> bool:
         return bool(_COMMIT.match(self.revision))
+
+    @property
+    def sidecars(self) -> tuple[HubFile, ...]:
+        return tuple(f for f in self.files if f.is_sidecar)
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,22 @@ class Pair:
     def license(self) -> str:
         licenses = dict.fromkeys(m.license for m in reversed(self.models))
         return " + ".join(licenses)
+
+    @property
+    def mtp(self) -> Literal["yes", "later"] | None:
+        """ "yes" when a multi-token-prediction head drafts (strategy mtp); "later" when the
+        target's GGUF comes with an MTP assistant sidecar that localspec cannot draft with
+        yet (the pair drafts by its strategy meanwhile; llama-server runs the sidecar)."""
+        if self.strategy.startswith("mtp"):
+            return "yes"
+        return "later" if sidecar_of(self.target) is not None else None
+
+
+def sidecar_of(model: Model) -> HubFile | None:
+    """The MTP assistant shipped beside a model's GGUF, if its llama.cpp entry lists one."""
+    artifact = model.artifacts.get("llamacpp")
+    sidecars = artifact.sidecars if isinstance(artifact, HubArtifact) else ()
+    return sidecars[0] if sidecars else None
 
 
 @dataclass(frozen=True)
@@ -316,7 +344,20 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
 
 def _expand_split(files: tuple[HubFile, ...], path: Path, where: str) -> tuple[HubFile, ...]:
     """A split GGUF given by its first shard alone means every shard; listed shards must be
-    the whole set, in order (llama.cpp opens the first and finds the others by name)."""
+    the whole set, in order (llama.cpp opens the first and finds the others by name). One
+    sidecar drafter (mtp-*.gguf) may follow the model's own file or shards."""
+    own = tuple(f for f in files if not f.is_sidecar)
+    sidecars = files[len(own) :]
+    if not own:
+        raise _fail(path, where, "files", f"{files[0].name} is a sidecar drafter: list the model's own GGUF first")
+    if any(f.is_sidecar for f in files[: len(own)]) or len(sidecars) > 1:
+        raise _fail(
+            path, where, "files", "list the model's GGUF (or its shards) first, then at most one sidecar mtp-*.gguf"
+        )
+    return (*_expand_shards(own, path, where), *sidecars)
+
+
+def _expand_shards(files: tuple[HubFile, ...], path: Path, where: str) -> tuple[HubFile, ...]:
     shards = split_shards(files[0].name)
     if len(files) == 1 and len(shards) > 1 and shards[0] == files[0].name:
         return (files[0], *(HubFile(name) for name in shards[1:]))

@@ -7,13 +7,19 @@ import json
 from typing import Any
 
 from localspec.choices import PULLABLE_BACKENDS
-from localspec.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry
+from localspec.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry, sidecar_of
 
 PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("list", help="list the model pairs: sizes, pulled or not", description="List the model pairs.")
+    p = sub.add_parser(
+        "list",
+        help="list the model pairs: sizes, pulled or not",
+        description="List the model pairs. MTP: yes where a model's own multi-token-prediction head drafts, "
+        "later where the target comes with an MTP assistant that localspec does not draft with yet "
+        "(`localspec export PAIR --to llama-server` runs it).",
+    )
     p.add_argument(
         "--backend", default="llamacpp", choices=PULLABLE_BACKENDS, help="whose sizes and pulled state to show"
     )
@@ -60,7 +66,7 @@ def handle_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_pair_json(p) for p in pairs], indent=1))
         return 0
-    rows = [["PAIR", "TARGET", "DRAFTER", "STRATEGY", "SIZE", "PULLED", "BACKENDS"]]
+    rows = [["PAIR", "TARGET", "DRAFTER", "STRATEGY", "MTP", "SIZE", "PULLED", "BACKENDS"]]
     for p in pairs:
         offered = args.backend in p.backends
         rows.append(
@@ -69,6 +75,7 @@ def handle_list(args: argparse.Namespace) -> int:
                 p.target.name,
                 p.drafter.name if p.drafter else "-",
                 p.strategy,
+                p.mtp or "-",
                 human_size(pair_size(p, args.backend)) if offered else "-",
                 ("yes" if is_pulled(p, args.backend) else "no") if offered else "-",
                 ",".join(p.backends),
@@ -90,6 +97,7 @@ def _pair_json(pair: Pair) -> dict[str, Any]:
         "target": pair.target.id,
         "drafter": pair.drafter.id if pair.drafter else None,
         "strategy": pair.strategy,
+        "mtp": pair.mtp,
         "draft_tokens": pair.draft_tokens,
         "backends": {b: {"pulled": is_pulled(pair, b), "size": pair_size(pair, b)} for b in pair.backends},
     }
@@ -107,6 +115,8 @@ def handle_show(args: argparse.Namespace) -> int:
         ["license", pair.license],
         ["strategy", f"{pair.strategy}, draft length {draft}"],
     ]
+    if pair.mtp is not None:
+        rows.append(["mtp", _mtp_line(pair)])
     lines += table(rows)
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is not None:
@@ -120,6 +130,17 @@ def handle_show(args: argparse.Namespace) -> int:
     lines += ["", "files:", *table(state), "", f"defined in {pair.origin}"]
     print("\n".join(lines))
     return 0
+
+
+def _mtp_line(pair: Pair) -> str:
+    sidecar = sidecar_of(pair.target)
+    if pair.mtp == "yes":
+        return "the target's own MTP head drafts (llama.cpp backend)"
+    assert sidecar is not None
+    return (
+        f"assistant {sidecar.name} comes with the target; localspec drafts with it later, "
+        f"llama-server now (localspec export {pair.id} --to llama-server)"
+    )
 
 
 def _artifact_lines(model: Model) -> list[str]:
