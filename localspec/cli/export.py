@@ -19,8 +19,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("pair", help="a pair id or alias from models.toml")
     p.add_argument("--to", required=True, choices=ENGINES, help="the serving engine")
-    p.add_argument("--strategy", choices=["draft", "ngram"], help="default: the pair's")
-    p.add_argument("--draft-tokens", type=int, metavar="N", help="draft length (default: the pair's, or 4)")
+    p.add_argument(
+        "--strategy",
+        choices=["draft", "ngram", "mtp"],
+        help="default: the pair's, or mtp where the target ships an MTP assistant",
+    )
+    p.add_argument("--draft-tokens", type=int, metavar="N", help="draft length (default: the pair's, or 4; 3 for MTP)")
     p.set_defaults(handler=handle)
 
 

@@ -1,0 +1,125 @@
+"""`localspec export` of an MTP pair: each engine's own MTP settings, spelled as its current
+documentation spells them.
+
+- vLLM: docs.vllm.ai features/speculative_decoding/mtp ("MTP (Multi-Token Prediction)"):
+  `vllm serve MODEL --speculative-config '{"method": "mtp", "num_speculative_tokens": N}'`,
+  no draft model; "mtp" replaced the per-model names (qwen3_next_mtp, deepseek_mtp) in
+  vllm/config/speculative.py.
+- SGLang: docs.sglang.io advanced_features/speculative_decoding ("Multi Token Prediction")
+  and basic_usage/deepseek ("Multi-token Prediction"): `--speculative-algorithm EAGLE
+  --speculative-num-steps N --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1`
+  with no draft model path; NEXTN is the older alias of EAGLE.
+- llama-server: llama.cpp common/arg.cpp (`--spec-type`, `--spec-draft-model`/-md,
+  `--spec-draft-n-max`), common/speculative.cpp ("draft-mtp") and docs/speculative.md, in the
+  tree vendored by llama-cpp-python 0.3.36; an mtp-*.gguf sidecar is the draft model (-md)
+  that `-hf` discovers beside the target (common/download.cpp find_best_mtp).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localspec.cli.main import main
+from localspec.export import ExportError, export_pair
+from localspec.registry import HubArtifact, Pair, load_registry
+
+VLLM_MTP_CONFIG = {"method": "mtp", "num_speculative_tokens": 3}
+SGLANG_MTP_FLAGS = {
+    "--speculative-algorithm": "EAGLE",
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
+LLAMA_SERVER_MTP_FLAGS = {
+    "--spec-type": "draft-mtp",
+    "--spec-draft-n-max": "3",
+    "--spec-draft-n-min": "0",
+    "--spec-draft-p-min": "0.0",
+}
+
+
+def pair(name: str) -> Pair:
+    return load_registry().pair(name)
+
+
+def flags(argv: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("-"):
+            out[arg] = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+    return out
+
+
+def pulled(p: Pair) -> tuple[Path, Path | None]:
+    """Where a pull puts a target: one snapshot folder of the hub cache per repo commit."""
+    artifact = p.target.artifacts["llamacpp"]
+    assert isinstance(artifact, HubArtifact)
+    name = artifact.files[0].name
+    return Path(f"/cache/models--x/snapshots/abc/{name}"), None
+
+
+def test_vllm_gets_the_mtp_method_and_no_draft_model() -> None:
+    out = export_pair(pair("qwen3.6-27b"), "vllm")
+    assert out.argv[:3] == ("vllm", "serve", "Qwen/Qwen3.6-27B")
+    assert json.loads(flags(out.argv)["--speculative-config"]) == VLLM_MTP_CONFIG
+
+
+def test_sglang_runs_the_mtp_layers_as_eagle_without_a_draft_model_path() -> None:
+    given = flags(export_pair(pair("qwen3.5-9b"), "sglang").argv)
+    assert given["--model-path"] == "Qwen/Qwen3.5-9B"
+    assert {k: given[k] for k in SGLANG_MTP_FLAGS} == SGLANG_MTP_FLAGS
+    assert "--speculative-draft-model-path" not in given
+
+
+def test_llama_server_drafts_with_the_targets_own_head() -> None:
+    out = export_pair(pair("qwen3.6-35b-a3b"), "llama-server", ggufs=pulled)
+    given = flags(out.argv)
+    assert given["-m"] == "/cache/models--x/snapshots/abc/Qwen3.6-35B-A3B-UD-Q4_K_M.gguf"
+    assert "-md" not in given
+    assert {k: given[k] for k in LLAMA_SERVER_MTP_FLAGS} == LLAMA_SERVER_MTP_FLAGS
+
+
+def test_llama_server_gets_the_gemma_assistant_sidecar_from_beside_the_target() -> None:
+    out = export_pair(pair("gemma-4-31b"), "llama-server", ggufs=pulled)
+    given = flags(out.argv)
+    assert given["-m"] == "/cache/models--x/snapshots/abc/gemma-4-31B-it-qat-UD-Q4_K_XL.gguf"
+    assert given["-md"] == "/cache/models--x/snapshots/abc/mtp-gemma-4-31B-it.gguf"
+    assert given["--spec-type"] == "draft-mtp"
+    assert any("n-gram lookup until it runs Gemma 4 assistants" in note for note in out.notes)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_gemma_assistant_goes_to_llama_server_only_and_other_engines_get_ngram(engine: str) -> None:
+    out = export_pair(pair("gemma-4-12b"), engine)
+    assert any("exported for llama-server only (--to llama-server)" in note for note in out.notes)
+    given = flags(out.argv)
+    method = (
+        json.loads(given["--speculative-config"])["method"] if engine == "vllm" else given["--speculative-algorithm"]
+    )
+    assert method in ("ngram", "NGRAM")
+
+
+def test_an_mtp_draft_length_is_fixed_at_3_with_a_note_unless_given() -> None:
+    auto = export_pair(pair("qwen3.6-27b"), "llama-server", ggufs=pulled)
+    assert any("takes a fixed one: 3" in note for note in auto.notes)
+    given = export_pair(pair("qwen3.6-27b"), "llama-server", draft_tokens=1, ggufs=pulled)
+    assert flags(given.argv)["--spec-draft-n-max"] == "1" and not given.notes
+
+
+def test_an_mtp_pair_can_still_be_exported_as_ngram() -> None:
+    config = json.loads(flags(export_pair(pair("qwen3.6-27b"), "vllm", strategy="ngram").argv)["--speculative-config"])
+    assert config["method"] == "ngram"
+
+
+def test_mtp_for_a_pair_without_an_mtp_drafter_is_refused_with_what_works() -> None:
+    with pytest.raises(ExportError, match="no MTP drafter") as caught:
+        export_pair(pair("qwen3-8b"), "vllm", strategy="mtp")
+    assert caught.value.hint == "export it with --strategy ngram or draft"
+
+
+def test_the_cli_takes_strategy_mtp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "qwen3.6", "--to", "vllm", "--strategy", "mtp", "--draft-tokens", "2"]) == 0
+    assert '{"method": "mtp", "num_speculative_tokens": 2}' in capsys.readouterr().out
