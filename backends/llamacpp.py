@@ -537,12 +537,41 @@ class LlamaCppBackend:
                 f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",
                 "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
             )
+        self._heads.append(MtpHead(self, self._model, self._ctx, self._target_states()))
+        return self._heads[-1]
+
+    def assistant_head(self, path: str) -> MtpHead:
+        """A Gemma 4 assistant GGUF (architecture gemma4-assistant) drafting for this target."""
+        self._live()
+        check_gguf(path)
+        if self.info.architecture != "gemma4":
+            raise InvalidRequestError(
+                f"{os.path.basename(path)} is a Gemma 4 assistant: it drafts for a gemma4 model, "
+                f"not {self.info.name} ({self.info.architecture})",
+                "pair it with the Gemma 4 model it was made for, or use --strategy ngram",
+            )
+        mparams, _ = _model_params((), self._options["gpu_layers"])
+        mparams.load_mtp = True  # its blocks are all MTP blocks
+        model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
+        if not model:
+            raise ModelLoadError(f"llama.cpp could not load {path}: {diagnose_gguf(path)}")
+        if llama.llama_model_n_embd_out(model) != llama.llama_model_n_embd_out(self._model):
+            llama.llama_model_free(model)
+            raise InvalidRequestError(
+                f"{os.path.basename(path)} was made for a Gemma 4 model of another width than {self.info.name}",
+                "use the assistant of the same size (E4B with E4B, 12B with 12B, 31B with 31B)",
+            )
+        head = MtpHead(self, model, self._ctx, self._target_states(), assistant=True)
+        head.info = replace(head.info, name=os.path.basename(path), size_bytes=int(llama.llama_model_size(model)))
+        self._heads.append(head)
+        return head
+
+    def _target_states(self) -> TargetStates:
         if self._states is None:
             width = int(llama.llama_model_n_embd_out(self._model))
             self._states = TargetStates(self._ctx, self.info.n_ctx, width)
             self.rollback(0)  # positions decoded before now have no states: decode them again
-        self._heads.append(MtpHead(self, self._model, self._ctx, self._states))
-        return self._heads[-1]
+        return self._states
 
     def _can_skip_layers(self, kind: str) -> None:
         if kind == "layerskip" and self._recurrent is not None:

@@ -10,6 +10,10 @@ MtpHead is a Backend, so ModelDrafter drafts with it as with any draft model. A 
 read with its own hidden state is taken in again with the target's once the target has
 decoded that position (as llama.cpp's server does after every verify pass): the head was
 trained on the target's states, and its cache must hold what a clean pass would.
+
+Gemma 4's assistant is the same idea in a file of its own (architecture gemma4-assistant):
+it keeps no cache, reading the target's instead, so every guess is made at the target's
+next position and nothing is ever taken back (MtpHead.shared).
 """
 
 from __future__ import annotations
@@ -45,8 +49,11 @@ class TargetStates:
 class MtpHead:
     """The target's MTP block, drafting for it (see the module doc)."""
 
-    def __init__(self, target: Backend, model: Any, target_ctx: Any, states: TargetStates) -> None:
+    def __init__(
+        self, target: Backend, model: Any, target_ctx: Any, states: TargetStates, assistant: bool = False
+    ) -> None:
         self._target, self._states = target, states
+        self._model = model if assistant else None  # an assistant file's own model, freed on close
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = target.info.n_ctx
         cparams.n_batch = cparams.n_ubatch = target.capabilities.max_block
@@ -59,6 +66,9 @@ class MtpHead:
             raise ModelLoadError(f"llama.cpp could not open the MTP head of {target.info.name}")
         self._ctx = ctx
         self._mem = llama.llama_get_memory(ctx)
+        # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
+        # guess goes to the target's next position, and nothing is ever removed from it.
+        self.shared = assistant
         ext.llama_set_embeddings_nextn(ctx, True, True)  # a row for each output only
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = states.width
@@ -132,41 +142,63 @@ class MtpHead:
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
         self._tokens.extend(tokens)
         frontier = len(self._target.cached_tokens())  # beyond it, drafts need the head's own states
-        llama.llama_batch_ext_clear(self._batch)
-        rows: list[np.ndarray] = []  # kept alive until the pass has read them
-        outputs: list[int] = []
-        for k, token in enumerate(tokens):
-            q = past + k
-            idx = llama.llama_batch_ext_add_token(self._batch, 0, int(token))
-            position = llama.llama_pos(q)
-            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
-            state, exact = self._state_before(q)
-            rows.append(np.ascontiguousarray(state, dtype=np.float32))
-            embd = llama.llama_embd(rows[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
-            llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
-            (self._guessed.discard if exact else self._guessed.add)(q)
-            wanted = logits == "all" or (logits == "last" and k == n - 1) or q >= frontier
-            llama.llama_batch_ext_set_output_logits(self._batch, idx, wanted)
-            if wanted:
-                outputs.append(k)
-        rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
-        if rc != 0:
+        rows: dict[int, np.ndarray] = {}
+        try:
+            if self.shared:
+                for k, token in enumerate(tokens):
+                    asked = logits == "all" or (logits == "last" and k == n - 1)
+                    if past + k >= frontier or asked:  # the target's cache holds the others
+                        rows |= self._pass([(past + k, int(token), True)], min(past + k, frontier))
+            else:
+                wanted = [
+                    logits == "all" or (logits == "last" and k == n - 1) or past + k >= frontier for k in range(n)
+                ]
+                rows = self._pass([(past + k, int(t), wanted[k]) for k, t in enumerate(tokens)], None)
+        except InvalidRequestError:
             del self._tokens[past:]
-            raise InvalidRequestError(f"the MTP head's pass failed with code {rc} at position {past}")
-        for k in outputs:  # both calls take the token's index in the batch
-            state_ptr = ext.llama_get_embeddings_nextn_ith(self._ctx, k)
-            self._own[past + k] = np.ctypeslib.as_array(state_ptr, shape=(self._width,)).copy()
+            raise
         picked = range(n) if logits == "all" else ([n - 1] if logits == "last" else [])
         out = np.empty((len(picked), self._vocab), dtype=np.float32)
         for row, k in enumerate(picked):
-            ptr = llama.llama_get_logits_ith(self._ctx, k)
-            out[row] = np.ctypeslib.as_array(ptr, shape=(self._vocab,))
+            out[row] = rows[past + k]
         return out
+
+    def _pass(self, entries: list[tuple[int, int, bool]], at: int | None) -> dict[int, np.ndarray]:
+        """One pass over (position, token, output?) entries, each read with the state before it;
+        `at`: the position a shared-cache head writes every token to (its target's next one).
+        Returns the logits of the outputs, by position, and keeps their states."""
+        llama.llama_batch_ext_clear(self._batch)
+        states: list[np.ndarray] = []  # kept alive until the pass has read them
+        for q, token, output in entries:
+            idx = llama.llama_batch_ext_add_token(self._batch, 0, token)
+            position = llama.llama_pos(q if at is None else at)
+            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
+            state, exact = self._state_before(q)
+            states.append(np.ascontiguousarray(state, dtype=np.float32))
+            embd = llama.llama_embd(states[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
+            llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
+            (self._guessed.discard if exact else self._guessed.add)(q)
+            llama.llama_batch_ext_set_output_logits(self._batch, idx, output)
+        rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise InvalidRequestError(f"the MTP head's pass failed with code {rc} at position {entries[0][0]}")
+        rows = {}
+        for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch
+            if output:
+                state_ptr = ext.llama_get_embeddings_nextn_ith(self._ctx, k)
+                self._own[q] = np.ctypeslib.as_array(state_ptr, shape=(self._width,)).copy()
+                rows[q] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,)).copy()
+        return rows
 
     def rollback(self, n: int) -> None:
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
         kept = self._tokens[:n]
+        if self.shared:  # no cache of its own: what it read lives in the target's
+            del self._tokens[n:]
+            self._guessed = {q for q in self._guessed if q < n}
+            self._own = {q: h for q, h in self._own.items() if q < n}
+            return
         # Positions read with the head's own state that the target has decoded since are read
         # again with the target's state: from the first of them on.
         again = next((q for q in sorted(self._guessed) if q < len(kept) and self._known(q - 1)), len(kept))
@@ -183,3 +215,5 @@ class MtpHead:
         self._closed = True
         llama.llama_batch_ext_free(self._batch)
         llama.llama_free(self._ctx)
+        if self._model is not None:
+            llama.llama_model_free(self._model)

@@ -38,6 +38,7 @@ from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
 from localspec.engine import Engine, check_fits
 from localspec.errors import BackendClosedError, InvalidRequestError, PairMismatchError
+from localspec.gguf_header import read_header
 from localspec.pairing import vocab_mismatch
 from localspec.progress import Announce, announced
 from localspec.protocol import Backend, SelfDrafting
@@ -50,6 +51,7 @@ from localspec.validate import check_ctx, check_limits, check_threads, clean_tex
 if TYPE_CHECKING:
     from localspec.registry import Registry
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
+ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 # The pair's measured agreement counts as this many observed draft positions
 # (AdaptiveDraftLength.prior_weight): two misses in a row take 0.95 to 0.86, not to 0.7,
@@ -515,7 +517,8 @@ def load(
             strategy, label = "draft", draft.capabilities.extra.get("self_draft", self_draft[0])
         elif draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
-                draft = load_backend(backend, draft_model, **options)
+                draft = load_drafter(target, draft_model, backend, options)
+            label = "mtp" if draft.capabilities.extra.get("self_draft") == "mtp" else None
         runtime = Runtime(
             target,
             draft,
@@ -535,6 +538,21 @@ def load(
             draft.close()
         target.close()
         raise
+
+
+def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:
+    """A draft model from a file: a model of its own, or an MTP assistant (Gemma 4's
+    gemma4-assistant GGUF), which drafts from inside the target's context."""
+    if read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE:
+        attach = getattr(target, "assistant_head", None)
+        if backend != "llamacpp" or attach is None:
+            raise InvalidRequestError(
+                f"{os.path.basename(path)} is a Gemma 4 assistant, which drafts on the llama.cpp backend only",
+                "use --backend llamacpp",
+            )
+        head: Backend = attach(path)
+        return head
+    return load_backend(backend, path, **options)
 
 
 def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:

@@ -218,15 +218,18 @@ def nondecreasing(timed: Sequence[float]) -> list[float]:
 
 
 def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
-    """Share of positions where both models' top-1 next token agree, teacher-forced."""
+    """Share of positions where both models' top-1 next token agree, teacher-forced. The
+    target keeps the text until the drafter has read it: an MTP head reads the target's
+    hidden states at the positions the target holds."""
     picks = []
     for backend in (target, draft):
         backend.rollback(0)
         rows = []
         for start in range(0, len(tokens), backend.capabilities.max_block):
             rows.append(np.argmax(backend.eval_block(tokens[start : start + backend.capabilities.max_block]), axis=1))
-        backend.rollback(0)
         picks.append(np.concatenate(rows))
+    draft.rollback(0)
+    target.rollback(0)
     return float(np.mean(picks[0] == picks[1]))
 
 

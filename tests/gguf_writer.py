@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -260,6 +261,9 @@ class HybridSpec:
     head_scale: float = 4.0  # larger: sharper next-token distributions
     tied: float = 0.2  # how much of the output head is the embedding (see qwen35_tensors)
     mtp_echo: float = 0.0  # > 0: the MTP block guesses its input token again (see qwen35_tensors)
+    vocab: int = 0  # > the tiny vocabulary: padded with control tokens to this size (a real head's cost)
+    half: bool = False  # matrices stored as F16 (a real size, to quantize with llama.cpp's own call)
+    n_ctx: int = N_CTX  # the trained context the file declares
 
 
 def qwen35_tensors(spec: HybridSpec, vocab: int) -> dict[str, np.ndarray]:
@@ -345,7 +349,7 @@ def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
 
     arch = "qwen35"
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(N_CTX)
+    writer.add_context_length(spec.n_ctx)
     writer.add_embedding_length(spec.hidden)
     writer.add_block_count(spec.layers + spec.nextn)
     writer.add_feed_forward_length(spec.ffn)
@@ -367,6 +371,8 @@ def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
         writer.add_uint32(f"{arch}.nextn_predict_layers", spec.nextn)
     writer.add_chat_template(CHATML)
     tokens, types, merges = bpe_vocab()
+    padding = max(0, spec.vocab - len(tokens))
+    tokens, types = tokens + [f"<|pad_{i}|>" for i in range(padding)], types + [3] * padding
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)
@@ -376,9 +382,146 @@ def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
     for name, tensor in qwen35_tensors(spec, len(tokens)).items():
-        writer.add_tensor(name, np.ascontiguousarray(tensor))
+        half = spec.half and tensor.ndim == 2 and "ssm_conv1d" not in name  # llama.cpp never quantizes the conv
+        writer.add_tensor(name, np.ascontiguousarray(tensor.astype(np.float16) if half else tensor))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# -- Gemma 4 with its MTP assistant -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gemma4Spec:
+    """A tiny gemma4 target (sliding-window blocks, the last one full) and its gemma4-assistant
+    drafter: a narrower model that reads the target's KV cache and last hidden state."""
+
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    ffn: int = 96
+    window: int = 8
+    assistant_hidden: int = 32  # must differ from the target's (llama.cpp checks)
+    assistant_ffn: int = 48
+    seed: int = 0
+    embed_scale: float = 0.5
+    head_scale: float = 4.0
+    echo: bool = False  # the assistant guesses its input token again (see write_gemma4_pair)
+
+
+def _gemma4_common(writer: Any, arch: str, spec: Gemma4Spec, blocks: int, pattern: list[bool]) -> None:
+    writer.add_context_length(N_CTX)
+    writer.add_block_count(blocks)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    writer.add_uint32(f"{arch}.attention.key_length_swa", spec.head_dim)
+    writer.add_uint32(f"{arch}.attention.value_length_swa", spec.head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_sliding_window(spec.window)
+    writer.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
+    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_uint32(f"{arch}.rope.dimension_count_swa", spec.head_dim)
+    tokens, types, merges = bpe_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+
+
+def write_gemma4_pair(spec: Gemma4Spec, folder: Path) -> tuple[Path, Path]:
+    """(target, assistant) GGUFs of a tiny Gemma 4 pair, random weights."""
+    import gguf
+
+    rng = np.random.default_rng(spec.seed)
+    vocab = len(bpe_vocab()[0])
+    hd, q, kv = spec.head_dim, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+
+    def w(*shape: int, std: float, center: float = 0.0) -> np.ndarray:
+        return (center + rng.normal(0, std, shape)).astype(np.float32)
+
+    def block(p: str, h: int, ffn: int, keys: bool) -> dict[str, np.ndarray]:
+        out = {
+            p + "attn_norm.weight": w(h, std=0.1, center=1.0),
+            p + "attn_q.weight": w(q, h, std=h**-0.5),
+            p + "attn_output.weight": w(h, q, std=0.5 * q**-0.5),
+            p + "attn_q_norm.weight": w(hd, std=0.1, center=1.0),
+            p + "post_attention_norm.weight": w(h, std=0.1, center=1.0),
+            p + "layer_output_scale.weight": np.ones(1, dtype=np.float32),
+            p + "ffn_norm.weight": w(h, std=0.1, center=1.0),
+            p + "ffn_gate.weight": w(ffn, h, std=h**-0.5),
+            p + "ffn_up.weight": w(ffn, h, std=h**-0.5),
+            p + "ffn_down.weight": w(h, ffn, std=0.5 * ffn**-0.5),
+            p + "post_ffw_norm.weight": w(h, std=0.1, center=1.0),
+        }
+        if keys:
+            out |= {
+                p + "attn_k.weight": w(kv, h, std=h**-0.5),
+                p + "attn_v.weight": w(kv, h, std=h**-0.5),
+                p + "attn_k_norm.weight": w(hd, std=0.1, center=1.0),
+            }
+        return out
+
+    embed = w(vocab, spec.hidden, std=spec.embed_scale)
+    target = {
+        "token_embd.weight": embed,
+        "output_norm.weight": w(spec.hidden, std=0.1, center=1.0),
+        "output.weight": 0.2 * embed / spec.embed_scale + w(vocab, spec.hidden, std=spec.head_scale / spec.hidden**0.5),
+        "rope_freqs.weight": np.ones(hd // 2, dtype=np.float32),
+    }
+    for i in range(spec.layers):
+        target |= block(f"blk.{i}.", spec.hidden, spec.ffn, keys=True)
+    a = spec.assistant_hidden
+    assistant = {
+        "token_embd.weight": w(vocab, a, std=spec.embed_scale),
+        "output_norm.weight": w(a, std=0.1, center=1.0),
+        "rope_freqs.weight": np.ones(hd // 2, dtype=np.float32),
+        "nextn.pre_projection.weight": w(a, 2 * spec.hidden, std=(2 * spec.hidden) ** -0.5),
+        "nextn.post_projection.weight": w(spec.hidden, a, std=a**-0.5),
+    }
+    for i in range(2):
+        assistant |= block(f"blk.{i}.", a, spec.assistant_ffn, keys=False)
+    if spec.echo:
+        # Blocks that add nothing, and a head that reads back the projection of the target's
+        # embedding of the input token: right wherever the text repeats a token.
+        basis = np.linalg.qr(rng.normal(size=(spec.hidden, spec.hidden)))[0][:a].astype(np.float32)
+        assistant["nextn.pre_projection.weight"] = np.concatenate([basis, np.zeros_like(basis)], axis=1)
+        assistant["token_embd.weight"] = embed @ basis.T
+        for i in range(2):
+            for part in ("attn_output", "ffn_down"):
+                assistant[f"blk.{i}.{part}.weight"] = np.zeros_like(assistant[f"blk.{i}.{part}.weight"])
+
+    paths = (folder / "gemma4.gguf", folder / "gemma4-assistant.gguf")
+    for path, arch, tensors in ((paths[0], "gemma4", target), (paths[1], "gemma4-assistant", assistant)):
+        writer = gguf.GGUFWriter(str(path), arch)
+        if arch == "gemma4":
+            _gemma4_common(writer, arch, spec, spec.layers, [True] * (spec.layers - 1) + [False])
+            writer.add_embedding_length(spec.hidden)
+            writer.add_feed_forward_length(spec.ffn)
+            writer.add_uint32(f"{arch}.embedding_length_per_layer_input", 0)
+        else:
+            _gemma4_common(writer, arch, spec, 2, [True, False])
+            writer.add_embedding_length(a)
+            writer.add_feed_forward_length(spec.assistant_ffn)
+            writer.add_uint32(f"{arch}.embedding_length_out", spec.hidden)
+            writer.add_uint32(f"{arch}.nextn_predict_layers", 2)
+        for name, tensor in tensors.items():
+            writer.add_tensor(name, np.ascontiguousarray(tensor))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return paths

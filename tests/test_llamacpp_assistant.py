@@ -1,0 +1,64 @@
+"""Gemma 4's MTP assistant drafting on llama.cpp: a separate gemma4-assistant GGUF that reads
+the target's KV cache and its last hidden state, so every guess goes to the target's next
+position and nothing is ever taken out of a cache of its own. The tests write a tiny gemma4
+target and its assistant (tests/gguf_writer.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
+
+from gguf_writer import Gemma4Spec, HybridSpec, write_gemma4_pair, write_qwen35_gguf
+from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
+
+import localspec
+from localspec.api import Runtime
+from localspec.cli.main import main
+from localspec.sampling import SamplingConfig
+
+PROMPT = "the world and the world and the"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_gemma4_pair(Gemma4Spec(echo=True, seed=1, head_scale=8.0), tmp_path_factory.mktemp("gemma4"))
+
+
+def test_the_assistant_drafts_for_its_target_and_greedy_output_stays_the_targets(pair) -> None:
+    target, assistant = pair
+    with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
+        expected = plain.generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    runtime = localspec.load(
+        model=str(target), draft_model=str(assistant), n_ctx=256, strategy="draft", draft_tokens=3, calibrate=False
+    )
+    with runtime:
+        assert runtime.label == "mtp" and runtime.draft is not None and runtime.draft.shared  # type: ignore[attr-defined]
+        spec = runtime.generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    assert spec.tokens == expected.tokens
+    assert spec.stats.drafted > spec.stats.accepted > 0
+
+
+def test_assistant_sampling_follows_the_targets_law(pair) -> None:
+    target, assistant = pair
+    runtime = localspec.load(
+        model=str(target), draft_model=str(assistant), n_ctx=256, strategy="draft", draft_tokens=2, calibrate=False
+    )
+    with runtime:
+        start = runtime.prompt_tokens(PROMPT)
+        plain = Runtime(runtime.target, strategy="none")
+        prompt = start + plain.generate(prompt=start, max_tokens=40, temperature=0).tokens
+        law = exact_first_two(runtime.target, prompt, SamplingConfig(**SAMPLING))
+        samples = sample_first_two(runtime, prompt, n=600)
+    assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
+    p = chi_square_p_value(samples.counts, law)
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
+
+
+def test_an_assistant_beside_another_model_is_refused_with_what_it_drafts_for(pair, tmp_path: Path, capsys) -> None:
+    other = write_qwen35_gguf(HybridSpec(), tmp_path / "qwen35.gguf")
+    code = main(["run", "-m", str(other), "--draft-model", str(pair[1]), "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "gemma4 model" in err and "Traceback" not in err
