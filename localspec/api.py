@@ -507,6 +507,8 @@ def load(
     try:
         if strategy == "auto" and draft_model is None and target.capabilities.extra.get("mtp_layers"):
             strategy = "mtp"  # the model's own drafter, trained on its hidden states
+        if strategy == "mtp" and draft_model is not None and is_assistant(draft_model):
+            strategy = "draft"  # the model's MTP assistant, a file of its own (Gemma 4's)
         self_draft = selfdraft.parse(strategy)
         if self_draft is not None:
             if draft_model is not None:
@@ -540,10 +542,15 @@ def load(
         raise
 
 
+def is_assistant(path: str) -> bool:
+    """Whether a drafter file is an MTP assistant (Gemma 4's gemma4-assistant GGUF)."""
+    return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)
+
+
 def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:
     """A draft model from a file: a model of its own, or an MTP assistant (Gemma 4's
     gemma4-assistant GGUF), which drafts from inside the target's context."""
-    if read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE:
+    if is_assistant(path):
         attach = getattr(target, "assistant_head", None)
         if backend != "llamacpp" or attach is None:
             raise InvalidRequestError(

@@ -83,7 +83,7 @@ def export_pair(
         raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
     notes: list[str] = []
     method = _method(pair, strategy, notes)
-    if method == "mtp" and pair.mtp == "later" and engine != "llama-server":
+    if method == "mtp" and sidecar_of(pair.target) is not None and engine != "llama-server":
         notes.append(
             f"the MTP assistant beside {pair.target.name} is exported for llama-server only (--to llama-server); "
             f"{engine} gets n-gram lookup instead"
@@ -93,8 +93,6 @@ def export_pair(
     if engine == "llama-server":
         target, drafter = (ggufs or _pulled_ggufs)(pair)
         if method == "mtp":
-            if pair.mtp == "later":
-                notes.append(f"localspec drafts {pair.id} by n-gram lookup until it runs Gemma 4 assistants")
             return Export(engine, _llama_server_mtp(target, _sidecar_path(pair, target), k), tuple(notes))
         return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
     target_repo = _torch_repo(pair.target, engine)

@@ -42,6 +42,7 @@ from localspec.registry import (
     PyPIArtifact,
     Registry,
     load_registry,
+    sidecar_of,
     split_shards,
 )
 from localspec.store import StoreError, write_atomic, write_json_atomic
@@ -161,7 +162,17 @@ def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | N
         )
     target = paths[pair.target.id]
     assert target is not None
-    return ResolvedPair(pair, backend, target, paths[pair.drafter.id] if pair.drafter else None)
+    drafter = paths[pair.drafter.id] if pair.drafter else None
+    if drafter is None and backend == "llamacpp" and pair.strategy.startswith("mtp"):
+        drafter = _sidecar_path(pair.target)  # Gemma 4's assistant, pulled beside its target
+    return ResolvedPair(pair, backend, target, drafter)
+
+
+def _sidecar_path(model: Model) -> Path | None:
+    sidecar, record = sidecar_of(model), _read_record(model, "llamacpp")
+    if sidecar is None or record is None:
+        return None
+    return next((Path(f["path"]) for f in record["files"] if f["name"] == sidecar.name), None)
 
 
 def is_pulled(pair: Pair, backend: str) -> bool:

@@ -156,9 +156,9 @@ class Pair:
 
     @property
     def mtp(self) -> Literal["yes", "later"] | None:
-        """ "yes" when a multi-token-prediction head drafts (strategy mtp); "later" when the
-        target's GGUF comes with an MTP assistant sidecar that localspec cannot draft with
-        yet (the pair drafts by its strategy meanwhile; llama-server runs the sidecar)."""
+        """ "yes" when a multi-token-prediction head drafts (strategy mtp: the target's own
+        MTP layers, or the assistant sidecar pulled beside it); "later" when the target comes
+        with an assistant but the pair drafts by another strategy."""
         if self.strategy.startswith("mtp"):
             return "yes"
         return "later" if sidecar_of(self.target) is not None else None

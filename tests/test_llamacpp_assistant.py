@@ -62,3 +62,33 @@ def test_an_assistant_beside_another_model_is_refused_with_what_it_drafts_for(pa
     code = main(["run", "-m", str(other), "--draft-model", str(pair[1]), "--max-tokens", "4", "hi"])
     err = capsys.readouterr().err
     assert code != 0 and "gemma4 model" in err and "Traceback" not in err
+
+
+def test_a_pulled_gemma_pair_drafts_with_the_assistant_pulled_beside_its_target(
+    pair, tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakehub import FakeHub
+
+    from localspec.api import load_pair
+    from localspec.pull import pull, resolve_pair
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    target, assistant = pair
+    files = {"gem-Q4_K_M.gguf": target.read_bytes(), "mtp-gem.gguf": assistant.read_bytes()}
+    temporary_localspec_home.mkdir(parents=True, exist_ok=True)
+    (temporary_localspec_home / "models.toml").write_text(
+        '[models.gem]\nname = "Gem"\nfamily = "gemma4"\nlicense = "gemma"\nparams = "1M"\n'
+        'llamacpp = { repo = "test/gem-GGUF", revision = "main", files = ["gem-Q4_K_M.gguf", "mtp-gem.gguf"] }\n'
+        '[pairs.gem]\ndescription = "a tiny Gemma 4 with its assistant"\ntarget = "gem"\nstrategy = "mtp"\n'
+    )
+    with FakeHub() as hub:
+        hub.add("test/gem-GGUF", files)
+        pull("gem", endpoint=hub.endpoint, progress=False)
+    resolved = resolve_pair("gem")
+    assert resolved.drafter is not None and resolved.drafter.name == "mtp-gem.gguf"
+    with load_pair("gem", n_ctx=256, calibrate=False, draft_tokens=3) as runtime:
+        assert runtime.label == "mtp" and runtime.draft is not None
+        spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
+    with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
+        assert spec.tokens == plain.generate(prompt=PROMPT, max_tokens=30, temperature=0).tokens

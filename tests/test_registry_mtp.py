@@ -141,7 +141,7 @@ def test_this_years_qwen_pairs_draft_with_their_mtp_head_from_mtp_keeping_repos(
     assert isinstance(moe, HubArtifact) and moe.files[0].name == "Qwen3.6-35B-A3B-UD-Q4_K_M.gguf"
 
 
-def test_gemma_4_pairs_bring_their_assistant_sidecar_and_draft_by_ngram_meanwhile() -> None:
+def test_gemma_4_pairs_bring_their_assistant_sidecar_and_draft_with_it() -> None:
     registry = load_registry()
     for pair_id, size in (("gemma-4-e4b", "E4B"), ("gemma-4-12b", "12B"), ("gemma-4-31b", "31B")):
         pair = registry.pair(pair_id)
@@ -151,7 +151,7 @@ def test_gemma_4_pairs_bring_their_assistant_sidecar_and_draft_by_ngram_meanwhil
             f"gemma-4-{size}-it-qat-UD-Q4_K_XL.gguf",
             f"mtp-gemma-4-{size}-it.gguf",
         ]
-        assert (pair.strategy, pair.mtp) == ("ngram", "later")
+        assert (pair.strategy, pair.mtp) == ("mtp", "yes")
 
 
 def test_mlx_entries_come_from_mlx_community_mtp_repos() -> None:

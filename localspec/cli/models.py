@@ -17,8 +17,8 @@ def register(sub: Any) -> None:
         "list",
         help="list the model pairs: sizes, pulled or not",
         description="List the model pairs. MTP: yes where a model's own multi-token-prediction head drafts, "
-        "later where the target comes with an MTP assistant that localspec does not draft with yet "
-        "(`localspec export PAIR --to llama-server` runs it).",
+        "later where the target comes with an MTP assistant that the pair does not draft with "
+        "(--strategy mtp does).",
     )
     p.add_argument(
         "--backend", default="llamacpp", choices=PULLABLE_BACKENDS, help="whose sizes and pulled state to show"
@@ -135,12 +135,11 @@ def handle_show(args: argparse.Namespace) -> int:
 def _mtp_line(pair: Pair) -> str:
     sidecar = sidecar_of(pair.target)
     if pair.mtp == "yes":
+        if sidecar is not None:
+            return f"its MTP assistant {sidecar.name} drafts (llama.cpp backend)"
         return "the target's own MTP head drafts (llama.cpp backend)"
     assert sidecar is not None
-    return (
-        f"assistant {sidecar.name} comes with the target; localspec drafts with it later, "
-        f"llama-server now (localspec export {pair.id} --to llama-server)"
-    )
+    return f"assistant {sidecar.name} comes with the target; --strategy mtp drafts with it (llama.cpp backend)"
 
 
 def _artifact_lines(model: Model) -> list[str]:
