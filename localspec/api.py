@@ -470,6 +470,10 @@ def load(
     gpu_layers: how many layers a llama.cpp build with a GPU backend puts there (None: all
     that fit)."""
     n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
+    if strategy == "mtp" and backend != "llamacpp":  # before a load that can take minutes
+        raise InvalidRequestError(
+            f"the {backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
+        )
     if gpu_layers is not None and backend != "llamacpp":
         raise InvalidRequestError(
             f"gpu_layers is for the llama.cpp backend, not {backend}", "drop --gpu-layers, or use --backend llamacpp"
