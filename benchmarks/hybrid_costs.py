@@ -8,6 +8,8 @@ Qwen3.5 shape, quantized with llama.cpp's own call, so speed only.
 One table of pass costs for blocks of k = 1..8 tokens, each a verify pass that keeps its
 first token and takes the other k - 1 back:
 
+- the decode alone (every row's logits, no snapshots, nothing taken back): the floor that
+  llama.cpp itself needs for such a pass;
 - through llama.cpp's per-token snapshots (n_rs_seq), localspec's default on qwen35;
 - through a copy of the recurrent state, restored, and the kept token replayed (what an
   architecture without snapshots gets);
@@ -84,6 +86,23 @@ def pass_costs(model: LlamaCppBackend, reps: int) -> list[float]:
     return costs
 
 
+def bare_costs(model: LlamaCppBackend, reps: int) -> list[float]:
+    """Seconds per pass of k tokens with every row's logits and nothing taken back, on a
+    context without snapshots: the work llama.cpp itself must do for a verify pass."""
+    rng = np.random.default_rng(0)
+    model.eval_block(rng.integers(300, 5000, DEPTH).tolist(), "none")
+    costs = []
+    for k in range(1, MAX_K + 1):
+        runs = []
+        for _ in range(reps + 1):
+            block = rng.integers(300, 5000, k).tolist()
+            t0 = time.perf_counter()
+            model.eval_block(block, "all")
+            runs.append(time.perf_counter() - t0)
+        costs.append(statistics.median(runs[1:]))
+    return costs
+
+
 def head_cost(model: LlamaCppBackend, reps: int) -> float:
     """Seconds per drafted token of the model's MTP head (one pass each, as it drafts)."""
     head = model.mtp_head()
@@ -131,15 +150,20 @@ def main() -> None:
     curve = pass_costs(snapshots, args.reps)
     mtp = head_cost(snapshots, args.reps)
     snapshots.close()
+    bare = LlamaCppBackend(str(path), recurrent_snapshots=0, **options)
+    floor = bare_costs(bare, args.reps)
+    bare.close()
     copies = LlamaCppBackend(str(path), recurrent_snapshots=0, **options)
     copied = pass_costs(copies, args.reps)
     copies.close()
     peer = llama_bench(Path(args.peers_bin), path, args.threads) if args.peers_bin else None
 
-    head = f"{'k':>3}{'snapshots ms':>14}{'t(k)/t(1)':>11}{'copies ms':>11}{'t(k)/t(1)':>11}"
+    head = f"{'k':>3}{'decode only ms':>16}{'snapshots ms':>14}{'vs decode':>11}{'t(k)/t(1)':>11}"
+    head += f"{'copies ms':>11}{'t(k)/t(1)':>11}"
     print(f"\n{head}" + (f"{'llama-bench ms':>16}{'ours/theirs':>13}" if peer else ""))
     for k in range(1, MAX_K + 1):
-        line = f"{k:>3}{curve[k - 1] * 1e3:14.1f}{curve[k - 1] / curve[0]:11.2f}"
+        line = f"{k:>3}{floor[k - 1] * 1e3:16.1f}{curve[k - 1] * 1e3:14.1f}{curve[k - 1] / floor[k - 1]:11.2f}"
+        line += f"{curve[k - 1] / curve[0]:11.2f}"
         line += f"{copied[k - 1] * 1e3:11.1f}{copied[k - 1] / curve[0]:11.2f}"
         if peer:
             line += f"{peer[k - 1] * 1e3:16.1f}{curve[k - 1] / peer[k - 1]:13.2f}"

@@ -344,6 +344,22 @@ def qwen35_tensors(spec: HybridSpec, vocab: int) -> dict[str, np.ndarray]:
     return out
 
 
+def add_bpe_vocab(writer: Any, size: int = 0) -> int:
+    """The tiny byte-level BPE vocabulary (Qwen-style pre-tokenizer), padded with control
+    tokens up to `size`; returns how many tokens it has."""
+    tokens, types, merges = bpe_vocab()
+    padding = max(0, size - len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens + [f"<|pad_{i}|>" for i in range(padding)])
+    writer.add_token_types(types + [3] * padding)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(False)
+    return len(tokens) + padding
+
+
 def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
     import gguf
 
@@ -370,18 +386,8 @@ def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
     if spec.nextn:
         writer.add_uint32(f"{arch}.nextn_predict_layers", spec.nextn)
     writer.add_chat_template(CHATML)
-    tokens, types, merges = bpe_vocab()
-    padding = max(0, spec.vocab - len(tokens))
-    tokens, types = tokens + [f"<|pad_{i}|>" for i in range(padding)], types + [3] * padding
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(False)
-    for name, tensor in qwen35_tensors(spec, len(tokens)).items():
+    vocab = add_bpe_vocab(writer, spec.vocab)
+    for name, tensor in qwen35_tensors(spec, vocab).items():
         half = spec.half and tensor.ndim == 2 and "ssm_conv1d" not in name  # llama.cpp never quantizes the conv
         writer.add_tensor(name, np.ascontiguousarray(tensor.astype(np.float16) if half else tensor))
     writer.write_header_to_file()
@@ -430,15 +436,7 @@ def _gemma4_common(writer: Any, arch: str, spec: Gemma4Spec, blocks: int, patter
     writer.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
     writer.add_rope_dimension_count(spec.head_dim)
     writer.add_uint32(f"{arch}.rope.dimension_count_swa", spec.head_dim)
-    tokens, types, merges = bpe_vocab()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(False)
+    add_bpe_vocab(writer)
     writer.add_chat_template(CHATML)
 
 
