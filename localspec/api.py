@@ -414,6 +414,22 @@ class Runtime:
             self._owner = None
             self._cond.notify_all()
 
+    def idle_drafter_note(self, stats: Stats) -> str | None:
+        """Why a draft model drafted nothing in a request, in the costs the controller weighed
+        (None where it drafted, or no model drafts)."""
+        policy = self._policy
+        by_model = stats.drafted - stats.lookup_drafted
+        if by_model or self.draft is None or not isinstance(policy, AdaptiveDraftLength):
+            return None
+        step = policy.costs.verify(1)
+        block = policy.costs.verify(2) / step
+        drafted = policy.draft_seconds_per_token * policy.costs.scale / step
+        return (
+            f"the {self.label} drafter drafted nothing: here a pass over 2 tokens costs {block:.2f} steps and a drafted token "
+            f"{drafted:.2f} of a step, so no draft length pays at the agreement seen "
+            "(`localspec doctor` shows the whole cost curve)"
+        )
+
     def close(self) -> None:
         """Free the models. A stream still open is ended first (one running in another
         thread is waited for), so no model is freed under a thread that uses it."""

@@ -126,3 +126,18 @@ def test_mtp_on_another_backend_names_the_one_that_runs_it(tmp_path: Path, capsy
     code = main(["run", "-m", str(path), "--backend", "torch", "--strategy", "mtp", "--max-tokens", "4", "hi"])
     err = capsys.readouterr().err
     assert code != 0 and "--backend llamacpp" in err and "Traceback" not in err
+
+
+def test_verbose_says_why_a_head_that_never_drafted_stayed_idle(with_head, opened) -> None:
+    from localspec.api import model_draft_policy
+    from localspec.controller import CostCurve
+
+    target = opened(with_head)
+    runtime = Runtime(target, target.mtp_head(), strategy="draft", calibrate=False)
+    runtime.policy = model_draft_policy(CostCurve([0.010, 0.019, 0.027]), 0.008, agreement=0.2)
+    result = runtime.generate(prompt=LOOPING, max_tokens=8, temperature=0)
+    assert result.stats.drafted == result.stats.lookup_drafted  # the head itself stayed idle
+    note = runtime.idle_drafter_note(result.stats)
+    assert note is not None and "1.90 steps" in note and "0.80 of a step" in note
+    busy = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=3, calibrate=False)
+    assert busy.idle_drafter_note(busy.generate(prompt=LOOPING, max_tokens=8, temperature=0).stats) is None

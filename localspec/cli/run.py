@@ -69,4 +69,7 @@ def handle(args: argparse.Namespace) -> int:
                     sys.stdout.write("\n")
                 if args.verbose:
                     print(event.stats.summary(), file=sys.stderr)
+                    note = runtime.idle_drafter_note(event.stats)
+                    if note:
+                        print(note, file=sys.stderr)
     return 0
