@@ -425,8 +425,8 @@ class Runtime:
         block = policy.costs.verify(2) / step
         drafted = policy.draft_seconds_per_token * policy.costs.scale / step
         return (
-            f"the {self.label} drafter drafted nothing: here a pass over 2 tokens costs {block:.2f} steps and a drafted token "
-            f"{drafted:.2f} of a step, so no draft length pays at the agreement seen "
+            f"the {self.label} drafter drafted nothing: here a pass over 2 tokens costs {block:.2f} steps "
+            f"and a drafted token {drafted:.2f} of a step, so no draft length pays at the agreement seen "
             "(`localspec doctor` shows the whole cost curve)"
         )
 
