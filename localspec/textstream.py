@@ -32,7 +32,10 @@ class TextAssembler:
         return out
 
     def flush(self) -> str:
-        out = "" if self.stopped else self._held + self._decoder.decode(b"", final=True)
+        """The text held back. A character whose bytes were cut (by max_tokens, say) is
+        dropped: half a character is no text, and U+FFFD in its place would be made up."""
+        out = "" if self.stopped else self._held
+        self._decoder.reset()
         self._held = ""
         self.text += out
         return out

@@ -140,6 +140,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
 
     app.include_router(api)
     # Outermost last: the log sees every answer, CORS answers preflights before the key check.
+    app.add_middleware(JsonBody)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(
         JsonCors,
@@ -199,6 +200,11 @@ class Reply:
     def __post_init__(self) -> None:
         self.id = schemas.new_id("chatcmpl" if self.kind == "chat" else "cmpl")
 
+    @property
+    def prompt_param(self) -> str:
+        """The field that holds the prompt, which a prompt too long for the context names."""
+        return "messages" if self.kind == "chat" else "prompt"
+
     def whole(self, done: Finished) -> dict[str, Any]:
         shape = schemas.chat_completion if self.kind == "chat" else schemas.text_completion
         return shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats)
@@ -242,8 +248,9 @@ async def _collect(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: 
             item = get.result()
             if isinstance(item, BaseException):
                 finished = True
-                reply.note(None, f"failed: {_api_error(item).message}")
-                raise item
+                error = _api_error(item, reply.prompt_param)
+                reply.note(None, f"failed: {error.message}")
+                raise error from item
             if isinstance(item, Finished):
                 finished = True
                 reply.note(item.stats)
@@ -280,7 +287,7 @@ async def _sse(
                 continue
             if isinstance(item, BaseException):
                 finished = True
-                error = _api_error(item)
+                error = _api_error(item, reply.prompt_param)
                 reply.note(None, f"failed: {error.message}")
                 yield _event(error.body())
                 break
@@ -309,21 +316,31 @@ async def _sse(
 # -- errors ---------------------------------------------------------------------------------
 
 
-def _api_error(exc: BaseException) -> ApiError:
+def _api_error(exc: BaseException, prompt_param: str = "messages") -> ApiError:
+    """exc as an OpenAI error; prompt_param: the field holding the prompt on this route."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ContextFullError):
-        return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
+        return ApiError(400, _one_line(exc), param=prompt_param, code="context_length_exceeded")
     from localspec.pull import NotPulledError
     from localspec.registry import UnknownPairError
 
     if isinstance(exc, NotPulledError | UnknownPairError):
-        return ApiError(404, str(exc), param="model", code="model_not_found")
+        return ApiError(404, _one_line(exc), param="model", code="model_not_found")
     if isinstance(exc, InvalidRequestError | PairMismatchError):
-        return ApiError(400, str(exc))
+        return ApiError(400, _one_line(exc))
     if isinstance(exc, LocalspecError):
-        return ApiError(500, str(exc), type="server_error")
+        return ApiError(500, _one_line(exc), type="server_error")
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+
+
+def _one_line(exc: LocalspecError) -> str:
+    """The message and its fix in one sentence: the CLI's `\n  -> fix` layout means nothing in JSON."""
+    return exc.message if exc.hint is None else f"{exc.message}; {exc.hint}"
+
+
+def _prompt_param(request: Request) -> str:
+    return "prompt" if request.url.path.endswith("/v1/completions") else "messages"
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -332,14 +349,14 @@ def _error_response(error: ApiError) -> JSONResponse:
 
 def _add_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, exc: Exception) -> Response:
-        return _error_response(_api_error(exc))
+        return _error_response(_api_error(exc, _prompt_param(request)))
 
     async def invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {"msg": "invalid request", "loc": ()}
         if first.get("type") == "json_invalid":
             reason = dict(first.get("ctx") or {}).get("error", "")
-            return _error_response(ApiError(400, f"the body is not valid JSON: {reason}"))
+            return _error_response(ApiError(400, f"the body is not valid JSON ({reason}): send a JSON object"))
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         where = f"'{param}': " if param else ""
@@ -395,6 +412,20 @@ class BodyLimit:
             return await receive()  # after the body: waits for the client to disconnect
 
         await self.app(scope, replay, send)
+
+
+class JsonBody:
+    """Every POST body is read as JSON whatever its Content-Type says, as llama-server and
+    Ollama read it: `curl -d` sends form encoding, and some clients send text/plain."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 class JsonCors(CORSMiddleware):

@@ -17,9 +17,24 @@ from localspec.stats import Stats
 # The engine's finish reasons in OpenAI's words: a filled context is a length limit too.
 FINISH_REASONS = {"stop": "stop", "max_tokens": "length", "context_full": "length"}
 
-# Fields OpenAI clients send that do not change the text, accepted and not used.
+# Fields clients send that do not change the text, accepted and not used, as llama-server and
+# Ollama ignore them: the one list of them. reasoning_effort is here because the models served
+# here either do not reason or do it whatever it says; `prediction` only says what to expect.
 HARMLESS_FIELDS = frozenset(
-    {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "reasoning_effort",
+        "verbosity",
+        "prediction",
+        "modalities",
+    }
 )
 
 
@@ -51,6 +66,7 @@ class ApiError(Exception):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # padding against length side channels: not needed locally
 
 
 class TextPart(BaseModel):
@@ -63,6 +79,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class GenerationRequest(BaseModel):
@@ -154,16 +172,22 @@ class GenerationRequest(BaseModel):
 class ChatRequest(GenerationRequest):
     messages: list[ChatMessage]
 
-    def chat(self) -> list[dict[str, str]]:
-        """The messages as plain role/content strings, as chat templates take them."""
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages as role/content strings, as chat templates take them; an assistant's
+        tool calls and a tool result's call id go along for templates that render them."""
         if not self.messages:
             raise ApiError(400, "'messages' is empty: give at least one message", param="messages")
-        out = []
+        out: list[dict[str, Any]] = []
         for i, message in enumerate(self.messages):
-            if message.role not in ("system", "developer", "user", "assistant"):
+            if message.role not in ("system", "developer", "user", "assistant", "tool"):
                 raise ApiError(400, f"message role {message.role!r} is not supported", param=f"messages[{i}].role")
             role = "system" if message.role == "developer" else message.role
-            out.append({"role": role, "content": _text_of(message, i)})
+            entry: dict[str, Any] = {"role": role, "content": _text_of(message, i)}
+            if message.tool_calls:
+                entry["tool_calls"] = message.tool_calls
+            if message.tool_call_id is not None:
+                entry["tool_call_id"] = message.tool_call_id
+            out.append(entry)
         return out
 
 
@@ -198,6 +222,8 @@ class CompletionRequest(GenerationRequest):
 
 def _text_of(message: ChatMessage, i: int) -> str:
     if message.content is None:
+        if message.role == "assistant" and message.tool_calls:
+            return ""  # an assistant turn that only called tools: OpenAI's own shape
         raise ApiError(400, f"message {i} has no content", param=f"messages[{i}].content")
     if isinstance(message.content, str):
         return message.content

@@ -265,7 +265,7 @@ class Worker:
 def stream_kwargs(
     *,
     prompt: str | Sequence[int] | None = None,
-    messages: Sequence[Mapping[str, str]] | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
     fim: tuple[str, str] | None = None,
     max_tokens: int,
     stop: Sequence[str],
