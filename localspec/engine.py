@@ -42,6 +42,13 @@ class Engine:
         # A backend that verifies where its logits are (a GPU) is handed the whole rule.
         verifies = getattr(target.capabilities, "verifies", False)
         self.verifier = target if verifies and isinstance(target, Verifier) else None
+        # A backend's logits depend on the size of the block each position was evaluated in
+        # (llama.cpp's CPU kernels change at 64 rows), so a prefix cached by an earlier request
+        # (its answer evaluated a few tokens at a time) can tip a near-tie another way than a
+        # fresh evaluation. exact_prefix reuses only what the fresh evaluation's own blocks
+        # computed (see _exact_keep), so an answer does not depend on what came before it.
+        self.exact_prefix = False
+        self._canonical: list[int] = []  # the cached prompt prefix evaluated in fresh blocks
 
     def generate(
         self,
@@ -80,9 +87,14 @@ class Engine:
         # verify block, so even the first generated token can come with a draft.
         t0 = time.perf_counter()
         keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
+        exact = self._exact_keep(prompt, keep)
+        keep = exact if self.exact_prefix else keep
         self.target.rollback(keep)
         todo = list(prompt[keep:-1])
         eval_chunked(self.target, todo, "none", stop)
+        # From a fresh block boundary the blocks are the fresh ones; otherwise only what was
+        # fresh before the reused prefix stays so.
+        self._canonical = list(prompt[:-1] if keep == exact else prompt[:exact])
         if stop():
             return False
         self.drafter.start(prompt, warm_drafter)
@@ -92,6 +104,16 @@ class Engine:
         stats.prefill_tokens = len(todo) + 1
         stats.prefill_seconds = time.perf_counter() - t0
         return True
+
+    def _exact_keep(self, prompt: Sequence[int], keep: int) -> int:
+        """How much of the cached prefix (keep tokens match) a fresh evaluation would have
+        computed in the same blocks: eval_chunked's, max_block tokens each from position 0,
+        the last one ending before the prompt's last token. That is the whole recorded prompt
+        when it is this one's, else its whole blocks."""
+        if keep == len(self._canonical) == len(prompt) - 1:
+            return keep
+        step = self.target.capabilities.max_block
+        return min(keep, len(self._canonical) // step * step) // step * step
 
     def _note_drafter_off(self, stats: Stats) -> None:
         # A model drafter that met a token it cannot read sits out the rest of the request.

@@ -60,6 +60,13 @@ def register(sub: Any) -> None:
         help="n-gram lookup searches only each request's own text, not earlier requests' (keeps clients' "
         "requests apart, in timing too)",
     )
+    p.add_argument(
+        "--cache-prompt",
+        action="store_true",
+        help="reuse any cached prompt prefix by default (a request's cache_prompt decides for itself): faster "
+        "follow-ups, but a near-tie can then go another way than in a fresh evaluation, so an answer may depend "
+        "on earlier requests; by default only a prefix evaluated as a fresh request would is reused",
+    )
     add_model_options(p)
     p.set_defaults(handler=handle)
 
@@ -101,6 +108,7 @@ def handle(args: argparse.Namespace) -> int:
                 api_key=args.api_key or None,
                 cors_origins=args.cors_origin,
                 allowed_hosts=args.allow_host,
+                cache_prompt=args.cache_prompt,
                 log=say,
             ),
         )

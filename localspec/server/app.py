@@ -39,6 +39,9 @@ class Settings:
     allowed_hosts: Sequence[str] = ()  # Host names answered besides loopback and the bound host
     keepalive_s: float = 10.0  # SSE comment while a request waits or its prompt is evaluated
     max_body_bytes: int = 8 << 20
+    # A request's cache_prompt when it sends none: False reuses only a prefix evaluated as a
+    # fresh request would, so answers do not depend on earlier requests (Engine.exact_prefix).
+    cache_prompt: bool = False
     log: Callable[[str], None] = print
 
 
@@ -127,7 +130,8 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
             with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
                 loop.call_soon_threadsafe(events.put_nowait, item)
 
-        job = Job(model, kwargs, emit)
+        cache_prompt = settings.cache_prompt if body.cache_prompt is None else body.cache_prompt
+        job = Job(model, kwargs, emit, exact_prefix=not cache_prompt)
         worker.submit(job)
         reply = Reply(kind, model, request)
         if body.stream:

@@ -113,6 +113,9 @@ class GenerationRequest(BaseModel):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
+    # llama-server's name: true reuses any cached prompt prefix, which is faster but may tip a
+    # near-tie another way than a fresh evaluation; None takes the server's --cache-prompt.
+    cache_prompt: bool | None = None
 
     @property
     def token_limit(self) -> int | None:

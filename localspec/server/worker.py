@@ -47,6 +47,9 @@ class Job:
     model: str
     request: Mapping[str, Any]  # Runtime.stream keyword arguments
     emit: Callable[[Item], None]
+    # Reuse only a cached prefix evaluated as a fresh request would (Engine.exact_prefix), so
+    # the answer does not depend on earlier requests; False: reuse any, for speed.
+    exact_prefix: bool = True
     cancelled: threading.Event = field(default_factory=threading.Event)
     steps: int = 0  # verify steps whose tokens were taken from the runtime
     steps_at_cancel: int | None = None
@@ -217,6 +220,7 @@ class Worker:
     def _serve(self, job: Job) -> None:
         try:
             runtime = self._runtime_for(job.model)
+            runtime.engine.exact_prefix = job.exact_prefix
             events = runtime.stream(**self._prepare(runtime, job.request))
             with closing(events):
                 for event in events:

@@ -1,0 +1,86 @@
+"""A temperature-0 request to `localspec serve` gets the same answer whatever was served
+before it. llama.cpp's logits depend on the size of the block each position was evaluated in
+(its CPU kernels change at 64 rows), so a follow-up turn reusing the previous answer's cache
+(evaluated a few tokens per verify step) can tip a near-tie another way than a fresh
+evaluation. By default the server reuses only what a fresh evaluation's own blocks computed;
+`cache_prompt: true` (llama-server's name) reuses any cached prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TEST_N_CTX
+
+from localspec.api import Runtime, load
+from localspec.server import LocalServer, Settings
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.model
+
+MODEL = "smollm2-135m"
+FIRST = [{"role": "user", "content": "Name three rivers."}]
+FOLLOW_UP = "Summarize that in one sentence."
+N = 48
+
+
+def conversation(first_answer: str) -> list[dict[str, str]]:
+    return [*FIRST, {"role": "assistant", "content": first_answer}, {"role": "user", "content": FOLLOW_UP}]
+
+
+@pytest.fixture(scope="module", params=["none-no-memory", "default"])
+def options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "none-no-memory":
+        return {"strategy": "none", "memory": False}
+    return {}
+
+
+@pytest.fixture(scope="module")
+def fresh(smollm2_q4_1: Path, options: dict[str, Any]) -> tuple[str, str]:
+    """The first answer, and the follow-up's answer evaluated from an empty cache."""
+    with load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False, **options) as runtime:
+        first = runtime.generate(messages=FIRST, max_tokens=N, temperature=0).text
+    with load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False, **options) as runtime:
+        return first, runtime.generate(messages=conversation(first), max_tokens=N, temperature=0).text
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_q4_1: Path, options: dict[str, Any]) -> Iterator[openai.OpenAI]:
+    def loader(model_id: str) -> Runtime:
+        return load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False, **options)
+
+    with LocalServer(loader(MODEL), MODEL, loader, port=0, settings=Settings(log=lambda line: None)) as srv:
+        srv.start()
+        yield openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+
+
+def answer(client: openai.OpenAI, messages: list[dict[str, str]], **extra: Any) -> str:
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=0, **extra)
+    return str(reply.choices[0].message.content)
+
+
+@pytest.mark.parametrize(
+    "before",
+    [FIRST, [{"role": "user", "content": "What is 12 times 7?"}], None],
+    ids=["the-previous-turn", "another-question", "the-same-request"],
+)
+def test_a_follow_up_gets_the_fresh_answer_whatever_was_served_before_it(client, fresh, before) -> None:
+    first, expected = fresh
+    if before is not None:
+        answer(client, before)
+    else:
+        answer(client, conversation(first))
+    assert answer(client, conversation(first)) == expected
+
+
+def test_cache_prompt_true_reuses_the_previous_answers_cache_and_can_answer_otherwise(client, fresh) -> None:
+    # The cause, shown: this follow-up sits on a near-tie that the previous answer's cache,
+    # evaluated a few tokens at a time, tips the other way (SmolLM2-135M Q4_1 on llama.cpp's CPU).
+    first, expected = fresh
+    assert answer(client, FIRST) == first
+    reused = answer(client, conversation(first), extra_body={"cache_prompt": True})
+    assert reused != expected
+    assert answer(client, conversation(first)) == expected  # a fresh evaluation again
