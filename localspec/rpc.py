@@ -12,11 +12,18 @@ ends the process with a message that says what happened instead of a backtrace.
 
 from __future__ import annotations
 
+import ctypes
+import ipaddress
 import os
+import signal
 import socket
 import struct
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from localspec.backend_loader import backend_module
 from localspec.errors import BackendUnavailableError, InvalidRequestError, LocalspecError
@@ -172,3 +179,77 @@ def serve(
     llamacpp = backend_module("llamacpp")
     llamacpp.init_library()
     llamacpp.rpc_entry_points.serve(host, port, threads, cache_dir)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# A server that keeps crashing (a client that sends the same bad message again and again) is
+# given up after this many restarts within RESTART_WINDOW_S.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before it runs: killed with its supervisor (Linux), so a
+    supervisor killed outright leaves no server behind (elsewhere watch_parent() does it)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def watch_parent() -> None:
+    """End this process once the process that started it is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def supervise(command: Sequence[str], log: TextIO) -> int:
+    """Run the server `command` as a child and start it again whenever it dies of anything but
+    a stop: one crafted message can abort llama.cpp's server (a GGML_ASSERT) and with it every
+    client's session, but not the service. The child's last words go to `log` with the restart.
+    Returns the exit code to leave with (130 once stopped by a signal)."""
+    stopping = False
+    child: subprocess.Popen[bytes] | None = None
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.terminate()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+    restarts: list[float] = []
+    while True:
+        child = subprocess.Popen(command, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        assert child.stderr is not None
+        last = b""
+        for line in child.stderr:  # passed on as it comes; the last line says why it died
+            log.write(line.decode(errors="replace"))
+            log.flush()
+            last = line.strip() or last
+        code = child.wait()
+        if stopping:
+            return 130
+        if code == 2 and not restarts:
+            return 2  # it could not start (the port is taken, say): what it printed says why
+        now = time.monotonic()
+        restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
+        why = last.decode(errors="replace") or f"exit code {code}"
+        if len(restarts) > MAX_RESTARTS:
+            log.write(f"localspec: rpc-server crashed {len(restarts)} times in a minute ({why}); giving up\n")
+            return 1
+        log.write(f"localspec: rpc-server crashed ({why}); its clients were disconnected; starting it again\n")
+        log.flush()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from localspec.errors import InvalidRequestError
@@ -237,7 +238,8 @@ def test_a_server_that_stops_answering_ends_the_run_after_the_wait_limit(smollm2
     server = start_server(port)
     try:
         run = _long_split_run(smollm2_q4_1, port, LOCALSPEC_RPC_TIMEOUT="3")
-        server.send_signal(signal.SIGSTOP)
+        for serving in psutil.Process(server.pid).children():  # the server under the supervisor
+            serving.send_signal(signal.SIGSTOP)
         _, err = run.communicate(timeout=120)
     finally:
         server.kill()

@@ -24,13 +24,34 @@ def register(sub: Any) -> None:
     p.add_argument("--port", "-p", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--threads", "-t", type=int, help="CPU threads (default: physical cores)")
     p.add_argument("--cache", metavar="DIR", help="keep received weights in DIR so a reload skips the network")
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="listen on an address other machines can reach (RPC has no authentication)",
+    )
+    # The server itself, run by the supervising process (which restarts it after a crash).
+    p.add_argument("--unsupervised", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.rpc import serve
+    from localspec.rpc import is_loopback, serve, supervise, watch_parent
 
-    if args.host not in (DEFAULT_HOST, "localhost", "::1"):
+    if not is_loopback(args.host) and not args.allow_remote:
+        print(
+            f"localspec: error: {args.host} can be reached from other machines, and {SECURITY_NOTE}\n"
+            "  -> add --allow-remote to listen there anyway (on a trusted network only)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.unsupervised:
+        watch_parent()
+        serve(args.host, args.port, args.threads, args.cache)
+        return 0
+    if not is_loopback(args.host):
         print(f"localspec: warning: listening on {args.host}: {SECURITY_NOTE}", file=sys.stderr)
-    serve(args.host, args.port, args.threads, args.cache)
-    return 0
+    command = [sys.executable, "-m", "localspec", "rpc-server", "--unsupervised", "--host", args.host]
+    command += ["--port", str(args.port), "--allow-remote"]
+    command += ["--threads", str(args.threads)] if args.threads else []
+    command += ["--cache", args.cache] if args.cache else []
+    return supervise(command, sys.stderr)
