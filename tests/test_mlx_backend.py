@@ -9,7 +9,7 @@ is slow (its matmuls do not use BLAS), so these use short texts.
 Tiny random mlx-lm models (the mlx-lm way: known structure, the target as its own drafter)
 cover what needs many runs or special architectures: sampled output follows the target's
 law (chi-square, as in test_exactness.py), the in-memory self-drafters, an mlx-lm folder,
-GGUF tensor types MLX cannot keep quantized, and a recurrent model refusing rollback.
+GGUF tensor types MLX cannot keep quantized, and a recurrent model rolling back.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import contextlib
 import json
 import threading
 from collections import Counter
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,7 +36,7 @@ from mlx_lm.models import llama, mamba  # noqa: E402
 
 from localspec.api import Completion, Runtime  # noqa: E402
 from localspec.backend_loader import load_backend  # noqa: E402
-from localspec.backends.mlx import Forward, MlxBackend, load, rollback_refusal  # noqa: E402
+from localspec.backends.mlx import Forward, MlxBackend, load  # noqa: E402
 from localspec.backends.mlx.gguf import FrequencyRoPE, check_types  # noqa: E402
 from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
 from localspec.controller import FixedDraftLength  # noqa: E402
@@ -256,10 +256,12 @@ STOP = -1
 Outcome = tuple[int, int]
 
 
-def first_two(engine: Engine, cfg: SamplingConfig, rng: np.random.Generator, stats: Stats) -> Outcome:
+def first_two(
+    engine: Engine, cfg: SamplingConfig, rng: np.random.Generator, stats: Stats, prompt: Sequence[int] = TINY_PROMPT
+) -> Outcome:
     # Three tokens at most and γ = 2: the second token is either draft position 1 (both
     # accepted) or the target's own after a rejection or after a bonus.
-    steps = engine.generate(TINY_PROMPT, 3, cfg, FixedDraftLength(2), stats, rng)
+    steps = engine.generate(prompt, 3, cfg, FixedDraftLength(2), stats, rng)
     tokens: list[int] = []
     with contextlib.closing(cast(Generator[Step, None, None], steps)):
         for step in steps:
@@ -270,7 +272,7 @@ def first_two(engine: Engine, cfg: SamplingConfig, rng: np.random.Generator, sta
     return padded[0], padded[1]
 
 
-def exact_law(target: Backend, cfg: SamplingConfig) -> dict[Outcome, float]:
+def exact_law(target: Backend, cfg: SamplingConfig, prompt: Sequence[int] = TINY_PROMPT) -> dict[Outcome, float]:
     """P(first two emitted tokens) from the target's own logits, STOP once it has ended."""
     eog = sorted(target.end_of_generation())
     vocab = target.info.n_vocab
@@ -279,12 +281,12 @@ def exact_law(target: Backend, cfg: SamplingConfig) -> dict[Outcome, float]:
         target.rollback(0)
         return process(target.eval_block(context, "last")[-1], cfg).dense(vocab)
 
-    p1 = dist(TINY_PROMPT)
+    p1 = dist(list(prompt))
     law = {(STOP, STOP): float(p1[eog].sum())}
     for t1 in np.flatnonzero(p1).tolist():
         if t1 in eog:
             continue
-        p2 = dist([*TINY_PROMPT, t1])
+        p2 = dist([*prompt, t1])
         law[(t1, STOP)] = float(p1[t1] * p2[eog].sum())
         law.update({(t1, t2): float(p1[t1] * p2[t2]) for t2 in np.flatnonzero(p2).tolist() if t2 not in eog})
     target.rollback(0)
@@ -431,31 +433,22 @@ def tiny_mamba() -> nn.Module:
     return model
 
 
-def test_recurrent_model_refuses_rollback_with_the_reason() -> None:
-    backend = MlxBackend(
-        Forward(tiny_mamba()), tiny_vocab(), name="tiny-mamba", path="tiny", architecture="mamba", n_ctx=64
+def test_a_recurrent_model_rolls_back_to_where_a_clean_pass_over_the_kept_tokens_is() -> None:
+    # Mamba's state cannot be trimmed: it goes back to a mark taken before the block and the
+    # kept tokens are replayed (hybrids and wrapped windows: test_mlx_hybrid.py).
+    def backend() -> MlxBackend:
+        return MlxBackend(Forward(model), tiny_vocab(), name="tiny-mamba", path="tiny", architecture="mamba", n_ctx=64)
+
+    model = tiny_mamba()
+    rolled, clean = backend(), backend()
+    assert rolled.capabilities.rollback
+    rolled.eval_block([BOS, 3, 4, 5, 6], "none")
+    rolled.eval_block([7, 8, 9], "none")  # a draft, two of its tokens rejected
+    rolled.rollback(6)
+    assert rolled.cached_tokens() == [BOS, 3, 4, 5, 6, 7]
+    np.testing.assert_allclose(
+        rolled.eval_block([10, 11], "all"), clean.eval_block([BOS, 3, 4, 5, 6, 7, 10, 11], "all")[-2:], atol=1e-5
     )
-    assert not backend.capabilities.rollback
-    assert "recurrent state" in backend.capabilities.extra["no_rollback"]
-    backend.eval_block([BOS, 3, 4, 5, 6], "none")
-    with pytest.raises(InvalidRequestError, match="cannot roll back 2 tokens: mamba keeps recurrent state"):
-        backend.rollback(3)
-    assert backend.n_past == 5
-    backend.rollback(0)  # starting over is always possible
-    assert backend.n_past == 0
-    plain = Runtime(backend, None, strategy="none", calibrate=False).generate(
-        prompt="abcabc", max_tokens=6, temperature=0
-    )
-    assert plain.stats.generated_tokens > 0  # plain decoding never rolls back
-
-
-def test_guard_names_a_wrapped_sliding_window() -> None:
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
-
-    window = RotatingKVCache(max_size=4)
-    window.update_and_fetch(mx.zeros((1, 1, 6, 8)), mx.zeros((1, 1, 6, 8)))
-    assert rollback_refusal([KVCache()], "llama") is None
-    assert "sliding-window cache (RotatingKVCache) has wrapped around" in str(rollback_refusal([window], "gemma3"))
 
 
 def test_mlx_lm_folder_loads_like_the_model_saved_into_it(tmp_path: Path) -> None:

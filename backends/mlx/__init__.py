@@ -41,7 +41,7 @@ except ImportError as exc:
     hint = "pip install 'localspec[mlx]'" + (" (installs mlx[cpu] on Linux)" if sys.platform == "linux" else "")
     raise BackendUnavailableError(f"the mlx backend needs MLX and mlx-lm ({exc})", hint) from exc
 
-from .backend import Forward, MlxBackend, model_name, rollback_refusal  # noqa: E402
+from .backend import Forward, MlxBackend, model_name  # noqa: E402
 
 __all__ = [
     "Forward",
@@ -49,7 +49,6 @@ __all__ = [
     "load",
     "load_folder",
     "load_gguf_file",
-    "rollback_refusal",
     "unavailable_reason",
 ]
 

@@ -1,11 +1,11 @@
 """One mlx-lm model with its own KV cache behind the Backend protocol.
 
 A verify block is one forward pass over k tokens; rollback trims the KV cache (mlx-lm's
-`trim`), which only moves an offset, so a rejected draft costs nothing to undo. Models
-whose cache cannot be trimmed (recurrent state, a sliding window that has wrapped) refuse
-the rollback with the reason instead of continuing from a state that no longer matches
-the text. The output head runs only on the rows the caller asked for: prefill blocks skip
-it, decode steps apply it to one row.
+`trim`), which only moves an offset, so a rejected draft costs nothing to undo. A cache
+that cannot be trimmed (a hybrid's recurrent state, a sliding window that has wrapped) goes
+back to a mark of its states and replays what follows (rollback.py); Qwen3.5/3.6 leave a
+mark per position of a verify block, so they replay nothing. The output head runs only on
+the rows the caller asked for: prefill blocks skip it, decode steps apply it to one row.
 
 Self-drafters are made in memory from the loaded target (no derived files, no second
 download), full Backends the engine drafts with like any separate draft model:
@@ -41,6 +41,7 @@ from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelI
 from localspec.selfdraft import early_exit_drafter
 
 from ..vocab import Vocab
+from .rollback import MARK_LIMIT, StateMarks, needs_marks, stepwise_hidden, stepwise_model
 
 # mlx-lm modules whose Model is exactly embed -> blocks(h, mask, cache) -> norm -> head, so a
 # forward pass can stop early (layer skip) and the head can run on chosen rows only.
@@ -62,9 +63,11 @@ class Forward:
     """Tokens -> hidden states -> logits for one model, optionally through its first
     n_layers blocks only (early exit reusing the final norm and head)."""
 
-    def __init__(self, model: Module, n_layers: int | None = None) -> None:
+    def __init__(self, model: Module, n_layers: int | None = None, stepwise: bool | None = None) -> None:
         self.model = model
         self.split = splittable(model)
+        # Qwen3.5/3.6 run through stepwise_hidden: per-position recurrent states on request.
+        self.stepwise = stepwise_model(model) if stepwise is None else stepwise
         total = len(model.layers)
         if n_layers is not None and not (self.split and 1 <= n_layers <= total):
             raise InvalidRequestError(f"cannot stop {type(model).__module__} after {n_layers} of {total} blocks")
@@ -77,8 +80,11 @@ class Forward:
     def make_cache(self) -> list[Any]:
         return list(make_prompt_cache(self.model))[: self.n_layers]
 
-    def hidden(self, ids: mx.array, cache: list[Any]) -> mx.array:
-        """(1, n) ids -> (1, n, d) final-norm hidden states; logits when the model cannot be split."""
+    def hidden(self, ids: mx.array, cache: list[Any], steps: dict[int, list[list[mx.array]]] | None = None) -> mx.array:
+        """(1, n) ids -> (1, n, d) final-norm hidden states; logits when the model cannot be split.
+        steps: filled with the recurrent layers' state after each token (stepwise models only)."""
+        if self.stepwise:
+            return stepwise_hidden(self.model.model, ids, cache, steps)
         if not self.split:
             out: mx.array = self.model(ids, cache=cache)
             return out
@@ -91,23 +97,14 @@ class Forward:
         return normed
 
     def head(self, h: mx.array) -> mx.array:
-        if not self.split:
+        if not (self.split or self.stepwise):
             return h
-        if hasattr(self.model, "lm_head"):
-            out: mx.array = self.model.lm_head(h)
+        owner = getattr(self.model, "language_model", self.model)  # qwen3_5 wraps its text model
+        if hasattr(owner, "lm_head"):
+            out: mx.array = owner.lm_head(h)
         else:
             out = self.model.model.embed_tokens.as_linear(h)
         return out
-
-
-def rollback_refusal(cache: Sequence[Any], architecture: str) -> str | None:
-    """Why this cache cannot drop its last tokens, or None when it can."""
-    stuck = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
-    if not stuck:
-        return None
-    if all(hasattr(c, "max_size") for c in cache if not c.is_trimmable()):
-        return f"{architecture}'s sliding-window cache ({', '.join(stuck)}) has wrapped around and cannot be trimmed"
-    return f"{architecture} keeps recurrent state ({', '.join(stuck)}) that cannot be rolled back to an earlier token"
 
 
 @cache
@@ -196,11 +193,10 @@ class MlxBackend:
         self._closed = False
         model = forward.model
         self._n_vocab = int(self._probe_vocab())
-        self._refusal = rollback_refusal(self._cache, architecture)
+        # Recurrent state or a sliding window: rollback restores a mark and replays (rollback.py).
+        self._marks = StateMarks() if needs_marks(self._cache) else None
         # The build keys cached calibrations: another mlx has other kernels.
         extras = {"device": device_name(), "build": f"mlx {version('mlx')}", **(extra or {})}
-        if self._refusal:
-            extras["no_rollback"] = self._refusal
         self.info = ModelInfo(
             name=name,
             path=path,
@@ -212,12 +208,11 @@ class MlxBackend:
             n_params=parameter_count(model, forward.unused()),
             n_layers=forward.n_layers,
         )
-        self.capabilities = Capabilities(
-            rollback=self._refusal is None, max_block=max_block, device=extras["device"], extra=extras
-        )
+        self.capabilities = Capabilities(rollback=True, max_block=max_block, device=extras["device"], extra=extras)
 
     def _probe_vocab(self) -> int:
-        args = getattr(self.forward.model, "args", None)
+        model = self.forward.model
+        args = getattr(getattr(model, "language_model", model), "args", None)  # qwen3_5: its text model's
         size = getattr(args, "vocab_size", None)
         return int(size) if size else len(self.vocab.texts)
 
@@ -279,11 +274,18 @@ class MlxBackend:
                 f"token ids must be in [0, {self._n_vocab}), got {int(ids.min())}..{int(ids.max())}"
             )
         self._resync()
+        past = len(self._tokens)
+        # Short blocks (verify blocks, drafts) leave a mark per position where the model can.
+        steps: dict[int, list[list[mx.array]]] | None = {} if self._marks and n < MARK_LIMIT else None
         with mx.stream(compute_stream()):
+            if self._marks is not None:
+                self._marks.before_block(past, self._cache, n)
             self._unrecorded = True
-            h = self.forward.hidden(mx.array(ids.astype(np.int32))[None], self._cache)
+            h = self.forward.hidden(mx.array(ids.astype(np.int32))[None], self._cache, steps)
             self._tokens.extend(int(t) for t in tokens)
             self._unrecorded = False
+            if self._marks is not None and steps:
+                self._marks.after_block(past, self._cache, steps)
             # The cache is evaluated with the output every time, so no lazy graph outlives a call
             # (a later call may come from another thread, and MLX streams are per thread).
             state = cast(list[tuple[str, Any]], tree_flatten([c.state for c in self._cache]))
@@ -300,14 +302,15 @@ class MlxBackend:
         """Trim a cache that ran ahead of the token record back to it (see _unrecorded)."""
         if not self._unrecorded:
             return
+        self._unrecorded = False
         n = len(self._tokens)
-        if n == 0 or self._refusal:
+        if self._marks is not None:
+            self._rewind(n)
+        elif n == 0:
             self._cache = self.forward.make_cache()
-            self._tokens = []
         else:
             for c in self._cache:
                 c.trim(max(0, int(getattr(c, "offset", n)) - n))
-        self._unrecorded = False
 
     def rollback(self, n: int) -> None:
         if self._closed:
@@ -320,16 +323,29 @@ class MlxBackend:
             return
         if n == 0:
             self._cache = self.forward.make_cache()  # a fresh cache is always a valid rollback
+            if self._marks is not None:
+                self._marks.clear()
+        elif self._marks is not None:
+            self._rewind(n)
+            return
         else:
-            refusal = rollback_refusal(self._cache, self.info.architecture)
-            if refusal:
-                raise InvalidRequestError(
-                    f"{self.info.name} cannot roll back {drop} tokens: {refusal}",
-                    "speculative decoding needs a rollback; use --strategy none (plain decoding) with this model",
-                )
             for c in self._cache:
                 c.trim(drop)
         del self._tokens[n:]
+
+    def _rewind(self, n: int) -> None:
+        """Keep n tokens of a cache with untrimmable parts: back to the latest mark at or before
+        n (an empty cache when there is none), then replay the kept tokens after it."""
+        assert self._marks is not None
+        kept = self._tokens[:n]
+        at = self._marks.restore(self._cache, n)
+        if at is None:
+            self._cache, at = self.forward.make_cache(), 0
+            self._marks.replayed += n
+        del self._tokens[at:]
+        step = self.capabilities.max_block
+        for start in range(at, n, step):
+            self.eval_block(kept[start : start + step], "none")
 
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
         """The drafter for strategy f"{kind}:{option}" (localspec.protocol.SelfDrafting); its
@@ -357,7 +373,7 @@ class MlxBackend:
             architecture=self.info.architecture,
             n_ctx=self.info.n_ctx,
             max_block=self.capabilities.max_block,
-            extra={k: v for k, v in self.capabilities.extra.items() if k != "no_rollback"} | {"self_draft": label},
+            extra=self.capabilities.extra | {"self_draft": label},
         )
 
     def close(self) -> None:
