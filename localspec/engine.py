@@ -14,8 +14,8 @@ from localspec.acceptance import accept_greedy, accept_rejection_sampling
 from localspec.controller import DraftLengthPolicy
 from localspec.drafters import Draft, Drafter, common_prefix
 from localspec.errors import ContextFullError, InvalidRequestError
-from localspec.protocol import Backend, Verifier, eval_chunked
-from localspec.sampling import SamplingConfig
+from localspec.protocol import Backend, Logits, Verifier, eval_chunked
+from localspec.sampling import SamplingConfig, shape
 from localspec.stats import Stats, Step
 
 # A free drafter guesses this far ahead before γ is chosen; what no step verifies is scored
@@ -135,6 +135,7 @@ class Engine:
         n_vocab = self.target.info.n_vocab
         n_ctx = self.target.info.n_ctx
         max_block = self.target.capabilities.max_block
+        prompt_len = len(ctx)
         produced = 0
         shadow: Shadow | None = None
         t_start = time.perf_counter()
@@ -160,7 +161,7 @@ class Engine:
                 if refused is not None:
                     tokens = tokens[:refused]
                 t1 = time.perf_counter()
-                n_acc, nxt = self._verify(ctx[-1], tokens, draft, refused, cfg, rng)
+                n_acc, nxt, rows = self._verify(ctx[-1], tokens, draft, refused, cfg, rng, ctx[prompt_len:])
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
@@ -182,6 +183,8 @@ class Engine:
                         new, stats.finish_reason = new[:i], "stop"
                         break
                 new = new[: max_tokens - produced]
+                if cfg.logprobs is not None and rows is not None:
+                    cfg.logprobs.record(new, rows)
                 step = Step(
                     drafted=len(tokens),
                     accepted=n_acc,
@@ -242,17 +245,20 @@ class Engine:
         refused: int | None,
         cfg: SamplingConfig,
         rng: np.random.Generator,
-    ) -> tuple[int, int]:
+        generated: Sequence[int],
+    ) -> tuple[int, int, Logits | None]:
         """One target pass over the pending token and the draft: how many draft tokens the
-        target accepts, and the token it adds after them. refused: where the draft was cut
-        at an id the target has no row for."""
-        if self.verifier is not None and refused is None:  # a refused id takes the numpy rule
-            return self.verifier.verify_block([last, *tokens], draft.dists, cfg, rng)
-        logits = self.target.eval_block([last, *tokens], "all")
+        target accepts, the token it adds after them, and the target's logits as the request
+        shapes them (None where a verifying backend kept them). refused: where the draft was
+        cut at an id the target has no row for. generated: this request's tokens so far."""
+        wants_rows = cfg.shapes_logits or cfg.logprobs is not None
+        if self.verifier is not None and refused is None and not wants_rows:  # a refused id takes the numpy rule
+            return (*self.verifier.verify_block([last, *tokens], draft.dists, cfg, rng), None)
+        logits = shape(self.target.eval_block([last, *tokens], "all"), cfg, generated, tokens)
         if cfg.greedy:
-            return accept_greedy(tokens, logits)
+            return (*accept_greedy(tokens, logits), logits)
         q = draft.dists[refused] if refused is not None and draft.dists else None
-        return accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng, q)
+        return (*accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng, q), logits)
 
 
 def check_fits(prompt: Sequence[int], n_ctx: int) -> None:

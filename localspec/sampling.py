@@ -10,7 +10,9 @@ sorting the whole vocabulary.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,27 +45,134 @@ def check_knob(name: str, value: Any) -> Any:
     return value
 
 
+def check_penalty(name: str, value: Any) -> float:
+    """frequency_penalty or presence_penalty, in OpenAI's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    if not -2 <= value <= 2:
+        raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}", "use 0 to turn it off")
+    return float(value)
+
+
+def check_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs, each bias in OpenAI's [-100, 100]."""
+    pairs = bias.items() if hasattr(bias, "items") else bias
+    out: dict[int, float] = {}
+    for token, value in pairs:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+            raise InvalidRequestError(f"logit_bias keys must be token ids (0 or more), got {token!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise InvalidRequestError(f"logit_bias values must be numbers in [-100, 100], got {value!r}")
+        out[int(token)] = float(value)
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How to sample, with every knob's default; temperature 0 means greedy and the other
-    knobs then do nothing. Built with a bad value, it raises InvalidRequestError."""
+    knobs then do nothing. Built with a bad value, it raises InvalidRequestError.
+
+    The penalties and logit_bias change the target's logits before anything else (shape),
+    as OpenAI defines them; logprobs, when given, is told each emitted token's log-probability."""
 
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # One request's recorder: not a setting, so it takes no part in comparing configs.
+    logprobs: LogprobRecorder | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in KNOBS:
             object.__setattr__(self, name, check_knob(name, getattr(self, name)))
+        for name in ("frequency_penalty", "presence_penalty"):
+            object.__setattr__(self, name, check_penalty(name, getattr(self, name)))
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the target's logits must pass through shape() (and the numpy acceptance rule)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
-KNOBS = tuple(f.name for f in fields(SamplingConfig))
+
+# The sampler's knobs, which every front end (CLI flags, TUI settings, keyword arguments) takes.
+KNOBS = ("temperature", "top_k", "top_p", "min_p", "seed")
+
+
+def shape(
+    rows: npt.NDArray[np.floating], cfg: SamplingConfig, generated: Sequence[int], draft: Sequence[int] = ()
+) -> npt.NDArray[np.floating]:
+    """The target's logits with OpenAI's penalties and logit_bias applied; rows[i] follows
+    generated + draft[:i] (a verify block's rows), so each row counts what precedes it:
+
+        mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty;  mu[j] += logit_bias[j]
+
+    c[j]: how often token j was generated so far in this request (the prompt does not count).
+    Rejection sampling stays exact because acceptance compares with this shaped law."""
+    if not cfg.shapes_logits:
+        return rows
+    out = np.array(rows)  # a copy: a backend may hand out its own buffer
+    if cfg.logit_bias:
+        ids = np.array([t for t, _ in cfg.logit_bias], dtype=np.int64)
+        out[:, ids] += np.array([b for _, b in cfg.logit_bias])
+    if not (cfg.frequency_penalty or cfg.presence_penalty):
+        return out
+    counts = Counter(generated)
+    for i, row in enumerate(out):
+        if i:
+            counts[draft[i - 1]] += 1
+        if counts:
+            ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+            c = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+            row[ids] -= c * cfg.frequency_penalty + cfg.presence_penalty
+    return out
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    text: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...]  # the most likely tokens at this position, best first
+
+
+class LogprobRecorder:
+    """Each emitted token's log-probability and the `top` most likely tokens at its position,
+    from the target's logits as shape() leaves them (penalties, logit_bias), softmaxed as they
+    are: before temperature and min-p/top-k/top-p, as OpenAI's and llama-server's logprobs
+    are, so a greedy request still gets a distribution. The engine records; a reader takes
+    the entries in order (one thread each: list appends and reads are atomic)."""
+
+    def __init__(self, top: int, token_bytes: Callable[[int], bytes]) -> None:
+        self.top = top
+        self.token_bytes = token_bytes
+        self.entries: list[TokenLogprob] = []
+        self._read = 0
+
+    def record(self, tokens: Sequence[int], rows: npt.NDArray[np.floating]) -> None:
+        """rows[i]: the shaped logits that tokens[i] was chosen from."""
+        for token, row in zip(tokens, rows, strict=False):
+            logp = np.asarray(row, dtype=np.float64)
+            top = float(logp.max())
+            logp = logp - (top + math.log(float(np.exp(logp - top).sum())))
+            best = np.argpartition(-logp, self.top - 1)[: self.top] if self.top else np.empty(0, np.int64)
+            best = best[np.argsort(-logp[best], kind="stable")]
+            alts = tuple((int(t), self.token_bytes(int(t)), float(logp[t])) for t in best)
+            self.entries.append(TokenLogprob(int(token), self.token_bytes(int(token)), float(logp[token]), alts))
+
+    def take(self, n: int) -> list[TokenLogprob]:
+        """The next n entries not yet taken."""
+        out = self.entries[self._read : self._read + n]
+        self._read += len(out)
+        return out
 
 
 @dataclass(frozen=True)

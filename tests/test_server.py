@@ -250,7 +250,7 @@ def test_requests_beyond_the_queue_limit_get_503_with_retry_after(server, held) 
         ("json", {"messages": []}, 400, "messages"),
         ("json", {"messages": RIVERS, "n": 2}, 400, "n"),
         ("json", {"messages": RIVERS, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-        ("json", {"messages": RIVERS, "logprobs": True}, 400, "logprobs"),
+        ("json", {"messages": RIVERS, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         ("json", {"messages": RIVERS, "response_format": {"type": "json_object"}}, 400, "response_format"),
         ("json", {"messages": RIVERS, "frobnicate": 1}, 400, "frobnicate"),
         ("json", {"messages": [{"role": "user", "content": "hi " * 3000}]}, 400, "messages"),

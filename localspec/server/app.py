@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.api import Finished, TextDelta
 from localspec.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
+from localspec.sampling import LogprobRecorder, TokenLogprob
 from localspec.server import schemas
 from localspec.server.hosts import HostCheck, HostPolicy
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
@@ -131,7 +132,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
                 loop.call_soon_threadsafe(events.put_nowait, item)
 
         cache_prompt = settings.cache_prompt if body.cache_prompt is None else body.cache_prompt
-        job = Job(model, kwargs, emit, exact_prefix=not cache_prompt)
+        job = Job(model, kwargs, emit, exact_prefix=not cache_prompt, logprobs=body.logprob_top())
         worker.submit(job)
         reply = Reply(kind, model, request)
         if body.stream:
@@ -209,19 +210,28 @@ class Reply:
         """The field that holds the prompt, which a prompt too long for the context names."""
         return "messages" if self.kind == "chat" else "prompt"
 
-    def whole(self, done: Finished) -> dict[str, Any]:
+    def whole(self, done: Finished, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
         shape = schemas.chat_completion if self.kind == "chat" else schemas.text_completion
-        return shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats)
+        return shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats, logprobs)
 
-    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        role: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
+        offset: int = 0,
+    ) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            lp = schemas.chat_logprobs(logprobs)
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            lp = schemas.text_logprobs(logprobs, offset)
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
 
@@ -258,11 +268,35 @@ async def _collect(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: 
             if isinstance(item, Finished):
                 finished = True
                 reply.note(item.stats)
-                return JSONResponse(reply.whole(item))
+                feed = LogprobFeed(job.recorder)
+                return JSONResponse(reply.whole(item, feed.covering(len(item.text.encode()))))
     finally:
         left.cancel()
         if not finished:
             worker.withdraw(job)
+
+
+@dataclass
+class LogprobFeed:
+    """The recorded logprobs, handed out as the text they produced is sent: a token whose text
+    is held back (half a character, a possible stop string) goes with the text that releases
+    it, and a token past a stop string or a cut character is never sent. None: not asked for."""
+
+    recorder: LogprobRecorder | None
+    covered: int = 0  # bytes of text the entries handed out so far produced
+
+    def covering(self, sent: int) -> list[TokenLogprob] | None:
+        """The next entries, up to those that produced the first `sent` bytes of the text."""
+        if self.recorder is None:
+            return None
+        out = []
+        while self.covered < sent:
+            entry = self.recorder.take(1)
+            if not entry:
+                break
+            out.append(entry[0])
+            self.covered += len(entry[0].text)
+        return out
 
 
 async def _disconnected(request: Request) -> None:
@@ -282,6 +316,8 @@ async def _sse(
     finished = False
     first = True
     usage_none = {"usage": None} if include_usage else {}
+    sent = b""  # the text streamed so far, which the logprobs sent must cover
+    feed: LogprobFeed | None = None
     try:
         while True:
             try:
@@ -298,9 +334,13 @@ async def _sse(
             if first and reply.kind == "chat":
                 yield _event({**reply.chunk(None, role=True), **usage_none})
             first = False
+            feed = feed or LogprobFeed(job.recorder)
             if isinstance(item, TextDelta):
                 if item.text:
-                    yield _event({**reply.chunk(item.text), **usage_none})
+                    offset = len(sent.decode(errors="replace"))
+                    sent += item.text.encode()
+                    logprobs = feed.covering(len(sent))
+                    yield _event({**reply.chunk(item.text, logprobs=logprobs, offset=offset), **usage_none})
                 continue
             finished = True
             reply.note(item.stats)

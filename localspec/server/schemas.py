@@ -11,8 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from localspec.errors import InvalidRequestError
-from localspec.sampling import KNOBS, SamplingConfig, check_knob
+from localspec.sampling import KNOBS, SamplingConfig, TokenLogprob, check_knob, check_penalty
 from localspec.stats import Stats
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 # The engine's finish reasons in OpenAI's words: a filled context is a length limit too.
 FINISH_REASONS = {"stop": "stop", "max_tokens": "length", "context_full": "length"}
@@ -101,13 +103,14 @@ class GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Accepted at the values that leave the output as it is; anything else is refused.
-    n: int | None = 1
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
     frequency_penalty: float | None = 0
     presence_penalty: float | None = 0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as text) -> bias in [-100, 100]
+    # Chat: logprobs true and top_logprobs N; completions: logprobs N (see logprob_top).
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Accepted at the values that leave the output as it is; anything else is refused.
+    n: int | None = 1
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -143,21 +146,39 @@ class GenerationRequest(BaseModel):
             raise PydanticCustomError("invalid_value", "{reason}", {"reason": reason}) from None
         return checked
 
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _penalty_in_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None:
+            return None
+        try:
+            return check_penalty(str(info.field_name), value)
+        except InvalidRequestError as exc:
+            raise PydanticCustomError("invalid_value", "{reason}", {"reason": exc.message}) from None
+
     def sampling(self) -> SamplingConfig:
         """The sampler settings; a field left out takes SamplingConfig's default, as in `localspec
         run` (a small model wants min-p and top-k trimming to stay coherent)."""
         given = {name: getattr(self, name) for name in KNOBS}
-        return SamplingConfig(**{name: value for name, value in given.items() if value is not None})
+        given["frequency_penalty"] = self.frequency_penalty
+        given["presence_penalty"] = self.presence_penalty
+        try:
+            given["logit_bias"] = tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items())
+            return SamplingConfig(**{name: value for name, value in given.items() if value is not None})
+        except ValueError:
+            raise ApiError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+        except InvalidRequestError as exc:
+            raise ApiError(400, exc.message, param="logit_bias") from None
+
+    def logprob_top(self) -> int | None:
+        """How many alternatives each token's logprobs list (None: no logprobs): chat's way,
+        `logprobs: true` with `top_logprobs: N`."""
+        return (self.top_logprobs or 0) if self.logprobs is True else None
 
     def refuse_unsupported(self) -> None:
         """400 naming the first field that asks for something localspec does not do."""
         changes_output = {
             "n": self.n not in (None, 1),
-            "logprobs": bool(self.logprobs),
-            "top_logprobs": bool(self.top_logprobs),
-            "frequency_penalty": bool(self.frequency_penalty),
-            "presence_penalty": bool(self.presence_penalty),
-            "logit_bias": bool(self.logit_bias),
             "tools": bool(self.tools),
             "tool_choice": self.tool_choice not in (None, "none", "auto"),
             "functions": bool(self.functions),
@@ -214,6 +235,14 @@ class CompletionRequest(GenerationRequest):
         if not isinstance(prompt, str):
             raise ApiError(400, "'suffix' needs the prompt as text, not token ids", param="suffix")
         return {"fim": (prompt, self.suffix)}
+
+    def logprob_top(self) -> int | None:
+        """Completions' way: `logprobs: N` asks for N alternatives per token (0: none)."""
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if self.logprobs is True or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"'logprobs' must be a whole number 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
+        return int(self.logprobs)
 
     def refuse_unsupported(self) -> None:
         if self.echo:
@@ -279,7 +308,48 @@ def speculation(stats: Stats) -> dict[str, Any]:
 ChatObject = Literal["chat.completion", "chat.completion.chunk"]
 
 
-def chat_completion(rid: str, created: int, model: str, text: str, finish: str, stats: Stats) -> dict[str, Any]:
+def token_text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """OpenAI's chat logprobs: per token its text, bytes, logprob and top alternatives."""
+    if entries is None:
+        return None
+
+    def one(text: bytes, logprob: float) -> dict[str, Any]:
+        return {"token": token_text(text), "logprob": logprob, "bytes": list(text)}
+
+    content = [{**one(e.text, e.logprob), "top_logprobs": [one(t, lp) for _, t, lp in e.top]} for e in entries]
+    return {"content": content, "refusal": None}
+
+
+def text_logprobs(entries: list[TokenLogprob] | None, offset: int = 0) -> dict[str, Any] | None:
+    """The completions API's older shape: parallel lists, top alternatives as {token: logprob};
+    offset: where the first token's text begins in the answer."""
+    if entries is None:
+        return None
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(token_text(e.text))
+    return {
+        "tokens": [token_text(e.text) for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{token_text(t): lp for _, t, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def chat_completion(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    stats: Stats,
+    logprobs: list[TokenLogprob] | None = None,
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion",
@@ -289,7 +359,7 @@ def chat_completion(rid: str, created: int, model: str, text: str, finish: str, 
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": chat_logprobs(logprobs),
                 "finish_reason": FINISH_REASONS.get(finish, finish),
             }
         ],
@@ -298,13 +368,22 @@ def chat_completion(rid: str, created: int, model: str, text: str, finish: str, 
     }
 
 
-def text_completion(rid: str, created: int, model: str, text: str, finish: str, stats: Stats) -> dict[str, Any]:
+def text_completion(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    stats: Stats,
+    logprobs: list[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    finish = FINISH_REASONS.get(finish, finish)
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH_REASONS.get(finish, finish)}],
+        "choices": [{"index": 0, "text": text, "logprobs": text_logprobs(logprobs), "finish_reason": finish}],
         "usage": usage(stats),
         "speculation": speculation(stats),
     }

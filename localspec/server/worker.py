@@ -9,12 +9,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.api import Finished, Runtime, TextDelta
 from localspec.errors import ContextFullError, LocalspecError
-from localspec.sampling import SamplingConfig
+from localspec.sampling import LogprobRecorder, SamplingConfig
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.schemas import ApiError
 
@@ -50,6 +50,8 @@ class Job:
     # Reuse only a cached prefix evaluated as a fresh request would (Engine.exact_prefix), so
     # the answer does not depend on earlier requests; False: reuse any, for speed.
     exact_prefix: bool = True
+    logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
+    recorder: LogprobRecorder | None = None  # made when the job runs, for the model it runs on
     cancelled: threading.Event = field(default_factory=threading.Event)
     steps: int = 0  # verify steps whose tokens were taken from the runtime
     steps_at_cancel: int | None = None
@@ -142,6 +144,10 @@ class Worker:
     def _prepare(self, runtime: Runtime, request: Mapping[str, Any]) -> dict[str, Any]:
         """Runtime.stream's arguments: a fill-in-the-middle request becomes its token ids."""
         out = dict(request)
+        sampling = out.get("sampling")
+        n_vocab = runtime.target.info.n_vocab
+        if isinstance(sampling, SamplingConfig) and any(t >= n_vocab for t, _ in sampling.logit_bias):
+            raise ApiError(400, f"logit_bias names a token id over {self.model_id}'s {n_vocab - 1}", param="logit_bias")
         if "fim" not in out:
             return out
         prefix, suffix = out.pop("fim")
@@ -221,7 +227,11 @@ class Worker:
         try:
             runtime = self._runtime_for(job.model)
             runtime.engine.exact_prefix = job.exact_prefix
-            events = runtime.stream(**self._prepare(runtime, job.request))
+            request = self._prepare(runtime, job.request)
+            if job.logprobs is not None:
+                job.recorder = LogprobRecorder(job.logprobs, runtime.target.token_bytes)
+                request["sampling"] = replace(request["sampling"], logprobs=job.recorder)
+            events = runtime.stream(**request)
             with closing(events):
                 for event in events:
                     if isinstance(event, TextDelta) and event.tokens:
