@@ -195,6 +195,8 @@ class MlxBackend:
         self._n_vocab = int(self._probe_vocab())
         # Recurrent state or a sliding window: rollback restores a mark and replays (rollback.py).
         self._marks = StateMarks() if needs_marks(self._cache) else None
+        # The final-norm hidden state per cached position, kept once an MTP head reads them.
+        self._hidden_rows: np.ndarray | None = None
         # The build keys cached calibrations: another mlx has other kernels.
         extras = {"device": device_name(), "build": f"mlx {version('mlx')}", **(extra or {})}
         self.info = ModelInfo(
@@ -286,6 +288,8 @@ class MlxBackend:
             self._unrecorded = False
             if self._marks is not None and steps:
                 self._marks.after_block(past, self._cache, steps)
+            if self._hidden_rows is not None:
+                self._hidden_rows[past : past + n] = np.array(h[0].astype(mx.float32))
             # The cache is evaluated with the output every time, so no lazy graph outlives a call
             # (a later call may come from another thread, and MLX streams are per thread).
             state = cast(list[tuple[str, Any]], tree_flatten([c.state for c in self._cache]))
@@ -350,6 +354,8 @@ class MlxBackend:
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
         """The drafter for strategy f"{kind}:{option}" (localspec.protocol.SelfDrafting); its
         capabilities.extra["self_draft"] is the resolved label (e.g. "qspec:2", "layerskip:15")."""
+        if kind == "mtp":
+            return self.mtp_head()
         if kind == "qspec":
             bits = qspec_bits(self.model, option)
             return self.derive(Forward(low_bit_copy(self.model, bits)), f"qspec:{bits}")
@@ -362,6 +368,39 @@ class MlxBackend:
         return early_exit_drafter(
             self, option, self.forward.n_layers, lambda k: self.derive(Forward(self.model, k), f"layerskip:{k}")
         )
+
+    def mtp_head(self) -> Backend:
+        """The model's own MTP block (Qwen3.5/3.6's mtp.* weights) as a drafter (strategy mtp)."""
+        from .mtp import MlxMtpHead, MtpBlock, mtp_weights
+
+        weights = mtp_weights(self.info.path) if self.forward.stepwise and os.path.isdir(self.info.path) else {}
+        if not weights:
+            raise InvalidRequestError(
+                f"{self.info.name} has no MTP head: its folder keeps no mtp.* weights",
+                "use an MLX conversion that keeps them (mlx-community/Qwen3.6-27B-MTP-bf16, "
+                "Qwen3.6-35B-A3B-MTP-*), or --strategy ngram",
+            )
+        text_args = text_model(self.model).args
+        block = MtpBlock(text_args)
+        try:
+            block.load_weights(list(weights.items()), strict=True)
+        except ValueError as exc:
+            raise InvalidRequestError(
+                f"{self.info.name}'s mtp.* weights do not fit a dense Qwen3.5 MTP block: {exc}",
+                "use --backend llamacpp with the model's *-MTP-GGUF for --strategy mtp, or --strategy ngram",
+            ) from exc
+        eval_parameters(block)
+        block.eval()
+        return MlxMtpHead(self, block)
+
+    def hidden_states(self) -> np.ndarray:
+        """Final-norm hidden states by position, kept from now on; the cache starts over, as
+        positions decoded before have none."""
+        if self._hidden_rows is None:
+            width = int(text_model(self.model).args.hidden_size)
+            self._hidden_rows = np.zeros((self.info.n_ctx, width), dtype=np.float32)
+            self.rollback(0)
+        return self._hidden_rows
 
     def derive(self, forward: Forward, label: str) -> MlxBackend:
         """A backend over another forward pass (a self-drafter) sharing this one's tokenizer."""
@@ -382,6 +421,11 @@ class MlxBackend:
         self._closed = True
         self._cache = []
         self._tokens = []
+
+
+def text_model(model: Module) -> Any:
+    """The part of a model that holds its text layers and args (qwen3_5 wraps one)."""
+    return getattr(model, "language_model", model)
 
 
 def model_name(path: str) -> str:

@@ -1,0 +1,202 @@
+"""Qwen3.5/3.6's own MTP head (one extra decoder block, the mtp.* weights) drafting on MLX.
+
+mlx-lm's qwen3_5 drops the mtp.* weights when it loads a model; they are read here from the
+folder's safetensors and run with mlx-lm's own qwen3_5 decoder layer (an attention layer):
+
+    x_q' = fc([pre_fc_norm_embedding(embed(x_q)), pre_fc_norm_hidden(h_{q-1})])
+    h_q' = norm(layer(x_q')),   logits = the target's lm_head(h_q')
+
+At position q the head reads the token x_q with the target's final-norm hidden state at
+q-1 and predicts x_{q+1} (vLLM's Qwen3-Next MTP and llama.cpp's nextn layer do the same).
+Beyond what the target has decoded, its own h_q' stands in for the target's, which is how it
+drafts several tokens ahead; once the target has decoded such a position, the position is
+read again with the target's state, as backends/llamacpp_mtp.py does on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.linear import Linear
+from mlx.nn.layers.normalization import RMSNorm
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+from localspec.errors import BackendClosedError, InvalidRequestError
+from localspec.protocol import Capabilities, Logits, LogitsMode, VocabIdentity
+
+from .backend import text_model
+
+if TYPE_CHECKING:
+    from .backend import MlxBackend
+
+# The norms Qwen3.5's checkpoints store as offsets from one (mlx-lm adds the one when it
+# converts a checkpoint; an mlx-lm folder holds them shifted already).
+SHIFTED_NORMS = ("norm.weight", "layernorm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+
+
+class MtpBlock(Module):
+    """The mtp.* weights as a module: fc over [embedding; hidden], one decoder layer, a norm."""
+
+    def __init__(self, text_args: Any) -> None:
+        from mlx_lm.models import qwen3_5
+
+        super().__init__()  # type: ignore[no-untyped-call]
+        width = text_args.hidden_size
+        self.fc = Linear(2 * width, width, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(width, eps=text_args.rms_norm_eps)
+        self.pre_fc_norm_hidden = RMSNorm(width, eps=text_args.rms_norm_eps)
+        # layer_idx interval-1 makes it an attention layer, as the MTP block is.
+        self.layers = [qwen3_5.DecoderLayer(text_args, layer_idx=text_args.full_attention_interval - 1)]  # type: ignore[no-untyped-call]
+        self.norm = RMSNorm(width, eps=text_args.rms_norm_eps)
+
+    def __call__(self, embedded: mx.array, hidden: mx.array, cache: KVCache) -> mx.array:
+        x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embedded), self.pre_fc_norm_hidden(hidden)], axis=-1))
+        out: mx.array = self.norm(self.layers[0](x, create_attention_mask(x, cache), cache))
+        return out
+
+
+def mtp_weights(folder: str) -> dict[str, mx.array]:
+    """The mtp.* tensors of an mlx-lm or Hugging Face folder, named as in MtpBlock."""
+    weights: dict[str, mx.array] = {}
+    shifted = True
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        tensors = mx.load(path)
+        assert isinstance(tensors, dict)
+        for key, value in tensors.items():
+            if "mtp." in key:
+                weights[key[key.index("mtp.") + 4 :]] = value
+            elif key.endswith("conv1d.weight") and value.shape[-1] != 1:
+                shifted = False  # a checkpoint mlx-lm has not converted: its norms are offsets
+    if not shifted:
+        weights = {k: v + 1.0 if k.endswith(SHIFTED_NORMS) and v.ndim == 1 else v for k, v in weights.items()}
+    return weights
+
+
+class MlxMtpHead:
+    """The target's MTP block as a Backend, so ModelDrafter drafts with it (see the module doc)."""
+
+    def __init__(self, target: MlxBackend, block: MtpBlock) -> None:
+        self._target, self._block = target, block
+        self._states = target.hidden_states()
+        self._embed = text_model(target.model).model.embed_tokens
+        self._cache = KVCache()  # type: ignore[no-untyped-call]
+        self._tokens: list[int] = []
+        self._own: dict[int, mx.array] = {}  # position -> the head's own hidden state there
+        self._guessed: set[int] = set()  # positions read with the head's own state
+        self._closed = False
+        layers = max(target.info.n_layers, 1)
+        self.info = replace(target.info, name=f"{target.info.name} [mtp]", size_bytes=target.info.size_bytes // layers)
+        self.capabilities = Capabilities(
+            rollback=True,
+            max_block=target.capabilities.max_block,
+            device=target.capabilities.device,
+            extra={**target.capabilities.extra, "self_draft": "mtp"},
+        )
+
+    # -- what the target answers for ------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self._target.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._target.token_bytes(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._target.detokenize(tokens)
+
+    def vocab_identity(self) -> VocabIdentity:
+        return self._target.vocab_identity()
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self._target.end_of_generation()
+
+    def chat_template(self) -> str | None:
+        return self._target.chat_template()
+
+    def special_texts(self) -> dict[str, str]:
+        return self._target.special_texts()
+
+    # -- drafting -------------------------------------------------------------------------------
+
+    def _known(self, position: int) -> bool:
+        """Whether the target has decoded this position with the token this head holds there."""
+        cached = self._target.cached_tokens()
+        return 0 <= position < len(cached) and cached[position] == self._tokens[position]
+
+    def _state_before(self, q: int) -> mx.array:
+        """h_{q-1}, the state x_q is read with: the target's where it has one, else the head's own."""
+        if q == 0:
+            self._guessed.discard(q)
+            return mx.zeros((self._states.shape[1],), dtype=mx.float32)  # as llama.cpp starts
+        own = self._own.get(q - 1)
+        if self._known(q - 1) or own is None:
+            self._guessed.discard(q)
+            return mx.array(self._states[q - 1])
+        self._guessed.add(q)
+        return own
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        if self._closed:
+            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
+        n, past = len(tokens), len(self._tokens)
+        if past + n > self.info.n_ctx:
+            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+        self._tokens.extend(int(t) for t in tokens)
+        frontier = len(self._target.cached_tokens())
+        rows: list[mx.array] = []
+        k = 0
+        while k < n:  # positions whose state before is the target's go in one pass, the rest one by one
+            end = max(k + 1, min(n, frontier + 1 - past))
+            rows.append(self._pass(past + k, tokens[k:end]))
+            k = end
+        picked = range(n) if logits == "all" else ([n - 1] if logits == "last" else [])
+        if not picked:
+            return np.empty((0, self.info.n_vocab), dtype=np.float32)
+        hidden = mx.concatenate(rows, axis=0)[mx.array(list(picked))]
+        out = self._target.forward.head(hidden[None])[0].astype(mx.float32)
+        mx.eval(out)
+        return np.array(out, copy=True)
+
+    def _pass(self, start: int, tokens: Sequence[int]) -> mx.array:
+        """The block over tokens at positions start..; keeps its outputs as the head's own states."""
+        hidden = mx.stack([self._state_before(start + k) for k in range(len(tokens))])[None]
+        embedded = self._embed(mx.array([list(tokens)], dtype=mx.int32))
+        out = self._block(embedded, hidden.astype(embedded.dtype), self._cache)[0]
+        mx.eval(out, self._cache.keys, self._cache.values)
+        for k in range(len(tokens)):
+            self._own[start + k] = out[k]
+        return out
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        kept = self._tokens[:n]
+        # Positions read with the head's own state that the target has decoded since are read
+        # again with the target's state: from the first of them on.
+        again = next((q for q in sorted(self._guessed) if q < len(kept) and self._known(q - 1)), len(kept))
+        self._cache.trim(self._cache.offset - again)  # type: ignore[no-untyped-call]
+        del self._tokens[again:]
+        self._guessed = {q for q in self._guessed if q < again}
+        self._own = {q: h for q, h in self._own.items() if q < again}
+        if again < len(kept):
+            self.eval_block(kept[again:], "none")
+
+    def close(self) -> None:
+        self._closed = True
+        self._cache = KVCache()  # type: ignore[no-untyped-call]
+        self._own = {}

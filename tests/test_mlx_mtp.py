@@ -1,0 +1,111 @@
+"""Qwen3.5/3.6's own MTP head drafting for its model on MLX (backends/mlx/mtp.py).
+
+The tiny qwen3_5 folder the tests write carries random mtp.* weights beside the model's, as
+the MTP conversions on the hub do; mlx-lm's loader drops them and the head reads them. Its
+guesses are poor but its arithmetic is real: what matters is that the head's cache always
+holds what a clean pass over the accepted text would (positions it drafted on its own
+states are read again with the target's), and that the output stays exactly the target's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip install 'localspec[mlx]'")
+pytest.importorskip("mlx_lm.models.qwen3_5", reason="qwen3_5 needs mlx-lm 0.31 or later")
+
+from mlx.utils import tree_flatten  # noqa: E402
+from test_mlx_backend import N_RUNS, TOP5, Outcome, chi_square_pvalue, exact_law, first_two  # noqa: E402
+from test_mlx_hybrid import PROMPT, TEXT, lookup_prompt, save_folder, tiny_hybrid  # noqa: E402
+
+from localspec.api import Runtime  # noqa: E402
+from localspec.backends.mlx import MlxBackend, load  # noqa: E402
+from localspec.backends.mlx.mtp import MtpBlock  # noqa: E402
+from localspec.drafters.model import ModelDrafter  # noqa: E402
+from localspec.engine import Engine  # noqa: E402
+from localspec.errors import InvalidRequestError  # noqa: E402
+from localspec.stats import Stats  # noqa: E402
+
+
+def write_mtp_weights(folder: Path, seed: int = 11) -> None:
+    """Random mtp.* tensors in a safetensors file of the folder, under the checkpoint's names."""
+    args = tiny_hybrid().language_model.args
+    mx.random.seed(seed)
+    block = MtpBlock(args)
+    mx.save_safetensors(
+        str(folder / "model-mtp.safetensors"), {f"mtp.{k}": v for k, v in tree_flatten(block.parameters())}
+    )
+
+
+@pytest.fixture(scope="module")
+def with_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = save_folder(tiny_hybrid(), tmp_path_factory.mktemp("mtp") / "qwen3_5-mtp")
+    write_mtp_weights(folder)
+    return folder
+
+
+def opened(folder: Path) -> MlxBackend:
+    backend = load(str(folder), n_ctx=256)
+    assert isinstance(backend, MlxBackend)
+    return backend
+
+
+def test_the_head_reads_drafted_positions_again_with_the_targets_states_once_verified(with_head: Path) -> None:
+    # A clean pass: the target decodes the text, the head reads it with the target's states.
+    target = opened(with_head)
+    head = target.mtp_head()
+    target.eval_block(TEXT, "none")
+    clean = head.eval_block(TEXT, "all").copy()
+    # The same text reached through a draft: the head guesses 2 tokens on its own states, the
+    # target verifies them, and the head is rolled back to the accepted ones and moves on.
+    target = opened(with_head)
+    head = target.mtp_head()
+    m = 6
+    target.eval_block(TEXT[:m], "none")
+    head.eval_block(TEXT[: m + 1], "last")
+    for token in TEXT[m + 1 : m + 3]:
+        head.eval_block([token], "last")
+    target.eval_block(TEXT[m : m + 4], "all")  # the verify pass
+    target.rollback(m + 3)
+    head.rollback(m + 3)  # both drafts kept
+    target.eval_block(TEXT[m + 3 :], "none")  # and the target goes on to the end
+    rest = head.eval_block(TEXT[m + 3 :], "all")
+    np.testing.assert_allclose(rest, clean[m + 3 :], atol=1e-5)
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_greedy_mtp_drafting_reproduces_plain_decoding(with_head: Path, gamma: int) -> None:
+    target = opened(with_head)
+    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    head = target.make_self_drafter("mtp", None)
+    assert head.capabilities.extra["self_draft"] == "mtp"
+    runtime = Runtime(target, head, strategy="draft", draft_tokens=gamma, calibrate=False)
+    spec = runtime.generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.drafted > spec.stats.accepted > 0
+
+
+def test_mtp_sampling_follows_the_targets_law(with_head: Path) -> None:
+    target = opened(with_head)
+    prompt = lookup_prompt(target)
+    law = exact_law(target, TOP5, prompt)
+    engine = Engine(target, ModelDrafter(target.mtp_head(), min_confidence=0.0))
+    observed: Counter[Outcome] = Counter()
+    drafted = accepted = 0
+    for run in range(N_RUNS):
+        stats = Stats()
+        observed[first_two(engine, TOP5, np.random.default_rng([20261126, run]), stats, prompt)] += 1
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert drafted > accepted > 0, "the runs must exercise both acceptance and rejection"
+    assert chi_square_pvalue(observed, law) > 1e-3
+
+
+def test_a_folder_without_mtp_weights_is_refused_with_what_to_use(tmp_path: Path) -> None:
+    target = opened(save_folder(tiny_hybrid(), tmp_path / "no-head"))
+    with pytest.raises(InvalidRequestError, match="no MTP head") as refused:
+        target.make_self_drafter("mtp", None)
+    assert refused.value.hint is not None and "MTP" in refused.value.hint
