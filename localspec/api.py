@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from localspec.registry import Registry
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
+MTP_BACKENDS = ("llamacpp", "mlx")  # the backends that run a model's own MTP head
 MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
 # The pair's measured agreement counts as this many observed draft positions
 # (AdaptiveDraftLength.prior_weight): two misses in a row take 0.95 to 0.86, not to 0.7,
@@ -486,7 +487,7 @@ def load(
     gpu_layers: how many layers a llama.cpp build with a GPU backend puts there (None: all
     that fit)."""
     n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
-    if strategy == "mtp" and backend != "llamacpp":  # before a load that can take minutes
+    if strategy == "mtp" and backend not in MTP_BACKENDS:  # before a load that can take minutes
         raise InvalidRequestError(
             f"the {backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
@@ -589,7 +590,7 @@ def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
         raise InvalidRequestError(
             f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
         )
-    if kind == "mtp" and target.info.backend != "llamacpp":
+    if kind == "mtp" and target.info.backend not in MTP_BACKENDS:
         raise InvalidRequestError(
             f"the {target.info.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
