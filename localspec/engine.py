@@ -158,6 +158,10 @@ class Engine:
                 # A drafter's vocabulary may be larger (padding slack): an id the target has
                 # no row for is a draft token the target rejects, never a block to evaluate.
                 refused = next((i for i, t in enumerate(tokens) if not 0 <= t < n_vocab), None)
+                if cfg.constraint is not None:  # so is a token outside the request's grammar
+                    kept = tokens[:refused]
+                    if (allowed := cfg.constraint.allowed_prefix(kept)) < len(kept):
+                        refused = allowed
                 if refused is not None:
                     tokens = tokens[:refused]
                 t1 = time.perf_counter()
@@ -185,6 +189,8 @@ class Engine:
                 new = new[: max_tokens - produced]
                 if cfg.logprobs is not None and rows is not None:
                     cfg.logprobs.record(new, rows)
+                if cfg.constraint is not None:
+                    cfg.constraint.commit(new)
                 step = Step(
                     drafted=len(tokens),
                     accepted=n_acc,

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +67,24 @@ def check_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
+class TokenConstraint(Protocol):
+    """What the text may be (a grammar, a JSON schema), as the tokens it allows after what the
+    request wrote so far. Masking the target's logits keeps speculation exact: a draft token
+    outside the grammar has p = 0 and is rejected like any other."""
+
+    def allowed_prefix(self, draft: Sequence[int]) -> int:
+        """How many of the draft's tokens the constraint takes, from the text so far."""
+        ...
+
+    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int]) -> None:
+        """Set to -inf, in place, what row i may not be after draft[:i] (all allowed)."""
+        ...
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The tokens the request emitted."""
+        ...
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How to sample, with every knob's default; temperature 0 means greedy and the other
@@ -83,8 +101,9 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # One request's recorder: not a setting, so it takes no part in comparing configs.
+    # One request's recorder and grammar: not settings, so they take no part in comparing configs.
     logprobs: LogprobRecorder | None = field(default=None, compare=False, repr=False)
+    constraint: TokenConstraint | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in KNOBS:
@@ -100,7 +119,7 @@ class SamplingConfig:
     @property
     def shapes_logits(self) -> bool:
         """Whether the target's logits must pass through shape() (and the numpy acceptance rule)."""
-        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias or self.constraint)
 
 
 # The sampler's knobs, which every front end (CLI flags, TUI settings, keyword arguments) takes.
@@ -110,8 +129,9 @@ KNOBS = ("temperature", "top_k", "top_p", "min_p", "seed")
 def shape(
     rows: npt.NDArray[np.floating], cfg: SamplingConfig, generated: Sequence[int], draft: Sequence[int] = ()
 ) -> npt.NDArray[np.floating]:
-    """The target's logits with OpenAI's penalties and logit_bias applied; rows[i] follows
-    generated + draft[:i] (a verify block's rows), so each row counts what precedes it:
+    """The target's logits with OpenAI's penalties and logit_bias applied, then the constraint's
+    mask; rows[i] follows generated + draft[:i] (a verify block's rows), so each row counts
+    what precedes it:
 
         mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty;  mu[j] += logit_bias[j]
 
@@ -123,8 +143,16 @@ def shape(
     if cfg.logit_bias:
         ids = np.array([t for t, _ in cfg.logit_bias], dtype=np.int64)
         out[:, ids] += np.array([b for _, b in cfg.logit_bias])
-    if not (cfg.frequency_penalty or cfg.presence_penalty):
-        return out
+    if cfg.frequency_penalty or cfg.presence_penalty:
+        _penalize(out, cfg, generated, draft)
+    if cfg.constraint is not None:
+        cfg.constraint.mask(out, draft)
+    return out
+
+
+def _penalize(
+    out: npt.NDArray[np.floating], cfg: SamplingConfig, generated: Sequence[int], draft: Sequence[int]
+) -> None:
     counts = Counter(generated)
     for i, row in enumerate(out):
         if i:
@@ -133,7 +161,6 @@ def shape(
             ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
             c = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
             row[ids] -= c * cfg.frequency_penalty + cfg.presence_penalty
-    return out
 
 
 @dataclass(frozen=True)
@@ -165,6 +192,7 @@ class LogprobRecorder:
             logp = logp - (top + math.log(float(np.exp(logp - top).sum())))
             best = np.argpartition(-logp, self.top - 1)[: self.top] if self.top else np.empty(0, np.int64)
             best = best[np.argsort(-logp[best], kind="stable")]
+            best = best[np.isfinite(logp[best])]  # a token a grammar rules out is no alternative
             alts = tuple((int(t), self.token_bytes(int(t)), float(logp[t])) for t in best)
             self.entries.append(TokenLogprob(int(token), self.token_bytes(int(token)), float(logp[token]), alts))
 

@@ -251,7 +251,7 @@ def test_requests_beyond_the_queue_limit_get_503_with_retry_after(server, held) 
         ("json", {"messages": RIVERS, "n": 2}, 400, "n"),
         ("json", {"messages": RIVERS, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
         ("json", {"messages": RIVERS, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-        ("json", {"messages": RIVERS, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ("json", {"messages": RIVERS, "response_format": {"type": "xml"}}, 400, "response_format"),
         ("json", {"messages": RIVERS, "frobnicate": 1}, 400, "frobnicate"),
         ("json", {"messages": [{"role": "user", "content": "hi " * 3000}]}, 400, "messages"),
         ("raw", b'{"messages": "' + b"x" * (BODY_LIMIT + 1) + b'"}', 413, None),

@@ -123,7 +123,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
         kwargs = stream_kwargs(
             max_tokens=UNLIMITED if limit is None else limit, stop=body.stops, sampling=body.sampling(), **source
         )
-        await run_in_threadpool(worker.check_prompt, model, kwargs)
+        await run_in_threadpool(worker.check_prompt, model, kwargs, body.response_format)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Item] = asyncio.Queue()
 
@@ -132,7 +132,14 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
                 loop.call_soon_threadsafe(events.put_nowait, item)
 
         cache_prompt = settings.cache_prompt if body.cache_prompt is None else body.cache_prompt
-        job = Job(model, kwargs, emit, exact_prefix=not cache_prompt, logprobs=body.logprob_top())
+        job = Job(
+            model,
+            kwargs,
+            emit,
+            exact_prefix=not cache_prompt,
+            logprobs=body.logprob_top(),
+            response_format=body.response_format,
+        )
         worker.submit(job)
         reply = Reply(kind, model, request)
         if body.stream:

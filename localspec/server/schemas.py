@@ -115,7 +115,7 @@ class GenerationRequest(BaseModel):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (server/grammar.py)
     # llama-server's name: true reuses any cached prompt prefix, which is faster but may tip a
     # near-tie another way than a fresh evaluation; None takes the server's --cache-prompt.
     cache_prompt: bool | None = None
@@ -183,7 +183,6 @@ class GenerationRequest(BaseModel):
             "tool_choice": self.tool_choice not in (None, "none", "auto"),
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none", "auto"),
-            "response_format": self.response_format not in (None, {"type": "text"}),
         }
         for name, refused in changes_output.items():
             if refused:

@@ -16,6 +16,7 @@ from localspec.api import Finished, Runtime, TextDelta
 from localspec.errors import ContextFullError, LocalspecError
 from localspec.sampling import LogprobRecorder, SamplingConfig
 from localspec.server.fim import FimTokens, find_fim_tokens
+from localspec.server.grammar import Grammars, json_schema_of
 from localspec.server.schemas import ApiError
 
 log = logging.getLogger("localspec.server")
@@ -52,6 +53,7 @@ class Job:
     exact_prefix: bool = True
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
     recorder: LogprobRecorder | None = None  # made when the job runs, for the model it runs on
+    response_format: Mapping[str, Any] | None = None  # OpenAI's; json_object and json_schema constrain
     cancelled: threading.Event = field(default_factory=threading.Event)
     steps: int = 0  # verify steps whose tokens were taken from the runtime
     steps_at_cancel: int | None = None
@@ -77,6 +79,7 @@ class Worker:
         self.history: deque[Job] = deque(maxlen=HISTORY)
         self.served = 0
         self._fim: FimTokens | bool | None = False  # False: not looked up yet for this model
+        self._grammars: Grammars | None = None  # the loaded model's, built on first use
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: Job | None = None
@@ -124,14 +127,19 @@ class Worker:
         with self._cond:
             return self._cond.wait_for(lambda: condition(self.status()), timeout)
 
-    def check_prompt(self, model: str, request: Mapping[str, Any]) -> None:
-        """Tokenize the prompt now, in the request's thread, so a prompt that does not fit is
-        refused with a status before a stream begins. Skipped when another model must be
-        loaded first: the generation thread checks it then."""
+    def check_prompt(
+        self, model: str, request: Mapping[str, Any], response_format: Mapping[str, Any] | None = None
+    ) -> None:
+        """Tokenize the prompt and compile the response format now, in the request's thread,
+        so a prompt that does not fit or a schema that cannot be used is refused with a status
+        before a stream begins. Skipped when another model must be loaded first: the
+        generation thread checks them then."""
         with self.swap_lock:
             runtime = self.runtime
             if runtime is None or model != self.model_id:
                 return None
+            if response_format is not None and json_schema_of(response_format) is not None:
+                self._grammars_for(runtime).constraint(response_format)
             prepared = self._prepare(runtime, request)
             tokens = runtime.prompt_tokens(prepared.get("prompt"), prepared.get("messages"))
             n_ctx = runtime.target.info.n_ctx
@@ -165,6 +173,21 @@ class Worker:
             prefix, suffix, lambda text: target.tokenize(text, add_special=False, parse_special=False), head
         )
         return out
+
+    def _grammars_for(self, runtime: Runtime) -> Grammars:
+        if self._grammars is None:
+            self._grammars = Grammars(runtime.target)
+        return self._grammars
+
+    def _sampling(self, runtime: Runtime, job: Job, sampling: SamplingConfig) -> SamplingConfig:
+        """The request's sampling with its per-request parts: the logprob recorder and the grammar."""
+        if job.logprobs is not None:
+            job.recorder = LogprobRecorder(job.logprobs, runtime.target.token_bytes)
+            sampling = replace(sampling, logprobs=job.recorder)
+        if job.response_format is not None:
+            constraint = self._grammars_for(runtime).constraint(job.response_format)
+            sampling = replace(sampling, constraint=constraint)
+        return sampling
 
     def _fim_tokens(self, runtime: Runtime) -> FimTokens | None:
         """The loaded model's fill-in-the-middle tokens, looked up once per model."""
@@ -228,9 +251,7 @@ class Worker:
             runtime = self._runtime_for(job.model)
             runtime.engine.exact_prefix = job.exact_prefix
             request = self._prepare(runtime, job.request)
-            if job.logprobs is not None:
-                job.recorder = LogprobRecorder(job.logprobs, runtime.target.token_bytes)
-                request["sampling"] = replace(request["sampling"], logprobs=job.recorder)
+            request["sampling"] = self._sampling(runtime, job, request["sampling"])
             events = runtime.stream(**request)
             with closing(events):
                 for event in events:
@@ -267,6 +288,7 @@ class Worker:
                 self.runtime.close()
                 self.runtime = None
             self._fim = False
+            self._grammars = None
             try:
                 self.runtime = self.loader(model)
                 self.model_id = model
