@@ -249,7 +249,7 @@ def test_requests_beyond_the_queue_limit_get_503_with_retry_after(server, held) 
         ("json", {"messages": RIVERS, "model": "no-such-model"}, 404, "model"),
         ("json", {"messages": []}, 400, "messages"),
         ("json", {"messages": RIVERS, "n": 2}, 400, "n"),
-        ("json", {"messages": RIVERS, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ("json", {"messages": RIVERS, "tools": [{"type": "function"}]}, 400, "tools[0]"),
         ("json", {"messages": RIVERS, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         ("json", {"messages": RIVERS, "response_format": {"type": "xml"}}, 400, "response_format"),
         ("json", {"messages": RIVERS, "frobnicate": 1}, 400, "frobnicate"),

@@ -25,8 +25,10 @@ from localspec.api import Finished, TextDelta
 from localspec.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
 from localspec.sampling import LogprobRecorder, TokenLogprob
 from localspec.server import schemas
+from localspec.server.grammar import GrammarRequest
 from localspec.server.hosts import HostCheck, HostPolicy
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
+from localspec.server.tools import ToolRequest, parse_tool_calls, tool_request
 from localspec.server.worker import Item, Job, Worker, stream_kwargs
 from localspec.stats import Stats
 
@@ -110,20 +112,26 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         body.refuse_unsupported()
-        return await _generate(request, body, "chat", {"messages": body.chat()})
+        tools = tool_request(body.tools, body.tool_choice)
+        messages = body.chat() if tools is None else tools.messages(body.chat())
+        return await _generate(request, body, "chat", {"messages": messages}, tools)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         body.refuse_unsupported()
         return await _generate(request, body, "text", body.source())
 
-    async def _generate(request: Request, body: GenerationRequest, kind: str, source: dict[str, Any]) -> Response:
+    async def _generate(
+        request: Request, body: GenerationRequest, kind: str, source: dict[str, Any], tools: ToolRequest | None = None
+    ) -> Response:
         model = await run_in_threadpool(catalog.resolve, body.model, worker.model_id)
         limit = body.token_limit
         kwargs = stream_kwargs(
             max_tokens=UNLIMITED if limit is None else limit, stop=body.stops, sampling=body.sampling(), **source
         )
-        await run_in_threadpool(worker.check_prompt, model, kwargs, body.response_format)
+        forced_call = tools.grammar() if tools is not None and tools.forced else None
+        grammar = GrammarRequest.of(body.response_format, forced_call)
+        await run_in_threadpool(worker.check_prompt, model, kwargs, grammar)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Item] = asyncio.Queue()
 
@@ -138,10 +146,10 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
             emit,
             exact_prefix=not cache_prompt,
             logprobs=body.logprob_top(),
-            response_format=body.response_format,
+            grammar=grammar,
         )
         worker.submit(job)
-        reply = Reply(kind, model, request)
+        reply = Reply(kind, model, request, tools)
         if body.stream:
             return StreamingResponse(
                 _sse(reply, job, events, worker, body.include_usage, settings.keepalive_s),
@@ -205,6 +213,7 @@ class Reply:
     kind: str  # "chat" or "text"
     model: str
     request: Request
+    tools: ToolRequest | None = None  # offered: the answer's <tool_call> blocks become tool_calls
     id: str = ""
     created: int = field(default_factory=schemas.now)
     started: float = field(default_factory=time.perf_counter)
@@ -219,7 +228,24 @@ class Reply:
 
     def whole(self, done: Finished, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
         shape = schemas.chat_completion if self.kind == "chat" else schemas.text_completion
-        return shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats, logprobs)
+        whole = shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats, logprobs)
+        content, calls = parse_tool_calls(done.text) if self.tools is not None else (done.text, [])
+        if calls:
+            choice = whole["choices"][0]
+            choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+            choice["finish_reason"] = "tool_calls"
+        return whole
+
+    def tool_chunks(self, text: str) -> tuple[list[dict[str, Any]], str | None]:
+        """A streamed answer that was offered tools, sent once it is whole (a call is only
+        known as one when it ends): its text, its calls, and "tool_calls" as the finish
+        reason when there are any (None: the engine's own)."""
+        content, calls = parse_tool_calls(text)
+        chunks = [self.chunk(content)] if content else []
+        if calls:
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+            chunks.append({**self.chunk(None), "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        return chunks, "tool_calls" if calls else None
 
     def chunk(
         self,
@@ -343,7 +369,7 @@ async def _sse(
             first = False
             feed = feed or LogprobFeed(job.recorder)
             if isinstance(item, TextDelta):
-                if item.text:
+                if item.text and reply.tools is None:
                     offset = len(sent.decode(errors="replace"))
                     sent += item.text.encode()
                     logprobs = feed.covering(len(sent))
@@ -352,6 +378,11 @@ async def _sse(
             finished = True
             reply.note(item.stats)
             finish = schemas.FINISH_REASONS.get(item.finish_reason, item.finish_reason)
+            if reply.tools is not None:
+                chunks, called = reply.tool_chunks(item.text)
+                for chunk in chunks:
+                    yield _event({**chunk, **usage_none})
+                finish = called or finish
             yield _event({**reply.chunk(None, finish), **usage_none, "speculation": schemas.speculation(item.stats)})
             if include_usage:
                 last = {**reply.chunk(None), "choices": [], "usage": schemas.usage(item.stats)}

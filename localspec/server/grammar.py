@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +20,30 @@ if TYPE_CHECKING:
 
 # Compact JSON: with free whitespace a small model can fill its answer with newlines.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True)
+class GrammarRequest:
+    """What a request's text must be: a response_format's JSON, or a Lark grammar (a forced
+    tool call's), blamed on `param` when it cannot be compiled."""
+
+    response_format: Mapping[str, Any] | None = None
+    lark: str | None = None
+    param: str = "response_format"
+
+    @staticmethod
+    def of(response_format: Mapping[str, Any] | None, lark: str | None = None) -> GrammarRequest | None:
+        """None when the text is free; a response_format of an unknown type is a 400 now."""
+        if lark is not None:
+            return GrammarRequest(lark=lark, param="tools")
+        if response_format is None or json_schema_of(response_format) is None:
+            return None
+        return GrammarRequest(response_format=response_format)
+
+    def constraint(self, grammars: Grammars) -> GrammarConstraint | None:
+        if self.lark is not None:
+            return grammars.lark(self.lark, self.param)
+        return grammars.constraint(self.response_format or {})
 
 
 class GrammarConstraint:
@@ -75,9 +100,25 @@ class Grammars:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         except ValueError as exc:
             raise ApiError(400, f"the JSON schema cannot be used: {exc}", param="response_format") from None
+        return self._constraint(grammar, "response_format")
+
+    def lark(self, grammar: str, param: str) -> GrammarConstraint:
+        """A constraint from a Lark grammar (llguidance's dialect, %json included); param: the
+        request field a grammar that cannot be compiled is blamed on."""
+        import llguidance
+
+        try:
+            compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
+        except ValueError as exc:
+            raise ApiError(400, f"'{param}' cannot be turned into a grammar: {exc}", param=param) from None
+        return self._constraint(compiled, param)
+
+    def _constraint(self, grammar: str, param: str) -> GrammarConstraint:
+        import llguidance
+
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ApiError(400, f"the JSON schema cannot be used: {matcher.get_error()}", param="response_format")
+            raise ApiError(400, f"'{param}' cannot be used: {matcher.get_error()}", param=param)
         return GrammarConstraint(matcher, self.n_vocab)
 
 

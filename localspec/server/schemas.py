@@ -179,8 +179,6 @@ class GenerationRequest(BaseModel):
         """400 naming the first field that asks for something localspec does not do."""
         changes_output = {
             "n": self.n not in (None, 1),
-            "tools": bool(self.tools),
-            "tool_choice": self.tool_choice not in (None, "none", "auto"),
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none", "auto"),
         }
@@ -248,6 +246,8 @@ class CompletionRequest(GenerationRequest):
             raise ApiError(400, "'echo' is not supported by localspec serve", param="echo", code="unsupported")
         if self.best_of not in (None, 1):
             raise ApiError(400, "'best_of' is not supported by localspec serve", param="best_of", code="unsupported")
+        if self.tools or self.tool_choice not in (None, "none", "auto"):
+            raise ApiError(400, "tools are for /v1/chat/completions", param="tools", code="unsupported")
         super().refuse_unsupported()
 
 

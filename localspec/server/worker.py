@@ -16,7 +16,7 @@ from localspec.api import Finished, Runtime, TextDelta
 from localspec.errors import ContextFullError, LocalspecError
 from localspec.sampling import LogprobRecorder, SamplingConfig
 from localspec.server.fim import FimTokens, find_fim_tokens
-from localspec.server.grammar import Grammars, json_schema_of
+from localspec.server.grammar import GrammarRequest, Grammars
 from localspec.server.schemas import ApiError
 
 log = logging.getLogger("localspec.server")
@@ -53,7 +53,7 @@ class Job:
     exact_prefix: bool = True
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
     recorder: LogprobRecorder | None = None  # made when the job runs, for the model it runs on
-    response_format: Mapping[str, Any] | None = None  # OpenAI's; json_object and json_schema constrain
+    grammar: GrammarRequest | None = None  # a JSON response_format or a forced tool call
     cancelled: threading.Event = field(default_factory=threading.Event)
     steps: int = 0  # verify steps whose tokens were taken from the runtime
     steps_at_cancel: int | None = None
@@ -127,9 +127,7 @@ class Worker:
         with self._cond:
             return self._cond.wait_for(lambda: condition(self.status()), timeout)
 
-    def check_prompt(
-        self, model: str, request: Mapping[str, Any], response_format: Mapping[str, Any] | None = None
-    ) -> None:
+    def check_prompt(self, model: str, request: Mapping[str, Any], grammar: GrammarRequest | None = None) -> None:
         """Tokenize the prompt and compile the response format now, in the request's thread,
         so a prompt that does not fit or a schema that cannot be used is refused with a status
         before a stream begins. Skipped when another model must be loaded first: the
@@ -138,8 +136,8 @@ class Worker:
             runtime = self.runtime
             if runtime is None or model != self.model_id:
                 return None
-            if response_format is not None and json_schema_of(response_format) is not None:
-                self._grammars_for(runtime).constraint(response_format)
+            if grammar is not None:
+                grammar.constraint(self._grammars_for(runtime))
             prepared = self._prepare(runtime, request)
             tokens = runtime.prompt_tokens(prepared.get("prompt"), prepared.get("messages"))
             n_ctx = runtime.target.info.n_ctx
@@ -184,9 +182,8 @@ class Worker:
         if job.logprobs is not None:
             job.recorder = LogprobRecorder(job.logprobs, runtime.target.token_bytes)
             sampling = replace(sampling, logprobs=job.recorder)
-        if job.response_format is not None:
-            constraint = self._grammars_for(runtime).constraint(job.response_format)
-            sampling = replace(sampling, constraint=constraint)
+        if job.grammar is not None:
+            sampling = replace(sampling, constraint=job.grammar.constraint(self._grammars_for(runtime)))
         return sampling
 
     def _fim_tokens(self, runtime: Runtime) -> FimTokens | None:
