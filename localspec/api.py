@@ -564,7 +564,10 @@ def load(
 
 
 def is_assistant(path: str) -> bool:
-    """Whether a drafter file is an MTP assistant (Gemma 4's gemma4-assistant GGUF)."""
+    """Whether a drafter file is an MTP assistant (Gemma 4's gemma4-assistant GGUF); a drafter
+    that is no GGUF file (a folder, the reference model's spec) is not."""
+    if not (path.endswith(".gguf") and os.path.isfile(path)):
+        return False
     return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)
 
 
