@@ -167,8 +167,10 @@ def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
 
 
 # Per-token recurrent-state snapshots llama.cpp keeps from each decode of a hybrid model
-# (n_rs_seq): a verify block of up to this many drafted tokens goes back with no replay.
-RECURRENT_SNAPSHOTS = 16
+# (n_rs_seq): up to this many rejected tokens go back with no replay. Every decode pays for
+# them, plain steps too (BENCHMARKS.md §7), so they cover the short drafts a hybrid mostly
+# gets; a longer rejection takes the state-copy path.
+RECURRENT_SNAPSHOTS = 4
 
 
 class RecurrentRollback:

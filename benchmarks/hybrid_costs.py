@@ -10,13 +10,15 @@ first token and takes the other k - 1 back:
 
 - the decode alone (every row's logits, no snapshots, nothing taken back): the floor that
   llama.cpp itself needs for such a pass;
-- through llama.cpp's per-token snapshots (n_rs_seq), localspec's default on qwen35;
+- through llama.cpp's per-token snapshots (n_rs_seq, localspec's default on qwen35: four of
+  them, so a longer rejection takes the next path);
 - through a copy of the recurrent state, restored, and the kept token replayed (what an
   architecture without snapshots gets);
 - llama-bench's `-p k` (a prompt of k tokens from an empty cache) where its binary is given.
 
-Then the MTP head's pass against a target step, and the speedups the costs allow at
-acceptance 0.6-0.9: the best fixed draft length against the controller's choice.
+Then the MTP head's pass against a target step, what the snapshots cost a plain step, and
+the speedups the costs allow at acceptance 0.6-0.9: the best fixed draft length against the
+controller's choice.
 """
 
 from __future__ import annotations
@@ -103,6 +105,21 @@ def bare_costs(model: LlamaCppBackend, reps: int) -> list[float]:
     return costs
 
 
+def step_cost(path: Path, snapshots: int, options: dict[str, int], reps: int) -> float:
+    """Seconds per plain single-token step with llama.cpp keeping this many snapshots."""
+    model = LlamaCppBackend(str(path), recurrent_snapshots=snapshots, **options)
+    rng = np.random.default_rng(2)
+    model.eval_block(rng.integers(300, 5000, DEPTH).tolist(), "none")
+    runs = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        for token in rng.integers(300, 5000, 10).tolist():
+            model.eval_block([token], "last")
+        runs.append((time.perf_counter() - t0) / 10)
+    model.close()
+    return statistics.median(runs[1:])
+
+
 def head_cost(model: LlamaCppBackend, reps: int) -> float:
     """Seconds per drafted token of the model's MTP head (one pass each, as it drafts)."""
     head = model.mtp_head()
@@ -169,6 +186,8 @@ def main() -> None:
             line += f"{peer[k - 1] * 1e3:16.1f}{curve[k - 1] / peer[k - 1]:13.2f}"
         print(line)
     print(f"\nMTP head: {mtp * 1e3:.1f} ms a drafted token, {mtp / curve[0]:.2f} of a target step")
+    steps = {n: step_cost(path, n, options, args.reps) for n in (0, 4, 16)}
+    print("plain step with n snapshots kept: " + ", ".join(f"{n}: {t * 1e3:.1f} ms" for n, t in steps.items()))
     print(f"\n{'alpha':>6}{'best γ':>8}{'speedup':>9}{'controller γ':>14}{'speedup':>9}{'of best':>9}")
     for alpha, best, best_speed, chosen, chosen_speed in projection_rows(curve, mtp, ALPHAS):
         print(
