@@ -28,7 +28,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as ext
 
 from localspec.errors import BackendClosedError, InvalidRequestError, ModelLoadError
-from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, VocabIdentity
+from localspec.protocol import Backend, Capabilities, HeadOfTarget, Logits, LogitsMode
 
 
 class TargetStates:
@@ -46,7 +46,7 @@ class TargetStates:
             self.rows[past : past + n] = np.ctypeslib.as_array(ptr, shape=(n, self.width))
 
 
-class MtpHead:
+class MtpHead(HeadOfTarget):
     """The target's MTP block, drafting for it (see the module doc)."""
 
     def __init__(
@@ -84,42 +84,7 @@ class MtpHead:
             rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
         )
 
-    # -- what the target answers for -------------------------------------------------------
-
-    @property
-    def n_past(self) -> int:
-        return len(self._tokens)
-
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._target.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._target.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._target.detokenize(tokens)
-
-    def vocab_identity(self) -> VocabIdentity:
-        return self._target.vocab_identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._target.end_of_generation()
-
-    def chat_template(self) -> str | None:
-        return self._target.chat_template()
-
-    def special_texts(self) -> dict[str, str]:
-        return self._target.special_texts()
-
     # -- drafting ---------------------------------------------------------------------------
-
-    def _known(self, position: int) -> bool:
-        """Whether the target has decoded this position with the token this head holds there."""
-        cached = self._target.cached_tokens()
-        return position < len(cached) and cached[position] == self._tokens[position]
 
     def _state_before(self, q: int) -> tuple[np.ndarray, bool]:
         """The hidden state x_q is read with (h_{q-1}), and whether it is the target's."""

@@ -30,7 +30,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from localspec.errors import BackendClosedError, InvalidRequestError
-from localspec.protocol import Capabilities, Logits, LogitsMode, VocabIdentity
+from localspec.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
 
 from .backend import text_model
 
@@ -80,8 +80,10 @@ def mtp_weights(folder: str) -> dict[str, mx.array]:
     return weights
 
 
-class MlxMtpHead:
+class MlxMtpHead(HeadOfTarget):
     """The target's MTP block as a Backend, so ModelDrafter drafts with it (see the module doc)."""
+
+    _target: MlxBackend
 
     def __init__(self, target: MlxBackend, block: MtpBlock) -> None:
         self._target, self._block = target, block
@@ -101,42 +103,7 @@ class MlxMtpHead:
             extra={**target.capabilities.extra, "self_draft": "mtp"},
         )
 
-    # -- what the target answers for ------------------------------------------------------------
-
-    @property
-    def n_past(self) -> int:
-        return len(self._tokens)
-
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._target.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._target.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._target.detokenize(tokens)
-
-    def vocab_identity(self) -> VocabIdentity:
-        return self._target.vocab_identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._target.end_of_generation()
-
-    def chat_template(self) -> str | None:
-        return self._target.chat_template()
-
-    def special_texts(self) -> dict[str, str]:
-        return self._target.special_texts()
-
     # -- drafting -------------------------------------------------------------------------------
-
-    def _known(self, position: int) -> bool:
-        """Whether the target has decoded this position with the token this head holds there."""
-        cached = self._target.cached_tokens()
-        return 0 <= position < len(cached) and cached[position] == self._tokens[position]
 
     def _state_before(self, q: int) -> mx.array:
         """h_{q-1}, the state x_q is read with: the target's where it has one, else the head's own."""
