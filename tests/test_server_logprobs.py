@@ -10,29 +10,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_N_CTX
+from server_support import MODEL, fresh_plain, serving
 
-from localspec.api import Runtime, load
+from localspec.api import Runtime
 from localspec.sampling import LogprobRecorder, SamplingConfig
-from localspec.server import LocalServer, Settings
+from localspec.server import LocalServer
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 pytestmark = pytest.mark.model
 
-MODEL = "smollm2-135m"
 RIVERS = [{"role": "user", "content": "Name three rivers."}]
 COUNTING = "1, 2, 3, 4, 5, 6,"
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_q4_1: Path) -> Iterator[LocalServer]:
-    def loader(model_id: str) -> Runtime:
-        return load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False)
-
-    with LocalServer(loader(MODEL), MODEL, loader, port=0, settings=Settings(log=lambda line: None)) as srv:
-        srv.start()
+    with serving(smollm2_q4_1) as srv:
         yield srv
 
 
@@ -44,8 +39,7 @@ def client(server: LocalServer) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def plain(smollm2_q4_1: Path) -> Iterator[Runtime]:
     """Plain decoding, every prompt evaluated as a fresh request would be."""
-    with load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False, strategy="none", memory=False) as runtime:
-        runtime.engine.exact_prefix = True
+    with fresh_plain(smollm2_q4_1) as runtime:
         yield runtime
 
 

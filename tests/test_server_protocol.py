@@ -9,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TEST_N_CTX
+from server_support import MODEL, serving
 
-from localspec.api import Runtime, load
-from localspec.server import LocalServer, Settings
+from localspec.server import LocalServer
 from localspec.textstream import TextAssembler
 
 openai = pytest.importorskip("openai")
@@ -20,17 +19,12 @@ httpx = pytest.importorskip("httpx")
 
 pytestmark = pytest.mark.model
 
-MODEL = "smollm2-135m"
 RIVERS = [{"role": "user", "content": "Name three rivers."}]
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_q4_1: Path) -> Iterator[LocalServer]:
-    def loader(model_id: str) -> Runtime:
-        return load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False)
-
-    with LocalServer(loader(MODEL), MODEL, loader, port=0, settings=Settings(log=lambda line: None)) as srv:
-        srv.start()
+    with serving(smollm2_q4_1) as srv:
         yield srv
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from conftest import TEST_N_CTX
 from pydantic import BaseModel, ConfigDict
+from server_support import MODEL, fresh_plain, serving
 
-from localspec.api import Runtime, load
+from localspec.api import Runtime
 from localspec.sampling import SamplingConfig
-from localspec.server import LocalServer, Settings
+from localspec.server import LocalServer
 from localspec.server.grammar import Grammars
 
 openai = pytest.importorskip("openai")
@@ -24,7 +24,6 @@ httpx = pytest.importorskip("httpx")
 
 pytestmark = pytest.mark.model
 
-MODEL = "smollm2-135m"
 ASK = [{"role": "user", "content": "Describe a city as JSON with its name, country and population."}]
 
 
@@ -45,11 +44,7 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(smollm2_q4_1: Path) -> Iterator[LocalServer]:
-    def loader(model_id: str) -> Runtime:
-        return load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False)
-
-    with LocalServer(loader(MODEL), MODEL, loader, port=0, settings=Settings(log=lambda line: None)) as srv:
-        srv.start()
+    with serving(smollm2_q4_1) as srv:
         yield srv
 
 
@@ -60,8 +55,7 @@ def client(server: LocalServer) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def plain(smollm2_q4_1: Path) -> Iterator[Runtime]:
-    with load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False, strategy="none", memory=False) as runtime:
-        runtime.engine.exact_prefix = True
+    with fresh_plain(smollm2_q4_1) as runtime:
         yield runtime
 
 
