@@ -233,32 +233,11 @@ def _sidecar_fit(target: GGUFHeader, drafter: GGUFHeader) -> tuple[bool, str]:
 
 
 def _remote_header(artifact: HubArtifact, name: str, hub: _Hub, settings: HubSettings) -> GGUFHeader:
-    """The GGUF header of a file on the hub, by range requests growing until it is whole (as
-    localspec.remote_gguf reads a tokenizer)."""
-    from huggingface_hub import hf_hub_url
-
+    """The GGUF header of a file on the hub, read by range requests."""
     from localspec import remote_gguf
-    from localspec.errors import ModelLoadError
-    from localspec.gguf_header import header_from_bytes
 
     assert hub.commit is not None
-    url = hf_hub_url(artifact.repo, name, revision=hub.commit, endpoint=settings.endpoint)
-    where, size, data = f"{artifact.repo}/{name}", int(hub.files[name].size), b""
-    while True:
-        chunk = remote_gguf._read_range(
-            url, len(data), max(len(data), remote_gguf.FIRST_READ), artifact, name, settings
-        )
-        data += chunk
-        try:
-            header = header_from_bytes(data, where)
-        except ValueError as exc:
-            raise ModelLoadError(
-                f"{where} has no readable GGUF header: {exc}", "the file on the hub is damaged"
-            ) from exc
-        if header is not None:
-            return header
-        if len(data) >= size or not chunk:
-            raise ModelLoadError(f"{where} ends inside its GGUF header", "the file on the hub is damaged")
+    return remote_gguf.remote_header(artifact, hub.commit, name, int(hub.files[name].size), settings)
 
 
 def _identity(model: Model, backend: str, hub: _Hub, settings: HubSettings) -> VocabIdentity | None:

@@ -8,6 +8,7 @@ whole header (localspec.gguf_header)."""
 from __future__ import annotations
 
 from localspec.errors import ModelLoadError
+from localspec.gguf_header import GGUFHeader
 from localspec.hub import HubSettings
 from localspec.protocol import VocabIdentity
 from localspec.registry import HubArtifact
@@ -19,9 +20,16 @@ def remote_vocab_identity(
     artifact: HubArtifact, commit: str, name: str, size: int, settings: HubSettings
 ) -> VocabIdentity:
     """The tokenizer of the GGUF `name` (size bytes) in artifact's repo at commit."""
+    from localspec.gguf_header import vocab_identity
+
+    return vocab_identity(remote_header(artifact, commit, name, size, settings).meta, f"{artifact.repo}/{name}")
+
+
+def remote_header(artifact: HubArtifact, commit: str, name: str, size: int, settings: HubSettings) -> GGUFHeader:
+    """The GGUF header of `name` (size bytes) in artifact's repo at commit, by range reads."""
     from huggingface_hub import hf_hub_url
 
-    from localspec.gguf_header import header_from_bytes, vocab_identity
+    from localspec.gguf_header import header_from_bytes
 
     url = hf_hub_url(artifact.repo, name, revision=commit, endpoint=settings.endpoint)
     where = f"{artifact.repo}/{name}"
@@ -36,7 +44,7 @@ def remote_vocab_identity(
                 f"{where} has no readable GGUF header: {exc}", "the file on the hub is damaged"
             ) from exc
         if header is not None:
-            return vocab_identity(header.meta, where)
+            return header
         if len(data) >= size or not chunk:
             raise ModelLoadError(f"{where} ends inside its GGUF header", "the file on the hub is damaged")
 
