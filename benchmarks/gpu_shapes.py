@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def print_table_head() -> None:
     ratios = " ".join(f"{k:>4}" for k in range(2, MAX_K + 1))
-    head = f"{'model':<14}{'kind':<6}{'MB/tok':>8}{'tok/s':>8}{'limit':>8}{'of bw':>7}{'host ms':>8}"
+    head = f"{'model':<14}{'kind':<6}{'MB/tok':>8} {'tok/s':>8} {'limit':>9} {'of bw':>6} {'host ms':>8}"
     print(f"\n{head}  t(k)/t(1): {ratios}")
 
 
@@ -216,8 +216,9 @@ def print_row(m: Measured, bw: float) -> None:
     host = (m.engine_step - m.gpu_step) * 1e3
     curve = " ".join(f"{t / m.curve[0]:4.2f}" for t in m.curve[1:])
     print(
-        f"{m.shape:<14}{m.kind:<6}{m.bytes_per_token / 1e6:8.0f}{tok_s:8.1f}{limit:8.1f}{tok_s / limit:7.0%}"
-        f"{host:8.3f}  {'':11}{curve}",
+        # A space between every column: a saved run is read back by splitting on them (read_rows).
+        f"{m.shape:<14}{m.kind:<6}{m.bytes_per_token / 1e6:8.0f} {tok_s:8.1f} {limit:9.1f} {tok_s / limit:6.0%}"
+        f" {host:8.3f}  {'':11}{curve}",
         flush=True,
     )
 
