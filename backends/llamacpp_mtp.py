@@ -107,31 +107,26 @@ class MtpHead(HeadOfTarget):
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
         self._tokens.extend(tokens)
         frontier = len(self._target.cached_tokens())  # beyond it, drafts need the head's own states
-        rows: dict[int, np.ndarray] = {}
+        picked = range(n) if logits == "all" else ([n - 1] if logits == "last" else [])
+        out = np.empty((len(picked), self._vocab), dtype=np.float32)
+        into = {past + k: out[row] for row, k in enumerate(picked)}  # logits go straight there
         try:
             if self.shared:
                 for k, token in enumerate(tokens):
-                    asked = logits == "all" or (logits == "last" and k == n - 1)
-                    if past + k >= frontier or asked:  # the target's cache holds the others
-                        rows |= self._pass([(past + k, int(token), True)], min(past + k, frontier))
+                    if past + k >= frontier or past + k in into:  # the target's cache holds the others
+                        self._pass([(past + k, int(token), True)], min(past + k, frontier), into)
             else:
-                wanted = [
-                    logits == "all" or (logits == "last" and k == n - 1) or past + k >= frontier for k in range(n)
-                ]
-                rows = self._pass([(past + k, int(t), wanted[k]) for k, t in enumerate(tokens)], None)
+                wanted = [past + k in into or past + k >= frontier for k in range(n)]
+                self._pass([(past + k, int(t), wanted[k]) for k, t in enumerate(tokens)], None, into)
         except InvalidRequestError:
             del self._tokens[past:]
             raise
-        picked = range(n) if logits == "all" else ([n - 1] if logits == "last" else [])
-        out = np.empty((len(picked), self._vocab), dtype=np.float32)
-        for row, k in enumerate(picked):
-            out[row] = rows[past + k]
         return out
 
-    def _pass(self, entries: list[tuple[int, int, bool]], at: int | None) -> dict[int, np.ndarray]:
+    def _pass(self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray]) -> None:
         """One pass over (position, token, output?) entries, each read with the state before it;
         `at`: the position a shared-cache head writes every token to (its target's next one).
-        Returns the logits of the outputs, by position, and keeps their states."""
+        Keeps the outputs' states, and writes their logits into the rows `into` holds for them."""
         llama.llama_batch_ext_clear(self._batch)
         states: list[np.ndarray] = []  # kept alive until the pass has read them
         for q, token, output in entries:
@@ -147,13 +142,12 @@ class MtpHead(HeadOfTarget):
         rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
             raise InvalidRequestError(f"the MTP head's pass failed with code {rc} at position {entries[0][0]}")
-        rows = {}
         for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch
             if output:
                 state_ptr = ext.llama_get_embeddings_nextn_ith(self._ctx, k)
                 self._own[q] = np.ctypeslib.as_array(state_ptr, shape=(self._width,)).copy()
-                rows[q] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,)).copy()
-        return rows
+            if q in into:
+                into[q][:] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,))
 
     def rollback(self, n: int) -> None:
         if n < 0:

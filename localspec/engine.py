@@ -165,7 +165,8 @@ class Engine:
                 if refused is not None:
                     tokens = tokens[:refused]
                 t1 = time.perf_counter()
-                n_acc, nxt, rows = self._verify(ctx[-1], tokens, draft, refused, cfg, rng, ctx[prompt_len:])
+                generated = ctx[prompt_len:] if cfg.shapes_logits else ()  # penalties count them
+                n_acc, nxt, rows = self._verify(ctx[-1], tokens, draft, refused, cfg, rng, generated)
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
