@@ -154,6 +154,15 @@ def gpu_layers_that_fit(n_layers: int, size_bytes: int, device: GpuDevice | None
     return max(0, n_layers * room // max(size_bytes, 1))
 
 
+def auto_gpu_layers(path: str, device: GpuDevice | None) -> int:
+    """gpu_layers_that_fit for a GGUF file; its header is read only where a GPU is there."""
+    if device is None:
+        return 0
+    meta = read_header(path).meta
+    blocks = int(meta.get(f"{meta.get('general.architecture', '')}.block_count", 0) or 0)
+    return gpu_layers_that_fit(blocks, os.path.getsize(path), device)
+
+
 def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
     """Model parameters: gpu_layers layers on this machine's GPU and the rest on its CPU, or
     every layer on the given RPC servers' devices (returned too: the array must outlive the load)."""
@@ -253,16 +262,13 @@ class LlamaCppBackend:
         init_library()
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
-        meta = read_header(path).meta
         if gpu_layers is None:  # None: every layer that fits on this build's GPU, if it has one
-            blocks = int(meta.get(f"{meta.get('general.architecture', '')}.block_count", 0) or 0)
-            gpu_layers = 0 if rpc else gpu_layers_that_fit(blocks, os.path.getsize(path), gpu_device())
+            gpu_layers = 0 if rpc else auto_gpu_layers(path, gpu_device())
         self._options["gpu_layers"] = gpu_layers
         mparams, self._devices = _model_params(rpc, gpu_layers)
-        # A model's own MTP blocks (Qwen3.5's nextn layers) are loaded only when asked for, and
-        # a drafting context on a model loaded without them aborts the process.
-        self._mtp_layers = int(meta.get(f"{meta.get('general.architecture', '')}.nextn_predict_layers", 0) or 0)
-        mparams.load_mtp = self._mtp_layers > 0
+        # A model's own MTP blocks (Qwen3.5's nextn layers, one block) are loaded whenever the
+        # file has them: a drafting context on a model loaded without them aborts the process.
+        mparams.load_mtp = True
         model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
             raise ModelLoadError(
@@ -270,6 +276,7 @@ class LlamaCppBackend:
                 "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
             )
         self._model = model
+        self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
         self._vocab = llama.llama_model_get_vocab(model)
         self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
         n_ctx = min(n_ctx, int(llama.llama_model_n_ctx_train(model)) or n_ctx)
@@ -556,7 +563,10 @@ class LlamaCppBackend:
         mparams.load_mtp = True  # its blocks are all MTP blocks
         model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
-            raise ModelLoadError(f"llama.cpp could not load {path}: {diagnose_gguf(path)}")
+            raise ModelLoadError(
+                f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
+                "download the assistant again, or draft without it (--strategy ngram)",
+            )
         if llama.llama_model_n_embd_out(model) != llama.llama_model_n_embd_out(self._model):
             llama.llama_model_free(model)
             raise InvalidRequestError(
