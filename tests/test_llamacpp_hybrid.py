@@ -30,6 +30,7 @@ from test_llamacpp_sampling import (
 from localspec.api import Runtime
 from localspec.backends.llamacpp import LlamaCppBackend
 from localspec.cli.main import main
+from localspec.protocol import Backend
 from localspec.sampling import SamplingConfig
 
 TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261]
@@ -120,14 +121,18 @@ def test_going_back_behind_every_copy_replays_the_kept_prefix(hybrid, opened) ->
 # -- every strategy stays lossless on a hybrid target --------------------------------------------
 
 
-def drafters(path: Path, load: Callable[..., LlamaCppBackend], kind: str) -> tuple[LlamaCppBackend | None, str]:
+def drafters(
+    path: Path, load: Callable[..., LlamaCppBackend], kind: str, target: LlamaCppBackend
+) -> tuple[Backend | None, str]:
     if kind == "ngram":
         return None, "ngram"
+    if kind == "qspec":  # the target requantized by llama.cpp's own call: a hybrid too
+        return target.make_self_drafter("qspec", "Q4_0"), "draft"
     # A perturbed copy of the target: a hybrid drafter that agrees with it most of the time.
     return load(Path(str(path).replace(".gguf", "-drafter.gguf"))), "draft"
 
 
-@pytest.mark.parametrize("kind", ["ngram", "draft"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "qspec"])
 @pytest.mark.parametrize("snapshots", [16, 0], ids=["llama.cpp-snapshots", "state-copies"])
 def test_greedy_speculation_on_a_hybrid_target_reproduces_plain_decoding(
     hybrid, opened, tmp_path: Path, kind: str, snapshots: int
@@ -136,19 +141,19 @@ def test_greedy_speculation_on_a_hybrid_target_reproduces_plain_decoding(
     write_qwen35_gguf(HybridSpec(noise=0.3), Path(str(path).replace(".gguf", "-drafter.gguf")))
     target = opened(path, recurrent_snapshots=snapshots)
     plain = Runtime(target, strategy="none").generate(prompt=LOOPING, max_tokens=80, temperature=0)
-    drafter, strategy = drafters(path, opened, kind)
+    drafter, strategy = drafters(path, opened, kind, target)
     runtime = Runtime(target, drafter, strategy=strategy, draft_tokens=4, calibrate=False)
     spec = runtime.generate(prompt=LOOPING, max_tokens=80, temperature=0)
     assert spec.tokens == plain.tokens
     assert spec.stats.accepted > 0 and spec.stats.drafted > spec.stats.accepted  # kept and cut
 
 
-@pytest.mark.parametrize("kind", ["ngram", "draft"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "qspec"])
 def test_speculative_sampling_on_a_hybrid_target_follows_the_targets_law(hybrid, opened, kind: str) -> None:
     path = hybrid()
     write_qwen35_gguf(HybridSpec(noise=0.3), Path(str(path).replace(".gguf", "-drafter.gguf")))
     target = opened(path)
-    drafter, strategy = drafters(path, opened, kind)
+    drafter, strategy = drafters(path, opened, kind, target)
     runtime = Runtime(target, drafter, strategy=strategy, draft_tokens=2, calibrate=False)
     # The prompt ends inside the loop the model's greedy text falls into: lookup guesses it,
     # and the target at temperature 1 keeps the guess often but not always.
