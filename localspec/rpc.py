@@ -249,7 +249,11 @@ def supervise(command: Sequence[str], log: TextIO) -> int:
         restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
         why = last.decode(errors="replace") or f"exit code {code}"
         if len(restarts) > MAX_RESTARTS:
-            log.write(f"localspec: rpc-server crashed {len(restarts)} times in a minute ({why}); giving up\n")
+            log.write(
+                f"localspec: rpc-server crashed {len(restarts)} times in a minute ({why}); giving up\n"
+                "  -> llama.cpp's messages above say why; stop the client that keeps sending what ends it "
+                "(another version's? a split model that does not fit here?), then start the server again\n"
+            )
             return 1
         log.write(f"localspec: rpc-server crashed ({why}); its clients were disconnected; starting it again\n")
         log.flush()
