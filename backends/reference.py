@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from localspec.errors import InvalidRequestError
-from localspec.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
-from localspec.sampling import SamplingConfig, one_hot, process
+from localspec.core.errors import InvalidRequestError
+from localspec.core.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.sampling import SamplingConfig, one_hot, process
 
 BOS, EOS, END_OF_TURN = 0, 1, 2
 N_SPECIAL = 3

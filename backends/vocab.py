@@ -25,8 +25,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from localspec.errors import ModelLoadError
-from localspec.protocol import VocabIdentity
+from localspec.core.errors import ModelLoadError
+from localspec.core.protocol import VocabIdentity
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

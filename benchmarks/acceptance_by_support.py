@@ -7,7 +7,7 @@ i-th token of a guess backed by s matched tokens counts at the level of s + i, g
 tokens before it came true. Under sampling a guessed token comes true with the target's
 probability of it, which is what rejection sampling accepts it with, so the sampled rates
 are the acceptance rates the controller should expect. The controller's priors
-(`SUPPORT_PRIORS`, `SAMPLED_SUPPORT_PRIORS` in localspec/controller.py) are read from this.
+(`SUPPORT_PRIORS`, `SAMPLED_SUPPORT_PRIORS` in localspec/control/controller.py) are read from this.
 
     python benchmarks/acceptance_by_support.py MODEL.gguf [--prompts suite --prompts FILE] [--seeds 3] [-t 0.8]
 """
@@ -19,8 +19,8 @@ import itertools
 from collections.abc import Sequence
 
 from localspec.api import load
-from localspec.controller import SUPPORT_EDGES, FixedDraftLength, support_level
-from localspec.prompts import BenchPrompt, load_prompt_sets
+from localspec.control.controller import SUPPORT_EDGES, FixedDraftLength, support_level
+from localspec.control.prompts import BenchPrompt, load_prompt_sets
 
 
 class Tally(FixedDraftLength):

@@ -14,11 +14,11 @@ import time
 import numpy as np
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
-from localspec.chat import render_chat
+from localspec.control.prompts import SUITE
+from localspec.core.backend_loader import load_backend
+from localspec.core.sampling import SamplingConfig
+from localspec.core.templates import render_chat
 from localspec.drafters.ngram import NgramDrafter
-from localspec.prompts import SUITE
-from localspec.sampling import SamplingConfig
 
 
 def bare_ngram_loop(backend, prompt: list[int], gamma: int, n_tokens: int) -> tuple[int, float]:

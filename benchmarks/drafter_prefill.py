@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from localspec.api import load
-from localspec.prompts import SUITE
+from localspec.control.prompts import SUITE
 
 
 def main() -> None:

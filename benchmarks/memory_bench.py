@@ -22,12 +22,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
-from localspec.bench import geometric_mean
-from localspec.chat import render_chat
+from localspec.core.backend_loader import load_backend
+from localspec.core.protocol import Backend
+from localspec.core.templates import render_chat
 from localspec.drafters.memory import NgramMemory
-from localspec.peers import run_peer
-from localspec.protocol import Backend
+from localspec.tooling.bench import geometric_mean
+from localspec.tooling.peers import run_peer
 
 SESSIONS = Path(__file__).with_name("prompts_sessions.jsonl")
 OURS = ("plain", "ngram", "ngram+memory")

@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 
 from localspec.api import model_draft_policy
-from localspec.controller import CostCurve
-from localspec.stats import Step
+from localspec.control.controller import CostCurve
+from localspec.core.stats import Step
 
 
 def expected_tokens(gamma: int, alpha: float) -> float:

@@ -36,21 +36,21 @@ from pathlib import Path
 
 import numpy as np
 
-import localspec.engine as engine_module
-from localspec.accelerators import Accelerator
+import localspec.core.engine as engine_module
 from localspec.api import MAX_DRAFT, NGRAM_MARGIN, NGRAM_SECONDS_PER_TOKEN, load
-from localspec.backend_loader import load_backend
-from localspec.calibrate import Calibration, calibrated, prior_from
-from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
+from localspec.control.accelerators import Accelerator
+from localspec.control.calibrate import Calibration, calibrated, prior_from
+from localspec.control.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength
+from localspec.control.hardware import DeviceProbe, cpu_probe
+from localspec.control.prompts import BenchPrompt, load_prompt_sets
+from localspec.core.backend_loader import load_backend
+from localspec.core.engine import Engine
+from localspec.core.protocol import Capabilities, DraftLengthPolicy, ModelInfo
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats, Step
 from localspec.drafters import common_prefix
 from localspec.drafters.ngram import NgramDrafter
-from localspec.engine import Engine
-from localspec.hardware import DeviceProbe, cpu_probe
-from localspec.paths import data_dir
-from localspec.prompts import BenchPrompt, load_prompt_sets
-from localspec.protocol import Capabilities, ModelInfo
-from localspec.sampling import SamplingConfig
-from localspec.stats import Stats, Step
+from localspec.store import data_dir
 
 
 class Clock:

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from replay_drafters import Truth, adaptive, rebuild_seconds, replay
 
-import localspec.engine as engine_module
-from localspec.calibrate import Calibration
-from localspec.controller import AdaptiveDraftLength, CostCurve
+import localspec.core.engine as engine_module
+from localspec.control.calibrate import Calibration
+from localspec.control.controller import AdaptiveDraftLength, CostCurve
+from localspec.core.engine import Shadow
 from localspec.drafters import common_prefix
-from localspec.engine import Shadow
 
 
 @dataclass

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.backend_loader import load_backend
-from localspec.backends.llamacpp import derived
-from localspec.default_model import ensure_pypi_model
-from localspec.protocol import Backend
+from localspec.backends.llamacpp.copies import derived
+from localspec.core.backend_loader import load_backend
+from localspec.core.protocol import Backend
+from localspec.models.default_model import ensure_pypi_model
 
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
@@ -72,7 +72,7 @@ def perplexity(backend: Backend, tokens: list[int]) -> float:
 
 
 def matrix_types(path: Path) -> str:
-    from localspec.gguf_header import read_header
+    from localspec.core.gguf_header import read_header
 
     counts = Counter(QTYPE_NAMES.get(t.qtype, str(t.qtype)) for t in read_header(path).tensors if len(t.dims) == 2)
     return " ".join(f"{name}:{n}" for name, n in counts.most_common())

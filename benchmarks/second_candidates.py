@@ -20,12 +20,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
+from localspec.control.prompts import load_prompt_sets
+from localspec.core.backend_loader import load_backend
+from localspec.core.engine import FREE_GUESS_TOKENS
+from localspec.core.sampling import SamplingConfig
 from localspec.drafters import common_prefix
 from localspec.drafters.ngram import CANDIDATES, NgramDrafter
-from localspec.engine import FREE_GUESS_TOKENS
-from localspec.prompts import load_prompt_sets
-from localspec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
 

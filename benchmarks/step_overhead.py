@@ -14,9 +14,9 @@ import argparse
 import statistics
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
+from localspec.control.prompts import SUITE, BenchPrompt
+from localspec.core.backend_loader import load_backend
 from localspec.drafters.memory import CAPACITY, NgramMemory
-from localspec.prompts import SUITE, BenchPrompt
 
 
 def answered(runtime: Runtime, prompts: list[BenchPrompt]) -> list[list[int]]:

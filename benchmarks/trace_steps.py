@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 
 from localspec.api import load
-from localspec.controller import AdaptiveDraftLength
-from localspec.prompts import SUITE
-from localspec.stats import Step
+from localspec.control.controller import AdaptiveDraftLength
+from localspec.control.prompts import SUITE
+from localspec.core.stats import Step
 
 
 def main() -> None:

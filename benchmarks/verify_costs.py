@@ -15,9 +15,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from localspec.api import load
-from localspec.backends.llamacpp import LlamaCppBackend
-from localspec.prompts import SUITE
-from localspec.stats import Step
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.control.prompts import SUITE
+from localspec.core.stats import Step
 
 TEXT = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n  The quick brown fox jumps. " * 120
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)

@@ -1,16 +1,18 @@
 """localspec: lossless speculative decoding for local LLMs.
 
-Public API: load(), Runtime, and the event/result types it returns."""
+Public API: load() with its LoadOptions, Runtime, and the event/result types it returns."""
 
 from localspec.api import Completion, Event, Finished, Runtime, TextDelta, load
-from localspec.errors import LocalspecError
-from localspec.sampling import SamplingConfig
-from localspec.stats import Stats
+from localspec.core.errors import LocalspecError
+from localspec.core.options import LoadOptions
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats
 
 __all__ = [
     "Completion",
     "Event",
     "Finished",
+    "LoadOptions",
     "LocalspecError",
     "Runtime",
     "SamplingConfig",

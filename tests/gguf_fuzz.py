@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from gguf_writer import Spec, write_gguf
 
-from localspec.errors import LocalspecError
+from localspec.core.errors import LocalspecError
 
 SLOW_CASE_SECONDS = 2.0  # a bound, not a timing: a case takes about a millisecond
 STRING, ARRAY = 8, 9
@@ -284,8 +284,8 @@ class FuzzResult:
 def open_like_localspec(path: Path) -> None:
     """What localspec does with a model file before a backend loads it: the magic check, the
     header, the tokenizer (the pair check), the diagnosis of a failed load."""
-    from localspec.gguf_check import check_gguf, diagnose_gguf
-    from localspec.gguf_header import read_header, vocab_identity
+    from localspec.core.gguf_check import check_gguf, diagnose_gguf
+    from localspec.core.gguf_header import read_header, vocab_identity
 
     check_gguf(str(path))
     diagnosis = diagnose_gguf(str(path))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.vocab import byte_decoder, from_gguf
-from localspec.gguf_header import read_header
+from localspec.core.gguf_header import read_header
 
 N_CTX = 256
 CHATML = (

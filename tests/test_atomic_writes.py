@@ -16,7 +16,7 @@ from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, tiny_gguf
 
 import localspec.store as store
 from localspec.cli.main import main
-from localspec.registry import load_registry, user_registry_file
+from localspec.models.registry import load_registry, user_registry_file
 from localspec.store import StoreError, write_atomic, write_json_atomic
 
 WRITE_ALL = store._write_all
@@ -144,7 +144,7 @@ def test_add_in_a_read_only_data_folder_is_one_clear_error(
 def test_a_cache_in_a_read_only_folder_costs_one_notice(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localspec.calibrate import remember, remembered
+    from localspec.control.calibrate import remember, remembered
 
     read_only(monkeypatch)
     remember("a-key", {"seconds_per_token": 0.5})
@@ -158,8 +158,8 @@ def test_a_cache_in_a_read_only_folder_costs_one_notice(
 def test_a_cache_on_a_full_disk_keeps_its_old_content(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localspec.calibrate import remember, remembered
-    from localspec.paths import calibration_file
+    from localspec.control.calibrate import remember, remembered
+    from localspec.store import calibration_file
 
     remember("kept", {"seconds_per_token": 0.25})
     fail_writes(monkeypatch, errno.ENOSPC)
@@ -170,16 +170,15 @@ def test_a_cache_on_a_full_disk_keeps_its_old_content(
     assert json.loads(calibration_file().read_text())  # whole JSON, not a cut one
 
 
-def test_the_torch_hash_index_in_a_read_only_folder_still_gives_the_hash(
+def test_the_fingerprint_index_in_a_read_only_folder_still_gives_the_hash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("torch")
-    from backends.torch.converted import file_hash
+    from localspec.store import file_fingerprint
 
     model = tmp_path / "m.gguf"
     model.write_bytes(tiny_gguf(TOKENS))
     read_only(monkeypatch)
-    assert len(file_hash(str(model))) == 64
+    assert len(file_fingerprint(str(model))) == 64
     assert "was not saved" in capsys.readouterr().err
 
 
@@ -223,7 +222,8 @@ def test_a_requantization_failure_is_explained_by_the_disk_it_did_not_fit(
 
     from gguf_writer import Spec, write_gguf
 
-    from localspec.gguf_check import quantize_failure_cause, quantized_bytes
+    from localspec.backends.llamacpp.copies import quantize_failure_cause
+    from localspec.core.gguf_check import quantized_bytes
 
     source = write_gguf(Spec("llama"), tmp_path / "tiny.gguf")
     assert 0 < quantized_bytes(str(source), "Q8_0") < quantized_bytes(str(source), "F16")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from gguf_writer import Spec
 
-from localspec.backend_loader import load_backend
 from localspec.backends.reference import ReferenceBackend
-from localspec.errors import BackendUnavailableError, InvalidRequestError
-from localspec.protocol import Backend, LogitsMode
+from localspec.core.backend_loader import load_backend
+from localspec.core.errors import BackendUnavailableError, InvalidRequestError
+from localspec.core.protocol import Backend, LogitsMode
 
 TEXT_IDS = [5 + (i * 37) % 250 for i in range(400)]  # token ids valid in every tiny vocabulary
 

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from localspec.api import Runtime, load
-from localspec.backend_loader import load_backend
-from localspec.errors import (
+from localspec.core.backend_loader import load_backend
+from localspec.core.errors import (
     ContextFullError,
     InvalidRequestError,
     LocalspecError,
     ModelLoadError,
     PairMismatchError,
 )
-from localspec.pairing import vocab_mismatch
-from localspec.protocol import Backend
+from localspec.core.protocol import Backend
+from localspec.models.pairing import vocab_mismatch
 
 # llama.cpp rounds a context up to a multiple of 256; 256 itself avoids the rounding (see
 # test_a_context_smaller_than_one_batch_refuses_a_long_block_instead_of_aborting).
@@ -344,8 +344,8 @@ def test_a_runtime_whose_context_filled_up_serves_the_next_request(small_target:
 
 ABORT_PROBE = """
 import sys
-from localspec.backend_loader import load_backend
-from localspec.errors import LocalspecError
+from localspec.core.backend_loader import load_backend
+from localspec.core.errors import LocalspecError
 backend = load_backend("llamacpp", sys.argv[1], n_ctx=64)
 tokens = backend.tokenize("hello " * 100, add_special=True, parse_special=False)
 try:

@@ -11,10 +11,18 @@ from pathlib import Path
 
 from localspec.backends.reference import ReferenceBackend
 from localspec.backends.reference import load as load_reference
-from localspec.bench import BenchRow, Contender, VsLlamaBench, bench, format_summary, format_table, geometric_mean
-from localspec.peers import run_llama_bench
-from localspec.prompts import SUITE
-from localspec.protocol import Logits, LogitsMode
+from localspec.control.prompts import SUITE
+from localspec.core.protocol import Logits, LogitsMode
+from localspec.tooling.bench import (
+    BenchRow,
+    Contender,
+    VsLlamaBench,
+    bench,
+    format_summary,
+    format_table,
+    geometric_mean,
+)
+from localspec.tooling.peers import run_llama_bench
 
 OPEN: list[ReferenceBackend] = []
 

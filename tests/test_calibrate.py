@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec import calibrate
 from localspec.api import Runtime
 from localspec.backends.reference import load
-from localspec.controller import AdaptiveDraftLength
+from localspec.control import calibrate
+from localspec.control.controller import AdaptiveDraftLength
 from localspec.drafters.ngram import NgramDrafter
 
 
@@ -191,7 +191,7 @@ def test_a_curve_measured_on_a_host_with_other_simd_is_not_reused(
     temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A cloud VM keeps its CPU name on a host of another generation; its SIMD flags tell.
-    from localspec import hardware
+    from localspec.control import hardware
 
     target = load("reference:seed=3")
     calibrate.calibrated(target)

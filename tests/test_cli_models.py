@@ -12,7 +12,7 @@ import pytest
 from fakehub import FakeHub, serve_test_pairs, sha256
 
 from localspec.cli.main import main
-from localspec.registry import packaged_registry_file
+from localspec.models.registry import packaged_registry_file
 
 PACKAGED_LIST = """\
 PAIR              TARGET                     DRAFTER                      STRATEGY  MTP  SIZE     PULLED  BACKENDS

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.bench import BenchRow, bracketing_means, format_table, paired_ratios, paired_speedup
 from localspec.cli.main import main
+from localspec.tooling.bench import BenchRow, bracketing_means, format_table, paired_ratios, paired_speedup
 
 pytestmark = pytest.mark.model
 
@@ -98,9 +98,9 @@ def test_bench_prints_its_figures_when_the_plot_fails_late(
 ) -> None:
     # The folder vanishes between the check and the write (or the disk fills up): the
     # figures of the run must still reach the user.
-    import localspec.plot
+    import localspec.tooling.plot
 
-    monkeypatch.setattr(localspec.plot, "check_plot_target", lambda path: Path(path))
+    monkeypatch.setattr(localspec.tooling.plot, "check_plot_target", lambda path: Path(path))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "count", "prompt": "Count from 1 to 5."}\n')
     gone = tmp_path / "gone" / "bench.png"
@@ -179,8 +179,8 @@ def test_the_table_says_how_much_of_a_draft_models_drafting_was_lookup() -> None
 
 def test_min_seconds_repeats_a_short_prompt_more_within_a_bound() -> None:
     from localspec.backends.reference import load
-    from localspec.bench import MAX_REPEAT_FACTOR, Contender, bench
-    from localspec.prompts import BenchPrompt
+    from localspec.control.prompts import BenchPrompt
+    from localspec.tooling.bench import MAX_REPEAT_FACTOR, Contender, bench
 
     target = load("reference:seed=3")
     prompts = [BenchPrompt("tiny", ({"role": "user", "content": "Count: one two three"},))]
@@ -195,8 +195,8 @@ def test_min_seconds_repeats_a_short_prompt_more_within_a_bound() -> None:
 def test_doctor_refresh_measures_the_model_again(
     default_model_in_home: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from localspec import calibrate
-    from localspec.paths import calibration_file
+    from localspec.control import calibrate
+    from localspec.store import calibration_file
 
     assert main(["doctor", "--json"]) == 0
     first = json.loads(capsys.readouterr().out)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from localspec.backends.reference import BOS, ReferenceBackend
-from localspec.controller import (
+from localspec.control.controller import (
     LEARNT_PASSES,
     PROBE_AFTER,
     PROBE_ALPHA,
@@ -18,11 +18,11 @@ from localspec.controller import (
     choose_static,
     support_level,
 )
+from localspec.core.engine import Engine, Shadow
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats, Step
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
-from localspec.engine import Engine, Shadow
-from localspec.sampling import SamplingConfig
-from localspec.stats import Stats, Step
 
 # Measured shapes (ms) on a 2-core AVX2 CPU, SmolLM2-135M (benchmarks/verify_costs.py).
 Q4_1 = [6.2e-3, 12.4e-3, 16.7e-3, 21.0e-3, 25.1e-3, 29.2e-3, 33.3e-3, 37.4e-3, 41.9e-3]

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from localspec import calibrate
 from localspec.api import Runtime, TextDelta, load
 from localspec.backends.reference import ReferenceBackend
 from localspec.backends.reference import load as load_reference
-from localspec.controller import AdaptiveDraftLength, CostCurve
-from localspec.protocol import Logits, LogitsMode
+from localspec.control import calibrate
+from localspec.control.controller import AdaptiveDraftLength, CostCurve
+from localspec.core.protocol import Logits, LogitsMode
 
 # What a 2-core AVX2 host measured for F16 SmolLM2-135M (ms, k = 1..16): the truth the
 # learning curves below are fed.
@@ -154,7 +154,7 @@ def test_a_learnt_curve_survives_the_cache_file(temporary_localspec_home: Path) 
 def test_a_slow_step_before_the_first_token_says_what_it_is_doing() -> None:
     import threading
 
-    from localspec.progress import announced
+    from localspec.core.progress import announced
 
     said: list[str] = []
     spoke = threading.Event()
@@ -174,7 +174,7 @@ def test_a_slow_step_before_the_first_token_says_what_it_is_doing() -> None:
 def test_the_first_run_of_a_never_seen_gguf_times_no_calibration_pass(
     smollm2_q4_1: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localspec.backends import llamacpp
+    from localspec.backends.llamacpp import backend as llamacpp
     from localspec.cli.main import main
 
     passes: list[int] = []

@@ -1,7 +1,7 @@
 """The acceptance rules on torch tensors (backends/torch/verify.py) against the numpy reference.
 
 CI has no GPU, so the device code runs here on CPU tensors: the same functions a CUDA backend
-calls. Greedy must pick exactly what localspec.acceptance picks; sampling must follow the
+calls. Greedy must pick exactly what localspec.core.acceptance picks; sampling must follow the
 target's law (the chi-square harness of test_exactness, through the real Engine).
 """
 
@@ -18,13 +18,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 
-from localspec import acceptance  # noqa: E402
 from localspec.backends.reference import ReferenceBackend  # noqa: E402
+from localspec.core import acceptance  # noqa: E402
+from localspec.core.engine import Engine  # noqa: E402
+from localspec.core.sampling import Distribution, SamplingConfig, process  # noqa: E402
+from localspec.core.stats import Stats  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
-from localspec.engine import Engine  # noqa: E402
-from localspec.sampling import Distribution, SamplingConfig, process  # noqa: E402
-from localspec.stats import Stats  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_exactness import (  # noqa: E402

@@ -19,15 +19,16 @@ from scipy.stats import chisquare
 from sources import AlternatingSources
 
 from localspec.backends.reference import BOS, ReferenceBackend
-from localspec.controller import DraftLengthPolicy, FixedDraftLength
+from localspec.control.controller import FixedDraftLength
+from localspec.core.engine import Engine, Step
+from localspec.core.protocol import DraftLengthPolicy
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats
 from localspec.drafters import Drafter
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
-from localspec.engine import Engine, Step
-from localspec.sampling import SamplingConfig
-from localspec.stats import Stats
 
 VOCAB = 12
 DRAFT_NOISE = 0.5  # the drafter's law overlaps the target's by about 70%: many rejections

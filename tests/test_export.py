@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from localspec.cli.main import main
-from localspec.export import ExportError, export_pair
-from localspec.registry import Pair, load_registry
+from localspec.models.export import ExportError, export_pair
+from localspec.models.registry import Pair, load_registry
 
 # vLLM, docs.vllm.ai "Speculative Decoding" (features/speculative_decoding: draft_model.md,
 # n_gram.md) and vllm/config/speculative.py (SpeculativeConfig): `vllm serve MODEL

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from localspec.cli.main import main
-from localspec.export import ExportError, export_pair
-from localspec.registry import HubArtifact, Pair, load_registry
+from localspec.models.export import ExportError, export_pair
+from localspec.models.registry import HubArtifact, Pair, load_registry
 
 VLLM_MTP_CONFIG = {"method": "mtp", "num_speculative_tokens": 3}
 SGLANG_MTP_FLAGS = {

@@ -27,7 +27,7 @@ from fault_support import (
 
 from backends.reference import ReferenceBackend
 from localspec.api import Runtime
-from localspec.protocol import Backend
+from localspec.core.protocol import Backend
 
 CASES = int(os.environ.get("LOCALSPEC_FAULT_CASES", "4"))
 

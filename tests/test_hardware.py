@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from localspec import hardware
-from localspec.accelerators import Accelerator, apple_chip_bandwidth, cuda_spec_bandwidth, probe_accelerators
-from localspec.hardware import DeviceProbe, predict_verify_seconds, probe
+from localspec.control import hardware
+from localspec.control.accelerators import Accelerator, apple_chip_bandwidth, cuda_spec_bandwidth, probe_accelerators
+from localspec.control.hardware import DeviceProbe, predict_verify_seconds, probe
 
 CPU = DeviceProbe("test cpu", "x86_64", 2, 2, 24.0, ("avx2",), bandwidth_gbs=35.0, gflops=100.0)
 H100 = Accelerator("cuda", "NVIDIA H100 80GB HBM3", 79.2, spec_bandwidth_gbs=3352.0, measured_bandwidth_gbs=2900.0)

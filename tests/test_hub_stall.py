@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from fakehub import TEST_REGISTRY, FakeHub, serve_test_pairs
 
-from localspec.hub import PullError
-from localspec.pull import pull, resolve_pair
+from localspec.models.hub import PullError
+from localspec.models.pull import pull, resolve_pair
 
 SHORT_TIMEOUT = "1"  # seconds, for both hub timeouts: the tests wait a few of them at most
 CHILD_BOUND_SECONDS = 90  # a bound, not a timing: the pull ends after a few timeouts

@@ -17,7 +17,7 @@ from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_
 import localspec
 from localspec.api import Runtime
 from localspec.cli.main import main
-from localspec.sampling import SamplingConfig
+from localspec.core.sampling import SamplingConfig
 
 PROMPT = "the world and the world and the"
 
@@ -70,7 +70,7 @@ def test_a_pulled_gemma_pair_drafts_with_the_assistant_pulled_beside_its_target(
     from fakehub import FakeHub
 
     from localspec.api import load_pair
-    from localspec.pull import pull, resolve_pair
+    from localspec.models.pull import pull, resolve_pair
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

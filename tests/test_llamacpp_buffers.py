@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-llamacpp = pytest.importorskip("localspec.backends.llamacpp", reason="needs llama-cpp-python")
+llamacpp = pytest.importorskip("localspec.backends.llamacpp.backend", reason="needs llama-cpp-python")
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,7 @@ def test_flash_attention_follows_llama_cpps_variable(monkeypatch, value):
 
 
 def test_the_peers_run_with_the_same_settings(monkeypatch):
-    from localspec.peers import _peer_env
+    from localspec.tooling.peers import _peer_env
 
     monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")
     monkeypatch.setenv("LLAMA_ARG_REPACK", "0")

@@ -12,8 +12,8 @@ pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-
 
 from gguf_writer import Spec, write_gguf
 
-from localspec.backends import llamacpp
-from localspec.backends.llamacpp import GPU_RESERVE, GpuDevice, LlamaCppBackend, gpu_layers_that_fit
+from localspec.backends.llamacpp import backend as llamacpp
+from localspec.backends.llamacpp.backend import GPU_RESERVE, GpuDevice, LlamaCppBackend, gpu_layers_that_fit
 from localspec.cli.main import main
 
 GiB = 1 << 30

@@ -23,8 +23,8 @@ import pytest
 from sources import AlternatingSources
 
 from localspec.api import Completion, Runtime
+from localspec.core.protocol import Backend
 from localspec.drafters.ngram import NgramDrafter
-from localspec.protocol import Backend
 
 pytestmark = pytest.mark.model
 

@@ -2,7 +2,7 @@
 
 Recurrent state cannot be cut at a position, so a rejected draft is taken back through
 llama.cpp's per-token snapshots of the last decode, or a copy of the state plus a replay
-(backends/llamacpp.py, RecurrentRollback). Each path must leave the model exactly where a
+(backends/llamacpp/backend.py, RecurrentRollback). Each path must leave the model exactly where a
 clean decode of the kept tokens leaves it, and every strategy must stay lossless on top.
 The models are tiny random-weight qwen35 GGUFs the tests write (tests/gguf_writer.py).
 """
@@ -28,10 +28,10 @@ from test_llamacpp_sampling import (
 )
 
 from localspec.api import Runtime
-from localspec.backends.llamacpp import LlamaCppBackend
+from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
-from localspec.protocol import Backend
-from localspec.sampling import SamplingConfig
+from localspec.core.protocol import Backend
+from localspec.core.sampling import SamplingConfig
 
 TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261]
 LOOPING = "the world and the world and the"  # the tiny model's greedy text falls into loops

@@ -20,10 +20,10 @@ from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_
 
 import localspec
 from localspec.api import Runtime
-from localspec.backends.llamacpp import LlamaCppBackend
+from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
-from localspec.errors import InvalidRequestError
-from localspec.sampling import SamplingConfig
+from localspec.core.errors import InvalidRequestError
+from localspec.core.sampling import SamplingConfig
 
 TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261, 40, 41]
 LOOPING = "the world and the world and the"
@@ -130,7 +130,7 @@ def test_mtp_on_another_backend_names_the_one_that_runs_it(tmp_path: Path, capsy
 
 def test_verbose_says_why_a_head_that_never_drafted_stayed_idle(with_head, opened) -> None:
     from localspec.api import model_draft_policy
-    from localspec.controller import CostCurve
+    from localspec.control.controller import CostCurve
 
     target = opened(with_head)
     runtime = Runtime(target, target.mtp_head(), strategy="draft", calibrate=False)

@@ -20,7 +20,7 @@ import numpy.typing as npt
 import pytest
 
 from localspec.api import Completion, Runtime, TextDelta
-from localspec.protocol import Backend, LogitsMode
+from localspec.core.protocol import Backend, LogitsMode
 
 pytestmark = pytest.mark.model
 

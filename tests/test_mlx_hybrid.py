@@ -39,11 +39,11 @@ from test_mlx_backend import (  # noqa: E402
 
 from localspec.api import Runtime  # noqa: E402
 from localspec.backends.mlx import Forward, MlxBackend, load  # noqa: E402
+from localspec.core.engine import Engine  # noqa: E402
+from localspec.core.protocol import Backend  # noqa: E402
+from localspec.core.stats import Stats  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
-from localspec.engine import Engine  # noqa: E402
-from localspec.protocol import Backend  # noqa: E402
-from localspec.stats import Stats  # noqa: E402
 
 TEXT = [BOS, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 HYBRID_TEXT_CONFIG: dict[str, Any] = {

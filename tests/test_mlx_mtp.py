@@ -25,10 +25,10 @@ from test_mlx_hybrid import PROMPT, TEXT, lookup_prompt, save_folder, tiny_hybri
 from localspec.api import Runtime  # noqa: E402
 from localspec.backends.mlx import MlxBackend, load  # noqa: E402
 from localspec.backends.mlx.mtp import MtpBlock  # noqa: E402
+from localspec.core.engine import Engine  # noqa: E402
+from localspec.core.errors import InvalidRequestError  # noqa: E402
+from localspec.core.stats import Stats  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
-from localspec.engine import Engine  # noqa: E402
-from localspec.errors import InvalidRequestError  # noqa: E402
-from localspec.stats import Stats  # noqa: E402
 
 
 def write_mtp_weights(folder: Path, seed: int = 11) -> None:

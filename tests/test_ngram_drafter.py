@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from localspec.core.sampling import SamplingConfig
 from localspec.drafters.ngram import NgramDrafter
-from localspec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from tui_support import reference
 
+from localspec.core.sampling import SamplingConfig
 from localspec.drafters.memory import KEY, NgramMemory
 from localspec.drafters.ngram import NgramDrafter
-from localspec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
 

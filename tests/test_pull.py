@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, tiny_gguf
 
-import localspec.pull as pull_module
+import localspec.models.pull as pull_module
 from localspec.api import load_pair
-from localspec.errors import PairMismatchError
-from localspec.gguf_header import gguf_vocab_identity
-from localspec.hub import ChecksumMismatchError, PullError, SilentBar
-from localspec.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
-from localspec.registry import load_registry
+from localspec.core.errors import PairMismatchError
+from localspec.core.gguf_header import gguf_vocab_identity
+from localspec.models.hub import ChecksumMismatchError, PullError, SilentBar
+from localspec.models.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
+from localspec.models.registry import load_registry
 
 TARGET_REPO, TARGET_FILE = "test/tiny-target-GGUF", "tiny-target.gguf"
 

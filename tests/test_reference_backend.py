@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from localspec.backends.reference import BOS, END_OF_TURN, EOS, ReferenceBackend, load
-from localspec.errors import InvalidRequestError
-from localspec.protocol import Backend
-from localspec.sampling import SamplingConfig, process
+from localspec.core.errors import InvalidRequestError
+from localspec.core.protocol import Backend
+from localspec.core.sampling import SamplingConfig, process
 
 TEXT = [BOS, 5, 9, 3, 7, 7, 12, 4, 200, 31]
 

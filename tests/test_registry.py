@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.default_model import DEFAULT_MODEL
-from localspec.registry import (
+from localspec.models.default_model import DEFAULT_MODEL
+from localspec.models.registry import (
     HubArtifact,
     PyPIArtifact,
     RegistryError,

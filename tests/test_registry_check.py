@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf, tiny_gguf
 
-import localspec.remote_gguf
-from localspec.audit import Finding, check_registry
+import localspec.models.remote_gguf
 from localspec.cli.main import main
+from localspec.models.audit import Finding, check_registry
 
 TARGET_REPO, TARGET_FILE = "test/tiny-target-GGUF", "tiny-target.gguf"
 
@@ -82,7 +82,7 @@ def test_a_registry_that_matches_the_hub_passes_with_the_tokenizers_compared(hub
 def test_the_headers_are_read_by_range_requests_without_the_weights(
     hub: FakeHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(localspec.remote_gguf, "FIRST_READ", 256)  # the header takes several reads
+    monkeypatch.setattr(localspec.models.remote_gguf, "FIRST_READ", 256)  # the header takes several reads
     hub.add(TARGET_REPO, {TARGET_FILE: tiny_gguf(TOKENS, padding=1 << 20)})
     assert problems(check_registry(["tiny"], endpoint=hub.endpoint)) == []
     reads = [r for m, p, r in hub.requests if m == "GET" and p.endswith(TARGET_FILE)]
@@ -172,7 +172,8 @@ def test_a_drafter_from_pypi_is_compared_from_its_file(
     hub: FakeHub, temporary_localspec_home: Path, smollm2_q4_1: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The embedded default drafts for a hub target: its GGUF comes from PyPI, the target's header by ranges."""
-    monkeypatch.setattr("localspec.default_model.ensure_pypi_model", lambda *a, **k: smollm2_q4_1)  # fetched once
+    # fetched once
+    monkeypatch.setattr("localspec.models.default_model.ensure_pypi_model", lambda *a, **k: smollm2_q4_1)
     hub.add("test/smol-GGUF", {"smol.gguf": smollm2_q4_1.read_bytes()})
     (temporary_localspec_home / "models.toml").write_text(
         TEST_REGISTRY

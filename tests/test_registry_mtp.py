@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fakehub import TOKENS, FakeHub, split_gguf
 
-from localspec.audit import Finding, check_registry
 from localspec.cli.main import main
-from localspec.registry import HubArtifact, RegistryError, load_registry, user_registry_file
+from localspec.models.audit import Finding, check_registry
+from localspec.models.registry import HubArtifact, RegistryError, load_registry, user_registry_file
 
 
 def header_gguf(arch: str, width: int, tokens: list[str] | None = TOKENS, **keys: int) -> bytes:

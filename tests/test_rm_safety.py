@@ -10,9 +10,9 @@ import pytest
 from fakehub import FakeHub, serve_test_pairs
 
 from localspec.cli.main import main
-from localspec.default_model import DEFAULT_MODEL
-from localspec.paths import models_dir
-from localspec.pull import pull, remove, resolve_pair
+from localspec.models.default_model import DEFAULT_MODEL
+from localspec.models.pull import pull, remove, resolve_pair
+from localspec.store import models_dir
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_rm_of_a_pair_keeps_the_embedded_default_model_it_drafts_with(capsys: py
 
 
 def test_a_repo_id_the_hub_rejects_is_reported_as_a_bad_name(hub: FakeHub, temporary_localspec_home: Path) -> None:
-    from localspec.hub import PullError
+    from localspec.models.hub import PullError
 
     registry = temporary_localspec_home / "models.toml"
     registry.write_text(

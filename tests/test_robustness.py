@@ -19,17 +19,17 @@ import pytest
 
 from backends.reference import ReferenceBackend
 from localspec.api import Runtime, TextDelta
-from localspec.chat import render_chat
 from localspec.cli.main import main
-from localspec.controller import FixedDraftLength
+from localspec.control.controller import FixedDraftLength
+from localspec.core.engine import Engine
+from localspec.core.errors import BackendClosedError, ContextFullError, InvalidRequestError, LocalspecError
+from localspec.core.protocol import Backend
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats
+from localspec.core.templates import render_chat
 from localspec.drafters import Draft
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.none import NoDrafter
-from localspec.engine import Engine
-from localspec.errors import BackendClosedError, ContextFullError, InvalidRequestError, LocalspecError
-from localspec.protocol import Backend
-from localspec.sampling import SamplingConfig
-from localspec.stats import Stats
 
 GREEDY = {"temperature": 0}
 THREAD_BOUND_SECONDS = 60  # a bound, not a timing: a working runtime answers in well under a second
@@ -133,7 +133,7 @@ def test_a_stream_dropped_inside_a_reference_cycle_is_reclaimed() -> None:
 def test_a_closed_runtime_refuses_requests_instead_of_crashing(
     smollm2_q4_1: Path, derived_models: Any, strategy: str
 ) -> None:
-    from localspec.backend_loader import load_backend
+    from localspec.core.backend_loader import load_backend
 
     target = load_backend("llamacpp", str(smollm2_q4_1), n_ctx=512)
     draft = load_backend("llamacpp", str(derived_models["Q8_0"]), n_ctx=512) if strategy == "draft" else None
@@ -230,7 +230,7 @@ def test_bad_context_or_thread_counts_are_refused_as_usage_errors(
 
 @pytest.mark.model
 def test_a_model_path_that_is_not_utf8_loads(smollm2_q4_1: Path, tmp_path: Path) -> None:
-    from localspec.backend_loader import load_backend
+    from localspec.core.backend_loader import load_backend
 
     odd = Path(str(tmp_path) + "/model-\udcff.gguf")
     shutil.copy(smollm2_q4_1, odd)
@@ -239,7 +239,7 @@ def test_a_model_path_that_is_not_utf8_loads(smollm2_q4_1: Path, tmp_path: Path)
 
 
 def test_a_models_toml_with_a_bom_is_read(tmp_path: Path) -> None:
-    from localspec.registry import load_registry
+    from localspec.models.registry import load_registry
 
     user = tmp_path / "models.toml"
     user.write_bytes(b"\xef\xbb\xbf# mine\n")
@@ -247,7 +247,7 @@ def test_a_models_toml_with_a_bom_is_read(tmp_path: Path) -> None:
 
 
 def test_a_models_toml_that_is_not_utf8_is_refused_naming_the_encoding(tmp_path: Path) -> None:
-    from localspec.registry import RegistryError, load_registry
+    from localspec.models.registry import RegistryError, load_registry
 
     user = tmp_path / "models.toml"
     user.write_bytes(b"# caf\xe9\n")
@@ -412,7 +412,7 @@ def test_sigterm_and_sighup_interrupt_a_command_like_ctrl_c() -> None:
 
 CHILD_PROBE = """
 import subprocess, sys, time
-from localspec.default_model import _die_with_parent
+from localspec.models.default_model import _die_with_parent
 child = subprocess.Popen(["sleep", "120"], preexec_fn=_die_with_parent())
 print(child.pid, flush=True)
 time.sleep(120)
@@ -450,7 +450,7 @@ def test_a_download_child_does_not_outlive_a_killed_localspec() -> None:
 def test_a_killed_fetch_leaves_a_folder_the_next_fetch_sweeps(tmp_path: Path) -> None:
     import os
 
-    from localspec.default_model import _sweep_dead_fetches
+    from localspec.models.default_model import _sweep_dead_fetches
 
     dead = tmp_path / ".fetch-999999999-abc"
     live = tmp_path / f".fetch-{os.getpid()}-def"
@@ -473,7 +473,7 @@ def test_a_killed_fetch_leaves_a_folder_the_next_fetch_sweeps(tmp_path: Path) ->
 def test_registry_values_that_could_be_options_or_climb_folders_are_refused(
     tmp_path: Path, field: str, value: str
 ) -> None:
-    from localspec.registry import RegistryError, load_registry
+    from localspec.models.registry import RegistryError, load_registry
 
     pypi = {"package": "llm-x", "version": "1.0", "member": "x/m.gguf", "sha256": "0" * 64}
     hub = {"repo": "a/b", "revision": "main", "files": '["m.gguf"]'}
@@ -493,8 +493,8 @@ def test_registry_values_that_could_be_options_or_climb_folders_are_refused(
 
 
 def test_the_user_directory_and_the_history_are_private(temporary_localspec_home: Path) -> None:
-    from localspec.history import History
-    from localspec.paths import data_dir
+    from localspec.store import data_dir
+    from localspec.tui.history import History
 
     history = History(data_dir() / "history.sqlite3")
     history.close()
@@ -504,7 +504,7 @@ def test_the_user_directory_and_the_history_are_private(temporary_localspec_home
 
 
 def test_two_corrupt_histories_set_aside_at_once_are_both_kept(tmp_path: Path) -> None:
-    from localspec.history import History
+    from localspec.tui.history import History
 
     path = tmp_path / "history.sqlite3"
     for garbage in (b"not a database, first", b"not a database, second"):
@@ -516,7 +516,7 @@ def test_two_corrupt_histories_set_aside_at_once_are_both_kept(tmp_path: Path) -
 
 
 def test_code_is_loaded_only_from_a_folder_no_one_else_can_write(tmp_path: Path) -> None:
-    from localspec.paths import owned_privately
+    from localspec.store import owned_privately
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)

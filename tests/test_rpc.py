@@ -25,9 +25,9 @@ import numpy as np
 import psutil
 import pytest
 
-from localspec.errors import InvalidRequestError
-from localspec.protocol import Backend
-from localspec.rpc import RpcServerError, probe, rpc_available, split_options
+from localspec.backends.llamacpp.rpc_server import RpcServerError, probe, rpc_available, split_options
+from localspec.core.errors import InvalidRequestError
+from localspec.core.protocol import Backend
 
 pytestmark = [
     pytest.mark.model,
@@ -82,7 +82,7 @@ def servers() -> Iterator[tuple[str, ...]]:
 
 
 def _load(path: Path, rpc: Sequence[str] = ()) -> Backend:
-    from localspec.backend_loader import load_backend
+    from localspec.core.backend_loader import load_backend
 
     return load_backend("llamacpp", str(path), n_ctx=N_CTX, **({"rpc": tuple(rpc)} if rpc else {}))
 
@@ -285,7 +285,7 @@ def test_a_port_in_use_is_a_clear_error() -> None:
 
 def _llama_cpp_rpc_server() -> Path | None:
     """llama.cpp's own rpc-server: LOCALSPEC_RPC_SERVER_BIN, or localspec's peer build."""
-    from localspec.peers import RPC_SERVER, peers_dir
+    from localspec.tooling.peers import RPC_SERVER, peers_dir
 
     candidates = [os.environ.get("LOCALSPEC_RPC_SERVER_BIN", ""), str(peers_dir() / "build" / "bin" / RPC_SERVER)]
     return next((Path(c) for c in candidates if c and Path(c).is_file()), None)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from localspec.backends.llamacpp.rpc_server import RpcServerError, parse_endpoints, probe, split_options
 from localspec.cli.main import build_parser
-from localspec.errors import BackendUnavailableError, InvalidRequestError
-from localspec.registry import RegistryError, load_registry, user_registry_file
-from localspec.rpc import RpcServerError, parse_endpoints, probe, split_options
+from localspec.core.errors import BackendUnavailableError, InvalidRequestError
+from localspec.models.registry import RegistryError, load_registry, user_registry_file
 
 PAIR_WITH_SERVERS = """
 [pairs.split-qwen]
@@ -50,7 +50,7 @@ def test_rpc_on_another_backend_is_refused() -> None:
 
 
 def test_without_rpc_in_llama_cpp_the_error_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec import rpc
+    from localspec.backends.llamacpp.backend import rpc_server as rpc
 
     monkeypatch.setattr(rpc, "_library", lambda: None)
     with pytest.raises(BackendUnavailableError, match='CMAKE_ARGS="-DGGML_RPC=on" pip install'):

@@ -14,8 +14,8 @@ import psutil
 import pytest
 from test_rpc import SERVER_START_S, _free_port
 
+from localspec.backends.llamacpp.rpc_server import RpcServerError, is_loopback, probe, rpc_available
 from localspec.cli.main import main
-from localspec.rpc import RpcServerError, is_loopback, probe, rpc_available
 
 pytestmark = pytest.mark.skipif(not rpc_available(), reason="the installed llama-cpp-python has no RPC backend")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.acceptance import accept_greedy, accept_rejection_sampling
-from localspec.errors import InvalidRequestError
-from localspec.sampling import SamplingConfig, process
+from localspec.core.acceptance import accept_greedy, accept_rejection_sampling
+from localspec.core.errors import InvalidRequestError
+from localspec.core.sampling import SamplingConfig, process
 
 
 def test_min_p_top_k_and_top_p_truncate_before_temperature() -> None:

@@ -17,12 +17,12 @@ from test_exactness import DRAFT_NOISE, N_RUNS, STOP, Outcome, chi_square_pvalue
 from test_sampling_penalties import run
 
 from localspec.backends.reference import BOS, ReferenceBackend
+from localspec.core.engine import Engine
+from localspec.core.sampling import SamplingConfig, process
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
-from localspec.engine import Engine
-from localspec.sampling import SamplingConfig, process
 from localspec.server.grammar import GrammarConstraint, Grammars
 
 BYTES = 259  # BOS, EOS, end of turn, then one token per byte

@@ -30,15 +30,15 @@ from test_exactness import (
 )
 
 from localspec.backends.reference import ReferenceBackend
-from localspec.controller import FixedDraftLength
+from localspec.control.controller import FixedDraftLength
+from localspec.core.engine import Engine, Step
+from localspec.core.errors import InvalidRequestError
+from localspec.core.sampling import LogprobRecorder, SamplingConfig, process, shape
+from localspec.core.stats import Stats
 from localspec.drafters import Drafter
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 from localspec.drafters.none import NoDrafter
-from localspec.engine import Engine, Step
-from localspec.errors import InvalidRequestError
-from localspec.sampling import LogprobRecorder, SamplingConfig, process, shape
-from localspec.stats import Stats
 
 # Strong enough that the penalised law is far from the plain one: a repeat loses 1.6 in logit.
 PENALTIES: dict[str, Any] = {"frequency_penalty": 1.0, "presence_penalty": 0.6, "logit_bias": ((5, 2.0), (7, -100.0))}

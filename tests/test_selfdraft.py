@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from localspec.api import Runtime, load
-from localspec.backends.llamacpp import QSPEC_TYPES
-from localspec.errors import InvalidRequestError
-from localspec.prompts import SUITE
+from localspec.backends.llamacpp.copies import QSPEC_TYPES
+from localspec.control.prompts import SUITE
+from localspec.core.errors import InvalidRequestError
 
 pytestmark = pytest.mark.model
 

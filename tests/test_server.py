@@ -15,7 +15,7 @@ import pytest
 from conftest import TEST_N_CTX
 
 from localspec.api import Runtime, load
-from localspec.protocol import Backend, VocabIdentity
+from localspec.core.protocol import Backend, VocabIdentity
 from localspec.server import Catalog, LocalServer, Settings, local_only
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.worker import Job, Worker, stream_kwargs

@@ -13,7 +13,7 @@ import pytest
 from server_support import MODEL, fresh_plain, serving
 
 from localspec.api import Runtime
-from localspec.sampling import LogprobRecorder, SamplingConfig
+from localspec.core.sampling import LogprobRecorder, SamplingConfig
 from localspec.server import LocalServer
 
 openai = pytest.importorskip("openai")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from server_support import MODEL, serving
 
+from localspec.core.textstream import TextAssembler
 from localspec.server import LocalServer
-from localspec.textstream import TextAssembler
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")

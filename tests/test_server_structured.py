@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from server_support import MODEL, fresh_plain, serving
 
 from localspec.api import Runtime
-from localspec.sampling import SamplingConfig
+from localspec.core.sampling import SamplingConfig
 from localspec.server import LocalServer
 from localspec.server.grammar import Grammars
 

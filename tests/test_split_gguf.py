@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf
 
-from localspec.hub import ChecksumMismatchError
-from localspec.pull import pull, resolve_pair
-from localspec.registry import RegistryError, load_registry, split_shards, user_registry_file
+from localspec.models.hub import ChecksumMismatchError
+from localspec.models.pull import pull, resolve_pair
+from localspec.models.registry import RegistryError, load_registry, split_shards, user_registry_file
 
 SHARDS = [f"split-target-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
 SPLIT_MODEL = """
@@ -124,7 +124,7 @@ def split_model(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, target_backend) -> None:
     from conftest import load_llamacpp
 
-    from localspec.gguf_header import gguf_vocab_identity
+    from localspec.core.gguf_header import gguf_vocab_identity
 
     split = load_llamacpp(split_model)
     try:
@@ -141,7 +141,7 @@ def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, targ
 def test_quantize_reads_split_input(split_model: Path, tmp_path: Path) -> None:
     from conftest import load_llamacpp
 
-    from localspec.backends.llamacpp import derived
+    from localspec.backends.llamacpp.copies import derived
 
     made = derived(split_model, "Q8_0", tmp_path)
     assert made.name == "split.Q8_0.gguf"  # one file, named without the shard suffix

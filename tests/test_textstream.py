@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.textstream import TextAssembler
+from localspec.core.textstream import TextAssembler
 
 
 def byte_tokens(text: str) -> list[int]:

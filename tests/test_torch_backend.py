@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
 from localspec.backends.torch import TorchBackend
-from localspec.prompts import SUITE
-from localspec.protocol import Backend
+from localspec.control.prompts import SUITE
+from localspec.core.backend_loader import load_backend
+from localspec.core.protocol import Backend
 
 pytestmark = pytest.mark.model
 

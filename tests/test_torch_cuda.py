@@ -27,12 +27,12 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device: these tests run where an NVIDIA GPU is", allow_module_level=True)
 
 from localspec.api import Runtime  # noqa: E402
-from localspec.chat import render_chat  # noqa: E402
+from localspec.control.prompts import SUITE  # noqa: E402
+from localspec.core.engine import Engine  # noqa: E402
+from localspec.core.sampling import SamplingConfig  # noqa: E402
+from localspec.core.templates import render_chat  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
-from localspec.engine import Engine  # noqa: E402
-from localspec.prompts import SUITE  # noqa: E402
-from localspec.sampling import SamplingConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_exactness import chi_square_pvalue, exact_joint  # noqa: E402

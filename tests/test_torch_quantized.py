@@ -170,7 +170,7 @@ def test_a_bfloat16_model_feeds_its_blocks_bfloat16_whatever_its_tables_layout(m
 
 
 def test_unknown_weight_layouts_are_refused_with_the_choices(models) -> None:
-    from localspec.errors import InvalidRequestError
+    from localspec.core.errors import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match="int4"):
         tiny(str(models(SMALL)), weights="int3")

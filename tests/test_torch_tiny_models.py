@@ -20,15 +20,15 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 
 from localspec.api import Runtime  # noqa: E402
-from localspec.backend_loader import load_backend  # noqa: E402
 from localspec.cli.main import main  # noqa: E402
+from localspec.core.backend_loader import load_backend  # noqa: E402
+from localspec.core.engine import Engine  # noqa: E402
+from localspec.core.errors import BackendUnavailableError, InvalidRequestError  # noqa: E402
+from localspec.core.protocol import Backend  # noqa: E402
+from localspec.core.sampling import SamplingConfig, one_hot, process  # noqa: E402
+from localspec.core.stats import Stats  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
-from localspec.engine import Engine  # noqa: E402
-from localspec.errors import BackendUnavailableError, InvalidRequestError  # noqa: E402
-from localspec.protocol import Backend  # noqa: E402
-from localspec.sampling import SamplingConfig, one_hot, process  # noqa: E402
-from localspec.stats import Stats  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gguf_writer import CHATML, N_CTX, Spec, write_hf_folder  # noqa: E402
@@ -420,7 +420,7 @@ def test_verify_resumes_from_the_early_exits_work_and_stays_exact(models, spec: 
 
 
 def test_layerskip_without_a_count_measures_the_exits_once(models, temporary_localspec_home: Path, monkeypatch) -> None:
-    from localspec import selfdraft
+    from localspec.control import selfdraft
 
     target = tiny(str(models(Spec("llama", layers=6, local=(False,) * 6))))
     drafter = target.make_self_drafter("layerskip", None)

@@ -11,11 +11,11 @@ from textual.command import CommandList
 from tui_support import REFERENCE, answered, ready, reference_runtime, replies, send, slow_runtime, wait_for
 
 from localspec.api import Runtime
-from localspec.errors import ModelLoadError
-from localspec.history import History, StoredMessage
-from localspec.progress import Announce
-from localspec.sampling import SamplingConfig
+from localspec.core.errors import ModelLoadError
+from localspec.core.progress import Announce
+from localspec.core.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
+from localspec.tui.history import History, StoredMessage
 from localspec.tui.models import MissingModel
 from localspec.tui.screens import ConversationsScreen, FetchScreen, LoadErrorScreen, SettingsScreen
 from localspec.tui.widgets import AssistantMessage, ErrorMessage, StatusLine, UserMessage
@@ -125,7 +125,7 @@ async def test_switching_strategy_from_the_command_palette_reloads_and_keeps_cha
             lambda: app.runtime is not first and app.runtime is not None and not app.loading, what="the new runtime"
         )
         assert app.runtime.strategy == "ngram"  # type: ignore[union-attr]
-        assert app.settings.strategy == "ngram"
+        assert app.settings.load.strategy == "ngram"
         await send(app, pilot, "After the switch")
         await answered(app)
         assert "ngram" in str(app.status.render())
@@ -142,7 +142,7 @@ async def test_settings_screen_changes_temperature_and_draft_length() -> None:
         app.screen.query_one("#draft-tokens").value = "3"  # type: ignore[attr-defined]
         await pilot.pause()
         await pilot.click("#apply")
-        await wait_for(lambda: app.settings.draft_tokens == 3 and not app.loading, what="the new settings")
+        await wait_for(lambda: app.settings.load.draft_tokens == 3 and not app.loading, what="the new settings")
         assert app.settings.sampling.temperature == 0.5
         assert app.runtime is not None and app.runtime.policy.gamma == 3  # type: ignore[attr-defined]
 
@@ -245,7 +245,7 @@ async def test_a_model_that_fails_to_load_is_explained_in_the_app() -> None:
     def broken(settings: ChatSettings, on_progress: object) -> object:
         raise ModelLoadError("model.gguf is not a GGUF file", "pass the path of a .gguf model")
 
-    app = ChatApp(broken, ChatSettings(model="model.gguf"))  # type: ignore[arg-type]
+    app = ChatApp(broken, ChatSettings().with_changes(model="model.gguf"))  # type: ignore[arg-type]
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: isinstance(app.screen, LoadErrorScreen), what="the error screen")
         text = " ".join(str(w.render()) for w in app.screen.query("Static"))
@@ -320,7 +320,7 @@ async def test_a_stored_message_with_damaged_stats_still_opens() -> None:
 
 @pytest.mark.asyncio
 async def test_saved_chats_are_remembered_for_lookup_once_the_model_is_ready() -> None:
-    from localspec.backend_loader import load_backend
+    from localspec.core.backend_loader import load_backend
     from localspec.drafters.memory import NgramMemory
 
     saved = [StoredMessage("user", "Name a river"), StoredMessage("assistant", "The Nile runs through Egypt.")]
@@ -331,7 +331,7 @@ async def test_saved_chats_are_remembered_for_lookup_once_the_model_is_ready() -
     history.close()
 
     def remembering(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
-        target = load_backend("reference", "reference", n_ctx=settings.n_ctx)
+        target = load_backend("reference", "reference", n_ctx=settings.load.n_ctx)
         return Runtime(target, None, strategy="ngram", memory=NgramMemory())
 
     app = ChatApp(remembering, REFERENCE.with_changes(strategy="ngram", draft_model=None))

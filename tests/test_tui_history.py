@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localspec.history import SCHEMA_VERSION, History, StoredMessage, history_file
+from localspec.tui.history import SCHEMA_VERSION, History, StoredMessage, history_file
 
 
 def test_history_lives_in_the_user_directory(temporary_localspec_home: Path) -> None:

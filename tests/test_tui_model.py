@@ -8,7 +8,7 @@ import pytest
 from tui_support import answered, ready, replies, send, wait_for
 
 from localspec.api import Runtime, load
-from localspec.progress import Announce
+from localspec.core.progress import Announce
 from localspec.tui import ChatApp, ChatSettings
 
 pytestmark = pytest.mark.model
@@ -22,7 +22,7 @@ def real_app(model: Path, **settings: object) -> ChatApp:
     def loader(s: ChatSettings, on_progress: Announce | None) -> Runtime:
         return load(s.model, strategy=s.strategy, draft_tokens=s.draft_tokens, n_ctx=s.n_ctx, on_progress=on_progress)
 
-    return ChatApp(loader, ChatSettings(model=str(model), n_ctx=2048).with_changes(**settings))
+    return ChatApp(loader, ChatSettings().with_changes(model=str(model), n_ctx=2048).with_changes(**settings))
 
 
 @pytest.mark.asyncio

@@ -8,11 +8,11 @@ import pytest
 from tui_support import reference
 
 from localspec.api import Finished, TextDelta
-from localspec.choices import parse_draft_tokens
-from localspec.controller import AdaptiveDraftLength, CostCurve
-from localspec.errors import InvalidRequestError
-from localspec.sampling import SamplingConfig
-from localspec.stats import Stats, Step
+from localspec.control.controller import AdaptiveDraftLength, CostCurve
+from localspec.core.choices import parse_draft_tokens
+from localspec.core.errors import InvalidRequestError
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats, Step
 from localspec.tui.attribution import DraftAttribution, drafted_share, flag_spans
 from localspec.tui.job import ReplyJob
 from localspec.tui.live_stats import LiveFigures, estimate_speedup, final_figures, format_figures

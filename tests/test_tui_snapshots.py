@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from tui_support import REFERENCE, ready, reference_runtime, wait_for
 
-from localspec.errors import ModelLoadError
-from localspec.history import History, StoredMessage, history_file
+from localspec.core.errors import ModelLoadError
 from localspec.tui import ChatApp, ChatSettings
+from localspec.tui.history import History, StoredMessage, history_file
 from localspec.tui.screens import ConversationsScreen, LoadErrorScreen, SettingsScreen
 
 SIZE = (100, 32)
@@ -118,5 +118,5 @@ def test_load_error_screen(snap_compare: Any) -> None:
         await wait_for(lambda: isinstance(pilot.app.screen, LoadErrorScreen), what="the error screen")
         await pilot.pause()
 
-    failing = ChatApp(broken, ChatSettings(model="model.gguf"))
+    failing = ChatApp(broken, ChatSettings().with_changes(model="model.gguf"))
     assert snap_compare(failing, terminal_size=SIZE, run_before=run_before)

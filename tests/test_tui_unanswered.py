@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from tui_support import REFERENCE, answered, ready, reference_runtime, send, slow_runtime, wait_for
 
-from localspec.history import History, StoredMessage
-from localspec.sampling import SamplingConfig
+from localspec.core.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
+from localspec.tui.history import History, StoredMessage
 from localspec.tui.screens import ConversationsScreen
 from localspec.tui.widgets import UserMessage
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec.backend_loader import load_backend
-from localspec.errors import BackendUnavailableError
-from localspec.gguf_header import gguf_vocab_identity
-from localspec.protocol import Backend
+from localspec.core.backend_loader import load_backend
+from localspec.core.errors import BackendUnavailableError
+from localspec.core.gguf_header import gguf_vocab_identity
+from localspec.core.protocol import Backend
 
 pytestmark = pytest.mark.model
 

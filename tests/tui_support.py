@@ -9,13 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from localspec.api import Runtime
-from localspec.backend_loader import load_backend
-from localspec.progress import Announce
-from localspec.sampling import SamplingConfig
+from localspec.core.backend_loader import load_backend
+from localspec.core.progress import Announce
+from localspec.core.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.models import RuntimeLoader
 
-REFERENCE = ChatSettings(
+REFERENCE = ChatSettings().with_changes(
     model="reference",
     backend="reference",
     strategy="draft",
@@ -27,10 +27,10 @@ REFERENCE = ChatSettings(
 def reference_runtime(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
     """What `localspec chat reference --backend reference ...` loads: the reference target,
     and the noisy reference drafter when the strategy drafts with a model."""
-    target = load_backend("reference", settings.model or "reference", n_ctx=settings.n_ctx)
-    uses_drafter = settings.draft_model is not None and settings.strategy in ("draft", "auto")
-    draft = load_backend("reference", settings.draft_model, n_ctx=settings.n_ctx) if uses_drafter else None  # type: ignore[arg-type]
-    return Runtime(target, draft, strategy=settings.strategy, draft_tokens=settings.draft_tokens)
+    target = load_backend("reference", settings.load.model or "reference", n_ctx=settings.load.n_ctx)
+    uses_drafter = settings.load.draft_model is not None and settings.load.strategy in ("draft", "auto")
+    draft = load_backend("reference", settings.load.draft_model, n_ctx=settings.load.n_ctx) if uses_drafter else None  # type: ignore[arg-type]
+    return Runtime(target, draft, strategy=settings.load.strategy, draft_tokens=settings.load.draft_tokens)
 
 
 def reference(strategy: str = "auto", draft_tokens: int | str = "auto", n_ctx: int = 2048, **kw: Any) -> Runtime:

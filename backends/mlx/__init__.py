@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.errors import BackendUnavailableError, ModelLoadError
+from localspec.core.errors import BackendUnavailableError, ModelLoadError
 
 
 def unavailable_reason() -> str | None:

@@ -36,9 +36,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
-from localspec.errors import InvalidRequestError
-from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
-from localspec.selfdraft import early_exit_drafter
+from localspec.control.selfdraft import early_exit_drafter
+from localspec.core.errors import InvalidRequestError
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
 from ..vocab import Vocab
 from .rollback import MARK_LIMIT, StateMarks, needs_marks, stepwise_hidden, stepwise_model
@@ -352,7 +352,7 @@ class MlxBackend:
             self.eval_block(kept[start : start + step], "none")
 
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
-        """The drafter for strategy f"{kind}:{option}" (localspec.protocol.SelfDrafting); its
+        """The drafter for strategy f"{kind}:{option}" (localspec.core.protocol.SelfDrafting); its
         capabilities.extra["self_draft"] is the resolved label (e.g. "qspec:2", "layerskip:15")."""
         if kind == "mtp":
             return self.mtp_head()

@@ -1,4 +1,4 @@
-"""Apple Silicon's GPU for the device probe (localspec.accelerators): the chip, its unified
+"""Apple Silicon's GPU for the device probe (localspec.control.accelerators): the chip, its unified
 memory, the bandwidth Apple specifies for it and the bandwidth of a measured sum."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import platform
 import subprocess
 import time
 
-from localspec.accelerators import Accelerator, apple_chip_bandwidth
+from localspec.control.accelerators import Accelerator, apple_chip_bandwidth
 
 
 def _sysctl(name: str) -> str:

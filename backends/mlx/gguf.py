@@ -21,9 +21,9 @@ import mlx.core as mx
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.quantized import quantize
 
-from localspec.errors import ModelLoadError
-from localspec.gguf_check import check_gguf
-from localspec.gguf_header import read_header
+from localspec.core.errors import ModelLoadError
+from localspec.core.gguf_check import check_gguf
+from localspec.core.gguf_header import read_header
 
 from ..tensor_names import GLOBAL_NAMES, LAYER_NAMES
 from .backend import eval_parameters

@@ -10,7 +10,7 @@ At position q the head reads the token x_q with the target's final-norm hidden s
 q-1 and predicts x_{q+1} (vLLM's Qwen3-Next MTP and llama.cpp's nextn layer do the same).
 Beyond what the target has decoded, its own h_q' stands in for the target's, which is how it
 drafts several tokens ahead; once the target has decoded such a position, the position is
-read again with the target's state, as backends/llamacpp_mtp.py does on llama.cpp.
+read again with the target's state, as backends/llamacpp/mtp.py does on llama.cpp.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from mlx.nn.layers.normalization import RMSNorm
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from localspec.errors import BackendClosedError, InvalidRequestError
-from localspec.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
+from localspec.core.errors import BackendClosedError, InvalidRequestError
+from localspec.core.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
 
 from .backend import text_model
 

@@ -21,7 +21,7 @@ steps replayed from CUDA graphs).
 
 from __future__ import annotations
 
-from localspec.errors import BackendUnavailableError
+from localspec.core.errors import BackendUnavailableError
 
 try:
     import torch  # noqa: F401 - fail here, with the fix, rather than deep inside a submodule

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from localspec.errors import InvalidRequestError, ModelLoadError
-from localspec.gguf_check import check_gguf
-from localspec.gguf_header import read_header
-from localspec.hardware import physical_cores
-from localspec.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
-from localspec.sampling import Distribution, SamplingConfig
-from localspec.selfdraft import early_exit_drafter
+from localspec.control.hardware import physical_cores
+from localspec.control.selfdraft import early_exit_drafter
+from localspec.core.errors import InvalidRequestError, ModelLoadError
+from localspec.core.gguf_check import check_gguf
+from localspec.core.gguf_header import read_header
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.sampling import Distribution, SamplingConfig
 
 from ..vocab import Vocab, from_folder, from_gguf
 from . import linear, native, quantized
@@ -200,7 +200,7 @@ class TorchBackend:
         return GraphedSteps(self.model, self.cache, tokens, graphs, compile, self._exit)
 
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
-        """localspec.protocol.SelfDrafting: layerskip[:L] is early_exit(L), qspec[:int8|int4]
+        """localspec.core.protocol.SelfDrafting: layerskip[:L] is early_exit(L), qspec[:int8|int4]
         quantized(); the low-bit GGUF types llama.cpp's qspec derives would load dequantized
         to this model's float type, so they are refused with the types that do pay."""
         if kind == "layerskip":

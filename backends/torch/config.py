@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from localspec.errors import ModelLoadError
+from localspec.core.errors import ModelLoadError
 
 # GGUF architecture name -> family module; Mistral GGUFs say "llama".
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3": "gemma3"}

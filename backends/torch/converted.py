@@ -8,18 +8,13 @@ directory and read back on later loads. The file's sha256 is itself remembered p
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from localspec.default_model import sha256_of
-from localspec.paths import data_dir
-from localspec.store import StoreError, notice, replace_atomic, save_json_quietly
+from localspec.store import StoreError, data_dir, file_fingerprint, notice, replace_atomic
 
 from .quantized import Codes, GroupCodes, RowCodes
 
@@ -30,25 +25,8 @@ def cache_dir() -> Path:
     return data_dir() / "converted"
 
 
-def file_hash(path: str) -> str:
-    """The file's sha256, remembered per (path, size, modification time)."""
-    stat = os.stat(path)
-    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}"
-    index = cache_dir() / "hashes.json"
-    try:
-        known: dict[str, str] = json.loads(index.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
-        if stat.st_size > 1 << 30:
-            print(f"hashing {os.path.basename(path)} once, to key its converted weights", file=sys.stderr)
-        known[key] = sha256_of(Path(path))
-        save_json_quietly(index, known, f"the hash of {os.path.basename(path)} (computed again next time)")
-    return known[key]
-
-
 def entry(path: str, kind: str) -> Path:
-    return cache_dir() / f"{file_hash(path)[:24]}-{kind}-v{FORMAT}.safetensors"
+    return cache_dir() / f"{file_fingerprint(path)[:24]}-{kind}-v{FORMAT}.safetensors"
 
 
 def load(file: Path) -> dict[str, Codes] | None:

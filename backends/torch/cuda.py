@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from localspec.protocol import Logits
+from localspec.core.protocol import Logits
 
 from .layers import KVCache, Model, static_block
 from .verify import greedy_outcome

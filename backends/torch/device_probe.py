@@ -1,11 +1,11 @@
-"""The CUDA devices torch sees, for the device probe (localspec.accelerators): name, memory,
+"""The CUDA devices torch sees, for the device probe (localspec.control.accelerators): name, memory,
 the peak bandwidth from the device's properties and the bandwidth of a measured copy."""
 
 from __future__ import annotations
 
 import torch
 
-from localspec.accelerators import Accelerator, cuda_spec_bandwidth
+from localspec.control.accelerators import Accelerator, cuda_spec_bandwidth
 
 
 def _measure(index: int, mib: int = 512, repeats: int = 10) -> float:

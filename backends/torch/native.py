@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from localspec.paths import data_dir, owned_privately, private_dir
+from localspec.store import data_dir, owned_privately, private_dir
 
 PANEL = 16  # output columns per panel: two 8-float AVX registers
 MAX_ROWS = 6  # rows one pass of the kernel holds in registers (12 accumulators + 2 weights + 1)

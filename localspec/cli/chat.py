@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.choices import STRATEGY_HELP
-from localspec.cli.options import add_model_options, add_sampling_options, sampling
-from localspec.validate import arg_text
+from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
+from localspec.core.choices import STRATEGY_HELP
+from localspec.core.validate import arg_text
 
 
 def register(sub: Any) -> None:
@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.history import history_file
+    from localspec.tui.history import history_file
 
     if args.history_path:
         print(history_file())
@@ -41,14 +41,7 @@ def handle(args: argparse.Namespace) -> int:
     from localspec.tui.models import load_runtime, missing_model
 
     settings = ChatSettings(
-        model=args.model,
-        draft_model=args.draft_model,
-        backend=args.backend,
-        strategy=args.strategy,
-        draft_tokens=args.draft_tokens,
-        n_ctx=args.ctx,
-        threads=args.threads,
-        rpc=args.rpc,
+        load=load_options(args),
         system=args.system,
         sampling=sampling(args),
         max_tokens=args.max_tokens,

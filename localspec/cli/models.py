@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from localspec.choices import PULLABLE_BACKENDS
-from localspec.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry, sidecar_of
+from localspec.core.choices import PULLABLE_BACKENDS
+from localspec.models.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry, sidecar_of
 
 PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")
 
@@ -60,7 +60,7 @@ def table(rows: list[list[str]]) -> list[str]:
 
 
 def handle_list(args: argparse.Namespace) -> int:
-    from localspec.pull import is_pulled, pair_size
+    from localspec.models.pull import is_pulled, pair_size
 
     pairs = list(load_registry().pairs.values())
     if args.json:
@@ -86,7 +86,7 @@ def handle_list(args: argparse.Namespace) -> int:
 
 
 def _pair_json(pair: Pair) -> dict[str, Any]:
-    from localspec.pull import is_pulled, pair_size
+    from localspec.models.pull import is_pulled, pair_size
 
     return {
         "id": pair.id,
@@ -104,7 +104,7 @@ def _pair_json(pair: Pair) -> dict[str, Any]:
 
 
 def handle_show(args: argparse.Namespace) -> int:
-    from localspec.pull import NotPulledError, pull_command, resolve_pair
+    from localspec.models.pull import NotPulledError, pull_command, resolve_pair
 
     pair = load_registry().pair(args.pair)
     aliases = f"  (aliases: {', '.join(pair.aliases)})" if pair.aliases else ""
@@ -157,7 +157,7 @@ def _describe(artifact: Artifact) -> list[str]:
 
 
 def handle_rm(args: argparse.Namespace) -> int:
-    from localspec.pull import remove
+    from localspec.models.pull import remove
 
     removal = remove(args.pair, args.backend)
     for model, freed in removal.removed:
@@ -172,9 +172,9 @@ def handle_rm(args: argparse.Namespace) -> int:
 
 
 def _paths() -> dict[str, str]:
-    from localspec.hub import hub_cache_dir
-    from localspec.paths import data_dir
-    from localspec.registry import packaged_registry_file, user_registry_file
+    from localspec.models.hub import hub_cache_dir
+    from localspec.models.registry import packaged_registry_file, user_registry_file
+    from localspec.store import data_dir
 
     return {
         "data": str(data_dir()),
@@ -185,7 +185,7 @@ def _paths() -> dict[str, str]:
 
 
 def handle_path(args: argparse.Namespace) -> int:
-    from localspec.registry import user_registry_file
+    from localspec.models.registry import user_registry_file
 
     paths = _paths()
     if args.which:

@@ -4,13 +4,13 @@ reported by argparse as a usage error naming the option."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from localspec.choices import BACKENDS, DraftTokens, parse_draft_tokens
-from localspec.errors import InvalidRequestError
-from localspec.rpc import RPC_HELP
-from localspec.sampling import KNOBS, SamplingConfig, check_knob
-from localspec.validate import check_ctx, check_threads
+from localspec.backends.llamacpp.rpc_server import RPC_HELP
+from localspec.core.choices import BACKENDS, DraftTokens, parse_draft_tokens
+from localspec.core.errors import InvalidRequestError
+from localspec.core.options import LoadOptions
+from localspec.core.sampling import KNOBS, SamplingConfig, check_knob
+from localspec.core.validate import check_ctx, check_threads
 
 DEFAULTS = SamplingConfig()
 
@@ -80,16 +80,21 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
     )
 
 
-def load_options(args: argparse.Namespace) -> dict[str, Any]:
-    """load()'s keywords from the options add_model_options declares (but --model and --draft-model)."""
-    return {
-        "backend": args.backend,
-        "draft_tokens": args.draft_tokens,
-        "n_ctx": args.ctx,
-        "threads": args.threads,
-        "rpc": args.rpc or None,
-        "gpu_layers": args.gpu_layers,
-    }
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    """What add_model_options declares, with the command's --strategy and --memory where it has them."""
+    return LoadOptions(
+        model=args.model,
+        draft_model=args.draft_model,
+        backend=args.backend,
+        # bench's --strategy is a list of contenders, not what a runtime is loaded with.
+        strategy=args.strategy if isinstance(getattr(args, "strategy", None), str) else "auto",
+        draft_tokens=args.draft_tokens,
+        n_ctx=args.ctx,
+        threads=args.threads,
+        rpc=args.rpc or None,
+        memory=getattr(args, "memory", True),
+        gpu_layers=args.gpu_layers,
+    )
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.choices import PULLABLE_BACKENDS
+from localspec.core.choices import PULLABLE_BACKENDS
 
 
 def register(sub: Any) -> None:
@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from localspec.cli.models import human_size, table
-    from localspec.pull import pull
+    from localspec.models.pull import pull
 
     result = pull(
         args.pair,

@@ -23,8 +23,8 @@ def register(sub: Any) -> None:
 
 
 def handle_check(args: argparse.Namespace) -> int:
-    from localspec.audit import check_registry
     from localspec.cli.models import table
+    from localspec.models.audit import check_registry
 
     findings = check_registry(
         args.pairs, endpoint=args.endpoint, on_pair=lambda p: print(f"checking {p}...", file=sys.stderr, flush=True)

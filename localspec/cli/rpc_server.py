@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from localspec.rpc import DEFAULT_HOST, DEFAULT_PORT, SECURITY_NOTE
+from localspec.backends.llamacpp.rpc_server import DEFAULT_HOST, DEFAULT_PORT, SECURITY_NOTE
 
 
 def register(sub: Any) -> None:
@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.rpc import is_loopback, serve, supervise, watch_parent
+    from localspec.backends.llamacpp.rpc_server import is_loopback, serve, supervise, watch_parent
 
     if not is_loopback(args.host) and not args.allow_remote:
         print(
@@ -54,4 +54,5 @@ def handle(args: argparse.Namespace) -> int:
     command += ["--port", str(args.port), "--allow-remote"]
     command += ["--threads", str(args.threads)] if args.threads else []
     command += ["--cache", args.cache] if args.cache else []
-    return supervise(command, sys.stderr)
+    code: int = supervise(command, sys.stderr)
+    return code

@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 from localspec.api import Finished, TextDelta, load
-from localspec.choices import STRATEGY_HELP
 from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
-from localspec.errors import InvalidRequestError
-from localspec.validate import arg_text, read_stdin
+from localspec.core.choices import STRATEGY_HELP
+from localspec.core.errors import InvalidRequestError
+from localspec.core.validate import arg_text, read_stdin
 
 
 def register(sub: Any) -> None:
@@ -39,11 +39,7 @@ def handle(args: argparse.Namespace) -> int:
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
     config = sampling(args)  # refused before a model is loaded for it
     runtime = load(
-        args.model,
-        draft_model=args.draft_model,
-        strategy=args.strategy,
-        on_progress=lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True),
-        **load_options(args),
+        load_options(args), on_progress=lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True)
     )
     if args.raw:
         request: dict[str, Any] = {"prompt": prompt}

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.choices import STRATEGY_HELP
 from localspec.cli.options import add_model_options, load_options
-from localspec.errors import InvalidRequestError
+from localspec.core.choices import STRATEGY_HELP
+from localspec.core.errors import InvalidRequestError
 
 DEFAULT_PAIR = "smollm2-135m"  # models.toml's pair for the embedded default
 
@@ -80,13 +80,11 @@ def handle(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be 0 or more, got {args.max_queue}")
     model = args.pair or args.model
-    options = {**load_options(args), "memory": args.memory}
+    options = load_options(args).changed(model=model)
     served = _served_id(model, args.draft_model)
 
     def loader(pair_id: str) -> Any:
-        if pair_id == served:
-            return load(model, draft_model=args.draft_model, strategy=args.strategy, **options)
-        return load(pair_id, strategy=args.strategy, **options)
+        return load(options if pair_id == served else options.changed(model=pair_id, draft_model=None))
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -138,7 +136,7 @@ def _served_id(model: str | None, draft_model: str | None) -> str:
     if model is None:
         return DEFAULT_PAIR if draft_model is None else f"default+{Path(draft_model).stem}"
     if not _is_file(model):
-        from localspec.registry import load_registry
+        from localspec.models.registry import load_registry
 
         return load_registry().pair(model).id
     name = Path(model).stem

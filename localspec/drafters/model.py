@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from localspec.core.protocol import Backend, eval_chunked
+from localspec.core.sampling import Distribution, SamplingConfig, process
 from localspec.drafters import Draft, common_prefix
-from localspec.protocol import Backend, eval_chunked
-from localspec.sampling import Distribution, SamplingConfig, process
 
 # Like transformers' assistant_confidence_threshold (0.4), a little lower: a stop costs the
 # chance of a long accepted run, a wasted drafter step only its own time.

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from localspec.core.sampling import SamplingConfig
 from localspec.drafters import Draft
 from localspec.drafters.memory import KEY, NgramMemory
-from localspec.sampling import SamplingConfig
 
 # How far back a match is measured, and how many earlier occurrences are compared: both
 # bound the work per step (a common token like "\n" occurs hundreds of times).

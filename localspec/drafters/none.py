@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from localspec.core.sampling import SamplingConfig
 from localspec.drafters import Draft
-from localspec.sampling import SamplingConfig
 
 
 class NoDrafter:

@@ -22,15 +22,15 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.api import Finished, TextDelta
-from localspec.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
-from localspec.sampling import LogprobRecorder, TokenLogprob
+from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
+from localspec.core.sampling import LogprobRecorder, TokenLogprob
+from localspec.core.stats import Stats
 from localspec.server import schemas
 from localspec.server.grammar import GrammarRequest
 from localspec.server.hosts import HostCheck, HostPolicy
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
 from localspec.server.tools import ToolRequest, parse_tool_calls, tool_request
 from localspec.server.worker import Item, Job, Worker, stream_kwargs
-from localspec.stats import Stats
 
 UNLIMITED = 1 << 30  # no max_tokens: generate until a stop or the context is full
 
@@ -60,8 +60,8 @@ class Catalog:
     def pulled(self) -> list[str]:
         if not self.pairs:
             return []
-        from localspec.pull import is_pulled
-        from localspec.registry import load_registry
+        from localspec.models.pull import is_pulled
+        from localspec.models.registry import load_registry
 
         return [p.id for p in load_registry().pairs.values() if is_pulled(p, self.backend)]
 
@@ -71,8 +71,8 @@ class Catalog:
             return name or loaded
         if not self.pairs:
             raise _no_model(name, f"this server serves {self.served!r} only")
-        from localspec.pull import is_pulled, pull_command
-        from localspec.registry import UnknownPairError, load_registry
+        from localspec.models.pull import is_pulled, pull_command
+        from localspec.models.registry import UnknownPairError, load_registry
 
         try:
             pair = load_registry().pair(name)
@@ -404,8 +404,8 @@ def _api_error(exc: BaseException, prompt_param: str = "messages") -> ApiError:
         return exc
     if isinstance(exc, ContextFullError):
         return ApiError(400, _one_line(exc), param=prompt_param, code="context_length_exceeded")
-    from localspec.pull import NotPulledError
-    from localspec.registry import UnknownPairError
+    from localspec.models.pull import NotPulledError
+    from localspec.models.registry import UnknownPairError
 
     if isinstance(exc, NotPulledError | UnknownPairError):
         return ApiError(404, _one_line(exc), param="model", code="model_not_found")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localspec.protocol import VocabIdentity
+from localspec.core.protocol import VocabIdentity
 
 # The spellings model families use (as llama.cpp looks them up when it loads a vocabulary).
 FIM_SPELLINGS = (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from localspec.protocol import Backend
+from localspec.core.protocol import Backend
 from localspec.server.schemas import ApiError
 
 if TYPE_CHECKING:

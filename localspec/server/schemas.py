@@ -10,9 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from localspec.errors import InvalidRequestError
-from localspec.sampling import KNOBS, SamplingConfig, TokenLogprob, check_knob, check_penalty
-from localspec.stats import Stats
+from localspec.core.errors import InvalidRequestError
+from localspec.core.sampling import KNOBS, SamplingConfig, TokenLogprob, check_knob, check_penalty
+from localspec.core.stats import Stats
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 

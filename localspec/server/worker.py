@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.api import Finished, Runtime, TextDelta
-from localspec.errors import ContextFullError, LocalspecError
-from localspec.sampling import LogprobRecorder, SamplingConfig
+from localspec.core.errors import ContextFullError, LocalspecError
+from localspec.core.sampling import LogprobRecorder, SamplingConfig
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest, Grammars
 from localspec.server.schemas import ApiError

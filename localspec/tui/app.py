@@ -17,10 +17,10 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from localspec.api import Runtime
-from localspec.errors import BackendClosedError, ContextFullError, LocalspecError
-from localspec.history import History, HistoryError, StoredMessage
-from localspec.stats import Stats
+from localspec.core.errors import BackendClosedError, ContextFullError, LocalspecError
+from localspec.core.stats import Stats
 from localspec.tui.attribution import DraftAttribution
+from localspec.tui.history import History, HistoryError, StoredMessage
 from localspec.tui.job import ReplyJob
 from localspec.tui.live_stats import Figures, LiveFigures, final_figures, format_figures
 from localspec.tui.models import MissingCheck, RuntimeLoader
@@ -151,8 +151,8 @@ class ChatApp(App[None]):
         parts = [
             "localspec chat",
             self.runtime.target.info.name if self.runtime else s.model_label(),
-            f"strategy {getattr(self.runtime, 'label', s.strategy) if self.runtime else s.strategy}",
-            f"draft length {s.draft_tokens}",
+            f"strategy {getattr(self.runtime, 'label', s.load.strategy) if self.runtime else s.load.strategy}",
+            f"draft length {s.load.draft_tokens}",
             f"temperature {s.sampling.temperature:g}",
         ]
         if self.history is not None and not self.history.persistent:
@@ -181,7 +181,7 @@ class ChatApp(App[None]):
             self.push_screen(FetchScreen(missing), fetched)
             return
         self.loading = True
-        self.status.show(f"Loading {settings.model_label()} (strategy {settings.strategy})…", "busy")
+        self.status.show(f"Loading {settings.model_label()} (strategy {settings.load.strategy})…", "busy")
         self._load(settings, self.runtime, self._last_job)
 
     @work(thread=True, exclusive=True, group="load")
@@ -520,11 +520,11 @@ class ChatApp(App[None]):
         )
         yield SystemCommand("Settings", "Pair, strategy, draft length, temperature (Ctrl+O)", self.action_settings)
         yield SystemCommand("Saved chats", "Reopen or delete a saved conversation (Ctrl+L)", self.action_conversations)
-        for name in strategy_choices(self.settings.strategy):
-            if name != self.settings.strategy:
+        for name in strategy_choices(self.settings.load.strategy):
+            if name != self.settings.load.strategy:
                 yield SystemCommand(f"Strategy: {name}", f"Switch to strategy {name}", self._setter(strategy=name))
         for tokens in ("auto", 0, 2, 4, 8):
-            if tokens != self.settings.draft_tokens:
+            if tokens != self.settings.load.draft_tokens:
                 yield SystemCommand(
                     f"Draft length: {tokens}",
                     "auto adapts to this machine and the text",
@@ -573,7 +573,7 @@ def _modelled_plain_step(runtime: Runtime) -> Callable[[], float | None]:
     if runtime.strategy == "none":
         return lambda: None
     try:
-        from localspec.calibrate import starting_calibration
+        from localspec.control.calibrate import starting_calibration
 
         measured = starting_calibration(runtime.target).verify_seconds[0]
     except Exception:

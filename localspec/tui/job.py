@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from localspec.api import Finished, Runtime, TextDelta
-from localspec.errors import LocalspecError
-from localspec.sampling import SamplingConfig
+from localspec.core.errors import LocalspecError
+from localspec.core.sampling import SamplingConfig
 from localspec.tui.live_stats import Figures, LiveFigures
 
 

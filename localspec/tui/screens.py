@@ -14,9 +14,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, ProgressBar, Select, Static
 from textual.widgets.option_list import Option
 
-from localspec.choices import SELF_DRAFTING, STRATEGIES, parse_draft_tokens
-from localspec.errors import LocalspecError
-from localspec.history import ConversationSummary
+from localspec.core.choices import SELF_DRAFTING, STRATEGIES, parse_draft_tokens
+from localspec.core.errors import LocalspecError
+from localspec.tui.history import ConversationSummary
 from localspec.tui.models import MissingModel
 from localspec.tui.settings import ChatSettings, parse_temperature
 
@@ -70,14 +70,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         with VerticalScroll():
             yield Static("Settings", classes="title")
             yield Label("Model: a pair from models.toml, a GGUF path, or empty for the embedded default")
-            yield Input(s.model or "", placeholder="default: SmolLM2-135M-Instruct", id="model", compact=True)
+            yield Input(s.load.model or "", placeholder="default: SmolLM2-135M-Instruct", id="model", compact=True)
             yield Label("Draft model (GGUF with the target's tokenizer; for strategy 'draft')")
-            yield Input(s.draft_model or "", placeholder="none", id="draft-model", compact=True)
+            yield Input(s.load.draft_model or "", placeholder="none", id="draft-model", compact=True)
             yield Label("Strategy")
-            options = [(name, name) for name in strategy_choices(s.strategy)]
-            yield Select(options, value=s.strategy, allow_blank=False, id="strategy", compact=True)
+            options = [(name, name) for name in strategy_choices(s.load.strategy)]
+            yield Select(options, value=s.load.strategy, allow_blank=False, id="strategy", compact=True)
             yield Label("Draft length: auto (adapts to this machine and the text) or a fixed number")
-            yield Input(str(s.draft_tokens), id="draft-tokens", compact=True)
+            yield Input(str(s.load.draft_tokens), id="draft-tokens", compact=True)
             yield Label("Temperature (0 = greedy)")
             yield Input(f"{s.sampling.temperature:g}", id="temperature", compact=True)
             yield Label("System prompt")

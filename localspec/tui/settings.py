@@ -6,42 +6,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from localspec.choices import DraftTokens
-from localspec.errors import InvalidRequestError
-from localspec.sampling import KNOBS, SamplingConfig
-
-# Fields a Runtime is built from; everything else applies to the next request only.
-RUNTIME_FIELDS = ("model", "draft_model", "backend", "strategy", "draft_tokens", "n_ctx", "threads", "rpc")
+from localspec.core.errors import InvalidRequestError
+from localspec.core.options import LOAD_FIELDS, LoadOptions
+from localspec.core.sampling import KNOBS, SamplingConfig
 
 
 @dataclass(frozen=True)
 class ChatSettings:
-    model: str | None = None  # None: the embedded default
-    draft_model: str | None = None
-    backend: str = "llamacpp"
-    strategy: str = "auto"
-    draft_tokens: DraftTokens = "auto"
-    n_ctx: int = 4096
-    threads: int | None = None
-    rpc: str | None = None  # llama.cpp rpc-servers the target is split over
+    load: LoadOptions = field(default_factory=LoadOptions)  # what the runtime is built from
     system: str = ""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_tokens: int = 1024
 
     def needs_new_runtime(self, other: ChatSettings) -> bool:
-        return any(getattr(self, name) != getattr(other, name) for name in RUNTIME_FIELDS)
+        return self.load != other.load
 
     def model_label(self) -> str:
-        name = _short(self.model) if self.model else "default model"
-        return f"{name} + {_short(self.draft_model)}" if self.draft_model else name
+        model, draft_model = self.load.model, self.load.draft_model
+        name = _short(model) if model else "default model"
+        return f"{name} + {_short(draft_model)}" if draft_model else name
 
     def with_changes(self, **changes: Any) -> ChatSettings:
-        """These settings with some changed; a sampling knob (temperature=0.2) changes `sampling`."""
+        """These settings with some changed: a load option (strategy="ngram") changes `load`, a
+        sampling knob (temperature=0.2) changes `sampling`."""
         knobs = {name: changes.pop(name) for name in KNOBS if name in changes}
+        loading = {name: changes.pop(name) for name in LOAD_FIELDS if name in changes}
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise InvalidRequestError(f"unknown chat setting(s): {', '.join(sorted(unknown))}")
         changes["sampling"] = replace(changes.get("sampling", self.sampling), **knobs)
+        changes["load"] = changes.get("load", self.load).changed(**loading)
         return replace(self, **changes)
 
 

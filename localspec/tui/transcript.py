@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from localspec.history import StoredMessage
+from localspec.tui.history import StoredMessage
 from localspec.tui.widgets import AssistantMessage, ErrorMessage, UserMessage
 
 WELCOME = """\

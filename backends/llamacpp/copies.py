@@ -1,0 +1,116 @@
+"""Self-drafters derived from a llama.cpp target with llama.cpp's own quantize call: a
+low-bit copy (qspec), or a copy with transformer blocks left out through quantize's prune
+list (layerskip). Each is made once per target file and reused from the user directory."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from localspec.control.hardware import physical_cores
+from localspec.control.selfdraft import layerskip_blocks
+from localspec.core.errors import InvalidRequestError, ModelLoadError
+from localspec.core.gguf_check import check_gguf, quantized_bytes
+from localspec.core.gguf_header import SPLIT_GGUF
+from localspec.store import data_dir, file_fingerprint, why_not_writable
+
+if TYPE_CHECKING:
+    from .backend import LlamaCppBackend
+
+# llama_ftype values (llama.h)
+FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+# general.file_type -> the type name quantize takes, for keeping a target's type.
+FILE_TYPES = {v: k for k, v in FTYPES.items()} | {0: "F16"}
+QSPEC_TYPES = ("Q4_0", "Q3_K_M", "Q2_K")
+# `bench -s qspec:all` also measures the near-lossless types, to show where acceptance stops
+# paying for their cost.
+QSPEC_SWEEP = ("Q8_0", "Q4_K_M", *QSPEC_TYPES)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str  # what the user would type after the colon
+    ftype: str
+    prune: tuple[int, ...] = ()
+
+
+def candidates(kind: str, option: str | None, n_layers: int, target_ftype: str) -> list[Candidate]:
+    if kind == "qspec":
+        if option is None:
+            return [Candidate(t, t) for t in QSPEC_TYPES]
+        if option not in FTYPES:
+            raise InvalidRequestError(
+                f"unknown low-bit type {option!r} for qspec", f"choose one of: {', '.join(FTYPES)}"
+            )
+        return [Candidate(option, option)]
+    keep = layerskip_blocks(option, n_layers)
+    if keep is not None:
+        return [Candidate(str(keep), target_ftype, tuple(range(keep, n_layers)))]
+    out = [Candidate(str(k), target_ftype, tuple(range(k, n_layers))) for k in (n_layers // 2, (3 * n_layers) // 4)]
+    # Training-free layer skipping: drop every other block in the middle half.
+    middle = tuple(range(n_layers // 4 + 1, (3 * n_layers) // 4, 2))
+    out.append(Candidate(f"skip-middle-{len(middle)}", target_ftype, middle))
+    return out
+
+
+def derived_home(target: LlamaCppBackend) -> tuple[Path, str]:
+    """Where drafters derived from target live, and the target's own quantization type."""
+    folder = data_dir() / "derived" / file_fingerprint(target.info.path)[:16]
+    return folder, FILE_TYPES.get(int(target.capabilities.extra.get("file_type", "1")), "F16")
+
+
+def derived(source: str | Path, ftype: str, folder: str | Path, prune_layers: Sequence[int] = ()) -> Path:
+    """source at ftype (minus pruned blocks) inside folder, made once and reused."""
+    tag = f".skip{'-'.join(map(str, sorted(set(prune_layers))))}" if prune_layers else ""
+    split = SPLIT_GGUF.match(Path(source).name)  # llama.cpp reads a split model through its first shard
+    stem = split["prefix"] if split else Path(source).stem
+    dest = Path(folder) / f"{stem}{tag}.{ftype}.gguf"
+    return dest if dest.exists() else quantize(source, dest, ftype, prune_layers)
+
+
+def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Sequence[int] = ()) -> Path:
+    """Write source requantized to ftype at dest (atomically), leaving out the transformer
+    blocks in prune_layers (llama.cpp renumbers the rest); returns dest."""
+    import llama_cpp as llama
+
+    from .backend import init_library  # the backend imports this module
+
+    init_library()  # quiets llama.cpp's log
+    if ftype not in FTYPES:
+        raise InvalidRequestError(f"unknown quantization type {ftype!r}", f"choose one of: {', '.join(FTYPES)}")
+    check_gguf(str(source))
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    params = llama.llama_model_quantize_default_params()
+    params.nthread = physical_cores()
+    params.ftype = FTYPES[ftype]
+    params.allow_requantize = True
+    if prune_layers:
+        # llama.cpp reads a sorted list ended by -1; keep the array alive until the call returns.
+        prune = (ctypes.c_int32 * (len(prune_layers) + 1))(*sorted(set(prune_layers)), -1)
+        params.prune_layers = ctypes.cast(prune, type(params.prune_layers))
+    rc = llama.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+    if rc != 0 or not partial.exists():
+        partial.unlink(missing_ok=True)
+        why = quantize_failure_cause(str(source), str(dest), ftype, prune_layers)
+        raise ModelLoadError(
+            f"llama.cpp could not quantize {source} to {ftype} (code {rc})" + (f": {why}" if why else ""),
+            "free some space or pick another strategy; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+        )
+    os.replace(partial, dest)
+    return dest
+
+
+def quantize_failure_cause(source: str, dest: str, ftype: str, prune_layers: Sequence[int] = ()) -> str | None:
+    """Why writing source requantized to ftype at dest failed, when it shows from outside
+    llama.cpp (which returns only an exit code): a read-only folder or a disk too full."""
+    try:
+        needed = quantized_bytes(source, ftype, prune_layers)
+    except (ModelLoadError, KeyError, ValueError):
+        needed = os.path.getsize(source)  # the source's own size: near it for same-precision copies
+    return why_not_writable(os.path.dirname(os.path.abspath(dest)), needed)

@@ -1,0 +1,178 @@
+"""A model's own MTP head (multi-token prediction: Qwen3.5/3.6's nextn layer) as a drafter.
+
+The head is one extra decoder block shipped in the target's GGUF. At position q it reads the
+token x_q together with the target's last hidden state at q-1, and predicts x_{q+1}; its own
+hidden state then stands in for the target's at the positions the target has not decoded
+yet, which is how it drafts several tokens ahead. llama.cpp runs it in a context of type MTP
+that shares the target's model (ctx_other), with a KV cache for that block alone.
+
+MtpHead is a Backend, so ModelDrafter drafts with it as with any draft model. A position it
+read with its own hidden state is taken in again with the target's once the target has
+decoded that position (as llama.cpp's server does after every verify pass): the head was
+trained on the target's states, and its cache must hold what a clean pass would.
+
+Gemma 4's assistant is the same idea in a file of its own (architecture gemma4-assistant):
+it keeps no cache, reading the target's instead, so every guess is made at the target's
+next position and nothing is ever taken back (MtpHead.shared).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import llama_cpp as llama
+import numpy as np
+from llama_cpp import llama_cpp_ext as ext
+
+from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
+from localspec.core.protocol import Backend, Capabilities, HeadOfTarget, Logits, LogitsMode
+
+
+class TargetStates:
+    """The target's last hidden states, one row per cached position, kept on the host as the
+    target decodes (llama.cpp hands them out per batch only)."""
+
+    def __init__(self, ctx: Any, n_ctx: int, width: int) -> None:
+        self._ctx, self.width = ctx, width
+        self.rows = np.zeros((n_ctx, width), dtype=np.float32)
+        ext.llama_set_embeddings_nextn(ctx, True, False)  # a row for every token of a batch
+
+    def record(self, past: int, n: int) -> None:
+        ptr = ext.llama_get_embeddings_nextn(self._ctx)
+        if ptr:
+            self.rows[past : past + n] = np.ctypeslib.as_array(ptr, shape=(n, self.width))
+
+
+class MtpHead(HeadOfTarget):
+    """The target's MTP block, drafting for it (see the module doc)."""
+
+    def __init__(
+        self, target: Backend, model: Any, target_ctx: Any, states: TargetStates, assistant: bool = False
+    ) -> None:
+        self._target, self._states = target, states
+        self._model = model if assistant else None  # an assistant file's own model, freed on close
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = target.info.n_ctx
+        cparams.n_batch = cparams.n_ubatch = target.capabilities.max_block
+        threads = int(target.capabilities.extra.get("threads", "1"))
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP
+        cparams.ctx_other = target_ctx
+        ctx = llama.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise ModelLoadError(f"llama.cpp could not open the MTP head of {target.info.name}")
+        self._ctx = ctx
+        self._mem = llama.llama_get_memory(ctx)
+        # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
+        # guess goes to the target's next position, and nothing is ever removed from it.
+        self.shared = assistant
+        ext.llama_set_embeddings_nextn(ctx, True, True)  # a row for each output only
+        self._batch = llama.llama_batch_ext_init(ctx)
+        self._width = states.width
+        self._vocab = target.info.n_vocab
+        self._tokens: list[int] = []
+        self._own: dict[int, np.ndarray] = {}  # position -> the head's own hidden state there
+        self._guessed: set[int] = set()  # positions read with the head's own state, not the target's
+        self._closed = False
+        layers = max(target.info.n_layers, 1)
+        self.info = replace(target.info, name=f"{target.info.name} [mtp]", size_bytes=target.info.size_bytes // layers)
+        extra = {**target.capabilities.extra, "self_draft": "mtp"}
+        self.capabilities = Capabilities(
+            rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
+        )
+
+    # -- drafting ---------------------------------------------------------------------------
+
+    def _state_before(self, q: int) -> tuple[np.ndarray, bool]:
+        """The hidden state x_q is read with (h_{q-1}), and whether it is the target's."""
+        if q == 0:
+            return np.zeros(self._width, dtype=np.float32), True  # as llama.cpp starts
+        if self._known(q - 1):
+            return self._states.rows[q - 1], True
+        own = self._own.get(q - 1)
+        if own is None:  # the head gave no output there: nothing better than the target's row
+            return self._states.rows[q - 1], False
+        return own, False
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        if self._closed:
+            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
+        n, past = len(tokens), len(self._tokens)
+        if n == 0:
+            return np.empty((0, self._vocab), dtype=np.float32)
+        if past + n > self.info.n_ctx:
+            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+        self._tokens.extend(tokens)
+        frontier = len(self._target.cached_tokens())  # beyond it, drafts need the head's own states
+        picked = range(n) if logits == "all" else ([n - 1] if logits == "last" else [])
+        out = np.empty((len(picked), self._vocab), dtype=np.float32)
+        into = {past + k: out[row] for row, k in enumerate(picked)}  # logits go straight there
+        try:
+            if self.shared:
+                for k, token in enumerate(tokens):
+                    if past + k >= frontier or past + k in into:  # the target's cache holds the others
+                        self._pass([(past + k, int(token), True)], min(past + k, frontier), into)
+            else:
+                wanted = [past + k in into or past + k >= frontier for k in range(n)]
+                self._pass([(past + k, int(t), wanted[k]) for k, t in enumerate(tokens)], None, into)
+        except InvalidRequestError:
+            del self._tokens[past:]
+            raise
+        return out
+
+    def _pass(self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray]) -> None:
+        """One pass over (position, token, output?) entries, each read with the state before it;
+        `at`: the position a shared-cache head writes every token to (its target's next one).
+        Keeps the outputs' states, and writes their logits into the rows `into` holds for them."""
+        llama.llama_batch_ext_clear(self._batch)
+        states: list[np.ndarray] = []  # kept alive until the pass has read them
+        for q, token, output in entries:
+            idx = llama.llama_batch_ext_add_token(self._batch, 0, token)
+            position = llama.llama_pos(q if at is None else at)
+            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
+            state, exact = self._state_before(q)
+            states.append(np.ascontiguousarray(state, dtype=np.float32))
+            embd = llama.llama_embd(states[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
+            llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
+            (self._guessed.discard if exact else self._guessed.add)(q)
+            llama.llama_batch_ext_set_output_logits(self._batch, idx, output)
+        rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise InvalidRequestError(f"the MTP head's pass failed with code {rc} at position {entries[0][0]}")
+        for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch
+            if output:
+                state_ptr = ext.llama_get_embeddings_nextn_ith(self._ctx, k)
+                self._own[q] = np.ctypeslib.as_array(state_ptr, shape=(self._width,)).copy()
+            if q in into:
+                into[q][:] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,))
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        kept = self._tokens[:n]
+        if self.shared:  # no cache of its own: what it read lives in the target's
+            del self._tokens[n:]
+            self._guessed = {q for q in self._guessed if q < n}
+            self._own = {q: h for q, h in self._own.items() if q < n}
+            return
+        # Positions read with the head's own state that the target has decoded since are read
+        # again with the target's state: from the first of them on.
+        again = next((q for q in sorted(self._guessed) if q < len(kept) and self._known(q - 1)), len(kept))
+        llama.llama_memory_seq_rm(self._mem, 0, again, -1)
+        del self._tokens[again:]
+        self._guessed = {q for q in self._guessed if q < again}
+        self._own = {q: h for q, h in self._own.items() if q < again}
+        if again < len(kept):
+            self.eval_block(kept[again:], "none")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llama.llama_batch_ext_free(self._batch)
+        llama.llama_free(self._ctx)
+        if self._model is not None:
+            llama.llama_model_free(self._model)

@@ -1,0 +1,66 @@
+"""Deciding how much of a draft the target keeps. Both functions return
+(number of draft tokens accepted, the token the target adds after them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from localspec.core.sampling import Distribution, SamplingConfig, one_hot, process
+
+
+def accept_greedy(draft: Sequence[int], target_logits: npt.NDArray[np.floating]) -> tuple[int, int]:
+    """Keep the longest prefix of the draft that equals the target's argmax at each position."""
+    choice = np.argmax(target_logits[: len(draft) + 1], axis=1)
+    n = 0
+    for proposed in draft:
+        if int(choice[n]) != proposed:
+            break
+        n += 1
+    return n, int(choice[n])
+
+
+def accept_rejection_sampling(
+    draft: Sequence[int],
+    draft_dists: Sequence[Distribution] | None,
+    target_logits: npt.NDArray[np.floating],
+    cfg: SamplingConfig,
+    rng: np.random.Generator,
+    refused: Distribution | None = None,
+) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023, Chen et al. 2023).
+
+    Token x ~ q is kept with probability min(1, p(x)/q(x)); on rejection the replacement is
+    drawn from norm(max(0, p - q)); after a fully accepted draft a bonus token comes from p.
+    The output is then distributed exactly as p. A drafter with no distribution (n-gram) is
+    a point mass: acceptance becomes p(x), the residual is p without x, which is the same
+    law as "sample from p and keep the draft iff they agree".
+
+    refused: the draft's distribution one position past the draft, whose drafted token the
+    target cannot take (an id beyond its vocabulary, so p = 0 there): that token counts as
+    drafted and rejected, so the token after a fully kept draft comes from the residual.
+    """
+    for i, x in enumerate(draft):
+        p = process(target_logits[i], cfg)
+        q = draft_dists[i] if draft_dists is not None else one_hot(x)
+        px, qx = p.prob(x), q.prob(x)
+        if qx > 0 and rng.random() * qx < px:
+            continue
+        return i, _sample_residual(p, q, rng)
+    last = process(target_logits[len(draft)], cfg)
+    return len(draft), (last.sample(rng) if refused is None else _sample_residual(last, refused, rng))
+
+
+def _sample_residual(p: Distribution, q: Distribution, rng: np.random.Generator) -> int:
+    ids = np.union1d(p.ids, q.ids)
+    pd = np.zeros(ids.size)
+    qd = np.zeros(ids.size)
+    pd[np.searchsorted(ids, p.ids)] = p.probs
+    qd[np.searchsorted(ids, q.ids)] = q.probs
+    residual = np.maximum(pd - qd, 0.0)
+    total = residual.sum()
+    if total <= 1e-12:  # p == q up to rounding: any rejection was a float artefact
+        return p.sample(rng)
+    return Distribution(ids, residual / total).sample(rng)

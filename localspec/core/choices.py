@@ -1,0 +1,42 @@
+"""The backend and strategy names localspec knows, named here once for the CLI, the chat,
+the API, the backend loader and the models.toml check."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from localspec.core.errors import InvalidRequestError
+
+BACKENDS = ("llamacpp", "torch", "mlx", "reference")
+# Backends a models.toml model can give files for (the reference model is a spec, not a file).
+PULLABLE_BACKENDS = ("llamacpp", "mlx", "torch")
+
+STRATEGIES = ("auto", "none", "ngram", "draft")
+# Drafters derived from the target itself, and what may follow the colon.
+SELF_DRAFTING = {"qspec": "TYPE", "layerskip": "L", "mtp": ""}  # mtp: the model's own MTP head
+SELF_DRAFTING_STRATEGY = re.compile(rf"^({'|'.join(SELF_DRAFTING)})(:[\w.]+)?$")
+
+_SPELLED = [*STRATEGIES, *(f"{kind}[:{option}]" if option else kind for kind, option in SELF_DRAFTING.items())]
+EVERY_STRATEGY = ", ".join(_SPELLED)  # auto, none, ngram, draft, qspec[:TYPE], layerskip[:L], mtp
+STRATEGY_HELP = ", ".join(_SPELLED[1:-1]) + f" or {_SPELLED[-1]}"  # for a --strategy whose default is auto
+
+# A fixed number of drafted tokens per step, or "auto": the controller picks it every step.
+DraftTokens = int | Literal["auto"]
+
+
+_DRAFT_HINT = "give auto (the controller picks it every step) or a number such as 4 (0 drafts nothing)"
+
+
+def parse_draft_tokens(text: str) -> DraftTokens:
+    """A draft length as a user types it: "auto" (or nothing) or a whole number >= 0."""
+    value = text.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidRequestError(f"draft length must be 'auto' or a whole number, got {text!r}", _DRAFT_HINT) from None
+    if n < 0:
+        raise InvalidRequestError(f"draft length must be 'auto' or a whole number >= 0, got {n}", _DRAFT_HINT)
+    return n

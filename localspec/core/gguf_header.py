@@ -1,0 +1,195 @@
+"""A GGUF file's header: its metadata and tensor table, read without loading any weights.
+
+Read here rather than with gguf.GGUFReader, which builds a numpy view per vocabulary string
+and takes seconds on a 50k-token vocabulary. Every GGUF reader in localspec (the torch and MLX
+backends, the pair check, the load-failure diagnosis) goes through `read_header`.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+
+from localspec.core.errors import ModelLoadError
+from localspec.core.gguf_check import open_model_file
+from localspec.core.protocol import VocabIdentity
+
+# llama.cpp's split GGUF names (llama-gguf-split): PREFIX-00001-of-00003.gguf
+SPLIT_GGUF = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+# ggml type ids (ggml.h) by name, for the types the backends tell apart.
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K"}
+GGML_TYPES |= {12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 20: "IQ4_NL", 23: "IQ4_XS", 30: "BF16", 39: "MXFP4"}
+
+# GGUF's tokenizer.ggml.model -> the vocabulary kinds llama.cpp reports (see backends/llamacpp/backend.py)
+GGUF_TOKENIZER_KINDS = {"llama": "spm", "gpt2": "bpe", "bert": "wpm", "t5": "ugm", "rwkv": "rwkv", "plamo2": "plamo2"}
+
+# GGUF value types (gguf.GGUFValueType): fixed-size scalars as struct codes
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+# Arrays of arrays nest this deep at most: no GGUF writer nests at all beyond one level, and a
+# crafted file nesting thousands deep would otherwise end in a RecursionError.
+_MAX_NESTING = 8
+KNOWN_VERSIONS = (2, 3)
+_NUMPY: dict[int, npt.DTypeLike] = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32}
+_NUMPY.update({6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64})
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    dims: tuple[int, ...]  # fastest-varying first, as GGUF lists them
+    qtype: int
+    offset: int  # from the start of the file
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES.get(self.qtype, f"type {self.qtype}")
+
+
+@dataclass
+class GGUFHeader:
+    path: str
+    meta: dict[str, Any]
+    tensors: list[GGUFTensor]
+    data_offset: int  # where the tensor data starts
+
+
+class _Cursor:
+    def __init__(self, buf: bytes) -> None:
+        self.buf, self.pos = buf, 0
+
+    def scalar(self, code: str) -> Any:
+        (value,) = struct.unpack_from("<" + code, self.buf, self.pos)
+        self.pos += struct.calcsize(code)
+        return value
+
+    def string(self) -> str:
+        n = self.scalar("Q")
+        if self.pos + n > len(self.buf):
+            raise struct.error("a string runs past the bytes read")
+        self.pos += n
+        return self.buf[self.pos - n : self.pos].decode("utf-8", errors="replace")
+
+    def value(self, kind: int, depth: int = 0) -> Any:
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            if depth >= _MAX_NESTING:
+                raise ValueError(f"arrays nested more than {_MAX_NESTING} deep")
+            item, count = self.scalar("I"), self.scalar("Q")
+            if item == _STRING:
+                return [self.string() for _ in range(count)]
+            if item in _NUMPY:
+                dtype = np.dtype(_NUMPY[item]).newbyteorder("<")
+                if self.pos + count * dtype.itemsize > len(self.buf):
+                    raise struct.error("an array runs past the bytes read")
+                arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
+                self.pos += arr.nbytes
+                return arr.tolist()
+            return [self.value(item, depth + 1) for _ in range(count)]
+        return self.scalar(_SCALARS[kind])
+
+
+def read_header(path: str | Path) -> GGUFHeader:
+    """The header of the GGUF at path; a file that is not one, or is cut inside its header,
+    raises ModelLoadError."""
+    try:
+        with open_model_file(path) as fh:
+            return _read(str(path), fh)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot read {path} as GGUF ({type(exc).__name__}: {exc})", "download the file again"
+        ) from exc
+
+
+def _read(path: str, fh: BinaryIO) -> GGUFHeader:
+    size = 1 << 20
+    while True:  # the header is read in one piece, growing until it holds every field
+        fh.seek(0)
+        data = fh.read(size)
+        header = header_from_bytes(data, path)
+        if header is not None:
+            return header
+        if len(data) < size:
+            raise ValueError("the file ends inside its header")
+        size *= 4
+
+
+def header_from_bytes(data: bytes, where: str) -> GGUFHeader | None:
+    """The header at the start of data, or None when data ends inside it (read more); data
+    that is not a GGUF raises ValueError."""
+    try:
+        return _parse(where, _Cursor(data))
+    except struct.error:
+        return None
+    except KeyError as exc:
+        raise ValueError(f"unknown GGUF value type {exc}") from exc
+
+
+def _parse(path: str, cur: _Cursor) -> GGUFHeader:
+    if cur.buf[:4] != b"GGUF":
+        raise ValueError("not a GGUF file")
+    cur.pos = 4
+    version = cur.scalar("I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old")
+    if version not in KNOWN_VERSIONS:
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big") in KNOWN_VERSIONS
+        note = " (a big-endian GGUF: convert it again for this machine)" if swapped else ""
+        raise ValueError(f"GGUF version {version} is not one this reader knows{note}")
+    n_tensors, n_kv = cur.scalar("Q"), cur.scalar("Q")
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        meta[key] = cur.value(cur.scalar("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        dims = tuple(cur.scalar("Q") for _ in range(cur.scalar("I")))
+        infos.append((name, dims, cur.scalar("I"), cur.scalar("Q")))
+    align = meta.get("general.alignment", 32)
+    # An int type (bools are ints in Python), a power of two as GGUF requires: else every
+    # offset computed from it would be wrong, or a division by zero.
+    if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+        raise ValueError(f"general.alignment is {align!r}, not a power of two")
+    start = (cur.pos + align - 1) // align * align
+    tensors = [GGUFTensor(name, dims, qtype, start + offset) for name, dims, qtype, offset in infos]
+    return GGUFHeader(path, meta, tensors, start)
+
+
+def vocab_identity(meta: dict[str, Any], where: str) -> VocabIdentity:
+    """The tokenizer a GGUF header declares, as llama.cpp would report it once loaded (a split
+    file's first shard holds it); where names the file in the error."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ModelLoadError(f"{where} has no tokenizer (no tokenizer.ggml.tokens)", "use a GGUF converted with one")
+    if not isinstance(tokens, list):
+        raise ModelLoadError(
+            f"{where} has a damaged tokenizer (tokenizer.ggml.tokens is a {type(tokens).__name__}, not a list)",
+            "download the file again",
+        )
+    texts = tuple(str(t).encode() for t in tokens)
+    kind = GGUF_TOKENIZER_KINDS.get(str(meta.get("tokenizer.ggml.model")), "none")
+    bos, eos = (_token_id(meta, f"tokenizer.ggml.{name}_token_id", where) for name in ("bos", "eos"))
+    return VocabIdentity(kind, len(texts), bos, eos, texts)
+
+
+def _token_id(meta: dict[str, Any], key: str, where: str) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ModelLoadError(f"{where} has a damaged tokenizer ({key} is {value!r})", "download the file again")
+    return value
+
+
+def gguf_vocab_identity(path: str | Path) -> VocabIdentity:
+    """The tokenizer of the GGUF at path (what the pair check compares)."""
+    return vocab_identity(read_header(path).meta, str(path))

@@ -1,0 +1,289 @@
+"""The contracts the engine works through: a Backend (one loaded model, a KV cache, a
+tokenizer), a Drafter (proposes tokens) and a DraftLengthPolicy (how many to propose).
+
+The engine imports nothing but this module to talk to them; llama.cpp, torch and mlx live
+behind it in localspec.backends and are imported only when a user asks for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from localspec.core.sampling import Distribution, SamplingConfig
+    from localspec.core.stats import Step
+
+Logits = npt.NDArray[np.float32]
+LogitsMode = Literal["all", "last", "none"]
+
+
+@dataclass(frozen=True)
+class VocabIdentity:
+    """What a pair check compares: tokenizer content, not just its size."""
+
+    kind: str  # tokenizer family, e.g. "bpe", "spm", "bytes"
+    size: int
+    bos: int | None
+    eos: int | None
+    token_texts: tuple[bytes, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for text in self.token_texts:
+            digest.update(len(text).to_bytes(4, "little") + text)
+        return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: str
+    backend: str
+    architecture: str
+    n_ctx: int
+    n_vocab: int
+    size_bytes: int
+    n_params: int
+    n_layers: int = 0
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    rollback: bool = True  # can drop the cache tail (recurrent models cannot)
+    max_block: int = 512  # most tokens one eval_block call takes
+    device: str = "cpu"
+    extra: dict[str, str] = field(default_factory=dict)
+    # The backend's verify_block applies the acceptance rule where its logits are (a GPU),
+    # so the engine calls that instead of eval_block and localspec.core.acceptance.
+    verifies: bool = False
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One loaded model with its own cache. Positions are counted in tokens from 0."""
+
+    info: ModelInfo
+    capabilities: Capabilities
+
+    @property
+    def n_past(self) -> int:
+        """How many tokens the cache holds."""
+        ...
+
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens the cache holds, in order. The cache's own record, so every user of a
+        backend (engines, drafters, calibration) sees the truth and reuses shared prefixes."""
+        ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes one token stands for (may be part of a UTF-8 character)."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def vocab_identity(self) -> VocabIdentity: ...
+
+    def end_of_generation(self) -> frozenset[int]:
+        """Tokens that end a turn (EOS, EOT, <|im_end|>...)."""
+        ...
+
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template, if it ships one."""
+        ...
+
+    def special_texts(self) -> dict[str, str]:
+        """bos_token / eos_token texts, as chat templates expect them."""
+        ...
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        """Append tokens to the cache and return logits, shape (n, vocab) for "all",
+        (1, vocab) for "last", (0, vocab) for "none". The array may be a view that the
+        next call overwrites: copy what must outlive it."""
+        ...
+
+    def rollback(self, n: int) -> None:
+        """Keep the first n cached tokens, drop the rest."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HeadOfTarget:
+    """What a drafter that runs inside its target (an MTP head) answers with the target's
+    tokenizer, and the record of the tokens it holds itself. Subclasses set _target."""
+
+    _target: Backend
+    _tokens: list[int]
+
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self._target.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._target.token_bytes(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._target.detokenize(tokens)
+
+    def vocab_identity(self) -> VocabIdentity:
+        return self._target.vocab_identity()
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self._target.end_of_generation()
+
+    def chat_template(self) -> str | None:
+        return self._target.chat_template()
+
+    def special_texts(self) -> dict[str, str]:
+        return self._target.special_texts()
+
+    def _known(self, position: int) -> bool:
+        """Whether the target has decoded this position with the token this head holds there."""
+        cached = self._target.cached_tokens()
+        return 0 <= position < len(cached) and cached[position] == self._tokens[position]
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """A backend that can verify a draft itself (Capabilities.verifies)."""
+
+    def verify_block(
+        self,
+        tokens: Sequence[int],
+        draft_dists: Sequence[Distribution] | None,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+    ) -> tuple[int, int]:
+        """eval_block(tokens, "all") for tokens = [pending, *draft], then the acceptance rule
+        of localspec.core.acceptance on its logits (greedy when cfg is): (number of draft tokens
+        accepted, the token the target adds after them). The cache then holds all of tokens,
+        as after eval_block; the caller rolls back what was not accepted."""
+        ...
+
+
+@runtime_checkable
+class SelfDrafting(Protocol):
+    """A backend that derives a drafter from its own model (strategies qspec[:X] and
+    layerskip[:L], see localspec.control.selfdraft): every backend but the reference one."""
+
+    def make_self_drafter(self, kind: str, option: str | None) -> Backend:
+        """The drafter for f"{kind}:{option}", or without option the one with the best
+        predicted tokens/s; capabilities.extra["self_draft"] holds its label ("qspec:Q4_0")."""
+        ...
+
+
+def eval_chunked(
+    backend: Backend,
+    tokens: Sequence[int],
+    logits: Literal["last", "none"],
+    stop: Callable[[], bool] | None = None,
+) -> Logits:
+    """eval_block over any number of tokens, in pieces the backend accepts; logits (if asked)
+    are those of the last piece. stop is asked before each piece: once it says so the rest is
+    left out and no rows come back, so a long prompt can be abandoned within one piece."""
+    step = backend.capabilities.max_block
+    tail = (len(tokens) - 1) // step * step if tokens else 0
+    for start in range(0, tail + 1, step):
+        if stop is not None and stop():
+            return np.empty((0, backend.info.n_vocab), dtype=np.float32)
+        if start < tail:
+            backend.eval_block(tokens[start : start + step], "none")
+    return backend.eval_block(tokens[tail:], logits)
+
+
+# -- drafters and the draft-length policy ---------------------------------------------------
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    # One distribution per drafted token, or None for drafters that only guess (n-gram).
+    dists: list[Distribution] | None = None
+    # How much the context vouches for the guess: for n-gram lookup, how many tokens before
+    # the draft match the text that preceded its earlier occurrence; 0 when unknown. The
+    # draft-length policy keeps separate acceptance statistics per support level, because a
+    # guess backed by a 20-token match is right far more often than one backed by 2 tokens.
+    support: int = 0
+
+
+class Drafter(Protocol):
+    name: str
+
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
+        """A new request begins with this committed context (its last token not yet evaluated).
+        warm=False: no draft is expected, so a draft model need not take the context in yet
+        (its backlog says what it would have to catch up on if a draft comes after all)."""
+        ...
+
+    def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+        """Up to n tokens that might follow context."""
+        ...
+
+    def backlog(self, context: Sequence[int]) -> int:
+        """Tokens the drafter must take in before its first guess: a draft model that sat
+        out some steps (γ = 0) has to catch up on what the target produced meanwhile."""
+        ...
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        """The target kept n_accepted of the last draft; context now ends with its own token."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftLengthPolicy(Protocol):
+    def begin(self, sampled: bool) -> None:
+        """A request starts; sampled: its tokens are drawn from the target's distribution
+        (temperature > 0) rather than taken as its argmax."""
+        ...
+
+    def would_draft(self, depth: int = 0) -> bool:
+        """Whether a draft could come at all, were the drafter caught up: a request that will
+        not draft spares a draft model its prefill."""
+        ...
+
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
+        """γ for the next step, at most limit; support: how well the context backs a draft
+        already made (0: unknown, or not drafted yet); backlog: tokens a draft model must
+        catch up on before it can guess (Drafter.backlog); depth: the context length the
+        verify pass will run behind (0: unknown)."""
+        ...
+
+    def choose_source(
+        self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
+    ) -> tuple[int, bool]:
+        """A draft model with a free lookup beside it: γ for the next step, and whether the
+        lookup's guess (True: `guessed` tokens backed by `support`) or the draft model (False)
+        should supply it."""
+        ...
+
+    def observe(self, step: Step) -> None: ...
+
+    def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
+        """A free drafter's guess (or the part of it from position `start` on, which no step
+        verified), checked against what the target then produced: acceptance evidence at no
+        cost. `accepted` counts the guess's leading tokens that came true."""
+        ...

@@ -1,0 +1,257 @@
+"""Logit processing shared by target and drafter, so p and q are shaped the same way.
+
+Rejection sampling is exact for any processing function f as long as the target's p is
+f(target logits) and the draft's q is f(draft logits); the chain below is therefore applied
+identically to both. Distributions are kept sparse (ids, probs): after min-p/top-k only a
+handful of tokens survive, which keeps per-position work in microseconds instead of
+sorting the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from localspec.core.errors import InvalidRequestError
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def check_knob(name: str, value: Any) -> Any:
+    """One sampling knob, checked: the value to keep, or InvalidRequestError naming the knob
+    and the fix. Every front end builds a SamplingConfig, so this is the one range check."""
+    if name == "seed":  # a negative seed means "random", as llama.cpp's --seed -1 does
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidRequestError(f"seed must be a whole number, got {value!r}")
+        return None if value is None or value < 0 else value
+    kinds = (int, np.integer) if name == "top_k" else (int, float, np.integer, np.floating)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    holds, must_be, fix = {
+        "temperature": (value >= 0 and math.isfinite(value), "0 or more", "use 0 for greedy decoding"),
+        "top_k": (value >= 0, "0 (off) or more", None),
+        "top_p": (0 < value <= 1, "in (0, 1]", "use 1 to turn it off"),
+        "min_p": (0 <= value < 1, "in [0, 1)", "use 0 to turn it off"),
+    }[name]
+    if not holds:
+        raise InvalidRequestError(f"{name} must be {must_be}, got {value}", fix)
+    return value
+
+
+def check_penalty(name: str, value: Any) -> float:
+    """frequency_penalty or presence_penalty, in OpenAI's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    if not -2 <= value <= 2:
+        raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}", "use 0 to turn it off")
+    return float(value)
+
+
+def check_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs, each bias in OpenAI's [-100, 100]."""
+    pairs = bias.items() if hasattr(bias, "items") else bias
+    out: dict[int, float] = {}
+    for token, value in pairs:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+            raise InvalidRequestError(f"logit_bias keys must be token ids (0 or more), got {token!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise InvalidRequestError(f"logit_bias values must be numbers in [-100, 100], got {value!r}")
+        out[int(token)] = float(value)
+    return tuple(sorted(out.items()))
+
+
+class TokenConstraint(Protocol):
+    """What the text may be (a grammar, a JSON schema), as the tokens it allows after what the
+    request wrote so far. Masking the target's logits keeps speculation exact: a draft token
+    outside the grammar has p = 0 and is rejected like any other."""
+
+    def allowed_prefix(self, draft: Sequence[int]) -> int:
+        """How many of the draft's tokens the constraint takes, from the text so far."""
+        ...
+
+    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int]) -> None:
+        """Set to -inf, in place, what row i may not be after draft[:i] (all allowed)."""
+        ...
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The tokens the request emitted."""
+        ...
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample, with every knob's default; temperature 0 means greedy and the other
+    knobs then do nothing. Built with a bad value, it raises InvalidRequestError.
+
+    The penalties and logit_bias change the target's logits before anything else (shape),
+    as OpenAI defines them; logprobs, when given, is told each emitted token's log-probability."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # One request's recorder and grammar: not settings, so they take no part in comparing configs.
+    logprobs: LogprobRecorder | None = field(default=None, compare=False, repr=False)
+    constraint: TokenConstraint | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in KNOBS:
+            object.__setattr__(self, name, check_knob(name, getattr(self, name)))
+        for name in ("frequency_penalty", "presence_penalty"):
+            object.__setattr__(self, name, check_penalty(name, getattr(self, name)))
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the target's logits must pass through shape() (and the numpy acceptance rule)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias or self.constraint)
+
+
+# The sampler's knobs, which every front end (CLI flags, TUI settings, keyword arguments) takes.
+KNOBS = ("temperature", "top_k", "top_p", "min_p", "seed")
+
+
+def shape(
+    rows: npt.NDArray[np.floating], cfg: SamplingConfig, generated: Sequence[int], draft: Sequence[int] = ()
+) -> npt.NDArray[np.floating]:
+    """The target's logits with OpenAI's penalties and logit_bias applied, then the constraint's
+    mask; rows[i] follows generated + draft[:i] (a verify block's rows), so each row counts
+    what precedes it:
+
+        mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty;  mu[j] += logit_bias[j]
+
+    c[j]: how often token j was generated so far in this request (the prompt does not count).
+    Rejection sampling stays exact because acceptance compares with this shaped law."""
+    if not cfg.shapes_logits:
+        return rows
+    out = np.array(rows)  # a copy: a backend may hand out its own buffer
+    if cfg.logit_bias:
+        ids = np.array([t for t, _ in cfg.logit_bias], dtype=np.int64)
+        out[:, ids] += np.array([b for _, b in cfg.logit_bias])
+    if cfg.frequency_penalty or cfg.presence_penalty:
+        _penalize(out, cfg, generated, draft)
+    if cfg.constraint is not None:
+        cfg.constraint.mask(out, draft)
+    return out
+
+
+def _penalize(
+    out: npt.NDArray[np.floating], cfg: SamplingConfig, generated: Sequence[int], draft: Sequence[int]
+) -> None:
+    counts = Counter(generated)
+    for i, row in enumerate(out):
+        if i:
+            counts[draft[i - 1]] += 1
+        if counts:
+            ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+            c = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+            row[ids] -= c * cfg.frequency_penalty + cfg.presence_penalty
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    text: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...]  # the most likely tokens at this position, best first
+
+
+class LogprobRecorder:
+    """Each emitted token's log-probability and the `top` most likely tokens at its position,
+    from the target's logits as shape() leaves them (penalties, logit_bias), softmaxed as they
+    are: before temperature and min-p/top-k/top-p, as OpenAI's and llama-server's logprobs
+    are, so a greedy request still gets a distribution. The engine records; a reader takes
+    the entries in order (one thread each: list appends and reads are atomic)."""
+
+    def __init__(self, top: int, token_bytes: Callable[[int], bytes]) -> None:
+        self.top = top
+        self.token_bytes = token_bytes
+        self.entries: list[TokenLogprob] = []
+        self._read = 0
+
+    def record(self, tokens: Sequence[int], rows: npt.NDArray[np.floating]) -> None:
+        """rows[i]: the shaped logits that tokens[i] was chosen from."""
+        for token, row in zip(tokens, rows, strict=False):
+            logp = np.asarray(row, dtype=np.float64)
+            top = float(logp.max())
+            logp = logp - (top + math.log(float(np.exp(logp - top).sum())))
+            best = np.argpartition(-logp, self.top - 1)[: self.top] if self.top else np.empty(0, np.int64)
+            best = best[np.argsort(-logp[best], kind="stable")]
+            best = best[np.isfinite(logp[best])]  # a token a grammar rules out is no alternative
+            alts = tuple((int(t), self.token_bytes(int(t)), float(logp[t])) for t in best)
+            self.entries.append(TokenLogprob(int(token), self.token_bytes(int(token)), float(logp[token]), alts))
+
+    def take(self, n: int) -> list[TokenLogprob]:
+        """The next n entries not yet taken."""
+        out = self.entries[self._read : self._read + n]
+        self._read += len(out)
+        return out
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A sparse probability distribution over token ids; probs sum to 1."""
+
+    ids: IntArray
+    probs: FloatArray
+
+    def prob(self, token: int) -> float:
+        hit = self.probs[self.ids == token]
+        return float(hit[0]) if hit.size else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        cdf = np.cumsum(self.probs)
+        idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return int(self.ids[min(idx, self.ids.size - 1)])
+
+    def dense(self, vocab: int) -> FloatArray:
+        out = np.zeros(vocab, dtype=np.float64)
+        out[self.ids] = self.probs
+        return out
+
+
+def one_hot(token: int) -> Distribution:
+    return Distribution(np.array([token], dtype=np.int64), np.array([1.0]))
+
+
+def process(logits: npt.NDArray[np.floating], cfg: SamplingConfig) -> Distribution:
+    """The sampler chain: min-p -> top-k -> top-p (all on raw logits), then temperature.
+
+    Like llama.cpp, the truncations look at the untempered distribution and temperature
+    only reshapes what survives; this keeps the candidate set independent of temperature.
+    """
+    row = np.asarray(logits, dtype=np.float64)
+    top = float(row.max())
+    if cfg.min_p > 0:
+        # p_i / p_max >= min_p  <=>  logit_i >= logit_max + log(min_p)
+        ids = np.flatnonzero(row >= top + math.log(cfg.min_p))
+    else:
+        ids = np.arange(row.size)
+    vals = row[ids]
+    if 0 < cfg.top_k < ids.size:
+        keep = np.argpartition(-vals, cfg.top_k - 1)[: cfg.top_k]
+        ids, vals = ids[keep], vals[keep]
+    order = np.argsort(-vals, kind="stable")
+    ids, vals = ids[order], vals[order]
+    if cfg.top_p < 1:
+        p = np.exp(vals - vals[0])
+        cdf = np.cumsum(p) / p.sum()
+        n = int(np.searchsorted(cdf, cfg.top_p - 1e-9, side="left")) + 1  # tolerate rounding
+        ids, vals = ids[:n], vals[:n]
+    scaled = np.exp((vals - vals[0]) / cfg.temperature)
+    return Distribution(ids.astype(np.int64), scaled / scaled.sum())

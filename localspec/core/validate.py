@@ -1,0 +1,70 @@
+"""Checks on what a user hands in (text, numbers from the command line), shared by the CLI,
+the API and the chat, so hostile input is refused at the edge with a message, not a traceback."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from localspec.core.errors import InvalidRequestError
+
+
+def clean_text(text: str) -> str:
+    """Text that encodes as UTF-8: bytes that were not UTF-8 (which Python carries as lone
+    surrogates in argv, paths and stdin) become U+FFFD, as a text editor shows them."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = text.encode("utf-8", "replace")
+        return raw.decode("utf-8", "replace")
+
+
+def arg_text(value: str) -> str:
+    """A command-line argument as text (argv holds undecodable bytes as surrogates)."""
+    return clean_text(os.fsencode(value).decode("utf-8", "replace")) if value else value
+
+
+def check_ctx(n_ctx: object) -> int:
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
+        raise InvalidRequestError(
+            f"the context length must be a whole number of 1 or more, got {n_ctx!r}",
+            "use --ctx 4096 (the default), or leave it out",
+        )
+    return n_ctx
+
+
+def check_threads(threads: object) -> int | None:
+    """None or 0 mean "as many as the machine has physical cores"."""
+    if threads is None or threads == 0:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise InvalidRequestError(
+            f"threads must be a whole number of 1 or more, got {threads!r}",
+            "leave --threads out (or give 0) to use every physical core",
+        )
+    return threads
+
+
+def check_limits(max_tokens: object, stop: object) -> tuple[int, tuple[str, ...]]:
+    """A request's max_tokens and stop strings (one string, or a list of them)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer):
+        raise InvalidRequestError(f"max_tokens must be a whole number, got {max_tokens!r}")
+    if max_tokens < 0:
+        raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequestError(f"stop must be a list of strings, got {stop!r}")
+    return int(max_tokens), tuple(stop)
+
+
+def read_stdin() -> str:
+    """Standard input as text, whatever its bytes (undecodable ones become U+FFFD)."""
+    return sys.stdin.buffer.read().decode("utf-8", "replace")

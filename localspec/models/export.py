@@ -1,0 +1,237 @@
+"""A registry pair handed to a serving engine with that engine's own speculative decoding:
+vLLM and SGLang load the pair's safetensors repos (its `torch` entries), llama-server the
+pulled GGUF files. The result is a command to run, plus notes where the engine is known to
+refuse the pair or cannot express what localspec does (an adaptive draft length).
+An MTP pair gets each engine's own MTP settings: the target's head for Qwen3.5/3.6, and on
+llama-server the assistant sidecar (mtp-*.gguf) pulled beside a Gemma 4 target.
+
+Flag and field names follow each engine's documentation; tests/test_export.py keeps them
+with their sources.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from localspec.core.errors import LocalspecError
+from localspec.models.registry import HubArtifact, Model, Pair, sidecar_of
+
+ENGINES = ("vllm", "sglang", "llama-server")
+HOST = "127.0.0.1"  # as localspec's own servers: reachable from this machine only
+FIXED_DRAFT_TOKENS = 4  # what a fixed-length engine gets for a pair whose draft length is "auto"
+# An MTP head's drafts lose acceptance faster with depth: llama.cpp's and SGLang's MTP
+# examples draft 3 (vLLM's docs start from 1).
+FIXED_MTP_DRAFT_TOKENS = 3
+# The n-gram sizes vLLM tries, longest first: localspec also copies the longest earlier match.
+PROMPT_LOOKUP_MAX = 5
+PROMPT_LOOKUP_MIN = 2
+LLAMA_SERVER_P_MIN = 0.0  # draft every position up to n-max: the engine's current default
+
+# Rows of the embedding (config.json vocab_size) of repos whose pairs an engine refuses;
+# vLLM and SGLang require the drafter's to equal the target's, padding included.
+KNOWN_VOCAB_ROWS = {
+    "Qwen/Qwen2.5-0.5B-Instruct": 151936,
+    "Qwen/Qwen2.5-7B-Instruct": 152064,
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct": 151936,
+    "Qwen/Qwen2.5-Coder-7B-Instruct": 152064,
+    "google/gemma-3-1b-it": 262144,
+    "google/gemma-3-12b-it": 262208,
+}
+
+GgufResolver = Callable[[Pair], tuple[Path, Path | None]]
+
+
+class ExportError(LocalspecError):
+    """A pair that cannot be written as a command for the chosen engine."""
+
+
+@dataclass(frozen=True)
+class Export:
+    engine: str
+    argv: tuple[str, ...]
+    notes: tuple[str, ...]  # refusals and approximations, shown as shell comments
+
+    def script(self) -> str:
+        """The notes as comments, then the command, one flag per line."""
+        lines = [f"# {note}" for note in self.notes]
+        i = next((j for j, a in enumerate(self.argv) if a.startswith("-")), len(self.argv))
+        parts = [shlex.join(self.argv[:i])]
+        while i < len(self.argv):  # keep each flag beside its value
+            chunk = [self.argv[i]]
+            if self.argv[i].startswith("-") and i + 1 < len(self.argv) and not self.argv[i + 1].startswith("-"):
+                chunk.append(self.argv[i + 1])
+            parts.append(" ".join(shlex.quote(c) for c in chunk))
+            i += len(chunk)
+        return "\n".join([*lines, " \\\n  ".join(parts)])
+
+
+def export_pair(
+    pair: Pair,
+    engine: str,
+    draft_tokens: int | None = None,
+    strategy: str | None = None,
+    ggufs: GgufResolver | None = None,
+) -> Export:
+    """The command serving `pair` on `engine` with speculation. strategy (default: the
+    pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram" or
+    "mtp"; ggufs finds the pulled GGUF files for llama-server."""
+    if engine not in ENGINES:
+        raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
+    notes: list[str] = []
+    method = _method(pair, strategy, notes)
+    if method == "mtp" and sidecar_of(pair.target) is not None and engine != "llama-server":
+        notes.append(
+            f"the MTP assistant beside {pair.target.name} is exported for llama-server only (--to llama-server); "
+            f"{engine} gets n-gram lookup instead"
+        )
+        method = "ngram"
+    k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
+    if engine == "llama-server":
+        target, drafter = (ggufs or _pulled_ggufs)(pair)
+        if method == "mtp":
+            return Export(engine, _llama_server_mtp(target, _sidecar_path(pair, target), k), tuple(notes))
+        return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
+    target_repo = _torch_repo(pair.target, engine)
+    drafter_repo = _torch_repo(pair.drafter, engine) if method == "draft" and pair.drafter else None
+    if drafter_repo:
+        notes += _vocab_refusal(engine, target_repo, drafter_repo)
+    if engine == "vllm":
+        return Export(engine, _vllm(target_repo, method, drafter_repo, k), tuple(notes))
+    if method == "mtp":
+        return Export(engine, _sglang_mtp(target_repo, k), tuple(notes))
+    if method == "ngram":
+        notes.append("SGLang runs NGRAM speculation on CUDA GPUs only")
+    return Export(engine, _sglang(target_repo, drafter_repo, k), tuple(notes))
+
+
+def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
+    chosen = strategy or ("mtp" if pair.mtp is not None else pair.strategy)
+    if chosen == "auto":
+        chosen = "draft" if pair.drafter is not None else "ngram"
+    if chosen == "draft" and pair.drafter is None:
+        raise ExportError(f"pair {pair.id!r} has no drafter model", "export it with --strategy ngram")
+    if chosen.startswith("mtp") and pair.mtp is None:
+        raise ExportError(
+            f"pair {pair.id!r} has no MTP drafter (strategy mtp, or an mtp-*.gguf beside its target)",
+            "export it with --strategy ngram" + (" or draft" if pair.drafter is not None else ""),
+        )
+    if chosen.startswith("mtp"):
+        return "mtp"
+    if chosen not in ("draft", "ngram"):
+        notes.append(f"no engine has localspec's {chosen!r}: exported as n-gram lookup instead")
+        chosen = "ngram"
+    return chosen
+
+
+def _fixed_draft_tokens(pair: Pair, engine: str, method: str, notes: list[str]) -> int:
+    if pair.draft_tokens != "auto":
+        return pair.draft_tokens
+    fixed = FIXED_MTP_DRAFT_TOKENS if method == "mtp" else FIXED_DRAFT_TOKENS
+    notes.append(
+        f"localspec adapts the draft length to the machine and the text; {engine} takes a fixed one: "
+        f"{fixed} (change it with --draft-tokens)"
+    )
+    return fixed
+
+
+def _torch_repo(model: Model | None, engine: str) -> str:
+    assert model is not None
+    artifact = model.artifacts.get("torch")
+    if not isinstance(artifact, HubArtifact):
+        raise ExportError(
+            f"{model.name} has no safetensors repo (a `torch` entry in models.toml), which {engine} loads",
+            "add one to the model's entry, or use --to llama-server",
+        )
+    return artifact.repo
+
+
+def _vocab_refusal(engine: str, target: str, drafter: str) -> list[str]:
+    rows = KNOWN_VOCAB_ROWS.get(target), KNOWN_VOCAB_ROWS.get(drafter)
+    if None in rows or rows[0] == rows[1]:
+        return []
+    name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+    return [
+        f"warning: {name} refuses this pair: it requires equal vocabulary sizes, and {target} has "
+        f"{rows[0]} embedding rows, {drafter} {rows[1]} (padding only: localspec runs the pair). "
+        "Use --to llama-server, or --strategy ngram"
+    ]
+
+
+def _vllm(target: str, method: str, drafter: str | None, k: int) -> tuple[str, ...]:
+    config: dict[str, object]
+    if method == "mtp":  # the model's own MTP layers: no draft model
+        config = {"method": "mtp", "num_speculative_tokens": k}
+    elif drafter:
+        config = {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
+    else:
+        config = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_max": PROMPT_LOOKUP_MAX,
+            "prompt_lookup_min": PROMPT_LOOKUP_MIN,
+        }
+    return ("vllm", "serve", target, "--host", HOST, "--speculative-config", json.dumps(config))
+
+
+def _sglang(target: str, drafter: str | None, k: int) -> tuple[str, ...]:
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--host", HOST]
+    if drafter:
+        # A standalone drafter proposes one chain (top-k 1) of k tokens; the target verifies k + 1.
+        argv += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", drafter]
+        argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+        argv += ["--speculative-num-draft-tokens", str(k + 1)]
+    else:
+        argv += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k)]
+    return tuple(argv)
+
+
+def _sglang_mtp(target: str, k: int) -> tuple[str, ...]:
+    # SGLang runs a model's built-in MTP layers as EAGLE with no draft model path (NEXTN is
+    # its older alias): k steps of one chain, k + 1 tokens verified.
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--host", HOST]
+    argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+    argv += ["--speculative-num-draft-tokens", str(k + 1)]
+    return tuple(argv)
+
+
+def _llama_server_mtp(target: Path, sidecar: Path | None, k: int) -> tuple[str, ...]:
+    """draft-mtp: the target's own nextn layers, or the assistant sidecar given as -md."""
+    argv = ["llama-server", "-m", str(target), "--host", HOST]
+    argv += ["-md", str(sidecar)] if sidecar is not None else []
+    argv += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k)]
+    argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
+    return tuple(argv)
+
+
+def _sidecar_path(pair: Pair, target: Path) -> Path | None:
+    """The pulled sidecar: in the same snapshot folder as the target's file."""
+    sidecar, artifact = sidecar_of(pair.target), pair.target.artifacts.get("llamacpp")
+    if sidecar is None or not isinstance(artifact, HubArtifact):
+        return None
+    root = target
+    for _ in PurePosixPath(artifact.files[0].name).parts:
+        root = root.parent
+    return root.joinpath(*PurePosixPath(sidecar.name).parts)
+
+
+def _llama_server(target: Path, drafter: Path | None, k: int) -> tuple[str, ...]:
+    argv = ["llama-server", "-m", str(target), "--host", HOST]
+    if drafter:
+        argv += ["-md", str(drafter), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
+        argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
+    else:
+        # ngram-simple matches the last size-n tokens and drafts the size-m that followed.
+        argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(PROMPT_LOOKUP_MAX)]
+        argv += ["--spec-ngram-simple-size-m", str(k)]
+    return tuple(argv)
+
+
+def _pulled_ggufs(pair: Pair) -> tuple[Path, Path | None]:
+    from localspec.models.pull import resolve_pair
+
+    resolved = resolve_pair(pair.id, backend="llamacpp")
+    return resolved.target, resolved.drafter

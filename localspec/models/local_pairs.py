@@ -1,0 +1,107 @@
+"""`localspec add NAME --target T.gguf --drafter D.gguf`: a pair of the user's own GGUF files,
+checked (both readable, tokenizers that fit) and written to the user's models.toml as two
+`path =` models and a pair, so it runs with no hub at all."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from localspec.core.choices import DraftTokens
+from localspec.core.errors import InvalidRequestError, PairMismatchError
+from localspec.core.gguf_check import check_gguf
+from localspec.models.pairing import vocab_mismatch
+from localspec.models.registry import Pair, load_registry, user_registry_file
+from localspec.store import write_atomic
+
+_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_HEADER = "# Your own pairs and models, merged over localspec's (`localspec path registry`).\n"
+
+
+def add_local_pair(
+    name: str, target: Path, drafter: Path | None = None, draft_tokens: DraftTokens = "auto", description: str = ""
+) -> Pair:
+    """Check the files and append the pair to the user's models.toml; returns the pair as
+    the registry now reads it. Nothing is written when a check fails."""
+    from localspec.core.gguf_header import gguf_vocab_identity
+
+    if not _ID.match(name):
+        raise InvalidRequestError(f"{name!r} cannot name a pair", "use lowercase letters, digits, '.', '_' and '-'")
+    registry = load_registry()
+    ids = {"target": f"{name}-target", "drafter": f"{name}-drafter"}
+    taken = [i for i in (name, *ids.values()) if i in registry.pairs or i in registry.models]
+    taken += [name] if any(name in p.aliases for p in registry.pairs.values()) else []
+    if taken:
+        raise InvalidRequestError(
+            f"{taken[0]!r} is already in the registry", f"choose another name, or edit {user_registry_file()}"
+        )
+    files = {"target": target.expanduser().resolve()} | (
+        {"drafter": drafter.expanduser().resolve()} if drafter is not None else {}
+    )
+    for path in files.values():
+        check_gguf(str(path))
+    if "drafter" in files:
+        reason = vocab_mismatch(gguf_vocab_identity(files["target"]), gguf_vocab_identity(files["drafter"]))
+        if reason is not None:
+            raise PairMismatchError(
+                f"{files['drafter'].name} cannot draft for {files['target'].name}: {reason}",
+                "pick a drafter from the target's own family (same tokenizer), or leave out --drafter (n-gram lookup)",
+            )
+    text = "".join(_model_entry(ids[role], name, path) for role, path in files.items())
+    text += _pair_entry(name, ids, files, draft_tokens, description)
+    _append(user_registry_file(), text)
+    return load_registry().pair(name)
+
+
+def _model_entry(model_id: str, family: str, path: Path) -> str:
+    meta = _metadata(path)
+    lines = [
+        f"\n[models.{_quote(model_id)}]",
+        f"name = {_quote(meta.get('general.name') or path.stem)}",
+        f"family = {_quote(family)}  # the pair's own: `localspec add` checked that the tokenizers fit",
+        f"license = {_quote(meta.get('general.license') or 'unknown')}",
+        f"params = {_quote(meta.get('general.size_label') or '?')}",
+        f"llamacpp = {{ path = {_quote(str(path))} }}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _pair_entry(
+    name: str, ids: dict[str, str], files: dict[str, Path], draft_tokens: DraftTokens, description: str
+) -> str:
+    drafter = files.get("drafter")
+    default = f"{files['target'].name} drafted by {drafter.name}" if drafter else f"{files['target'].name} alone"
+    lines = [
+        f"\n[pairs.{_quote(name)}]",
+        f"description = {_quote(description or default)}",
+        f"target = {_quote(ids['target'])}",
+        *([f"drafter = {_quote(ids['drafter'])}"] if drafter else []),
+        f"strategy = {_quote('draft' if drafter else 'ngram')}",
+        f"draft_tokens = {_quote(draft_tokens) if draft_tokens == 'auto' else draft_tokens}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _quote(value: str) -> str:
+    """A TOML basic string: JSON's escapes are all valid TOML escapes."""
+    return json.dumps(value)
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    from localspec.core.gguf_header import read_header
+
+    meta = read_header(path).meta
+    keys = ("general.name", "general.license", "general.size_label")
+    return {key: meta[key] for key in keys if isinstance(meta.get(key), str)}
+
+
+def _append(path: Path, text: str) -> None:
+    """Append atomically: the new file is read back as a registry before it replaces the old
+    one, so a full disk or an entry the registry refuses leaves models.toml as it was."""
+    before = path.read_text(encoding="utf-8") if path.is_file() else _HEADER
+    write_atomic(path, before + text, check=_reads_as_registry)
+
+
+def _reads_as_registry(written: Path) -> None:
+    load_registry(written)  # raises RegistryError, naming the entry, for text it refuses

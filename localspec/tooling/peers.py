@@ -1,0 +1,177 @@
+"""llama.cpp's own speculative programs, built from the source vendored in the installed
+llama-cpp-python's sdist and run on the same models, prompt and token count as localspec,
+so `localspec bench --peers` compares like with like."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from localspec.control.hardware import physical_cores
+from localspec.core.errors import BackendUnavailableError
+from localspec.store import data_dir
+
+PROGRAMS = ("llama-speculative-simple", "llama-lookup")
+RPC_SERVER = "ggml-rpc-server"  # llama.cpp's own RPC server, for a target split with --rpc
+# llama.cpp's own plain-decoding benchmark: the figure localspec's plain decoding is held to.
+LLAMA_BENCH = "llama-bench"
+_SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
+_ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    program: str
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    acceptance_rate: float
+
+
+def peers_dir() -> Path:
+    return data_dir() / "peers" / f"llama.cpp-{version('llama-cpp-python')}"
+
+
+def find_or_build(bin_dir: str | Path | None = None, build: bool = False, programs: Sequence[str] = PROGRAMS) -> Path:
+    """The folder holding llama.cpp's programs (the peers, or RPC_SERVER): given, already
+    built, or built now (~10 min)."""
+    folder = Path(bin_dir) if bin_dir else peers_dir() / "build" / "bin"
+    if all((folder / p).exists() for p in programs):
+        return folder
+    if bin_dir or not build:
+        raise BackendUnavailableError(
+            f"llama.cpp's programs {', '.join(programs)} are not in {folder}",
+            "add --build-peers to build them from llama-cpp-python's source (about 10 minutes on 2 cores)",
+        )
+    source = _fetch_source(peers_dir())
+    build_dir = peers_dir() / "build"
+    flags = [
+        "-DLLAMA_BUILD_EXAMPLES=ON",
+        "-DLLAMA_BUILD_TOOLS=ON",
+        "-DLLAMA_CURL=OFF",
+        "-DGGML_RPC=ON",  # builds rpc-server, and lets the peers' own builds reach RPC servers
+        "-DBUILD_SHARED_LIBS=OFF",
+        "-DCMAKE_BUILD_TYPE=Release",
+    ]
+    _run(["cmake", "-S", str(source), "-B", str(build_dir), *flags])
+    _run(["cmake", "--build", str(build_dir), "-j", str(physical_cores()), "--target", *programs])
+    return build_dir / "bin"
+
+
+def _fetch_source(dest: Path) -> Path:
+    source = dest / "llama.cpp"
+    if (source / "CMakeLists.txt").exists():
+        return source
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        pin = f"llama-cpp-python=={version('llama-cpp-python')}"
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp, pin])
+        sdist = next(Path(tmp).glob("*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for m in members:
+                m.name = m.name[len(prefix) :]
+            tar.extractall(source, members=[m for m in members if m.name], filter="data")
+    return source
+
+
+def _run(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise BackendUnavailableError(f"building llama.cpp's programs failed: {' '.join(cmd[:3])}...\n{tail}")
+
+
+def run_peer(
+    bin_dir: Path,
+    program: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    draft_tokens: int,
+    draft_model: str | None = None,
+    threads: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> PeerResult:
+    """Greedy run of one peer program; prompt is the already-rendered chat text. extra_args:
+    more of the program's own flags (llama-lookup's dynamic cache, say)."""
+    cmd = [
+        str(bin_dir / program),
+        "-m",
+        model,
+        "-p",
+        prompt,
+        "-n",
+        str(max_tokens),
+        "--temp",
+        "0",
+        "-t",
+        str(threads or physical_cores()),
+        "--spec-draft-n-max",
+        str(draft_tokens),
+        "-c",
+        "4096",
+    ]
+    if draft_model:
+        cmd += ["-md", draft_model, "--spec-type", "draft-simple"]
+    cmd += extra_args
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=_peer_env())
+    output = result.stdout + result.stderr
+    speed = _SPEED.search(output)
+    if result.returncode != 0 or not speed:
+        tail = "\n".join(output.strip().splitlines()[-5:])
+        raise BackendUnavailableError(f"{program} failed (exit {result.returncode}):\n{tail}")
+    accept = _ACCEPT.search(output)
+    return PeerResult(
+        program,
+        int(speed.group(1)),
+        float(speed.group(2)),
+        float(speed.group(3)),
+        float(accept.group(1)) / 100 if accept else 0.0,
+    )
+
+
+def _same_settings() -> dict[str, str]:
+    """localspec's llama.cpp settings here (repacked weights, flash attention) as llama.cpp's
+    own variables, so the peers run alike."""
+    from localspec.core.backend_loader import backend_module
+
+    llamacpp = backend_module("llamacpp")
+    flash = {int(v): k for k, v in llamacpp.FLASH_ATTN.items()}[llamacpp.flash_attention()]
+    return {"LLAMA_ARG_REPACK": "1" if llamacpp.extra_buffers() else "0", "LLAMA_ARG_FLASH_ATTN": flash}
+
+
+def _peer_env() -> dict[str, str]:
+    return {**os.environ, **_same_settings()}
+
+
+def run_llama_bench(
+    bin_dir: Path, model: str, tokens: int = 128, threads: int | None = None, depth: int = 0
+) -> float | None:
+    """llama-bench's plain decoding rate (tokens/s generating `tokens` tokens, its `tg`
+    test, after `depth` tokens of context) on the same model and threads; None where the
+    folder has no llama-bench."""
+    program = bin_dir / LLAMA_BENCH
+    if not program.exists():
+        return None
+    threads = threads or physical_cores()
+    cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-d", str(depth), "-t", str(threads), "-o", "json"]
+    same = _same_settings()  # the other programs read these variables; llama-bench takes flags
+    cmd += ["--repack", same["LLAMA_ARG_REPACK"], "-fa", same["LLAMA_ARG_FLASH_ATTN"]]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    try:
+        runs = json.loads(result.stdout)
+        return float(next(r["avg_ts"] for r in runs if r.get("n_gen") == tokens))
+    except (ValueError, StopIteration, KeyError, TypeError):
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+        raise BackendUnavailableError(f"{LLAMA_BENCH} failed (exit {result.returncode}):\n{tail}") from None
