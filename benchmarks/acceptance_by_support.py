@@ -7,7 +7,7 @@ i-th token of a guess backed by s matched tokens counts at the level of s + i, g
 tokens before it came true. Under sampling a guessed token comes true with the target's
 probability of it, which is what rejection sampling accepts it with, so the sampled rates
 are the acceptance rates the controller should expect. The controller's priors
-(`SUPPORT_PRIORS`, `SAMPLED_SUPPORT_PRIORS` in localspec/control/controller.py) are read from this.
+(`support_priors`, `sampled_support_priors` in localspec/control/config.py) are read from this.
 
     python benchmarks/acceptance_by_support.py MODEL.gguf [--prompts suite --prompts FILE] [--seeds 3] [-t 0.8]
 """
@@ -19,7 +19,8 @@ import itertools
 from collections.abc import Sequence
 
 from localspec.api import load
-from localspec.control.controller import SUPPORT_EDGES, FixedDraftLength, support_level
+from localspec.control.config import DEFAULT
+from localspec.control.policy import FixedDraftLength, support_level
 from localspec.control.prompts import BenchPrompt, load_prompt_sets
 
 
@@ -28,8 +29,8 @@ class Tally(FixedDraftLength):
 
     def __init__(self) -> None:
         super().__init__(0)
-        self.hits = [0] * len(SUPPORT_EDGES)
-        self.seen = [0] * len(SUPPORT_EDGES)
+        self.hits = [0] * len(DEFAULT.support_edges)
+        self.seen = [0] * len(DEFAULT.support_edges)
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         for i in range(start, min(accepted + 1, drafted)):
@@ -39,8 +40,8 @@ class Tally(FixedDraftLength):
 
 
 def levels() -> list[str]:
-    names = [str(lo) if hi - 1 == lo else f"{lo}-{hi - 1}" for lo, hi in itertools.pairwise(SUPPORT_EDGES)]
-    return [*names, f"{SUPPORT_EDGES[-1]}+"]
+    names = [str(lo) if hi - 1 == lo else f"{lo}-{hi - 1}" for lo, hi in itertools.pairwise(DEFAULT.support_edges)]
+    return [*names, f"{DEFAULT.support_edges[-1]}+"]
 
 
 def measure(model: str, prompts: Sequence[BenchPrompt], tokens: int, temperature: float, seeds: int) -> Tally:

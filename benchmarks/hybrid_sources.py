@@ -14,7 +14,7 @@ import copy
 
 from localspec.api import Runtime, load
 from localspec.control.calibrate import measure
-from localspec.control.controller import AdaptiveDraftLength
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.prompts import SUITE
 from localspec.core.stats import Step
 

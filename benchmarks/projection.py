@@ -8,8 +8,8 @@ from collections import Counter
 
 import numpy as np
 
-from localspec.api import model_draft_policy
-from localspec.control.controller import CostCurve
+from localspec.control.costs import CostCurve
+from localspec.control.factory import model_policy
 from localspec.core.stats import Step
 
 
@@ -27,7 +27,7 @@ def speedup(target: list[float], draft: float, gamma: int, alpha: float) -> floa
 def adaptive_gamma(target: list[float], draft: float, alpha: float, steps: int = 600) -> int:
     """The γ the controller settles on over simulated steps with these costs and acceptance,
     set up as a runtime sets it up for a draft model (its load-time agreement measures alpha)."""
-    policy = model_draft_policy(CostCurve(list(target)), draft, alpha)
+    policy = model_policy(CostCurve(list(target)), draft, alpha)
     limit = len(target) - 1
     rng = np.random.default_rng(0)
     chosen: Counter[int] = Counter()

@@ -37,11 +37,14 @@ from pathlib import Path
 import numpy as np
 
 import localspec.core.engine as engine_module
-from localspec.api import MAX_DRAFT, NGRAM_MARGIN, NGRAM_SECONDS_PER_TOKEN, load
+from localspec.api import load
 from localspec.control.accelerators import Accelerator
 from localspec.control.calibrate import Calibration, calibrated, prior_from
-from localspec.control.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength
+from localspec.control.config import DEFAULT
+from localspec.control.costs import CostCurve
+from localspec.control.factory import ngram_policy
 from localspec.control.hardware import DeviceProbe, cpu_probe
+from localspec.control.policy import AdaptiveDraftLength, FixedDraftLength
 from localspec.control.prompts import BenchPrompt, load_prompt_sets
 from localspec.core.backend_loader import load_backend
 from localspec.core.engine import Engine
@@ -322,7 +325,7 @@ def prior_for(model: str, doctor: Path | None) -> Calibration:
 
 def adaptive(curve: CostCurve) -> AdaptiveDraftLength:
     """The controller as the runtime builds it for n-gram drafting."""
-    return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
+    return ngram_policy(curve)
 
 
 def main() -> None:
@@ -366,11 +369,11 @@ def main() -> None:
     # priors and tables): what the separate sampled tables change.
     prior = prior_for(args.model, args.curve) if args.prior else None
     columns = ["localspec", *(["greedy priors"] if sampled else []), "no depth", *(["from prior"] if prior else [])]
-    columns += [*(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8", "ceiling", f"ceiling ≤{MAX_DRAFT}"]
+    columns += [*(f"fixed {g}" for g in args.fixed), "lookup 4", "lookup 8", "ceiling", f"ceiling ≤{DEFAULT.max_draft}"]
     columns += ["lookup ceiling"]
     print(
         "speedup over plain decoding, simulated clock; ceiling: the best any draft length could do "
-        f"(drafts of up to 64 tokens, or up to the runtime's {MAX_DRAFT})"
+        f"(drafts of up to 64 tokens, or up to the runtime's {DEFAULT.max_draft})"
     )
     print(f"| prompt | {' | '.join(columns)} |")
     print(f"|---|{'---|' * len(columns)}")
@@ -398,9 +401,9 @@ def main() -> None:
         cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
         guesses = [ours.propose(text[: len(prompt) + i], 64, cfg, rng).tokens for i in range(len(answer))]
         theirs = [LookupCache(text[: len(prompt) + i]).draft(64) for i in range(len(answer))]
-        # The runtime drafts at most MAX_DRAFT tokens (its calibration stops at 16-token
+        # The runtime drafts at most max_draft tokens (its calibration stops at 16-token
         # passes); the uncapped ceiling prices longer passes on the curve's extension.
-        capped = [guess[:MAX_DRAFT] for guess in guesses]
+        capped = [guess[: DEFAULT.max_draft] for guess in guesses]
         seconds += [ceiling(prompt, answer, truth, g) for g in (guesses, capped, theirs)]
         print(f"| {pid} | {' | '.join(f'{plain / t:.2f}x' for t in seconds)} |")
         totals = [a + b for a, b in zip(totals, [plain, *seconds], strict=True)]

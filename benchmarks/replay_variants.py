@@ -30,7 +30,8 @@ from replay_drafters import Truth, adaptive, rebuild_seconds, replay
 
 import localspec.core.engine as engine_module
 from localspec.control.calibrate import Calibration
-from localspec.control.controller import AdaptiveDraftLength, CostCurve
+from localspec.control.costs import CostCurve
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.engine import Shadow
 from localspec.drafters import common_prefix
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from localspec.api import load
-from localspec.control.controller import AdaptiveDraftLength
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.prompts import SUITE
 from localspec.core.stats import Step
 

@@ -21,14 +21,9 @@ import numpy as np
 
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
-from localspec.control.calibrate import (
-    note_drift,
-    pair_agreement,
-    remember_learnt,
-    starting_calibration,
-    starting_drafting_seconds,
-)
-from localspec.control.controller import AdaptiveDraftLength, CostCurve, FixedDraftLength
+from localspec.control.calibrate import note_drift, remember_learnt
+from localspec.control.factory import make_policy
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.backend_loader import load_backend
 from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
@@ -51,34 +46,8 @@ from localspec.models.pairing import vocab_mismatch
 
 if TYPE_CHECKING:
     from localspec.models.registry import Registry
-MAX_DRAFT = 15  # the calibration measures verify blocks up to 16 tokens
 ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
 MTP_BACKENDS = ("llamacpp", "mlx")  # the backends that run a model's own MTP head
-MODEL_DRAFT_MARGIN = 0.1  # see AdaptiveDraftLength.margin
-# The pair's measured agreement counts as this many observed draft positions
-# (AdaptiveDraftLength.prior_weight): two misses in a row take 0.95 to 0.86, not to 0.7,
-# while a drafter that misses everywhere still loses half its prior within 20 positions.
-AGREEMENT_WEIGHT = 20.0
-NGRAM_MARGIN = 0.05  # see AdaptiveDraftLength.margin: a draft's graph rebuilds
-NGRAM_SECONDS_PER_TOKEN = 2e-5  # a dictionary lookup: free next to any model pass
-
-
-def model_draft_policy(
-    curve: CostCurve, draft_seconds: float, agreement: float, catch_up_seconds_per_token: float = 0.0
-) -> AdaptiveDraftLength:
-    """The draft-length policy of a runtime with a draft model: the target's cost curve, the
-    drafter's seconds per token and the pair's measured agreement as its prior."""
-    return AdaptiveDraftLength(
-        curve,
-        draft_seconds,
-        max_gamma=MAX_DRAFT,
-        prior=agreement,
-        prior_weight=AGREEMENT_WEIGHT,
-        catch_up_seconds_per_token=catch_up_seconds_per_token,
-        margin=MODEL_DRAFT_MARGIN,
-        lookup_seconds_per_token=NGRAM_SECONDS_PER_TOKEN,
-        lookup_margin=NGRAM_MARGIN,
-    )
 
 
 @dataclass(frozen=True)
@@ -193,7 +162,9 @@ class Runtime:
     @property
     def policy(self) -> DraftLengthPolicy:
         if self._policy is None:
-            self._policy = self._make_policy(*self._policy_options)
+            draft_tokens, calibrate = self._policy_options
+            fixed = 0 if self.strategy == "none" else draft_tokens
+            self._policy = make_policy(self.target, self.draft, fixed, calibrate)
             self._costs = self._policy.costs if isinstance(self._policy, AdaptiveDraftLength) else None
         return self._policy
 
@@ -208,27 +179,6 @@ class Runtime:
         if self.strategy == "ngram":
             return NgramDrafter(memory=self.memory)
         return NoDrafter()
-
-    def _make_policy(self, draft_tokens: DraftTokens, calibrate: bool) -> DraftLengthPolicy:
-        if self.strategy == "none":
-            return FixedDraftLength(0)
-        if draft_tokens != "auto":
-            return FixedDraftLength(draft_tokens)
-        if not calibrate:
-            return FixedDraftLength(4)
-        # No pass is timed before the first token: the curve starts from what is known (see
-        # starting_calibration) and learns from the passes decoding makes anyway.
-        curve = starting_calibration(self.target).cost_curve()
-        if self.draft is None:
-            return AdaptiveDraftLength(curve, NGRAM_SECONDS_PER_TOKEN, max_gamma=MAX_DRAFT, margin=NGRAM_MARGIN)
-        # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
-        drafter = starting_calibration(self.draft)
-        return model_draft_policy(
-            curve,
-            starting_drafting_seconds(self.draft),
-            pair_agreement(self.target, self.draft),
-            drafter.verify_seconds[-1] / len(drafter.verify_seconds),
-        )
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ model's catch-up on what the lookup drafted."""
 
 from __future__ import annotations
 
-from localspec.control.controller import FixedDraftLength
+from localspec.control.policy import FixedDraftLength
 
 
 class AlternatingSources(FixedDraftLength):

@@ -10,7 +10,8 @@ import pytest
 from localspec.api import Runtime
 from localspec.backends.reference import load
 from localspec.control import calibrate
-from localspec.control.controller import AdaptiveDraftLength
+from localspec.control.config import DEFAULT
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.drafters.ngram import NgramDrafter
 
 
@@ -120,7 +121,7 @@ def test_an_untimed_draft_model_is_costed_from_its_curve_without_timing_it(
     monkeypatch.setattr(calibrate.ModelDrafter, "propose", lambda *args: pytest.fail("timed before the first token"))
     policy = Runtime(target, draft, strategy="draft").policy
     assert isinstance(policy, AdaptiveDraftLength)
-    expected = calibrate.starting_calibration(draft).verify_seconds[0] * calibrate.DRAFTING_OVERHEAD
+    expected = calibrate.starting_calibration(draft).verify_seconds[0] * DEFAULT.drafting_overhead
     assert policy.draft_seconds_per_token == expected
 
 
@@ -164,11 +165,11 @@ def test_drift_within_the_band_or_on_little_evidence_keeps_the_cache(temporary_l
     calibrate.calibrated(target)
     # A burst of load lifts the scale (an EMA over ~20 passes) but not the mean since load.
     steady = calibrate.CostCurve([0.01] * 4, scale=1.6, observed=500, ratio_sum=500 * 1.15)
-    n = calibrate.DRIFT_EVIDENCE - 1
+    n = DEFAULT.drift_evidence - 1
     brief = calibrate.CostCurve([0.01] * 4, scale=2.0, observed=n, ratio_sum=2.0 * n)
     assert not calibrate.note_drift(steady, [target]) and not calibrate.note_drift(brief, [target])
     assert not _cache_entry(target).get("stale")
-    n = calibrate.DRIFT_EVIDENCE
+    n = DEFAULT.drift_evidence
     faster = calibrate.CostCurve([0.01] * 4, scale=0.7, observed=n, ratio_sum=0.7 * n)
     assert calibrate.note_drift(faster, [target]) and _cache_entry(target).get("stale") is True
 

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from localspec.backends.reference import BOS, ReferenceBackend
-from localspec.control.controller import (
-    LEARNT_PASSES,
-    PROBE_AFTER,
-    PROBE_ALPHA,
-    SAMPLED_SUPPORT_PRIORS,
-    SUPPORT_PRIORS,
-    AdaptiveDraftLength,
-    CostCurve,
-    FixedDraftLength,
-    choose_static,
-    support_level,
-)
+from localspec.control.config import DEFAULT
+from localspec.control.costs import CostCurve
+from localspec.control.policy import AdaptiveDraftLength, FixedDraftLength, choose_static, support_level
 from localspec.core.engine import Engine, Shadow
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats, Step
@@ -125,7 +118,8 @@ def test_drift_seen_on_single_token_steps_moves_the_whole_curve() -> None:
 def test_random_acceptance_stream_converges_near_its_true_rate() -> None:
     rng = np.random.default_rng(0)
     policy = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, max_gamma=4)
-    even = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, weight_hit=0.05, weight_miss=0.05)
+    symmetric = replace(DEFAULT, weight_hit=0.05, weight_miss=0.05)
+    even = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0, config=symmetric)
     cautious = AdaptiveDraftLength(CostCurve(list(NEARLY_FREE)), 0.0)
     for _ in range(2000):
         accepted = 0
@@ -372,9 +366,9 @@ def test_sampled_requests_start_from_their_own_lower_priors() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
     greedy = policy.expected_tokens(6, support=3)
     policy.begin(sampled=True)
-    assert policy.by_support == list(SAMPLED_SUPPORT_PRIORS)
+    assert policy.by_support == list(DEFAULT.sampled_support_priors)
     assert policy.expected_tokens(6, support=3) < greedy
-    assert all(s <= g for s, g in zip(SAMPLED_SUPPORT_PRIORS, SUPPORT_PRIORS, strict=True))
+    assert all(s <= g for s, g in zip(DEFAULT.sampled_support_priors, DEFAULT.support_priors, strict=True))
 
 
 def test_greedy_and_sampled_requests_keep_their_own_evidence() -> None:
@@ -383,7 +377,7 @@ def test_greedy_and_sampled_requests_keep_their_own_evidence() -> None:
         policy.observe(Step(6, 0, 0.0, F16[6], support=3))  # greedy guesses keep failing
     greedy_learnt = list(policy.by_support)
     policy.begin(sampled=True)
-    assert policy.by_support == list(SAMPLED_SUPPORT_PRIORS)  # none of that carried over
+    assert policy.by_support == list(DEFAULT.sampled_support_priors)  # none of that carried over
     policy.observe(Step(6, 6, 0.0, F16[6], support=3))
     sampled_learnt = list(policy.by_support)
     policy.begin(sampled=False)
@@ -460,7 +454,7 @@ def test_a_pass_far_under_a_learnt_price_reprices_every_block_size_at_it() -> No
     assert curve.verify(2) == pytest.approx(quiet(2), rel=0.05)
     assert curve.verify(9) == pytest.approx(quiet(2), rel=0.05)  # until a pass of its own
     assert curve.verify(1) == pytest.approx(quiet(1), rel=0.05)
-    for _ in range(LEARNT_PASSES):
+    for _ in range(DEFAULT.learnt_passes):
         curve.update(16, quiet(16))
     assert curve.verify(9) == pytest.approx(quiet(9), rel=0.1)  # between two timed sizes
 
@@ -481,19 +475,19 @@ def test_a_proven_copy_source_kept_idle_by_a_stale_curve_is_probed_and_drafts_ag
             Step(drafted=gamma, accepted=gamma, draft_seconds=0.0, verify_seconds=quiet(gamma + 1), support=20)
         )
     first = next(i for i, g in enumerate(gammas) if g > 0)
-    assert first == PROBE_AFTER - 1 and gammas[first] >= 8  # after PROBE_AFTER passes
+    assert first == DEFAULT.probe_after - 1 and gammas[first] >= 8  # after DEFAULT.probe_after passes
     assert min(gammas[first + 1 :]) >= 4  # and long drafts from then on
 
 
 def test_weak_guesses_are_never_probed() -> None:
     policy = AdaptiveDraftLength(busy_curve(), 2e-5, max_gamma=15)
-    assert policy.chain(1, 1)[0] < PROBE_ALPHA
-    assert all(policy.choose(16, support=1) == 0 for _ in range(3 * PROBE_AFTER))
+    assert policy.chain(1, 1)[0] < DEFAULT.probe_alpha
+    assert all(policy.choose(16, support=1) == 0 for _ in range(3 * DEFAULT.probe_after))
 
 
 def test_a_stale_curve_beside_a_draft_model_probes_with_the_lookup() -> None:
     policy = AdaptiveDraftLength(busy_curve(), 5e-3, max_gamma=15, lookup_seconds_per_token=2e-5)
-    choices = [policy.choose_source(16, 20, 16) for _ in range(PROBE_AFTER)]
+    choices = [policy.choose_source(16, 20, 16) for _ in range(DEFAULT.probe_after)]
     assert choices[-1][1] and choices[-1][0] >= 8 and all(c == (0, False) for c in choices[:-1])
 
 
@@ -511,6 +505,6 @@ def test_a_proven_copy_kept_short_by_a_dear_slope_is_probed_with_a_longer_draft(
         gammas.append(gamma)
         step = Step(drafted=gamma, accepted=gamma, draft_seconds=0.0, verify_seconds=truth(gamma + 1), support=20)
         policy.observe(step)
-    assert gammas[: PROBE_AFTER - 1] == [0] * (PROBE_AFTER - 1)
-    assert gammas[PROBE_AFTER - 1] >= 8  # the probe: as far as the guess is likely right
-    assert min(gammas[PROBE_AFTER + 2 :]) >= 8  # the curve, timed further out, drafts long
+    assert gammas[: DEFAULT.probe_after - 1] == [0] * (DEFAULT.probe_after - 1)
+    assert gammas[DEFAULT.probe_after - 1] >= 8  # the probe: as far as the guess is likely right
+    assert min(gammas[DEFAULT.probe_after + 2 :]) >= 8  # the curve, timed further out, drafts long

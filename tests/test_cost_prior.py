@@ -14,7 +14,9 @@ from localspec.api import Runtime, TextDelta, load
 from localspec.backends.reference import ReferenceBackend
 from localspec.backends.reference import load as load_reference
 from localspec.control import calibrate
-from localspec.control.controller import AdaptiveDraftLength, CostCurve
+from localspec.control.config import DEFAULT
+from localspec.control.costs import CostCurve
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.protocol import Logits, LogitsMode
 
 # What a 2-core AVX2 host measured for F16 SmolLM2-135M (ms, k = 1..16): the truth the
@@ -116,7 +118,7 @@ def test_what_a_session_learnt_is_where_the_next_load_starts(
     runtime = Runtime(target, strategy="ngram")
     runtime.generate("x y z x y z x y z", max_tokens=40, temperature=0.0)
     learnt = calibrate.starting_calibration(target)
-    assert learnt.source == "learnt" and learnt.evidence and sum(learnt.evidence) >= calibrate.LEARNT_EVIDENCE
+    assert learnt.source == "learnt" and learnt.evidence and sum(learnt.evidence) >= DEFAULT.learnt_evidence
     again = Runtime(target, strategy="ngram").policy
     assert isinstance(again, AdaptiveDraftLength) and again.costs.learning
     assert again.costs.verify_seconds == learnt.verify_seconds

@@ -19,7 +19,7 @@ from scipy.stats import chisquare
 from sources import AlternatingSources
 
 from localspec.backends.reference import BOS, ReferenceBackend
-from localspec.control.controller import FixedDraftLength
+from localspec.control.policy import FixedDraftLength
 from localspec.core.engine import Engine, Step
 from localspec.core.protocol import DraftLengthPolicy
 from localspec.core.sampling import SamplingConfig

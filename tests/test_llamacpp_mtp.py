@@ -129,12 +129,12 @@ def test_mtp_on_another_backend_names_the_one_that_runs_it(tmp_path: Path, capsy
 
 
 def test_verbose_says_why_a_head_that_never_drafted_stayed_idle(with_head, opened) -> None:
-    from localspec.api import model_draft_policy
-    from localspec.control.controller import CostCurve
+    from localspec.control.costs import CostCurve
+    from localspec.control.factory import model_policy
 
     target = opened(with_head)
     runtime = Runtime(target, target.mtp_head(), strategy="draft", calibrate=False)
-    runtime.policy = model_draft_policy(CostCurve([0.010, 0.019, 0.027]), 0.008, agreement=0.2)
+    runtime.policy = model_policy(CostCurve([0.010, 0.019, 0.027]), 0.008, agreement=0.2)
     result = runtime.generate(prompt=LOOPING, max_tokens=8, temperature=0)
     assert result.stats.drafted == result.stats.lookup_drafted  # the head itself stayed idle
     note = runtime.idle_drafter_note(result.stats)

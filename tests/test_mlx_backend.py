@@ -38,7 +38,7 @@ from localspec.api import Completion, Runtime  # noqa: E402
 from localspec.backends.mlx import Forward, MlxBackend, load  # noqa: E402
 from localspec.backends.mlx.gguf import FrequencyRoPE, check_types  # noqa: E402
 from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
-from localspec.control.controller import FixedDraftLength  # noqa: E402
+from localspec.control.policy import FixedDraftLength  # noqa: E402
 from localspec.core.backend_loader import load_backend  # noqa: E402
 from localspec.core.engine import Engine, Step  # noqa: E402
 from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 from backends.reference import ReferenceBackend
 from localspec.api import Runtime, TextDelta
 from localspec.cli.main import main
-from localspec.control.controller import FixedDraftLength
+from localspec.control.policy import FixedDraftLength
 from localspec.core.engine import Engine
 from localspec.core.errors import BackendClosedError, ContextFullError, InvalidRequestError, LocalspecError
 from localspec.core.protocol import Backend

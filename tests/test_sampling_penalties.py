@@ -30,7 +30,7 @@ from test_exactness import (
 )
 
 from localspec.backends.reference import ReferenceBackend
-from localspec.control.controller import FixedDraftLength
+from localspec.control.policy import FixedDraftLength
 from localspec.core.engine import Engine, Step
 from localspec.core.errors import InvalidRequestError
 from localspec.core.sampling import LogprobRecorder, SamplingConfig, process, shape

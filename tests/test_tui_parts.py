@@ -8,7 +8,8 @@ import pytest
 from tui_support import reference
 
 from localspec.api import Finished, TextDelta
-from localspec.control.controller import AdaptiveDraftLength, CostCurve
+from localspec.control.costs import CostCurve
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.choices import parse_draft_tokens
 from localspec.core.errors import InvalidRequestError
 from localspec.core.sampling import SamplingConfig

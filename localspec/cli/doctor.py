@@ -9,7 +9,7 @@ from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
 from localspec.control.calibrate import calibrated
-from localspec.control.controller import choose_static
+from localspec.control.policy import choose_static
 from localspec.control.hardware import predict_verify_seconds, probe
 from localspec.core.backend_loader import load_backend
 

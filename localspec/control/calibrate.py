@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.control.controller import CostCurve
+from localspec.control.config import DEFAULT, ControlConfig
+from localspec.control.costs import CostCurve
 from localspec.control.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
 from localspec.core.protocol import Backend, eval_chunked
 from localspec.core.sampling import SamplingConfig
@@ -42,13 +43,9 @@ AGREEMENT_TEXT = (
 )
 
 
-# The two context lengths the cost curve is measured behind (see CostCurve).
-SHALLOW_DEPTH = 32
-DEEP_DEPTH = 512
-# Rounds of timings behind the long text: fewer than behind the short one, whose shape
-# decides most drafts, because its passes cost up to twice as much and every size is timed
-# twice (see _curve), which the first load of a model waits for.
-DEEP_REPEATS = 3
+# The two context lengths the cost curve is measured behind (see CostCurve; ControlConfig).
+SHALLOW_DEPTH = DEFAULT.shallow_depth
+DEEP_DEPTH = DEFAULT.deep_depth
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,7 @@ class Calibration:
             [float(e) for e in evidence] if evidence else None,
         )
 
-    def cost_curve(self) -> CostCurve:
+    def cost_curve(self, config: ControlConfig = DEFAULT) -> CostCurve:
         return CostCurve(
             list(self.verify_seconds),
             deep_seconds=list(self.deep_verify_seconds) if self.deep_verify_seconds else None,
@@ -115,6 +112,7 @@ class Calibration:
             deep_depth=self.deep_depth,
             learning=self.source != "measured",
             evidence=list(self.evidence) if self.evidence else [],
+            config=config,
         )
 
 
@@ -137,7 +135,7 @@ def _load_cache() -> dict[str, dict[str, object]]:
         return {}  # a missing or damaged cache only costs a re-measure
 
 
-def measure(backend: Backend, max_k: int = 16, repeats: int = 5) -> Calibration:
+def measure(backend: Backend, max_k: int = 16, repeats: int = 5, config: ControlConfig = DEFAULT) -> Calibration:
     """Time one pass over k tokens for k = 1..max_k behind a short and a long context;
     leaves the cache empty."""
     base = backend.tokenize(CALIBRATION_TEXT, add_special=True, parse_special=False)
@@ -159,7 +157,7 @@ def measure(backend: Backend, max_k: int = 16, repeats: int = 5) -> Calibration:
     deep = None
     if deep_depth >= 4 * SHALLOW_DEPTH:  # a small context (a short --n-ctx) keeps one curve
         eval_chunked(backend, base[SHALLOW_DEPTH:deep_depth], "none")
-        deep, _ = _curve(backend, base[deep_depth : deep_depth + max_k], DEEP_REPEATS)
+        deep, _ = _curve(backend, base[deep_depth : deep_depth + max_k], config.deep_repeats)
         deep = [max(d, s) for d, s in zip(deep, verify, strict=True)]  # more context never costs less
     backend.rollback(0)
     depth = deep_depth if deep else DEEP_DEPTH
@@ -245,13 +243,9 @@ def pair_agreement(target: Backend, draft: Backend) -> float:
     return value
 
 
-# Guesses of this many tokens when timing a draft model as the engine drives it.
-DRAFT_PROBE = 4
-
-
-def drafting_seconds(draft: Backend) -> float:
+def drafting_seconds(draft: Backend, config: ControlConfig = DEFAULT) -> float:
     """Seconds per drafted token of a draft model driven as the engine drives it, measured once
-    per model and machine: guesses of DRAFT_PROBE tokens along AGREEMENT_TEXT, each after
+    per model and machine: guesses of config.draft_probe tokens along AGREEMENT_TEXT, each after
     catching up on the token or two the target added, with the drafter's early stop and its
     Python around the passes: the calibration's single-token step prices a drafted token
     well below what it costs in a request, and the controller would try drafts that lose
@@ -261,15 +255,15 @@ def drafting_seconds(draft: Backend) -> float:
     if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
         return float(hit["seconds_per_token"])  # type: ignore[arg-type]
     text = draft.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
-    text = text[: draft.info.n_ctx - DRAFT_PROBE - 1]
+    text = text[: draft.info.n_ctx - config.draft_probe - 1]
     drafter = ModelDrafter(draft)
     cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
     pos = min(SHALLOW_DEPTH, len(text) // 2)
     drafter.start(text[:pos])
     drafted, seconds = 0, 0.0
-    while pos + DRAFT_PROBE < len(text):
+    while pos + config.draft_probe < len(text):
         t0 = time.perf_counter()
-        guess = drafter.propose(text[:pos], DRAFT_PROBE, cfg, rng).tokens
+        guess = drafter.propose(text[:pos], config.draft_probe, cfg, rng).tokens
         seconds += time.perf_counter() - t0
         drafted += len(guess)
         kept = common_prefix(guess, text[pos:])
@@ -281,18 +275,12 @@ def drafting_seconds(draft: Backend) -> float:
     return value
 
 
-# What a draft model's token costs in a request against its single-token pass, before the
-# drafting speed was timed (see drafting_seconds); the controller then learns it from the
-# drafts it makes.
-DRAFTING_OVERHEAD = 1.6
-
-
-def starting_drafting_seconds(draft: Backend) -> float:
+def starting_drafting_seconds(draft: Backend, config: ControlConfig = DEFAULT) -> float:
     """drafting_seconds() where it was measured, else a guess that times nothing."""
     hit = remembered(f"drafting|{_key(draft)}")
     if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
         return float(hit["seconds_per_token"])  # type: ignore[arg-type]
-    return starting_calibration(draft).verify_seconds[0] * DRAFTING_OVERHEAD
+    return starting_calibration(draft).verify_seconds[0] * config.drafting_overhead
 
 
 def remembered(key: str) -> dict[str, object] | None:
@@ -317,21 +305,18 @@ def _store(cache: dict[str, dict[str, object]]) -> None:
     save_json_quietly(calibration_file(), cache, "the calibration (measured again next time)")
 
 
-# A cached curve the machine has left behind: timed passes averaged this factor off it,
-# either way, over at least DRIFT_EVIDENCE passes since load. The controller's drift scale
-# corrects the running session's choices, but a cache measured under other conditions (a busy
-# neighbour then, another host under the same VM; a rebuilt library is keyed apart by its
-# build) misprices every draft of the next load until it has learnt the drift again, so
-# the next load measures afresh. The mean since load, not the scale (an EMA over ~20 passes),
-# decides: a burst of load moves the scale for a few dozen passes and the mean barely.
-STALE_DRIFT = 1.25
-DRIFT_EVIDENCE = 64
-
-
+# A cached curve the machine has left behind (ControlConfig.stale_drift, drift_evidence): the
+# controller's drift scale corrects the running session's choices, but a cache measured under
+# other conditions (a busy neighbour then, another host under the same VM; a rebuilt library
+# is keyed apart by its build) misprices every draft of the next load until it has learnt
+# the drift again, so the next load measures afresh. The mean since load, not the scale (an
+# EMA over ~20 passes), decides: a burst of load moves the scale for a few dozen passes and
+# the mean barely.
 def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
     """Mark the backends' cached timings stale if `curve` has drifted this far from them for
     this long; True when it did."""
-    if curve.observed < DRIFT_EVIDENCE or 1.0 / STALE_DRIFT <= curve.long_run_drift <= STALE_DRIFT:
+    config = curve.config
+    if curve.observed < config.drift_evidence or 1.0 / config.stale_drift <= curve.long_run_drift <= config.stale_drift:
         return False
     cache = _load_cache()
     for backend in backends:
@@ -341,15 +326,6 @@ def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
                 entry["stale"] = True
     _store(cache)
     return True
-
-
-# A prior's pass behind DEEP_DEPTH tokens against one behind SHALLOW_DEPTH: attention reads
-# the whole cache for every token checked, so the excess grows with k
-# (benchmarks/verify_costs.py); the passes correct the rest.
-PRIOR_DEEP = 1.3
-PRIOR_DEEP_PER_TOKEN = 0.02
-# Learnt curves are stored once a session has timed this many passes.
-LEARNT_EVIDENCE = 16
 
 
 def prior_calibration(backend: Backend, max_k: int = 16) -> Calibration:
@@ -364,7 +340,13 @@ def prior_calibration(backend: Backend, max_k: int = 16) -> Calibration:
 
 
 def prior_from(
-    device: DeviceProbe, size_bytes: int, n_params: int, on: str = "cpu", max_k: int = 16, deep: bool = True
+    device: DeviceProbe,
+    size_bytes: int,
+    n_params: int,
+    on: str = "cpu",
+    max_k: int = 16,
+    deep: bool = True,
+    config: ControlConfig = DEFAULT,
 ) -> Calibration:
     """prior_calibration() for a model of this size on this device (another machine's, say)."""
     single = predict_verify_seconds(size_bytes, n_params, device, 1, on)
@@ -374,7 +356,7 @@ def prior_from(
     else:
         shallow = [predict_verify_seconds(size_bytes, n_params, device, k, on) for k in range(1, max_k + 1)]
     shallow = [max(t, 1e-5) for t in shallow]
-    behind = [t * (PRIOR_DEEP + PRIOR_DEEP_PER_TOKEN * (k - 1)) for k, t in enumerate(shallow, 1)]
+    behind = [t * (config.prior_deep + config.prior_deep_per_token * (k - 1)) for k, t in enumerate(shallow, 1)]
     return Calibration(shallow, shallow[0], behind if deep else None, DEEP_DEPTH, source="prior")
 
 
@@ -398,7 +380,7 @@ def starting_calibration(backend: Backend, max_k: int = 16) -> Calibration:
 
 def remember_learnt(backend: Backend, curve: CostCurve) -> bool:
     """Store what a learning curve has learnt, for the next load; True when stored."""
-    if not curve.learning or sum(curve.evidence) < LEARNT_EVIDENCE:
+    if not curve.learning or sum(curve.evidence) < curve.config.learnt_evidence:
         return False
     shallow, deep = curve.learnt()
     cal = Calibration(shallow, shallow[0], deep, curve.deep_depth, source="learnt", evidence=list(curve.evidence))

@@ -25,7 +25,7 @@ from localspec.control.calibrate import (
     remember,
     remembered,
 )
-from localspec.control.controller import AdaptiveDraftLength
+from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.prompts import CODE, PASSAGE
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend

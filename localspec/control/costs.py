@@ -1,0 +1,193 @@
+"""The target's cost model: what a verify pass over k tokens costs, behind how much text.
+
+Measured at load (localspec/control/calibrate.py) or started from a prior and learnt from
+the passes decoding makes; the draft-length policy (policy.py) prices every candidate
+draft on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from localspec.control.config import DEFAULT, ControlConfig
+
+
+@dataclass
+class CostCurve:
+    """t_verify(k) = seconds for one target pass over k tokens behind a context of some length.
+
+    Measured at load at two context lengths (`depth` and `deep_depth`, k = 1..K each) and
+    interpolated linearly between them: attention makes every pass dearer as the text grows,
+    by an amount that grows with k (benchmarks/verify_costs.py), so a curve measured on a
+    short text, scaled by one factor, mispredicts drafts late in a long answer. `scale` is
+    the drift the machine adds on top (another process, thermal limits).
+
+    A curve that was not measured (a prior, or one learnt in earlier sessions: `learning`)
+    is also corrected per block size: `corrections[k-1]` is what the passes of k tokens
+    have shown about its shape, beside the drift that `scale` tracks for all sizes alike. A
+    size not drafted yet takes the correction of the nearest sizes that were, so a prior
+    that priced every pass too dear is mended by the single-token steps alone, and the
+    first few drafts mend its slope."""
+
+    verify_seconds: list[float]
+    scale: float = 1.0
+    deep_seconds: list[float] | None = None
+    depth: int = DEFAULT.shallow_depth
+    deep_depth: int = DEFAULT.deep_depth
+    # Passes timed since load and the sum of their ratios to the curve: the long-run drift,
+    # which a burst of load that moves `scale` for a few dozen passes barely moves.
+    observed: int = 0
+    ratio_sum: float = 0.0
+    learning: bool = False
+    corrections: list[float] = field(default_factory=list)
+    evidence: list[float] = field(default_factory=list)  # passes behind each correction
+    config: ControlConfig = field(default=DEFAULT, repr=False, compare=False)
+    _effective: list[float] | None = field(default=None, repr=False, compare=False)
+    _updates: int = field(default=0, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
+            if not curve or any(t <= 0 for t in curve):
+                raise ValueError("a cost curve needs positive timings for k = 1..K")
+        if self.deep_seconds is not None and self.deep_depth <= self.depth:
+            raise ValueError("the deep curve must be measured behind a longer context")
+        self.corrections = self.corrections or [1.0] * len(self.verify_seconds)
+        self.evidence = self.evidence or [0.0] * len(self.verify_seconds)
+
+    def base(self, k: int, depth: int = 0) -> float:
+        """The curve as loaded, before any correction."""
+        shallow = _extend(self.verify_seconds, k)
+        if self.deep_seconds is None or depth <= self.depth:
+            return shallow
+        deep = _extend(self.deep_seconds, k)
+        w = (depth - self.depth) / (self.deep_depth - self.depth)
+        return max(shallow + w * (deep - shallow), min(shallow, deep))
+
+    def measured(self, k: int, depth: int = 0) -> float:
+        return self.base(k, depth) * self.correction(k)
+
+    def correction(self, k: int) -> float:
+        """The learnt shape correction for passes of k tokens: its own where passes of k
+        were timed, else interpolated between the nearest timed sizes (1.0: none yet)."""
+        if not self.learning:
+            return 1.0
+        # Worked out for every size once per few passes, not at each of the dozen prices a
+        # step's choice reads: the per-step work stays a small share of a step.
+        if self._effective is None:
+            self._effective = [self._correction(i) for i in range(len(self.corrections))]
+        return self._effective[min(k, len(self.corrections)) - 1]
+
+    def _correction(self, i: int) -> float:
+        learnt = self.config.learnt_passes
+        if self.evidence[i] >= learnt:
+            return self.corrections[i]
+        below = next((j for j in range(i - 1, -1, -1) if self.evidence[j] > 0), None)
+        above = next((j for j in range(i + 1, len(self.evidence)) if self.evidence[j] > 0), None)
+        if below is None:
+            if above is None:
+                return self.corrections[i]  # its own passes, or 1.0 before any
+            near = self.corrections[above]
+        elif above is None:
+            near = self._beyond(i, below)
+        else:
+            w = (i - below) / (above - below)
+            near = self.corrections[below] + w * (self.corrections[above] - self.corrections[below])
+        if self.evidence[i] == 0:
+            return near
+        # A few passes of this size: their figure, shrunk toward the neighbours'.
+        own = self.evidence[i] / learnt
+        return own * self.corrections[i] + (1 - own) * near
+
+    def _beyond(self, i: int, last: int) -> float:
+        """Above the largest timed size: the timed curve's last slope carried on (never
+        below the last timed correction), since a prior's own slope may be the wrong part.
+        A slope from the single-token step is not carried: a block takes other kernels than
+        one token does (llama.cpp's CPU path), so that step says nothing about the blocks'."""
+        before = next((j for j in range(last - 1, -1, -1) if self.evidence[j] > 0), None)
+        if before is None or before == 0:
+            return self.corrections[last]
+        t_last = self.base(last + 1) * self.corrections[last]
+        slope = (t_last - self.base(before + 1) * self.corrections[before]) / (last - before)
+        return max(self.corrections[last], (t_last + slope * (i - last)) / self.base(i + 1))
+
+    def verify(self, k: int, depth: int = 0) -> float:
+        return self.measured(k, depth) * self.scale
+
+    def update(self, k: int, seconds: float, depth: int = 0) -> None:
+        # Drift makes every pass slower by about the same factor: one scale for the whole
+        # curve. Learning only the observed k instead would make the sizes seldom drafted look
+        # cheap next to the single-token step seen at every step, and draft where it does not
+        # pay. An outlier (a page fault, a scheduler hiccup) is clipped and damped.
+        if self.learning:
+            self._learn_shape(k, seconds / (self.base(k, depth) * self.scale))
+        i = min(k, len(self.corrections)) - 1
+        ratio = min(seconds / self.measured(k, depth), self.config.drift_clip)
+        self.scale += self.config.drift_weight * (ratio - self.scale)
+        if not self.learning or self.evidence[i] >= self.config.learnt_passes:
+            # While a learning curve still finds its shape, its misses are not drift.
+            self.observed += 1
+            self.ratio_sum += ratio
+
+    def _learn_shape(self, k: int, ratio: float) -> None:
+        # A running mean over the first learnt_passes passes of a size, then an EMA that
+        # follows the machine. A prior can be off severalfold, so only wild outliers clip.
+        cfg = self.config
+        i = min(k, len(self.corrections)) - 1
+        self._updates += 1
+        if self.evidence[i] < cfg.learnt_passes or self._updates % cfg.learnt_passes == 0:
+            self._effective = None
+        ratio = min(max(ratio, cfg.shape_clip[0]), cfg.shape_clip[1])
+        if i > 0 and ratio < cfg.stale_shape * self.correction(k):
+            if self.evidence[i] >= cfg.learnt_passes:
+                self._rebase(i, ratio)  # a price its own passes had set is wrong: all are
+            else:
+                # A price read off the neighbours: this pass, no slower than load allows, is it.
+                self.corrections[i], self.evidence[i] = ratio, float(cfg.learnt_passes)
+                self._effective = None
+            return
+        if self.evidence[i] == 0:
+            self.corrections[i] = ratio
+        else:
+            step = max(1.0 / (self.evidence[i] + 1), 1.0 / cfg.learnt_passes)
+            self.corrections[i] += step * (ratio - self.corrections[i])
+        self.evidence[i] = min(self.evidence[i] + 1, cfg.max_evidence)
+
+    def _rebase(self, i: int, ratio: float) -> None:
+        """A pass of i+1 tokens at `ratio` times the curve's base shows the curve was learnt
+        on a busier machine: its block sizes are no guide any more. This pass, no slower than
+        load allows, is that size's cost, and every other block size is priced at it too until
+        its own passes say more: an optimistic start, so the next proven guess is drafted long
+        and that pass times the far end of the curve (the single-token step, timed at every
+        step, keeps what it learnt)."""
+        shallow = self.verify_seconds[i] * ratio
+        deep = self.deep_seconds[i] * ratio if self.deep_seconds is not None else 0.0
+        for j in range(1, len(self.corrections)):
+            self.verify_seconds[j] = shallow
+            if self.deep_seconds is not None:
+                self.deep_seconds[j] = deep
+            self.corrections[j], self.evidence[j] = 1.0, 0.0
+        self.evidence[i] = float(self.config.learnt_passes)
+        self._effective = None
+
+    def learnt(self) -> tuple[list[float], list[float] | None]:
+        """The curve as the passes so far have shown it (drift included), behind a short
+        and a long text: what a later load starts from."""
+        n = len(self.verify_seconds)
+        shallow = [self.verify(k, self.depth) for k in range(1, n + 1)]
+        deep = [self.verify(k, self.deep_depth) for k in range(1, n + 1)] if self.deep_seconds else None
+        return shallow, deep
+
+    @property
+    def long_run_drift(self) -> float:
+        """Mean ratio of timed passes to the curve since load (1.0 before any)."""
+        return self.ratio_sum / self.observed if self.observed else 1.0
+
+
+def _extend(curve: Sequence[float], k: int) -> float:
+    if k <= len(curve):
+        return curve[k - 1]
+    # Beyond the measured range, extend the last measured slope linearly.
+    last = curve[-1]
+    slope = last - curve[-2] if len(curve) > 1 else last
+    return last + slope * (k - len(curve))

@@ -1,0 +1,77 @@
+"""The draft-length policy a runtime gets: fixed where the caller fixed it, else the
+adaptive policy on the target's cost curve, set up for its drafter (n-gram lookup, or a
+draft model beside the lookup), with every setting read from one ControlConfig."""
+
+from __future__ import annotations
+
+from localspec.control.calibrate import pair_agreement, starting_calibration, starting_drafting_seconds
+from localspec.control.config import DEFAULT, ControlConfig
+from localspec.control.costs import CostCurve
+from localspec.control.policy import AdaptiveDraftLength, FixedDraftLength
+from localspec.core.choices import DraftTokens
+from localspec.core.protocol import Backend, DraftLengthPolicy
+
+
+def ngram_policy(curve: CostCurve, config: ControlConfig = DEFAULT) -> AdaptiveDraftLength:
+    """The adaptive policy of a runtime that drafts by n-gram lookup alone."""
+    return AdaptiveDraftLength(
+        curve,
+        config.ngram_seconds_per_token,
+        max_gamma=config.max_draft,
+        margin=config.ngram_margin,
+        config=config,
+    )
+
+
+def model_policy(
+    curve: CostCurve,
+    draft_seconds: float,
+    agreement: float,
+    catch_up_seconds_per_token: float = 0.0,
+    config: ControlConfig = DEFAULT,
+) -> AdaptiveDraftLength:
+    """The adaptive policy of a runtime with a draft model: the target's cost curve, the
+    drafter's seconds per token and the pair's measured agreement as its prior, with n-gram
+    lookup beside it."""
+    return AdaptiveDraftLength(
+        curve,
+        draft_seconds,
+        max_gamma=config.max_draft,
+        prior=agreement,
+        prior_weight=config.agreement_weight,
+        catch_up_seconds_per_token=catch_up_seconds_per_token,
+        margin=config.model_draft_margin,
+        lookup_seconds_per_token=config.ngram_seconds_per_token,
+        lookup_margin=config.ngram_margin,
+        config=config,
+    )
+
+
+def make_policy(
+    target: Backend,
+    draft: Backend | None,
+    draft_tokens: DraftTokens,
+    calibrate: bool = True,
+    config: ControlConfig = DEFAULT,
+) -> DraftLengthPolicy:
+    """The policy for `target` drafted for by `draft` (None: n-gram lookup). draft_tokens: a
+    fixed draft length (0: plain decoding) or "auto"; calibrate=False: no cost curve, so a
+    fixed config.uncalibrated_draft."""
+    if draft_tokens != "auto":
+        return FixedDraftLength(draft_tokens)
+    if not calibrate:
+        return FixedDraftLength(config.uncalibrated_draft)
+    # No pass is timed before the first token: the curve starts from what is known (see
+    # starting_calibration) and learns from the passes decoding makes anyway.
+    curve = starting_calibration(target).cost_curve(config)
+    if draft is None:
+        return ngram_policy(curve, config)
+    # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).
+    drafter = starting_calibration(draft)
+    return model_policy(
+        curve,
+        starting_drafting_seconds(draft),
+        pair_agreement(target, draft),
+        drafter.verify_seconds[-1] / len(drafter.verify_seconds),
+        config,
+    )

@@ -1,0 +1,284 @@
+"""Choosing the draft length γ for every step.
+
+A draft of γ tokens costs γ drafter steps plus one target pass over γ+1 tokens and yields
+E[accepted] + 1 tokens. On a CPU a pass over a few tokens costs several single-token steps
+(benchmarks/verify_costs.py), so a fixed γ loses on text the drafter cannot guess. The
+adaptive policy maximises
+
+    tokens per second(γ) = (1 + Σ_{j≤γ} Π_{i≤j} α_i) / (γ·t_draft + t_verify(γ+1))
+
+with α_i the acceptance rate at draft position i given that position i-1 was accepted,
+estimated online, and t_verify the measured cost curve of the target. γ = 0 (plain
+decoding) is always a candidate, which is what keeps localspec from losing to it.
+
+A free drafter (n-gram lookup) guesses before γ is chosen and says how well the context
+supports its guess (the length of the matched passage). A copied passage backs each of its
+tokens with one token more than the one before: the j-th token of a guess backed by s tokens
+is backed by s + j once the tokens before it are accepted. α is therefore kept per support
+level, not per position, and a guess's chain of α_i reads the level of s + i: a copy that
+starts on a 3-token match is a coin toss for its first token but nearly sure by its tenth.
+One pooled estimate, or one per position, would waste steps on weak guesses or pass on the
+strong, and ramp up slowly at the start of every copied passage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from localspec.control.config import DEFAULT, ControlConfig
+from localspec.control.costs import CostCurve
+from localspec.core.stats import Step
+
+
+def support_level(support: int, config: ControlConfig = DEFAULT) -> int:
+    """The support level of a guessed token backed by `support` tokens (0: unknown)."""
+    return sum(1 for edge in config.support_edges if support >= edge)
+
+
+def support_priors(sampled: bool, config: ControlConfig = DEFAULT) -> tuple[float, ...]:
+    return config.sampled_support_priors if sampled else config.support_priors
+
+
+@dataclass
+class FixedDraftLength:
+    gamma: int
+
+    def begin(self, sampled: bool) -> None:
+        pass
+
+    def would_draft(self, depth: int = 0) -> bool:
+        return self.gamma > 0
+
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
+        return min(self.gamma, limit)
+
+    def choose_source(
+        self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
+    ) -> tuple[int, bool]:
+        return min(self.gamma, limit), False  # a fixed length drafts with the model it was given
+
+    def observe(self, step: Step) -> None:
+        pass
+
+    def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
+        pass
+
+
+@dataclass
+class AdaptiveDraftLength:
+    costs: CostCurve
+    draft_seconds_per_token: float
+    # The role's settings below are what factory.make_policy fills in from the config; a
+    # bare policy (tests, `doctor`) takes these defaults.
+    max_gamma: int = 12
+    prior: float = DEFAULT.unknown_prior  # for drafts of unknown support
+    # What a draft model pays per token to catch up after sitting out steps (a batched pass),
+    # charged spread over config.catch_up_horizon steps.
+    catch_up_seconds_per_token: float = 0.0
+    # Draft only when the predicted rate beats plain decoding by this share: near break-even
+    # a wrong prediction (a drafter's cost drifts; llama.cpp rebuilds its graph when the block
+    # size changes, and back) loses more than a right one wins (calibrate._curve).
+    margin: float = 0.0
+    # A free lookup beside a draft model (choose_source): what its guessed tokens cost, and
+    # its own margin (no drafter cost to mispredict, only the graph rebuild).
+    lookup_seconds_per_token: float = 0.0
+    lookup_margin: float = 0.0
+    # How many observations the prior is worth for drafts of unknown support (model
+    # drafters). A good draft model's misses come in clusters where the text turns: counting
+    # hits and trials, with the measured agreement as the prior, keeps one cluster from
+    # switching it off for good.
+    prior_weight: float = DEFAULT.prior_weight
+    config: ControlConfig = field(default=DEFAULT, repr=False)
+    alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
+    # by_support[level - 1]: the same per support level of a free drafter's guessed tokens.
+    by_support: list[float] = field(default_factory=list)
+    sampled: bool = False  # the kind of request the estimates are for (see begin)
+    # The evidence behind alpha: discounted hits and trials per position.
+    hits: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+    _other_kind: _Estimates | None = field(default=None, repr=False)
+    _declined: int = field(default=0, repr=False)  # proven guesses passed over in a row (probe_after)
+
+    def __post_init__(self) -> None:
+        if not self.alpha:
+            self.alpha = [self.prior] * self.max_gamma
+        if not self.by_support:
+            self.by_support = list(support_priors(self.sampled, self.config))
+        self.hits = self.hits or [0.0] * len(self.alpha)
+        self.trials = self.trials or [0.0] * len(self.alpha)
+
+    def begin(self, sampled: bool) -> None:
+        # A sampled token matches a guess with the target's probability of it, a greedy one
+        # whenever the guess is the argmax, so the same guesses come true less often under
+        # sampling (config.sampled_support_priors). Each kind of request keeps its own estimates: a
+        # session that switches temperature does not carry one kind's evidence into the other.
+        if sampled == self.sampled:
+            return
+        current = _Estimates(self.alpha, self.by_support, self.hits, self.trials)
+        if self._other_kind is None:
+            n = len(self.alpha)
+            fresh = _Estimates([self.prior] * n, list(support_priors(sampled, self.config)), [0.0] * n, [0.0] * n)
+        else:
+            fresh = self._other_kind
+        self.alpha, self.by_support, self.hits, self.trials = fresh.alpha, fresh.by_support, fresh.hits, fresh.trials
+        self._other_kind = current
+        self.sampled = sampled
+
+    def chain(self, gamma: int, support: int = 0) -> list[float]:
+        """α_i for the positions of a draft of γ tokens whose first token has this support."""
+        if support <= 0:
+            return self.alpha[:gamma]
+        return [self.by_support[support_level(support + i, self.config) - 1] for i in range(gamma)]
+
+    def expected_tokens(self, gamma: int, support: int = 0) -> float:
+        total, run = 1.0, 1.0
+        for a in self.chain(gamma, support):
+            run *= a
+            total += run
+        return total
+
+    def rate(self, gamma: int, support: int = 0, depth: int = 0) -> float:
+        cost = gamma * self.draft_seconds_per_token * self.costs.scale + self.costs.verify(gamma + 1, depth)
+        return self.expected_tokens(gamma, support) / cost
+
+    def would_draft(self, depth: int = 0) -> bool:
+        """Whether a model draft would pay at this depth; reads the estimates, changes nothing."""
+        return self._best(self.max_gamma, 0, 0, depth, self.draft_seconds_per_token, self.margin)[0] > 0
+
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
+        gamma = self._best(limit, support, backlog, depth, self.draft_seconds_per_token, self.margin)[0]
+        gamma, self._declined = self._probe(gamma, limit, support)
+        return gamma
+
+    def _probe(self, gamma: int, guessed: int, support: int) -> tuple[int, int]:
+        """gamma, or a longer probe once config.probe_after proven guesses were stopped short;
+        and the count of proven guesses stopped short after this step (the caller keeps it)."""
+        declined = self._declined
+        longest = min(guessed, self.max_gamma) if support > 0 else 0
+        if gamma >= longest:
+            return gamma, 0 if gamma > 0 else declined
+        # Per step only the next token's estimate is read; the whole chain only for a probe.
+        if self.by_support[support_level(support + gamma, self.config) - 1] < self.config.probe_alpha:
+            return gamma, declined
+        if declined + 1 < self.config.probe_after:
+            return gamma, declined + 1
+        likely, run = gamma + 1, 1.0
+        for n, a in enumerate(self.chain(longest, support), 1):  # while more likely right than wrong
+            run *= a
+            if run < 0.5:
+                break
+            likely = max(likely, n)
+        return likely, 0
+
+    def choose_source(
+        self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
+    ) -> tuple[int, bool]:
+        # Each source's best γ and predicted rate. The lookup reads the text directly and
+        # costs next to nothing per token; the model pays its drafting time and its catch-up
+        # on what the lookup copied meanwhile, charged as in choose(). Charging less of the
+        # catch-up lets the model back in after every copy, which loses on answers whose short
+        # copies alternate with new values (benchmarks/hybrid_sources.py).
+        gamma, rate = self._best(limit, 0, backlog, depth, self.draft_seconds_per_token, self.margin)
+        if guessed > 0 and support > 0:
+            lookup = self._best(
+                min(guessed, limit), support, 0, depth, self.lookup_seconds_per_token, self.lookup_margin
+            )
+            if lookup[0] > 0 and (gamma == 0 or lookup[1] > rate):
+                chosen, self._declined = self._probe(lookup[0], min(guessed, limit), support)
+                return chosen, True
+            if gamma == 0:
+                probe, self._declined = self._probe(0, min(guessed, limit), support)
+                return (probe, True) if probe > 0 else (0, False)
+        return gamma, False
+
+    def _best(
+        self, limit: int, support: int, backlog: int, depth: int, per_token: float, margin: float
+    ) -> tuple[int, float]:
+        """The γ ≤ limit with the highest predicted rate, and that rate (tokens per second);
+        a draft must beat plain decoding's rate by `margin` to be chosen."""
+        # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
+        alpha = self.chain(min(limit, self.max_gamma), support)
+        plain = 1.0 / self.costs.verify(1, depth)
+        best, best_rate, bar = 0, plain, plain * (1.0 + margin)
+        expected, run = 1.0, 1.0
+        # The drafter runs on the same cores over the same text: the target's drift is its too.
+        draft_cost = per_token * self.costs.scale
+        catch_up = backlog * self.catch_up_seconds_per_token * self.costs.scale / self.config.catch_up_horizon
+        for g in range(1, min(limit, self.max_gamma) + 1):
+            run *= alpha[g - 1]
+            expected += run
+            r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1, depth))
+            if r > bar and r > best_rate:
+                best, best_rate = g, r
+        return best, best_rate
+
+    def observe(self, step: Step) -> None:
+        drafted, accepted = step.drafted, step.accepted
+        self.costs.update(drafted + 1, step.verify_seconds, step.depth)
+        if drafted == 0:
+            self._relax(step.support, 0)
+            return
+        # The catch-up is not a cost of each drafted token: take it out before learning that.
+        # Costs are kept in the units of the load-time measurement (divided by the drift).
+        if not step.lookup:
+            scale = self.costs.scale
+            per_token = max(0.0, step.draft_seconds / scale - step.backlog * self.catch_up_seconds_per_token) / drafted
+            self.draft_seconds_per_token += self.config.weight_hit * (per_token - self.draft_seconds_per_token)
+        seen = min(accepted + 1, drafted)
+        for i in range(seen):
+            self._learn(step.support, i, 1.0 if i < accepted else 0.0)
+        self._relax(step.support, seen)
+
+    def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
+        if accepted < start:
+            return  # the chain broke inside the verified part: nothing unverified was reached
+        for i in range(start, min(accepted + 1, drafted, self.max_gamma)):
+            self._learn(support, i, 1.0 if i < accepted else 0.0)
+
+    def _learn(self, support: int, i: int, outcome: float) -> None:
+        if support <= 0:
+            keep = 1.0 - 1.0 / self.config.memory
+            self.hits[i] = self.hits[i] * keep + outcome
+            self.trials[i] = self.trials[i] * keep + 1.0
+            self._estimate(i)
+            return
+        slot = support_level(support + i, self.config) - 1
+        weight = self.config.weight_hit if outcome else self.config.weight_miss
+        self.by_support[slot] += weight * (outcome - self.by_support[slot])
+
+    def _estimate(self, i: int) -> None:
+        self.alpha[i] = (self.prior * self.prior_weight + self.hits[i]) / (self.prior_weight + self.trials[i])
+
+    def _relax(self, support: int, start: int) -> None:
+        relax = self.config.relax
+        # Estimates nothing observed in a while drift back toward their priors: the positions
+        # a model drafter did not reach (their evidence ages), or the support levels a step
+        # did not touch.
+        if support <= 0:
+            for i in range(start, len(self.alpha)):
+                if self.trials[i] > 0:
+                    self.hits[i] *= 1.0 - relax
+                    self.trials[i] *= 1.0 - relax
+                    self._estimate(i)
+            return
+        touched = {support_level(support + i, self.config) for i in range(start)}
+        for level, prior in enumerate(support_priors(self.sampled, self.config), 1):
+            if level not in touched:
+                self.by_support[level - 1] += relax * (prior - self.by_support[level - 1])
+
+
+@dataclass
+class _Estimates:
+    """One kind of request's acceptance estimates (AdaptiveDraftLength.begin swaps them)."""
+
+    alpha: list[float]
+    by_support: list[float]
+    hits: list[float]
+    trials: list[float]
+
+
+def choose_static(costs: Sequence[float], alpha: float, draft_cost: float, max_gamma: int) -> int:
+    """γ for a constant acceptance rate: used by the bench and `doctor` to explain a choice."""
+    policy = AdaptiveDraftLength(CostCurve(list(costs)), draft_cost, max_gamma=max_gamma, prior=alpha)
+    return policy.choose(max_gamma)
