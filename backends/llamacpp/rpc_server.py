@@ -22,7 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from localspec.core.backend_loader import backend_module
@@ -257,3 +259,173 @@ def supervise(command: Sequence[str], log: TextIO) -> int:
             return 1
         log.write(f"localspec: rpc-server crashed ({why}); its clients were disconnected; starting it again\n")
         log.flush()
+
+
+# -- the guard in front of the server -------------------------------------------------------
+
+# llama.cpp's server serves one connection at a time, so a client that connects and then says
+# nothing would hold every other client off for as long as it likes. The guard listens in
+# its place, lets one connection at a time through to the server (which listens on a private
+# loopback port), holds the others in a queue, and closes the one that keeps them waiting.
+HELLO_BYTES = 1 + 8 + _HELLO_REQUEST_BYTES  # a real client sends its hello at once
+HANDSHAKE_TIMEOUT_S = 3.0  # under probe()'s 5 s, so a client queued behind a silent one gets in
+IDLE_TIMEOUT_S = 30.0
+MAX_CLIENTS = 16
+_CHUNK = 1 << 20
+_TICK_S = 0.1  # how often the guard looks at its timers (never on the forwarding path)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, IPv6 where the host is an IPv6 address."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    try:
+        return socket.create_server((host.strip("[]"), port), family=family, backlog=64)
+    except OSError as exc:
+        raise RpcServerError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "choose another port with --port, or stop what listens there",
+        ) from None
+
+
+@dataclass
+class _Connection:
+    client: socket.socket
+    peer: str
+    arrived: float = field(default_factory=time.monotonic)
+    upstream: socket.socket | None = None
+    last: float = 0.0  # the last byte either way, once let through
+    sent: int = 0  # bytes from the client
+    open_pumps: int = 0
+
+
+class Guard:
+    """Accepts clients on `listener` and lets one at a time through to the server at
+    127.0.0.1:`upstream_port`. A client that has not finished its hello and sent its first
+    request within `handshake_s` is closed; a session silent for `idle_s` is closed once
+    another client waits behind it; beyond `max_clients` new connections are refused."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        upstream_port: int,
+        log: TextIO,
+        idle_s: float = IDLE_TIMEOUT_S,
+        handshake_s: float = HANDSHAKE_TIMEOUT_S,
+        max_clients: int = MAX_CLIENTS,
+    ) -> None:
+        self.listener, self.upstream_port, self.log = listener, upstream_port, log
+        self.idle_s, self.handshake_s, self.max_clients = idle_s, min(handshake_s, idle_s), max_clients
+        self.waiting: deque[_Connection] = deque()
+        self.active: _Connection | None = None
+        self.changed = threading.Condition()
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="rpc-guard-accept", daemon=True).start()
+        threading.Thread(target=self._schedule, name="rpc-guard", daemon=True).start()
+
+    def _say(self, line: str) -> None:
+        self.log.write(f"localspec: rpc-server: {line}\n")
+        self.log.flush()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, address = self.listener.accept()
+            except OSError:
+                return  # the listener was closed: the process is ending
+            peer = f"{address[0]}:{address[1]}"
+            with self.changed:
+                held = len(self.waiting) + (self.active is not None)
+                if held >= self.max_clients:
+                    client.close()
+                    self._say(f"refused {peer}: {held} clients connected or waiting already")
+                    continue
+                self.waiting.append(_Connection(client, peer))
+                self.changed.notify()
+
+    def _schedule(self) -> None:
+        while True:
+            with self.changed:
+                self.changed.wait(_TICK_S)
+                self._drop_silent_waiters()
+                if self.active is not None and self.active.open_pumps == 0:
+                    self.active = None  # its session ended
+                if self.active is None and self.waiting:
+                    self._let_through(self.waiting[0])
+                elif self.active is not None:
+                    self._close_if_idle(self.active)
+
+    def _drop_silent_waiters(self) -> None:
+        now = time.monotonic()
+        for conn in list(self.waiting):
+            if now - conn.arrived < self.handshake_s:
+                continue
+            try:
+                hello = conn.client.recv(HELLO_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                hello = None
+            except OSError:
+                hello = b""
+            if hello is not None and len(hello) == HELLO_BYTES:
+                continue
+            self.waiting.remove(conn)
+            conn.client.close()
+            if hello != b"":  # a client that left on its own goes without a word
+                self._say(f"closed {conn.peer}: no hello within {self.handshake_s:g} s while waiting")
+
+    def _let_through(self, conn: _Connection) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=1.0)
+        except OSError:
+            return  # the server is starting (again); the client waits
+        self.waiting.popleft()
+        upstream.settimeout(None)
+        for sock in (conn.client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.upstream, conn.last, conn.open_pumps = upstream, time.monotonic(), 2
+        self.active = conn
+        threading.Thread(target=self._pump, args=(conn, conn.client, upstream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(conn, upstream, conn.client), daemon=True).start()
+
+    def _close_if_idle(self, conn: _Connection) -> None:
+        silent = time.monotonic() - conn.last
+        if conn.sent <= HELLO_BYTES and silent > self.handshake_s:
+            why = f"no request within {self.handshake_s:g} s of connecting"
+        elif self.waiting and silent > self.idle_s:
+            why = f"silent for {silent:.0f} s while {len(self.waiting)} other client(s) waited (--idle-timeout)"
+        else:
+            return
+        self._say(f"closed {conn.peer}: {why}")
+        _shut(conn)
+        self.active = None  # its pumps end on their own; the next client need not wait for them
+
+    def _pump(self, conn: _Connection, source: socket.socket, sink: socket.socket) -> None:
+        """Bytes from source to sink until either end closes (then both are closed)."""
+        buffer = bytearray(_CHUNK)
+        view = memoryview(buffer)
+        from_client = source is conn.client
+        try:
+            while n := source.recv_into(buffer):
+                sink.sendall(view[:n])
+                conn.last = time.monotonic()
+                if from_client:
+                    conn.sent += n
+        except OSError:
+            pass
+        _shut(conn)
+        with self.changed:
+            conn.open_pumps -= 1
+            if conn.open_pumps == 0:  # closed by the last pump, so no pump reads a reused descriptor
+                source.close()
+                sink.close()
+            self.changed.notify()
+
+
+def _shut(conn: _Connection) -> None:
+    """Wake both pumps of a connection (they close the sockets once both have ended)."""
+    for sock in (conn.client, conn.upstream):
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -1,6 +1,8 @@
 """`localspec rpc-server`: llama.cpp's RPC server on this machine's CPU, for a target split
-over machines with --rpc. It runs the installed llama.cpp's own server code in-process, so
-it needs no separate build and always speaks the same protocol version as this localspec."""
+over machines with --rpc. It runs the installed llama.cpp's own server code as a child process,
+so it needs no separate build and always speaks the same protocol version as this localspec;
+this process listens in its place (the guard: one client at a time, idle ones closed) and
+starts the child again when it crashes."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ import argparse
 import sys
 from typing import Any
 
-from localspec.backends.llamacpp.rpc_server import DEFAULT_HOST, DEFAULT_PORT, SECURITY_NOTE
+from localspec.backends.llamacpp.rpc_server import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    HANDSHAKE_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MAX_CLIENTS,
+    SECURITY_NOTE,
+)
 
 
 def register(sub: Any) -> None:
@@ -29,13 +38,36 @@ def register(sub: Any) -> None:
         action="store_true",
         help="listen on an address other machines can reach (RPC has no authentication)",
     )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT_S,
+        metavar="S",
+        help="close a client silent for S seconds while another waits (the server serves one at a time; "
+        f"default {IDLE_TIMEOUT_S:g}); a client that sends no request within {HANDSHAKE_TIMEOUT_S:g} s "
+        "of connecting (or S, if shorter) is closed whether or not another waits",
+    )
+    p.add_argument(
+        "--max-clients",
+        type=int,
+        default=MAX_CLIENTS,
+        metavar="N",
+        help=f"connections served or waiting at once; more are refused (default {MAX_CLIENTS})",
+    )
     # The server itself, run by the supervising process (which restarts it after a crash).
     p.add_argument("--unsupervised", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.backends.llamacpp.rpc_server import is_loopback, serve, supervise, watch_parent
+    from localspec.backends.llamacpp.rpc_server import (
+        Guard,
+        is_loopback,
+        listen,
+        serve,
+        supervise,
+        watch_parent,
+    )
 
     if not is_loopback(args.host) and not args.allow_remote:
         print(
@@ -48,10 +80,23 @@ def handle(args: argparse.Namespace) -> int:
         watch_parent()
         serve(args.host, args.port, args.threads, args.cache)
         return 0
+    if not args.idle_timeout > 0 or args.max_clients < 1:
+        print("localspec: error: --idle-timeout and --max-clients must be positive", file=sys.stderr)
+        return 2
+    listener = listen(args.host, args.port)  # a port in use is refused here, before the child starts
     if not is_loopback(args.host):
         print(f"localspec: warning: listening on {args.host}: {SECURITY_NOTE}", file=sys.stderr)
-    command = [sys.executable, "-m", "localspec", "rpc-server", "--unsupervised", "--host", args.host]
-    command += ["--port", str(args.port), "--allow-remote"]
+    private = listen("127.0.0.1", 0)  # the child's port, reachable only through the guard
+    child_port = private.getsockname()[1]
+    private.close()
+    Guard(listener, child_port, sys.stderr, idle_s=args.idle_timeout, max_clients=args.max_clients).start()
+    print(
+        f"localspec: rpc-server: listening on {args.host}:{args.port}; llama.cpp's server behind it "
+        f"on 127.0.0.1:{child_port}",
+        file=sys.stderr,
+    )
+    command = [sys.executable, "-m", "localspec", "rpc-server", "--unsupervised", "--host", "127.0.0.1"]
+    command += ["--port", str(child_port)]
     command += ["--threads", str(args.threads)] if args.threads else []
     command += ["--cache", args.cache] if args.cache else []
     code: int = supervise(command, sys.stderr)

@@ -1,0 +1,106 @@
+"""`localspec rpc-server` listens in front of llama.cpp's server, which serves one connection at
+a time: a client that connects and says nothing, or sends only its hello, is closed and does
+not hold off a real client; a quiet session is closed only once another client waits; too
+many connections are refused; a message that aborts llama.cpp's server ends only that
+server, which is started again behind the same port."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from rpc_faults import (
+    HELLO,
+    START_S,
+    answers,
+    closed_by_server,
+    connect,
+    crash,
+    free_port,
+    hello_only,
+    reply,
+    session,
+    start,
+    still_served,
+)
+
+from localspec.backends.llamacpp.rpc_server import rpc_available
+
+pytestmark = pytest.mark.skipif(not rpc_available(), reason="the installed llama-cpp-python has no RPC backend")
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    return tmp_path / "rpc-server.txt"
+
+
+@contextlib.contextmanager
+def server(log: Path, *options: str) -> Iterator[tuple[int, psutil.Process]]:
+    """A `localspec rpc-server` on a free port: the port and the supervising process."""
+    port = free_port()
+    proc = start(port, log, *options)
+    try:
+        yield port, psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=START_S) == 130
+
+
+@pytest.fixture
+def port(log: Path) -> Iterator[int]:
+    with server(log) as (port, _):
+        yield port
+
+
+@pytest.mark.model
+def test_silent_clients_do_not_hold_off_a_split_model(smollm2_q4_1: Path, port: int, log: Path) -> None:
+    from test_rpc import _greedy, _load
+
+    idle = hello_only(port)  # llama.cpp's server is now inside this connection
+    silent = connect(port)  # queued behind it, and never sends its hello
+    split = _load(smollm2_q4_1, [f"127.0.0.1:{port}"])
+    try:
+        tokens, _ = _greedy(split, 8)
+    finally:
+        split.close()
+    assert len(tokens) == 8
+    assert closed_by_server(idle) and closed_by_server(silent)
+    text = log.read_text()
+    assert "no request within 3 s of connecting" in text and "no hello within 3 s while waiting" in text
+
+
+def test_a_quiet_session_is_closed_only_once_another_client_waits(log: Path) -> None:
+    with server(log, "--idle-timeout", "1") as (port, _):
+        quiet = session(port)
+        time.sleep(2.5)  # past the idle timeout with nobody waiting: a chat between two questions
+        assert still_served(quiet)
+        assert "closed" not in log.read_text()
+        assert answers(port, within_s=START_S)  # a second client gets through...
+        assert closed_by_server(quiet)  # ...because the quiet one was closed
+        assert "while 1 other client(s) waited (--idle-timeout)" in log.read_text()
+
+
+def test_connections_beyond_the_limit_are_refused(log: Path) -> None:
+    with server(log, "--max-clients", "2") as (port, _):
+        served = session(port)
+        waiting = connect(port)
+        waiting.sendall(HELLO)
+        refused = connect(port)
+        assert closed_by_server(refused)
+        assert "refused 127.0.0.1:" in log.read_text() and "2 clients connected or waiting already" in log.read_text()
+        served.close()
+        assert reply(waiting)  # the waiting client's hello is answered once the first one leaves
+
+
+def test_a_message_that_aborts_llama_cpp_restarts_it_behind_the_same_port(log: Path) -> None:
+    with server(log) as (port, supervisor):
+        before = supervisor.children()[0].pid
+        crash(port)
+        assert answers(port, within_s=START_S)
+        assert supervisor.children()[0].pid != before
+        assert still_served(session(port))
+        assert "GGML_ASSERT" in log.read_text() and "rpc-server crashed" in log.read_text()
