@@ -7,14 +7,11 @@ print(out.text, out.stats.summary())
 
 from __future__ import annotations
 
-import gc
+import json
 import os
 import threading
-import weakref
 from collections.abc import Generator, Mapping, Sequence
-from contextlib import closing
-from dataclasses import dataclass, field, replace
-from inspect import GEN_RUNNING, getgeneratorstate
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,26 +79,61 @@ class Completion:
     finish_reason: str
 
 
-# How long a waiting call lets a suspended stream sit before collecting garbage once, in
-# case that stream was dropped inside a reference cycle (which only the collector frees).
-RECLAIM_WAIT_SECONDS = 1.0
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt a runtime has checked and tokenized (Runtime.prepare). stream() and generate()
+    take it as prompt= and use its ids as they are: a server tokenizes each request once."""
+
+    ids: tuple[int, ...]
 
 
-@dataclass
-class _Owner:
-    """Who holds the runtime: a thread, and (weakly) the stream it is iterating. Weakly, so
-    a stream its caller dropped is collected, and collecting a generator closes it, which
-    releases the runtime."""
+@dataclass(eq=False)
+class _Turn:
+    """A request holding the runtime: the thread that last used it, its events (None for
+    remember()) and the thread inside it now. The runtime refers to this, never to the Stream
+    around it, so a Stream its caller drops is freed at once, and freeing it ends the turn."""
 
     thread: int
-    stream: weakref.ref[Generator[Event, None, None]] | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    events: Generator[Event, None, None] | None = None
+    busy: int | None = None  # the thread inside next() or remember(): the turn ends after it
+    over: bool = False
+
+
+class Stream:
+    """One request's events: TextDelta as text becomes final, then one Finished. It holds the
+    runtime from stream() until it ends: read to its Finished event, close()d, left by a `with`
+    block, or dropped by its caller (CPython frees it at once, and that closes it)."""
+
+    def __init__(self, runtime: Runtime, turn: _Turn) -> None:
+        self._runtime = runtime
+        self._turn = turn
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Event:
+        return self._runtime._next(self._turn)
+
+    def close(self) -> None:
+        """End the request and release the runtime; when another thread is reading the stream,
+        after the step in flight. Closing twice is harmless."""
+        self._runtime._end(self._turn)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not self._turn.over:
+            self.close()
 
 
 class Runtime:
-    """A loaded target with its drafter. One request at a time: calls from other threads
-    wait their turn; a new call in the thread of an unfinished stream ends that stream, and
-    a stream nobody refers to any more is closed when it is collected."""
+    """A loaded target with its drafter. One request at a time, under one lock: calls from
+    other threads wait their turn; a new call in the thread of an unfinished stream ends that
+    stream, and a Stream its caller drops is closed when it is freed."""
 
     def __init__(
         self,
@@ -153,7 +185,7 @@ class Runtime:
         lookup = NgramDrafter(memory=memory) if self.draft is not None and adaptive else None
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
-        self._owner: _Owner | None = None
+        self._owner: _Turn | None = None  # the request holding the runtime
         self._closed = False
         # The cost curve of the policy built here (one set from outside is not remembered).
         self._costs: Any = None
@@ -205,9 +237,18 @@ class Runtime:
             raise InvalidRequestError("the prompt is empty", "give some text to continue")
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
 
+    def prepare(
+        self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None
+    ) -> Prompt:
+        """Check and tokenize a prompt once, e.g. in a server's request thread while another
+        request runs, so a prompt that does not fit is refused before it waits its turn."""
+        tokens = self.prompt_tokens(prompt, messages)
+        check_fits(tokens, self.target.info.n_ctx)
+        return Prompt(tuple(tokens))
+
     def stream(
         self,
-        prompt: str | Sequence[int] | None = None,
+        prompt: str | Sequence[int] | Prompt | None = None,
         *,
         messages: Sequence[Mapping[str, Any]] | None = None,
         max_tokens: int = 256,
@@ -215,24 +256,29 @@ class Runtime:
         cancel: threading.Event | None = None,
         sampling: SamplingConfig | None = None,
         **knobs: Any,
-    ) -> Generator[Event, None, None]:
-        """Yields TextDelta events as text becomes final, then one Finished event. Setting
-        `cancel` ends the request at the next prompt chunk or verify step (finish reason
-        "cancelled"), so another thread can stop even a long prompt evaluation. sampling
-        defaults to SamplingConfig(); knobs (temperature=0, seed=1...) change its fields."""
+    ) -> Stream:
+        """A Stream of TextDelta events as text becomes final, then one Finished event. It
+        takes the runtime now (waiting while another thread's request runs) and keeps it until
+        it ends: close() it, or use `with`, to stop early. Setting `cancel` ends the request at
+        the next prompt chunk or verify step (finish reason "cancelled"), so another thread can
+        stop even a long prompt evaluation. sampling defaults to SamplingConfig(); knobs
+        (temperature=0, seed=1...) change its fields."""
         self._check_open()
         cfg = sampling_config(sampling, knobs)
         max_tokens, stop = check_limits(max_tokens, stop)
-        tokens = self.prompt_tokens(prompt, messages)
-        check_fits(tokens, self.target.info.n_ctx)
-        holder: list[Generator[Event, None, None]] = []
-        gen = self._run(holder, tokens, max_tokens, cfg, stop, cancel)
-        holder.append(gen)
-        return gen
+        if isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
+            if messages is not None:
+                raise InvalidRequestError("give either prompt= or messages=, not both")
+            tokens = list(prompt.ids)
+            check_fits(tokens, self.target.info.n_ctx)
+        else:
+            tokens = list(self.prepare(prompt, messages).ids)
+        events = self._run(tokens, max_tokens, cfg, stop, cancel)
+        return Stream(self, self._take(events))
 
     def generate(
         self,
-        prompt: str | Sequence[int] | None = None,
+        prompt: str | Sequence[int] | Prompt | None = None,
         *,
         messages: Sequence[Mapping[str, Any]] | None = None,
         max_tokens: int = 256,
@@ -242,10 +288,9 @@ class Runtime:
         **knobs: Any,
     ) -> Completion:
         tokens: list[int] = []
-        events = self.stream(
+        with self.stream(
             prompt, messages=messages, max_tokens=max_tokens, stop=stop, cancel=cancel, sampling=sampling, **knobs
-        )
-        with closing(events):  # type: ignore[type-var]
+        ) as events:
             for event in events:
                 if isinstance(event, TextDelta):
                     tokens.extend(event.tokens)
@@ -255,7 +300,6 @@ class Runtime:
 
     def _run(
         self,
-        me: list[Generator[Event, None, None]],
         tokens: list[int],
         max_tokens: int,
         cfg: SamplingConfig,
@@ -263,8 +307,6 @@ class Runtime:
         cancel: threading.Event | None,
     ) -> Generator[Event, None, None]:
         said = list(tokens)  # the prompt, then the answer: what the memory keeps
-        # pop, not index: the frame must not keep its own generator alive (see _Owner).
-        self._acquire(me.pop())
         try:
             rng = np.random.default_rng(cfg.seed)
             stats = Stats(strategy=self.label)
@@ -289,7 +331,6 @@ class Runtime:
             if self.memory is not None:
                 self.memory.add(said)
             self._note_drift()
-            self._release()
 
     def _note_drift(self) -> None:
         # Once per load: a cache the machine has drifted from is not trusted next time.
@@ -306,11 +347,13 @@ class Runtime:
         thread can feed many between another's requests."""
         if self.memory is None:
             return
-        self._acquire(None)  # refuses a closed runtime
+        turn = self._take(None)  # refuses a closed runtime
         try:
             self.memory.add(self.prompt_tokens(prompt, messages))
         finally:
-            self._release()
+            with self._cond:
+                turn.busy = None
+                self._finish(turn)
 
     # -- one request at a time --------------------------------------------------------------
 
@@ -318,53 +361,81 @@ class Runtime:
         if self._closed:
             raise BackendClosedError("this runtime was closed", "load the model again with localspec.load()")
 
-    def _acquire(self, stream: Generator[Event, None, None] | None) -> None:
+    def _take(self, events: Generator[Event, None, None] | None) -> _Turn:
+        """Wait for the runtime and hold it: a stream's events, or remember() (events None,
+        busy until it returns)."""
         me = threading.get_ident()
         with self._cond:
-            while self._owner is not None:
-                if not self._reclaim(self._owner, me):
-                    self._wait_for(self._owner)
+            while (owner := self._owner) is not None:
+                if owner.busy == me:
+                    raise InvalidRequestError(
+                        "a request cannot start inside another one in the same thread",
+                        "finish or close the running stream first, or start the request from another thread",
+                    )
+                if owner.thread == me and owner.busy is None:
+                    self._end(owner)  # this thread left its own stream unfinished: it cannot be reading it
+                else:
+                    self._cond.wait()
             self._check_open()
-            self._owner = _Owner(me, weakref.ref(stream) if stream is not None else None)
+            turn = self._owner = _Turn(me, events, busy=me if events is None else None)
+            return turn
 
-    def _reclaim(self, owner: _Owner, me: int, any_thread: bool = False) -> bool:
-        """Close the owner's stream if it is suspended and this thread may end it: its own
-        thread's (it is here, so not iterating), or any thread's when the runtime closes."""
-        held = owner.stream() if owner.stream is not None else None
-        if held is None or getgeneratorstate(held) == GEN_RUNNING or (owner.thread != me and not any_thread):
-            return False
-        self._cond.release()
-        try:
-            held.close()
-        except ValueError:  # its thread resumed it meanwhile: wait for it instead
-            return False
-        finally:
-            del held
-            self._cond.acquire()
-        if self._owner is owner:
-            self._owner = None
-        return True
-
-    def _wait_for(self, owner: _Owner) -> None:
-        if self._cond.wait(RECLAIM_WAIT_SECONDS) or self._owner is not owner:
-            return
-        # Still held after a while by a stream that is not running: it may have been dropped
-        # inside a reference cycle, which only the collector frees (and so closes).
-        held = owner.stream() if owner.stream is not None else None
-        suspended = held is not None and getgeneratorstate(held) != GEN_RUNNING and not owner.done.is_set()
-        del held
-        if suspended:
-            owner.done.set()  # once per owner: a live stream someone still reads is left alone
-            self._cond.release()
-            try:
-                gc.collect()
-            finally:
-                self._cond.acquire()
-
-    def _release(self) -> None:
+    def _next(self, turn: _Turn) -> Event:
+        """A stream's next event; the turn ends with the Finished event, an error or Ctrl+C."""
+        me = threading.get_ident()
         with self._cond:
+            if turn.over or turn.events is None:
+                raise StopIteration
+            if turn.busy is not None:
+                raise InvalidRequestError(
+                    "this stream is already being read by another thread", "read a stream from one thread at a time"
+                )
+            turn.busy = turn.thread = me
+            events = turn.events
+        try:
+            event = next(events)
+            if isinstance(event, Finished):
+                events.close()  # runs the request's bookkeeping now, not at the caller's next call
+        except BaseException:  # StopIteration, an error or KeyboardInterrupt: the generator is done
+            with self._cond:
+                turn.busy = None
+                self._finish(turn)
+            raise
+        with self._cond:
+            turn.busy = None
+            if isinstance(event, Finished):
+                self._finish(turn)
+            else:
+                self._cond.notify_all()
+        return event
+
+    def _end(self, turn: _Turn) -> None:
+        """End a turn from outside it: after the step another thread has in flight, close its
+        events (the request's bookkeeping runs) and release the runtime."""
+        me = threading.get_ident()
+        with self._cond:
+            while turn.busy is not None and not turn.over:
+                if turn.busy == me:
+                    raise InvalidRequestError(
+                        "a stream cannot be closed from inside its own step", "close it once the event is returned"
+                    )
+                self._cond.wait()
+            if turn.over:
+                return
+            turn.over = True  # first: a stream freed during the close below must not close it again
+            try:
+                if turn.events is not None:
+                    turn.events.close()
+            finally:
+                self._finish(turn)
+
+    def _finish(self, turn: _Turn) -> None:
+        """Release the runtime from a turn that is over (self._cond held)."""
+        turn.over = True
+        turn.events = None  # frees the request's frames now
+        if self._owner is turn:
             self._owner = None
-            self._cond.notify_all()
+        self._cond.notify_all()
 
     def idle_drafter_note(self, stats: Stats) -> str | None:
         """Why a draft model drafted nothing in a request, in the costs the controller weighed
@@ -384,14 +455,12 @@ class Runtime:
 
     def close(self) -> None:
         """Free the models. A stream still open is ended first (one running in another
-        thread is waited for), so no model is freed under a thread that uses it."""
-        me = threading.get_ident()
+        thread after its step in flight), so no model is freed under a thread that uses it."""
         with self._cond:
             if self._closed:
                 return
-            while self._owner is not None:
-                if not self._reclaim(self._owner, me, any_thread=True):
-                    self._wait_for(self._owner)
+            while (owner := self._owner) is not None:
+                self._end(owner)
             self._closed = True
         self.drafter.close()
         self.target.close()
@@ -513,8 +582,16 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
 
 
 def is_assistant(path: str) -> bool:
-    """Whether a drafter file is an MTP assistant (Gemma 4's gemma4-assistant GGUF); a drafter
-    that is no GGUF file (a folder, the reference model's spec) is not."""
+    """Whether a drafter is an MTP assistant: Gemma 4's gemma4-assistant GGUF, or an MLX
+    folder whose config.json names gemma4_assistant; any other drafter is not."""
+    if os.path.isdir(path):  # read here, not through the MLX backend, which a machine may lack
+        try:
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as file:
+                config = json.load(file)
+        except (OSError, ValueError):
+            return False
+        names = {config.get("model_type"), *(config.get("architectures") or [])} if isinstance(config, dict) else set()
+        return bool(names & {"gemma4_assistant", "Gemma4AssistantForCausalLM"})
     if not (path.endswith(".gguf") and os.path.isfile(path)):
         return False
     return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)
@@ -525,10 +602,10 @@ def load_drafter(target: Backend, path: str, backend: str, options: dict[str, An
     gemma4-assistant GGUF), which drafts from inside the target's context."""
     if is_assistant(path):
         attach = getattr(target, "assistant_head", None)
-        if backend != "llamacpp" or attach is None:
+        if backend not in MTP_BACKENDS or attach is None:
             raise InvalidRequestError(
-                f"{os.path.basename(path)} is a Gemma 4 assistant, which drafts on the llama.cpp backend only",
-                "use --backend llamacpp",
+                f"{os.path.basename(path)} is a Gemma 4 assistant, which drafts on the llama.cpp and MLX backends only",
+                "use --backend llamacpp with its GGUF, or --backend mlx with its MLX folder",
             )
         head: Backend = attach(path)
         return head

@@ -68,6 +68,8 @@ class Forward:
         self.split = splittable(model)
         # Qwen3.5/3.6 run through stepwise_hidden: per-position recurrent states on request.
         self.stepwise = stepwise_model(model) if stepwise is None else stepwise
+        # Gemma 4 runs its text model to the final norm, so an MTP assistant can read the hidden states.
+        self.gemma4 = gemma4_model(model)
         total = len(model.layers)
         if n_layers is not None and not (self.split and 1 <= n_layers <= total):
             raise InvalidRequestError(f"cannot stop {type(model).__module__} after {n_layers} of {total} blocks")
@@ -85,6 +87,9 @@ class Forward:
         steps: filled with the recurrent layers' state after each token (stepwise models only)."""
         if self.stepwise:
             return stepwise_hidden(self.model.model, ids, cache, steps)
+        if self.gemma4:
+            normed_text: mx.array = text_model(self.model).model(ids, cache=cache)
+            return normed_text
         if not self.split:
             out: mx.array = self.model(ids, cache=cache)
             return out
@@ -97,14 +102,15 @@ class Forward:
         return normed
 
     def head(self, h: mx.array) -> mx.array:
-        if not (self.split or self.stepwise):
+        if not (self.split or self.stepwise or self.gemma4):
             return h
-        owner = getattr(self.model, "language_model", self.model)  # qwen3_5 wraps its text model
+        owner = text_model(self.model)  # qwen3_5 and gemma4 wrap their text model
         if hasattr(owner, "lm_head"):
             out: mx.array = owner.lm_head(h)
         else:
-            out = self.model.model.embed_tokens.as_linear(h)
-        return out
+            out = owner.model.embed_tokens.as_linear(h)
+        cap = getattr(owner, "final_logit_softcapping", None) if self.gemma4 else None
+        return mx.tanh(out / cap) * cap if cap else out
 
 
 @cache
@@ -373,6 +379,12 @@ class MlxBackend:
         """The model's own MTP block (Qwen3.5/3.6's mtp.* weights) as a drafter (strategy mtp)."""
         from .mtp import MlxMtpHead, MtpBlock, mtp_weights
 
+        if self.forward.gemma4:
+            raise InvalidRequestError(
+                f"{self.info.name} has no MTP head of its own: Gemma 4 drafts with its assistant, a model beside it",
+                "give the assistant's MLX folder as --draft-model (e.g. gemma-4-E4B-it-assistant-bf16 for "
+                "gemma-4-E4B-it), or --strategy ngram",
+            )
         weights = mtp_weights(self.info.path) if self.forward.stepwise and os.path.isdir(self.info.path) else {}
         if not weights:
             raise InvalidRequestError(
@@ -392,6 +404,12 @@ class MlxBackend:
         eval_parameters(block)
         block.eval()
         return MlxMtpHead(self, block)
+
+    def assistant_head(self, path: str) -> Backend:
+        """A Gemma 4 assistant folder drafting for this target (backends/mlx/assistant.py)."""
+        from .assistant import load_assistant
+
+        return load_assistant(path, self)
 
     def hidden_states(self) -> np.ndarray:
         """Final-norm hidden states by position, kept from now on; the cache starts over, as
@@ -421,6 +439,29 @@ class MlxBackend:
         self._closed = True
         self._cache = []
         self._tokens = []
+
+
+def gemma4_model(model: Module) -> bool:
+    """A Gemma 4 model (gemma4 or gemma4_text), whose text model ends in the final norm."""
+    from mlx_lm.models import gemma4_text
+
+    text = text_model(model)
+    return isinstance(text, gemma4_text.Model) and getattr(text.model, "pipeline_size", 1) == 1
+
+
+def quantize_like(module: Module, weights: dict[str, mx.array]) -> None:
+    """Quantize the layers of module whose weights come MLX-quantized (a .scales beside them),
+    with the bits and group size their shapes give, so the weights load as they are."""
+
+    def layout(path: str, m: Module) -> bool | dict[str, Any]:
+        packed, scales = weights.get(f"{path}.weight"), weights.get(f"{path}.scales")
+        if packed is None or scales is None or not hasattr(m, "to_quantized"):
+            return False
+        width = int(m.weight.shape[-1])
+        return {"group_size": width // int(scales.shape[-1]), "bits": int(packed.shape[-1]) * 32 // width}
+
+    if any(key.endswith(".scales") for key in weights):
+        quantize(module, class_predicate=layout)
 
 
 def text_model(model: Module) -> Any:
