@@ -124,6 +124,7 @@ def test_host_names_are_read_without_port_case_or_trailing_dot() -> None:
     assert host_name("Evil.Example.:8000") == "evil.example"
     assert host_name("[::1]:8000") == "::1"
     assert host_name("[::1") is None
+    assert host_name("[::1].evil.example") is None and host_name("[::1]x:80") is None
 
 
 def test_a_wildcard_bind_answers_ip_addresses_and_the_machine_name_but_not_other_domains() -> None:

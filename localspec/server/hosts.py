@@ -29,8 +29,9 @@ def host_name(value: str) -> str | None:
     and without a trailing dot; None where it cannot be read."""
     value = value.strip().lower()
     if value.startswith("["):
-        name, bracket, _ = value[1:].partition("]")
-        return name if bracket and name else None
+        name, bracket, rest = value[1:].partition("]")
+        port = not rest or (rest[0] == ":" and rest[1:].isdigit())  # "[::1].evil.example" is no loopback
+        return name if bracket and name and port else None
     name = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
     name = name.rstrip(".")
     return name or None
