@@ -2,11 +2,16 @@
 section: Ctrl+C at random calls of prefill and decode (per backend, per strategy), cancelled
 streams, and two threads abandoning streams. After every fault the runtime must answer a
 greedy prompt exactly as a fresh runtime does. Mutated GGUF headers (one row per kind of
-mutation) must each be read or refused with a ModelLoadError.
+mutation) must each be read or refused with a ModelLoadError. Issue 33's hostile
+environments, one row each (tests/hostile_support.py, tests/rpc_faults.py): a pipe or device
+as the model, a stalling hub, forged Host/Origin headers against a live serve, a full or
+read-only disk, the chat quit during prefill, rpc-server's crafted message, idle clients and
+reachable binds.
 
     python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
-        [--gguf-cases 20000] [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
-        [--only reference|llamacpp|torch|pull|gguf]
+        [--gguf-cases 20000] [--hub-cases 6] [--chat-cases 10] [--rpc-crashes 8] [--rpc-idle 6]
+        [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
+        [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc]
 
 Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
 """
@@ -115,6 +120,50 @@ def gguf_rows(args: argparse.Namespace) -> list[Tally]:
     return rows
 
 
+def default_model(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    from localspec.models.default_model import ensure_pypi_model
+
+    return str(ensure_pypi_model(quiet=True))
+
+
+def waits_rows(args: argparse.Namespace) -> list[Tally]:
+    from hostile_support import pipes_and_devices, stalled_hubs
+
+    return [pipes_and_devices(default_model(args)), stalled_hubs(args.hub_cases, 10)]
+
+
+def rebinding_rows(args: argparse.Namespace) -> list[Tally]:
+    from hostile_support import rebinding
+
+    return [rebinding()]
+
+
+def disk_rows(args: argparse.Namespace) -> list[Tally]:
+    from hostile_support import disk_writes
+
+    return [disk_writes()]
+
+
+def chat_rows(args: argparse.Namespace) -> list[Tally]:
+    from hostile_support import abandoned_prompts
+
+    return [abandoned_prompts(args.chat_cases, 11)]
+
+
+def rpc_rows(args: argparse.Namespace) -> list[Tally]:
+    from rpc_faults import counted_cases
+
+    from localspec.backends.llamacpp.rpc_server import rpc_available
+
+    if not rpc_available():
+        print("(rpc: the installed llama-cpp-python has no RPC backend; skipped)", file=sys.stderr)
+        return []
+    cases = counted_cases(args.rpc_crashes, args.rpc_idle, Path(tempfile.mkdtemp(prefix="rpc-faults-")))
+    return [Tally(name, tried, failures) for name, tried, failures in cases]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100, help="Ctrl+C points per backend and strategy")
@@ -124,9 +173,14 @@ def main() -> None:
     parser.add_argument(
         "--gguf-cases", type=int, default=20000, help="mutated GGUF headers (seeds 0..N-1; the CI test runs 1400)"
     )
+    parser.add_argument("--hub-cases", type=int, default=6, help="stalled pulls (half silent hubs, half mid-file)")
+    parser.add_argument("--chat-cases", type=int, default=10, help="chats quit at a random moment of prefill")
+    parser.add_argument("--rpc-crashes", type=int, default=8, help="crafted messages that abort llama.cpp's server")
+    parser.add_argument("--rpc-idle", type=int, default=6, help="idle clients ahead of a real one")
     parser.add_argument("--model", help="llama.cpp target GGUF (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--draft-model", help="llama.cpp drafter GGUF, to interrupt a draft pair too")
-    parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull", "gguf"], action="append")
+    hostile = ["waits", "rebinding", "disk", "chat", "rpc"]
+    parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull", "gguf", *hostile], action="append")
     args = parser.parse_args()
     suites = {
         "reference": reference_rows,
@@ -134,6 +188,11 @@ def main() -> None:
         "torch": torch_rows,
         "pull": pull_rows,
         "gguf": gguf_rows,
+        "waits": waits_rows,
+        "rebinding": rebinding_rows,
+        "disk": disk_rows,
+        "chat": chat_rows,
+        "rpc": rpc_rows,
     }
     rows: list[Tally] = []
     print("| case | tried | failures |\n|---|---:|---:|", flush=True)

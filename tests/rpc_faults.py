@@ -21,7 +21,7 @@ from localspec.backends.llamacpp.rpc_server import RpcServerError, probe
 START_S = 60.0
 HELLO = bytes([14]) + struct.pack("<Q", 24) + bytes(24)
 DEVICE_COUNT = bytes([15]) + struct.pack("<Q", 0)
-_ALLOC_BUFFER, _GET_TENSOR = 0, 8
+_ALLOC_BUFFER, _BUFFER_GET_BASE, _GET_TENSOR = 0, 3, 8
 
 
 def free_port() -> int:
@@ -114,19 +114,38 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True
 
 
+def _tensor(buffer: int, data: int, floats: int) -> bytes:
+    """An rpc_tensor of `floats` F32 values at address `data` in the server's buffer."""
+    tensor = struct.pack("<QIQ", 1, 0, buffer)  # id, F32, buffer
+    tensor += struct.pack("<4I", floats, 1, 1, 1) + struct.pack("<4I", 4, 4 * floats, 4 * floats, 4 * floats)
+    tensor += struct.pack("<I", 0) + bytes(64) + struct.pack("<i", 0)  # op, op_params, flags
+    tensor += bytes(8 * 10) + struct.pack("<QQQ", 0, 0, data)  # src, view_src, view_offs, data
+    return tensor + bytes(64) + struct.pack("<i", 0)  # name, use_count
+
+
+def _buffer(sock: socket.socket, size: int) -> tuple[int, int]:
+    """A buffer of `size` bytes allocated on the server: its handle and base address."""
+    sock.sendall(bytes([_ALLOC_BUFFER]) + struct.pack("<Q", 12) + struct.pack("<IQ", 0, size))
+    buffer, _ = struct.unpack("<QQ", reply(sock))
+    sock.sendall(bytes([_BUFFER_GET_BASE]) + struct.pack("<Q", 8) + struct.pack("<Q", buffer))
+    return buffer, struct.unpack("<Q", reply(sock))[0]
+
+
+def get_tensor_request(sock: socket.socket, floats: int) -> bytes:
+    """A GET_TENSOR of `floats` F32 values (a decode step's logits, say) that the server on
+    this session answers with that many bytes, to send as often as wanted."""
+    buffer, base = _buffer(sock, 4 * floats)
+    request = _tensor(buffer, base, floats) + struct.pack("<QQ", 0, 4 * floats)  # offset, size
+    return bytes([_GET_TENSOR]) + struct.pack("<Q", len(request)) + request
+
+
 def crash(port: int) -> None:
     """Send what aborts llama.cpp's server inside its own check (a GGML_ASSERT): a tensor in a
     real buffer whose data address is 2^64-1, so its end overflows."""
     sock = hello_only(port)
     with sock:
-        sock.sendall(bytes([_ALLOC_BUFFER]) + struct.pack("<Q", 12) + struct.pack("<IQ", 0, 4096))
-        buffer, _ = struct.unpack("<QQ", reply(sock))
-        tensor = struct.pack("<QIQ", 1, 0, buffer)  # id, F32, buffer
-        tensor += struct.pack("<4I", 1, 1, 1, 1) + struct.pack("<4I", 4, 4, 4, 4)  # ne, nb
-        tensor += struct.pack("<I", 0) + bytes(64) + struct.pack("<i", 0)  # op, op_params, flags
-        tensor += bytes(8 * 10) + struct.pack("<QQQ", 0, 0, 2**64 - 1)  # src, view_src, view_offs, data
-        tensor += bytes(64) + struct.pack("<i", 0)  # name, use_count
-        request = tensor + struct.pack("<QQ", 0, 4)  # offset, size
+        buffer, _ = _buffer(sock, 4096)
+        request = _tensor(buffer, 2**64 - 1, 1) + struct.pack("<QQ", 0, 4)  # offset, size
         sock.sendall(bytes([_GET_TENSOR]) + struct.pack("<Q", len(request)) + request)
         assert reply(sock) == b"", "the crafted message was answered instead of ending the server"
 

@@ -98,3 +98,12 @@ def test_torch_survives_interrupts_in_prefill_and_decode(models: Callable[[objec
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 def test_pulls_killed_mid_file_leave_nothing_and_a_rerun_finishes(tmp_path: Path) -> None:
     assert_clean(killed_pulls(min(CASES, 3), 9, tmp_path))
+
+
+def test_the_hostile_environment_drivers_hold_at_small_counts() -> None:
+    # The rows benchmarks/fault_injection.py counts for issue 33 (each class has its own tests
+    # too): a pipe or device as the model, forged Host/Origin headers, a full or read-only disk.
+    from hostile_support import disk_writes, pipes_and_devices, rebinding
+
+    for tally in (pipes_and_devices(None), rebinding(), disk_writes()):
+        assert_clean(tally)
