@@ -109,6 +109,13 @@ def load_folder(path: str, n_ctx: int = 4096, max_block: int = 512) -> MlxBacken
     extra = {"format": "mlx"}
     if quant:
         extra["quantization"] = f"{quant.get('bits')}-bit/{quant.get('group_size')}"
+    from .mtp import mtp_layer_count
+    from .rollback import stepwise_model
+
+    # A Qwen3.5/3.6 folder that keeps its MTP head: `auto` drafts with it, as on llama.cpp.
+    layers = mtp_layer_count(str(folder)) if stepwise_model(model) else 0
+    if layers:
+        extra["mtp_layers"] = str(layers)
     return MlxBackend(
         Forward(model),
         vocab,

@@ -146,7 +146,7 @@ def load_assistant(folder: str, target: MlxBackend) -> MlxAssistantHead:
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
         raise ModelLoadError(
-            f"{name}'s weights do not fit a Gemma 4 assistant: {exc}",
+            f"{name}'s weights do not fit a Gemma 4 assistant: {' '.join(str(exc).split())}",
             "download the assistant again, or draft without it (--strategy ngram)",
         ) from exc
     head = MlxAssistantHead(target, module, name)

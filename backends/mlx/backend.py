@@ -377,7 +377,7 @@ class MlxBackend:
 
     def mtp_head(self) -> Backend:
         """The model's own MTP block (Qwen3.5/3.6's mtp.* weights) as a drafter (strategy mtp)."""
-        from .mtp import MlxMtpHead, MtpBlock, mtp_weights
+        from .mtp import MlxMtpHead, MtpBlock, mtp_weights, stack_experts
 
         if self.forward.gemma4:
             raise InvalidRequestError(
@@ -393,12 +393,15 @@ class MlxBackend:
                 "Qwen3.6-35B-A3B-MTP-*), or --strategy ngram",
             )
         text_args = text_model(self.model).args
-        block = MtpBlock(text_args)
+        block = MtpBlock(text_args)  # a MoE layer where the model has experts (qwen3_5_moe)
+        weights = stack_experts(weights)
+        quantize_like(block, weights)  # an MLX-quantized head loads as it is stored
         try:
             block.load_weights(list(weights.items()), strict=True)
         except ValueError as exc:
+            kind = "MoE" if getattr(text_args, "num_experts", 0) else "dense"
             raise InvalidRequestError(
-                f"{self.info.name}'s mtp.* weights do not fit a dense Qwen3.5 MTP block: {exc}",
+                f"{self.info.name}'s mtp.* weights do not fit a {kind} Qwen3.5 MTP block: {' '.join(str(exc).split())}",
                 "use --backend llamacpp with the model's *-MTP-GGUF for --strategy mtp, or --strategy ngram",
             ) from exc
         eval_parameters(block)

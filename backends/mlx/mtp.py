@@ -16,7 +16,9 @@ read again with the target's state, as backends/llamacpp/mtp.py does on llama.cp
 from __future__ import annotations
 
 import glob
+import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -78,6 +80,45 @@ def mtp_weights(folder: str) -> dict[str, mx.array]:
     if not shifted:
         weights = {k: v + 1.0 if k.endswith(SHIFTED_NORMS) and v.ndim == 1 else v for k, v in weights.items()}
     return weights
+
+
+def mtp_layer_count(folder: str) -> int:
+    """How many MTP layers a folder's safetensors keep (mtp.layers.N.*), from their headers only."""
+    keys: list[str] = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        try:
+            with open(path, "rb") as file:
+                size = int.from_bytes(file.read(8), "little")
+                header = json.loads(file.read(size)) if 0 < size < 1 << 28 else {}
+        except (OSError, ValueError):
+            continue  # a damaged file: the load that follows says so
+        keys += [k for k in header if isinstance(header, dict) and "mtp." in k]
+    layers = {m.group(1) for k in keys if (m := re.search(r"mtp\.layers\.(\d+)\.", k))}
+    return len(layers) or (1 if keys else 0)
+
+
+def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """A MoE MTP layer's experts as mlx-lm's SwitchGLU takes them: Hugging Face's fused
+    gate_up_proj / down_proj, or one tensor per expert, become switch_mlp.{gate,up,down}_proj."""
+    out: dict[str, mx.array] = {}
+    per_expert: dict[str, dict[int, mx.array]] = {}
+    for key, value in weights.items():
+        fused = re.fullmatch(r"(.*\.mlp)\.experts\.(gate_up_proj|down_proj)(\.weight)?", key)
+        single = re.fullmatch(r"(.*\.mlp)\.experts\.(\d+)\.(\w+_proj)\.(weight|scales|biases)", key)
+        if fused and fused.group(2) == "gate_up_proj":
+            gate, up = mx.split(value, 2, axis=-2)
+            out[f"{fused.group(1)}.switch_mlp.gate_proj.weight"] = mx.contiguous(gate)
+            out[f"{fused.group(1)}.switch_mlp.up_proj.weight"] = mx.contiguous(up)
+        elif fused:
+            out[f"{fused.group(1)}.switch_mlp.down_proj.weight"] = value
+        elif single:
+            name = f"{single.group(1)}.switch_mlp.{single.group(3)}.{single.group(4)}"
+            per_expert.setdefault(name, {})[int(single.group(2))] = value
+        else:
+            out[key] = value
+    for name, experts in per_expert.items():
+        out[name] = mx.stack([experts[e] for e in sorted(experts)])
+    return out
 
 
 class MlxMtpHead(HeadOfTarget):
