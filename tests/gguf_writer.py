@@ -39,6 +39,8 @@ class Spec:
     window: int = 4  # Gemma 3's sliding window, small so that short texts cross it
     local: tuple[bool, ...] = (True, False, True)
     half: bool = False  # matrices stored as F16 in the GGUF (norms stay F32, as llama.cpp wants)
+    chat_template: str = CHATML
+    n_ctx: int = N_CTX  # the trained context length, which caps a loader's n_ctx
 
 
 def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -144,7 +146,7 @@ def write_gguf(spec: Spec, path: Path) -> Path:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), spec.arch)
-    writer.add_context_length(N_CTX)
+    writer.add_context_length(spec.n_ctx)
     writer.add_embedding_length(spec.hidden)
     writer.add_block_count(spec.layers)
     writer.add_feed_forward_length(spec.ffn)
@@ -153,7 +155,7 @@ def write_gguf(spec: Spec, path: Path) -> Path:
     writer.add_key_length(spec.head_dim)
     writer.add_value_length(spec.head_dim)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_chat_template(CHATML)
+    writer.add_chat_template(spec.chat_template)
     if spec.arch == "gemma3":
         tokens, types, scores = spm_vocab()
         writer.add_rope_freq_base(1_000_000.0)

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+from jinja2 import meta
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -113,6 +114,16 @@ def _has_special(backend: Backend, text: str) -> bool:
     return backend.tokenize(text, add_special=False, parse_special=True) != plain
 
 
+def takes_tools(template: str | None) -> bool:
+    """Whether a chat template reads the `tools` variable (renders the functions itself)."""
+    if not template:
+        return False
+    try:
+        return "tools" in meta.find_undeclared_variables(BoundedSandbox().parse(template))
+    except jinja2.TemplateError:
+        return False
+
+
 def _raise(message: str) -> None:
     raise InvalidRequestError(f"the model's chat template refused the messages: {message}")
 
@@ -122,7 +133,9 @@ def render_chat(
     messages: Sequence[Message],
     special: Mapping[str, str],
     add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
+    """tools: OpenAI's tool objects, given to the template as transformers gives them."""
     messages = normalize_messages(messages)
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
@@ -130,6 +143,8 @@ def render_chat(
     try:
         compiled = env.from_string(template or CHATML)
         context: dict[str, Any] = {"messages": list(messages), "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            context["tools"] = list(tools)
         pieces: list[str] = []
         size = 0
         for piece in compiled.generate(**context, **special):

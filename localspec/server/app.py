@@ -113,8 +113,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         body.refuse_unsupported()
         tools = tool_request(body.tools, body.tool_choice)
-        messages = body.chat() if tools is None else tools.messages(body.chat())
-        return await _generate(request, body, "chat", {"messages": messages}, tools)
+        return await _generate(request, body, "chat", {"messages": body.chat(), "tools": tools}, tools)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -129,9 +128,8 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
         kwargs = stream_kwargs(
             max_tokens=UNLIMITED if limit is None else limit, stop=body.stops, sampling=body.sampling(), **source
         )
-        forced_call = tools.grammar() if tools is not None and tools.forced else None
-        grammar = GrammarRequest.of(body.response_format, forced_call)
-        await run_in_threadpool(worker.check_prompt, model, kwargs, grammar)
+        grammar = GrammarRequest.of(body.response_format, tools if tools is not None and tools.forced else None)
+        prompt = await run_in_threadpool(worker.check_prompt, model, kwargs, grammar)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Item] = asyncio.Queue()
 
@@ -147,6 +145,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
             exact_prefix=not cache_prompt,
             logprobs=body.logprob_top(),
             grammar=grammar,
+            prompt=prompt,
         )
         worker.submit(job)
         reply = Reply(kind, model, request, tools)
@@ -213,7 +212,7 @@ class Reply:
     kind: str  # "chat" or "text"
     model: str
     request: Request
-    tools: ToolRequest | None = None  # offered: the answer's <tool_call> blocks become tool_calls
+    tools: ToolRequest | None = None  # offered: the answer's calls become tool_calls
     id: str = ""
     created: int = field(default_factory=schemas.now)
     started: float = field(default_factory=time.perf_counter)
@@ -229,7 +228,7 @@ class Reply:
     def whole(self, done: Finished, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
         shape = schemas.chat_completion if self.kind == "chat" else schemas.text_completion
         whole = shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats, logprobs)
-        content, calls = parse_tool_calls(done.text) if self.tools is not None else (done.text, [])
+        content, calls = parse_tool_calls(done.text, self.tools.names) if self.tools is not None else (done.text, [])
         if calls:
             choice = whole["choices"][0]
             choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
@@ -240,7 +239,7 @@ class Reply:
         """A streamed answer that was offered tools, sent once it is whole (a call is only
         known as one when it ends): its text, its calls, and "tool_calls" as the finish
         reason when there are any (None: the engine's own)."""
-        content, calls = parse_tool_calls(text)
+        content, calls = parse_tool_calls(text, self.tools.names if self.tools is not None else ())
         chunks = [self.chunk(content)] if content else []
         if calls:
             delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}

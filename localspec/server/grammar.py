@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from localspec.core.protocol import Backend
 from localspec.server.schemas import ApiError
+from localspec.server.tools import ToolRequest, tool_style
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -24,25 +25,25 @@ JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 @dataclass(frozen=True)
 class GrammarRequest:
-    """What a request's text must be: a response_format's JSON, or a Lark grammar (a forced
-    tool call's), blamed on `param` when it cannot be compiled."""
+    """What a request's text must be: a response_format's JSON, or a forced tool call (a Lark
+    grammar in the model's own call format), blamed on `param` when it cannot be compiled."""
 
     response_format: Mapping[str, Any] | None = None
-    lark: str | None = None
     param: str = "response_format"
+    tools: ToolRequest | None = None  # a forced call, in the format of the model it runs on
 
     @staticmethod
-    def of(response_format: Mapping[str, Any] | None, lark: str | None = None) -> GrammarRequest | None:
+    def of(response_format: Mapping[str, Any] | None, tools: ToolRequest | None = None) -> GrammarRequest | None:
         """None when the text is free; a response_format of an unknown type is a 400 now."""
-        if lark is not None:
-            return GrammarRequest(lark=lark, param="tools")
+        if tools is not None:
+            return GrammarRequest(tools=tools, param="tools")
         if response_format is None or json_schema_of(response_format) is None:
             return None
         return GrammarRequest(response_format=response_format)
 
     def constraint(self, grammars: Grammars) -> GrammarConstraint | None:
-        if self.lark is not None:
-            return grammars.lark(self.lark, self.param)
+        if self.tools is not None:
+            return grammars.lark(self.tools.grammar(grammars.tool_style.format, grammars.spell), self.param)
         return grammars.constraint(self.response_format or {})
 
 
@@ -88,6 +89,17 @@ class Grammars:
         wrapper = _Vocabulary(tokens, eog[0] if eog else 0, identity.bos, target)
         self.n_vocab = target.info.n_vocab
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(wrapper), eos_token=eog or None)
+        self.tool_style = tool_style(target.chat_template())
+        self._target = target
+        self._special = frozenset(wrapper.special_token_ids)
+
+    def spell(self, marker: str) -> str:
+        """A marker as a Lark grammar names it: `<[id]>` where the vocabulary has it as one
+        special token (a control token has no text to match), else its text."""
+        ids = self._target.tokenize(marker, add_special=False, parse_special=True)
+        if len(ids) == 1 and ids[0] in self._special:
+            return f"<[{ids[0]}]>"
+        return json.dumps(marker)
 
     def constraint(self, response_format: Mapping[str, Any]) -> GrammarConstraint | None:
         """None for plain text; a 400 naming response_format for what cannot be compiled."""

@@ -1,8 +1,13 @@
-"""Tools (function calling) through the chat: the functions are described in a system block and
-calls are written as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, Hermes' format,
-which Qwen's own chat template writes and which instruction-tuned models of other families
-follow from the description; calls are parsed back into OpenAI's `tool_calls`.
-tool_choice "required" or a named function is forced by a grammar."""
+"""Tools (function calling) through the chat. Where the model's chat template reads `tools`
+(as transformers and llama-server pass them), the template describes the functions and writes
+earlier calls in the model's own format; otherwise the functions are described in a system
+block in Hermes' words (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, which Qwen's
+template writes and instruction-tuned models of other families follow). Answers are parsed
+for the formats of the registry's families: Hermes' <tool_call> (Qwen, SmolLM2), Llama 3's
+bare JSON `{"name": ..., "parameters": ...}` (after <|python_tag|> or not), and Gemma 4's
+`<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>` (Gemma 3's template has no tools:
+it gets the Hermes block). tool_choice "required" or a named function is forced by a grammar
+in the format the model was prompted with."""
 
 from __future__ import annotations
 
@@ -10,10 +15,11 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.core.templates import takes_tools
 from localspec.server.schemas import ApiError
 
 # Qwen2.5's chat template's own words, which models trained on Hermes-style calls know.
@@ -24,7 +30,37 @@ TOOLS_INTRO = (
     "<tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
+HERMES = "hermes"
+LLAMA3 = "llama3"
+GEMMA4 = "gemma4"
 CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|$)", re.DOTALL)
+GEMMA_OPEN, GEMMA_CLOSE, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+GEMMA_CALL = re.compile(r"(?:<\|tool_call>)?call:([A-Za-z_][\w.\-]*)(\{.*?\})(?:<tool_call\|>|(?=call:)|$)", re.DOTALL)
+PYTHON_TAG = "<|python_tag|>"
+BARE_KEY = re.compile(r"[A-Za-z_]\w*")
+
+
+@dataclass(frozen=True)
+class ToolStyle:
+    """How a model is told about tools: `native` where its template renders them itself, and
+    the format its calls are written in (the grammar forces that one)."""
+
+    format: str
+    native: bool
+
+
+def tool_style(template: str | None) -> ToolStyle:
+    """The style a chat template implies: its own markers, else Hermes' system block."""
+    if not takes_tools(template):
+        return ToolStyle(HERMES, native=False)
+    assert template is not None
+    if GEMMA_OPEN in template:
+        return ToolStyle(GEMMA4, native=True)
+    if "<tool_call>" in template:
+        return ToolStyle(HERMES, native=True)
+    if PYTHON_TAG in template or '"parameters"' in template:
+        return ToolStyle(LLAMA3, native=True)
+    return ToolStyle(HERMES, native=True)  # a template of its own: Hermes is what the parser reads first
 
 
 @dataclass(frozen=True)
@@ -34,10 +70,34 @@ class ToolRequest:
     functions: tuple[Mapping[str, Any], ...]  # OpenAI's function objects: name, description, parameters
     forced: bool
 
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(f["name"] for f in self.functions)
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The functions as OpenAI's tool objects, the `tools` a template reads."""
+        return [{"type": "function", "function": dict(f)} for f in self.functions]
+
+    def native_messages(self, chat: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The chat for a template that renders tools: each earlier call's arguments as an object
+        (templates write them with tojson or iterate them, as transformers passes them)."""
+        out: list[dict[str, Any]] = []
+        for message in chat:
+            if message["role"] == "assistant" and message.get("tool_calls"):
+                calls = []
+                for call in message["tool_calls"]:
+                    function = dict(call.get("function", {}))
+                    function["arguments"] = _arguments(function.get("arguments", "{}"))
+                    calls.append({**call, "function": function})
+                out.append({**message, "tool_calls": calls})
+            else:
+                out.append(dict(message))
+        return out
+
     def messages(self, chat: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The chat with the tools described in its system message, and earlier calls and
         results written as the model reads them (templates without tools drop tool_calls)."""
-        listed = "\n".join(json.dumps({"type": "function", "function": dict(f)}) for f in self.functions)
+        listed = "\n".join(json.dumps(tool) for tool in self.tools())
         intro = TOOLS_INTRO.format(tools=listed)
         out: list[dict[str, Any]] = []
         for message in chat:
@@ -55,22 +115,29 @@ class ToolRequest:
             out.insert(0, {"role": "system", "content": intro})
         return out
 
-    def grammar(self) -> str:
-        """A Lark grammar (llguidance's, with %json) for exactly one call of one of the functions."""
+    def grammar(self, form: str = HERMES, spell: Callable[[str], str] = json.dumps) -> str:
+        """A Lark grammar (llguidance's, with %json) for exactly one call of one of the functions
+        in `form`; spell(marker) writes a marker as the grammar names it (one special token's
+        id where the vocabulary has it as one, else its text)."""
+        if form == GEMMA4:
+            return _gemma_grammar(self.functions, spell)
+        arguments = "parameters" if form == LLAMA3 else "arguments"
         schemas = [
             {
                 "type": "object",
-                "properties": {
-                    "name": {"const": f["name"]},
-                    "arguments": f.get("parameters") or {"type": "object"},
-                },
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": f["name"]}, arguments: f.get("parameters") or {"type": "object"}},
+                "required": ["name", arguments],
                 "additionalProperties": False,
             }
             for f in self.functions
         ]
         call = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-        return f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(call)}\n'
+        # Compact JSON, as for response_format: with free whitespace a model can fill the call with newlines.
+        call = {**call, "x-guidance": {"whitespace_flexible": False}}
+        if form == LLAMA3:
+            return f"start: call\ncall: %json {json.dumps(call)}\n"
+        start = f'start: {spell("<tool_call>")} "\\n" call "\\n" {spell("</tool_call>")}'
+        return f"{start}\ncall: %json {json.dumps(call)}\n"
 
 
 def tool_request(tools: Sequence[Any] | None, tool_choice: Any) -> ToolRequest | None:
@@ -98,45 +165,199 @@ def tool_request(tools: Sequence[Any] | None, tool_choice: Any) -> ToolRequest |
     return ToolRequest(tuple(chosen), forced=True)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None, list[dict[str, Any]]]:
     """The answer's text outside its calls (None when nothing is left) and its calls in
-    OpenAI's shape; a block that is not a JSON call stays text."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    cursor = 0
-    for match in CALL.finditer(text):
-        call = _parse_call(match.group(1))
-        if call is None:
-            continue
-        kept.append(text[cursor : match.start()])
-        cursor = match.end()
-        calls.append(call)
-    kept.append(text[cursor:])
-    rest = "".join(kept).strip()
-    return (rest or None) if calls else text, calls
+    OpenAI's shape, in whichever family's format they were written; a block that is not a
+    call stays text. names: the functions offered, which a bare Llama 3 JSON answer must name."""
+    for pattern, parse in ((CALL, _hermes_call), (GEMMA_CALL, _gemma_call)):
+        calls: list[dict[str, Any]] = []
+        kept: list[str] = []
+        cursor = 0
+        for match in pattern.finditer(text):
+            call = parse(match)
+            if call is None:
+                continue
+            kept.append(text[cursor : match.start()])
+            cursor = match.end()
+            calls.append(call)
+        if calls:
+            kept.append(text[cursor:])
+            rest = "".join(kept).strip()
+            return rest or None, calls
+    llama = _llama_calls(text, names)
+    return (None, llama) if llama else (text, [])
 
 
-def _parse_call(body: str) -> dict[str, Any] | None:
+def _hermes_call(match: re.Match[str]) -> dict[str, Any] | None:
     try:
-        parsed = json.loads(body)
+        parsed = json.loads(match.group(1))
     except json.JSONDecodeError:
         return None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
         return None
-    arguments = parsed.get("arguments", {})
+    return _openai_call(parsed["name"], parsed.get("arguments", parsed.get("parameters", {})))
+
+
+def _llama_calls(text: str, names: Collection[str]) -> list[dict[str, Any]]:
+    """Llama 3's custom-tool calls: the whole answer is one JSON call, or several joined by ';'."""
+    body = text.strip().removeprefix(PYTHON_TAG).strip()
+    if not body.startswith("{"):
+        return []
+    decoder = json.JSONDecoder()
+    calls = []
+    at = 0
+    while at < len(body):
+        try:
+            parsed, end = decoder.raw_decode(body, at)
+        except json.JSONDecodeError:
+            return []
+        name = parsed.get("name") if isinstance(parsed, dict) else None
+        if not isinstance(name, str) or (names and name not in names):
+            return []
+        arguments = parsed.get("parameters", parsed.get("arguments", {}))
+        calls.append(_openai_call(name, arguments))
+        rest = body[end:].lstrip().removeprefix(";").lstrip()
+        at = len(body) - len(rest)
+    return calls
+
+
+def _gemma_call(match: re.Match[str]) -> dict[str, Any] | None:
+    try:
+        arguments, end = _gemma_value(match.group(2), 0)
+    except ValueError:
+        return None
+    if not isinstance(arguments, dict) or match.group(2)[end:].strip():
+        return None
+    return _openai_call(match.group(1), arguments)
+
+
+def _gemma_value(text: str, at: int) -> tuple[Any, int]:
+    """One value of Gemma 4's call syntax from `at`: <|"|>text<|"|> strings, bare or quoted keys,
+    JSON's numbers, booleans, null, lists and objects. ValueError where it is not one."""
+    while at < len(text) and text[at].isspace():
+        at += 1
+    if text.startswith(GEMMA_QUOTE, at):
+        end = text.find(GEMMA_QUOTE, at + len(GEMMA_QUOTE))
+        if end < 0:
+            raise ValueError("an open string")
+        return text[at + len(GEMMA_QUOTE) : end], end + len(GEMMA_QUOTE)
+    if text.startswith('"', at):
+        return json.JSONDecoder().raw_decode(text, at)
+    if text.startswith("{", at) or text.startswith("[", at):
+        closing = "}" if text[at] == "{" else "]"
+        items: list[Any] = []
+        pairs: dict[str, Any] = {}
+        at += 1
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if text.startswith(closing, at):
+                return (pairs if closing == "}" else items), at + 1
+            if (pairs or items) and not text.startswith(",", at):
+                raise ValueError("a missing comma")
+            if pairs or items:
+                at += 1
+            if closing == "]":
+                value, at = _gemma_value(text, at)
+                items.append(value)
+                continue
+            key_match = BARE_KEY.match(text, at)
+            if key_match is not None:
+                key, at = key_match.group(0), key_match.end()
+            else:
+                key, at = _gemma_value(text, at)
+                if not isinstance(key, str):
+                    raise ValueError("a key that is not text")
+            if not text.startswith(":", at):
+                raise ValueError("a key without ':'")
+            pairs[key], at = _gemma_value(text, at + 1)
+    literal = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null").match(text, at)
+    if literal is None:
+        raise ValueError(f"no value at {at}")
+    return json.loads(literal.group(0)), literal.end()
+
+
+def _gemma_grammar(functions: Sequence[Mapping[str, Any]], spell: Callable[[str], str]) -> str:
+    """Gemma 4's call syntax in Lark: each function's name, then its parameters' object with
+    the schema's types where they are plain (strings, enums, numbers, booleans, objects whose
+    properties are all required, lists), any Gemma value elsewhere."""
+    quote = spell(GEMMA_QUOTE)
+    rules: list[str] = []
+
+    def value(schema: Any) -> str:
+        if not isinstance(schema, Mapping):
+            return "gvalue"
+        if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+            return "(" + " | ".join(f"{quote} {json.dumps(v)} {quote}" for v in schema["enum"]) + ")"
+        kind = schema.get("type")
+        if kind == "string":
+            if isinstance(schema.get("maxLength"), int):  # a terminal of its own: /[^<]{0,n}/
+                rules.append(f"GSTR{len(rules)}: /[^<]{{0,{schema['maxLength']}}}/")
+                return f"{quote} GSTR{len(rules) - 1} {quote}"
+            return f"{quote} GSTR {quote}"
+        if kind == "integer":
+            low, high = schema.get("minimum"), schema.get("maximum")
+            if isinstance(low, int) and isinstance(high, int) and 0 <= high - low < 256:  # a small range: each value
+                return "(" + " | ".join(f'"{n}"' for n in range(low, high + 1)) + ")"
+            return "GINT"
+        if kind == "number":
+            return "GNUM"
+        if kind == "boolean":
+            return '("true" | "false")'
+        if kind == "array":
+            item = value(schema.get("items"))
+            return f'("[" ({item} ("," {item})*)? "]")'
+        if kind == "object" and isinstance(schema.get("properties"), Mapping):
+            properties = schema["properties"]
+            if set(schema.get("required", ())) >= set(properties):  # all required: in declared order
+                parts = [f'{_gemma_key(k, quote)} ":" {value(v)}' for k, v in properties.items()]
+                return '("{" ' + ' "," '.join(parts) + ' "}")' if parts else '("{" "}")'
+            at = len(rules)
+            rules.append("")  # this object's rule, named before its properties add theirs
+            name = f"gobj{at}"
+            items = " | ".join(f'{_gemma_key(k, quote)} ":" {value(v)}' for k, v in properties.items())
+            rules[at] = f"{name}: {items}"
+            return f'("{{" ({name} ("," {name})*)? "}}")'
+        return "gvalue"
+
+    calls = [f'"call:" {json.dumps(f["name"])} {value(f.get("parameters") or {"type": "object"})}' for f in functions]
+    return "\n".join(
+        [
+            f"start: {spell(GEMMA_OPEN)} ({' | '.join(calls)}) {spell(GEMMA_CLOSE)}",
+            *rules,
+            f'gvalue: {quote} GSTR {quote} | GNUM | "true" | "false" | "null" | gobject | glist',
+            'gobject: "{" (gpair ("," gpair)*)? "}"',
+            'gpair: GKEY ":" gvalue',
+            'glist: "[" (gvalue ("," gvalue)*)? "]"',
+            "GKEY: /[A-Za-z_][A-Za-z0-9_]*/",
+            "GSTR: /[^<]*/",
+            "GINT: /-?(0|[1-9][0-9]{0,15})/",
+            "GNUM: /-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?/",
+            "",
+        ]
+    )
+
+
+def _gemma_key(key: str, quote: str) -> str:
+    return json.dumps(key) if BARE_KEY.fullmatch(key) else f"{quote} {json.dumps(key)} {quote}"
+
+
+def _openai_call(name: str, arguments: Any) -> dict[str, Any]:
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {
-            "name": parsed["name"],
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-        },
+        "function": {"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
     }
+
+
+def _arguments(arguments: Any) -> Any:
+    """A call's arguments as an object where they are a JSON object's text, else as given."""
+    with contextlib.suppress(json.JSONDecodeError, TypeError):
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    return arguments
 
 
 def _call_text(call: Mapping[str, Any]) -> str:
     function = call.get("function", {})
-    arguments = function.get("arguments", "{}")
-    with contextlib.suppress(json.JSONDecodeError):  # else kept as the client sent it
-        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    arguments = _arguments(function.get("arguments", "{}"))
     return f"<tool_call>\n{json.dumps({'name': function.get('name'), 'arguments': arguments})}\n</tool_call>"

@@ -8,22 +8,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localspec.api import Finished, Runtime, TextDelta
+from localspec.api import Finished, Prompt, Runtime, TextDelta
+from localspec.core.engine import check_fits
 from localspec.core.errors import ContextFullError, LocalspecError
 from localspec.core.sampling import LogprobRecorder, SamplingConfig
+from localspec.core.templates import chat_tokens, normalize_messages, render_chat
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest, Grammars
 from localspec.server.schemas import ApiError
+from localspec.server.tools import ToolRequest, tool_style
 
 log = logging.getLogger("localspec.server")
 
 Item = TextDelta | Finished | BaseException
 Loader = Callable[[str], Runtime]
 HISTORY = 64  # finished jobs kept for /health and the tests
+PROMPT_KEYS = ("prompt", "messages", "fim", "tools")  # a request's prompt, which becomes one Prompt
 
 
 class QueueFullError(ApiError):
@@ -54,6 +57,8 @@ class Job:
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
     recorder: LogprobRecorder | None = None  # made when the job runs, for the model it runs on
     grammar: GrammarRequest | None = None  # a JSON response_format or a forced tool call
+    # Tokenized in the request's thread (Worker.check_prompt); None: the generation thread does it.
+    prompt: Prompt | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     steps: int = 0  # verify steps whose tokens were taken from the runtime
     steps_at_cancel: int | None = None
@@ -127,36 +132,42 @@ class Worker:
         with self._cond:
             return self._cond.wait_for(lambda: condition(self.status()), timeout)
 
-    def check_prompt(self, model: str, request: Mapping[str, Any], grammar: GrammarRequest | None = None) -> None:
+    def check_prompt(
+        self, model: str, request: Mapping[str, Any], grammar: GrammarRequest | None = None
+    ) -> Prompt | None:
         """Tokenize the prompt and compile the response format now, in the request's thread,
         so a prompt that does not fit or a schema that cannot be used is refused with a status
-        before a stream begins. Skipped when another model must be loaded first: the
-        generation thread checks them then."""
+        before a stream begins; the job carries the ids, so the prompt is tokenized once.
+        Skipped (None) when another model must be loaded first: the generation thread
+        tokenizes it then."""
         with self.swap_lock:
             runtime = self.runtime
             if runtime is None or model != self.model_id:
                 return None
             if grammar is not None:
                 grammar.constraint(self._grammars_for(runtime))
-            prepared = self._prepare(runtime, request)
-            tokens = runtime.prompt_tokens(prepared.get("prompt"), prepared.get("messages"))
-            n_ctx = runtime.target.info.n_ctx
-            if len(tokens) >= n_ctx:
-                raise ContextFullError(
-                    f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}",
-                    "shorten the prompt, or start the server with a larger --ctx",
-                )
+            return self._tokenize(runtime, request)
 
-    def _prepare(self, runtime: Runtime, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Runtime.stream's arguments: a fill-in-the-middle request becomes its token ids."""
-        out = dict(request)
-        sampling = out.get("sampling")
+    def _tokenize(self, runtime: Runtime, request: Mapping[str, Any]) -> Prompt:
+        """The request's prompt, checked and tokenized: text, user-given ids or a chat by the
+        runtime; a chat offered tools and a fill-in-the-middle request into ids made here."""
+        sampling = request.get("sampling")
         n_vocab = runtime.target.info.n_vocab
         if isinstance(sampling, SamplingConfig) and any(t >= n_vocab for t, _ in sampling.logit_bias):
             raise ApiError(400, f"logit_bias names a token id over {self.model_id}'s {n_vocab - 1}", param="logit_bias")
-        if "fim" not in out:
-            return out
-        prefix, suffix = out.pop("fim")
+        try:
+            if "tools" in request and request["tools"] is not None:
+                ids = self._tool_prompt(runtime, request["tools"], request["messages"])
+            elif "fim" in request:
+                ids = self._fim_prompt(runtime, *request["fim"])
+            else:
+                return runtime.prepare(request.get("prompt"), request.get("messages"))
+            check_fits(ids, runtime.target.info.n_ctx)
+            return Prompt(tuple(ids))
+        except ContextFullError as exc:
+            raise ContextFullError(exc.message, "shorten the prompt, or start the server with a larger --ctx") from None
+
+    def _fim_prompt(self, runtime: Runtime, prefix: str, suffix: str) -> list[int]:
         fim = self._fim_tokens(runtime)
         if fim is None:
             raise ApiError(
@@ -167,10 +178,20 @@ class Worker:
             )
         target = runtime.target
         head = target.tokenize("", add_special=True, parse_special=False)
-        out["prompt"] = fim.prompt(
+        return fim.prompt(
             prefix, suffix, lambda text: target.tokenize(text, add_special=False, parse_special=False), head
         )
-        return out
+
+    def _tool_prompt(self, runtime: Runtime, tools: ToolRequest, chat: Sequence[Mapping[str, Any]]) -> list[int]:
+        """A chat offered tools, as token ids: through the model's own template where it renders
+        tools, else with Hermes' system block (the grammar of a forced call follows the same)."""
+        target = runtime.target
+        template = target.chat_template()
+        if not tool_style(template).native:
+            return runtime.prompt_tokens(messages=tools.messages(chat))
+        messages = normalize_messages(tools.native_messages(chat))
+        text = render_chat(template, messages, target.special_texts(), tools=tools.tools())
+        return chat_tokens(target, text, [m["content"] for m in messages])
 
     def _grammars_for(self, runtime: Runtime) -> Grammars:
         if self._grammars is None:
@@ -247,10 +268,10 @@ class Worker:
         try:
             runtime = self._runtime_for(job.model)
             runtime.engine.exact_prefix = job.exact_prefix
-            request = self._prepare(runtime, job.request)
+            prompt = job.prompt if job.prompt is not None else self._tokenize(runtime, job.request)
+            request = {key: value for key, value in job.request.items() if key not in PROMPT_KEYS}
             request["sampling"] = self._sampling(runtime, job, request["sampling"])
-            events = runtime.stream(**request)
-            with closing(events):
+            with runtime.stream(prompt, **request) as events:
                 for event in events:
                     if isinstance(event, TextDelta) and event.tokens:
                         job.steps += 1
@@ -300,6 +321,7 @@ def stream_kwargs(
     prompt: str | Sequence[int] | None = None,
     messages: Sequence[Mapping[str, Any]] | None = None,
     fim: tuple[str, str] | None = None,
+    tools: ToolRequest | None = None,
     max_tokens: int,
     stop: Sequence[str],
     sampling: SamplingConfig,
@@ -307,8 +329,10 @@ def stream_kwargs(
     request: dict[str, Any] = {"max_tokens": max_tokens, "stop": list(stop), "sampling": sampling}
     if messages is not None:
         request["messages"] = list(messages)
+        if tools is not None:
+            request["tools"] = tools  # rendered once the model, and so its template, is known
     elif fim is not None:
-        request["fim"] = fim  # made into token ids once the model is known (Worker._prepare)
+        request["fim"] = fim  # made into token ids once the model is known (Worker._tokenize)
     else:
         request["prompt"] = prompt
     return request
