@@ -508,3 +508,18 @@ def test_a_proven_copy_kept_short_by_a_dear_slope_is_probed_with_a_longer_draft(
     assert gammas[: DEFAULT.probe_after - 1] == [0] * (DEFAULT.probe_after - 1)
     assert gammas[DEFAULT.probe_after - 1] >= 8  # the probe: as far as the guess is likely right
     assert min(gammas[DEFAULT.probe_after + 2 :]) >= 8  # the curve, timed further out, drafts long
+
+
+def test_spikes_of_other_processes_do_not_make_blocks_look_cheap_to_a_learning_curve() -> None:
+    # A split target at 0 ms: a step 8 ms, a block of k tokens 8 ms * (2.6 + 0.7 (k - 2)).
+    # A third of the passes of any size pay a fixed 6 ms more (other processes on the cores).
+    def truth(k: int) -> float:
+        return 8e-3 if k == 1 else 8e-3 * (2.6 + 0.7 * (k - 2))
+
+    rng = np.random.default_rng(0)
+    curve = CostCurve([4e-3 * (1 + 0.3 * (k - 1)) for k in range(1, 17)], learning=True)  # an optimistic prior
+    for n in range(400):
+        k = 2 + n % 3 if n % 10 == 0 else 1  # mostly single steps, now and then a short draft
+        curve.update(k, truth(k) + (6e-3 if rng.random() < 1 / 3 else 0.0))
+    for k in (2, 3, 4):
+        assert curve.verify(k) / curve.verify(1) == pytest.approx(truth(k) / truth(1), rel=0.05)

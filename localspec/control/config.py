@@ -75,6 +75,10 @@ class ControlConfig:
     # Passes remembered per size across sessions, so a changed machine is followed within a
     # few dozen passes.
     max_evidence: int = 32
+    # A learning curve prices a size at a low quantile of its last cost_window passes, not
+    # their mean: load only adds time, and spikes would price the single step too dear.
+    cost_window: int = 16
+    cost_quantile: float = 0.25
     # A pass under this share of its learnt price is no jitter (load only adds time): the
     # curve was learnt on a busier machine, and is re-priced from this pass.
     stale_shape: float = 2 / 3

@@ -7,6 +7,7 @@ draft on it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ class CostCurve:
     config: ControlConfig = field(default=DEFAULT, repr=False, compare=False)
     _effective: list[float] | None = field(default=None, repr=False, compare=False)
     _updates: int = field(default=0, repr=False, compare=False)
+    # Each size's last passes this session (ratios to the base curve), for the quantile.
+    _windows: dict[int, deque[float]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -120,18 +123,21 @@ class CostCurve:
         # cheap next to the single-token step seen at every step, and draft where it does not
         # pay. An outlier (a page fault, a scheduler hiccup) is clipped and damped.
         if self.learning:
-            self._learn_shape(k, seconds / (self.base(k, depth) * self.scale))
+            self._learn_shape(k, seconds / self.base(k, depth))
         i = min(k, len(self.corrections)) - 1
+        if self.learning and self.evidence[i] < self.config.learnt_passes:
+            return  # while a learning curve still finds a size's price, its misses are not drift
         ratio = min(seconds / self.measured(k, depth), self.config.drift_clip)
         self.scale += self.config.drift_weight * (ratio - self.scale)
-        if not self.learning or self.evidence[i] >= self.config.learnt_passes:
-            # While a learning curve still finds its shape, its misses are not drift.
-            self.observed += 1
-            self.ratio_sum += ratio
+        self.observed += 1
+        self.ratio_sum += ratio
 
     def _learn_shape(self, k: int, ratio: float) -> None:
-        # A running mean over the first learnt_passes passes of a size, then an EMA that
-        # follows the machine. A prior can be off severalfold, so only wild outliers clip.
+        # A running mean over the first learnt_passes passes of a size, then a low quantile
+        # of its last cost_window passes: load only ever adds time, so a mean that spikes of
+        # other processes inflate would price the single step, timed most often, too dear
+        # against the blocks and draft where it loses. A prior can be off severalfold, so
+        # only wild outliers clip.
         cfg = self.config
         i = min(k, len(self.corrections)) - 1
         self._updates += 1
@@ -146,7 +152,11 @@ class CostCurve:
                 self.corrections[i], self.evidence[i] = ratio, float(cfg.learnt_passes)
                 self._effective = None
             return
-        if self.evidence[i] == 0:
+        window = self._windows.setdefault(i, deque(maxlen=cfg.cost_window))
+        window.append(ratio)
+        if len(window) >= cfg.learnt_passes:
+            self.corrections[i] = sorted(window)[int(cfg.cost_quantile * (len(window) - 1))]
+        elif self.evidence[i] == 0:
             self.corrections[i] = ratio
         else:
             step = max(1.0 / (self.evidence[i] + 1), 1.0 / cfg.learnt_passes)
@@ -167,6 +177,7 @@ class CostCurve:
             if self.deep_seconds is not None:
                 self.deep_seconds[j] = deep
             self.corrections[j], self.evidence[j] = 1.0, 0.0
+            self._windows.pop(j, None)  # timed against the old base
         self.evidence[i] = float(self.config.learnt_passes)
         self._effective = None
 
