@@ -189,3 +189,100 @@ def test_logprobs_are_the_shaped_targets_log_softmax_and_the_same_with_drafting(
 
 def plain_cfg() -> SamplingConfig:
     return SamplingConfig(temperature=0, frequency_penalty=0.4)
+
+
+# llama.cpp's repeat penalty: strong, over a window short enough that the prompt's head falls out of it.
+REPEAT: dict[str, Any] = {"repeat_penalty": 1.8, "repeat_last_n": 4}
+
+
+def llama_repeat_logits(row: Sequence[float], context: Sequence[int], cfg: SamplingConfig) -> np.ndarray:
+    """llama.cpp's penalties sampler, written out: each distinct token among the context's last
+    repeat_last_n (prompt included) has a positive logit divided by the penalty, else multiplied."""
+    out = np.array(row, dtype=np.float64)
+    window = context if cfg.repeat_last_n < 0 else context[len(context) - cfg.repeat_last_n :]
+    for token in set(window):
+        out[token] = out[token] / cfg.repeat_penalty if out[token] > 0 else out[token] * cfg.repeat_penalty
+    return out
+
+
+def repeat_probs(model: ReferenceBackend, context: list[int], cfg: SamplingConfig) -> np.ndarray:
+    prev2 = context[-2] if len(context) > 1 else 0
+    row = llama_repeat_logits(model.next_token_logits(prev2, context[-1]), context, cfg)
+    if cfg.greedy:
+        return np.eye(row.size)[int(np.argmax(row))]
+    return process(row, cfg).dense(row.size)
+
+
+def test_repeat_penalty_follows_llamacpps_rule_row_by_row_with_the_prompts_tail() -> None:
+    rng = np.random.default_rng(2)
+    rows = rng.normal(size=(3, VOCAB)).astype(np.float32)
+    prompt, generated, draft = [1, 2, 6, 4], [4, 0], [0, 3]
+    for last_n in (4, -1):
+        cfg = SamplingConfig(repeat_penalty=1.5, repeat_last_n=last_n)
+        before = cfg.repeat_window(prompt, len(prompt))
+        assert list(before) == (prompt if last_n < 0 else prompt[-4:])
+        shaped = shape(rows, cfg, generated, draft, before)
+        for i in range(3):
+            expected = llama_repeat_logits(rows[i], [*prompt, *generated, *draft[:i]], cfg)
+            np.testing.assert_allclose(shaped[i], expected, rtol=1e-6)
+    assert shape(rows, SamplingConfig(repeat_penalty=1.5, repeat_last_n=0), generated, draft) is rows
+
+
+@pytest.mark.parametrize("bad", [{"repeat_penalty": 0}, {"repeat_penalty": float("nan")}, {"repeat_last_n": -2}])
+def test_repeat_penalties_out_of_range_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(InvalidRequestError):
+        SamplingConfig(**bad)
+
+
+def repeat_joint(cfg: SamplingConfig) -> dict[Outcome, float]:
+    """P(first two emitted tokens) under the repeat-penalised target."""
+    model = ReferenceBackend(vocab_size=VOCAB, seed=0)
+    eog = sorted(model.end_of_generation())
+    p1 = repeat_probs(model, list(PROMPT), cfg)
+    joint = {(STOP, STOP): float(p1[eog].sum())}
+    for t1 in np.flatnonzero(p1).tolist():
+        if t1 in eog:
+            continue
+        p2 = repeat_probs(model, [*PROMPT, t1], cfg)
+        joint[(t1, STOP)] = float(p1[t1] * p2[eog].sum())
+        joint.update({(t1, t2): float(p1[t1] * p2[t2]) for t2 in np.flatnonzero(p2).tolist() if t2 not in eog})
+    return joint
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_first_two_tokens_follow_the_repeat_penalised_target_law(drafter: str) -> None:
+    cfg = SamplingConfig(temperature=FULL.temperature, top_k=FULL.top_k, top_p=FULL.top_p, min_p=FULL.min_p, **REPEAT)
+    engine = Engine(ReferenceBackend(vocab_size=VOCAB, seed=0), DRAFTERS[drafter]())
+    observed = Counter(outcome(run(engine, PROMPT, 2, cfg, 3, seed)) for seed in range(N_RUNS))
+    assert chi_square_pvalue(observed, repeat_joint(cfg)) > 1e-3
+
+
+def test_chi_square_rejects_output_that_ignores_the_repeat_penalty() -> None:
+    engine = Engine(ReferenceBackend(vocab_size=VOCAB, seed=0), NoDrafter())
+    observed = Counter(outcome(run(engine, PROMPT, 2, FULL, 3, seed)) for seed in range(N_RUNS))
+    assert chi_square_pvalue(observed, repeat_joint(SamplingConfig(**REPEAT))) < 1e-6
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+def test_greedy_speculation_with_a_repeat_penalty_reproduces_penalised_plain_decoding(drafter: str, gamma: int) -> None:
+    cfg = SamplingConfig(temperature=0, repeat_penalty=1.3, repeat_last_n=8)
+    drafters: dict[str, Callable[[], Drafter]] = {
+        "none": NoDrafter,
+        "ngram": lambda: NgramDrafter(min_ngram=1),
+        "model": lambda: ModelDrafter(ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0, noise=DRAFT_NOISE), 0.0),
+    }
+    engine = Engine(ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0), drafters[drafter]())
+    model = ReferenceBackend(vocab_size=GREEDY_VOCAB, seed=0)
+    eog = model.end_of_generation()
+    differs = False
+    for prompt in GREEDY_PROMPTS:
+        context = list(prompt)
+        while len(context) - len(prompt) < 32:
+            token = int(np.argmax(repeat_probs(model, context, cfg)))
+            if token in eog:
+                break
+            context.append(token)
+        assert run(engine, prompt, 32, cfg, gamma, None) == context[len(prompt) :]
+        differs |= run(engine, prompt, 32, SamplingConfig(temperature=0), gamma, None) != context[len(prompt) :]
+    assert differs  # the penalty changed some answer

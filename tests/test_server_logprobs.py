@@ -107,6 +107,15 @@ def test_penalties_change_the_text_as_plain_penalised_decoding_does(client, plai
         assert answer.choices[0].text != unpenalised.choices[0].text
 
 
+@pytest.mark.parametrize("repeat", [{"repeat_penalty": 1.6}, {"repeat_penalty": 1.3, "repeat_last_n": -1}])
+def test_llamacpps_repeat_penalty_is_plain_repeat_penalised_decoding(client, plain, repeat) -> None:
+    # llama-server's field names; the window reaches into the prompt, as llama-server's does.
+    unpenalised = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=24, temperature=0)
+    answer = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=24, temperature=0, extra_body=repeat)
+    expected = plain.generate(prompt=COUNTING, max_tokens=24, sampling=SamplingConfig(temperature=0, **repeat))
+    assert answer.choices[0].text == expected.text != unpenalised.choices[0].text
+
+
 def test_logit_bias_bans_a_token(client, plain) -> None:
     first = plain.generate(prompt=COUNTING, max_tokens=1, temperature=0).tokens[0]
     answer = client.completions.create(
@@ -124,6 +133,8 @@ def test_logit_bias_bans_a_token(client, plain) -> None:
         ({"logit_bias": {"hello": 1}}, "logit_bias"),
         ({"logit_bias": {"99999999": 1}}, "logit_bias"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"repeat_penalty": 0}, "repeat_penalty"),
+        ({"repeat_last_n": -5}, "repeat_last_n"),
     ],
 )
 def test_bad_values_are_400s_naming_the_field(server, body, param) -> None:

@@ -143,6 +143,7 @@ class Engine:
         n_ctx = self.target.info.n_ctx
         max_block = self.target.capabilities.max_block
         prompt_len = len(ctx)
+        before = cfg.repeat_window(ctx, prompt_len)  # the prompt's tail a repeat penalty reaches
         produced = 0
         shadow: Shadow | None = None
         t_start = time.perf_counter()
@@ -173,7 +174,7 @@ class Engine:
                     tokens = tokens[:refused]
                 t1 = time.perf_counter()
                 generated = ctx[prompt_len:] if cfg.shapes_logits else ()  # penalties count them
-                n_acc, nxt, rows = self._verify(ctx[-1], tokens, draft, refused, cfg, rng, generated)
+                n_acc, nxt, rows = self._verify(ctx[-1], tokens, draft, refused, cfg, rng, generated, before)
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
@@ -260,15 +261,17 @@ class Engine:
         cfg: SamplingConfig,
         rng: np.random.Generator,
         generated: Sequence[int],
+        before: Sequence[int] = (),
     ) -> tuple[int, int, Logits | None]:
         """One target pass over the pending token and the draft: how many draft tokens the
         target accepts, the token it adds after them, and the target's logits as the request
         shapes them (None where a verifying backend kept them). refused: where the draft was
-        cut at an id the target has no row for. generated: this request's tokens so far."""
+        cut at an id the target has no row for. generated: this request's tokens so far; before:
+        the prompt's tail a repeat penalty counts."""
         wants_rows = cfg.shapes_logits or cfg.logprobs is not None
         if self.verifier is not None and refused is None and not wants_rows:  # a refused id takes the numpy rule
             return (*self.verifier.verify_block([last, *tokens], draft.dists, cfg, rng), None)
-        logits = shape(self.target.eval_block([last, *tokens], "all"), cfg, generated, tokens)
+        logits = shape(self.target.eval_block([last, *tokens], "all"), cfg, generated, tokens, before)
         if cfg.greedy:
             return (*accept_greedy(tokens, logits), logits)
         q = draft.dists[refused] if refused is not None and draft.dists else None

@@ -54,6 +54,18 @@ def check_penalty(name: str, value: Any) -> float:
     return float(value)
 
 
+def check_repeat(name: str, value: Any) -> Any:
+    """llama.cpp's repeat_penalty (above 0; 1 is off) or repeat_last_n (-1: the whole context, 0: off)."""
+    kinds = (int, np.integer) if name == "repeat_last_n" else (int, float, np.integer, np.floating)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    if name == "repeat_penalty" and not (value > 0 and math.isfinite(value)):
+        raise InvalidRequestError(f"repeat_penalty must be above 0, got {value}", "use 1 to turn it off")
+    if name == "repeat_last_n" and value < -1:
+        raise InvalidRequestError(f"repeat_last_n must be -1 (the whole context) or more, got {value}")
+    return float(value) if name == "repeat_penalty" else int(value)
+
+
 def check_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, each bias in OpenAI's [-100, 100]."""
     pairs = bias.items() if hasattr(bias, "items") else bias
@@ -101,6 +113,10 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # llama.cpp's: a token among the last repeat_last_n of the context (prompt included) has a
+    # positive logit divided by repeat_penalty, a negative one multiplied.
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
     # One request's recorder and grammar: not settings, so they take no part in comparing configs.
     logprobs: LogprobRecorder | None = field(default=None, compare=False, repr=False)
     constraint: TokenConstraint | None = field(default=None, compare=False, repr=False)
@@ -111,6 +127,8 @@ class SamplingConfig:
         for name in ("frequency_penalty", "presence_penalty"):
             object.__setattr__(self, name, check_penalty(name, getattr(self, name)))
         object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+        for name in ("repeat_penalty", "repeat_last_n"):
+            object.__setattr__(self, name, check_repeat(name, getattr(self, name)))
 
     @property
     def greedy(self) -> bool:
@@ -119,7 +137,20 @@ class SamplingConfig:
     @property
     def shapes_logits(self) -> bool:
         """Whether the target's logits must pass through shape() (and the numpy acceptance rule)."""
-        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias or self.constraint)
+        return bool(
+            self.frequency_penalty or self.presence_penalty or self.logit_bias or self.constraint or self.repeats
+        )
+
+    @property
+    def repeats(self) -> bool:
+        """Whether llama.cpp's repeat penalty changes anything."""
+        return self.repeat_penalty != 1 and self.repeat_last_n != 0
+
+    def repeat_window(self, context: Sequence[int], start: int) -> Sequence[int]:
+        """The tokens before `start` that the repeat penalty's window may reach (the prompt's tail)."""
+        if not self.repeats:
+            return ()
+        return context[:start] if self.repeat_last_n < 0 else context[max(0, start - self.repeat_last_n) : start]
 
 
 # The sampler's knobs, which every front end (CLI flags, TUI settings, keyword arguments) takes.
@@ -127,15 +158,22 @@ KNOBS = ("temperature", "top_k", "top_p", "min_p", "seed")
 
 
 def shape(
-    rows: npt.NDArray[np.floating], cfg: SamplingConfig, generated: Sequence[int], draft: Sequence[int] = ()
+    rows: npt.NDArray[np.floating],
+    cfg: SamplingConfig,
+    generated: Sequence[int],
+    draft: Sequence[int] = (),
+    before: Sequence[int] = (),
 ) -> npt.NDArray[np.floating]:
-    """The target's logits with OpenAI's penalties and logit_bias applied, then the constraint's
-    mask; rows[i] follows generated + draft[:i] (a verify block's rows), so each row counts
-    what precedes it:
+    """The target's logits with logit_bias, llama.cpp's repeat penalty and OpenAI's penalties
+    applied (llama.cpp's order), then the constraint's mask; rows[i] follows generated +
+    draft[:i] (a verify block's rows), so each row counts what precedes it:
 
-        mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty;  mu[j] += logit_bias[j]
+        mu[j] += logit_bias[j]
+        mu[j] = mu[j] / r if mu[j] > 0 else mu[j] * r, for j among the last repeat_last_n tokens
+        mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty
 
-    c[j]: how often token j was generated so far in this request (the prompt does not count).
+    c[j]: how often token j was generated so far in this request (the prompt does not count);
+    the repeat window reaches into the prompt (`before`: its tail, as llama-server counts it).
     Rejection sampling stays exact because acceptance compares with this shaped law."""
     if not cfg.shapes_logits:
         return rows
@@ -143,6 +181,8 @@ def shape(
     if cfg.logit_bias:
         ids = np.array([t for t, _ in cfg.logit_bias], dtype=np.int64)
         out[:, ids] += np.array([b for _, b in cfg.logit_bias])
+    if cfg.repeats:
+        _repeat_penalize(out, cfg, [*before, *generated], draft)
     if cfg.frequency_penalty or cfg.presence_penalty:
         _penalize(out, cfg, generated, draft)
     if cfg.constraint is not None:
@@ -161,6 +201,19 @@ def _penalize(
             ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
             c = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
             row[ids] -= c * cfg.frequency_penalty + cfg.presence_penalty
+
+
+def _repeat_penalize(
+    out: npt.NDArray[np.floating], cfg: SamplingConfig, history: Sequence[int], draft: Sequence[int]
+) -> None:
+    for i, row in enumerate(out):
+        seen = [*history, *draft[:i]]
+        if cfg.repeat_last_n > 0:
+            seen = seen[-cfg.repeat_last_n :]
+        if seen:
+            ids = np.unique(np.asarray(seen, dtype=np.int64))
+            vals = row[ids]
+            row[ids] = np.where(vals > 0, vals / cfg.repeat_penalty, vals * cfg.repeat_penalty)
 
 
 @dataclass(frozen=True)

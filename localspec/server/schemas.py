@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from localspec.core.errors import InvalidRequestError
-from localspec.core.sampling import KNOBS, SamplingConfig, TokenLogprob, check_knob, check_penalty
+from localspec.core.sampling import KNOBS, SamplingConfig, TokenLogprob, check_knob, check_penalty, check_repeat
 from localspec.core.stats import Stats
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
@@ -106,6 +106,9 @@ class GenerationRequest(BaseModel):
     frequency_penalty: float | None = 0
     presence_penalty: float | None = 0
     logit_bias: dict[str, float] | None = None  # token id (as text) -> bias in [-100, 100]
+    # llama-server's names for llama.cpp's repeat penalty (1: off; the last 64 tokens by default).
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     # Chat: logprobs true and top_logprobs N; completions: logprobs N (see logprob_top).
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -156,12 +159,25 @@ class GenerationRequest(BaseModel):
         except InvalidRequestError as exc:
             raise PydanticCustomError("invalid_value", "{reason}", {"reason": exc.message}) from None
 
+    @field_validator("repeat_penalty", "repeat_last_n")
+    @classmethod
+    def _repeat_in_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None:
+            return None
+        try:
+            checked: float = check_repeat(str(info.field_name), value)
+        except InvalidRequestError as exc:
+            raise PydanticCustomError("invalid_value", "{reason}", {"reason": exc.message}) from None
+        return checked
+
     def sampling(self) -> SamplingConfig:
         """The sampler settings; a field left out takes SamplingConfig's default, as in `localspec
         run` (a small model wants min-p and top-k trimming to stay coherent)."""
         given = {name: getattr(self, name) for name in KNOBS}
         given["frequency_penalty"] = self.frequency_penalty
         given["presence_penalty"] = self.presence_penalty
+        given["repeat_penalty"] = self.repeat_penalty
+        given["repeat_last_n"] = self.repeat_last_n
         try:
             given["logit_bias"] = tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items())
             return SamplingConfig(**{name: value for name, value in given.items() if value is not None})
