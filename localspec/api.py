@@ -591,7 +591,7 @@ def is_assistant(path: str) -> bool:
         except (OSError, ValueError):
             return False
         names = {config.get("model_type"), *(config.get("architectures") or [])} if isinstance(config, dict) else set()
-        return bool(names & {"gemma4_assistant", "Gemma4AssistantForCausalLM"})
+        return bool(names & {"gemma4_assistant", "gemma4_unified_assistant", "Gemma4AssistantForCausalLM"})
     if not (path.endswith(".gguf") and os.path.isfile(path)):
         return False
     return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)

@@ -382,8 +382,8 @@ class MlxBackend:
         if self.forward.gemma4:
             raise InvalidRequestError(
                 f"{self.info.name} has no MTP head of its own: Gemma 4 drafts with its assistant, a model beside it",
-                "give the assistant's MLX folder as --draft-model (e.g. gemma-4-E4B-it-assistant-bf16 for "
-                "gemma-4-E4B-it), or --strategy ngram",
+                "pull the pair with it (`localspec pull gemma-4-12b-assistant --backend mlx`), give its MLX "
+                "folder as --draft-model (gemma-4-E4B-it-assistant-bf16 for gemma-4-E4B-it), or --strategy ngram",
             )
         weights = mtp_weights(self.info.path) if self.forward.stepwise and os.path.isdir(self.info.path) else {}
         if not weights:
