@@ -84,3 +84,27 @@ def test_cache_prompt_true_reuses_the_previous_answers_cache_and_can_answer_othe
     reused = answer(client, conversation(first), extra_body={"cache_prompt": True})
     assert reused != expected
     assert answer(client, conversation(first)) == expected  # a fresh evaluation again
+
+
+def test_no_prefix_cache_evaluates_every_prompt_whole_even_when_a_request_asks_to_reuse(
+    smollm2_q4_1: Path, options: dict[str, Any], fresh
+) -> None:
+    # serve --no-prefix-cache: the request above that reused the previous answer's cache and
+    # answered otherwise now gets the fresh answer; the whole prompt was evaluated.
+    first, expected = fresh
+
+    def loader(model_id: str) -> Runtime:
+        return load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, calibrate=False, **options)
+
+    settings = Settings(log=lambda line: None, prefix_cache=False)
+    with LocalServer(loader(MODEL), MODEL, loader, port=0, settings=settings) as srv:
+        srv.start()
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+        assert answer(client, FIRST) == first
+        evaluated: list[int] = []
+        assert srv.worker.runtime is not None
+        target = srv.worker.runtime.target
+        rollback = target.rollback
+        target.rollback = lambda n: (evaluated.append(n), rollback(n))[1]  # type: ignore[method-assign]
+        assert answer(client, conversation(first), extra_body={"cache_prompt": True}) == expected
+        assert evaluated[0] == 0  # nothing kept from the previous request

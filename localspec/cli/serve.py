@@ -60,7 +60,15 @@ def register(sub: Any) -> None:
         help="n-gram lookup searches only each request's own text, not earlier requests' (keeps clients' "
         "requests apart, in timing too)",
     )
-    p.add_argument(
+    prefix = p.add_mutually_exclusive_group()
+    prefix.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="reuse no cached prompt prefix across requests, whatever a request's cache_prompt says: every "
+        "prompt is evaluated whole, as a fresh process would",
+    )
+    prefix.add_argument(
         "--cache-prompt",
         action="store_true",
         help="reuse any cached prompt prefix by default (a request's cache_prompt decides for itself): faster "
@@ -107,6 +115,7 @@ def handle(args: argparse.Namespace) -> int:
                 cors_origins=args.cors_origin,
                 allowed_hosts=args.allow_host,
                 cache_prompt=args.cache_prompt,
+                prefix_cache=args.prefix_cache,
                 log=say,
             ),
         )

@@ -45,6 +45,8 @@ class Settings:
     # A request's cache_prompt when it sends none: False reuses only a prefix evaluated as a
     # fresh request would, so answers do not depend on earlier requests (Engine.exact_prefix).
     cache_prompt: bool = False
+    # False: no prefix is reused across requests, whatever a request asks (serve --no-prefix-cache).
+    prefix_cache: bool = True
     log: Callable[[str], None] = print
 
 
@@ -143,6 +145,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
             kwargs,
             emit,
             exact_prefix=not cache_prompt,
+            fresh=not settings.prefix_cache,
             logprobs=body.logprob_top(),
             grammar=grammar,
             prompt=prompt,

@@ -54,6 +54,7 @@ class Job:
     # Reuse only a cached prefix evaluated as a fresh request would (Engine.exact_prefix), so
     # the answer does not depend on earlier requests; False: reuse any, for speed.
     exact_prefix: bool = True
+    fresh: bool = False  # True: reuse nothing cached by earlier requests, evaluate the whole prompt
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
     recorder: LogprobRecorder | None = None  # made when the job runs, for the model it runs on
     grammar: GrammarRequest | None = None  # a JSON response_format or a forced tool call
@@ -268,6 +269,8 @@ class Worker:
         try:
             runtime = self._runtime_for(job.model)
             runtime.engine.exact_prefix = job.exact_prefix
+            if job.fresh:
+                runtime.target.rollback(0)
             prompt = job.prompt if job.prompt is not None else self._tokenize(runtime, job.request)
             request = {key: value for key, value in job.request.items() if key not in PROMPT_KEYS}
             request["sampling"] = self._sampling(runtime, job, request["sampling"])
