@@ -150,3 +150,29 @@ def test_greedy_speculation_under_a_schema_reproduces_masked_plain_decoding(draf
         if len(got) < 40:  # ended by the grammar: a whole, valid record
             record = json.loads(text_out)
             assert set(record) == {"id", "tag"} and record["tag"] in ("red", "green", "blue")
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=0), SAMPLED], ids=["greedy", "sampled"])
+def test_a_draft_model_drafts_inside_the_grammar(cfg: SamplingConfig) -> None:
+    # Its rows are masked by the same shape call as the target's, so it proposes only what the
+    # grammar allows; unmasked, its proposals leave the grammar (the control).
+    backend = model()
+    prompt = prompt_of(backend, "give me a record")
+    grammar = constraint(backend, RECORD)
+    drafter = ModelDrafter(ReferenceBackend(vocab_size=BYTES, seed=0, noise=DRAFT_NOISE), min_confidence=0.0)
+    drafter.start(prompt)
+    rng = np.random.default_rng(0)
+    masked = drafter.propose(prompt, 12, SamplingConfig(**{**vars_of(cfg), "constraint": grammar}), rng)
+    assert len(masked.tokens) == 12 and grammar.allowed_prefix(masked.tokens) == 12
+    if masked.dists is not None:  # q is the masked law the tokens were drawn from
+        assert all(d.prob(t) > 0 for d, t in zip(masked.dists, masked.tokens, strict=True))
+        for i, dist in enumerate(masked.dists):
+            drawn = dist.ids[dist.probs > 0].tolist()
+            assert all(grammar.allowed_prefix([*masked.tokens[:i], t]) == i + 1 for t in drawn)
+    drafter.commit(prompt, 0)
+    plain = drafter.propose(prompt, 12, cfg, np.random.default_rng(0))
+    assert grammar.allowed_prefix(plain.tokens) < len(plain.tokens)
+
+
+def vars_of(cfg: SamplingConfig) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in ("temperature", "top_k", "top_p", "min_p")}

@@ -88,8 +88,8 @@ class TokenConstraint(Protocol):
         """How many of the draft's tokens the constraint takes, from the text so far."""
         ...
 
-    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int]) -> None:
-        """Set to -inf, in place, what row i may not be after draft[:i] (all allowed)."""
+    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int], start: int = 0) -> None:
+        """Set to -inf, in place, what row i may not be after draft[:start + i] (all allowed)."""
         ...
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -163,10 +163,12 @@ def shape(
     generated: Sequence[int],
     draft: Sequence[int] = (),
     before: Sequence[int] = (),
+    start: int = 0,
 ) -> npt.NDArray[np.floating]:
     """The target's logits with logit_bias, llama.cpp's repeat penalty and OpenAI's penalties
     applied (llama.cpp's order), then the constraint's mask; rows[i] follows generated +
-    draft[:i] (a verify block's rows), so each row counts what precedes it:
+    draft[:start + i] (a verify block's rows from start 0; a drafter's newest row from its
+    draft so far), so each row counts what precedes it:
 
         mu[j] += logit_bias[j]
         mu[j] = mu[j] / r if mu[j] > 0 else mu[j] * r, for j among the last repeat_last_n tokens
@@ -182,11 +184,11 @@ def shape(
         ids = np.array([t for t, _ in cfg.logit_bias], dtype=np.int64)
         out[:, ids] += np.array([b for _, b in cfg.logit_bias])
     if cfg.repeats:
-        _repeat_penalize(out, cfg, [*before, *generated], draft)
+        _repeat_penalize(out, cfg, [*before, *generated, *draft[:start]], draft[start:])
     if cfg.frequency_penalty or cfg.presence_penalty:
-        _penalize(out, cfg, generated, draft)
+        _penalize(out, cfg, [*generated, *draft[:start]], draft[start:])
     if cfg.constraint is not None:
-        cfg.constraint.mask(out, draft)
+        cfg.constraint.mask(out, draft, start)
     return out
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.core.protocol import Backend, eval_chunked
-from localspec.core.sampling import Distribution, SamplingConfig, process
+from localspec.core.sampling import Distribution, SamplingConfig, process, shape
 from localspec.drafters import Draft, common_prefix
 
 # Like transformers' assistant_confidence_threshold (0.4), a little lower: a stop costs the
@@ -65,6 +65,12 @@ class ModelDrafter:
         tokens: list[int] = []
         dists: list[Distribution] = []
         for i in range(n):
+            if cfg.shapes_logits:
+                # q shaped as p is (the grammar, logit_bias, penalties over this draft: q need only be
+                # the law each token was drawn from), so the draft stays inside the request's grammar.
+                row = shape(row[None], cfg, (), tokens, start=len(tokens))[0]
+                if not np.isfinite(row.max()):
+                    break  # the grammar allows nothing more
             dist = None if cfg.greedy else process(row, cfg)
             tok = int(np.argmax(row)) if dist is None else dist.sample(rng)
             tokens.append(tok)

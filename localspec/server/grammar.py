@@ -57,15 +57,20 @@ class GrammarConstraint:
     def allowed_prefix(self, draft: Sequence[int]) -> int:
         return int(self.matcher.validate_tokens(list(draft))) if draft else 0
 
-    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int]) -> None:
+    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int], start: int = 0) -> None:
+        ahead = 0
+        if start:
+            self.matcher.consume_tokens(list(draft[:start]))
+            ahead = start
         for i, row in enumerate(rows):
             if i:
-                self.matcher.consume_token(draft[i - 1])
+                self.matcher.consume_token(draft[start + i - 1])
+                ahead += 1
             allowed = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: self.n_vocab]
             row[: allowed.size][allowed == 0] = -np.inf
             row[allowed.size :] = -np.inf
-        if len(rows) > 1:
-            self.matcher.rollback(len(rows) - 1)
+        if ahead:
+            self.matcher.rollback(ahead)
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.matcher.consume_tokens(list(tokens))
