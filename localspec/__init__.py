@@ -2,7 +2,7 @@
 
 Public API: load() with its LoadOptions, Runtime, and the event/result types it returns."""
 
-from localspec.api import Completion, Event, Finished, Runtime, TextDelta, load
+from localspec.api import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, load
 from localspec.core.errors import LocalspecError
 from localspec.core.options import LoadOptions
 from localspec.core.sampling import SamplingConfig
@@ -14,9 +14,11 @@ __all__ = [
     "Finished",
     "LoadOptions",
     "LocalspecError",
+    "Prompt",
     "Runtime",
     "SamplingConfig",
     "Stats",
+    "Stream",
     "TextDelta",
     "load",
 ]

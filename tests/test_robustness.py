@@ -53,7 +53,7 @@ def run_in_thread(body: Callable[[], object]) -> threading.Thread:
 def test_an_interrupt_after_the_cache_filled_leaves_the_runtime_usable(
     smollm2_q4_1: Path, load_model: Callable[..., Backend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import backends.llamacpp as llamacpp
+    import backends.llamacpp.backend as llamacpp
 
     backend = load_model(smollm2_q4_1)
     rt = Runtime(backend, None, strategy="none", calibrate=False)
@@ -105,8 +105,9 @@ def test_a_stream_another_thread_broke_out_of_does_not_block_the_next_request() 
     assert not waiter.is_alive() and answers
 
 
-def test_a_stream_dropped_inside_a_reference_cycle_is_reclaimed() -> None:
+def test_a_stream_dropped_inside_a_reference_cycle_is_reclaimed_by_its_threads_next_call() -> None:
     rt = reference_runtime()
+    expected = reference_runtime().generate("Hello", max_tokens=4, **GREEDY).text
 
     def abandon_in_cycle() -> None:
         stream = rt.stream("Once upon a time", max_tokens=50, **GREEDY)
@@ -114,11 +115,33 @@ def test_a_stream_dropped_inside_a_reference_cycle_is_reclaimed() -> None:
         box: list[Any] = [stream]
         box.append(box)  # dropped on return, but only the collector can free a cycle
 
-    gc.disable()  # nobody else collects: the waiting call must
+    gc.disable()  # nobody collects: the runtime must not need the collector
+    try:
+        abandon_in_cycle()
+        answer = rt.generate("Hello", max_tokens=4, **GREEDY).text
+    finally:
+        gc.enable()
+
+    assert answer == expected
+
+
+def test_a_call_waiting_on_a_stream_dropped_inside_a_cycle_goes_on_once_the_cycle_is_collected() -> None:
+    rt = reference_runtime()
+    answers: list[str] = []
+
+    def abandon_in_cycle() -> None:
+        stream = rt.stream("Once upon a time", max_tokens=50, **GREEDY)
+        next(stream)
+        box: list[Any] = [stream]
+        box.append(box)
+
+    gc.disable()
     try:
         run_in_thread(abandon_in_cycle)
-        answers: list[str] = []
-        waiter = run_in_thread(lambda: answers.append(rt.generate("Hello", max_tokens=4, **GREEDY).text))
+        waiter = threading.Thread(target=lambda: answers.append(rt.generate("Hello", max_tokens=4, **GREEDY).text))
+        waiter.start()
+        gc.collect()  # what Python does by itself as allocations accrue: freeing the stream closes it
+        waiter.join(THREAD_BOUND_SECONDS)
     finally:
         gc.enable()
 

@@ -69,7 +69,7 @@ class ReplyJob:
                         break
                     self._put(event, wake)
             finally:
-                events.close()  # type: ignore[attr-defined]
+                events.close()
         except LocalspecError as exc:
             self._fail(exc)
         except Exception as exc:  # a bug must not take the app down with the reply
