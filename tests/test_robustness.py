@@ -395,12 +395,12 @@ def test_ordinary_chat_content_tokenizes_as_before(target_backend: Backend) -> N
 
 
 def test_a_prompt_longer_than_the_context_is_refused_before_any_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
-    import localspec.api
+    import localspec.control.factory
 
     def no_calibration(*_: object, **__: object) -> None:
         raise AssertionError("calibrated before the prompt was checked")
 
-    monkeypatch.setattr(localspec.api, "starting_calibration", no_calibration)
+    monkeypatch.setattr(localspec.control.factory, "starting_calibration", no_calibration)
     rt = Runtime(ReferenceBackend(seed=3, n_ctx=64), None, strategy="ngram")
     with pytest.raises(ContextFullError):
         rt.generate("x" * 200, max_tokens=4)
