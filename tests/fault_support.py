@@ -175,7 +175,7 @@ def abandoning_threads(rt: Runtime, expected: str, cases: int, seed: int, name: 
 
 
 def llamacpp_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractContextManager[None]:
-    import backends.llamacpp as llamacpp
+    import backends.llamacpp.backend as llamacpp
 
     return patched(llamacpp.llama, "llama_decode", fire)
 
