@@ -125,7 +125,10 @@ class ToolRequest:
         schemas = [
             {
                 "type": "object",
-                "properties": {"name": {"const": f["name"]}, arguments: f.get("parameters") or {"type": "object"}},
+                "properties": {
+                    "name": {"const": f["name"]},
+                    arguments: closed(f.get("parameters") or {"type": "object"}),
+                },
                 "required": ["name", arguments],
                 "additionalProperties": False,
             }
@@ -138,6 +141,26 @@ class ToolRequest:
             return f"start: call\ncall: %json {json.dumps(call)}\n"
         start = f'start: {spell("<tool_call>")} "\\n" call "\\n" {spell("</tool_call>")}'
         return f"{start}\ncall: %json {json.dumps(call)}\n"
+
+
+def closed(schema: Any) -> Any:
+    """The schema with objects that list properties closed to others where it does not say
+    (llama.cpp's reading, and OpenAI's strict one): else a small model fills a call with keys."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {
+        k: closed(v) if k in ("items", "anyOf", "oneOf", "allOf", "$defs", "definitions") else v
+        for k, v in schema.items()
+    }
+    if isinstance(schema.get("properties"), Mapping):
+        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), Mapping):
+            out[key] = {k: closed(v) for k, v in schema[key].items()}
+    return out
 
 
 def tool_request(tools: Sequence[Any] | None, tool_choice: Any) -> ToolRequest | None:
