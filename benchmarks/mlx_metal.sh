@@ -36,4 +36,10 @@ prompt="Explain in three short paragraphs why the sky is blue, for a curious ten
         mlx_lm.generate --model "$target" --draft-model "$draft" --num-draft-tokens 3 --prompt "$prompt" -m 160 --temp "$temp"
     done
 } >"$out/mlx_lm_peer.txt" 2>&1
+# This year's models: Qwen3.6's MTP head and Gemma 4's assistant (pulls about 60 GB once).
+if localspec pull qwen3.6-27b --backend mlx && localspec pull gemma-4-12b-assistant --backend mlx; then
+    python benchmarks/mlx_metal.py --pairs >"$out/mtp.md"
+else
+    echo "MTP runs skipped: the pairs could not be pulled" >&2
+fi
 echo "results in $out; summarize with: python benchmarks/summarize.py $out" >&2
