@@ -1,0 +1,327 @@
+"""Recorded answers replayed through the real engine, n-gram drafter and policy against a
+simulated target on a simulated clock: every verify pass "costs" what a fixed cost curve says
+(plus llama.cpp's graph rebuild when its size differs from the pass before), and the target's
+choice is the recorded answer's token. A controller change is then judged on every prompt
+and every machine's curve in a second, without timing noise (benchmarks/replay_drafters.py;
+the golden replays in tests/test_controller_replays.py).
+
+Greedy answers only: the engine accepts a guess where it equals the recorded token, which is
+what the real target would have chosen, so the replayed acceptance equals a real run's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+from unittest import mock
+
+import numpy as np
+
+from localspec.control.calibrate import Calibration
+from localspec.control.costs import CostCurve
+from localspec.core.engine import Engine
+from localspec.core.protocol import Backend, Capabilities, DraftLengthPolicy, ModelInfo
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats, Step
+from localspec.drafters import common_prefix
+from localspec.drafters.ngram import NgramDrafter
+
+
+class Clock:
+    """The simulated cost of every target pass; with `real`, real time on top (the drafter's
+    and the engine's own Python), else nothing else moves it, so a replay is deterministic."""
+
+    def __init__(self, real: bool = False) -> None:
+        self.simulated = 0.0
+        self._real: Callable[[], float] = time.perf_counter if real else (lambda: 0.0)
+
+    def __call__(self) -> float:
+        return self._real() + self.simulated
+
+
+def rebuild_seconds(k: int, last: int, into_block: float, into_one: float) -> float:
+    """What llama.cpp pays on top for a pass of k tokens after a pass of `last` tokens."""
+    return 0.0 if k == last else (into_one if k == 1 else into_block)
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What a simulated pass costs: a fixed curve (passes of one size in a row) plus the graph
+    rebuild llama.cpp pays when a pass's size differs from the one before."""
+
+    curve: CostCurve
+    into_block: float = 0.0
+    into_one: float = 0.0
+
+    @classmethod
+    def of(cls, calibration: Calibration) -> Truth:
+        return cls(calibration.cost_curve(), calibration.rebuild_block_seconds, calibration.rebuild_one_seconds)
+
+    def seconds(self, k: int, depth: int, last: int) -> float:
+        """A pass of k tokens behind `depth` tokens, after a pass of `last` (0: a prefill)."""
+        return self.curve.verify(k, depth) + rebuild_seconds(k, last, self.into_block, self.into_one)
+
+    def plain(self, prompt: Sequence[int], answer: Sequence[int]) -> float:
+        """Plain decoding of the answer: single-token passes, one rebuild after the prefill."""
+        return sum(self.seconds(1, len(prompt) - 1 + i, 1 if i else 0) for i in range(len(answer)))
+
+
+class ReplayTarget:
+    """A target whose greedy choice at every position is the recorded answer's token."""
+
+    def __init__(self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int) -> None:
+        self.text = list(text)
+        self.truth = truth
+        self.clock = clock
+        self.last = 0  # the size of the pass before: the prefill's, for the first
+        self.n_vocab = n_vocab
+        self._tokens: list[int] = []
+        self.info = ModelInfo("replay", "replay", "replay", "replay", 1 << 16, n_vocab, 0, 0, 0)
+        self.capabilities = Capabilities(rollback=True, max_block=512, device="cpu")
+
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def end_of_generation(self) -> frozenset[int]:
+        return frozenset()
+
+    def rollback(self, n: int) -> None:
+        del self._tokens[n:]
+
+    def eval_block(self, tokens: Sequence[int], logits: str = "all") -> np.ndarray:
+        past = len(self._tokens)
+        self._tokens.extend(tokens)
+        if logits != "all":
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        self.clock.simulated += self.truth.seconds(len(tokens), past, self.last)
+        self.last = len(tokens)
+        out = np.zeros((len(tokens), self.n_vocab), dtype=np.float32)
+        for row in range(len(tokens)):
+            nxt = past + row + 1
+            out[row, self.text[nxt] if nxt < len(self.text) else 0] = 1.0
+        return out
+
+
+class Traced:
+    """A policy that notes support, γ and accepted tokens of every step."""
+
+    def __init__(self, inner: DraftLengthPolicy, sampled: bool = False) -> None:
+        self.inner = inner
+        self.sampled = sampled  # the recorded answer was sampled: the controller must know
+        self.steps: list[tuple[int, int, int]] = []
+
+    def would_draft(self, depth: int = 0) -> bool:
+        return self.inner.would_draft(depth)
+
+    def begin(self, sampled: bool) -> None:
+        self.inner.begin(self.sampled)
+
+    def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
+        gamma = self.inner.choose(limit, support, backlog, depth)
+        self.steps.append((support, gamma, 0))
+        return gamma
+
+    def choose_source(
+        self, guessed: int, support: int, limit: int, backlog: int = 0, depth: int = 0
+    ) -> tuple[int, bool]:
+        gamma, from_lookup = self.inner.choose_source(guessed, support, limit, backlog, depth)
+        self.steps.append((support if from_lookup else 0, gamma, 0))
+        return gamma, from_lookup
+
+    def observe(self, step: Step) -> None:
+        support, gamma, _ = self.steps[-1]
+        self.steps[-1] = (support, gamma, step.accepted)
+        self.inner.observe(step)
+
+    def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
+        self.inner.observe_shadow(drafted, accepted, support, start)
+
+
+def replay(
+    prompt: list[int],
+    answer: list[int],
+    truth: Truth,
+    n_vocab: int,
+    policy: DraftLengthPolicy,
+    trace: bool = False,
+    sampled: bool = False,
+    real_time: bool = False,
+) -> float:
+    """Simulated seconds to decode the whole answer with n-gram drafting under `policy`;
+    trace prints support:drafted/accepted per step."""
+    clock = Clock(real_time)
+    target = ReplayTarget(prompt + answer, truth, clock, n_vocab)
+    # The engine reads only the methods ReplayTarget has (its loop, not the whole protocol).
+    engine = Engine(cast(Backend, target), NgramDrafter(), free_drafter=True)
+    stats, produced, traced = Stats(), list[int](), Traced(policy, sampled)
+    cfg = SamplingConfig(temperature=0.0)
+    with mock.patch.object(time, "perf_counter", clock):  # the engine times its passes with it
+        for step in engine.generate(prompt, len(answer), cfg, traced, stats, np.random.default_rng(0)):
+            produced.extend(step.tokens)
+    if produced != answer:
+        raise AssertionError("the replay diverged from the recorded answer")
+    if trace:
+        print(" ".join(f"{s}:{g}/{a}" for s, g, a in traced.steps))
+    return stats.decode_seconds
+
+
+def ngram_guesses(prompt: list[int], answer: list[int], longest: int) -> list[list[int]]:
+    """The n-gram drafter's guess of up to `longest` tokens at every position of the answer."""
+    drafter = NgramDrafter()
+    drafter.start(prompt)
+    text = prompt + answer
+    cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
+    return [list(drafter.propose(text[: len(prompt) + i], longest, cfg, rng).tokens) for i in range(len(answer))]
+
+
+def replay_fixed(
+    prompt: list[int], answer: list[int], truth: Truth, guesses: Sequence[Sequence[int]], gamma: int
+) -> float:
+    """Simulated seconds of a fixed draft length γ on these guesses (one per position): each
+    step drafts what the guess offers, up to γ and what is left of the answer."""
+    done, seconds, last = 0, 0.0, 0
+    while done < len(answer):
+        guess = guesses[done][: min(gamma, len(answer) - done - 1)]
+        accepted = common_prefix(guess, answer[done:])
+        seconds += truth.seconds(len(guess) + 1, len(prompt) - 1 + done, last)
+        last = len(guess) + 1
+        done += accepted + 1
+    return seconds
+
+
+def ceiling(prompt: list[int], answer: list[int], truth: Truth, guesses: Sequence[Sequence[int]]) -> float:
+    """Least simulated seconds any draft-length choice could reach with these guesses (one
+    per position): dynamic programming over the answer and the size of the pass before (a
+    rebuild depends on it), drafting only what comes true."""
+    n = len(answer)
+    rights = [min(common_prefix(guesses[i], answer[i:]), n - 1 - i) for i in range(n)]
+    sizes = range(max(rights, default=0) + 2)  # 0: the prefill before the first pass
+    # best[i][last]: least seconds from position i on when the pass before had `last` tokens.
+    best = [[0.0] * len(sizes) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        depth = len(prompt) - 1 + i
+        # A pass of g+1 tokens here, then the best from where it leaves off; a rebuild on top
+        # unless the pass before had the same size.
+        onward = [truth.curve.verify(g + 1, depth) + best[i + g + 1][g + 1] for g in range(rights[i] + 1)]
+        rebuilt = min(t + rebuild_seconds(g + 1, -1, truth.into_block, truth.into_one) for g, t in enumerate(onward))
+        for last in sizes:
+            best[i][last] = min(rebuilt, onward[last - 1]) if 0 < last <= len(onward) else rebuilt
+    return best[0][0]
+
+
+class LookupCache:
+    """llama-lookup's drafter as its source reads (common/ngram-cache.cpp), for comparison:
+    counts of what followed every 1- to 4-gram; a draft extends token by token with the most
+    frequent follower of the longest n-gram whose counts pass its "lax" thresholds."""
+
+    MIN_SAMPLES = (2, 2, 1, 1)  # per n-gram size 1..4
+    MIN_PERCENT = (66, 50, 50, 50)
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.counts: dict[tuple[int, ...], Counter[int]] = defaultdict(Counter)
+        self.tokens: list[int] = []
+        self.add(tokens)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens) - 1
+            for n in range(1, 5):
+                if end - n >= 0:
+                    self.counts[tuple(self.tokens[end - n : end])][token] += 1
+
+    def draft(self, n_draft: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n_draft:
+            text = self.tokens + out
+            guess = None
+            for n in range(4, 0, -1):
+                followers = self.counts.get(tuple(text[-n:])) if len(text) >= n else None
+                if not followers:
+                    continue
+                total = sum(followers.values())
+                token, count = followers.most_common(1)[0]
+                if total >= self.MIN_SAMPLES[n - 1] and 100 * count >= self.MIN_PERCENT[n - 1] * total:
+                    guess = token
+                    break
+            if guess is None:
+                break
+            out.append(guess)
+        return out
+
+
+def replay_lookup(prompt: list[int], answer: list[int], truth: Truth, n_draft: int) -> float:
+    """Simulated seconds of llama-lookup's loop (a fixed draft of up to n_draft tokens)."""
+    cache, done, seconds, last = LookupCache(prompt), 0, 0.0, 0
+    while done < len(answer):
+        guess = cache.draft(min(n_draft, len(answer) - done - 1))
+        accepted = common_prefix(guess, answer[done:])
+        seconds += truth.seconds(len(guess) + 1, len(prompt) - 1 + done, last)
+        last = len(guess) + 1
+        cache.add(answer[done : done + accepted + 1])
+        done += accepted + 1
+    return seconds
+
+
+def calibration_from_doctor(report: Mapping[str, Any]) -> Calibration:
+    """The calibration a `localspec doctor --json` report (or a curve saved in its form)
+    holds, on whatever machine it ran; rebuilds count as zero where it has none."""
+    rebuild = report.get("rebuild_ms") or {}
+    deep = report.get("verify_ms_deep")
+    return Calibration(
+        [t / 1e3 for t in report["verify_ms"]],
+        report["verify_ms"][0] / 1e3,
+        [t / 1e3 for t in deep] if deep else None,
+        report.get("deep_depth") or 512,
+        rebuild.get("into_block", 0.0) / 1e3,
+        rebuild.get("into_one", 0.0) / 1e3,
+    )
+
+
+@dataclass(frozen=True)
+class Score:
+    """Simulated seconds over a set of answers, summed: plain decoding, the adaptive policy,
+    each fixed γ (fixed[γ-1]), the best fixed γ chosen per answer, and the ceiling of drafts
+    up to max_draft tokens; worst: the adaptive policy's lowest speedup on one answer."""
+
+    plain: float
+    adaptive: float
+    fixed: tuple[float, ...]
+    best_fixed_per_answer: float
+    ceiling: float
+    worst: float
+
+    def speedup(self, seconds: float) -> float:
+        return self.plain / seconds
+
+
+def score(
+    answers: Mapping[str, Mapping[str, list[int]]],
+    truth: Truth,
+    n_vocab: int,
+    policy: Callable[[], DraftLengthPolicy],
+    max_fixed: int = 8,
+    max_draft: int = 15,
+) -> Score:
+    """Every answer replayed with a fresh policy(), beside the fixed lengths and the ceiling."""
+    plain = adaptive = best = top = 0.0
+    fixed = [0.0] * max_fixed
+    worst = float("inf")
+    for rec in answers.values():
+        prompt, answer = list(rec["prompt"]), list(rec["answer"])
+        base = truth.plain(prompt, answer)
+        ours = replay(prompt, answer, truth, n_vocab, policy())
+        guesses = ngram_guesses(prompt, answer, max_draft)
+        each = [replay_fixed(prompt, answer, truth, guesses, g) for g in range(1, max_fixed + 1)]
+        plain, adaptive, best = plain + base, adaptive + ours, best + min(base, *each)
+        top += ceiling(prompt, answer, truth, guesses)
+        fixed = [a + b for a, b in zip(fixed, each, strict=True)]
+        worst = min(worst, base / ours)
+    return Score(plain, adaptive, tuple(fixed), best, top, worst)
