@@ -152,11 +152,8 @@ def fill(out: np.ndarray, pool: np.ndarray, rng: np.random.Generator) -> None:
         at += n
 
 
-def write_f16(shape: Shape, path: Path) -> None:
-    """The random-weight model at F16 (norms and rope factors F32), one tensor in memory at a time."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
+def header(writer: Any, shape: Shape, file_type: int) -> None:
+    """The metadata of a Llama 3 model of this shape, as convert_hf_to_gguf writes it."""
     writer.add_name(f"{shape.name} shape, random weights")
     writer.add_context_length(131_072)
     writer.add_embedding_length(shape.hidden)
@@ -170,7 +167,7 @@ def write_f16(shape: Shape, path: Path) -> None:
     writer.add_rope_freq_base(500_000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_file_type(file_type)
     tokens, types, merges = vocab()
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("llama-bpe")
@@ -181,6 +178,14 @@ def write_f16(shape: Shape, path: Path) -> None:
     writer.add_eos_token_id(128_009)
     writer.add_add_bos_token(True)
     writer.add_chat_template(LLAMA3_TEMPLATE)
+
+
+def write_f16(shape: Shape, path: Path) -> None:
+    """The random-weight model at F16 (norms and rope factors F32), one tensor in memory at a time."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    header(writer, shape, gguf.LlamaFileType.MOSTLY_F16)
     layout = tensors(shape)
     for name, dims in layout:
         dtype = np.float16 if len(dims) == 2 else np.float32
@@ -202,6 +207,67 @@ def write_f16(shape: Shape, path: Path) -> None:
     writer.close()
 
 
+def more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits: the layers whose attn_v and ffn_down Q4_K_M keeps at Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, shape: Shape) -> str:
+    """The type llama-quantize gives each tensor of this shape at Q4_K_M."""
+    if name.endswith("norm.weight") or name == "rope_freqs.weight":
+        return "F32"
+    if name == "output.weight" or (name == "token_embd.weight" and shape.tied):
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(int(name.split(".")[1]), shape.layers):
+        return "Q6_K"
+    return "Q4_K"
+
+
+def random_blocks(rows: int, width: int, kind: str, pool: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """rows of random K-quant blocks: random quants and sub-block scales (any byte is valid),
+    the f16 block scales set so that values stay near N(0, 0.02)'s range."""
+    block = 144 if kind == "Q4_K" else 210
+    out = np.empty((rows, width // 256, block), dtype=np.uint8)
+    fill(out, pool, rng)
+    if kind == "Q4_K":  # d, dmin
+        out[:, :, 0:4] = np.frombuffer(np.array([6e-5, 1e-3], dtype=np.float16).tobytes(), dtype=np.uint8)
+    else:  # d, the last two bytes
+        out[:, :, 208:210] = np.frombuffer(np.array([1e-4], dtype=np.float16).tobytes(), dtype=np.uint8)
+    return out.reshape(rows, -1)
+
+
+def write_q4_k_m(shape: Shape, path: Path) -> None:
+    """The model written directly at Q4_K_M with llama-quantize's tensor types and random
+    blocks: the 8B's F16 (16 GB) and its quantization took over an hour on the loaded 2-core
+    host; the 1B written both ways has the same size and types (see README.txt)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    header(writer, shape, gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    layout = [(name, dims, q4_k_m_type(name, shape)) for name, dims in tensors(shape)]
+    for name, dims, kind in layout:
+        if kind == "F32":
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
+        else:
+            size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+            row = dims[1] // size[0] * size[1]
+            kind_type = gguf.GGMLQuantizationType[kind]
+            writer.add_tensor_info(name, (dims[0], row), np.dtype(np.uint8), dims[0] * row, raw_dtype=kind_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 256, POOL * 4, dtype=np.uint8)
+    for name, dims, kind in layout:
+        if name == "rope_freqs.weight":
+            writer.write_tensor_data(rope_factors(shape))
+        elif kind == "F32":
+            writer.write_tensor_data(np.ones(dims, dtype=np.float32))
+        else:
+            writer.write_tensor_data(random_blocks(dims[0], dims[1], kind, pool, rng))
+    writer.close()
+
+
 def quantize(source: Path, dest: Path) -> None:
     binary = PEERS_BIN / "llama-quantize"
     if binary.exists():
@@ -220,13 +286,18 @@ def model_path(key: str, models: Path) -> Path:
     return SMOLLM2 if key == "135m" else models / f"{SHAPES[key].name}-random.Q4_K_M.gguf"
 
 
-def ensure_model(key: str, models: Path) -> Path:
+def ensure_model(key: str, models: Path, direct: bool = False) -> Path:
     dest = model_path(key, models)
     if dest.exists():
         return dest
     if key == "135m":
         raise SystemExit(f"{dest} is missing: `localspec doctor` fetches the embedded model")
     models.mkdir(parents=True, exist_ok=True)
+    if direct:
+        partial = dest.with_name(dest.name + ".partial")
+        write_q4_k_m(SHAPES[key], partial)
+        partial.replace(dest)
+        return dest
     f16 = models / f"{SHAPES[key].name}-random.F16.gguf"
     t0 = time.perf_counter()
     write_f16(SHAPES[key], f16)
@@ -555,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--models", type=Path, default=MODELS_DIR, help="where the GGUFs are written")
     parser.add_argument("--rounds", type=int, default=0, help="timing rounds (default: 7, 6 for 3b, 5 for 8b)")
     parser.add_argument("--threads", type=int, default=1, help="1: CPU-time figures, unmoved by other processes")
+    parser.add_argument("--direct", action="store_true", help="write Q4_K_M directly (no F16, no llama-quantize)")
     parser.add_argument("--write-only", action="store_true", help="write the models, measure nothing")
     parser.add_argument("--table", action="store_true", help="print the replay table from saved results")
     parser.add_argument("--answers", type=Path, default=SMOLLM2, help="the model whose recorded answers replay")
@@ -565,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     for key in args.only or [*SHAPES, "135m"]:
-        path = ensure_model(key, args.models)
+        path = ensure_model(key, args.models, args.direct)
         if args.write_only:
             continue
         rounds = args.rounds or {"3b": 5, "8b": 4}.get(key, 6)
