@@ -26,6 +26,7 @@ from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
 from localspec.core.gguf_header import read_header
+from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, DraftLengthPolicy, SelfDrafting
@@ -190,6 +191,7 @@ class Runtime:
         # The cost curve of the policy built here (one set from outside is not remembered).
         self._costs: Any = None
         self._drift_noted = False
+        self._grammars: Grammars | None = None  # the target's grammar tokenizer, built on first use
 
     @property
     def policy(self) -> DraftLengthPolicy:
@@ -255,6 +257,8 @@ class Runtime:
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         sampling: SamplingConfig | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any] | None = None,
         **knobs: Any,
     ) -> Stream:
         """A Stream of TextDelta events as text becomes final, then one Finished event. It
@@ -262,9 +266,16 @@ class Runtime:
         it ends: close() it, or use `with`, to stop early. Setting `cancel` ends the request at
         the next prompt chunk or verify step (finish reason "cancelled"), so another thread can
         stop even a long prompt evaluation. sampling defaults to SamplingConfig(); knobs
-        (temperature=0, seed=1...) change its fields."""
+        (temperature=0, seed=1...) change its fields. response_format (OpenAI's shapes:
+        {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}) or
+        json_schema (a JSON schema itself) constrain the answer to that JSON (see constraint())."""
         self._check_open()
         cfg = sampling_config(sampling, knobs)
+        constraint = self.constraint(response_format, json_schema)
+        if constraint is not None:
+            if cfg.constraint is not None:
+                raise InvalidRequestError("give response_format/json_schema or sampling.constraint, not both")
+            cfg = replace(cfg, constraint=constraint)
         max_tokens, stop = check_limits(max_tokens, stop)
         if isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
             if messages is not None:
@@ -285,11 +296,22 @@ class Runtime:
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         sampling: SamplingConfig | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any] | None = None,
         **knobs: Any,
     ) -> Completion:
+        """stream()'s answer in one piece."""
         tokens: list[int] = []
         with self.stream(
-            prompt, messages=messages, max_tokens=max_tokens, stop=stop, cancel=cancel, sampling=sampling, **knobs
+            prompt,
+            messages=messages,
+            max_tokens=max_tokens,
+            stop=stop,
+            cancel=cancel,
+            sampling=sampling,
+            response_format=response_format,
+            json_schema=json_schema,
+            **knobs,
         ) as events:
             for event in events:
                 if isinstance(event, TextDelta):
@@ -297,6 +319,34 @@ class Runtime:
                 else:
                     return Completion(event.text, tokens, event.stats, event.finish_reason)
         raise AssertionError("a stream always ends with a Finished event")
+
+    @property
+    def grammars(self) -> Grammars:
+        """The target's grammar engine (llguidance's tokenizer, one pass over the vocabulary,
+        built on first use), which compiles the constraints requests ask for."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.target)
+        return self._grammars
+
+    def constraint(
+        self, response_format: Mapping[str, Any] | None = None, json_schema: Mapping[str, Any] | None = None
+    ) -> GrammarConstraint | None:
+        """A fresh constraint for one request (it keeps that request's grammar state): the JSON
+        an OpenAI response_format or a JSON schema asks for; None for free text. A schema that
+        cannot be compiled raises InvalidRequestError saying why."""
+        if response_format is not None and json_schema is not None:
+            raise InvalidRequestError("give response_format= or json_schema=, not both")
+        if json_schema is not None:
+            if not isinstance(json_schema, Mapping):
+                raise InvalidRequestError(
+                    f"json_schema must be a dict (a JSON schema), got {type(json_schema).__name__}",
+                    'e.g. json_schema={"type": "object", "properties": {"name": {"type": "string"}}}',
+                )
+            schema = json_schema_of({"type": "json_schema", "json_schema": {"schema": json_schema}})
+            return None if schema is None else self.grammars.json_schema(schema, "json_schema")
+        if response_format is None:
+            return None
+        return self.grammars.constraint(response_format)
 
     def _run(
         self,
@@ -478,7 +528,9 @@ def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -
         raise InvalidRequestError(f"sampling must be a SamplingConfig, got {sampling!r}")
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
-        takes = ", ".join(["max_tokens", "stop", "cancel", "sampling", *sorted(KNOBS)])
+        takes = ", ".join(
+            ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", *sorted(KNOBS)]
+        )
         raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
     return replace(sampling or SamplingConfig(), **knobs)
 

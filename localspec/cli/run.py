@@ -28,6 +28,11 @@ def register(sub: Any) -> None:
     p.add_argument("--stop", type=arg_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--verbose", "-v", action="store_true", help="print statistics on stderr")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema", metavar="FILE", help="constrain the answer to JSON valid for the JSON schema in FILE"
+    )
+    shape.add_argument("--json-object", action="store_true", help="constrain the answer to a JSON object")
     add_model_options(p)
     add_sampling_options(p)
     p.set_defaults(handler=handle)
@@ -38,6 +43,7 @@ def handle(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
     config = sampling(args)  # refused before a model is loaded for it
+    schema = read_schema(args.json_schema) if args.json_schema else None
     runtime = load(
         load_options(args), on_progress=lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True)
     )
@@ -49,7 +55,12 @@ def handle(args: argparse.Namespace) -> int:
         ]
         request = {"messages": messages}
     with runtime:
-        for event in runtime.stream(**request, max_tokens=args.max_tokens, stop=args.stop, sampling=config):
+        if args.json_object:
+            request["response_format"] = {"type": "json_object"}
+        events = runtime.stream(
+            **request, max_tokens=args.max_tokens, stop=args.stop, sampling=config, json_schema=schema
+        )
+        for event in events:
             if isinstance(event, TextDelta):
                 if not args.json:
                     sys.stdout.write(event.text)
@@ -69,3 +80,24 @@ def handle(args: argparse.Namespace) -> int:
                     if note:
                         print(note, file=sys.stderr)
     return 0
+
+
+def read_schema(path: str) -> dict[str, Any]:
+    """The JSON schema in a file, read before a model is loaded for it."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            schema = json.load(file)
+    except FileNotFoundError:
+        raise InvalidRequestError(f"no JSON schema file at {path}", "check the path given to --json-schema") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"cannot read the JSON schema file {path}: {exc}") from None
+    except ValueError as exc:
+        raise InvalidRequestError(
+            f"{path} is not JSON: {exc}", 'write the schema as a JSON object, e.g. {"type": "object"}'
+        ) from None
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(
+            f"the JSON schema in {path} is a {type(schema).__name__}, not an object",
+            'write the schema as a JSON object, e.g. {"type": "object"}',
+        )
+    return schema

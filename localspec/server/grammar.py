@@ -1,26 +1,22 @@
-"""Structured output: `response_format` (json_object, json_schema) as a TokenConstraint over the
-target's vocabulary, through llguidance (Microsoft's grammar engine behind llama.cpp's and
-vLLM's guidance support: JSON schemas compiled to a grammar, token masks in microseconds)."""
+"""Structured output over HTTP: OpenAI's response_format and a forced tool call as a grammar
+(localspec.core.grammar compiles them, through Runtime.constraint as the Python API does), with
+a schema that cannot be used refused as a 400 naming the request field."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
-from localspec.core.protocol import Backend
+from localspec.api import Runtime
+from localspec.core.errors import InvalidRequestError
+from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
 from localspec.server.schemas import ApiError
 from localspec.server.tools import ToolRequest, tool_style
 
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
+__all__ = ["GrammarConstraint", "GrammarRequest", "Grammars", "json_schema_of"]
 
-# Compact JSON: with free whitespace a small model can fill its answer with newlines.
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -37,140 +33,23 @@ class GrammarRequest:
         """None when the text is free; a response_format of an unknown type is a 400 now."""
         if tools is not None:
             return GrammarRequest(tools=tools, param="tools")
-        if response_format is None or json_schema_of(response_format) is None:
+        if response_format is None or _blamed(json_schema_of, "response_format", response_format) is None:
             return None
         return GrammarRequest(response_format=response_format)
 
-    def constraint(self, grammars: Grammars) -> GrammarConstraint | None:
+    def constraint(self, runtime: Runtime) -> GrammarConstraint | None:
+        """The request's constraint for the model `runtime` runs, through the Python API's path."""
         if self.tools is not None:
-            return grammars.lark(self.tools.grammar(grammars.tool_style.format, grammars.spell), self.param)
-        return grammars.constraint(self.response_format or {})
+            grammars = runtime.grammars
+            style = tool_style(runtime.target.chat_template())
+            return _blamed(grammars.lark, self.param, self.tools.grammar(style.format, grammars.spell), self.param)
+        return _blamed(runtime.constraint, self.param, self.response_format or {})
 
 
-class GrammarConstraint:
-    """One request's grammar state: the text so far is what the matcher consumed."""
-
-    def __init__(self, matcher: Any, n_vocab: int) -> None:
-        self.matcher = matcher
-        self.n_vocab = n_vocab
-
-    def allowed_prefix(self, draft: Sequence[int]) -> int:
-        return int(self.matcher.validate_tokens(list(draft))) if draft else 0
-
-    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int], start: int = 0) -> None:
-        ahead = 0
-        if start:
-            self.matcher.consume_tokens(list(draft[:start]))
-            ahead = start
-        for i, row in enumerate(rows):
-            if i:
-                self.matcher.consume_token(draft[start + i - 1])
-                ahead += 1
-            allowed = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: self.n_vocab]
-            row[: allowed.size][allowed == 0] = -np.inf
-            row[allowed.size :] = -np.inf
-        if ahead:
-            self.matcher.rollback(ahead)
-
-    def commit(self, tokens: Sequence[int]) -> None:
-        self.matcher.consume_tokens(list(tokens))
-
-
-class Grammars:
-    """A model's llguidance tokenizer, built once (one pass over the vocabulary), and the
-    constraints requests ask for."""
-
-    def __init__(self, target: Backend) -> None:
-        import llguidance
-
-        identity = target.vocab_identity()
-        eog = sorted(target.end_of_generation())
-        tokens = []
-        for i in range(target.info.n_vocab):
-            raw = target.token_bytes(i)
-            # Tokens with no text (control tokens) are llguidance's special tokens: 0xFF + name.
-            name = identity.token_texts[i] if i < len(identity.token_texts) else b""
-            tokens.append(raw if raw and i not in eog else b"\xff" + (name or f"<special_{i}>".encode()))
-        wrapper = _Vocabulary(tokens, eog[0] if eog else 0, identity.bos, target)
-        self.n_vocab = target.info.n_vocab
-        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(wrapper), eos_token=eog or None)
-        self.tool_style = tool_style(target.chat_template())
-        self._target = target
-        self._special = frozenset(wrapper.special_token_ids)
-
-    def spell(self, marker: str) -> str:
-        """A marker as a Lark grammar names it: `<[id]>` where the vocabulary has it as one
-        special token (a control token has no text to match), else its text."""
-        ids = self._target.tokenize(marker, add_special=False, parse_special=True)
-        if len(ids) == 1 and ids[0] in self._special:
-            return f"<[{ids[0]}]>"
-        return json.dumps(marker)
-
-    def constraint(self, response_format: Mapping[str, Any]) -> GrammarConstraint | None:
-        """None for plain text; a 400 naming response_format for what cannot be compiled."""
-        import llguidance
-
-        schema = json_schema_of(response_format)
-        if schema is None:
-            return None
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-        except ValueError as exc:
-            raise ApiError(400, f"the JSON schema cannot be used: {exc}", param="response_format") from None
-        return self._constraint(grammar, "response_format")
-
-    def lark(self, grammar: str, param: str) -> GrammarConstraint:
-        """A constraint from a Lark grammar (llguidance's dialect, %json included); param: the
-        request field a grammar that cannot be compiled is blamed on."""
-        import llguidance
-
-        try:
-            compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
-        except ValueError as exc:
-            raise ApiError(400, f"'{param}' cannot be turned into a grammar: {exc}", param=param) from None
-        return self._constraint(compiled, param)
-
-    def _constraint(self, grammar: str, param: str) -> GrammarConstraint:
-        import llguidance
-
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise ApiError(400, f"'{param}' cannot be used: {matcher.get_error()}", param=param)
-        return GrammarConstraint(matcher, self.n_vocab)
-
-
-def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The schema a response_format asks for: any JSON object for json_object; None for text."""
-    kind = response_format.get("type")
-    if kind in (None, "text"):
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        if schema is None:
-            return {"type": "object"}
-        if not isinstance(schema, Mapping):
-            raise ApiError(400, "'response_format.json_schema.schema' must be an object", param="response_format")
-        copied: dict[str, Any] = json.loads(json.dumps(schema))  # plain JSON types only
-        return copied
-    raise ApiError(
-        400, f"response_format type {kind!r} is not supported: use json_object or json_schema", param="response_format"
-    )
-
-
-class _Vocabulary:
-    """What llguidance.TokenizerWrapper reads from a tokenizer."""
-
-    def __init__(self, tokens: list[bytes], eos: int, bos: int | None, target: Backend) -> None:
-        self.tokens = tokens
-        self.eos_token_id = eos
-        self.bos_token_id = bos
-        self.special_token_ids = [i for i, t in enumerate(tokens) if t.startswith(b"\xff")]
-        self._target = target
-
-    def __call__(self, text: bytes | str) -> list[int]:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        return self._target.tokenize(text, add_special=False, parse_special=False)
+def _blamed(make: Callable[..., T], param: str, *args: Any) -> T:
+    """make(*args), its InvalidRequestError a 400 naming param."""
+    try:
+        return make(*args)
+    except InvalidRequestError as exc:
+        text = exc.message if exc.hint is None else f"{exc.message}; {exc.hint}"
+        raise ApiError(400, text, param=param) from None

@@ -17,7 +17,7 @@ from localspec.core.errors import ContextFullError, LocalspecError
 from localspec.core.sampling import LogprobRecorder, SamplingConfig
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
 from localspec.server.fim import FimTokens, find_fim_tokens
-from localspec.server.grammar import GrammarRequest, Grammars
+from localspec.server.grammar import GrammarRequest
 from localspec.server.schemas import ApiError
 from localspec.server.tools import ToolRequest, tool_style
 
@@ -85,7 +85,6 @@ class Worker:
         self.history: deque[Job] = deque(maxlen=HISTORY)
         self.served = 0
         self._fim: FimTokens | bool | None = False  # False: not looked up yet for this model
-        self._grammars: Grammars | None = None  # the loaded model's, built on first use
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: Job | None = None
@@ -146,7 +145,7 @@ class Worker:
             if runtime is None or model != self.model_id:
                 return None
             if grammar is not None:
-                grammar.constraint(self._grammars_for(runtime))
+                grammar.constraint(runtime)  # compiled now so a bad schema is a 400 before the stream
             return self._tokenize(runtime, request)
 
     def _tokenize(self, runtime: Runtime, request: Mapping[str, Any]) -> Prompt:
@@ -194,18 +193,13 @@ class Worker:
         text = render_chat(template, messages, target.special_texts(), tools=tools.tools())
         return chat_tokens(target, text, [m["content"] for m in messages])
 
-    def _grammars_for(self, runtime: Runtime) -> Grammars:
-        if self._grammars is None:
-            self._grammars = Grammars(runtime.target)
-        return self._grammars
-
     def _sampling(self, runtime: Runtime, job: Job, sampling: SamplingConfig) -> SamplingConfig:
         """The request's sampling with its per-request parts: the logprob recorder and the grammar."""
         if job.logprobs is not None:
             job.recorder = LogprobRecorder(job.logprobs, runtime.target.token_bytes)
             sampling = replace(sampling, logprobs=job.recorder)
         if job.grammar is not None:
-            sampling = replace(sampling, constraint=job.grammar.constraint(self._grammars_for(runtime)))
+            sampling = replace(sampling, constraint=job.grammar.constraint(runtime))
         return sampling
 
     def _fim_tokens(self, runtime: Runtime) -> FimTokens | None:
@@ -309,7 +303,6 @@ class Worker:
                 self.runtime.close()
                 self.runtime = None
             self._fim = False
-            self._grammars = None
             try:
                 self.runtime = self.loader(model)
                 self.model_id = model

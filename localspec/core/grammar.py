@@ -1,0 +1,168 @@
+"""Structured output: a JSON schema (or OpenAI's response_format shapes) as a TokenConstraint
+over the target's vocabulary, through llguidance (Microsoft's grammar engine behind llama.cpp's
+and vLLM's guidance support: JSON schemas compiled to a grammar, token masks in microseconds)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from localspec.core.errors import InvalidRequestError
+from localspec.core.protocol import Backend
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+# Compact JSON: with free whitespace a small model can fill its answer with newlines.
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+
+class GrammarConstraint:
+    """One request's grammar state: the text so far is what the matcher consumed."""
+
+    def __init__(self, matcher: Any, n_vocab: int) -> None:
+        self.matcher = matcher
+        self.n_vocab = n_vocab
+
+    def allowed_prefix(self, draft: Sequence[int]) -> int:
+        return int(self.matcher.validate_tokens(list(draft))) if draft else 0
+
+    def mask(self, rows: npt.NDArray[np.floating], draft: Sequence[int], start: int = 0) -> None:
+        ahead = 0
+        if start:
+            self.matcher.consume_tokens(list(draft[:start]))
+            ahead = start
+        for i, row in enumerate(rows):
+            if i:
+                self.matcher.consume_token(draft[start + i - 1])
+                ahead += 1
+            allowed = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: self.n_vocab]
+            row[: allowed.size][allowed == 0] = -np.inf
+            row[allowed.size :] = -np.inf
+        if ahead:
+            self.matcher.rollback(ahead)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.matcher.consume_tokens(list(tokens))
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (llguidance's jump-forward: the canonical
+        tokenization of the only bytes it allows), empty where it allows a choice."""
+        if self.matcher.is_stopped():
+            return []
+        return [t for t in self.matcher.compute_ff_tokens() if 0 <= t < self.n_vocab]
+
+
+class Grammars:
+    """A model's llguidance tokenizer, built once (one pass over the vocabulary), and the
+    constraints requests ask for."""
+
+    def __init__(self, target: Backend) -> None:
+        import llguidance
+
+        identity = target.vocab_identity()
+        eog = sorted(target.end_of_generation())
+        tokens = []
+        for i in range(target.info.n_vocab):
+            raw = target.token_bytes(i)
+            # Tokens with no text (control tokens) are llguidance's special tokens: 0xFF + name.
+            name = identity.token_texts[i] if i < len(identity.token_texts) else b""
+            tokens.append(raw if raw and i not in eog else b"\xff" + (name or f"<special_{i}>".encode()))
+        wrapper = _Vocabulary(tokens, eog[0] if eog else 0, identity.bos, target)
+        self.n_vocab = target.info.n_vocab
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(wrapper), eos_token=eog or None)
+        self.target = target
+        self._special = frozenset(wrapper.special_token_ids)
+
+    def spell(self, marker: str) -> str:
+        """A marker as a Lark grammar names it: `<[id]>` where the vocabulary has it as one
+        special token (a control token has no text to match), else its text."""
+        ids = self.target.tokenize(marker, add_special=False, parse_special=True)
+        if len(ids) == 1 and ids[0] in self._special:
+            return f"<[{ids[0]}]>"
+        return json.dumps(marker)
+
+    def constraint(self, response_format: Mapping[str, Any]) -> GrammarConstraint | None:
+        """None for plain text ({"type": "text"}); InvalidRequestError for what cannot be compiled."""
+        schema = json_schema_of(response_format)
+        return None if schema is None else self.json_schema(schema)
+
+    def json_schema(self, schema: Mapping[str, Any], param: str = "response_format") -> GrammarConstraint:
+        """A constraint to JSON valid for `schema`; param: what the caller calls the schema."""
+        import llguidance
+
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(dict(schema), overrides=JSON_OPTIONS)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(
+                f"the JSON schema in {param} cannot be used: {exc}",
+                'give a JSON schema object (https://json-schema.org), e.g. {"type": "object"}',
+            ) from None
+        return self._constraint(grammar, param)
+
+    def lark(self, grammar: str, param: str) -> GrammarConstraint:
+        """A constraint from a Lark grammar (llguidance's dialect, %json included); param: the
+        request field a grammar that cannot be compiled is blamed on."""
+        import llguidance
+
+        try:
+            compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
+        except ValueError as exc:
+            raise InvalidRequestError(f"{param} cannot be turned into a grammar: {exc}") from None
+        return self._constraint(compiled, param)
+
+    def _constraint(self, grammar: str, param: str) -> GrammarConstraint:
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidRequestError(f"{param} cannot be used: {matcher.get_error()}")
+        return GrammarConstraint(matcher, self.n_vocab)
+
+
+def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The schema an OpenAI response_format asks for: any JSON object for json_object, the
+    given schema for json_schema; None for text."""
+    if not isinstance(response_format, Mapping):
+        raise InvalidRequestError(
+            f"response_format must be a dict, got {type(response_format).__name__}",
+            'use {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}',
+        )
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if schema is None:
+            return {"type": "object"}
+        if not isinstance(schema, Mapping):
+            raise InvalidRequestError("response_format's json_schema.schema must be an object (a JSON schema)")
+        try:
+            copied: dict[str, Any] = json.loads(json.dumps(schema))  # plain JSON types only
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"response_format's json_schema.schema is not plain JSON: {exc}") from None
+        return copied
+    raise InvalidRequestError(f"response_format type {kind!r} is not supported", "use json_object, json_schema or text")
+
+
+class _Vocabulary:
+    """What llguidance.TokenizerWrapper reads from a tokenizer."""
+
+    def __init__(self, tokens: list[bytes], eos: int, bos: int | None, target: Backend) -> None:
+        self.tokens = tokens
+        self.eos_token_id = eos
+        self.bos_token_id = bos
+        self.special_token_ids = [i for i, t in enumerate(tokens) if t.startswith(b"\xff")]
+        self._target = target
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._target.tokenize(text, add_special=False, parse_special=False)
