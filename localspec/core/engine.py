@@ -159,7 +159,14 @@ class Engine:
                     return
                 limit = min(room, max_tokens - produced - 1, max_block - 1)
                 t0 = time.perf_counter()
-                draft, gamma, backlog, guess = self._draft(ctx, limit, cfg, policy, rng)
+                # Jump-forward: what the grammar forces is drafted for nothing, as a point-mass
+                # draft verified like any other (exact whatever p is; accepted surely where the
+                # mask leaves that one token).
+                forced = _forced(cfg, limit)
+                if forced:
+                    draft, gamma, backlog, guess = Draft(forced), len(forced), 0, None
+                else:
+                    draft, gamma, backlog, guess = self._draft(ctx, limit, cfg, policy, rng)
                 guessed = draft is guess  # a free drafter's guess, or the lookup's taken over the model's
                 from_lookup = guessed and not self.free_drafter
                 tokens = draft.tokens[:gamma]
@@ -186,7 +193,7 @@ class Engine:
                     shadow = Shadow(guess.tokens, len(ctx), guess.support, checked)
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
-                self.drafter.commit(ctx, 0 if from_lookup else n_acc)
+                self.drafter.commit(ctx, 0 if from_lookup or forced else n_acc)
                 self._note_drafter_off(stats)
                 if self.lookup is not None:
                     self.lookup.commit(ctx, n_acc if from_lookup else 0)
@@ -211,9 +218,11 @@ class Engine:
                     lookup=from_lookup,
                     gamma=gamma,
                     tokens=tuple(new),
+                    forced=bool(forced),
                 )
                 stats.record_step(step)
-                policy.observe(step)
+                if not forced:  # a forced step says nothing about the drafter's agreement or cost
+                    policy.observe(step)
                 if shadow is not None and shadow.settle(ctx, policy):
                     shadow = None
 
@@ -284,6 +293,16 @@ def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
             f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}",
             "shorten the prompt or start a new conversation, or load the model with a larger n_ctx",
         )
+
+
+def _forced(cfg: SamplingConfig, limit: int) -> list[int]:
+    """The tokens the request's grammar forces next, at most limit (none without a grammar
+    that knows them)."""
+    forced = getattr(cfg.constraint, "forced", None)
+    if forced is None or limit <= 0:
+        return []
+    tokens: list[int] = forced()
+    return tokens[:limit]
 
 
 def _never() -> bool:

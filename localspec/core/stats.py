@@ -23,6 +23,7 @@ class Step:
     lookup: bool = False
     gamma: int = 0  # the draft length the policy chose (drafted can fall short of it)
     tokens: tuple[int, ...] = ()  # what the step emitted (an end of generation is not emitted)
+    forced: bool = False  # the draft was what the request's grammar forces (jump-forward)
 
     @property
     def n_from_draft(self) -> int:
@@ -50,6 +51,8 @@ class Stats:
     # adaptive policy picks the source per step; see Engine).
     lookup_drafted: int = 0
     lookup_accepted: int = 0
+    # Of `accepted`: tokens the request's grammar forced, drafted for nothing (jump-forward).
+    forced: int = 0
     finish_reason: str = ""
     # What the user should know about this request (a drafter switched off, say).
     notices: list[str] = field(default_factory=list)
@@ -93,6 +96,8 @@ class Stats:
         if step.lookup:
             self.lookup_drafted += step.drafted
             self.lookup_accepted += step.accepted
+        if step.forced:
+            self.forced += step.accepted
         self.gamma_histogram[step.gamma] = self.gamma_histogram.get(step.gamma, 0) + 1
         for i in range(step.drafted):
             self.record_position(i, 1, 1 if i < step.accepted else 0)

@@ -317,6 +317,7 @@ def speculation(stats: Stats) -> dict[str, Any]:
         "mean_draft_length": round(stats.mean_gamma, 4),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
         "prompt_tokens_evaluated": stats.prefill_tokens,
+        "forced_tokens": stats.forced,  # of accepted_tokens: what the grammar forced (jump-forward)
     }
 
 
