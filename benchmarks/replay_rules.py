@@ -7,7 +7,7 @@ clock) with each rule switched off in turn, as total speedup over plain decoding
 Besides the curves as measured (the policy starts from the truth), two starts on the
 SmolLM2 curve where the learning rules matter: "stale" (a curve learnt on a busy machine,
 blocks priced 3x too dear, trusted on 32 passes each) and "prior" (the roofline prior of
-that host, learning from the passes).
+that host, learning from the passes; also on the split target, whose runtime starts there).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ RULES: dict[str, ControlConfig] = {
     "no probe (probe_after never)": replace(DEFAULT, probe_after=10**9),
     "no re-pricing (_rebase, stale_shape 0)": replace(DEFAULT, stale_shape=0.0),
     "no drift scale (drift_weight 0)": replace(DEFAULT, drift_weight=0.0),
+    "no wait for a likely first block (first_block_alpha 0)": replace(DEFAULT, first_block_alpha=0.0),
 }
 
 # The roofline prior of the AMD 2-core host for SmolLM2-135M Q4_1 (`localspec doctor --json`,
@@ -45,9 +46,9 @@ RULES: dict[str, ControlConfig] = {
 PRIOR_MS = [3.09, 3.09, 4.32, 5.76, 7.20, 8.64, 10.08, 11.52, 12.96, 14.40, 15.84, 17.28, 18.72, 20.16, 21.60, 23.04]
 
 
-def starts(cal: Calibration, smollm: bool) -> dict[str, Callable[[ControlConfig], CostCurve]]:
+def starts(cal: Calibration, name: str) -> dict[str, Callable[[ControlConfig], CostCurve]]:
     out: dict[str, Callable[[ControlConfig], CostCurve]] = {"measured": lambda cfg: cal.cost_curve(cfg)}
-    if smollm:
+    if name.startswith(("smollm2", "split")):
 
         def stale(cfg: ControlConfig) -> CostCurve:
             busy = [cal.verify_seconds[0]] + [t * 3.0 for t in cal.verify_seconds[1:]]
@@ -58,7 +59,9 @@ def starts(cal: Calibration, smollm: bool) -> dict[str, Callable[[ControlConfig]
             deep = [t * (cfg.prior_deep + cfg.prior_deep_per_token * k) for k, t in enumerate(shallow)]
             return CostCurve(shallow, deep_seconds=deep, learning=True, config=cfg)
 
-        out["stale"], out["prior"] = stale, prior
+        if name.startswith("smollm2"):
+            out["stale"] = stale
+        out["prior"] = prior  # the split target's runtime starts from the same model's prior
     return out
 
 
@@ -72,7 +75,7 @@ def main() -> None:
     columns: list[tuple[str, Truth, Callable[[ControlConfig], CostCurve]]] = []
     for name in names:
         cal = calibration_from_doctor(curves[name])
-        for start, make in starts(cal, name.startswith("smollm2")).items():
+        for start, make in starts(cal, name).items():
             columns.append((name if start == "measured" else f"{name} ({start})", Truth.of(cal), make))
     print(f"| rule switched off | {' | '.join(c[0] for c in columns)} |")
     print(f"|---|{'---|' * len(columns)}")

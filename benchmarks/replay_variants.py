@@ -1,5 +1,5 @@
 """Variants of the n-gram controller replayed side by side over recorded answers, on the
-simulated clock of `replay_drafters.py` (which records the answers: run it first). What
+simulated clock of `localspec/control/replay.py` (which records the answers: run it first). What
 decided how this version treats llama.cpp's graph rebuilds and when it learns from an
 unverified guess.
 
@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from replay_drafters import Truth, adaptive, rebuild_seconds, replay
+from replay_drafters import adaptive
 
 import localspec.core.engine as engine_module
 from localspec.control.calibrate import Calibration
 from localspec.control.costs import CostCurve
 from localspec.control.policy import AdaptiveDraftLength
+from localspec.control.replay import Truth, rebuild_seconds, replay
 from localspec.core.engine import Shadow
 from localspec.drafters import common_prefix
 
@@ -53,9 +54,10 @@ class PricedCurve(CostCurve):
             extra = self.into_block + (self.into_one if self.last <= 1 else 0.0)
         return (self.measured(k, depth) + extra) * self.scale
 
-    def update(self, k: int, seconds: float, depth: int = 0, weight: float = 0.05) -> None:
+    def update(self, k: int, seconds: float, depth: int = 0) -> None:
         paid = rebuild_seconds(k, self.last, self.into_block, self.into_one)
-        self.scale += weight * (min(seconds / (self.measured(k, depth) + paid), 3.0) - self.scale)
+        ratio = min(seconds / (self.measured(k, depth) + paid), self.config.drift_clip)
+        self.scale += self.config.drift_weight * (ratio - self.scale)
         self.last = k
 
 

@@ -523,3 +523,16 @@ def test_spikes_of_other_processes_do_not_make_blocks_look_cheap_to_a_learning_c
         curve.update(k, truth(k) + (6e-3 if rng.random() < 1 / 3 else 0.0))
     for k in (2, 3, 4):
         assert curve.verify(k) / curve.verify(1) == pytest.approx(truth(k) / truth(1), rel=0.05)
+
+
+def test_a_prior_that_never_timed_a_block_waits_for_a_likely_guess_to_time_one() -> None:
+    # A roofline prior prices blocks near a single step; a weak guess would pay for the pass.
+    prior = CostCurve([4e-3 * (1 + 0.05 * (k - 1)) for k in range(1, 17)], learning=True)
+    policy = AdaptiveDraftLength(prior, 2e-5, max_gamma=15)
+    assert policy.chain(1, 3)[0] < DEFAULT.first_block_alpha
+    assert policy.choose(16, support=3) == 0
+    assert policy.choose(16, support=12) > 0  # a likely guess drafts, and its pass times a block
+    policy.observe(Step(drafted=2, accepted=2, draft_seconds=0.0, verify_seconds=4.4e-3, support=12))
+    assert prior.timed_a_block() and policy.choose(16, support=3) > 0
+    measured = AdaptiveDraftLength(CostCurve([4e-3 * (1 + 0.05 * (k - 1)) for k in range(1, 17)]), 2e-5, max_gamma=15)
+    assert measured.choose(16, support=3) > 0  # a measured curve has timed its blocks

@@ -79,6 +79,10 @@ class ControlConfig:
     # their mean: load only adds time, and spikes would price the single step too dear.
     cost_window: int = 16
     cost_quantile: float = 0.25
+    # A learning curve that has timed no block yet drafts only a lookup guess whose first
+    # token comes true this often: a roofline prior can price blocks near a single step where
+    # a CPU pays 2-3, and a weak guess would pay for the pass that times the curve.
+    first_block_alpha: float = 0.8
     # A pass under this share of its learnt price is no jitter (load only adds time): the
     # curve was learnt on a busier machine, and is re-priced from this pass.
     stale_shape: float = 2 / 3

@@ -114,6 +114,11 @@ class CostCurve:
         slope = (t_last - self.base(before + 1) * self.corrections[before]) / (last - before)
         return max(self.corrections[last], (t_last + slope * (i - last)) / self.base(i + 1))
 
+    def timed_a_block(self) -> bool:
+        """False while a learning curve has priced no pass over 2 tokens or more on its own
+        passes (a prior, whose blocks may be far too cheap); a measured curve always has."""
+        return not self.learning or any(e > 0 for e in self.evidence[1:])
+
     def verify(self, k: int, depth: int = 0) -> float:
         return self.measured(k, depth) * self.scale
 

@@ -200,6 +200,8 @@ class AdaptiveDraftLength:
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
         alpha = self.chain(min(limit, self.max_gamma), support)
         plain = 1.0 / self.costs.verify(1, depth)
+        if support > 0 and alpha[0] < self.config.first_block_alpha and not self.costs.timed_a_block():
+            return 0, plain  # a curve that never timed a block waits for a likely guess to time one
         best, best_rate, bar = 0, plain, plain * (1.0 + margin)
         expected, run = 1.0, 1.0
         # The drafter runs on the same cores over the same text: the target's drift is its too.
