@@ -32,7 +32,7 @@ GOLDEN: dict[str, float] = {
     "gpu-h200-llama-3.1-8b-bf16": 1.613,
     "llama-3.1-8b-q4_k_m": 1.089,
     "llama-3.2-1b-q4_k_m": 1.044,
-    "llama-3.2-3b-q4_k_m": 1.089,
+    "llama-3.2-3b-q4_k_m": 1.053,
     "smollm2-135m-q4_1": 1.086,
     "split-rpc-0ms": 1.013,
 }
