@@ -6,8 +6,8 @@ For each model it prints, as Markdown:
   cost curve the controller prices drafts with;
 - decode tokens/s of mlx-lm's own generate_step (the plain peer: mlx-lm's decoding loop,
   its own caches), localspec's plain decoding, MTP under the controller (draft length chosen
-  per step), and MTP at each fixed draft length; then the controller's mean γ beside the
-  best fixed γ.
+  per step, with n-gram lookup beside the head as the controller runs a drafter), and MTP
+  at each fixed draft length; then the controller's mean γ beside the best fixed γ.
 
 On an Apple Silicon Mac, with the models pulled (`localspec pull qwen3.6-27b --backend mlx`,
 `localspec pull gemma-4-12b-assistant --backend mlx`) or any folders:
@@ -232,6 +232,7 @@ class Run:
     gamma: float = 0.0
     drafted: int = 0
     accepted: int = 0
+    lookup: tuple[int, int] = (0, 0)  # of drafted/accepted: n-gram lookup's, beside the head under the controller
 
 
 def decode(case: Case, prompt: list[int], tokens: int, draft_tokens: Any, mtp: bool) -> Run:
@@ -245,7 +246,8 @@ def decode(case: Case, prompt: list[int], tokens: int, draft_tokens: Any, mtp: b
     label = "plain" if not mtp else f"MTP, γ {draft_tokens}"
     if head is not None:
         head.close()
-    return Run(label, stats.decode_tokens_per_s, gamma, stats.drafted, stats.accepted)
+    lookup = (stats.lookup_drafted, stats.lookup_accepted)
+    return Run(label, stats.decode_tokens_per_s, gamma, stats.drafted, stats.accepted, lookup)
 
 
 def measure(case: Case, tokens: int, repeats: int) -> None:
@@ -260,11 +262,12 @@ def measure(case: Case, tokens: int, repeats: int) -> None:
     runs.append(decode(case, prompt, tokens, 0, mtp=False))
     runs.append(decode(case, prompt, tokens, "auto", mtp=True))
     runs += [decode(case, prompt, tokens, g, mtp=True) for g in FIXED]
-    print("| run | decode tok/s | mean γ asked | drafted | accepted |")
-    print("|---|---|---|---|---|")
+    print("| run | decode tok/s | mean γ asked | drafted | accepted | of which n-gram lookup's |")
+    print("|---|---|---|---|---|---|")
     for run in runs:
         gamma = f"{run.gamma:.2f}" if run.label.startswith("MTP") else "-"
-        print(f"| {run.label} | {run.tok_s:.2f} | {gamma} | {run.drafted} | {run.accepted} |")
+        lookup = f"{run.lookup[0]} / {run.lookup[1]}" if run.label.startswith("MTP") else "-"
+        print(f"| {run.label} | {run.tok_s:.2f} | {gamma} | {run.drafted} | {run.accepted} | {lookup} |")
     best = max(runs[3:], key=lambda r: r.tok_s)
     auto = runs[2]
     print(
