@@ -581,9 +581,35 @@ def answers_file(model: Path, prompts: str) -> Path:
     return data_dir() / f"replay-{model.name}-{Path(prompts).stem}-160.json"
 
 
+def record(model: Path, prompts: str, tokens: int = 160) -> Path:
+    """The model's greedy answers to a prompt set, in replay_drafters.py's cache, decoded at
+    one thread: at two, llama.cpp's threads spin against other processes on the shared host
+    and the recording crawls. The curve stored beside them is never used (--curve is given)."""
+    from localspec.api import load
+    from localspec.control.calibrate import Calibration
+    from localspec.control.prompts import load_prompt_sets
+
+    path = answers_file(model, prompts)
+    if path.exists():
+        return path
+    runtime = load(model=str(model), strategy="none", threads=1)
+    answers = {}
+    for prompt in load_prompt_sets([prompts]):
+        ids = runtime.prompt_tokens(messages=prompt.messages)
+        out = runtime.generate(messages=prompt.messages, max_tokens=tokens, temperature=0.0)
+        answers[prompt.id] = {"prompt": ids, "answer": list(out.tokens)}
+    placeholder = Calibration([0.01] * 16, 0.01, None, 512, 0.0, 0.0)
+    data = {"calibration": placeholder.to_json(), "n_vocab": runtime.target.info.n_vocab, "answers": answers}
+    runtime.close()
+    path.write_text(json.dumps(data))
+    return path
+
+
 def table(out: Path, answers_model: Path, alpha: float) -> None:
     keys = [k for k in SHAPES if (out / f"{k}.json").exists()]
     wide = str(BENCH_DIR / "prompts_wide.jsonl")
+    record(answers_model, "suite")
+    record(answers_model, wide)
     rows: dict[str, dict[str, object]] = {}
     for key in keys:
         curve = out / f"{key}.json"
@@ -627,11 +653,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=0, help="timing rounds (default: 7, 6 for 3b, 5 for 8b)")
     parser.add_argument("--threads", type=int, default=1, help="1: CPU-time figures, unmoved by other processes")
     parser.add_argument("--direct", action="store_true", help="write Q4_K_M directly (no F16, no llama-quantize)")
+    parser.add_argument("--record", action="store_true", help="record the answers the table replays, only")
     parser.add_argument("--write-only", action="store_true", help="write the models, measure nothing")
     parser.add_argument("--table", action="store_true", help="print the replay table from saved results")
     parser.add_argument("--answers", type=Path, default=SMOLLM2, help="the model whose recorded answers replay")
     parser.add_argument("--alpha", type=float, default=0.7, help="the draft model's acceptance")
     args = parser.parse_args(argv)
+    if args.record:
+        for prompts in ("suite", str(BENCH_DIR / "prompts_wide.jsonl")):
+            print(record(args.answers, prompts))
+        return
     if args.table:
         table(args.out, args.answers, args.alpha)
         return
