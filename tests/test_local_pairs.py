@@ -114,7 +114,7 @@ def test_a_pair_s_draft_length_applies_unless_the_caller_gives_one(
 ) -> None:
     write_user_registry(LOCAL.format(target=files["target"], drafter=files["drafter"]))
     calls: list[object] = []
-    monkeypatch.setattr("localspec.api.load", lambda model, **kw: calls.append(kw["draft_tokens"]))
+    monkeypatch.setattr("localspec.api._load_files", lambda options, on_progress: calls.append(options.draft_tokens))
     load_pair("mine")
     load_pair("mine", draft_tokens="auto")  # every CLI's and UI's default
     load_pair("mine", draft_tokens=5)

@@ -14,6 +14,7 @@ import localspec.models.pull as pull_module
 from localspec.api import load_pair
 from localspec.core.errors import PairMismatchError
 from localspec.core.gguf_header import gguf_vocab_identity
+from localspec.core.options import LoadOptions
 from localspec.models.hub import ChecksumMismatchError, PullError, SilentBar
 from localspec.models.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
 from localspec.models.registry import load_registry
@@ -255,23 +256,21 @@ def test_rm_keeps_the_files_another_pulled_pair_uses(hub: FakeHub, cache: Path) 
 
 def test_load_pair_loads_the_files_with_the_recommended_strategy(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    monkeypatch.setattr("localspec.api.load", lambda model, **kw: calls.append((model, kw)))
+    monkeypatch.setattr("localspec.api._load_files", lambda options, on_progress: calls.append(options))
     with pytest.raises(NotPulledError, match=r"fetch it with: localspec pull tiny$"):
         load_pair("tiny")
     pull("tiny", endpoint=hub.endpoint, progress=False)
     load_pair("tiny", n_ctx=512)
     resolved = resolve_pair("tiny")
     assert calls == [
-        (
-            str(resolved.target),
-            {
-                "draft_model": str(resolved.drafter),
-                "strategy": "draft",
-                "backend": "llamacpp",
-                "draft_tokens": 4,
-                "rpc": (),
-                "n_ctx": 512,
-            },
+        LoadOptions(
+            model=str(resolved.target),
+            draft_model=str(resolved.drafter),
+            strategy="draft",
+            backend="llamacpp",
+            draft_tokens=4,
+            rpc=(),
+            n_ctx=512,
         )
     ]
 

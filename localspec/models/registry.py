@@ -156,7 +156,7 @@ class Pair:
     @property
     def mtp(self) -> Literal["yes", "later"] | None:
         """ "yes" when a multi-token-prediction head drafts (strategy mtp: the target's own
-        MTP layers, or the assistant sidecar pulled beside it); "later" when the target comes
+        MTP layers, or its assistant, pulled beside it or as a drafter); "later" when the target comes
         with an assistant but the pair drafts by another strategy."""
         if self.strategy.startswith("mtp"):
             return "yes"
@@ -439,7 +439,8 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
         raise _fail(path, where, "strategy", f"expected one of {EVERY_STRATEGY}, got {strategy!r}")
     if strategy == "draft" and drafter is None:
         raise _fail(path, where, "drafter", "missing: strategy 'draft' needs a drafter model")
-    if strategy not in ("auto", "draft") and drafter is not None:
+    # mtp takes a drafter where the model's MTP head ships as a model of its own (Gemma 4's assistant).
+    if strategy not in ("auto", "draft", "mtp") and drafter is not None:
         raise _fail(path, where, "drafter", f"strategy {strategy!r} does not use a drafter; remove it or use 'draft'")
     aliases = entry.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) and _ID.match(a) for a in aliases):
