@@ -259,3 +259,35 @@ def file_fingerprint(path: str | os.PathLike[str]) -> str:
         known[key] = sha256_of(path)
         save_json_quietly(index, known, "the hash of the model (computed again next time)")
     return str(known[key])
+
+
+class JsonCache:
+    """Records by key in one JSON file of the user directory, for measurements and choices
+    worth keeping between runs: a missing or damaged file reads as empty (it only costs a
+    measurement again), and a write that fails is one notice, never an error."""
+
+    def __init__(self, path: Callable[[], Path], what: str) -> None:
+        self.path, self.what = path, what
+
+    def load(self) -> dict[str, dict[str, object]]:
+        try:
+            data = json.loads(self.path().read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def save(self, records: dict[str, dict[str, object]]) -> None:
+        save_json_quietly(self.path(), records, self.what)
+
+    def get(self, key: str) -> dict[str, object] | None:
+        hit = self.load().get(key)
+        return hit if isinstance(hit, dict) else None
+
+    def put(self, key: str, value: dict[str, object]) -> None:
+        records = self.load()
+        records[key] = value
+        self.save(records)
+
+
+# Cost curves, pair agreements, drafting costs and self-drafter choices, per model and machine.
+CALIBRATION = JsonCache(calibration_file, "the calibration (measured again next time)")

@@ -248,9 +248,15 @@ def disk_writes() -> Tally:
     from fakehub import TOKENS, tiny_gguf
 
     from localspec.cli.main import main
-    from localspec.control.calibrate import remember, remembered
     from localspec.models.registry import load_registry, user_registry_file
-    from localspec.store import StoreError, calibration_file, file_fingerprint, write_atomic, write_json_atomic
+    from localspec.store import (
+        CALIBRATION,
+        StoreError,
+        calibration_file,
+        file_fingerprint,
+        write_atomic,
+        write_json_atomic,
+    )
 
     tally = Tally("disk: full or read-only under every write of user data")
     for code, words in ((errno.ENOSPC, "disk full: free"), (errno.EROFS, "is read-only here")):
@@ -276,10 +282,10 @@ def disk_writes() -> Tally:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
                 main(["add", "first", "--target", str(model)])
                 before = user_registry_file().read_bytes() if user_registry_file().exists() else None
-                remember("kept", {"seconds_per_token": 0.25})
+                CALIBRATION.put("kept", {"seconds_per_token": 0.25})
                 with failing_disk(code):
                     added = main(["add", "second", "--target", str(model), "--drafter", str(drafter)])
-                    remember("lost", {"seconds_per_token": 0.5})
+                    CALIBRATION.put("lost", {"seconds_per_token": 0.5})
                     fingerprint = file_fingerprint(str(model))
             tally.tried += 3
             text = err.getvalue()
@@ -288,7 +294,7 @@ def disk_writes() -> Tally:
                 tally.failures.append(f"{disk} add: exit {added}, registry kept={after == before}: {text[-300:]}")
             elif "second" in load_registry().pairs:
                 tally.failures.append(f"{disk} add: the refused pair was registered")
-            if remembered("kept") != {"seconds_per_token": 0.25} or remembered("lost") is not None:
+            if CALIBRATION.get("kept") != {"seconds_per_token": 0.25} or CALIBRATION.get("lost") is not None:
                 tally.failures.append(f"{disk} calibration cache: {calibration_file().read_text()[:200]}")
             if len(fingerprint) != 64:
                 tally.failures.append(f"{disk} fingerprint index: {fingerprint!r}")

@@ -144,29 +144,28 @@ def test_add_in_a_read_only_data_folder_is_one_clear_error(
 def test_a_cache_in_a_read_only_folder_costs_one_notice(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localspec.control.calibrate import remember, remembered
+    from localspec.store import CALIBRATION
 
     read_only(monkeypatch)
-    remember("a-key", {"seconds_per_token": 0.5})
-    remember("b-key", {"seconds_per_token": 0.5})
+    CALIBRATION.put("a-key", {"seconds_per_token": 0.5})
+    CALIBRATION.put("b-key", {"seconds_per_token": 0.5})
     err = capsys.readouterr().err
     assert err.count("localspec: note: the calibration (measured again next time) was not saved:") == 1
     assert "read-only" in err and "Traceback" not in err
-    assert remembered("a-key") is None
+    assert CALIBRATION.get("a-key") is None
 
 
 def test_a_cache_on_a_full_disk_keeps_its_old_content(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from localspec.control.calibrate import remember, remembered
-    from localspec.store import calibration_file
+    from localspec.store import CALIBRATION, calibration_file
 
-    remember("kept", {"seconds_per_token": 0.25})
+    CALIBRATION.put("kept", {"seconds_per_token": 0.25})
     fail_writes(monkeypatch, errno.ENOSPC)
-    remember("lost", {"seconds_per_token": 0.5})
+    CALIBRATION.put("lost", {"seconds_per_token": 0.5})
     assert "disk full: free 1 MB in" in capsys.readouterr().err
     monkeypatch.setattr(store, "_write_all", WRITE_ALL)
-    assert remembered("kept") == {"seconds_per_token": 0.25} and remembered("lost") is None
+    assert CALIBRATION.get("kept") == {"seconds_per_token": 0.25} and CALIBRATION.get("lost") is None
     assert json.loads(calibration_file().read_text())  # whole JSON, not a cut one
 
 

@@ -13,6 +13,7 @@ from localspec.control import calibrate
 from localspec.control.config import DEFAULT
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.drafters.ngram import NgramDrafter
+from localspec.store import CALIBRATION
 
 
 def test_a_close_drafter_agrees_more_than_a_distant_one(temporary_localspec_home: Path) -> None:
@@ -66,7 +67,7 @@ def test_a_cached_curve_without_the_long_text_is_measured_again(
     temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = load("reference:seed=3")
-    calibrate.remember(calibrate.backend_key(target), {"verify_seconds": [0.01] * 16, "decode_seconds": 0.01})
+    CALIBRATION.put(calibrate.backend_key(target), {"verify_seconds": [0.01] * 16, "decode_seconds": 0.01})
     assert calibrate.calibrated(target).deep_verify_seconds is not None  # an entry from an older localspec
     monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("measured again"))
     assert calibrate.calibrated(target).deep_verify_seconds is not None  # now it is cached
@@ -79,7 +80,7 @@ def test_a_cached_curve_timed_before_rebuilds_were_measured_is_measured_again(
     entry = calibrate.calibrated(target).to_json()
     assert isinstance(entry.pop("rebuild_seconds"), list)
     # As an older localspec stored it: each size timed after a pass of another, rebuild included.
-    calibrate.remember(calibrate.backend_key(target), entry)
+    CALIBRATION.put(calibrate.backend_key(target), entry)
     measured: list[object] = []
     real_measure = calibrate.measure
     monkeypatch.setattr(calibrate, "measure", lambda *args: measured.append(args) or real_measure(*args))
@@ -126,7 +127,7 @@ def test_an_untimed_draft_model_is_costed_from_its_curve_without_timing_it(
 
 
 def _cache_entry(backend: object) -> dict[str, object]:
-    entry = calibrate.remembered(calibrate.backend_key(backend))  # type: ignore[arg-type]
+    entry = CALIBRATION.get(calibrate.backend_key(backend))  # type: ignore[arg-type]
     assert entry is not None
     return entry
 
@@ -142,7 +143,7 @@ def test_a_curve_far_from_the_machine_is_measured_again_at_the_next_load(
     key = calibrate.backend_key(target)
     fast = {**cal.to_json(), "verify_seconds": [t / 10 for t in cal.verify_seconds]}
     fast["deep_verify_seconds"] = [t / 10 for t in cal.deep_verify_seconds]
-    calibrate.remember(key, fast)
+    CALIBRATION.put(key, fast)
 
     runtime = Runtime(target, strategy="ngram")
     runtime.generate("Count: one two three", max_tokens=20, temperature=0.0)
@@ -201,7 +202,7 @@ def test_a_curve_measured_on_a_host_with_other_simd_is_not_reused(
     monkeypatch.setattr(hardware, "_cpu_name_and_flags", lambda: ("AMD EPYC", ("avx2", "avx512f")))
     try:
         assert calibrate.backend_key(target) != before
-        assert calibrate.remembered(calibrate.backend_key(target)) is None  # measured afresh here
+        assert CALIBRATION.get(calibrate.backend_key(target)) is None  # measured afresh here
     finally:
         hardware.machine_key.cache_clear()
 
@@ -229,9 +230,9 @@ def test_a_curve_measured_with_another_build_of_the_backend_is_not_reused(tempor
     target = load("reference:seed=3")
     target.capabilities = replace(target.capabilities, extra={**target.capabilities.extra, "build": "1.0"})
     calibrate.calibrated(target)
-    assert calibrate.remembered(calibrate.backend_key(target)) is not None
+    assert CALIBRATION.get(calibrate.backend_key(target)) is not None
     target.capabilities = replace(target.capabilities, extra={**target.capabilities.extra, "build": "1.1"})
-    assert calibrate.remembered(calibrate.backend_key(target)) is None
+    assert CALIBRATION.get(calibrate.backend_key(target)) is None
 
 
 def test_a_disturbed_size_takes_the_larger_sizes_figure_instead_of_lifting_them() -> None:

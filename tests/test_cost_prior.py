@@ -18,6 +18,7 @@ from localspec.control.config import DEFAULT
 from localspec.control.costs import CostCurve
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.protocol import Logits, LogitsMode
+from localspec.store import CALIBRATION
 
 # What a 2-core AVX2 host measured for F16 SmolLM2-135M (ms, k = 1..16): the truth the
 # learning curves below are fed.
@@ -129,7 +130,7 @@ def test_a_changed_machine_is_followed_and_stored(temporary_localspec_home: Path
     # and the next load starts from the corrected curve.
     target = load_reference("reference:seed=3")
     fast = calibrate.Calibration([1e-7] * 16, 1e-7, None, source="learnt", evidence=[32.0] + [0.0] * 15)
-    calibrate.remember(f"learnt|{calibrate.backend_key(target)}", fast.to_json())
+    CALIBRATION.put(f"learnt|{calibrate.backend_key(target)}", fast.to_json())
     runtime = Runtime(target, strategy="ngram")
     runtime.generate("x y z x y z x y z", max_tokens=60, temperature=0.0)
     stored = calibrate.starting_calibration(target)

@@ -9,8 +9,8 @@ from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
 from localspec.control.calibrate import calibrated
-from localspec.control.policy import choose_static
 from localspec.control.hardware import predict_verify_seconds, probe
+from localspec.control.policy import choose_static
 from localspec.core.backend_loader import load_backend
 
 

@@ -11,7 +11,6 @@ switched off)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -28,7 +27,7 @@ from localspec.core.protocol import Backend, eval_chunked
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters import common_prefix
 from localspec.drafters.model import ModelDrafter
-from localspec.store import calibration_file, save_json_quietly
+from localspec.store import CALIBRATION
 
 CALIBRATION_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
@@ -126,13 +125,6 @@ def _key(backend: Backend) -> str:
     extras = ",".join(f"{k}={v}" for k, v in sorted(backend.capabilities.extra.items()))
     return f"{info.backend}|{file_id}|{info.n_ctx}|{extras}|{platform.machine()}|{machine_key()}"
 
-
-def _load_cache() -> dict[str, dict[str, object]]:
-    try:
-        data = json.loads(calibration_file().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # a missing or damaged cache only costs a re-measure
 
 
 def measure(backend: Backend, max_k: int = 16, repeats: int = 5, config: ControlConfig = DEFAULT) -> Calibration:
@@ -233,13 +225,13 @@ def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
 def pair_agreement(target: Backend, draft: Backend) -> float:
     """agreement() on AGREEMENT_TEXT, measured once per pair and machine."""
     key = f"agreement|{_key(target)}||{_key(draft)}"
-    hit = remembered(key)
+    hit = CALIBRATION.get(key)
     if hit is not None and isinstance(hit.get("agreement"), float):
         return float(hit["agreement"])  # type: ignore[arg-type]
     tokens = target.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
     # A small context (a chat opened with a short --n-ctx) measures on what fits.
     value = agreement(target, draft, tokens[: min(target.info.n_ctx, draft.info.n_ctx)])
-    remember(key, {"agreement": value})
+    CALIBRATION.put(key, {"agreement": value})
     return value
 
 
@@ -251,7 +243,7 @@ def drafting_seconds(draft: Backend, config: ControlConfig = DEFAULT) -> float:
     well below what it costs in a request, and the controller would try drafts that lose
     until it learnt better."""
     key = f"drafting|{_key(draft)}"
-    hit = remembered(key)
+    hit = CALIBRATION.get(key)
     if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
         return float(hit["seconds_per_token"])  # type: ignore[arg-type]
     text = draft.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
@@ -271,38 +263,23 @@ def drafting_seconds(draft: Backend, config: ControlConfig = DEFAULT) -> float:
         drafter.commit(text[:pos], kept)
     draft.rollback(0)
     value = seconds / drafted if drafted else calibrated(draft).decode_seconds
-    remember(key, {"seconds_per_token": value})
+    CALIBRATION.put(key, {"seconds_per_token": value})
     return value
 
 
 def starting_drafting_seconds(draft: Backend, config: ControlConfig = DEFAULT) -> float:
     """drafting_seconds() where it was measured, else a guess that times nothing."""
-    hit = remembered(f"drafting|{_key(draft)}")
+    hit = CALIBRATION.get(f"drafting|{_key(draft)}")
     if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
         return float(hit["seconds_per_token"])  # type: ignore[arg-type]
     return starting_calibration(draft).verify_seconds[0] * config.drafting_overhead
 
-
-def remembered(key: str) -> dict[str, object] | None:
-    """A figure or choice stored under key by remember(), if any."""
-    hit = _load_cache().get(key)
-    return hit if isinstance(hit, dict) else None
-
-
-def remember(key: str, value: dict[str, object]) -> None:
-    cache = _load_cache()
-    cache[key] = value
-    _store(cache)
 
 
 def backend_key(backend: Backend) -> str:
     """What identifies a loaded model for cached measurements: file, options, machine."""
     return _key(backend)
 
-
-def _store(cache: dict[str, dict[str, object]]) -> None:
-    # A full or read-only home only means measuring again next time: one notice, no error.
-    save_json_quietly(calibration_file(), cache, "the calibration (measured again next time)")
 
 
 # A cached curve the machine has left behind (ControlConfig.stale_drift, drift_evidence): the
@@ -318,13 +295,13 @@ def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
     config = curve.config
     if curve.observed < config.drift_evidence or 1.0 / config.stale_drift <= curve.long_run_drift <= config.stale_drift:
         return False
-    cache = _load_cache()
+    cache = CALIBRATION.load()
     for backend in backends:
         for key in (_key(backend), f"drafting|{_key(backend)}"):
             entry = cache.get(key)
             if isinstance(entry, dict):
                 entry["stale"] = True
-    _store(cache)
+    CALIBRATION.save(cache)
     return True
 
 
@@ -369,7 +346,7 @@ def starting_calibration(backend: Backend, max_k: int = 16) -> Calibration:
     (`localspec doctor`) while it still describes the machine, else what earlier sessions
     learnt, else the prior. The last two keep learning from the passes decoding makes."""
     for key in (_key(backend), _learnt_key(backend)):
-        hit = remembered(key)
+        hit = CALIBRATION.get(key)
         if hit is None or hit.get("stale"):
             continue
         cal = Calibration.from_json(hit)
@@ -384,7 +361,7 @@ def remember_learnt(backend: Backend, curve: CostCurve) -> bool:
         return False
     shallow, deep = curve.learnt()
     cal = Calibration(shallow, shallow[0], deep, curve.deep_depth, source="learnt", evidence=list(curve.evidence))
-    remember(_learnt_key(backend), cal.to_json())
+    CALIBRATION.put(_learnt_key(backend), cal.to_json())
     return True
 
 
@@ -392,7 +369,7 @@ def calibrated(backend: Backend, max_k: int = 16, refresh: bool = False) -> Cali
     """The backend's cost curve from the cache, or measured now (and cached); refresh:
     measure now whatever the cache holds."""
     key = _key(backend)
-    cache = _load_cache()
+    cache = CALIBRATION.load()
     hit = None if refresh else cache.get(key)
     # Older entries were measured otherwise (no deep curve, or each size timed after a pass
     # of another size, rebuild included); a stale one no longer describes the machine.
@@ -402,5 +379,5 @@ def calibrated(backend: Backend, max_k: int = 16, refresh: bool = False) -> Cali
             return cal
     result = measure(backend, max_k)
     cache[key] = result.to_json()
-    _store(cache)
+    CALIBRATION.save(cache)
     return result

@@ -22,13 +22,12 @@ from localspec.control.calibrate import (
     backend_key,
     calibrated,
     drafting_seconds,
-    remember,
-    remembered,
 )
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.prompts import CODE, PASSAGE
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend
+from localspec.store import CALIBRATION
 
 KINDS = ("qspec", "layerskip", "mtp")
 
@@ -76,7 +75,7 @@ def best_drafter(target: Backend, kind: str, labels: list[str], make: Callable[[
     machine; the choice is remembered per target and machine, so later loads make only the
     winner."""
     key = f"self-draft|{kind}|{backend_key(target)}"
-    hit = remembered(key)
+    hit = CALIBRATION.get(key)
     if len(labels) == 1 or (hit is not None and hit.get("label") in labels):
         return make(labels[0] if len(labels) == 1 else str(hit["label"]))  # type: ignore[index]
     text = target.tokenize(CALIBRATION_TEXT + "\n" + CODE + "\n" + PASSAGE, add_special=True, parse_special=False)
@@ -89,7 +88,7 @@ def best_drafter(target: Backend, kind: str, labels: list[str], make: Callable[[
         finally:
             draft.close()
     _, best = max(scored)
-    remember(key, {"label": best})
+    CALIBRATION.put(key, {"label": best})
     return make(best)
 
 
