@@ -30,7 +30,7 @@ CURVES: dict[str, dict[str, Any]] = json.loads((DATA / "replay_curves.json").rea
 GOLDEN: dict[str, float] = {
     "apple-like": 1.146,
     "gpu-h200-llama-3.1-8b-bf16": 1.613,
-    "llama-3.1-8b-q4_k_m": 1.089,
+    "llama-3.1-8b-q4_k_m": 1.058,
     "llama-3.2-1b-q4_k_m": 1.044,
     "llama-3.2-3b-q4_k_m": 1.053,
     "smollm2-135m-q4_1": 1.086,
