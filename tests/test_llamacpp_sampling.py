@@ -16,8 +16,7 @@ any residual rounding is orders of magnitude below what a few thousand samples c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Generator, Sequence
-from contextlib import closing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +77,7 @@ def first_two(rt: Runtime, prompt: str, seed: int) -> tuple[Pair, int]:
     tokens: list[int] = []
     first_step = 0
     # max_tokens=3: the first step may then draft 2 tokens (γ is capped at tokens left - 1).
-    stream = rt.stream(prompt, max_tokens=3, seed=seed, **SAMPLING)
-    assert isinstance(stream, Generator)
-    with closing(stream):
+    with rt.stream(prompt, max_tokens=3, seed=seed, **SAMPLING) as stream:
         for event in stream:
             if isinstance(event, Finished):
                 assert event.finish_reason == "stop", f"{len(tokens)} tokens, then {event.finish_reason!r}"
