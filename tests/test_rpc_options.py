@@ -50,7 +50,7 @@ def test_rpc_on_another_backend_is_refused() -> None:
 
 
 def test_without_rpc_in_llama_cpp_the_error_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.backends.llamacpp.backend import rpc_server as rpc
+    from localspec.backends.llamacpp import rpc_server as rpc
 
     monkeypatch.setattr(rpc, "_library", lambda: None)
     with pytest.raises(BackendUnavailableError, match='CMAKE_ARGS="-DGGML_RPC=on" pip install'):
