@@ -184,7 +184,10 @@ def shape(
         ids = np.array([t for t, _ in cfg.logit_bias], dtype=np.int64)
         out[:, ids] += np.array([b for _, b in cfg.logit_bias])
     if cfg.repeats:
-        _repeat_penalize(out, cfg, [*before, *generated, *draft[:start]], draft[start:])
+        n = cfg.repeat_last_n
+        # Only the window's worth of history is copied: a long answer costs nothing more per step.
+        recent = [*before, *generated, *draft[:start]] if n < 0 else [*before[-n:], *generated[-n:], *draft[:start]]
+        _repeat_penalize(out, cfg, recent if n < 0 else recent[-n:], draft[start:])
     if cfg.frequency_penalty or cfg.presence_penalty:
         _penalize(out, cfg, [*generated, *draft[:start]], draft[start:])
     if cfg.constraint is not None:
