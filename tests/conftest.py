@@ -19,24 +19,6 @@ from localspec.core.protocol import Backend
 TEST_N_CTX = 2048
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """More file descriptors for the whole run where the system lets a process raise its limit:
-    llama.cpp's RPC client keeps sockets open after a split model is freed (their count grows
-    with each split load in one process), and the split-target tests load several."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return
-    want = 1 << 18
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    for limits in ((max(soft, want), max(hard, want)), (max(soft, min(want, hard)), hard)):
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-            return
-        except (ValueError, OSError):
-            continue
-
-
 @pytest.fixture(autouse=True)
 def temporary_localspec_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No test reads or writes the real user directory."""

@@ -67,15 +67,19 @@ def logged(log: Path, *lines: str, within_s: float = 10.0) -> bool:
         time.sleep(0.05)
 
 
-def test_silent_clients_do_not_hold_off_a_real_client(log: Path) -> None:
-    # A raw RPC client, not a split model: llama.cpp's RPC client keeps sockets open across
-    # loads in one process (see conftest), which a whole suite run cannot afford here.
-    with server(log) as (port, _):
-        idle = hello_only(port)  # llama.cpp's server is now inside this connection
-        silent = connect(port)  # queued behind it, and never sends its hello
-        assert answers(port, within_s=START_S)
-        assert closed_by_server(idle) and closed_by_server(silent)
-        assert logged(log, "no request within 3 s of connecting", "no hello within 3 s while waiting")
+def test_silent_clients_do_not_hold_off_a_split_model(smollm2_q4_1: Path, port: int, log: Path) -> None:
+    from test_rpc import _greedy, _load
+
+    idle = hello_only(port)  # llama.cpp's server is now inside this connection
+    silent = connect(port)  # queued behind it, and never sends its hello
+    split = _load(smollm2_q4_1, [f"127.0.0.1:{port}"])
+    try:
+        tokens, _ = _greedy(split, 8)
+    finally:
+        split.close()
+    assert len(tokens) == 8
+    assert closed_by_server(idle) and closed_by_server(silent)
+    assert logged(log, "no request within 3 s of connecting", "no hello within 3 s while waiting")
 
 
 def test_a_quiet_session_is_closed_only_once_another_client_waits(log: Path) -> None:

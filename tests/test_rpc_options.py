@@ -3,6 +3,7 @@ run where llama.cpp has no RPC backend too (tests/test_rpc.py runs the real serv
 
 from __future__ import annotations
 
+import os
 import socketserver
 import struct
 import threading
@@ -94,3 +95,20 @@ def test_a_server_of_another_protocol_version_is_named() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_giving_the_server_sockets_a_wait_limit_leaves_no_descriptor_behind(tmp_path: Path) -> None:
+    # limit_waits looks at every open descriptor; one that is no socket must not be left duplicated
+    # (each split load in a process then doubled the open files until the system refused more).
+    pytest.importorskip("llama_cpp")
+    from localspec.backends.llamacpp.rpc import limit_waits
+
+    files = [open(tmp_path / f"f{i}", "w") for i in range(8)]  # noqa: SIM115 - held open on purpose
+    try:
+        before = len(os.listdir("/dev/fd"))
+        for _ in range(3):
+            limit_waits(["127.0.0.1:1"])
+        assert len(os.listdir("/dev/fd")) == before
+    finally:
+        for f in files:
+            f.close()

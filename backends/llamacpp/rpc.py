@@ -100,9 +100,14 @@ def limit_waits(endpoints: Sequence[str]) -> int:
     found = 0
     for name in os.listdir("/dev/fd"):
         try:
-            sock = socket.socket(fileno=os.dup(int(name)))
+            fd = os.dup(int(name))
         except (OSError, ValueError):
-            continue  # not a socket (or closed meanwhile)
+            continue  # closed meanwhile
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)  # not a socket: the duplicate must not outlive the check
+            continue
         with sock:
             try:
                 peer = sock.getpeername()
