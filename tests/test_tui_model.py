@@ -20,7 +20,7 @@ REPLY_TIMEOUT = 300.0
 
 def real_app(model: Path, **settings: object) -> ChatApp:
     def loader(s: ChatSettings, on_progress: Announce | None) -> Runtime:
-        return load(s.model, strategy=s.strategy, draft_tokens=s.draft_tokens, n_ctx=s.n_ctx, on_progress=on_progress)
+        return load(s.load, on_progress=on_progress)
 
     return ChatApp(loader, ChatSettings().with_changes(model=str(model), n_ctx=2048).with_changes(**settings))
 

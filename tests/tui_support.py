@@ -76,7 +76,12 @@ async def wait_for(condition: Callable[[], object], timeout: float = 30.0, what:
 
 
 async def ready(app: ChatApp, timeout: float = 30.0) -> None:
-    await wait_for(lambda: app.runtime is not None and not app.loading, timeout, what="the model to load")
+    def loaded() -> bool:
+        if app.runtime is None and not app.loading and "Could not load" in str(app.status.render()):
+            raise AssertionError(f"the app could not load its model: {app.status.render()}")
+        return app.runtime is not None and not app.loading
+
+    await wait_for(loaded, timeout, what="the model to load")
 
 
 def replies(app: ChatApp) -> list[str]:
