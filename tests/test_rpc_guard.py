@@ -22,13 +22,14 @@ from rpc_faults import (
     crash,
     free_port,
     hello_only,
+    refused,
     reply,
     session,
     start,
     still_served,
 )
 
-from localspec.backends.llamacpp.rpc_server import rpc_available
+from localspec.backends.llamacpp.rpc_server import MAX_RESTARTS, rpc_available
 
 pytestmark = pytest.mark.skipif(not rpc_available(), reason="the installed llama-cpp-python has no RPC backend")
 
@@ -106,10 +107,24 @@ def test_connections_beyond_the_limit_are_refused(log: Path) -> None:
 
 
 def test_a_message_that_aborts_llama_cpp_restarts_it_behind_the_same_port(log: Path) -> None:
-    with server(log) as (port, supervisor):
+    with server(log, "--crash-ban", "60") as (port, supervisor):
         before = supervisor.children()[0].pid
-        crash(port)
+        crash(port, "127.0.0.2")
         assert answers(port, within_s=START_S)
         assert supervisor.children()[0].pid != before
         assert still_served(session(port))
         assert logged(log, "GGML_ASSERT", "rpc-server crashed")
+        assert logged(log, "refusing 127.0.0.2 for 60 s")
+        assert refused(port, "127.0.0.2") and not refused(port, "127.0.0.1")  # only the host that crashed it
+
+
+def test_a_client_that_keeps_crashing_the_server_cannot_stop_the_service(log: Path) -> None:
+    with server(log, "--crash-ban", "0.05") as (port, supervisor):
+        for n in range(MAX_RESTARTS + 2):  # once gave up after MAX_RESTARTS crashes in a minute
+            while refused(port, "127.0.0.3"):
+                time.sleep(0.05)  # refused for 0.05 s, 0.1 s, 0.2 s ...
+            crash(port, "127.0.0.3")
+            assert answers(port, within_s=START_S), f"not served after crash {n + 1}"
+        assert supervisor.is_running() and still_served(session(port))
+        assert logged(log, f"refusing 127.0.0.3 for {0.05 * 2 ** (MAX_RESTARTS + 1):g} s")
+        assert "giving up" not in log.read_text()

@@ -45,6 +45,7 @@ def test_a_server_that_aborts_is_started_again_and_the_crash_is_logged(tmp_path:
         assert served_again(port)
         assert proc.poll() is None and psutil.Process(proc.pid).children()[0].pid != server.pid
         assert "rpc-server crashed" in log.read_text() and "starting it again" in log.read_text()
+        assert "refusing" not in log.read_text()  # it died in nobody's session: no client is refused
     finally:
         proc.terminate()
         assert proc.wait(timeout=SERVER_START_S) == 130

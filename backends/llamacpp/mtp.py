@@ -27,7 +27,7 @@ import llama_cpp as llama
 import numpy as np
 from llama_cpp import llama_cpp_ext as ext
 
-from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
+from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Backend, Capabilities, HeadOfTarget, Logits, LogitsMode
 
 
@@ -98,14 +98,9 @@ class MtpHead(HeadOfTarget):
         return own, False
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        if self._closed:
-            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
-        n, past = len(tokens), len(self._tokens)
+        n, past = len(tokens), self._admit(tokens)
         if n == 0:
             return np.empty((0, self._vocab), dtype=np.float32)
-        if past + n > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        self._tokens.extend(tokens)
         frontier = len(self._target.cached_tokens())  # beyond it, drafts need the head's own states
         picked = range(n) if logits == "all" else ([n - 1] if logits == "last" else [])
         out = np.empty((len(picked), self._vocab), dtype=np.float32)

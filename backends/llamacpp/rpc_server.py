@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -192,8 +192,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-# A server that keeps crashing (a client that sends the same bad message again and again) is
-# given up after this many restarts within RESTART_WINDOW_S.
+# A server that keeps crashing while no client is connected (it cannot start here) is given up
+# after this many restarts within RESTART_WINDOW_S; a crash during a session is blamed on its
+# client instead (Guard.blame_crash), so no client can stop the service by crashing it.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 
@@ -217,11 +218,13 @@ def watch_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def supervise(command: Sequence[str], log: TextIO) -> int:
+def supervise(command: Sequence[str], log: TextIO, blame: Callable[[], str | None] | None = None) -> int:
     """Run the server `command` as a child and start it again whenever it dies of anything but
     a stop: one crafted message can abort llama.cpp's server (a GGML_ASSERT) and with it every
     client's session, but not the service. The child's last words go to `log` with the restart.
-    Returns the exit code to leave with (130 once stopped by a signal)."""
+    `blame` names the client a crash is laid on (and keeps it out for a while); only crashes
+    it lays on nobody count towards giving up. Returns the exit code to leave with (130 once
+    stopped by a signal)."""
     stopping = False
     child: subprocess.Popen[bytes] | None = None
 
@@ -237,24 +240,31 @@ def supervise(command: Sequence[str], log: TextIO) -> int:
     while True:
         child = subprocess.Popen(command, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         assert child.stderr is not None
-        last = b""
-        for line in child.stderr:  # passed on as it comes; the last line says why it died
+        last, ggml = "", ""
+        for line in child.stderr:  # passed on as it comes; ggml's check, else the last line, says why it died
+            text = line.decode(errors="replace").strip()
             log.write(line.decode(errors="replace"))
             log.flush()
-            last = line.strip() or last
+            last = text or last
+            if "GGML_ASSERT" in text or "GGML_ABORT" in text:
+                ggml = text[text.find("GGML_") :]  # without the source path; a backtrace follows it
         code = child.wait()
         if stopping:
             return 130
         if code == 2 and not restarts:
             return 2  # it could not start (the port is taken, say): what it printed says why
         now = time.monotonic()
+        why = ggml or last or f"exit code {code}"
+        if blame is not None and blame() is not None:
+            log.write(f"localspec: rpc-server crashed ({why}); its client was disconnected; starting it again\n")
+            log.flush()
+            continue
         restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
-        why = last.decode(errors="replace") or f"exit code {code}"
         if len(restarts) > MAX_RESTARTS:
             log.write(
-                f"localspec: rpc-server crashed {len(restarts)} times in a minute ({why}); giving up\n"
-                "  -> llama.cpp's messages above say why; stop the client that keeps sending what ends it "
-                "(another version's? a split model that does not fit here?), then start the server again\n"
+                f"localspec: rpc-server crashed {len(restarts)} times in a minute with no client connected "
+                f"({why}); giving up\n"
+                "  -> llama.cpp's messages above say why (memory? threads?); fix that, then start the server again\n"
             )
             return 1
         log.write(f"localspec: rpc-server crashed ({why}); its clients were disconnected; starting it again\n")
@@ -269,6 +279,14 @@ def supervise(command: Sequence[str], log: TextIO) -> int:
 # loopback port), holds the others in a queue, and closes the one that keeps them waiting.
 HELLO_BYTES = 1 + 8 + _HELLO_REQUEST_BYTES  # a real client sends its hello at once
 HANDSHAKE_TIMEOUT_S = 3.0  # under probe()'s 5 s, so a client queued behind a silent one gets in
+# The host whose session was running when the server died is refused for CRASH_BAN_S, twice as
+# long each time it happens again (up to CRASH_BAN_MAX_S): a client that keeps sending what
+# aborts the server gets a few crashes an hour through, and everyone else is served between.
+CRASH_BAN_S = 10.0
+CRASH_BAN_MAX_S = 900.0
+# The session the server last answered is the one it died in if it ended this shortly before the
+# crash was seen (llama.cpp prints a backtrace before it exits).
+_BLAME_WINDOW_S = 10.0
 IDLE_TIMEOUT_S = 30.0
 MAX_CLIENTS = 16
 _CHUNK = 1 << 20
@@ -290,19 +308,23 @@ def listen(host: str, port: int) -> socket.socket:
 @dataclass
 class _Connection:
     client: socket.socket
+    host: str
     peer: str
     arrived: float = field(default_factory=time.monotonic)
     upstream: socket.socket | None = None
     last: float = 0.0  # the last byte either way, once let through
     sent: int = 0  # bytes from the client
     open_pumps: int = 0
+    ended: float | None = None  # when its session ended (once let through)
+    ended_by: str | None = None  # "client", "server" or "guard": who closed it first
 
 
 class Guard:
     """Accepts clients on `listener` and lets one at a time through to the server at
     127.0.0.1:`upstream_port`. A client that has not finished its hello and sent its first
     request within `handshake_s` is closed; a session silent for `idle_s` is closed once
-    another client waits behind it; beyond `max_clients` new connections are refused."""
+    another client waits behind it; beyond `max_clients` new connections are refused; a host
+    whose session crashed the server is refused for a while (`crash_ban_s`, doubling)."""
 
     def __init__(
         self,
@@ -312,11 +334,16 @@ class Guard:
         idle_s: float = IDLE_TIMEOUT_S,
         handshake_s: float = HANDSHAKE_TIMEOUT_S,
         max_clients: int = MAX_CLIENTS,
+        crash_ban_s: float = CRASH_BAN_S,
     ) -> None:
         self.listener, self.upstream_port, self.log = listener, upstream_port, log
         self.idle_s, self.handshake_s, self.max_clients = idle_s, min(handshake_s, idle_s), max_clients
+        self.crash_ban_s = crash_ban_s
         self.waiting: deque[_Connection] = deque()
         self.active: _Connection | None = None
+        self.last: _Connection | None = None  # the newest client the server answered
+        self.crashes: dict[str, int] = {}  # by host: sessions during which the server died
+        self.banned: dict[str, float] = {}  # host: refused until this time
         self.changed = threading.Condition()
 
     def start(self) -> None:
@@ -333,14 +360,17 @@ class Guard:
                 client, address = self.listener.accept()
             except OSError:
                 return  # the listener was closed: the process is ending
-            peer = f"{address[0]}:{address[1]}"
+            host, peer = address[0], f"{address[0]}:{address[1]}"
             with self.changed:
+                if time.monotonic() < self.banned.get(host, 0.0):
+                    client.close()  # said once, when the ban began
+                    continue
                 held = len(self.waiting) + (self.active is not None)
                 if held >= self.max_clients:
                     client.close()
                     self._say(f"refused {peer}: {held} clients connected or waiting already")
                     continue
-                self.waiting.append(_Connection(client, peer))
+                self.waiting.append(_Connection(client, host, peer))
                 self.changed.notify()
 
     def _schedule(self) -> None:
@@ -349,7 +379,7 @@ class Guard:
                 self.changed.wait(_TICK_S)
                 self._drop_silent_waiters()
                 if self.active is not None and self.active.open_pumps == 0:
-                    self.active = None  # its session ended
+                    self._end_session()
                 if self.active is None and self.waiting:
                     self._let_through(self.waiting[0])
                 elif self.active is not None:
@@ -396,8 +426,35 @@ class Guard:
         else:
             return
         self._say(f"closed {conn.peer}: {why}")
+        conn.ended_by = "guard"
         _shut(conn)
-        self.active = None  # its pumps end on their own; the next client need not wait for them
+        self._end_session()  # its pumps end on their own; the next client need not wait for them
+
+    def _end_session(self) -> None:
+        if self.active is not None:
+            self.active.ended = time.monotonic()
+        self.active = None
+
+    def blame_crash(self) -> str | None:
+        """The server has died: refuse the host whose session it died in for a while, and say so.
+        That is the newest session the server answered, if it was still open or the server hung
+        up on it. Returns that host, or None when it died in nobody's session."""
+        with self.changed:
+            conn, now = self.last, time.monotonic()
+            if conn is None:
+                return None
+            if conn.ended is not None and (conn.ended_by != "server" or now - conn.ended > _BLAME_WINDOW_S):
+                return None
+            crashes = self.crashes.get(conn.host, 0) + 1
+            ban = min(self.crash_ban_s * 2 ** (crashes - 1), CRASH_BAN_MAX_S)
+            self.crashes[conn.host], self.last = crashes, None
+            if ban > 0:
+                self.banned[conn.host] = now + ban
+                self._say(
+                    f"refusing {conn.host} for {ban:g} s: llama.cpp's server died during its session "
+                    f"({crashes} time{'s' if crashes > 1 else ''}); other clients are served meanwhile"
+                )
+            return conn.host
 
     def _pump(self, conn: _Connection, source: socket.socket, sink: socket.socket) -> None:
         """Bytes from source to sink until either end closes (then both are closed)."""
@@ -406,12 +463,16 @@ class Guard:
         from_client = source is conn.client
         try:
             while n := source.recv_into(buffer):
+                if not from_client:
+                    self.last = conn  # one let through while the server was dying got no answer
                 sink.sendall(view[:n])
                 conn.last = time.monotonic()
                 if from_client:
                     conn.sent += n
         except OSError:
             pass
+        with self.changed:
+            conn.ended_by = conn.ended_by or ("client" if from_client else "server")
         _shut(conn)
         with self.changed:
             conn.open_pumps -= 1

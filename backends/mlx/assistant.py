@@ -45,7 +45,7 @@ from mlx.nn.layers.linear import Linear
 from mlx.nn.layers.normalization import RMSNorm
 from mlx_lm.models.cache import RotatingKVCache
 
-from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
+from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
 
 from .backend import eval_parameters, parameter_bytes, quantize_like, text_model
@@ -248,12 +248,7 @@ class MlxAssistantHead(HeadOfTarget):
         return own
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        if self._closed:
-            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
-        n, past = len(tokens), len(self._tokens)
-        if past + n > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        self._tokens.extend(int(t) for t in tokens)
+        n, past = len(tokens), self._admit(tokens)
         frontier = len(self._target.cached_tokens())
         picked = list(range(n)) if logits == "all" else ([n - 1] if logits == "last" and n else [])
         rows: dict[int, mx.array] = {}

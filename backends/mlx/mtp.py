@@ -31,7 +31,7 @@ from mlx.nn.layers.normalization import RMSNorm
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from localspec.core.errors import BackendClosedError, InvalidRequestError
+from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
 
 from .backend import text_model
@@ -159,12 +159,7 @@ class MlxMtpHead(HeadOfTarget):
         return own
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        if self._closed:
-            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
-        n, past = len(tokens), len(self._tokens)
-        if past + n > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        self._tokens.extend(int(t) for t in tokens)
+        n, past = len(tokens), self._admit(tokens)
         frontier = len(self._target.cached_tokens())
         rows: list[mx.array] = []
         k = 0

@@ -11,6 +11,8 @@ import sys
 from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import (
+    CRASH_BAN_MAX_S,
+    CRASH_BAN_S,
     DEFAULT_HOST,
     DEFAULT_PORT,
     HANDSHAKE_TIMEOUT_S,
@@ -54,6 +56,14 @@ def register(sub: Any) -> None:
         metavar="N",
         help=f"connections served or waiting at once; more are refused (default {MAX_CLIENTS})",
     )
+    p.add_argument(
+        "--crash-ban",
+        type=float,
+        default=CRASH_BAN_S,
+        metavar="S",
+        help="refuse a host for S seconds once llama.cpp's server dies during its session, twice as long "
+        f"each time it happens again, up to {CRASH_BAN_MAX_S:g} s (default {CRASH_BAN_S:g}; 0: never refuse)",
+    )
     # The server itself, run by the supervising process (which restarts it after a crash).
     p.add_argument("--unsupervised", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=handle)
@@ -80,8 +90,11 @@ def handle(args: argparse.Namespace) -> int:
         watch_parent()
         serve(args.host, args.port, args.threads, args.cache)
         return 0
-    if not args.idle_timeout > 0 or args.max_clients < 1:
-        print("localspec: error: --idle-timeout and --max-clients must be positive", file=sys.stderr)
+    if not args.idle_timeout > 0 or args.max_clients < 1 or not args.crash_ban >= 0:
+        print(
+            "localspec: error: --idle-timeout and --max-clients must be positive, and --crash-ban 0 or more",
+            file=sys.stderr,
+        )
         return 2
     listener = listen(args.host, args.port)  # a port in use is refused here, before the child starts
     if not is_loopback(args.host):
@@ -89,7 +102,15 @@ def handle(args: argparse.Namespace) -> int:
     private = listen("127.0.0.1", 0)  # the child's port, reachable only through the guard
     child_port = private.getsockname()[1]
     private.close()
-    Guard(listener, child_port, sys.stderr, idle_s=args.idle_timeout, max_clients=args.max_clients).start()
+    guard = Guard(
+        listener,
+        child_port,
+        sys.stderr,
+        idle_s=args.idle_timeout,
+        max_clients=args.max_clients,
+        crash_ban_s=args.crash_ban,
+    )
+    guard.start()
     print(
         f"localspec: rpc-server: listening on {args.host}:{args.port}; llama.cpp's server behind it "
         f"on 127.0.0.1:{child_port}",
@@ -99,5 +120,5 @@ def handle(args: argparse.Namespace) -> int:
     command += ["--port", str(child_port)]
     command += ["--threads", str(args.threads)] if args.threads else []
     command += ["--cache", args.cache] if args.cache else []
-    code: int = supervise(command, sys.stderr)
+    code: int = supervise(command, sys.stderr, guard.blame_crash)
     return code

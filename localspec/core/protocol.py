@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from localspec.core.errors import BackendClosedError, InvalidRequestError
+
 if TYPE_CHECKING:
     from localspec.core.sampling import Distribution, SamplingConfig
     from localspec.core.stats import Step
@@ -123,6 +125,8 @@ class HeadOfTarget:
 
     _target: Backend
     _tokens: list[int]
+    _closed: bool
+    info: ModelInfo
 
     @property
     def n_past(self) -> int:
@@ -151,6 +155,16 @@ class HeadOfTarget:
 
     def special_texts(self) -> dict[str, str]:
         return self._target.special_texts()
+
+    def _admit(self, tokens: Sequence[int]) -> int:
+        """Record a block of tokens the head is about to read; returns how many it held before."""
+        if self._closed:
+            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
+        past = len(self._tokens)
+        if past + len(tokens) > self.info.n_ctx:
+            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+        self._tokens.extend(int(t) for t in tokens)
+        return past
 
     def _known(self, position: int) -> bool:
         """Whether the target has decoded this position with the token this head holds there."""
