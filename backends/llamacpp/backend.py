@@ -82,6 +82,40 @@ def extra_buffers() -> bool:
     return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
 
 
+EXACT_BUILD = (
+    'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
+    "llama-cpp-python==0.3.36"
+)
+_passes_ran = False  # a context of this process has run with ggml's default kernel choice
+
+
+def batch_invariant_build() -> bool:
+    """Whether this llama.cpp can give a block the logits of one-token passes: not with
+    llamafile's tinyBLAS, which takes products of 2+ rows (attention without flash attention)
+    in another summation order than the one-row kernel."""
+    return b"LLAMAFILE = 1" not in (llama.llama_print_system_info() or b"")
+
+
+def use_exact_kernels() -> None:
+    """Make every pass of this process take the kernels a one-token pass takes: ggml's tiled
+    K-quant matmul (blocks of 8+ rows) off. ggml reads its switch once, at the first pass, so
+    this must come before any context has run."""
+    if not batch_invariant_build():
+        raise BackendUnavailableError(
+            "exact output needs a llama.cpp built without llamafile (its matmuls of 2+ rows sum in "
+            "another order than a one-token pass)",
+            f"rebuild it once: {EXACT_BUILD}",
+        )
+    if os.environ.get("GGML_CPU_TILED_MM") != "0":
+        if _passes_ran:
+            raise InvalidRequestError(
+                "exact output must be chosen before the first model of this process runs (llama.cpp reads "
+                "its kernel switch once)",
+                "load the exact runtime first, or start the process with GGML_CPU_TILED_MM=0",
+            )
+        os.environ["GGML_CPU_TILED_MM"] = "0"
+
+
 FLASH_ATTN = {
     "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
@@ -253,15 +287,25 @@ class LlamaCppBackend:
         rpc: Sequence[str] = (),
         recurrent_snapshots: int = RECURRENT_SNAPSHOTS,
         gpu_layers: int | None = None,
+        exact: bool = False,
     ) -> None:
         check_gguf(path)
         init_library()
+        global _passes_ran
+        if exact:
+            use_exact_kernels()
+        else:
+            _passes_ran = True
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
         if gpu_layers is None:  # None: every layer that fits on this build's GPU, if it has one
-            gpu_layers = 0 if rpc else auto_gpu_layers(path, gpu_device())
+            gpu_layers = 0 if rpc or exact else auto_gpu_layers(path, gpu_device())
         self._options["gpu_layers"] = gpu_layers
+        if exact:
+            self._options["exact"] = True
         mparams, self._devices = _model_params(rpc, gpu_layers)
+        if exact:
+            mparams.use_extra_bufts = False  # repacked K-quants take another kernel for 4+ rows
         # A model's own MTP blocks (Qwen3.5's nextn layers, one block) are loaded whenever the
         # file has them: a drafting context on a model loaded without them aborts the process.
         mparams.load_mtp = True
@@ -286,7 +330,9 @@ class LlamaCppBackend:
         # Rollback of a rejected draft needs the whole sliding-window cache (Gemma 3's, say):
         # a pruned window cannot give back the tokens it dropped.
         cparams.swa_full = True
-        cparams.flash_attn_type = flash_attention()
+        # Exact: flash attention on the CPU splits a one-token pass over the KV cache once it
+        # holds 512 cells (one partial sum per thread), which a block never does.
+        cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
         stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
         if stateful:
             cparams.n_rs_seq = recurrent_snapshots
@@ -338,6 +384,8 @@ class LlamaCppBackend:
             extra["rpc"] = ",".join(rpc)
         if self._mtp_layers:
             extra["mtp_layers"] = str(self._mtp_layers)
+        if exact:  # other kernels, another cost curve
+            extra["exact"] = "1"
         device = gpu_device() if gpu_layers and not rpc else None
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"

@@ -78,6 +78,13 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
         metavar="N",
         help="llama.cpp: layers on the GPU of a Metal/CUDA/Vulkan build (default: all that fit; 0: CPU only)",
     )
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="llama.cpp on the CPU: kernels that give a block the same logits as one-token passes, so greedy "
+        "output is plain decoding's bit for bit at any length (slower on K-quants; needs a build without "
+        "llamafile, docs/usage.md)",
+    )
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
@@ -94,6 +101,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         rpc=args.rpc or None,
         memory=getattr(args, "memory", True),
         gpu_layers=args.gpu_layers,
+        exact=getattr(args, "exact", False),
     )
 
 

@@ -33,6 +33,9 @@ class LoadOptions:
     gpu_layers: int | None = None
     # Measure this machine's step costs once (cached); False for tests and fixed-γ benchmarks.
     calibrate: bool = True
+    # llama.cpp on the CPU with batch-invariant kernels: a verify block's logits are those of
+    # one-token passes, so greedy output is plain decoding's bit for bit at any length.
+    exact: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_ctx", check_ctx(self.n_ctx))
@@ -41,6 +44,11 @@ class LoadOptions:
             raise InvalidRequestError(
                 f"gpu_layers is for the llama.cpp backend, not {self.backend}",
                 "drop --gpu-layers, or use --backend llamacpp",
+            )
+        if self.exact and (self.backend != "llamacpp" or self.rpc or self.gpu_layers):
+            raise InvalidRequestError(
+                "exact is for the llama.cpp backend on this machine's CPU (its kernels are the ones made exact)",
+                "drop --exact, or drop --backend/--rpc/--gpu-layers",
             )
 
     @classmethod
@@ -62,6 +70,8 @@ class LoadOptions:
             options["threads"] = self.threads
         if self.gpu_layers is not None:
             options["gpu_layers"] = self.gpu_layers
+        if self.exact:
+            options["exact"] = True
         return options
 
 

@@ -1,0 +1,89 @@
+"""`exact`: llama.cpp's CPU kernels chosen so a verify block gets the logits of one-token passes.
+
+With llama.cpp's default kernels a block and a one-token pass sum in different orders (ggml's
+tiled K-quant matmul for 8+ rows, repacked K-quants for 4+, llamafile's tinyBLAS for attention
+products of 2+ rows, flash attention's split over the cache for one row past 512 cells), so
+greedy speculative output on a Q4_K_M model drifts from plain decoding within a few hundred
+tokens (BENCHMARKS.md, "Bit for bit"). The exact kernels need a build without llamafile: on
+the usual build `exact` is refused with the command that makes one; on such a build a fresh
+process (ggml reads its kernel switch once) decodes the same text both ways.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localspec.api import load
+from localspec.backends.llamacpp.backend import batch_invariant_build
+from localspec.cli.main import main
+from localspec.core.errors import BackendUnavailableError, InvalidRequestError
+from localspec.core.options import LoadOptions
+
+pytestmark = pytest.mark.model
+
+# Plain decoding and speculation in one fresh process, greedy, long enough to pass 512 cells.
+_SCRIPT = """
+import json, sys
+from localspec.api import load
+model, prompts = sys.argv[1], json.loads(sys.argv[2])
+texts = {}
+for strategy in ("none", "ngram"):
+    with load(model, strategy=strategy, exact=True, calibrate=False, memory=False, n_ctx=2048) as rt:
+        texts[strategy] = [
+            rt.generate(messages=[{"role": "user", "content": p}], max_tokens=480, temperature=0).text for p in prompts
+        ]
+print(json.dumps(texts))
+"""
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "List ten facts about the planet Mars, one per line, with a short explanation for each.",
+]
+
+
+def test_exact_is_for_llama_cpp_on_this_machines_cpu() -> None:
+    for given in ({"backend": "torch"}, {"rpc": "127.0.0.1:50052"}, {"gpu_layers": 4}):
+        with pytest.raises(InvalidRequestError, match=r"exact is for the llama\.cpp backend"):
+            LoadOptions(exact=True, **given)  # type: ignore[arg-type]
+    assert LoadOptions(exact=True).backend_options()["exact"] is True
+    assert "exact" not in LoadOptions().backend_options()
+
+
+@pytest.mark.skipif(batch_invariant_build(), reason="this llama.cpp is built without llamafile")
+def test_exact_on_a_llamafile_build_says_how_to_get_one(smollm2_q4_1: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(BackendUnavailableError) as refused:
+        load(str(smollm2_q4_1), exact=True, calibrate=False)
+    assert "-DGGML_LLAMAFILE=OFF" in str(refused.value.hint)
+    assert main(["run", "--model", str(smollm2_q4_1), "--exact", "--max-tokens", "4", "Hi"]) == 2
+    err = capsys.readouterr().err
+    assert "without llamafile" in err and "GGML_LLAMAFILE=OFF" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not batch_invariant_build(), reason="needs a llama.cpp built with -DGGML_LLAMAFILE=OFF")
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_1"])
+def test_exact_speculation_is_plain_decoding_bit_for_bit(ftype: str, smollm2_q4_1: Path, tmp_path: Path) -> None:
+    from localspec.backends.llamacpp.copies import derived
+
+    model = smollm2_q4_1 if ftype == "Q4_1" else derived(smollm2_q4_1, ftype, tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(model), json.dumps(PROMPTS)], capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    texts = json.loads(run.stdout.strip().splitlines()[-1])
+    assert texts["ngram"] == texts["none"]
+    # Past a 512-cell cache view, where flash attention would split a one-token pass.
+    assert all(len(t) > 600 for t in texts["none"])
+
+
+@pytest.mark.skipif(not batch_invariant_build(), reason="needs a llama.cpp built with -DGGML_LLAMAFILE=OFF")
+def test_exact_after_a_model_has_run_in_this_process_is_refused(target_backend: object, smollm2_q4_1: Path) -> None:
+    import os
+
+    if os.environ.get("GGML_CPU_TILED_MM") == "0":
+        pytest.skip("this process started with the exact kernel switch")
+    with pytest.raises(InvalidRequestError, match="before the first model of this process runs"):
+        load(str(smollm2_q4_1), exact=True, calibrate=False)
