@@ -365,13 +365,16 @@ def main() -> None:
     ap.add_argument("--greedy", type=int, default=100, help="tokens of the greedy identity test")
     ap.add_argument("--speed-tokens", type=int, default=24)
     ap.add_argument("--speed-threads", type=int, default=2)
+    ap.add_argument("--no-repack", action="store_true", help="keep the weights in their GGUF layout (no extra buffers)")
     ap.add_argument("--sections", default="1,2,4,5,6", help="which of the sections to run (3 comes with 2)")
     args = ap.parse_args()
 
     quiet = raw.llama_log_callback(lambda level, text, data: None)
     raw.llama_log_set(quiet, ctypes.c_void_p(0))  # keep llama.cpp's log off the table
     raw.llama_backend_init()
-    model = raw.llama_model_load_from_file(args.model.encode(), raw.llama_model_default_params())
+    mparams = raw.llama_model_default_params()
+    mparams.use_extra_bufts = not args.no_repack
+    model = raw.llama_model_load_from_file(args.model.encode(), mparams)
     assert model, f"cannot load {args.model}"
     bench = Bench(model, tokenize(model, TEXT * 8), args.k, args.j)
     runs = {

