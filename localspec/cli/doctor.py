@@ -85,6 +85,7 @@ def handle(args: argparse.Namespace) -> int:
     if not device.accelerators:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
     print(f"llama.cpp    {_rpc_line()}")
+    print(f"llama.cpp    {_exact_line()}")
     if args.backend == "llamacpp":
         print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
@@ -108,6 +109,14 @@ def _gpu_line(gpu: str | None) -> str:
     if gpu:
         return f"decodes on {gpu}; --gpu-layers N moves fewer layers there"
     return "decodes on the CPU: this build has no GPU backend (a Metal, CUDA or Vulkan build offloads by itself)"
+
+
+def _exact_line() -> str:
+    from localspec.backends.llamacpp.backend import EXACT_BUILD, batch_invariant_build
+
+    if batch_invariant_build():
+        return "built without llamafile: --exact gives plain decoding's greedy output bit for bit"
+    return f"built with llamafile: --exact needs {EXACT_BUILD}"
 
 
 def _rpc_line() -> str:
