@@ -185,9 +185,10 @@ def shape(
         out[:, ids] += np.array([b for _, b in cfg.logit_bias])
     if cfg.repeats:
         n = cfg.repeat_last_n
-        # Only the window's worth of history is copied: a long answer costs nothing more per step.
-        recent = [*before, *generated, *draft[:start]] if n < 0 else [*before[-n:], *generated[-n:], *draft[:start]]
-        _repeat_penalize(out, cfg, recent if n < 0 else recent[-n:], draft[start:])
+        # Only the window's worth of history is copied (_repeat_penalize cuts it to n per row):
+        # a long answer costs nothing more per step.
+        history = [*before, *generated, *draft[:start]] if n < 0 else [*before[-n:], *generated[-n:], *draft[:start]]
+        _repeat_penalize(out, cfg, history, draft[start:])
     if cfg.frequency_penalty or cfg.presence_penalty:
         _penalize(out, cfg, [*generated, *draft[:start]], draft[start:])
     if cfg.constraint is not None:
