@@ -126,7 +126,6 @@ def _key(backend: Backend) -> str:
     return f"{info.backend}|{file_id}|{info.n_ctx}|{extras}|{platform.machine()}|{machine_key()}"
 
 
-
 def measure(backend: Backend, max_k: int = 16, repeats: int = 5, config: ControlConfig = DEFAULT) -> Calibration:
     """Time one pass over k tokens for k = 1..max_k behind a short and a long context;
     leaves the cache empty."""
@@ -275,11 +274,9 @@ def starting_drafting_seconds(draft: Backend, config: ControlConfig = DEFAULT) -
     return starting_calibration(draft).verify_seconds[0] * config.drafting_overhead
 
 
-
 def backend_key(backend: Backend) -> str:
     """What identifies a loaded model for cached measurements: file, options, machine."""
     return _key(backend)
-
 
 
 # A cached curve the machine has left behind (ControlConfig.stale_drift, drift_evidence): the
