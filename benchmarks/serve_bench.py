@@ -130,7 +130,11 @@ def start_server(args: argparse.Namespace) -> Server:
         if found:
             # Keep reading the request log so the server never blocks on a full pipe.
             threading.Thread(target=process.stderr.read, daemon=True).start()
-            return Server(process, found.group(1))
+            url = found.group(1)
+            # It listens before its model is loaded: time nothing until it says it is ready.
+            while httpx.get(url.removesuffix("/v1") + "/health", timeout=600).status_code != 200:
+                time.sleep(0.05)
+            return Server(process, url)
     raise SystemExit(f"the server did not start (exit code {process.wait()})")
 
 

@@ -91,19 +91,20 @@ def handle(args: argparse.Namespace) -> int:
     options = load_options(args).changed(model=model)
     served = _served_id(model, args.draft_model)
 
-    def loader(pair_id: str) -> Any:
-        return load(options if pair_id == served else options.changed(model=pair_id, draft_model=None))
-
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    say(f"localspec serve: loading {served}")
-    runtime = loader(served)
+    def loader(pair_id: str) -> Any:
+        chosen = options if pair_id == served else options.changed(model=pair_id, draft_model=None)
+        return load(chosen, on_progress=lambda what: say(f"localspec serve: {what}"))
+
     # Another pair may be loaded on request only where pairs are what is served.
     catalog = Catalog(served, backend=args.backend, pairs=args.draft_model is None and not _is_file(model))
     try:
+        # Listening first: a busy port is said at once, and requests sent while the model
+        # loads wait for it instead of being refused.
         server = LocalServer(
-            runtime,
+            None,
             served,
             loader,
             host=args.host,
@@ -120,7 +121,6 @@ def handle(args: argparse.Namespace) -> int:
             ),
         )
     except OSError as exc:
-        runtime.close()
         raise InvalidRequestError(
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", "pick another --port (0: any free one)"
         ) from None
@@ -129,7 +129,7 @@ def handle(args: argparse.Namespace) -> int:
             f"warning: listening on {args.host} without an API key: anyone who can reach this machine can use it "
             "(set --api-key or LOCALSPEC_API_KEY)"
         )
-    say(f"localspec serve: {served} ({runtime.label}) at {server.url}  (Ctrl+C stops)")
+    say(f"localspec serve: listening at {server.url}; loading {served}, requests wait for it  (Ctrl+C stops)")
     server.serve()
     say("localspec serve: stopped")
     return 0

@@ -4,6 +4,11 @@ server = LocalServer(runtime, "smollm2-135m", loader, host="127.0.0.1", port=0)
 server.start()            # in a background thread (tests, benchmarks); serve() blocks (the CLI)
 print(server.url)         # http://127.0.0.1:PORT/v1
 server.stop()
+
+Given None for the runtime, the server listens at once and loads loader(model_id) behind it:
+requests wait in the queue, GET /health answers 503 "loading" until the model is there, and
+wait_ready() blocks until then. A load that fails is answered to every waiting request, stops
+the server, and is raised again by serve() and wait_ready().
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class _Uvicorn(uvicorn.Server):
 class LocalServer:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Runtime | None,
         model_id: str,
         loader: Loader,
         *,
@@ -67,8 +72,8 @@ class LocalServer:
         catalog: Catalog | None = None,
         settings: Settings | None = None,
     ) -> None:
-        self.worker = Worker(runtime, model_id, loader, max_queue)
         self.settings = settings or Settings()
+        self.worker = Worker(runtime, model_id, loader, max_queue, self._loaded)
         self.app = create_app(self.worker, catalog or Catalog(model_id), self.settings, bound_host=host)
         try:
             self.socket = _bind(host, port)
@@ -80,6 +85,23 @@ class LocalServer:
         )
         self._server = _Uvicorn(config, self.worker)
         self._thread: threading.Thread | None = None
+        self._started_loading = runtime is None
+        self.worker.begin()  # only now: the port is taken, so a busy one is said before any load
+
+    def _loaded(self, error: BaseException | None) -> None:
+        if error is not None:
+            self._server.should_exit = True  # nothing to serve: stop, and serve() says why
+        elif self._started_loading:
+            runtime = self.worker.runtime
+            self.settings.log(f"localspec serve: {self.worker.model_id} ({runtime.label if runtime else '?'}) is ready")
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the model is loaded (True), or timeout seconds (False); raises the
+        error a failed load raised."""
+        ready = self.worker.loaded.wait(timeout)
+        if self.worker.load_error is not None:
+            raise self.worker.load_error
+        return ready
 
     @property
     def address(self) -> tuple[str, int]:
@@ -98,15 +120,24 @@ class LocalServer:
         finally:
             self.worker.close()
             self.socket.close()
+        if self.worker.load_error is not None:
+            raise self.worker.load_error
 
     def start(self) -> None:
         """Serve from a background thread; returns once the server accepts connections."""
-        self._thread = threading.Thread(target=self.serve, name="localspec-server", daemon=True)
+        self._thread = threading.Thread(target=self._serve_in_background, name="localspec-server", daemon=True)
         self._thread.start()
         while not self._server.started:
             if not self._thread.is_alive():
+                if self.worker.load_error is not None:
+                    raise self.worker.load_error
                 raise RuntimeError("the server stopped while starting")
             self._thread.join(0.01)
+
+    def _serve_in_background(self) -> None:
+        # A failed load reaches the caller through wait_ready(), not as a thread's traceback.
+        with contextlib.suppress(Exception):
+            self.serve()
 
     def stop(self) -> None:
         self.worker.stop()

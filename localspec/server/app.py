@@ -97,8 +97,10 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
     api = APIRouter(dependencies=[Depends(_key_check(settings.api_key))])
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", **worker.status()}
+    async def health() -> JSONResponse:
+        # 503 until the model is loaded, as llama-server answers: a launcher polls this.
+        status = worker.status()
+        return JSONResponse(status, status_code=200 if status["status"] == "ok" else 503)
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -44,6 +44,10 @@ def shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
+def not_loaded(model_id: str, error: BaseException) -> ApiError:
+    return ApiError(503, f"{model_id} could not be loaded: {error}", type="server_error", code="model_not_loaded")
+
+
 @dataclass
 class Job:
     """One generation request. `emit` must be safe to call from the generation thread."""
@@ -75,13 +79,29 @@ class Job:
 
 class Worker:
     """The generation thread and its FIFO queue. `max_queue` requests may wait behind the
-    one running; more get a 503 with Retry-After."""
+    one running; more get a 503 with Retry-After. Given no runtime, the thread loads
+    `model_id` once begin() is called, and requests wait in the queue meanwhile; `on_loaded`
+    then hears None, or the error that load raised (every waiting request gets it as a 503)."""
 
-    def __init__(self, runtime: Runtime, model_id: str, loader: Loader, max_queue: int) -> None:
+    def __init__(
+        self,
+        runtime: Runtime | None,
+        model_id: str,
+        loader: Loader,
+        max_queue: int,
+        on_loaded: Callable[[BaseException | None], None] | None = None,
+    ) -> None:
         self.runtime: Runtime | None = runtime
         self.model_id = model_id
         self.loader = loader
         self.max_queue = max_queue
+        self.on_loaded = on_loaded
+        self.loaded = threading.Event()  # set once the first runtime is there, or its load failed
+        self.load_error: BaseException | None = None
+        self._begun = threading.Event()
+        if runtime is not None:
+            self.loaded.set()
+            self._begun.set()
         self.history: deque[Job] = deque(maxlen=HISTORY)
         self.served = 0
         self._fim: FimTokens | bool | None = False  # False: not looked up yet for this model
@@ -97,10 +117,16 @@ class Worker:
 
     # -- requests -----------------------------------------------------------------------------
 
+    def begin(self) -> None:
+        """Start loading the served model (a worker made without a runtime)."""
+        self._begun.set()
+
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._stopping:
                 raise shutting_down()
+            if self.load_error is not None:
+                raise not_loaded(self.model_id, self.load_error)
             busy = self._running is not None or bool(self._waiting)
             if busy and len(self._waiting) >= self.max_queue:
                 raise QueueFullError(len(self._waiting), self._retry_after())
@@ -120,7 +146,10 @@ class Worker:
 
     def status(self) -> dict[str, Any]:
         with self._cond:
+            state = "error" if self.load_error is not None else "ok" if self.loaded.is_set() else "loading"
             return {
+                "status": state,
+                **({"error": str(self.load_error)} if self.load_error is not None else {}),
                 "model": self.model_id,
                 "busy": self._running is not None,
                 "waiting": len(self._waiting),
@@ -221,10 +250,12 @@ class Worker:
             if self._running is not None:
                 self._running.cancel()
             self._cond.notify_all()
+        self._begun.set()
 
     def close(self, timeout: float = 30.0) -> None:
         self.stop()
-        self._thread.join(timeout)
+        # A load cannot be interrupted: the thread closes what it loads once it sees the stop.
+        self._thread.join(timeout if self.loaded.is_set() else min(timeout, 2.0))
         with self.swap_lock:
             if self.runtime is not None:
                 self.runtime.close()
@@ -237,6 +268,9 @@ class Worker:
     # -- the generation thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
+        self._begun.wait()
+        if self.runtime is None and not self._first_load():
+            return
         while True:
             with self._cond:
                 while not self._waiting and not self._stopping:
@@ -258,6 +292,40 @@ class Worker:
                     self.history.append(job)
                     self._cond.notify_all()
                 job.finished.set()
+
+    def _first_load(self) -> bool:
+        """Load the served model; True once it is there. A failed load fails every waiting
+        request and every later one with its error."""
+        if self._stopping:
+            return False
+        try:
+            runtime = self.loader(self.model_id)
+        except Exception as exc:  # whatever stopped it, the server says it and stops
+            log.info("loading %s failed: %s", self.model_id, exc)
+            with self._cond:
+                self.load_error = exc
+                for job in self._waiting:
+                    job.outcome = "failed"
+                    job.emit(not_loaded(self.model_id, exc))
+                    job.finished.set()
+                self._waiting.clear()
+                self.loaded.set()
+                self._cond.notify_all()
+            if self.on_loaded is not None:
+                self.on_loaded(exc)
+            return False
+        with self.swap_lock, self._cond:
+            stopping = self._stopping
+            if not stopping:
+                self.runtime = runtime
+            self.loaded.set()
+            self._cond.notify_all()
+        if stopping:  # stopped while it loaded: nobody will close it otherwise
+            runtime.close()
+            return False
+        if self.on_loaded is not None:
+            self.on_loaded(None)
+        return True
 
     def _serve(self, job: Job) -> None:
         try:
