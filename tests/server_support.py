@@ -3,6 +3,9 @@ that evaluates every prompt as a fresh request would (what a served answer must 
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,3 +33,24 @@ def fresh_plain(model: Path) -> Iterator[Runtime]:
     with load(str(model), n_ctx=TEST_N_CTX, calibrate=False, strategy="none", memory=False) as runtime:
         runtime.engine.exact_prefix = True
         yield runtime
+
+
+@contextmanager
+def serve_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`localspec serve ARGS --port 0` in its own process, as an app launches it, and the URL
+    it says it listens at; killed on the way out if it still runs."""
+    command = [sys.executable, "-m", "localspec", "serve", *args, "--port", "0"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    try:
+        url = None
+        for line in process.stderr:
+            found = re.search(r"listening at (http://127\.0\.0\.1:\d+/v1)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None, f"no URL said (exit code {process.poll()})"
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()

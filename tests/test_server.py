@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TEST_N_CTX
+from server_support import serve_process
 
 from localspec.api import Runtime, load
 from localspec.core.protocol import Backend, VocabIdentity
@@ -447,22 +448,9 @@ def test_fim_tokens_are_found_by_their_spelling_and_put_in_prefix_suffix_middle_
 
 
 def test_sigterm_stops_the_server_cleanly_with_a_stream_in_flight() -> None:
-    import re
     import signal
-    import subprocess
-    import sys
 
-    command = [sys.executable, "-m", "localspec", "serve", "reference:seed=0", "--backend", "reference", "--port", "0"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    assert process.stderr is not None
-    try:
-        url = None
-        for line in process.stderr:
-            found = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
-            if found:
-                url = found.group(1)
-                break
-        assert url is not None
+    with serve_process("reference:seed=0", "--backend", "reference") as (process, url):
         body = {"prompt": "once", "max_tokens": 100000, "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{url}/completions", json=body, timeout=60) as response:
             for line in response.iter_lines():
@@ -470,7 +458,4 @@ def test_sigterm_stops_the_server_cleanly_with_a_stream_in_flight() -> None:
                     process.send_signal(signal.SIGTERM)
                     break
         assert process.wait(60) == 0
-        assert "localspec serve: stopped" in process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
+        assert process.stderr is not None and "localspec serve: stopped" in process.stderr.read()

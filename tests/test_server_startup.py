@@ -5,10 +5,7 @@ client and stops the server with the load's own message."""
 
 from __future__ import annotations
 
-import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from server_support import serve_process
 
 from localspec.api import Runtime, load
 from localspec.cli.main import main
@@ -135,18 +133,7 @@ def test_serve_with_a_file_it_cannot_load_exits_with_the_loads_message(tmp_path:
 
 
 def test_a_launcher_polls_health_until_the_served_model_is_ready() -> None:
-    # The real CLI in its own process, as a desktop app starts it.
-    command = [sys.executable, "-m", "localspec", "serve", "reference:seed=0", "--backend", "reference", "--port", "0"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    assert process.stderr is not None
-    try:
-        url = None
-        for line in process.stderr:
-            found = re.search(r"listening at (http://127\.0\.0\.1:\d+/v1)", line)
-            if found:
-                url = found.group(1)
-                break
-        assert url is not None
+    with serve_process("reference:seed=0", "--backend", "reference") as (process, url):
         statuses = []
         deadline = time.monotonic() + 60
         while not statuses or statuses[-1] != 200:
@@ -159,7 +146,4 @@ def test_a_launcher_polls_health_until_the_served_model_is_ready() -> None:
         assert answer.usage.completion_tokens <= 4
         process.terminate()
         assert process.wait(60) == 0
-        assert "is ready" in process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
+        assert process.stderr is not None and "is ready" in process.stderr.read()
