@@ -228,6 +228,11 @@ ERRORS = {
         "  -> give pair 'mismatched' in <home>/models.toml a drafter of the tiny family such as tiny-drafter, "
         "or set its strategy to 'ngram'",
     ),
+    "serve a pair not pulled (said before the port is taken)": (
+        ["serve", "tiny", "--port", "0"],
+        "pair 'tiny' is not pulled for llamacpp (missing: Tiny-Drafter, Tiny-Target)\n"
+        "  -> fetch it with: localspec pull tiny",
+    ),
     "rm of a pair not pulled": (
         ["rm", "tiny"],
         "pair 'tiny' has no pulled files for llamacpp\n  -> `localspec list` shows what is pulled",

@@ -122,6 +122,12 @@ def test_serve_says_a_busy_port_before_it_loads_anything(capsys, monkeypatch: py
     assert not loads
 
 
+def test_serve_says_a_missing_file_before_it_takes_the_port(tmp_path: Path, capsys) -> None:
+    assert main(["serve", "--model", str(tmp_path / "absent.gguf"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "no model file at" in err and "listening" not in err
+
+
 def test_serve_with_a_file_it_cannot_load_exits_with_the_loads_message(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "notes.gguf"
     bad.write_bytes(b"plain text, not a model")

@@ -90,6 +90,7 @@ def handle(args: argparse.Namespace) -> int:
     model = args.pair or args.model
     options = load_options(args).changed(model=model)
     served = _served_id(model, args.draft_model)
+    _check_before_listening(model, args.draft_model, args.backend)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -133,6 +134,20 @@ def handle(args: argparse.Namespace) -> int:
     server.serve()
     say("localspec serve: stopped")
     return 0
+
+
+def _check_before_listening(model: str | None, draft_model: str | None, backend: str) -> None:
+    """What takes milliseconds to know is said before the port is taken, so a launcher sees
+    the server exit instead of a port that opens and closes: a pair that is not pulled, a
+    file that is not there."""
+    from localspec.core.gguf_check import open_model_file
+    from localspec.models.pull import resolve_pair
+
+    if model is not None and not _is_file(model):
+        resolve_pair(model, backend=backend)
+    for path in (model, draft_model):
+        if path is not None and _is_file(path) and not path.startswith("reference") and not os.path.exists(path):
+            open_model_file(path)  # raises the message that says what to do
 
 
 def _is_file(model: str | None) -> bool:
