@@ -100,6 +100,15 @@ def _greedy(backend: Backend, n: int) -> tuple[list[int], list[float]]:
     return tokens, gaps
 
 
+def _greedy_split(path: Path, servers: Sequence[str], n: int) -> list[int]:
+    """n greedy tokens from the model split over servers, closed again afterwards."""
+    split = _load(path, servers)
+    try:
+        return _greedy(split, n)[0]
+    finally:
+        split.close()
+
+
 def _same_up_to_a_near_tie(expected: list[int], gaps: list[float], actual: list[int]) -> None:
     for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
         if e != a:
@@ -298,12 +307,7 @@ def test_llama_cpps_own_rpc_server_serves_the_split_target(smollm2_q4_1: Path) -
     port = _free_port()
     proc = start_server(port, [str(program)])
     try:
-        split = _load(smollm2_q4_1, [f"127.0.0.1:{port}"])
-        try:
-            tokens, _ = _greedy(split, 8)
-        finally:
-            split.close()
-        assert len(tokens) == 8
+        assert len(_greedy_split(smollm2_q4_1, [f"127.0.0.1:{port}"], 8)) == 8
     finally:
         proc.kill()
         proc.wait()

@@ -69,16 +69,11 @@ def logged(log: Path, *lines: str, within_s: float = 10.0) -> bool:
 
 
 def test_silent_clients_do_not_hold_off_a_split_model(smollm2_q4_1: Path, port: int, log: Path) -> None:
-    from test_rpc import _greedy, _load
+    from test_rpc import _greedy_split
 
     idle = hello_only(port)  # llama.cpp's server is now inside this connection
     silent = connect(port)  # queued behind it, and never sends its hello
-    split = _load(smollm2_q4_1, [f"127.0.0.1:{port}"])
-    try:
-        tokens, _ = _greedy(split, 8)
-    finally:
-        split.close()
-    assert len(tokens) == 8
+    assert len(_greedy_split(smollm2_q4_1, [f"127.0.0.1:{port}"], 8)) == 8
     assert closed_by_server(idle) and closed_by_server(silent)
     assert logged(log, "no request within 3 s of connecting", "no hello within 3 s while waiting")
 
