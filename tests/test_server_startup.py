@@ -108,10 +108,11 @@ def test_a_model_that_cannot_be_loaded_is_said_to_waiting_clients_and_stops_the_
 
 
 def test_serve_says_a_busy_port_before_it_loads_anything(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
-    import localspec.api
+    from localspec.server.worker import Worker
 
+    # Patched on the class, not localspec.api.load: a module imported meanwhile would keep the fake.
     loads: list[object] = []
-    monkeypatch.setattr(localspec.api, "load", lambda *args, **kwargs: loads.append(args))
+    monkeypatch.setattr(Worker, "_first_load", lambda self: loads.append(self) or False)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)

@@ -85,15 +85,14 @@ class LocalServer:
         )
         self._server = _Uvicorn(config, self.worker)
         self._thread: threading.Thread | None = None
-        self._started_loading = runtime is None
         self.worker.begin()  # only now: the port is taken, so a busy one is said before any load
 
     def _loaded(self, error: BaseException | None) -> None:
+        # Called only after a load this server began (a runtime given at the start is ready).
         if error is not None:
             self._server.should_exit = True  # nothing to serve: stop, and serve() says why
-        elif self._started_loading:
-            runtime = self.worker.runtime
-            self.settings.log(f"localspec serve: {self.worker.model_id} ({runtime.label if runtime else '?'}) is ready")
+        elif (runtime := self.worker.runtime) is not None:
+            self.settings.log(f"localspec serve: {self.worker.model_id} ({runtime.label}) is ready")
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the model is loaded (True), or timeout seconds (False); raises the

@@ -269,8 +269,8 @@ class Worker:
 
     def _loop(self) -> None:
         self._begun.wait()
-        if self.runtime is None and not self._first_load():
-            return
+        if self.runtime is None and (self._stopping or not self._first_load()):
+            return  # stopped before the load began (the port was taken, say), or the load failed
         while True:
             with self._cond:
                 while not self._waiting and not self._stopping:
@@ -296,8 +296,6 @@ class Worker:
     def _first_load(self) -> bool:
         """Load the served model; True once it is there. A failed load fails every waiting
         request and every later one with its error."""
-        if self._stopping:
-            return False
         try:
             runtime = self.loader(self.model_id)
         except Exception as exc:  # whatever stopped it, the server says it and stops
