@@ -33,7 +33,14 @@ from localspec.tui.screens import (
 )
 from localspec.tui.settings import ChatSettings
 from localspec.tui.transcript import Transcript
-from localspec.tui.widgets import AssistantMessage, ErrorMessage, PromptInput, StatusLine, UserMessage
+from localspec.tui.widgets import (
+    STOPPED_NOTE,
+    AssistantMessage,
+    ErrorMessage,
+    PromptInput,
+    StatusLine,
+    UserMessage,
+)
 
 _Write = Callable[[History, int], None]
 
@@ -422,8 +429,24 @@ class ChatApp(App[None]):
         turn = self.turn
         if turn is None:
             return
-        await self.undo_turn(turn)
-        self.status.show("Stopped: your message is back in the input.")
+        if not turn.reply.text:  # nothing written yet: the prompt goes back, to edit or send again
+            await self.undo_turn(turn)
+            self.status.show("Stopped before the first word: your message is back in the input.")
+            return
+        await self.keep_stopped(turn)
+        self.status.show("Stopped: what it wrote so far is kept (Ctrl+R writes it again).")
+
+    async def keep_stopped(self, turn: Turn) -> None:
+        """End a turn early, keeping the partial reply on screen, in the chat and in the history,
+        marked stopped (as quitting mid-answer keeps it)."""
+        self.turn = None
+        turn.job.cancel()
+        text = turn.reply.text
+        spans = turn.attribution.spans(len(text))
+        turn.reply.spans = spans
+        await turn.reply.finish(STOPPED_NOTE)
+        self.messages.append({"role": "assistant", "content": text})
+        self.save_turn(turn.prompt, StoredMessage.stopped(text, spans=spans))
 
     async def cancel_turn(self) -> None:
         if self.turn is not None:
@@ -545,8 +568,9 @@ class ChatApp(App[None]):
     async def on_unmount(self) -> None:
         released = True
         turn = self.turn
-        if turn is not None and turn.reply.text:  # quitting mid-answer keeps what was said
-            self.save_turn(turn.prompt, StoredMessage("assistant", turn.reply.text))
+        if turn is not None and turn.reply.text:  # quitting mid-answer keeps what was said, marked stopped
+            text = turn.reply.text
+            self.save_turn(turn.prompt, StoredMessage.stopped(text, spans=turn.attribution.spans(len(text))))
         elif turn is not None:  # quitting before the first token keeps what the user typed
             kept = StoredMessage.unanswered(turn.prompt)
             self._save(lambda history, cid: history.append(cid, kept))

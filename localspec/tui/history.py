@@ -68,6 +68,15 @@ class StoredMessage:
         kept, so what the user typed is not lost, and marked, so it is not taken as a turn."""
         return cls("user", prompt, {"unanswered": True})
 
+    @classmethod
+    def stopped(cls, text: str, stats: dict[str, Any] | None = None, spans: tuple[tuple[int, int], ...] = ()) -> StoredMessage:
+        """A reply cut short (Esc, or quitting mid-answer): what was written, marked stopped."""
+        return cls("assistant", text, {**(stats or {}), "stopped": True}, spans)
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.role == "assistant" and bool(self.stats and self.stats.get("stopped"))
+
     @property
     def is_unanswered(self) -> bool:
         return self.role == "user" and bool(self.stats and self.stats.get("unanswered"))

@@ -15,6 +15,7 @@ from textual.widgets._markdown import MarkdownStream
 from localspec.tui.attribution import drafted_share
 
 DRAFTED_STYLE = "bold #b5f4c0 on #1e4d2b"
+STOPPED_NOTE = "Stopped: the reply was cut short here (Ctrl+R writes it again)."
 
 
 class UserMessage(Static):
