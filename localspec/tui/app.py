@@ -86,6 +86,7 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "toggle_drafts", "Drafts"),
         Binding("ctrl+l", "conversations", "Chats"),
         Binding("ctrl+o", "settings", "Settings"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),  # shown, so the way out is on screen
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in every terminal program
     ]
 
@@ -169,7 +170,7 @@ class ChatApp(App[None]):
     def show_ready(self) -> None:
         if self.runtime is None:
             return
-        hint = "Enter sends · Esc stops · Ctrl+T shows drafted text · Ctrl+P commands"
+        hint = "Enter sends · Esc stops · PageUp scrolls · Ctrl+T drafted text · Ctrl+P commands · Ctrl+Q quits"
         self.status.show(f"Ready: {self.runtime.target.info.name} · {hint}")
 
     # -- loading a runtime -----------------------------------------------------------------
@@ -275,6 +276,13 @@ class ChatApp(App[None]):
         self.update_topbar()
 
     # -- sending and receiving -------------------------------------------------------------
+
+    @on(PromptInput.PageKey)
+    def page(self, event: PromptInput.PageKey) -> None:
+        if event.up:
+            self.transcript.scroll_page_up()
+        else:
+            self.transcript.scroll_page_down()
 
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
@@ -500,6 +508,7 @@ class ChatApp(App[None]):
 
     def open_settings(self, settings: ChatSettings) -> None:
         async def chosen(new: ChatSettings | None) -> None:
+            self.prompt.focus()  # typing goes on where it was, whatever the dialog ended with
             if new is not None:
                 await self.apply_settings(new)
 
@@ -516,6 +525,7 @@ class ChatApp(App[None]):
         screen = ConversationsScreen(listed, self.history.notice)
 
         async def chosen(conversation_id: int | None) -> None:
+            self.prompt.focus()
             self._delete_conversations(screen.deleted)
             if conversation_id is not None:
                 await self.open_conversation(conversation_id)

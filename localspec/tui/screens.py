@@ -87,6 +87,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Button("Cancel", id="cancel")
                 yield Button("Apply", variant="primary", id="apply")
 
+    def on_mount(self) -> None:
+        self.query_one("#model", Input).focus()  # a field to type in, not Apply (Enter in any field applies)
+
     @on(Button.Pressed, "#apply")
     @on(Input.Submitted)
     def apply(self) -> None:

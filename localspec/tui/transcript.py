@@ -15,7 +15,8 @@ WELCOME = """\
 
 Type a message and press [b]Enter[/b] to send ([b]Shift+Enter[/b] or [b]Ctrl+J[/b] for a new line).
 [b]Esc[/b] stops a reply, keeping what it wrote. [b]Ctrl+T[/b] highlights the text the drafter \
-guessed and the target accepted. [b]Ctrl+P[/b] lists every command.\
+guessed and the target accepted. [b]PageUp[/b]/[b]PageDown[/b] scroll the chat, [b]Ctrl+O[/b] opens the \
+settings, [b]Ctrl+P[/b] lists every command, [b]Ctrl+Q[/b] quits.\
 """
 
 
