@@ -99,7 +99,7 @@ def test_deriving_a_drafter_says_it_is_writing_a_copy(tmp_path: Path) -> None:
 def test_doctor_counts_its_steps_on_stderr_and_explains_gamma(quick_probe: None, capsys) -> None:
     assert main(["doctor", "--backend", "reference", "--model", "reference"]) == 0
     captured = capsys.readouterr()
-    assert "localspec doctor [1/4] measuring this machine" in captured.err
+    assert "localspec doctor [2/4] measuring this machine" in captured.err
     assert "localspec doctor [4/4] timing the model's passes" in captured.err
     assert "localspec doctor" not in captured.out
     out = captured.out

