@@ -31,7 +31,7 @@ from localspec.tui.screens import (
     SettingsScreen,
     strategy_choices,
 )
-from localspec.tui.settings import ChatSettings
+from localspec.tui.settings import ChatSettings, remember
 from localspec.tui.transcript import Transcript
 from localspec.tui.widgets import (
     STOPPED_NOTE,
@@ -97,8 +97,12 @@ class ChatApp(App[None]):
         *,
         missing_model: MissingCheck | None = None,
         history_path: Path | None = None,
+        reopen_last: bool = False,
+        remember_settings: bool = False,
     ) -> None:
         super().__init__()
+        self._reopen_last = reopen_last  # open the newest saved chat at start (`localspec chat`)
+        self._remember_settings = remember_settings  # keep the settings applied for the next start
         self.settings = settings or ChatSettings()
         self._load_runtime = load_runtime
         self._missing_model = missing_model
@@ -132,6 +136,23 @@ class ChatApp(App[None]):
         self.update_topbar()
         self.prompt.focus()
         self.start_loading(self.settings)
+        if self._reopen_last:
+            await self.reopen_last()
+
+    async def reopen_last(self) -> None:
+        """Where the user was: the newest saved chat, back on screen."""
+        if self.history is None:
+            return
+        try:
+            newest = self.history.conversations(1)
+        except HistoryError:
+            return  # the history's notice has said why
+        if newest:
+            await self.open_conversation(newest[0].id)
+            self.notify(
+                f"Reopened your last chat, “{newest[0].title}”: Ctrl+N starts a new one, Ctrl+L lists the others.",
+                timeout=8,
+            )
 
     @property
     def turn(self) -> Turn | None:
@@ -265,6 +286,8 @@ class ChatApp(App[None]):
         self.push_screen(LoadErrorScreen(settings, exc), chosen)
 
     async def apply_settings(self, new: ChatSettings) -> None:
+        if self._remember_settings:
+            remember(new)
         if new.needs_new_runtime(self.settings) or self.runtime is None:
             await self.cancel_turn()
             self.start_loading(new)
