@@ -13,14 +13,19 @@ from localspec.cli.options import add_model_options, add_sampling_options, load_
 from localspec.core.choices import STRATEGY_HELP
 from localspec.core.errors import InvalidRequestError
 from localspec.core.progress import Steps, announced
-from localspec.core.validate import arg_text, read_stdin
+from localspec.core.validate import arg_text, piped_stdin, read_stdin
 
 Event = TextDelta | Finished
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="answer one prompt", description="Answer one prompt with speculative decoding.")
-    p.add_argument("prompt", type=arg_text, help="the prompt; '-' reads it from standard input")
+    p.add_argument(
+        "prompt",
+        type=arg_text,
+        help="the prompt; '-' reads it from standard input; text piped in beside a prompt follows it "
+        '(echo hello | localspec run "Translate to French:")',
+    )
     p.add_argument(
         "--strategy",
         "-s",
@@ -43,7 +48,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    prompt = read_stdin() if args.prompt == "-" else args.prompt
+    prompt = read_stdin() if args.prompt == "-" else joined_with_piped(args.prompt, piped_stdin())
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
     config = sampling(args)  # refused before a model is loaded for it
@@ -86,6 +91,13 @@ def handle(args: argparse.Namespace) -> int:
                 if note:  # the drafter asked for did nothing: say why, even without --verbose
                     print(f"localspec: {note}", file=sys.stderr)
     return 0
+
+
+def joined_with_piped(prompt: str, piped: str | None) -> str:
+    """The prompt, then the text piped in after a blank line (as `llm` joins them)."""
+    if piped is None or not piped.strip():
+        return prompt
+    return f"{prompt}\n\n{piped.strip()}"
 
 
 def first_token_announced(events: Iterator[Event], progress: Steps) -> Iterator[Event]:
