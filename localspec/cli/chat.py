@@ -29,8 +29,8 @@ def register(sub: Any) -> None:
         "--new", action="store_true", help="start a new chat (default: reopen the last one; Ctrl+N starts one too)"
     )
     add_model_options(p)
-    add_sampling_options(p)
-    p.set_defaults(handler=handle, max_tokens=1024)
+    add_sampling_options(p, max_tokens=1024)
+    p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:

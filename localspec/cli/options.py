@@ -143,15 +143,17 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
     )
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
+def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
     """SamplingConfig's knobs and defaults; their ranges are checked by SamplingConfig."""
     t = DEFAULTS.temperature
     p.add_argument("--temperature", "-t", type=float, default=t, help=f"0 = greedy (default {t})")
-    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k)
-    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
-    p.add_argument("--min-p", type=float, default=DEFAULTS.min_p)
+    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k, help=f"0 = off (default {DEFAULTS.top_k})")
+    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p, help=f"1 = off (default {DEFAULTS.top_p})")
+    p.add_argument("--min-p", type=float, default=DEFAULTS.min_p, help=f"0 = off (default {DEFAULTS.min_p})")
     p.add_argument("--seed", type=seed_arg, help="sampling seed (default or -1: random)")
-    p.add_argument("--max-tokens", "-n", type=int, default=512)
+    p.add_argument(
+        "--max-tokens", "-n", type=int, default=max_tokens, help=f"longest reply in tokens (default {max_tokens})"
+    )
 
 
 def sampling(args: argparse.Namespace) -> SamplingConfig:
