@@ -17,8 +17,7 @@ import torch
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_check import check_gguf
-from localspec.core.gguf_header import read_header
+from localspec.core.gguf_header import check_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.sampling import Distribution, SamplingConfig
 

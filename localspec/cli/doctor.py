@@ -117,7 +117,7 @@ def _gpu_line(gpu: str | None) -> str:
 
 
 def _exact_line() -> str:
-    from localspec.backends.llamacpp.backend import EXACT_BUILD, batch_invariant_build
+    from localspec.backends.llamacpp.library import EXACT_BUILD, batch_invariant_build
 
     if batch_invariant_build():
         return "built without llamafile: --exact gives plain decoding's greedy output bit for bit"
