@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
-from localspec.core.backend_loader import load_backend
+from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.errors import InvalidRequestError
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
-MTP_BACKENDS = ("llamacpp", "mlx")  # the backends that run a model's own MTP head
 
 
 def load(
@@ -61,7 +60,7 @@ def load(
     shows it)."""
     given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
     opts = LoadOptions.of(**given)
-    if opts.strategy == "mtp" and opts.backend not in MTP_BACKENDS:  # before a load that can take minutes
+    if opts.strategy == "mtp" and not kind_of(opts.backend).mtp:  # before a load that can take minutes
         raise InvalidRequestError(
             f"the {opts.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
@@ -165,7 +164,7 @@ def load_drafter(target: Backend, path: str, backend: str, options: dict[str, An
     gemma4-assistant GGUF), which drafts from inside the target's context."""
     if is_assistant(path):
         attach = getattr(target, "assistant_head", None)
-        if backend not in MTP_BACKENDS or attach is None:
+        if not kind_of(backend).mtp or attach is None:
             raise InvalidRequestError(
                 f"{os.path.basename(path)} is a Gemma 4 assistant, which drafts on the llama.cpp and MLX backends only",
                 "use --backend llamacpp with its GGUF, or --backend mlx with its MLX folder",
@@ -182,7 +181,7 @@ def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
         raise InvalidRequestError(
             f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
         )
-    if kind == "mtp" and target.info.backend not in MTP_BACKENDS:
+    if kind == "mtp" and not kind_of(target.info.backend).mtp:
         raise InvalidRequestError(
             f"the {target.info.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
@@ -192,6 +191,6 @@ def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
 def pair_id(model: str | None, draft_model: str | None = None, backend: str = "llamacpp") -> str | None:
     """The registry pair a model argument names: no file and no .gguf path, with no drafter
     given beside it (reference models are specs, never pairs)."""
-    if model is None or draft_model is not None or backend == "reference":
+    if model is None or draft_model is not None or kind_of(backend).specs:
         return None
     return None if os.path.exists(model) or model.endswith(".gguf") else model

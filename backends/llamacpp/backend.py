@@ -91,6 +91,34 @@ class LlamaCppBackend:
         self._options["gpu_layers"] = gpu_layers
         if exact:
             self._options["exact"] = True
+        self._model = model = self._load_model(path, rpc, gpu_layers, exact)
+        self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
+        self._vocab = llama.llama_model_get_vocab(model)
+        self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        threads = threads or physical_cores()
+        stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
+        ctx = self._make_context(
+            path, model, n_ctx, threads, max_block, exact, recurrent_snapshots if stateful else None
+        )
+        self._ctx = ctx
+        self._mem = llama.llama_get_memory(ctx)
+        # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
+        self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
+        self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
+        self._states: TargetStates | None = None  # hidden states an MTP head reads (mtp_head)
+        self._heads: list[MtpHead] = []
+        if rpc:
+            rpc_entry_points.limit_waits(rpc)
+        max_block = self._make_batch(ctx, max_block)
+        self._tokens: list[int] = []
+        # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
+        # that lands after llama_decode filled the cache but before the tokens were recorded.
+        self._unrecorded = False
+        self._closed = False
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._describe(path, threads, rpc, exact, gpu_layers, max_block)
+
+    def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
         mparams, self._devices = _model_params(rpc, gpu_layers)
         if exact:
             mparams.use_extra_bufts = False  # repacked K-quants take another kernel for 4+ rows
@@ -103,12 +131,13 @@ class LlamaCppBackend:
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
                 "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
             )
-        self._model = model
-        self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
-        self._vocab = llama.llama_model_get_vocab(model)
-        self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        return model
+
+    def _make_context(
+        self, path: str, model: Any, n_ctx: int, threads: int, max_block: int, exact: bool, snapshots: int | None
+    ) -> Any:
+        """The model's context; snapshots: recurrent-state snapshots per decode (None: not a recurrent model)."""
         n_ctx = min(n_ctx, int(llama.llama_model_n_ctx_train(model)) or n_ctx)
-        threads = threads or physical_cores()
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = max_block
@@ -121,24 +150,18 @@ class LlamaCppBackend:
         # Exact: flash attention on the CPU splits a one-token pass over the KV cache once it
         # holds 512 cells (one partial sum per thread), which a block never does.
         cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
-        stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
-        if stateful:
-            cparams.n_rs_seq = recurrent_snapshots
+        if snapshots is not None:
+            cparams.n_rs_seq = snapshots
             # The snapshots come from the last ubatch: a verify block must fit in one.
-            cparams.n_ubatch = max(cparams.n_ubatch, recurrent_snapshots + 1)
+            cparams.n_ubatch = max(cparams.n_ubatch, snapshots + 1)
         ctx = llama.llama_init_from_model(model, cparams)
         if not ctx:
             llama.llama_model_free(model)
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
-        self._ctx = ctx
-        self._mem = llama.llama_get_memory(ctx)
-        # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
-        self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
-        self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
-        self._states: TargetStates | None = None  # hidden states an MTP head reads (mtp_head)
-        self._heads: list[MtpHead] = []
-        if rpc:
-            rpc_entry_points.limit_waits(rpc)
+        return ctx
+
+    def _make_batch(self, ctx: Any, max_block: int) -> int:
+        """The one reusable batch, with numpy views over its arrays; returns the block size it takes."""
         # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
         # larger than its batch would abort the process, so take its figure as ours.
         max_block = min(max_block, int(llama.llama_n_batch(ctx)))
@@ -150,12 +173,13 @@ class LlamaCppBackend:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
-        self._tokens: list[int] = []
-        # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
-        # that lands after llama_decode filled the cache but before the tokens were recorded.
-        self._unrecorded = False
-        self._closed = False
-        self._piece_buf = ctypes.create_string_buffer(256)
+        return max_block
+
+    def _describe(
+        self, path: str, threads: int, rpc: Sequence[str], exact: bool, gpu_layers: int, max_block: int
+    ) -> None:
+        """info and capabilities: what the model is, and what its cost curve depends on."""
+        ctx, model = self._ctx, self._model
         self.info = ModelInfo(
             name=os.path.basename(path),
             path=os.path.abspath(path),

@@ -159,6 +159,17 @@ class TorchBackend:
         self._tokens: list[int] = []
         self._closed = False
         self._static = static
+        self._init_views()
+        self._graph_options = (graph_tokens, cuda_graphs, compile)
+        self._graphs: GraphedSteps | None = None
+        if self._device.type == "cuda" and (cuda_graphs or compile):
+            self._graphs = self._graphed()
+            extra["cuda_graphs"] = str(cuda_graphs)
+            extra["compile"] = str(compile)
+        self._describe(source, n_ctx, n_params, n_bytes, max_block, verify_on_device, extra)
+
+    def _init_views(self) -> None:
+        """The state an early-exit drafter (a view of this model) and its host share."""
         self._exit: int | None = None  # run only the first blocks (an early-exit drafter)
         # An early-exit view reads and writes its host's KV cache for the blocks they share;
         # _writes counts the passes that wrote it, so a view knows when its own rows went.
@@ -170,12 +181,19 @@ class TorchBackend:
         # starts there instead of running the shared blocks again.
         self._exits: dict[int, tuple[int, int, int]] = {}
         self._exit_states: torch.Tensor | None = None
-        self._graph_options = (graph_tokens, cuda_graphs, compile)
-        self._graphs: GraphedSteps | None = None
-        if self._device.type == "cuda" and (cuda_graphs or compile):
-            self._graphs = self._graphed()
-            extra["cuda_graphs"] = str(cuda_graphs)
-            extra["compile"] = str(compile)
+
+    def _describe(
+        self,
+        source: Source,
+        n_ctx: int,
+        n_params: int,
+        n_bytes: int,
+        max_block: int,
+        verify_on_device: bool | None,
+        extra: dict[str, str],
+    ) -> None:
+        """info and capabilities: what the model is, and what its cost curve depends on."""
+        config = source.config
         self.info = ModelInfo(
             name=source.name,
             path=os.path.abspath(source.path),
