@@ -87,6 +87,9 @@ def handle(args: argparse.Namespace) -> int:
                     sys.stdout.write("\n")
                 if args.verbose:
                     print(event.stats.summary(), file=sys.stderr)
+                    decision = runtime.policy.explain()  # the last step's
+                    if decision is not None:
+                        print(f"last step's {decision.table()}", file=sys.stderr)
                 note = runtime.idle_drafter_note(event.stats)
                 if note:  # the drafter asked for did nothing: say why, even without --verbose
                     print(f"localspec: {note}", file=sys.stderr)
