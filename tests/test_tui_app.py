@@ -87,7 +87,10 @@ async def test_esc_stops_at_once_keeps_the_partial_reply_marked_stopped_and_the_
         assert app.prompt.text == ""
         [reply] = app.transcript.query(AssistantMessage)
         assert len(reply.text) > 5 and "Stopped" in str(reply.query_one(".note", Static).render())
-        assert app.messages == [{"role": "user", "content": "Write a lot"}, {"role": "assistant", "content": reply.text}]
+        assert app.messages == [
+            {"role": "user", "content": "Write a lot"},
+            {"role": "assistant", "content": reply.text},
+        ]
         assert "Stopped" in str(app.status.render())
         await wait_for(job.released.is_set, what="the runtime to be released")
         app.runtime.target.delay = 0.0  # type: ignore[union-attr]

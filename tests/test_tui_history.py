@@ -131,6 +131,11 @@ def test_the_history_command_lists_shows_and_exports_saved_chats(capsys) -> None
     assert "## You\n\nWhy is the sky blue?" in shown and "## Assistant (stopped)\n\nBecause of Rayleigh" in shown
     assert main(["history", "export", "--format", "json"]) == 0
     [chat] = json.loads(capsys.readouterr().out)
-    assert chat["messages"][1] == {"role": "assistant", "content": "Because of Rayleigh", "stopped": True, "unanswered": False}
+    assert chat["messages"][1] == {
+        "role": "assistant",
+        "content": "Because of Rayleigh",
+        "stopped": True,
+        "unanswered": False,
+    }
     assert main(["history", "show", "999"]) == 2
     assert "no saved chat 999" in capsys.readouterr().err

@@ -6,8 +6,14 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from localspec.cli.options import add_model_argument, add_model_options, add_sampling_options, load_options, sampling
-from localspec.cli.options import DEFAULTS
+from localspec.cli.options import (
+    DEFAULTS,
+    add_model_argument,
+    add_model_options,
+    add_sampling_options,
+    load_options,
+    sampling,
+)
 from localspec.core.choices import STRATEGY_HELP
 from localspec.core.errors import LocalspecError
 from localspec.core.options import LoadOptions

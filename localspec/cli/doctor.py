@@ -117,9 +117,7 @@ def handle(args: argparse.Namespace) -> int:
         f"{cal.rebuild_one_seconds * 1e3:.2f} ms back into one token (graph rebuild)"
     )
     print("")
-    print(
-        "γ (gamma) is the draft length: how many tokens a drafter guesses before the model checks them in one pass."
-    )
+    print("γ (gamma) is the draft length: how many tokens a drafter guesses before the model checks them in one pass.")
     print(
         "For a free drafter (one whose guesses cost nothing, like n-gram lookup), the γ that gives the most "
         "tokens per second at each acceptance (the share of guesses the model keeps):"

@@ -16,8 +16,7 @@ DEFAULTS = SamplingConfig()
 
 # How every command names a model: -m/--model (chat and serve also take it as their argument).
 MODEL_HELP = (
-    "a pair name from `localspec list` or a GGUF path (default: the embedded SmolLM2-135M-Instruct, "
-    "pair smollm2-135m)"
+    "a pair name from `localspec list` or a GGUF path (default: the embedded SmolLM2-135M-Instruct, pair smollm2-135m)"
 )
 
 
@@ -100,7 +99,8 @@ def add_model_argument(p: argparse.ArgumentParser) -> None:
 
 def model_given(args: argparse.Namespace) -> str | None:
     """The MODEL named as the argument or with --model (naming it both ways is refused)."""
-    arg, option = getattr(args, "model_arg", None), args.model
+    arg: str | None = getattr(args, "model_arg", None)
+    option: str | None = args.model
     if arg and option and arg != option:
         raise InvalidRequestError(f"the model is named twice ({arg} and --model {option})", "name it once")
     return arg or option

@@ -69,7 +69,9 @@ class StoredMessage:
         return cls("user", prompt, {"unanswered": True})
 
     @classmethod
-    def stopped(cls, text: str, stats: dict[str, Any] | None = None, spans: tuple[tuple[int, int], ...] = ()) -> StoredMessage:
+    def stopped(
+        cls, text: str, stats: dict[str, Any] | None = None, spans: tuple[tuple[int, int], ...] = ()
+    ) -> StoredMessage:
         """A reply cut short (Esc, or quitting mid-answer): what was written, marked stopped."""
         return cls("assistant", text, {**(stats or {}), "stopped": True}, spans)
 
