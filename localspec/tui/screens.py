@@ -69,7 +69,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         s = self.settings
         with VerticalScroll():
             yield Static("Settings", classes="title")
-            yield Label("Model: a pair name from `localspec list` or a GGUF path (empty: the embedded default)")
+            yield Label("Model: a pair name from `localspec list` or a GGUF path (empty: the default)")
             yield Input(s.load.model or "", placeholder="default: smollm2-135m", id="model", compact=True)
             yield Label("Draft model (GGUF with the target's tokenizer; for strategy 'draft')")
             yield Input(s.load.draft_model or "", placeholder="none", id="draft-model", compact=True)
