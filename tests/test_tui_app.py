@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.command import CommandList
@@ -74,13 +75,22 @@ async def test_shift_enter_and_ctrl_j_make_a_multi_line_prompt() -> None:
         assert app.messages[0]["content"] == "a\nb\nc"
 
 
+def writing_app() -> ChatApp:
+    return ChatApp(slow_runtime(delay=0.01), ChatSettings(sampling=SamplingConfig(temperature=0.0), max_tokens=2000))
+
+
+async def writing(app: ChatApp, pilot: Any) -> None:
+    """The app ready, a long reply asked for and a few characters of it written."""
+    await ready(app)
+    await send(app, pilot, "Write a lot")
+    await wait_for(lambda: app.turn is not None and len(app.turn.reply.text) > 5, what="text to stream")
+
+
 @pytest.mark.asyncio
 async def test_esc_stops_at_once_keeps_the_partial_reply_marked_stopped_and_the_model_stays_usable() -> None:
-    app = ChatApp(slow_runtime(delay=0.01), ChatSettings(sampling=SamplingConfig(temperature=0.0), max_tokens=2000))
+    app = writing_app()
     async with app.run_test(size=SIZE) as pilot:
-        await ready(app)
-        await send(app, pilot, "Write a lot")
-        await wait_for(lambda: app.turn is not None and len(app.turn.reply.text) > 5, what="text to stream")
+        await writing(app, pilot)
         job = app.turn.job  # type: ignore[union-attr]
         await pilot.press("escape")
         assert app.turn is None
@@ -106,7 +116,7 @@ async def test_esc_stops_at_once_keeps_the_partial_reply_marked_stopped_and_the_
 
 @pytest.mark.asyncio
 async def test_esc_before_the_first_word_puts_the_prompt_back() -> None:
-    app = ChatApp(slow_runtime(delay=0.5), ChatSettings(sampling=SamplingConfig(temperature=0.0)))
+    app = ChatApp(slow_runtime(delay=3.0), ChatSettings(sampling=SamplingConfig(temperature=0.0)))  # still reading
     async with app.run_test(size=SIZE) as pilot:
         await ready(app)
         await send(app, pilot, "Never mind")
@@ -118,11 +128,9 @@ async def test_esc_before_the_first_word_puts_the_prompt_back() -> None:
 
 @pytest.mark.asyncio
 async def test_a_reply_saved_by_quitting_is_marked_stopped_and_reopens_with_the_mark() -> None:
-    app = ChatApp(slow_runtime(delay=0.01), ChatSettings(sampling=SamplingConfig(temperature=0.0), max_tokens=2000))
+    app = writing_app()
     async with app.run_test(size=SIZE) as pilot:
-        await ready(app)
-        await send(app, pilot, "Write a lot")
-        await wait_for(lambda: app.turn is not None and len(app.turn.reply.text) > 5, what="text to stream")
+        await writing(app, pilot)
         await pilot.press("ctrl+q")
     [summary] = History().conversations()
     [_, kept] = History().get(summary.id).messages
