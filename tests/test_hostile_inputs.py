@@ -6,7 +6,6 @@ checks the message names the fix and no traceback is printed."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -82,14 +82,14 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def step(self) -> None:
         self.steps += 1
         if self.steps > MAX_TEMPLATE_STEPS:
-            raise TemplateBudgetError(f"it ran past {MAX_TEMPLATE_STEPS:,} steps (loop turns and calls) without finishing")
+            raise TemplateBudgetError(f"it ran past {MAX_TEMPLATE_STEPS:,} steps (loop turns, calls) without finishing")
         if self.steps % 256 == 0 and time.monotonic() > self.deadline:
             raise TemplateBudgetError(f"it ran past {MAX_TEMPLATE_SECONDS:g} s without finishing")
 
     def counted(self, iterable: Iterable[Any]) -> _Counted:
         return _Counted(self, iterable)
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's signature
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # Jinja's signature
         __self.step()
         return super().call(__context, __obj, *args, **kwargs)
 
