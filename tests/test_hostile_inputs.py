@@ -173,3 +173,81 @@ def test_a_models_toml_nested_100000_deep_is_refused_without_a_traceback(tmp_pat
     (home / "models.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
     done = localspec_cli("list", env=home_env(home))
     assert_clean_refusal(done, "models.toml: its arrays or tables nest too deeply to read")
+
+
+# -- model files: newer versions, cut downloads, symlink loops ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gguf(Spec("llama"), tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+def newer_version(model: Path, folder: Path) -> Path:
+    data = model.read_bytes()
+    path = folder / "v99.gguf"
+    path.write_bytes(data[:4] + (99).to_bytes(4, "little") + data[8:])
+    return path
+
+
+def symlink_loop(folder: Path, name: str) -> Path:
+    a, b = folder / name, folder / f"{name}-back"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    return a
+
+
+def test_a_newer_gguf_version_asks_for_a_newer_localspec(tiny_model: Path, tmp_path: Path) -> None:
+    from localspec.core.errors import ModelLoadError
+    from localspec.core.gguf_check import diagnose_gguf
+    from localspec.core.gguf_header import read_header
+
+    path = newer_version(tiny_model, tmp_path)
+    with pytest.raises(ModelLoadError) as caught:
+        read_header(path)
+    assert "GGUF version 99, newer than" in caught.value.message
+    assert caught.value.hint and "pip install -U localspec llama-cpp-python" in caught.value.hint
+    assert "truncated or damaged" not in diagnose_gguf(str(path)) and "newer" in diagnose_gguf(str(path))
+
+
+@pytest.mark.usefixtures("smollm2_q4_1")  # the CLI needs llama-cpp-python to load the model
+def test_run_on_a_newer_gguf_version_says_upgrade(tiny_model: Path, tmp_path: Path) -> None:
+    done = localspec_cli("run", "-m", str(newer_version(tiny_model, tmp_path)), "hi")
+    assert_clean_refusal(done, "GGUF version 99, newer than", "pip install -U localspec llama-cpp-python")
+    assert "truncated or damaged" not in done.stderr
+
+
+@pytest.mark.parametrize("name", ["loopA", "loopC.gguf"])
+def test_add_with_a_symlink_loop_says_it_is_one(tmp_path: Path, name: str) -> None:
+    loop = symlink_loop(tmp_path, name)
+    done = localspec_cli("add", "mine", "--target", str(loop))
+    assert_clean_refusal(done, f"{loop} is a symlink loop", "point to the .gguf file itself")
+
+
+@pytest.mark.parametrize("name", ["loopA", "loopC.gguf"])
+def test_run_with_a_symlink_loop_as_model_says_it_is_one_not_an_unknown_pair(tmp_path: Path, name: str) -> None:
+    symlink_loop(tmp_path, name)
+    done = subprocess.run(
+        [sys.executable, "-m", "localspec", "run", "--model", f"./{name}", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_BOUND_SECONDS,
+        cwd=tmp_path,
+    )
+    assert_clean_refusal(done, f"./{name} is a symlink loop")
+    assert "no pair named" not in done.stderr
+
+
+def test_add_refuses_a_truncated_gguf_at_once(tiny_model: Path, tmp_path: Path, temporary_localspec_home: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_model.read_bytes()[: tiny_model.stat().st_size // 2])
+    done = localspec_cli("add", "mine", "--target", str(cut))
+    assert_clean_refusal(done, f"{cut} is truncated: its tensors need", "download the file again")
+    assert not (temporary_localspec_home / "models.toml").exists()
+
+
+def test_add_takes_a_whole_gguf_through_a_symlink(tiny_model: Path, tmp_path: Path) -> None:
+    link = tmp_path / "link.gguf"
+    link.symlink_to(tiny_model)
+    done = localspec_cli("add", "mine", "--target", str(link))
+    assert done.returncode == 0, done.stderr

@@ -313,7 +313,7 @@ class LlamaCppBackend:
         if not model:
             raise ModelLoadError(
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-                "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+                "do what the reason says, else pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
             )
         self._model = model
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import stat
 from collections.abc import Sequence
+from pathlib import Path
 from typing import BinaryIO
 
 from localspec.core.errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
+UPGRADE = "pip install -U localspec llama-cpp-python"
+
+
+class NewerGGUFError(ValueError):
+    """A GGUF of a version newer than this reader's: not damage, an old reader."""
+
 
 # What a path that is not a regular file is, for the message (stat's S_IS* tests).
 _SPECIAL_FILES = (
@@ -32,6 +40,8 @@ def open_model_file(path: str | os.PathLike[str]) -> BinaryIO:
             "check the path, or run `localspec run` without --model to use the embedded default",
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise symlink_loop(path) from None
         raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from exc
     _refuse_special(path, mode)
     try:
@@ -48,6 +58,23 @@ def open_model_file(path: str | os.PathLike[str]) -> BinaryIO:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def symlink_loop(path: str | os.PathLike[str]) -> ModelLoadError:
+    return ModelLoadError(
+        f"{path} is a symlink loop: its links lead back to themselves, never to a file",
+        "point to the .gguf file itself (`ls -l` shows where each link leads)",
+    )
+
+
+def resolve_model_path(path: Path) -> Path:
+    """path made absolute with its links followed; a symlink loop is refused as such."""
+    try:
+        return path.expanduser().resolve(strict=False)
+    except (RuntimeError, OSError) as exc:  # Python < 3.13 raises RuntimeError for a loop
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the path") from exc
+        raise symlink_loop(path) from None
 
 
 def _refuse_special(path: str | os.PathLike[str], mode: int) -> None:
@@ -85,6 +112,8 @@ def diagnose_gguf(path: str) -> str:
         end = max((t.offset + tensor_bytes(t.dims, t.qtype) for t in header.tensors), default=0)
     except (ModelLoadError, ValueError) as exc:  # an unknown tensor type reads as damage too
         cause = exc.__cause__ or exc
+        if isinstance(cause, NewerGGUFError):
+            return f"{cause}: it needs a newer localspec and llama.cpp ({UPGRADE})"
         return f"the file is truncated or damaged ({type(cause).__name__}: {cause}); download it again"
     size = os.path.getsize(path)
     if end > size:
@@ -93,6 +122,26 @@ def diagnose_gguf(path: str) -> str:
     if arch is not None:
         return f"its architecture is {arch!r}; this llama.cpp build may not support it"
     return "its header has no general.architecture key"
+
+
+def check_whole_gguf(path: str | Path) -> None:
+    """Refuse a GGUF whose header is damaged or whose tensors run past its end (a cut
+    download), before it is registered: reads the header only."""
+    from localspec.core.gguf_header import read_header
+
+    header = read_header(path)
+    try:
+        end = max((t.offset + tensor_bytes(t.dims, t.qtype) for t in header.tensors), default=0)
+    except (ValueError, KeyError) as exc:
+        raise ModelLoadError(
+            f"{path} has a tensor of a type this localspec does not know ({exc})",
+            f"a newer localspec and llama-cpp-python may read it ({UPGRADE}); else download the file again",
+        ) from None
+    size = os.path.getsize(path)
+    if end > size:
+        raise ModelLoadError(
+            f"{path} is truncated: its tensors need {end} bytes but it has {size}", "download the file again"
+        )
 
 
 def tensor_bytes(dims: tuple[int, ...], qtype: int) -> int:

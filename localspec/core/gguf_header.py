@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.core.errors import ModelLoadError
-from localspec.core.gguf_check import open_model_file
+from localspec.core.gguf_check import UPGRADE, NewerGGUFError, open_model_file
 from localspec.core.protocol import VocabIdentity
 
 # llama.cpp's split GGUF names (llama-gguf-split): PREFIX-00001-of-00003.gguf
@@ -103,6 +103,8 @@ def read_header(path: str | Path) -> GGUFHeader:
     try:
         with open_model_file(path) as fh:
             return _read(str(path), fh)
+    except NewerGGUFError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}", f"upgrade localspec and llama.cpp: {UPGRADE}") from exc
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot read {path} as GGUF ({type(exc).__name__}: {exc})", "download the file again"
@@ -142,6 +144,8 @@ def _parse(path: str, cur: _Cursor) -> GGUFHeader:
         raise ValueError(f"GGUF version {version} is too old")
     if version not in KNOWN_VERSIONS:
         swapped = int.from_bytes(version.to_bytes(4, "little"), "big") in KNOWN_VERSIONS
+        if not swapped and version > max(KNOWN_VERSIONS):
+            raise NewerGGUFError(f"it is GGUF version {version}, newer than the versions this localspec reads (2, 3)")
         note = " (a big-endian GGUF: convert it again for this machine)" if swapped else ""
         raise ValueError(f"GGUF version {version} is not one this reader knows{note}")
     n_tensors, n_kv = cur.scalar("Q"), cur.scalar("Q")
