@@ -175,9 +175,14 @@ def templates_rows(args: argparse.Namespace) -> list[Tally]:
 
 
 def trickle_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_inputs_support import trickling_hubs
+    from hostile_inputs_support import rpc_trickles, trickling_hubs
 
-    return [trickling_hubs(args.trickle_cases, 13)]
+    from localspec.backends.llamacpp.rpc_server import rpc_available
+
+    rows = [trickling_hubs(args.trickle_cases, 13)]
+    if rpc_available():
+        rows.append(rpc_trickles(args.trickle_cases, 14, Path(tempfile.mkdtemp(prefix="rpc-trickle-"))))
+    return rows
 
 
 def symlinks_rows(args: argparse.Namespace) -> list[Tally]:
@@ -205,7 +210,9 @@ def main() -> None:
     parser.add_argument("--model", help="llama.cpp target GGUF (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--draft-model", help="llama.cpp drafter GGUF, to interrupt a draft pair too")
     parser.add_argument("--template-cases", type=int, default=20, help="chat templates that loop without printing")
-    parser.add_argument("--trickle-cases", type=int, default=6, help="pulls from a hub sending a byte at a time")
+    parser.add_argument(
+        "--trickle-cases", type=int, default=6, help="pulls from a hub, and rpc messages, a byte at a time"
+    )
     hostile = ["waits", "rebinding", "disk", "chat", "rpc", *ISSUE_47_SUITES]
     parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull", "gguf", *hostile], action="append")
     args = parser.parse_args()

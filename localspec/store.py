@@ -46,7 +46,7 @@ _checked_homes: set[str] = set()
 
 def _check_home(root: Path, what: str) -> None:
     """Refuse a user directory that cannot be a folder (LOCALSPEC_HOME=/dev/null, a file);
-    warn, as ssh does, about one that other users can write. One missing is created later."""
+    warn, as ssh does, about one that any user can write. One missing is created later."""
     try:
         mode = root.stat().st_mode
     except FileNotFoundError:
@@ -66,8 +66,8 @@ def _check_home(root: Path, what: str) -> None:
 
 
 def warn_if_others_can_write(path: Path, what: str) -> None:
-    """One notice when path is writable by other users or owned by someone else (root
-    aside): whoever can write there chooses which files localspec downloads and runs."""
+    """One notice when path is writable by any user or owned by someone else (root aside):
+    whoever can write there chooses which files localspec downloads and runs."""
     if not hasattr(os, "getuid"):
         return  # Windows: the profile's ACLs protect it
     try:
@@ -79,10 +79,10 @@ def warn_if_others_can_write(path: Path, what: str) -> None:
             f"{what} {path} belongs to user {st.st_uid}, not you: they choose the models localspec runs; "
             f"take it over (chown) or set LOCALSPEC_HOME to a folder of yours"
         )
-    elif st.st_mode & 0o022:
+    elif st.st_mode & 0o002:  # group-writable is a umask 002 system's normal: its group is the user's own
         notice(
-            f"{what} {path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}): anyone who can "
-            f"write it chooses the models localspec runs; run `chmod go-w {path}`"
+            f"{what} {path} can be written by any user (mode {stat.S_IMODE(st.st_mode):o}): anyone who can "
+            f"write it chooses the models localspec runs; run `chmod o-w {path}`"
         )
 
 

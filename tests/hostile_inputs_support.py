@@ -142,3 +142,44 @@ def symlink_loops(model: str | None = None) -> Tally:
         for path, words in (paths[0], paths[1]):
             _cli_refusal(tally, ["run", "--model", f"./{path.name}", "hi"], words, cwd=folder)
     return tally
+
+
+def rpc_trickles(cases: int, seed: int, folder: Path) -> Tally:
+    """A client that declares a message of 1 MB to 1 GB and sends it a byte every 0.2-1 s,
+    ahead of a real client on one `localspec rpc-server`: the real one is served, the
+    trickler closed with a log line."""
+    import struct
+    import threading
+
+    from rpc_faults import START_S, answers, free_port, hello_only, start
+
+    tally = Tally("rpc-server: a client trickling into a huge message ahead of a real one")
+    rng = np.random.default_rng(seed)
+    log = folder / "trickle.txt"
+    port = free_port()
+    proc = start(port, log)
+    try:
+        for case in range(cases):
+            size, interval = int(rng.integers(1 << 20, 1 << 30)), float(rng.uniform(0.2, 1.0))
+            tally.tried += 1
+            trickler = hello_only(port)
+            trickler.sendall(bytes([6]) + struct.pack("<Q", size))  # a set_tensor, declared
+            stop = threading.Event()
+
+            def drip(sock=trickler, stop=stop, interval=interval) -> None:  # type: ignore[no-untyped-def]
+                with contextlib.suppress(OSError):
+                    while not stop.wait(interval):
+                        sock.sendall(b"\0")
+
+            threading.Thread(target=drip, daemon=True).start()
+            served = answers(port, START_S)
+            stop.set()
+            trickler.close()
+            if not served:
+                tally.failures.append(f"case {case}: {size} bytes at one per {interval:.1f} s held the server ({log})")
+    finally:
+        proc.terminate()
+        proc.wait(START_S)
+    if log.read_text().count("came at") < cases:
+        tally.failures.append(f"a trickler was closed without its log line ({log})")
+    return tally
