@@ -200,8 +200,7 @@ def symlink_loop(folder: Path, name: str) -> Path:
 
 def test_a_newer_gguf_version_asks_for_a_newer_localspec(tiny_model: Path, tmp_path: Path) -> None:
     from localspec.core.errors import ModelLoadError
-    from localspec.core.gguf_header import diagnose_gguf
-    from localspec.core.gguf_header import read_header
+    from localspec.core.gguf_header import diagnose_gguf, read_header
 
     path = newer_version(tiny_model, tmp_path)
     with pytest.raises(ModelLoadError) as caught:

@@ -47,6 +47,8 @@ UPGRADE = "pip install -U localspec llama-cpp-python"
 
 class NewerGGUFError(ValueError):
     """A GGUF of a version newer than this reader's: not damage, an old reader."""
+
+
 _NUMPY: dict[int, npt.DTypeLike] = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32}
 _NUMPY.update({6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64})
 
