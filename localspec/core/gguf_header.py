@@ -317,6 +317,20 @@ def diagnose_gguf(path: str) -> str:
     return "its header has no general.architecture key"
 
 
+def load_failure_hint(path: str) -> str:
+    """What to do when llama.cpp refused path: upgrade for a newer GGUF version, else fetch it
+    again or pick another model."""
+    try:
+        with open_model_file(path) as fh:
+            head = fh.read(8)
+    except ModelLoadError:
+        head = b""
+    version = int.from_bytes(head[4:8], "little") if head[:4] == GGUF_MAGIC and len(head) == 8 else 0
+    newer = version > max(KNOWN_VERSIONS) and int.from_bytes(head[4:8], "big") not in KNOWN_VERSIONS
+    fix = f"upgrade localspec and llama.cpp: {UPGRADE}" if newer else "download the file again or pick another model"
+    return f"{fix}; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log"
+
+
 def check_whole_gguf(path: str | Path) -> None:
     """Refuse a GGUF whose header is damaged or whose tensors run past its end (a cut
     download), before it is registered: reads the header only."""
