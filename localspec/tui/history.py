@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.core.errors import LocalspecError
-from localspec.store import data_dir, disk_full_message, private_dir
+from localspec.store import StoreError, data_dir, disk_full_message, private_dir
 
 SCHEMA_VERSION = 1
 FILENAME = "history.sqlite3"
@@ -116,7 +116,7 @@ class History:
     def _open(self) -> sqlite3.Connection:
         try:
             private_dir(self.path.parent)
-        except OSError as exc:
+        except (OSError, StoreError) as exc:  # the store says why it could not make the folder
             return self._in_memory(f"the history folder {self.path.parent} cannot be created ({exc})")
         try:
             db = self._connect_checked()
