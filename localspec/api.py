@@ -22,7 +22,7 @@ from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.factory import make_policy
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.backend_loader import load_backend
-from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
+from localspec.core.choices import EVERY_STRATEGY, MTP_BACKENDS, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
 from localspec.core.gguf_header import read_header
@@ -44,8 +44,6 @@ from localspec.models.pairing import vocab_mismatch
 
 if TYPE_CHECKING:
     from localspec.models.registry import Registry
-ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
-MTP_BACKENDS = ("llamacpp", "mlx")  # the backends that run a model's own MTP head
 
 
 @dataclass(frozen=True)
@@ -646,7 +644,7 @@ def is_assistant(path: str) -> bool:
         return bool(names & {"gemma4_assistant", "gemma4_unified_assistant", "Gemma4AssistantForCausalLM"})
     if not (path.endswith(".gguf") and os.path.isfile(path)):
         return False
-    return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)
+    return read_header(path).is_assistant
 
 
 def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:

@@ -53,12 +53,32 @@ class GGUFTensor:
         return GGML_TYPES.get(self.qtype, f"type {self.qtype}")
 
 
+# llama.cpp's architecture name (with its hyphen) of Gemma 4's MTP assistant, a file of its own.
+ASSISTANT_ARCHITECTURE = "gemma4-assistant"
+
+
 @dataclass
 class GGUFHeader:
     path: str
     meta: dict[str, Any]
     tensors: list[GGUFTensor]
     data_offset: int  # where the tensor data starts
+
+    @property
+    def architecture(self) -> str:
+        return str(self.meta.get("general.architecture", "?"))
+
+    @property
+    def nextn_layers(self) -> int:
+        """The MTP blocks the file carries: a model's own head (Qwen3.5's nextn layers), or
+        every block of an MTP drafter file (Gemma 4's assistant); 0 for none."""
+        layers = self.meta.get(f"{self.architecture}.nextn_predict_layers", 0)
+        return layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
+
+    @property
+    def is_assistant(self) -> bool:
+        """An MTP assistant file (Gemma 4's), which drafts from inside its target's context."""
+        return self.architecture == ASSISTANT_ARCHITECTURE
 
 
 class _Cursor:
