@@ -91,6 +91,25 @@ def test_an_assistant_beside_another_model_is_refused_with_what_it_drafts_for(pa
     assert code != 0 and "gemma4 model" in err and "Traceback" not in err
 
 
+def test_the_assistant_file_alone_says_it_is_one_and_which_target_it_drafts_for(pair, tmp_path: Path, capsys) -> None:
+    sidecar = tmp_path / "mtp-gemma-4-12B-it.gguf"  # as it is pulled beside its target
+    sidecar.write_bytes(pair[1].read_bytes())
+    code = main(["run", "-m", str(sidecar), "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and "context" not in err
+    assert (
+        "mtp-gemma-4-12B-it.gguf is a Gemma 4 MTP assistant, which drafts for the Gemma 4 model gemma-4-12B-it" in err
+    )
+    assert f"--model gemma-4-12B-it….gguf --draft-model {sidecar}" in err
+
+
+def test_mtp_on_a_gemma4_target_without_its_assistant_points_to_draft_model(pair, capsys) -> None:
+    code = main(["run", "-m", str(pair[0]), "--strategy", "mtp", "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert "Gemma 4 drafts with its assistant" in err and "--draft-model" in err and "MTP-GGUF" not in err
+
+
 def test_a_pulled_gemma_pair_drafts_with_the_assistant_pulled_beside_its_target(
     pair, tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

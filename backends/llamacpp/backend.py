@@ -29,8 +29,8 @@ from localspec.backends.llamacpp import rpc as rpc_entry_points
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
 from localspec.core.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
-from localspec.core.gguf_check import check_gguf, diagnose_gguf
-from localspec.core.gguf_header import read_header
+from localspec.core.gguf_check import assistant_alone, check_gguf, diagnose_gguf
+from localspec.core.gguf_header import ASSISTANT_ARCHITECTURE, read_header
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
@@ -316,6 +316,9 @@ class LlamaCppBackend:
                 "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
             )
         self._model = model
+        if self._meta("general.architecture") == ASSISTANT_ARCHITECTURE:  # drafts only, inside its target
+            llama.llama_model_free(model)
+            raise assistant_alone(path)
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
         self._vocab = llama.llama_model_get_vocab(model)
         self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
@@ -585,6 +588,12 @@ class LlamaCppBackend:
     def mtp_head(self) -> MtpHead:
         """The model's own MTP block as a drafter (strategy mtp)."""
         self._live()
+        if not self._mtp_layers and self.info.architecture == "gemma4":
+            raise InvalidRequestError(
+                f"{self.info.name} has no MTP head of its own: Gemma 4 drafts with its assistant, a GGUF beside it",
+                "give the assistant with --draft-model (mtp-gemma-4-12B-it.gguf for gemma-4-12B-it; "
+                "`localspec pull gemma-4-12b` fetches both), or --strategy ngram",
+            )
         if not self._mtp_layers:
             raise InvalidRequestError(
                 f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",

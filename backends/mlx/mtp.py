@@ -137,7 +137,9 @@ class MlxMtpHead(HeadOfTarget):
         self._closed = False
         layers = max(target.info.n_layers, 1)
         info = target.info  # one block of the target's, priced as such (calibrate.prior_calibration)
-        self.info = replace(info, name=f"{info.name} [mtp]", size_bytes=info.size_bytes // layers, n_params=info.n_params // layers)
+        self.info = replace(
+            info, name=f"{info.name} [mtp]", size_bytes=info.size_bytes // layers, n_params=info.n_params // layers
+        )
         self.capabilities = Capabilities(
             rollback=True,
             max_block=target.capabilities.max_block,

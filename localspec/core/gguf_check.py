@@ -8,7 +8,7 @@ import stat
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from localspec.core.errors import ModelLoadError
+from localspec.core.errors import InvalidRequestError, ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
 
@@ -74,6 +74,24 @@ def check_gguf(path: str) -> None:
             f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})",
             "llama.cpp reads GGUF; convert safetensors with llama.cpp's convert_hf_to_gguf.py",
         )
+
+
+def assistant_alone(path: str) -> InvalidRequestError:
+    """The refusal of an MTP assistant GGUF (Gemma 4's) opened as a model of its own: it
+    drafts from inside its target, whose width it was made for."""
+    from localspec.core.gguf_header import read_header
+
+    header = read_header(path)
+    width = header.meta.get(f"{header.architecture}.embedding_length_out")
+    name = os.path.basename(path)
+    target = name[len("mtp-") : -len(".gguf")] if name.startswith("mtp-") and name.endswith(".gguf") else None
+    belongs = f"the Gemma 4 model {target}" if target else "the Gemma 4 model it was released with"
+    return InvalidRequestError(
+        f"{name} is a Gemma 4 MTP assistant, which drafts for {belongs}"
+        + (f" (hidden size {width})" if isinstance(width, int) else "")
+        + " and generates nothing on its own",
+        f"run the target with it as its drafter: --model {target + '….gguf' if target else 'TARGET.gguf'} --draft-model {path}",
+    )
 
 
 def diagnose_gguf(path: str) -> str:
