@@ -138,3 +138,29 @@ def test_a_pulled_gemma_pair_drafts_with_the_assistant_pulled_beside_its_target(
         spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
     with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
         assert spec.tokens == plain.generate(prompt=PROMPT, max_tokens=30, temperature=0).tokens
+
+
+# -- layerskip on the gemma4 target: a copy with blocks left out that describes the blocks it keeps
+
+
+@pytest.mark.parametrize("strategy", ["layerskip:2", "layerskip:3", "layerskip"])
+def test_layerskip_on_gemma4_drafts_and_greedy_output_stays_the_targets(pair, strategy: str) -> None:
+    target = pair[0]
+    with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
+        expected = plain.generate(prompt=PROMPT, max_tokens=30, temperature=0)
+    with localspec.load(model=str(target), n_ctx=256, strategy=strategy, draft_tokens=3) as runtime:
+        spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
+    assert spec.tokens == expected.tokens
+    assert spec.stats.drafted > 0
+
+
+def test_a_derived_drafter_that_does_not_load_says_what_failed(pair, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from localspec.backends.llamacpp import copies
+
+    monkeypatch.setattr(copies, "fit_pruned_blocks", lambda *args: None)  # llama.cpp's prune alone
+    code = main(["run", "-m", str(pair[0]), "--strategy", "layerskip:2", "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert "the layerskip:2 drafter derived from" in err
+    assert "gemma4.attention.sliding_window_pattern has 4 entries for its 2 blocks" in err
+    assert "download" not in err and "may not support" not in err

@@ -578,7 +578,14 @@ class LlamaCppBackend:
 
         def make(label: str) -> LlamaCppBackend:
             c = options[label]
-            drafter = LlamaCppBackend(str(derived(self.info.path, c.ftype, folder, c.prune)), **self._options)
+            path = derived(self.info.path, c.ftype, folder, c.prune)
+            try:
+                drafter = LlamaCppBackend(str(path), **self._options)
+            except ModelLoadError as exc:  # a file localspec wrote: say so, not "download it again"
+                raise ModelLoadError(
+                    f"the {kind}:{label} drafter derived from {self.info.name} did not load: {exc.message}",
+                    f"use another strategy (ngram, or qspec); remove {path} to derive it again",
+                ) from exc
             extra = {**drafter.capabilities.extra, "self_draft": f"{kind}:{label}"}
             drafter.capabilities = replace(drafter.capabilities, extra=extra)
             return drafter

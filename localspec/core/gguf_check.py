@@ -90,7 +90,8 @@ def assistant_alone(path: str) -> InvalidRequestError:
         f"{name} is a Gemma 4 MTP assistant, which drafts for {belongs}"
         + (f" (hidden size {width})" if isinstance(width, int) else "")
         + " and generates nothing on its own",
-        f"run the target with it as its drafter: --model {target + '….gguf' if target else 'TARGET.gguf'} --draft-model {path}",
+        f"run the target with it as its drafter: --model {f'{target}….gguf' if target else 'TARGET.gguf'} "
+        f"--draft-model {path}",
     )
 
 
@@ -108,6 +109,11 @@ def diagnose_gguf(path: str) -> str:
     if end > size:
         return f"the file is truncated: its tensors need {end} bytes but it has {size}; download it again"
     arch = header.meta.get("general.architecture")
+    blocks = header.meta.get(f"{arch}.block_count")
+    for key in ("attention.sliding_window_pattern", "attention.head_count", "feed_forward_length"):
+        entries = header.meta.get(f"{arch}.{key}")
+        if isinstance(entries, list) and isinstance(blocks, int) and len(entries) != blocks:
+            return f"its {arch}.{key} has {len(entries)} entries for its {blocks} blocks"
     if arch is not None:
         return f"its architecture is {arch!r}; this llama.cpp build may not support it"
     return "its header has no general.architecture key"
