@@ -22,10 +22,10 @@ mx = pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip inst
 pytest.importorskip("mlx_lm.models.gemma4_text", reason="gemma4 needs mlx-lm 0.32 or later")
 
 import mlx.nn as nn  # noqa: E402
+from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import gemma4, gemma4_text  # noqa: E402
 from mlx_lm.utils import save_config, save_model  # noqa: E402
-from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it  # noqa: E402
 from test_mlx_backend import (  # noqa: E402
     BOS,
     N_RUNS,

@@ -20,10 +20,10 @@ mx = pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip inst
 pytest.importorskip("mlx_lm.models.qwen3_5", reason="qwen3_5 needs mlx-lm 0.31 or later")
 
 import mlx.nn as nn  # noqa: E402
+from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import qwen3_5_moe  # noqa: E402
 from mlx_lm.utils import quantize_model, save_config  # noqa: E402
-from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it  # noqa: E402
 from test_mlx_backend import N_RUNS, TOP5, Outcome, chi_square_pvalue, exact_law, first_two  # noqa: E402
 from test_mlx_hybrid import HYBRID_TEXT_CONFIG, PROMPT, TEXT, lookup_prompt, save_folder, tiny_hybrid  # noqa: E402
 
