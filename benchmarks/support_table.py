@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from gguf_writer import Gemma4Spec, HybridSpec, Spec, write_gemma4_pair, write_gguf, write_qwen35_gguf  # noqa: E402
+from gguf_writer import Gemma4Spec, HybridSpec, Spec, write_gemma4_pair, write_gguf, write_qwen35_gguf
 
-import localspec  # noqa: E402
-from localspec.core.errors import LocalspecError  # noqa: E402
+import localspec
+from localspec.core.errors import LocalspecError
 
 BACKENDS = ("llamacpp", "torch", "mlx")
 STRATEGIES = ("ngram", "draft", "qspec", "layerskip:2", "mtp")
