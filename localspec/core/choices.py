@@ -9,9 +9,9 @@ from typing import Literal
 from localspec.core.errors import InvalidRequestError
 
 BACKENDS = ("llamacpp", "torch", "mlx", "reference")
+DEFAULT_BACKEND = "llamacpp"  # what --backend is when not given
 # Backends a models.toml model can give files for (the reference model is a spec, not a file).
 PULLABLE_BACKENDS = ("llamacpp", "mlx", "torch")
-MTP_BACKENDS = ("llamacpp", "mlx")  # the backends that run MTP drafters (a model's own head, an assistant)
 
 STRATEGIES = ("auto", "none", "ngram", "draft")
 # Drafters derived from the target itself, and what may follow the colon.

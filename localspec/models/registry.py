@@ -17,14 +17,8 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from localspec.core.choices import (
-    EVERY_STRATEGY,
-    MTP_BACKENDS,
-    PULLABLE_BACKENDS,
-    SELF_DRAFTING_STRATEGY,
-    STRATEGIES,
-    DraftTokens,
-)
+from localspec.core.backend_loader import kind_of
+from localspec.core.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFTING_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF
 from localspec.models.default_model import PyPIModel
@@ -175,10 +169,11 @@ class Pair:
 
 def backend_refusal(pair: Pair, backend: str) -> str | None:
     """Why `backend` cannot run the pair as models.toml gives it, or None: an MTP drafter
-    (strategy mtp) runs on MTP_BACKENDS only."""
-    if pair.strategy.startswith("mtp") and backend not in MTP_BACKENDS:
+    (strategy mtp) runs only on the backends whose kind says mtp."""
+    if pair.strategy.startswith("mtp") and not kind_of(backend).mtp:
+        runs = " and ".join(b for b in PULLABLE_BACKENDS if kind_of(b).mtp)
         return (
-            f"the {backend} backend does not run MTP drafters (strategy mtp runs on {' and '.join(MTP_BACKENDS)}): "
+            f"the {backend} backend does not run MTP drafters (strategy mtp runs on {runs}): "
             "give a repo that serving engines load as `safetensors`, not as a backend's files"
         )
     return None
@@ -363,9 +358,9 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
     if not isinstance(files, list) or not files:
         raise _fail(path, where, "files", "expected a non-empty list of file names or {name, size, sha256} tables")
     parsed = tuple(_parse_file(f, path, f"{where}, files[{i}]") for i, f in enumerate(files))
-    if backend == "llamacpp" and any(f.is_pattern or not f.name.endswith(".gguf") for f in parsed):
+    if kind_of(backend).gguf and any(f.is_pattern or not f.name.endswith(".gguf") for f in parsed):
         raise _fail(path, where, "files", "llama.cpp needs exact .gguf file names (split files in order)")
-    if backend == "llamacpp":
+    if kind_of(backend).gguf:
         parsed = _expand_split(parsed, path, where)
     return HubArtifact(_str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where, _REVISION), parsed)
 
@@ -406,7 +401,7 @@ def _parse_local(entry: Mapping[str, Any], path: Path, where: str, backend: str)
     """`path = ...`: absolute, or relative to the models.toml that names it; ~ is expanded."""
     local = Path(_str(entry, "path", path, where)).expanduser()
     local = local if local.is_absolute() else path.parent / local
-    if backend == "llamacpp" and local.suffix != ".gguf":
+    if kind_of(backend).gguf and local.suffix != ".gguf":
         raise _fail(path, where, "path", f"llama.cpp needs a .gguf file (the first shard of a split one), got {local}")
     return LocalArtifact(local)
 
