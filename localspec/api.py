@@ -191,4 +191,6 @@ def pair_id(model: str | None, draft_model: str | None = None, backend: str = "l
     given beside it (reference models are specs, never pairs)."""
     if model is None or draft_model is not None or kind_of(backend).specs:
         return None
-    return None if os.path.exists(model) or model.endswith(".gguf") else model
+    # lexists: a dangling link or a symlink loop is still a path (its error says what it is)
+    path_like = os.path.lexists(model) or model.endswith(".gguf") or model.startswith(("/", "./", "../", "~"))
+    return None if path_like else model

@@ -28,7 +28,13 @@ from localspec.backends.llamacpp import rpc as rpc_entry_points
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
 from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import ASSISTANT_ARCHITECTURE, assistant_alone, check_gguf, diagnose_gguf
+from localspec.core.gguf_header import (
+    ASSISTANT_ARCHITECTURE,
+    assistant_alone,
+    check_gguf,
+    diagnose_gguf,
+    load_failure_hint,
+)
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
 from . import library
@@ -131,7 +137,7 @@ class LlamaCppBackend:
         if not model:
             raise ModelLoadError(
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-                "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+                load_failure_hint(path),
             )
         arch = ctypes.create_string_buffer(64)
         llama.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
