@@ -4,6 +4,10 @@ the real engine, n-gram drafter and adaptive policy on fixed cost curves of seve
 (tests/data/replay_curves.json, each with its source; some are synthetic and say so), on a
 simulated clock (localspec/control/replay.py). No model runs.
 
+The H100's measured curves (tests/data/gpu_curves.json) project each target with its
+family's small drafter at a constant acceptance: there the controller must reach the best
+fixed γ within 3 % and never lose to plain decoding; GOLDEN_GPU pins what it reaches.
+
 Each curve's replay must stay near the oracles (the best fixed γ per answer, and the
 ceiling of any draft-length choice) and never lose to plain decoding; GOLDEN pins its
 speedup, so a rule that moves no number here earns nothing on these machines.
@@ -19,7 +23,7 @@ from typing import Any
 import pytest
 
 from localspec.control.factory import ngram_policy
-from localspec.control.replay import Score, Truth, calibration_from_doctor, score
+from localspec.control.replay import Score, Truth, calibration_from_doctor, constant_acceptance, fixed_speedup, score
 
 DATA = Path(__file__).parent / "data"
 ANSWERS: dict[str, Any] = json.loads((DATA / "replay_answers.json").read_text())
@@ -76,3 +80,48 @@ def test_the_replay_stays_near_the_oracles(name: str) -> None:
 def test_the_replayed_speedup_is_pinned(name: str) -> None:
     s = replayed(name)
     assert s.speedup(s.adaptive) == pytest.approx(GOLDEN[name], abs=0.0015)
+
+
+GPU: dict[str, Any] = json.loads((DATA / "gpu_curves.json").read_text())
+GPU_CELLS = [(t, k, a) for t in GPU["pairs"] for k in ("bf16", "int8", "int4") for a in (0.6, 0.7, 0.8)]
+
+# The speedup the controller's own choices reach on each H100 cell (benchmarks/gpu_shapes.py
+# --project prints the same table beside the best fixed γ).
+GOLDEN_GPU: dict[str, float] = {
+    "llama-3.1-8b/bf16/0.6": 1.216,
+    "llama-3.1-8b/bf16/0.7": 1.358,
+    "llama-3.1-8b/bf16/0.8": 1.576,
+    "llama-3.1-8b/int8/0.6": 1.390,
+    "llama-3.1-8b/int8/0.7": 1.584,
+    "llama-3.1-8b/int8/0.8": 1.878,
+    "llama-3.1-8b/int4/0.6": 1.054,
+    "llama-3.1-8b/int4/0.7": 1.132,
+    "llama-3.1-8b/int4/0.8": 1.266,
+    "qwen2.5-7b/bf16/0.6": 1.197,
+    "qwen2.5-7b/bf16/0.7": 1.343,
+    "qwen2.5-7b/bf16/0.8": 1.562,
+    "qwen2.5-7b/int8/0.6": 1.534,
+    "qwen2.5-7b/int8/0.7": 1.790,
+    "qwen2.5-7b/int8/0.8": 2.203,
+    "qwen2.5-7b/int4/0.6": 1.105,
+    "qwen2.5-7b/int4/0.7": 1.203,
+    "qwen2.5-7b/int4/0.8": 1.342,
+}
+
+
+def gpu_cell(target: str, kind: str, alpha: float) -> tuple[float, float]:
+    """(best fixed γ's speedup, plain included; the controller's) on one H100 cell."""
+    curve = [t / 1e3 for t in GPU["curves"][f"{target}/{kind}"]]
+    draft = GPU["curves"][f"{GPU['pairs'][target]}/{kind}"][0] / 1e3
+    best = max(fixed_speedup(curve, draft, g, alpha) for g in range(len(curve)))
+    return best, constant_acceptance(curve, draft, alpha)[1]
+
+
+@pytest.mark.parametrize(("target", "kind", "alpha"), GPU_CELLS)
+def test_on_the_h100_curves_the_controller_reaches_the_best_fixed_draft_length(
+    target: str, kind: str, alpha: float
+) -> None:
+    best, reached = gpu_cell(target, kind, alpha)
+    assert reached >= 1.0
+    assert reached >= 0.97 * best, f"{target} {kind} at {alpha}: {reached:.3f}x against {best:.3f}x fixed"
+    assert reached == pytest.approx(GOLDEN_GPU[f"{target}/{kind}/{alpha}"], abs=0.005)

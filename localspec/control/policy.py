@@ -99,6 +99,7 @@ class AdaptiveDraftLength:
     trials: list[float] = field(default_factory=list)
     _other_kind: _Estimates | None = field(default=None, repr=False)
     _declined: int = field(default=0, repr=False)  # proven guesses passed over in a row (probe_after)
+    _model_drafting: bool = field(default=False, repr=False)  # the last step drafted with the model
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -202,7 +203,15 @@ class AdaptiveDraftLength:
         plain = 1.0 / self.costs.verify(1, depth)
         if support > 0 and alpha[0] < self.config.first_block_alpha and not self.costs.timed_a_block():
             return 0, plain  # a curve that never timed a block waits for a likely guess to time one
-        best, best_rate, bar = 0, plain, plain * (1.0 + margin)
+        # A lookup's risk is the graph rebuild around its block: it must beat plain by the
+        # margin. A model draft's risk is its own time drifting, so the margin is charged on
+        # that time alone, and only to start drafting: a drafter cheap next to the target's
+        # step (a GPU's small model) is not held off gains of a few per cent, and one drafting
+        # near break-even is not stopped by noise in its estimate that it could not start back from.
+        model = support <= 0 and per_token > 0.0
+        bar = plain if model else plain * (1.0 + margin)
+        charged = 1.0 + (margin if model and not self._model_drafting else 0.0)
+        best, best_rate, best_charged = 0, plain, plain
         expected, run = 1.0, 1.0
         # The drafter runs on the same cores over the same text: the target's drift is its too.
         draft_cost = per_token * self.costs.scale
@@ -210,14 +219,17 @@ class AdaptiveDraftLength:
         for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1, depth))
-            if r > bar and r > best_rate:
-                best, best_rate = g, r
+            price = catch_up + self.costs.verify(g + 1, depth)
+            r = expected / (price + g * draft_cost * charged)
+            if r > bar and r > best_charged:
+                best, best_rate, best_charged = g, expected / (price + g * draft_cost), r
         return best, best_rate
 
     def observe(self, step: Step) -> None:
         drafted, accepted = step.drafted, step.accepted
         self.costs.update(drafted + 1, step.verify_seconds, step.depth)
+        if not step.lookup and step.support <= 0:
+            self._model_drafting = drafted > 0
         if drafted == 0:
             self._relax(step.support, 0)
             return
