@@ -9,8 +9,9 @@ from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
 from localspec.control.calibrate import calibrated
+from localspec.control.config import DEFAULT
 from localspec.control.hardware import predict_verify_seconds, probe
-from localspec.control.policy import choose_static
+from localspec.control.policy import decide_static
 from localspec.core.backend_loader import load_backend
 
 
@@ -27,6 +28,7 @@ def register(sub: Any) -> None:
         "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the draft lengths the policy weighed")
     p.set_defaults(handler=handle)
 
 
@@ -49,7 +51,8 @@ def handle(args: argparse.Namespace) -> int:
     predicted = [
         predict_verify_seconds(info.size_bytes, info.n_params, device, k, on) for k in range(1, len(curve) + 1)
     ]
-    choices = {f"{a:.2f}": choose_static(curve, a, 0.0, 12) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
+    decisions = {f"{a:.2f}": decide_static(curve, a, 0.0, DEFAULT.max_draft) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
+    choices = {a: d.chosen for a, d in decisions.items()}
     if args.json:
         print(
             json.dumps(
@@ -102,6 +105,8 @@ def handle(args: argparse.Namespace) -> int:
     print(
         "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
     )
+    if args.verbose:
+        print(f"at acceptance 0.80 the policy weighed\n{decisions['0.80'].table()}")
     return 0
 
 
