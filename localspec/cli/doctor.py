@@ -12,7 +12,7 @@ from localspec.control.calibrate import calibrated
 from localspec.control.config import DEFAULT
 from localspec.control.hardware import predict_verify_seconds, probe
 from localspec.control.policy import decide_static
-from localspec.core.backend_loader import load_backend
+from localspec.core.backend_loader import kind_of, load_backend
 
 
 def register(sub: Any) -> None:
@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
         curve, deep = cal.verify_seconds, cal.deep_verify_seconds
         info = backend.info
         on = backend.capabilities.device
-        gpu = backend.capabilities.extra.get("gpu")
+        gpu = backend.capabilities.gpu
     finally:
         backend.close()
     predicted = [
@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
     print(f"llama.cpp    {_rpc_line()}")
     print(f"llama.cpp    {_exact_line()}")
-    if args.backend == "llamacpp":
+    if kind_of(args.backend).gpu_layers:
         print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
@@ -117,7 +117,7 @@ def _gpu_line(gpu: str | None) -> str:
 
 
 def _exact_line() -> str:
-    from localspec.backends.llamacpp.backend import EXACT_BUILD, batch_invariant_build
+    from localspec.backends.llamacpp.library import EXACT_BUILD, batch_invariant_build
 
     if batch_invariant_build():
         return "built without llamafile: --exact gives plain decoding's greedy output bit for bit"
