@@ -24,13 +24,14 @@ def load_raw(path: str, gpu_layers: int | None, log: bool, mtp: bool, repack: bo
     """llama.cpp's default model parameters with the named localspec settings on top."""
     import llama_cpp as llama
 
-    if log or probe:
-        from localspec.backends.llamacpp import backend
+    if log:
+        from localspec.backends.llamacpp import library
 
-        if log:
-            backend.init_library()  # localspec's log callback, then llama_backend_init
-        if probe:
-            print(f"  gpu_device(): {backend.gpu_device()}", flush=True)
+        library.init_library()  # localspec's log callback, then llama_backend_init
+    if probe:
+        from localspec.backends.llamacpp import gpu
+
+        print(f"  gpu_device(): {gpu.gpu_device()}", flush=True)
     if not log:
         llama.llama_backend_init()
     params = llama.llama_model_default_params()
@@ -46,9 +47,9 @@ def load_raw(path: str, gpu_layers: int | None, log: bool, mtp: bool, repack: bo
 
 
 def auto_layers(path: str) -> int:
-    from localspec.backends.llamacpp import backend
+    from localspec.backends.llamacpp import gpu
 
-    return backend.auto_gpu_layers(path, backend.gpu_device())
+    return gpu.auto_gpu_layers(path, gpu.gpu_device())
 
 
 def variants(path: str) -> dict[str, str]:
