@@ -145,6 +145,9 @@ class HeadOfTarget:
     _tokens: list[int]
     _closed: bool
     info: ModelInfo
+    # True for a head that reads the target's KV cache and keeps none of its own (Gemma 4's
+    # assistant): it reads a token only at the target's next position, never below it.
+    shared: bool = False
 
     @property
     def n_past(self) -> int:
@@ -292,7 +295,7 @@ class Decision:
     predicted tokens per second (γ = 0, plain decoding, always among them), the γ that
     predicted best, the γ chosen, and the adjustment that turned one into the other."""
 
-    source: str  # whose guess the step drafted: "model", "lookup" or "fixed"
+    source: str  # "draft" (the runtime's drafter), "model" or "lookup" (chosen between), "fixed"
     candidates: tuple[tuple[int, float], ...]
     best: int
     chosen: int
