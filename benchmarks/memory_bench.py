@@ -9,7 +9,10 @@ each session starts with an empty memory and an empty dynamic cache. The figures
 every request but each session's first, which neither side can recall anything for.
 
     python benchmarks/memory_bench.py MODEL.gguf --peers-bin DIR [-n 160] [-r 1]
-        [--sessions benchmarks/prompts_sessions.jsonl] [--gamma 4 --gamma 8]
+        [--sessions benchmarks/prompts_sessions.jsonl] [--only SESSION] [--gamma 4 --gamma 8]
+
+Without --peers-bin only localspec's columns run. --match-lengths adds the memory choosing its
+source by match lengths alone, as before each source's guesses were scored (sources.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from localspec.tooling.peers import run_peer
 
 SESSIONS = Path(__file__).with_name("prompts_sessions.jsonl")
 OURS = ("plain", "ngram", "ngram+memory")
+MATCH_LENGTHS = "memory by match lengths"
 
 
 def load_sessions(path: Path) -> dict[str, list[str]]:
@@ -63,6 +67,10 @@ def run_session(
         "ngram": Runtime(target, strategy="ngram"),
         "ngram+memory": Runtime(target, strategy="ngram", memory=NgramMemory()),
     }
+    if args.match_lengths:
+        lengths_only = Runtime(target, strategy="ngram", memory=NgramMemory())
+        lengths_only.drafter.records.expected_run = lambda source, support: None  # type: ignore[attr-defined]
+        runtimes[MATCH_LENGTHS] = lengths_only
     template, specials = target.chat_template(), target.special_texts()
     with tempfile.TemporaryDirectory() as caches:
         for i, prompt in enumerate(prompts):
@@ -76,7 +84,7 @@ def run_session(
             counts["requests"] += i > 0
             counts["identical"] += i > 0 and answers["ngram+memory"] == answers["plain"]
             text = render_chat(template, messages, specials)
-            for gamma in args.gamma:
+            for gamma in args.gamma if args.peers_bin else []:
                 for cached in (False, True):
                     cache = ["-lcd", str(Path(caches) / f"dynamic-{gamma}.bin")] if cached else []
                     peer = run_peer(
@@ -93,7 +101,9 @@ def peer_column(gamma: int, cached: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--peers-bin", type=Path, required=True, help="folder with llama.cpp's llama-lookup")
+    parser.add_argument("--peers-bin", type=Path, help="folder with llama.cpp's llama-lookup")
+    parser.add_argument("--only", action="append", help="run only this session (repeatable)")
+    parser.add_argument("--match-lengths", action="store_true", help="add the memory choosing by match lengths")
     parser.add_argument("--sessions", type=Path, default=SESSIONS)
     parser.add_argument("--max-tokens", "-n", type=int, default=160)
     parser.add_argument("--repeats", "-r", type=int, default=1)
@@ -102,10 +112,12 @@ def main() -> None:
     args = parser.parse_args()
     args.gamma = args.gamma or [4, 8]
     sessions = load_sessions(args.sessions)
+    if args.only:
+        sessions = {name: prompts for name, prompts in sessions.items() if name in args.only}
     target = load_backend("llamacpp", args.model, n_ctx=4096, **({"threads": args.threads} if args.threads else {}))
     Runtime(target, strategy="none").generate("Hello", max_tokens=8, temperature=0.0)  # warm caches
-    peers = [peer_column(g, c) for g in args.gamma for c in (False, True)]
-    columns = [*OURS, *peers]
+    peers = [peer_column(g, c) for g in args.gamma for c in (False, True)] if args.peers_bin else []
+    columns = [*OURS, *([MATCH_LENGTHS] if args.match_lengths else []), *peers]
     per_session: dict[str, Tally] = {}
     counts = {"requests": 0, "identical": 0}
     for name, prompts in sessions.items():
@@ -124,7 +136,7 @@ def main() -> None:
 
 def report(per_session: dict[str, Tally], columns: list[str], peers: list[str]) -> None:
     """One Markdown table: tokens/s per column, then ngram+memory's ratio to each other column."""
-    against = ["plain", "ngram", *peers]
+    against = ["plain", "ngram", *[c for c in columns if c == MATCH_LENGTHS], *peers]
     head = [f"{c} tok/s" for c in columns] + [f"memory vs {c}" for c in against]
     print(f"\n| session | {' | '.join(head)} |")
     print("|---" * (1 + len(head)) + "|")
