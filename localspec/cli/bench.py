@@ -181,7 +181,7 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
             f"unknown strategy {strategy!r}", "choose from: ngram, draft, qspec[:TYPE], layerskip[:L]"
         )
     draft = derive_drafter(target, *parsed)
-    label = draft.capabilities.extra.get("self_draft", strategy)
+    label = draft.capabilities.self_draft or strategy
     if draft.info.path == target.info.path:  # it lives in the target's memory
         return Contender(label, "draft", draft)
     draft.close()  # a file of its own: opened for its runs only (see Contender)
