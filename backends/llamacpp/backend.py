@@ -39,6 +39,7 @@ from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests
 from .gpu import GpuDevice as GpuDevice
 from .gpu import auto_gpu_layers, gpu_device
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
+from .greedy import DeviceGreedy
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
@@ -50,7 +51,6 @@ from .library import (
     note_default_kernels,
     use_exact_kernels,
 )
-from .greedy import DeviceGreedy
 from .mtp import MtpHead, TargetStates
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 
