@@ -50,10 +50,12 @@ class Tally:
     def __init__(self) -> None:
         self.tokens: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.steps: dict[str, int] = defaultdict(int)  # target passes (ours): tokens a pass is load-free
 
-    def add(self, column: str, tokens: int, seconds: float) -> None:
+    def add(self, column: str, tokens: int, seconds: float, steps: int = 0) -> None:
         self.tokens[column] += tokens
         self.seconds[column] += seconds
+        self.steps[column] += steps
 
     def rate(self, column: str) -> float:
         return self.tokens[column] / self.seconds[column] if self.seconds[column] else 0.0
@@ -80,7 +82,7 @@ def run_session(
                 out = runtime.generate(messages=messages, max_tokens=args.max_tokens, temperature=0.0)
                 answers[column] = out.tokens
                 if i > 0:
-                    tally.add(column, out.stats.generated_tokens, out.stats.decode_seconds)
+                    tally.add(column, out.stats.generated_tokens, out.stats.decode_seconds, out.stats.verify_steps)
             counts["requests"] += i > 0
             counts["identical"] += i > 0 and answers["ngram+memory"] == answers["plain"]
             text = render_chat(template, messages, specials)
@@ -125,6 +127,8 @@ def main() -> None:
         for _ in range(args.repeats):
             run_session(target, args.model, prompts, args, tally, counts)
         print(name, {c: round(tally.rate(c), 1) for c in columns}, flush=True)
+        passes = {c: round(tally.tokens[c] / tally.steps[c], 3) for c in columns if tally.steps[c]}
+        print(name, "tokens per target pass", passes, flush=True)
 
     report(per_session, columns, peers)
     print(

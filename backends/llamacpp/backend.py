@@ -108,6 +108,7 @@ class LlamaCppBackend:
         self._ctx = ctx
         self._mem = llama.llama_get_memory(ctx)
         self._greedy = DeviceGreedy(ctx)
+        self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
@@ -306,9 +307,9 @@ class LlamaCppBackend:
 
     # -- evaluation -------------------------------------------------------------------------
 
-    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all", *, picks: bool = False) -> Logits:
-        """picks: the rows' argmax is taken in the graph (verify_block); no logits come back."""
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         self._live()
+        picks = self._picks  # verify_block's pass: the argmax is taken in the graph, no logits come back
         n = len(tokens)
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
@@ -373,7 +374,12 @@ class LlamaCppBackend:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
         if cfg.greedy and self._states is None and self._greedy.attach():
-            self.eval_block(tokens, "all", picks=True)
+            # A flag rather than an argument: eval_block stays what wrappers of it expect.
+            self._picks = True
+            try:
+                self.eval_block(tokens, "all")
+            finally:
+                self._picks = False
             return accept_picks(tokens[1:], self._greedy.picks(len(tokens)))
         logits = self.eval_block(tokens, "all")
         if cfg.greedy:
