@@ -116,6 +116,8 @@ class LlamaCppBackend:
         self._heads: list[MtpHead] = []
         if rpc:
             rpc_entry_points.limit_waits(rpc)
+            # The output layer sits on another machine there; its argmax stays the host's (untried).
+            self._greedy.refused = True
         max_block = self._make_batch(ctx, max_block)
         self._tokens: list[int] = []
         # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
