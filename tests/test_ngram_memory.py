@@ -8,7 +8,6 @@ from tui_support import reference
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters.memory import KEY, NgramMemory
 from localspec.drafters.ngram import NgramDrafter
-from localspec.drafters.sources import EVIDENCE, SourceRecords
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -105,34 +104,3 @@ def test_load_keeps_no_memory_when_asked_not_to() -> None:
 
     assert load("reference", backend="reference", memory=False).memory is None
     assert load("reference", backend="reference").memory is not None
-
-
-def test_each_source_is_scored_by_the_run_of_its_guess_that_came_true() -> None:
-    records = SourceRecords()
-    for at in range(0, 10 * EVIDENCE, 10):
-        records.guessed("memory", 9, at, [1, 2, 3, 4])
-        records.guessed("own", 1, at, [1, 2, 9])
-    text = [1, 2, 5, 6, 7, 8, 0, 0, 0, 0] * EVIDENCE
-    records.settle(text[:-8])
-    assert records.expected_run("memory", 9) is None  # the last guess is not known yet
-    records.settle(text)
-    assert records.expected_run("memory", 9) == 2.0
-    assert records.expected_run("memory", 1) is None  # another kind of match: no evidence
-    assert records.expected_run("own", 1) == 2.0
-
-
-def test_a_memory_whose_guesses_keep_failing_loses_the_step_to_the_requests_own_text() -> None:
-    drafter = NgramDrafter(memory=remembered([5, 6, 1, 2, 3, 4, 40, 41, 42]))
-    context = [8, 8, 4, 77, 6, 1, 2, 3, 4]  # its own text matches 1 back, the memory 5
-    assert guessed(drafter, context, 2) == [40, 41]
-    for _ in range(EVIDENCE):  # a like earlier answer: the keys again, the values not
-        drafter.records.score("memory", 2, 0)
-        drafter.records.score("own", 1, 1)
-    assert guessed(drafter, context, 2) == [77, 6]
-
-
-def test_a_memory_guess_is_cut_a_token_past_the_run_its_kind_of_match_held() -> None:
-    drafter = NgramDrafter(memory=remembered([5, 6, 1, 2, 3, 4, 40, 41, 42, 43, 44]))
-    for _ in range(EVIDENCE):
-        drafter.records.score("memory", 2, 2)
-    assert guessed(drafter, [7, 5, 6, 1, 2, 3, 4], 5) == [40, 41, 42]  # nothing of its own to guess

@@ -9,14 +9,11 @@ returned as the draft's support, which the draft-length policy turns into confid
 
 Given a memory of earlier requests, a passage recalled from it is guessed instead where it
 matches further back than anything in the request's own text (twice as far where that text
-has a real match), until both sources' guesses of those kinds of match have been scored
-(sources.py): from then on the source whose guesses held longer guesses, and a memory guess
-is cut to a token past the run its kind held.
+has a real match).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,7 +21,6 @@ import numpy as np
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters import Draft
 from localspec.drafters.memory import KEY, NgramMemory
-from localspec.drafters.sources import SourceRecords
 
 # How far back a match is measured, and how many earlier occurrences are compared: both
 # bound the work per step (a common token like "\n" occurs hundreds of times).
@@ -45,13 +41,10 @@ class NgramDrafter:
         # Append-only per request, so each step costs O(new tokens), not O(context).
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0
-        # How each source's guesses held; kept across requests, as the memory is.
-        self.records = SourceRecords()
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         self._index = {}
         self._indexed = 0
-        self.records.restart()
         self._extend(context)
 
     def _extend(self, context: Sequence[int]) -> None:
@@ -65,27 +58,14 @@ class NgramDrafter:
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         self._extend(context)
         draft = self._copy(context, n)
-        if self.memory is None or draft.support >= self.max_support:
-            return draft
-        recalled = self.memory.recall(context, n, self.max_support)
-        at, records = len(context), self.records
-        records.settle(context)
-        records.guessed("own", draft.support, at, draft.tokens)
-        records.guessed("memory", recalled.support, at, recalled.tokens)
-        if not recalled.tokens:
-            return draft
-        mine = records.expected_run("own", draft.support) if draft.tokens else 0.0
-        theirs = records.expected_run("memory", recalled.support)
-        if mine is None or theirs is None:
-            # Until scored, the request's own text is the likelier source (an earlier answer
-            # to a like request shares its shape, not its values): where it matches a real
-            # passage, the memory must match twice as far back to be preferred.
+        if self.memory is not None and draft.support < self.max_support:
+            recalled = self.memory.recall(context, n, self.max_support)
+            # The request's own text is the likelier source (an earlier answer to a like
+            # request shares its shape, not its values): where it matches a real passage,
+            # the memory must match twice as far back to be preferred.
             if recalled.support > (draft.support if draft.support < KEY else 2 * draft.support):
                 return recalled
-            return draft
-        if theirs <= mine or theirs < 0.5:  # its guesses fail sooner, or mostly at once
-            return draft
-        return Draft(tokens=recalled.tokens[: math.ceil(theirs) + 1], support=recalled.support)
+        return draft
 
     def _copy(self, context: Sequence[int], n: int) -> Draft:
         """The guess from the request's own text."""
