@@ -11,8 +11,8 @@ every request but each session's first, which neither side can recall anything f
     python benchmarks/memory_bench.py MODEL.gguf --peers-bin DIR [-n 160] [-r 1]
         [--sessions benchmarks/prompts_sessions.jsonl] [--only SESSION] [--gamma 4 --gamma 8]
 
-Without --peers-bin only localspec's columns run. --match-lengths adds the memory choosing its
-source by match lengths alone, as before each source's guesses were scored (sources.py).
+Without --peers-bin only localspec's columns run. Tokens per target pass are printed beside
+tokens/s: a busy host moves the latter, not the former.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from localspec.tooling.peers import run_peer
 
 SESSIONS = Path(__file__).with_name("prompts_sessions.jsonl")
 OURS = ("plain", "ngram", "ngram+memory")
-MATCH_LENGTHS = "memory by match lengths"
 
 
 def load_sessions(path: Path) -> dict[str, list[str]]:
@@ -69,10 +68,6 @@ def run_session(
         "ngram": Runtime(target, strategy="ngram"),
         "ngram+memory": Runtime(target, strategy="ngram", memory=NgramMemory()),
     }
-    if args.match_lengths:
-        lengths_only = Runtime(target, strategy="ngram", memory=NgramMemory())
-        lengths_only.drafter.records.expected_run = lambda source, support: None  # type: ignore[attr-defined]
-        runtimes[MATCH_LENGTHS] = lengths_only
     template, specials = target.chat_template(), target.special_texts()
     with tempfile.TemporaryDirectory() as caches:
         for i, prompt in enumerate(prompts):
@@ -105,7 +100,6 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--peers-bin", type=Path, help="folder with llama.cpp's llama-lookup")
     parser.add_argument("--only", action="append", help="run only this session (repeatable)")
-    parser.add_argument("--match-lengths", action="store_true", help="add the memory choosing by match lengths")
     parser.add_argument("--sessions", type=Path, default=SESSIONS)
     parser.add_argument("--max-tokens", "-n", type=int, default=160)
     parser.add_argument("--repeats", "-r", type=int, default=1)
@@ -119,7 +113,7 @@ def main() -> None:
     target = load_backend("llamacpp", args.model, n_ctx=4096, **({"threads": args.threads} if args.threads else {}))
     Runtime(target, strategy="none").generate("Hello", max_tokens=8, temperature=0.0)  # warm caches
     peers = [peer_column(g, c) for g in args.gamma for c in (False, True)] if args.peers_bin else []
-    columns = [*OURS, *([MATCH_LENGTHS] if args.match_lengths else []), *peers]
+    columns = [*OURS, *peers]
     per_session: dict[str, Tally] = {}
     counts = {"requests": 0, "identical": 0}
     for name, prompts in sessions.items():
@@ -140,7 +134,7 @@ def main() -> None:
 
 def report(per_session: dict[str, Tally], columns: list[str], peers: list[str]) -> None:
     """One Markdown table: tokens/s per column, then ngram+memory's ratio to each other column."""
-    against = ["plain", "ngram", *[c for c in columns if c == MATCH_LENGTHS], *peers]
+    against = ["plain", "ngram", *peers]
     head = [f"{c} tok/s" for c in columns] + [f"memory vs {c}" for c in against]
     print(f"\n| session | {' | '.join(head)} |")
     print("|---" * (1 + len(head)) + "|")
