@@ -42,8 +42,6 @@ __all__ = [
     "sampling_config",
 ]
 
-ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
-
 
 def load(
     model: str | LoadOptions | None = None,
@@ -156,7 +154,7 @@ def is_assistant(path: str) -> bool:
         return bool(names & {"gemma4_assistant", "gemma4_unified_assistant", "Gemma4AssistantForCausalLM"})
     if not (path.endswith(".gguf") and os.path.isfile(path)):
         return False
-    return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)
+    return read_header(path).is_assistant
 
 
 def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:
@@ -193,4 +191,6 @@ def pair_id(model: str | None, draft_model: str | None = None, backend: str = "l
     given beside it (reference models are specs, never pairs)."""
     if model is None or draft_model is not None or kind_of(backend).specs:
         return None
-    return None if os.path.exists(model) or model.endswith(".gguf") else model
+    # lexists: a dangling link or a symlink loop is still a path (its error says what it is)
+    path_like = os.path.lexists(model) or model.endswith(".gguf") or model.startswith(("/", "./", "../", "~"))
+    return None if path_like else model

@@ -29,7 +29,13 @@ from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
 from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
 from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import check_gguf, diagnose_gguf
+from localspec.core.gguf_header import (
+    ASSISTANT_ARCHITECTURE,
+    assistant_alone,
+    check_gguf,
+    diagnose_gguf,
+    load_failure_hint,
+)
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.sampling import Distribution, SamplingConfig
 
@@ -139,8 +145,13 @@ class LlamaCppBackend:
         if not model:
             raise ModelLoadError(
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-                "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+                load_failure_hint(path),
             )
+        arch = ctypes.create_string_buffer(64)
+        llama.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
+        if arch.value == ASSISTANT_ARCHITECTURE.encode():  # drafts only, from inside its target
+            llama.llama_model_free(model)
+            raise assistant_alone(path)
         return model
 
     def _make_context(
@@ -444,7 +455,14 @@ class LlamaCppBackend:
 
         def make(label: str) -> LlamaCppBackend:
             c = options[label]
-            drafter = LlamaCppBackend(str(derived(self.info.path, c.ftype, folder, c.prune)), **self._options)
+            path = derived(self.info.path, c.ftype, folder, c.prune)
+            try:
+                drafter = LlamaCppBackend(str(path), **self._options)
+            except ModelLoadError as exc:  # a file localspec wrote: say so, not "download it again"
+                raise ModelLoadError(
+                    f"the {kind}:{label} drafter derived from {self.info.name} did not load: {exc.message}",
+                    f"use another strategy (ngram, or qspec); remove {path} to derive it again",
+                ) from exc
             extra = {**drafter.capabilities.extra, "self_draft": f"{kind}:{label}"}
             drafter.capabilities = replace(drafter.capabilities, extra=extra)
             return drafter
@@ -454,6 +472,12 @@ class LlamaCppBackend:
     def mtp_head(self) -> MtpHead:
         """The model's own MTP block as a drafter (strategy mtp)."""
         self._live()
+        if not self._mtp_layers and self.info.architecture == "gemma4":
+            raise InvalidRequestError(
+                f"{self.info.name} has no MTP head of its own: Gemma 4 drafts with its assistant, a GGUF beside it",
+                "give the assistant with --draft-model (mtp-gemma-4-12B-it.gguf for gemma-4-12B-it; "
+                "`localspec pull gemma-4-12b` fetches both), or --strategy ngram",
+            )
         if not self._mtp_layers:
             raise InvalidRequestError(
                 f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",

@@ -196,7 +196,8 @@ def add_peer_figures(
     if args.temperature != 0:
         raise InvalidRequestError("the peer comparison runs greedy", "use --temperature 0 with --peers")
     bin_dir = find_or_build(args.peers_bin, build=args.build_peers, programs=(*PROGRAMS, LLAMA_BENCH))
-    texts = {p.id: render_chat(target.chat_template(), p.messages, target.special_texts()) for p in prompts}
+    template, special, source = target.chat_template(), target.special_texts(), target.info.path
+    texts = {p.id: render_chat(template, p.messages, special, source=source) for p in prompts}
     for row in rows:
         program = {"ngram": "llama-lookup", "draft": "llama-speculative-simple"}.get(row.strategy)
         if program is None:
