@@ -9,7 +9,10 @@ each session starts with an empty memory and an empty dynamic cache. The figures
 every request but each session's first, which neither side can recall anything for.
 
     python benchmarks/memory_bench.py MODEL.gguf --peers-bin DIR [-n 160] [-r 1]
-        [--sessions benchmarks/prompts_sessions.jsonl] [--gamma 4 --gamma 8]
+        [--sessions benchmarks/prompts_sessions.jsonl] [--only SESSION] [--gamma 4 --gamma 8]
+
+Without --peers-bin only localspec's columns run. Tokens per target pass are printed beside
+tokens/s: a busy host moves the latter, not the former.
 """
 
 from __future__ import annotations
@@ -46,10 +49,12 @@ class Tally:
     def __init__(self) -> None:
         self.tokens: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.steps: dict[str, int] = defaultdict(int)  # target passes (ours): tokens a pass is load-free
 
-    def add(self, column: str, tokens: int, seconds: float) -> None:
+    def add(self, column: str, tokens: int, seconds: float, steps: int = 0) -> None:
         self.tokens[column] += tokens
         self.seconds[column] += seconds
+        self.steps[column] += steps
 
     def rate(self, column: str) -> float:
         return self.tokens[column] / self.seconds[column] if self.seconds[column] else 0.0
@@ -72,11 +77,11 @@ def run_session(
                 out = runtime.generate(messages=messages, max_tokens=args.max_tokens, temperature=0.0)
                 answers[column] = out.tokens
                 if i > 0:
-                    tally.add(column, out.stats.generated_tokens, out.stats.decode_seconds)
+                    tally.add(column, out.stats.generated_tokens, out.stats.decode_seconds, out.stats.verify_steps)
             counts["requests"] += i > 0
             counts["identical"] += i > 0 and answers["ngram+memory"] == answers["plain"]
             text = render_chat(template, messages, specials)
-            for gamma in args.gamma:
+            for gamma in args.gamma if args.peers_bin else []:
                 for cached in (False, True):
                     cache = ["-lcd", str(Path(caches) / f"dynamic-{gamma}.bin")] if cached else []
                     peer = run_peer(
@@ -93,7 +98,8 @@ def peer_column(gamma: int, cached: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--peers-bin", type=Path, required=True, help="folder with llama.cpp's llama-lookup")
+    parser.add_argument("--peers-bin", type=Path, help="folder with llama.cpp's llama-lookup")
+    parser.add_argument("--only", action="append", help="run only this session (repeatable)")
     parser.add_argument("--sessions", type=Path, default=SESSIONS)
     parser.add_argument("--max-tokens", "-n", type=int, default=160)
     parser.add_argument("--repeats", "-r", type=int, default=1)
@@ -102,9 +108,11 @@ def main() -> None:
     args = parser.parse_args()
     args.gamma = args.gamma or [4, 8]
     sessions = load_sessions(args.sessions)
+    if args.only:
+        sessions = {name: prompts for name, prompts in sessions.items() if name in args.only}
     target = load_backend("llamacpp", args.model, n_ctx=4096, **({"threads": args.threads} if args.threads else {}))
     Runtime(target, strategy="none").generate("Hello", max_tokens=8, temperature=0.0)  # warm caches
-    peers = [peer_column(g, c) for g in args.gamma for c in (False, True)]
+    peers = [peer_column(g, c) for g in args.gamma for c in (False, True)] if args.peers_bin else []
     columns = [*OURS, *peers]
     per_session: dict[str, Tally] = {}
     counts = {"requests": 0, "identical": 0}
@@ -113,6 +121,8 @@ def main() -> None:
         for _ in range(args.repeats):
             run_session(target, args.model, prompts, args, tally, counts)
         print(name, {c: round(tally.rate(c), 1) for c in columns}, flush=True)
+        passes = {c: round(tally.tokens[c] / tally.steps[c], 3) for c in columns if tally.steps[c]}
+        print(name, "tokens per target pass", passes, flush=True)
 
     report(per_session, columns, peers)
     print(

@@ -27,6 +27,7 @@ import numpy as np
 from localspec.backends.llamacpp import rpc as rpc_entry_points
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
+from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
 from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import (
     ASSISTANT_ARCHITECTURE,
@@ -36,6 +37,7 @@ from localspec.core.gguf_header import (
     load_failure_hint,
 )
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.sampling import Distribution, SamplingConfig
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
@@ -43,6 +45,7 @@ from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests
 from .gpu import GpuDevice as GpuDevice
 from .gpu import auto_gpu_layers, gpu_device
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
+from .greedy import DeviceGreedy
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
@@ -110,6 +113,8 @@ class LlamaCppBackend:
         )
         self._ctx = ctx
         self._mem = llama.llama_get_memory(ctx)
+        self._greedy = DeviceGreedy(ctx)
+        self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
@@ -117,6 +122,8 @@ class LlamaCppBackend:
         self._heads: list[MtpHead] = []
         if rpc:
             rpc_entry_points.limit_waits(rpc)
+            # The output layer sits on another machine there; its argmax stays the host's (untried).
+            self._greedy.refused = True
         max_block = self._make_batch(ctx, max_block)
         self._tokens: list[int] = []
         # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
@@ -124,6 +131,7 @@ class LlamaCppBackend:
         self._unrecorded = False
         self._closed = False
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
         self._describe(path, threads, rpc, exact, gpu_layers, max_block)
 
     def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
@@ -160,6 +168,7 @@ class LlamaCppBackend:
         # Rollback of a rejected draft needs the whole sliding-window cache (Gemma 3's, say):
         # a pruned window cannot give back the tokens it dropped.
         cparams.swa_full = True
+        cparams.n_outputs_max_per_seq = 0  # as many as the batch: greedy.py takes a verify block's argmax
         # Exact: flash attention on the CPU splits a one-token pass over the KV cache once it
         # holds 512 cells (one partial sum per thread), which a block never does.
         cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
@@ -215,7 +224,11 @@ class LlamaCppBackend:
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
         self.capabilities = Capabilities(
-            rollback=True, max_block=max_block, device="rpc" if rpc else ("gpu" if device else "cpu"), extra=extra
+            rollback=True,
+            max_block=max_block,
+            device="rpc" if rpc else ("gpu" if device else "cpu"),
+            extra=extra,
+            verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
         )
 
     def _live(self) -> None:
@@ -289,6 +302,12 @@ class LlamaCppBackend:
 
     def token_bytes(self, token: int) -> bytes:
         self._live()
+        piece = self._pieces.get(token)  # a vocabulary does not change: each piece is asked for once
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token)
+        return piece
+
+    def _piece(self, token: int) -> bytes:
         n = llama.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
         if n < 0:
             big = ctypes.create_string_buffer(-n)
@@ -303,6 +322,7 @@ class LlamaCppBackend:
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         self._live()
+        picks = self._picks  # verify_block's pass: the argmax is taken in the graph, no logits come back
         n = len(tokens)
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
@@ -310,20 +330,13 @@ class LlamaCppBackend:
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
         if n == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
-        self._tok[:n] = tokens
-        if int(self._tok[:n].min()) < 0 or int(self._tok[:n].max()) >= self._n_vocab:
-            bad = next(int(t) for t in tokens if not 0 <= t < self._n_vocab)
-            raise InvalidRequestError(
-                f"token id {bad} is outside {self.info.name}'s vocabulary of {self._n_vocab}",
-                "tokenize with the model that evaluates, or use a drafter with the target's tokenizer",
-            )
+        if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: numpy's calls cost more than they do
+            self._tok[0], self._pos[0], self._out[0] = tokens[0], len(self._tokens), logits != "none"
+        else:
+            self._fill(tokens, logits)
         past = len(self._tokens)
-        self._pos[:n] = np.arange(past, past + n)
-        self._out[:n] = 0
-        if logits == "all":
-            self._out[:n] = 1
-        elif logits == "last":
-            self._out[n - 1] = 1
+        if self._greedy.attached and logits != "none" and not picks:  # this pass's logits are wanted
+            self._greedy.detach()
         if self._unrecorded:
             self.rollback(past)
         self._batch.n_tokens = n
@@ -342,15 +355,56 @@ class LlamaCppBackend:
         self._tokens.extend(tokens)
         self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
-        if rows == 0:
+        if rows == 0 or picks:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         ptr = llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+
+    def _fill(self, tokens: Sequence[int], logits: LogitsMode) -> None:
+        n = len(tokens)
+        self._tok[:n] = tokens
+        if int(self._tok[:n].min()) < 0 or int(self._tok[:n].max()) >= self._n_vocab:
+            bad = next(int(t) for t in tokens if not 0 <= t < self._n_vocab)
+            raise InvalidRequestError(
+                f"token id {bad} is outside {self.info.name}'s vocabulary of {self._n_vocab}",
+                "tokenize with the model that evaluates, or use a drafter with the target's tokenizer",
+            )
+        past = len(self._tokens)
+        self._pos[:n] = np.arange(past, past + n)
+        self._out[:n] = 0
+        if logits == "all":
+            self._out[:n] = 1
+        elif logits == "last":
+            self._out[n - 1] = 1
+
+    def verify_block(
+        self,
+        tokens: Sequence[int],
+        draft_dists: Sequence[Distribution] | None,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+    ) -> tuple[int, int]:
+        """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
+        logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
+        if cfg.greedy and self._states is None and self._greedy.attach():
+            # A flag rather than an argument: eval_block stays what wrappers of it expect.
+            self._picks = True
+            try:
+                self.eval_block(tokens, "all")
+            finally:
+                self._picks = False
+            return accept_picks(tokens[1:], self._greedy.picks(len(tokens)))
+        logits = self.eval_block(tokens, "all")
+        if cfg.greedy:
+            return accept_greedy(tokens[1:], logits)
+        return accept_rejection_sampling(tokens[1:], draft_dists, logits, cfg, rng)
 
     def rollback(self, n: int) -> None:
         self._live()
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        if n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
+            return  # the cache holds exactly the record (see _unrecorded): nothing to drop
         if self._recurrent is not None:
             self._rewind(n)
             return
@@ -381,6 +435,7 @@ class LlamaCppBackend:
             head.close()
         llama.llama_batch_free(self._batch)
         llama.llama_free(self._ctx)
+        self._greedy.free()
         llama.llama_model_free(self._model)
 
     def __del__(self) -> None:
@@ -462,6 +517,7 @@ class LlamaCppBackend:
 
     def _target_states(self) -> TargetStates:
         if self._states is None:
+            self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
             width = int(llama.llama_model_n_embd_out(self._model))
             self._states = TargetStates(self._ctx, self.info.n_ctx, width)
             self.rollback(0)  # positions decoded before now have no states: decode them again

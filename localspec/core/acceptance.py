@@ -13,13 +13,17 @@ from localspec.core.sampling import Distribution, SamplingConfig, one_hot, proce
 
 def accept_greedy(draft: Sequence[int], target_logits: npt.NDArray[np.floating]) -> tuple[int, int]:
     """Keep the longest prefix of the draft that equals the target's argmax at each position."""
-    choice = np.argmax(target_logits[: len(draft) + 1], axis=1)
+    return accept_picks(draft, np.argmax(target_logits[: len(draft) + 1], axis=1).tolist())
+
+
+def accept_picks(draft: Sequence[int], picks: Sequence[int]) -> tuple[int, int]:
+    """accept_greedy from the argmax of each row (picks[i], where a backend computed it)."""
     n = 0
     for proposed in draft:
-        if int(choice[n]) != proposed:
+        if picks[n] != proposed:
             break
         n += 1
-    return n, int(choice[n])
+    return n, picks[n]
 
 
 def accept_rejection_sampling(

@@ -1,0 +1,56 @@
+"""Greedy verification inside llama.cpp's graph (its backend sampling): a greedy sampler on the
+context's sequence puts an argmax after the output layer, so a pass hands back one token id per
+row and no row of logits is copied out of the graph or read by Python. That row is 49,152 floats
+on the default model and up to 262,144 on others: reading it cold after a pass was most of a
+plain step's host time (benchmarks/host_time.py).
+
+The argmax is the same rule as numpy's on the same logits (the first of equal maxima), over
+logits the added node does not change, so the tokens are the ones the host would pick."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llama_cpp as llama
+
+_SEQ = 0  # the backend's one sequence
+
+
+class DeviceGreedy:
+    """The greedy sampler a context's sequence may carry. Attached only while greedy blocks are
+    verified: a pass that wants its logits (sampling, logprobs, penalties) detaches it first.
+    Each attach or detach makes llama.cpp plan its compute buffers again (a few milliseconds),
+    so it stays attached across greedy requests."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self._chain: Any = None
+        self.attached = False
+        self.refused = False  # llama.cpp could not sample on this context's device (then never again)
+
+    def attach(self) -> bool:
+        """Whether the sampler is attached now (False where llama.cpp refused it)."""
+        if self.attached or self.refused:
+            return self.attached
+        self.free()  # llama.cpp sets a chain up for the graph once: each attach takes a new one
+        self._chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        llama.llama_sampler_chain_add(self._chain, llama.llama_sampler_init_greedy())
+        self.attached = bool(llama.llama_set_sampler(self._ctx, _SEQ, self._chain))
+        self.refused = not self.attached
+        return self.attached
+
+    def detach(self) -> None:
+        if self.attached:
+            llama.llama_set_sampler(self._ctx, _SEQ, None)
+            self.attached = False
+
+    def picks(self, n: int) -> list[int]:
+        """The argmax of each of the last pass's first n rows."""
+        get = llama.llama_get_sampled_token_ith
+        return [int(get(self._ctx, i)) for i in range(n)]
+
+    def free(self) -> None:
+        """Free the sampler once detached, or once the context it was attached to is freed."""
+        if self._chain is not None:
+            llama.llama_sampler_free(self._chain)
+            self._chain = None

@@ -1,0 +1,301 @@
+"""The host's time per plain decoding step: everything a step spends outside llama.cpp's
+llama_decode, split into its parts, beside a bare loop that only calls llama_decode and reads
+the argmax (the least any Python loop can spend, and what llama-bench's tg test does in C).
+
+Each part's own time (children excluded) is measured with perf_counter around it; the main
+thread's CPU time (thread_time) is measured beside it, since on a shared host the wall clock
+also counts the time this process was not scheduled. llama_decode runs on the calling thread
+(it is ggml's worker 0), so host CPU = the main thread's CPU time outside llama_decode.
+
+    python benchmarks/host_time.py MODEL.gguf [--threads 1] [--tokens 256] [--repeats 3]
+    python benchmarks/host_time.py --random-vocab 248320   # a random model of a real vocabulary's size
+
+The random model (tests/gguf_writer.py's qwen35 shape, 248,320 tokens as Qwen3.5's) is where
+the vocabulary-sized work of a step (reading a row of logits) dominates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from localspec.api import Runtime
+from localspec.backends.llamacpp import backend as llamacpp_backend
+from localspec.backends.llamacpp.greedy import DeviceGreedy
+from localspec.control.prompts import SUITE
+from localspec.core import engine as engine_module
+from localspec.core.backend_loader import load_backend
+from localspec.core.stats import Stats
+from localspec.core.templates import render_chat
+from localspec.core.textstream import TextAssembler
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests")]  # the tiny-model writer lives beside the tests
+from gguf_writer import HybridSpec, write_qwen35_gguf  # noqa: E402
+
+DECODE = "llama_decode"
+PARTS = {
+    DECODE: "llama_decode (the backend's pass)",
+    "batch": "eval_block around it: batch fill, checks, logits view",
+    "verify": "verify_block around that (the backend's acceptance rule)",
+    "picks": "the argmax token ids read back (greedy.py)",
+    "rollback": "rollback (llama_memory_seq_rm)",
+    "accept": "the host's greedy argmax over the logits rows",
+    "shape": "shape() (penalties, bias, grammar mask)",
+    "drafter": "drafter propose/commit (none)",
+    "policy": "draft-length policy choose/observe",
+    "stats": "stats (Stats.record_step)",
+    "text": "detokenising and stop strings (TextAssembler.push)",
+    "engine": "the engine's step loop itself (Step, stop checks, ...)",
+    "stream": "stream machinery (Runtime's generator, lock, TextDelta)",
+}
+
+
+class Clock:
+    """Own time per named part (a part's children are not its own), wall and thread CPU."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self._stack: list[list[Any]] = []
+
+    def enter(self, name: str) -> None:
+        self._stack.append([name, time.perf_counter(), time.thread_time(), 0.0, 0.0])
+
+    def exit(self) -> None:
+        name, w0, c0, child_w, child_c = self._stack.pop()
+        dw, dc = time.perf_counter() - w0, time.thread_time() - c0
+        self.wall[name] += dw - child_w
+        self.cpu[name] += dc - child_c
+        if self._stack:
+            self._stack[-1][3] += dw
+            self._stack[-1][4] += dc
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.enter(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.exit()
+
+        return timed
+
+    def wrap_steps(self, name: str, steps: Iterator[Any]) -> Iterator[Any]:
+        """A generator's time, one next() at a time (its consumer's time is not its own)."""
+        while True:
+            self.enter(name)
+            try:
+                item = next(steps)
+            except StopIteration:
+                return
+            finally:
+                self.exit()
+            yield item
+
+
+def instrument(clock: Clock, runtime: Runtime, parts: bool = True) -> Callable[[], None]:
+    """Time llama_decode and (parts) every other part of runtime's step; returns what undoes it."""
+    undo: list[Callable[[], None]] = []
+
+    def patch(owner: Any, attr: str, name: str) -> None:
+        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        setattr(owner, attr, clock.wrap(name, getattr(owner, attr)))
+        undo.append(lambda: setattr(owner, attr, original))
+
+    patch(llama_cpp, "llama_decode", DECODE)
+    if parts:
+        patch(llamacpp_backend.LlamaCppBackend, "eval_block", "batch")
+        patch(llamacpp_backend.LlamaCppBackend, "rollback", "rollback")
+        patch(llamacpp_backend.LlamaCppBackend, "verify_block", "verify")
+        patch(DeviceGreedy, "picks", "picks")
+        patch(engine_module, "accept_greedy", "accept")
+        patch(engine_module, "shape", "shape")
+        for attr in ("propose", "commit", "backlog"):
+            patch(runtime.drafter, attr, "drafter")
+        for attr in ("choose", "observe"):
+            patch(runtime.policy, attr, "policy")
+        patch(Stats, "record_step", "stats")
+        patch(TextAssembler, "push", "text")
+        engine = runtime.engine
+        generate = engine.generate
+
+        def timed_generate(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            return clock.wrap_steps("engine", generate(*args, **kwargs))
+
+        engine.generate = timed_generate  # type: ignore[method-assign]
+        undo.append(lambda: delattr(engine, "generate"))
+
+    def restore() -> None:
+        for u in reversed(undo):
+            u()
+
+    return restore
+
+
+def bare_loop(target: Any, prompt: list[int], n_tokens: int) -> tuple[int, int, float, float, float, float]:
+    """llama_decode one token at a time and np.argmax over its row, nothing else: tokens,
+    steps, wall, main-thread CPU, and the same two inside llama_decode."""
+    target.rollback(0)
+    target.eval_block(prompt[:-1], "none")
+    backend = target
+    batch, ctx, n_vocab = backend._batch, backend._ctx, backend.info.n_vocab
+    backend._out[0] = 1
+    backend._tok[0] = prompt[-1]
+    past = len(prompt) - 1
+    decode_w = decode_c = 0.0
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for i in range(n_tokens):
+        backend._pos[0] = past + i
+        batch.n_tokens = 1
+        d0, e0 = time.perf_counter(), time.thread_time()
+        llama_cpp.llama_decode(ctx, batch)
+        decode_w += time.perf_counter() - d0
+        decode_c += time.thread_time() - e0
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n_vocab,))
+        backend._tok[0] = int(np.argmax(row))
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    llama_cpp.llama_memory_seq_rm(backend._mem, 0, 0, -1)
+    backend._tokens.clear()
+    return n_tokens, n_tokens, wall, cpu, decode_w, decode_c
+
+
+def run_once(runtime: Runtime, prompt: list[int], n_tokens: int, clock: Clock) -> tuple[int, int, float, float]:
+    """One plain request whose prompt is in the cache already (the prompt's evaluation is
+    no decoding step): its steps, tokens, wall time and main-thread CPU time."""
+    clock.enter("stream")
+    t0, c0 = time.perf_counter(), time.thread_time()
+    out = runtime.generate(prompt, max_tokens=n_tokens, temperature=0.0)
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    clock.exit()
+    return out.stats.verify_steps, out.stats.generated_tokens, wall, cpu
+
+
+def random_vocab_model(vocab: int, folder: Path) -> Path:
+    spec = HybridSpec(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=768, vocab=vocab, n_ctx=4096)
+    return write_qwen35_gguf(spec, folder / f"random-{vocab}.gguf")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--random-vocab", type=int, help="write and time a random qwen35 model of this vocabulary")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompt", default="chat", choices=[p.id for p in SUITE])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(random_vocab_model(args.random_vocab, Path(tmp))) if args.random_vocab else args.model
+        if path is None:
+            ap.error("give MODEL.gguf or --random-vocab N")
+        report = measure(path, args)
+    print_report(report, args.json)
+
+
+def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    target = load_backend("llamacpp", path, threads=args.threads)
+    runtime = Runtime(target, strategy="none")
+    messages = next(p for p in SUITE if p.id == args.prompt).messages
+    text = render_chat(target.chat_template(), messages, target.special_texts())
+    prompt = target.tokenize(text, add_special=False, parse_special=True)
+    runtime.generate(prompt, max_tokens=8, temperature=0.0)  # warm-up: first-touch of the weights
+    # Plain decoding as it runs (the argmax in llama.cpp's graph), the same with the host's
+    # argmax over the logits row (as before greedy.py), and the former with its parts timed.
+    variants = {"device argmax": Clock(), "host argmax": Clock(), "parts": Clock()}
+    totals = {name: [0, 0, 0.0, 0.0] for name in variants}  # steps, tokens, wall, cpu
+    bare = [0, 0, 0.0, 0.0, 0.0, 0.0]
+    loads = [os.getloadavg()[0]]
+    for _ in range(args.repeats):  # interleaved, so drift in machine speed hits all alike
+        for i, v in enumerate(bare_loop(target, prompt, args.tokens)):
+            bare[i] += v
+        for name, clock in variants.items():
+            target._greedy.refused = name == "host argmax"  # type: ignore[attr-defined]
+            target._greedy.detach()  # type: ignore[attr-defined]
+            runtime.generate(prompt, max_tokens=0)  # the prompt into the cache, untimed
+            restore = instrument(clock, runtime, name == "parts")
+            try:
+                for i, v in enumerate(run_once(runtime, prompt, args.tokens, clock)):
+                    totals[name][i] += v
+            finally:
+                restore()
+        loads.append(os.getloadavg()[0])
+    target._greedy.refused = False  # type: ignore[attr-defined]
+    info = target.info
+    runtime.close()
+    parts_steps = totals["parts"][0]
+    bare_n, bare_steps, bare_w, bare_c, bare_dw, bare_dc = bare
+    report: dict[str, Any] = {
+        "model": info.name,
+        "n_vocab": info.n_vocab,
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "prompt_tokens": len(prompt),
+        "load_1min": [round(x, 2) for x in loads],
+        "parts_ms_per_step": {k: variants["parts"].wall[k] / parts_steps * 1e3 for k in PARTS},
+        "parts_cpu_ms_per_step": {k: variants["parts"].cpu[k] / parts_steps * 1e3 for k in PARTS},
+        "bare loop": {
+            "tokens_per_s": bare_n / bare_w,
+            "host_ms_per_step": (bare_w - bare_dw) / bare_steps * 1e3,
+            "host_cpu_ms_per_step": (bare_c - bare_dc) / bare_steps * 1e3,
+            "decode_ms_per_step": bare_dw / bare_steps * 1e3,
+        },
+    }
+    for name in ("device argmax", "host argmax"):
+        steps, tokens, wall, cpu = totals[name]
+        clock = variants[name]
+        report[name] = {
+            "tokens_per_s": tokens / wall,
+            "host_ms_per_step": (wall - clock.wall[DECODE]) / steps * 1e3,
+            "host_cpu_ms_per_step": (cpu - clock.cpu[DECODE]) / steps * 1e3,
+            "decode_ms_per_step": clock.wall[DECODE] / steps * 1e3,
+        }
+    return report
+
+
+def print_report(r: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(r, indent=1))
+        return
+    parts, cpu = r["parts_ms_per_step"], r["parts_cpu_ms_per_step"]
+    host = sum(v for k, v in parts.items() if k != DECODE)
+    host_cpu = sum(v for k, v in cpu.items() if k != DECODE)
+    print(
+        f"# {r['model']} (vocabulary {r['n_vocab']}), {r['threads']} thread(s), {r['tokens']} tokens x "
+        f"{r['repeats']}, prompt {r['prompt_tokens']} tokens, 1-minute load {r['load_1min']}"
+    )
+    print(f"{'part of a plain step (own time, timers included)':<58} {'wall ms':>9} {'cpu ms':>9}")
+    for name, label in PARTS.items():
+        print(f"{label:<58} {parts[name]:>9.4f} {cpu[name]:>9.4f}")
+    print(f"{'all but llama_decode':<58} {host:>9.4f} {host_cpu:>9.4f}")
+    print()
+    head = f"{'tok/s':>8} {'host wall ms':>13} {'host cpu ms':>12} {'decode ms':>10}"
+    print(f"{'loop (untimed but for llama_decode)':<34} {head}")
+    for name in ("bare loop", "device argmax", "host argmax"):
+        v = r[name]
+        label = {
+            "bare loop": "bare loop (llama_decode + argmax)",
+            "device argmax": "plain decoding",
+            "host argmax": "plain, host argmax (as before)",
+        }[name]
+        print(
+            f"{label:<34} {v['tokens_per_s']:>8.1f} {v['host_ms_per_step']:>13.4f} "
+            f"{v['host_cpu_ms_per_step']:>12.4f} {v['decode_ms_per_step']:>10.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
