@@ -25,6 +25,7 @@ from localspec.core.backend_loader import load_backend
 from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
+from localspec.core.exactness import judge as judge_exactness
 from localspec.core.gguf_header import read_header
 from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
 from localspec.core.options import LoadOptions
@@ -373,6 +374,7 @@ class Runtime:
                 if text.stopped:
                     stats.finish_reason = "stop"
                     break
+            judge_exactness(stats, getattr(self.target, "exactness", None), cfg.greedy)
             tail = text.flush()
             if tail:
                 yield TextDelta(tail, (), (), None, stats)

@@ -34,6 +34,7 @@ from localspec.core.gguf_header import read_header
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
+from .kernels import SPLIT_BLOCKS_UP_TO, KernelPlan, kernel_plan
 from .mtp import MtpHead, TargetStates
 
 try:
@@ -304,8 +305,8 @@ class LlamaCppBackend:
         if exact:
             self._options["exact"] = True
         mparams, self._devices = _model_params(rpc, gpu_layers)
-        if exact:
-            mparams.use_extra_bufts = False  # repacked K-quants take another kernel for 4+ rows
+        plan = self._kernel_plan(path, exact, bool(rpc or gpu_layers), bool(mparams.use_extra_bufts), threads)
+        mparams.use_extra_bufts = plan.repack
         # A model's own MTP blocks (Qwen3.5's nextn layers, one block) are loaded whenever the
         # file has them: a drafting context on a model loaded without them aborts the process.
         mparams.load_mtp = True
@@ -334,7 +335,8 @@ class LlamaCppBackend:
         # holds 512 cells (one partial sum per thread), which a block never does.
         cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
         stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
-        if stateful:
+        if stateful:  # a verify block stays one ubatch (see RecurrentRollback)
+            plan = self._kernel_plan(path, exact, bool(rpc or gpu_layers), plan.repack, threads, stateful=True)
             cparams.n_rs_seq = recurrent_snapshots
             # The snapshots come from the last ubatch: a verify block must fit in one.
             cparams.n_ubatch = max(cparams.n_ubatch, recurrent_snapshots + 1)
@@ -386,11 +388,31 @@ class LlamaCppBackend:
             extra["mtp_layers"] = str(self._mtp_layers)
         if exact:  # other kernels, another cost curve
             extra["exact"] = "1"
+        if plan.max_rows:  # verify blocks in pieces: another cost curve
+            extra["verify_rows"] = str(plan.max_rows)
+        self._max_rows = plan.max_rows or max_block
+        self.exactness = plan.exactness  # whether greedy answers are plain decoding's (core.exactness)
         device = gpu_device() if gpu_layers and not rpc else None
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
         self.capabilities = Capabilities(
             rollback=True, max_block=max_block, device="rpc" if rpc else ("gpu" if device else "cpu"), extra=extra
+        )
+
+    @staticmethod
+    def _kernel_plan(
+        path: str, exact: bool, offloaded: bool, repack: bool, threads: int | None, stateful: bool = False
+    ) -> KernelPlan:
+        return kernel_plan(
+            (t.qtype for t in read_header(path).tensors if len(t.dims) > 1),  # matrices, not norms
+            exact=exact,
+            llamafile=not batch_invariant_build(),
+            flash=not exact and flash_attention() != FLASH_ATTN["off"],
+            threads=threads or physical_cores(),
+            repack=repack,
+            repack_forced=os.environ.get("LLAMA_ARG_REPACK", "").lower() not in ("", "0", "false", "off"),
+            stateful=stateful,
+            offloaded=offloaded,
         )
 
     def _live(self) -> None:
@@ -479,6 +501,9 @@ class LlamaCppBackend:
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         self._live()
         n = len(tokens)
+        if logits == "all" and self._max_rows < n <= SPLIT_BLOCKS_UP_TO:  # a verify block, in one-token kernels
+            step = self._max_rows
+            return np.concatenate([self.eval_block(tokens[i : i + step], "all").copy() for i in range(0, n, step)])
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
         if len(self._tokens) + n > self.info.n_ctx:

@@ -12,6 +12,7 @@ from localspec.control.calibrate import calibrated
 from localspec.control.hardware import predict_verify_seconds, probe
 from localspec.control.policy import choose_static
 from localspec.core.backend_loader import load_backend
+from localspec.core.exactness import Exactness
 
 
 def register(sub: Any) -> None:
@@ -44,6 +45,7 @@ def handle(args: argparse.Namespace) -> int:
         info = backend.info
         on = backend.capabilities.device
         gpu = backend.capabilities.extra.get("gpu")
+        exactness = getattr(backend, "exactness", None)
     finally:
         backend.close()
     predicted = [
@@ -86,6 +88,7 @@ def handle(args: argparse.Namespace) -> int:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
     print(f"llama.cpp    {_rpc_line()}")
     print(f"llama.cpp    {_exact_line()}")
+    print(f"greedy       {_bit_exact_line(exactness)}")
     if args.backend == "llamacpp":
         print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
@@ -117,6 +120,19 @@ def _exact_line() -> str:
     if batch_invariant_build():
         return "built without llamafile: --exact gives plain decoding's greedy output bit for bit"
     return f"built with llamafile: --exact needs {EXACT_BUILD}"
+
+
+def _bit_exact_line(exactness: Exactness | None) -> str:
+    """What this model's greedy speculation is, by construction, with the default kernels."""
+    if exactness is None or exactness.cells == 0:
+        why = exactness.why if exactness else "this backend's kernels are not known to be batch-invariant"
+        return f"speculation may part from plain decoding at near-ties: {why} (--exact: bit for bit)"
+    if exactness.cells is None:
+        return "speculation gives plain decoding's output bit for bit at any length"
+    return (
+        f"speculation gives plain decoding's output bit for bit up to {exactness.cells} tokens of context; "
+        f"past that {exactness.why} (--exact: at any length)"
+    )
 
 
 def _rpc_line() -> str:
