@@ -70,7 +70,9 @@ def _stats(prompt: int, generated: int, gamma: int) -> Stats:
     ("prompt", "generated", "gamma", "expected"),
     [(100, 156, 4, True), (100, 157, 4, False), (10, 10, 64, False), (10, 10, 63, True)],
 )
-def test_a_request_is_judged_by_how_far_its_context_went(prompt: int, generated: int, gamma: int, expected: bool) -> None:
+def test_a_request_is_judged_by_how_far_its_context_went(
+    prompt: int, generated: int, gamma: int, expected: bool
+) -> None:
     stats = _stats(prompt, generated, gamma)
     judge(stats, Exactness(256, "flash attention splits", rows=64), greedy=True)
     assert stats.bit_exact is expected

@@ -67,7 +67,7 @@ def test_default_speculation_on_q4_k_m_is_plain_decoding_bit_for_bit(gamma: int,
     chats = [[{"role": "user", "content": p}] for p in PARTING_PROMPTS]
     with load(target, strategy="none", calibrate=False, memory=False, n_ctx=512) as rt:
         plain = [rt.generate(messages=m, max_tokens=SHORT, temperature=0) for m in chats]
-    options = {"draft_model": drafter, "strategy": "draft", "draft_tokens": gamma, "calibrate": False}
+    options: dict[str, Any] = {"draft_model": drafter, "strategy": "draft", "draft_tokens": gamma, "calibrate": False}
     with load(target, memory=False, n_ctx=512, **options) as rt:
         spec = [rt.generate(messages=m, max_tokens=SHORT, temperature=0) for m in chats]
     assert [s.tokens for s in spec] == [p.tokens for p in plain]
