@@ -71,11 +71,9 @@ def child(
     from localspec.core.protocol import eval_chunked
 
     if kernels == "llama.cpp":  # llama.cpp's own choice: repacked weights, whole verify blocks
-        import localspec.backends.llamacpp.backend as backend_module
-        from localspec.backends.llamacpp.kernels import KernelPlan
-        from localspec.core.exactness import UNKNOWN
+        from exact_costs import llama_cpp_kernels  # benchmarks/, this script's folder
 
-        backend_module.kernel_plan = lambda types, **k: KernelPlan(k["repack"], None, UNKNOWN)  # type: ignore[assignment]
+        llama_cpp_kernels()
     target = LlamaCppBackend(target_path, n_ctx=2048, exact=exact)
     drafter = LlamaCppBackend(drafter_path, n_ctx=2048, exact=exact)
     plain_rt = Runtime(target, strategy="none", calibrate=False)

@@ -56,15 +56,24 @@ SWITCHES: dict[str, dict[str, str]] = {
 }
 
 
-def child(path: str, repeats: int, plan: str) -> None:
+def llama_cpp_kernels() -> None:
+    """llama.cpp's own kernel choice in this process: repacked weights, whole verify blocks."""
     import localspec.backends.llamacpp.backend as backend_module
+    from localspec.backends.llamacpp.kernels import KernelPlan
+    from localspec.backends.llamacpp.library import extra_buffers
+    from localspec.core.exactness import UNKNOWN
+
+    def plan(path: str, exact: bool, *args: object, **kwargs: object) -> KernelPlan:
+        return KernelPlan(extra_buffers() and not exact, None, UNKNOWN)
+
+    backend_module.kernels_for = plan  # type: ignore[assignment]
+
+
+def child(path: str, repeats: int, plan: str) -> None:
     from localspec.backends.llamacpp.backend import LlamaCppBackend
 
     if plan == "llama.cpp":
-        from localspec.backends.llamacpp.kernels import KernelPlan
-        from localspec.core.exactness import UNKNOWN
-
-        backend_module.kernel_plan = lambda types, **k: KernelPlan(k["repack"], None, UNKNOWN)  # type: ignore[assignment]
+        llama_cpp_kernels()
     backend = LlamaCppBackend(path, n_ctx=1024, threads=2, exact=plan == "exact")
     ids = backend.tokenize(TEXT, add_special=False, parse_special=False)[: DEPTH + 20]
 

@@ -37,7 +37,7 @@ def backend(path: str, threads: int, repack: bool, flash: str) -> Any:
     from localspec.backends.llamacpp.kernels import KernelPlan
     from localspec.core.exactness import UNKNOWN
 
-    module.kernel_plan = lambda types, **k: KernelPlan(repack, None, UNKNOWN)  # type: ignore[assignment]
+    module.kernels_for = lambda *a, **k: KernelPlan(repack, None, UNKNOWN)  # type: ignore[assignment]
     return module.LlamaCppBackend(path, n_ctx=1024, threads=threads)
 
 

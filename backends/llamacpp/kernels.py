@@ -12,10 +12,15 @@ left is said in an Exactness. `--exact` turns all four off (use_exact_kernels).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from localspec.control.hardware import physical_cores
 from localspec.core.exactness import Exactness
+from localspec.core.gguf_header import read_header
+
+from .library import FLASH_ATTN, batch_invariant_build, extra_buffers, flash_attention
 
 # ggml type ids (ggml.h) of the weights ggml's tiled matmul takes from 8 rows (tiled.cpp).
 TILED_TYPES = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29})  # Q2_K..Q6_K, IQ*
@@ -85,3 +90,18 @@ def kernel_plan(
         return KernelPlan(repack, max_rows, Exactness(None, rows=rows))
     cells, why = min(limits)
     return KernelPlan(repack, max_rows, Exactness(cells, why, rows))
+
+
+def kernels_for(path: str, exact: bool, offloaded: bool, threads: int | None, stateful: bool = False) -> KernelPlan:
+    """kernel_plan for the model file at path, on this llama.cpp and with this process's settings."""
+    return kernel_plan(
+        (t.qtype for t in read_header(path).tensors if len(t.dims) > 1),  # matrices, not norms
+        exact=exact,
+        llamafile=not batch_invariant_build(),
+        flash=not exact and flash_attention() != FLASH_ATTN["off"],
+        threads=threads or physical_cores(),
+        repack=extra_buffers(),
+        repack_forced=os.environ.get("LLAMA_ARG_REPACK", "").lower() not in ("", "0", "false", "off"),
+        stateful=stateful,
+        offloaded=offloaded,
+    )
