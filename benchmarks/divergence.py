@@ -147,30 +147,30 @@ def run_type(ftype: str, args: argparse.Namespace, folder: Path) -> None:
     print(f"{ftype} ({kernels}) done in {result['seconds']:.0f} s", flush=True)
 
 
-def cell(rows: list[dict[str, Any]]) -> tuple[str, str, str]:
-    parted = [r for r in rows if r["part"] is not None]
-    share = f"{len(parted)}/{len(rows)}"
-    if not parted:
-        return share, "–", "–"
-    at = sorted(r["part"] for r in parted)
-    where = f"{at[0]}" if len(at) == 1 else f"{at[0]}–{at[-1]} (median {statistics.median(at):.0f})"
-    gaps = sorted(r["gap"] for r in parted if "gap" in r)
-    gap = (f"{gaps[0]:.2f}" if len(gaps) == 1 else f"{gaps[0]:.2f}–{gaps[-1]:.2f}") if gaps else "–"
-    return share, where, gap
+def cell(rows: list[dict[str, Any]]) -> str:
+    """Prompts that part, and the first parting's token (range over prompts)."""
+    at = sorted(r["part"] for r in rows if r["part"] is not None)
+    if not at:
+        return f"0/{len(rows)}"
+    where = f"{at[0]}" if len(at) == 1 else f"{at[0]}–{at[-1]}"
+    return f"**{len(at)}/{len(rows)}** (token {where})"
 
 
 def table(out: Path) -> None:
+    """One row per target and kernels: per draft length the prompts that part (and where),
+    then the logit gaps at every parting of the row."""
     results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
     order = {q: i for i, q in enumerate(QUANTS)}
     for r in results:
         r["kernels"] = {"default": "llama.cpp"}.get(r["kernels"], r["kernels"])  # the first runs' name
     results.sort(key=lambda r: (order.get(r["type"], 99), KERNELS.index(r["kernels"])))
-    print("| target | kernels | draft length | prompts that part | first parting (token) | logit gap there |")
-    print("|---|---|---|---:|---|---|")
+    print("| target | kernels | " + " | ".join(f"γ {length}" for length in LENGTHS) + " | logit gaps at the partings |")
+    print("|---|---|" + "---|" * len(LENGTHS) + "---|")
     for r in results:
-        for length, data in r["lengths"].items():
-            share, where, gap = cell(data["prompts"])
-            print(f"| {r['type']} | {r['kernels']} | {length} | {share} | {where} | {gap} |")
+        cells = [cell(r["lengths"][length]["prompts"]) if length in r["lengths"] else "" for length in LENGTHS]
+        gaps = sorted(p["gap"] for d in r["lengths"].values() for p in d["prompts"] if "gap" in p)
+        gap = f"{gaps[0]:.2f}–{gaps[-1]:.2f} (median {statistics.median(gaps):.2f})" if gaps else "–"
+        print(f"| {r['type']} | {r['kernels']} | " + " | ".join(cells) + f" | {gap} |")
 
 
 def main() -> None:

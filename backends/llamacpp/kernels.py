@@ -25,10 +25,11 @@ from .library import FLASH_ATTN, batch_invariant_build, extra_buffers, flash_att
 # ggml type ids (ggml.h) of the weights ggml's tiled matmul takes from 8 rows (tiled.cpp).
 TILED_TYPES = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29})  # Q2_K..Q6_K, IQ*
 TILED_ROWS = 8
-# K-quants ggml-cpu repacks (on x86: Q4_K; Q2_K with AVX-512; Q5_K and Q6_K on ARM) into a
-# layout whose kernel for 4+ rows sums in another order than the one-row kernel. Q4_0 and
-# IQ4_NL repack too, with the same order (measured: Q4_0 parts nowhere).
-REPACKED_PARTING = frozenset({10, 12, 13, 14})
+# Types ggml-cpu repacks (on x86: Q4_K; Q2_K with AVX-512; Q5_K and Q6_K on ARM) into a
+# layout whose kernel for 4+ rows sums in another order than the one-row kernel (measured on
+# Q4_K; the others assumed alike, IQ4_NL included). Q4_0 repacks too and measured the same
+# order as one row (BENCHMARKS.md §2c).
+REPACKED_PARTING = frozenset({10, 12, 13, 14, 20})
 # F32, F16, BF16: weights llamafile's tinyBLAS multiplies from 2 rows.
 FLOAT_TYPES = frozenset({0, 1, 30})
 # Verify blocks (a draft and the token before it) are split up to this size; longer blocks
