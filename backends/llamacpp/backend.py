@@ -27,10 +27,11 @@ import numpy as np
 from localspec.backends.llamacpp import rpc as rpc_entry_points
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
-from localspec.core.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import check_gguf, diagnose_gguf
+from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
+from localspec.core.gguf_header import check_gguf, diagnose_gguf, load_failure_hint
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
+from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
@@ -40,17 +41,18 @@ from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
-from .library import build_id, extra_buffers, flash_attention, init_library, note_default_kernels, use_exact_kernels
+from .library import (
+    build_id,
+    extra_buffers,
+    flash_attention,
+    init_library,
+    note_default_kernels,
+    use_exact_kernels,
+)
 from .mtp import MtpHead, TargetStates
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 
-try:
-    import llama_cpp as llama
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise BackendUnavailableError(
-        "the llama.cpp backend needs llama-cpp-python",
-        "pip install 'localspec[llamacpp]' (compiles llama.cpp, about 10 minutes on 2 cores)",
-    ) from exc
+llama = library.llama  # imported there, with the message that says how to install it
 
 
 def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
@@ -132,7 +134,7 @@ class LlamaCppBackend:
         if not model:
             raise ModelLoadError(
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-                "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+                load_failure_hint(path),
             )
         return model
 

@@ -66,6 +66,24 @@ class Capabilities:
     # so the engine calls that instead of eval_block and localspec.core.acceptance.
     verifies: bool = False
 
+    # extra is what a cost curve depends on (threads, build, device...), the calibration
+    # cache's key; the keys read above the backends are read through these typed views.
+
+    @property
+    def self_draft(self) -> str | None:
+        """The label of a drafter derived from its target ("qspec:Q4_0", "mtp"); None otherwise."""
+        return self.extra.get("self_draft")
+
+    @property
+    def mtp_layers(self) -> int:
+        """The model's own MTP blocks (0: none): it can draft for itself (strategy mtp)."""
+        return int(self.extra.get("mtp_layers", "0") or 0)
+
+    @property
+    def gpu(self) -> str | None:
+        """The GPU the model's layers went to, with how many ("NAME (N layers)"); None: none."""
+        return self.extra.get("gpu")
+
 
 @runtime_checkable
 class Backend(Protocol):
@@ -197,7 +215,7 @@ class SelfDrafting(Protocol):
 
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
         """The drafter for f"{kind}:{option}", or without option the one with the best
-        predicted tokens/s; capabilities.extra["self_draft"] holds its label ("qspec:Q4_0")."""
+        predicted tokens/s; capabilities.self_draft holds its label ("qspec:Q4_0")."""
         ...
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from localspec.core.choices import DraftTokens
 from localspec.core.errors import InvalidRequestError, PairMismatchError
-from localspec.core.gguf_header import check_gguf
+from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.models.pairing import vocab_mismatch
 from localspec.models.registry import Pair, load_registry, user_registry_file
 from localspec.store import write_atomic
@@ -36,11 +36,12 @@ def add_local_pair(
         raise InvalidRequestError(
             f"{taken[0]!r} is already in the registry", f"choose another name, or edit {user_registry_file()}"
         )
-    files = {"target": target.expanduser().resolve()} | (
-        {"drafter": drafter.expanduser().resolve()} if drafter is not None else {}
+    files = {"target": resolve_model_path(target)} | (
+        {"drafter": resolve_model_path(drafter)} if drafter is not None else {}
     )
     for path in files.values():
         check_gguf(str(path))
+        check_whole_gguf(path)  # a cut download is refused now, not at the first `run`
     if "drafter" in files:
         reason = vocab_mismatch(gguf_vocab_identity(files["target"]), gguf_vocab_identity(files["drafter"]))
         if reason is not None:

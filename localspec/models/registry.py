@@ -22,7 +22,7 @@ from localspec.core.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFT
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF
 from localspec.models.default_model import PyPIModel
-from localspec.store import data_dir
+from localspec.store import data_dir, warn_if_others_can_write
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -208,6 +208,7 @@ def load_registry(user_file: Path | None = None) -> Registry:
     user = user_file if user_file is not None else user_registry_file()
     if user.is_file():
         files.append(user)
+        warn_if_others_can_write(user, "the registry")
     models: dict[str, Model] = {}
     raw_pairs: dict[str, tuple[Path, dict[str, Any]]] = {}
     for path in files:
@@ -234,6 +235,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"{path}: not valid TOML: {exc}", "fix the file's syntax") from exc
+    except RecursionError:  # `a = [[[[...]]]]` thousands deep: the parser recurses per level
+        raise RegistryError(
+            f"{path}: its arrays or tables nest too deeply to read",
+            "fix the file: no entry nests more than a few levels",
+        ) from None
     except OSError as exc:
         raise RegistryError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
 
