@@ -91,3 +91,15 @@ def test_plain_decoding_and_sampling_are_judged_for_what_they_are() -> None:
     judge(unknown, None, greedy=True)  # a backend that does not say
     assert unknown.bit_exact is False and "not known" in unknown.inexact_reason
     assert unknown.to_dict()["bit_exact"] is False
+
+
+def test_bench_says_per_strategy_whether_its_greedy_answers_were_bit_exact() -> None:
+    from dataclasses import replace
+
+    from localspec.tooling.bench import BenchRow, format_summary
+
+    row = BenchRow("p", "ngram", 1.0, 1.0, 1.0, 0.5, 1.5, 2.0, 10, 10, 0.0, bit_exact=True)
+    assert "bit for bit by construction on all 2 prompts" in format_summary([row, replace(row, prompt="q")])
+    parted = replace(row, prompt="q", bit_exact=False, inexact_reason="flash attention splits")
+    assert "not bit-exact by construction on 1 of 2 prompts: flash attention splits" in format_summary([row, parted])
+    assert "bit" not in format_summary([replace(row, bit_exact=None)])  # sampled: nothing to say
