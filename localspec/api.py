@@ -42,8 +42,6 @@ __all__ = [
     "sampling_config",
 ]
 
-ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
-
 
 def load(
     model: str | LoadOptions | None = None,
@@ -156,7 +154,7 @@ def is_assistant(path: str) -> bool:
         return bool(names & {"gemma4_assistant", "gemma4_unified_assistant", "Gemma4AssistantForCausalLM"})
     if not (path.endswith(".gguf") and os.path.isfile(path)):
         return False
-    return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)
+    return read_header(path).is_assistant
 
 
 def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from localspec.core.errors import ModelLoadError
+from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import VocabIdentity
 
 # llama.cpp's split GGUF names (llama-gguf-split): PREFIX-00001-of-00003.gguf
@@ -65,12 +65,32 @@ class GGUFTensor:
         return GGML_TYPES.get(self.qtype, f"type {self.qtype}")
 
 
+# llama.cpp's architecture name (with its hyphen) of Gemma 4's MTP assistant, a file of its own.
+ASSISTANT_ARCHITECTURE = "gemma4-assistant"
+
+
 @dataclass
 class GGUFHeader:
     path: str
     meta: dict[str, Any]
     tensors: list[GGUFTensor]
     data_offset: int  # where the tensor data starts
+
+    @property
+    def architecture(self) -> str:
+        return str(self.meta.get("general.architecture", "?"))
+
+    @property
+    def nextn_layers(self) -> int:
+        """The MTP blocks the file carries: a model's own head (Qwen3.5's nextn layers), or
+        every block of an MTP drafter file (Gemma 4's assistant); 0 for none."""
+        layers = self.meta.get(f"{self.architecture}.nextn_predict_layers", 0)
+        return layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
+
+    @property
+    def is_assistant(self) -> bool:
+        """An MTP assistant file (Gemma 4's), which drafts from inside its target's context."""
+        return self.architecture == ASSISTANT_ARCHITECTURE
 
 
 class _Cursor:
@@ -312,9 +332,31 @@ def diagnose_gguf(path: str) -> str:
     if end > size:
         return f"the file is truncated: its tensors need {end} bytes but it has {size}; download it again"
     arch = header.meta.get("general.architecture")
+    blocks = header.meta.get(f"{arch}.block_count")
+    for key in ("attention.sliding_window_pattern", "attention.head_count", "feed_forward_length"):
+        entries = header.meta.get(f"{arch}.{key}")
+        if isinstance(entries, list) and isinstance(blocks, int) and len(entries) != blocks:
+            return f"its {arch}.{key} has {len(entries)} entries for its {blocks} blocks"
     if arch is not None:
         return f"its architecture is {arch!r}; this llama.cpp build may not support it"
     return "its header has no general.architecture key"
+
+
+def assistant_alone(path: str) -> InvalidRequestError:
+    """The refusal of an MTP assistant GGUF (Gemma 4's) opened as a model of its own: it
+    drafts from inside its target, whose width it was made for."""
+    header = read_header(path)
+    width = header.meta.get(f"{header.architecture}.embedding_length_out")
+    name = os.path.basename(path)
+    target = name[len("mtp-") : -len(".gguf")] if name.startswith("mtp-") and name.endswith(".gguf") else None
+    belongs = f"the Gemma 4 model {target}" if target else "the Gemma 4 model it was released with"
+    return InvalidRequestError(
+        f"{name} is a Gemma 4 MTP assistant, which drafts for {belongs}"
+        + (f" (hidden size {width})" if isinstance(width, int) else "")
+        + " and generates nothing on its own",
+        f"run the target with it as its drafter: --model {f'{target}….gguf' if target else 'TARGET.gguf'} "
+        f"--draft-model {path}",
+    )
 
 
 def load_failure_hint(path: str) -> str:

@@ -145,6 +145,9 @@ class HeadOfTarget:
     _tokens: list[int]
     _closed: bool
     info: ModelInfo
+    # True for a head that reads the target's KV cache and keeps none of its own (Gemma 4's
+    # assistant): it reads a token only at the target's next position, never below it.
+    shared: bool = False
 
     @property
     def n_past(self) -> int:
