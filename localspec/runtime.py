@@ -479,9 +479,10 @@ class Runtime:
         block = policy.costs.verify(2) / step
         drafted = policy.draft_seconds_per_token * policy.costs.scale / step
         return (
-            f"the {self.label} drafter drafted nothing: here a pass over 2 tokens costs {block:.2f} steps "
-            f"and a drafted token {drafted:.2f} of a step, so no draft length pays at the agreement seen "
-            "(`localspec doctor` shows the whole cost curve)"
+            f"the {self.label} drafter drafted nothing, so this answer was decoded plainly (as fast as without "
+            f"a drafter): here checking 2 tokens in one pass costs {block:.2f} single-token steps and guessing "
+            f"a token costs {drafted:.2f} of a step, so at how often its guesses were right no draft length "
+            "pays; a busy machine makes passes look dearer (`localspec doctor` shows the cost curve)"
         )
 
     def close(self) -> None:

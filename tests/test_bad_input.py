@@ -363,3 +363,28 @@ def test_a_context_smaller_than_one_batch_refuses_a_long_block_instead_of_aborti
         [sys.executable, "-c", ABORT_PROBE, str(smollm2_q4_1)], capture_output=True, text=True, timeout=120
     )
     assert child.returncode in (0, 3), f"the process died (code {child.returncode}): {child.stderr[-300:]}"
+
+
+def test_a_missing_model_file_in_chat_does_not_advise_another_command(capsys) -> None:
+    from localspec.core.errors import ModelLoadError
+    from localspec.core.gguf_check import open_model_file
+
+    try:
+        open_model_file("/tmp/nope-localspec-test.gguf")
+    except ModelLoadError as exc:
+        assert "localspec run" not in (exc.hint or "") and "leave the model out" in (exc.hint or "")
+    else:
+        raise AssertionError("a missing file opened")
+
+
+def test_sampling_options_show_their_defaults_in_help() -> None:
+    from localspec.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for command, longest in (("run", 512), ("chat", 1024)):
+        text = " ".join(sub.choices[command].format_help().split())  # type: ignore[union-attr]
+        assert "--top-k TOP_K 0 = off (default 40)" in text
+        assert "--top-p TOP_P 1 = off (default 0.95)" in text
+        assert "--min-p MIN_P 0 = off (default 0.05)" in text
+        assert f"longest reply in tokens (default {longest})" in text

@@ -13,7 +13,7 @@ from localspec.api import load_pair
 from localspec.cli.main import main
 from localspec.core.errors import ModelLoadError, PairMismatchError
 from localspec.models.local_pairs import add_local_pair
-from localspec.models.pull import is_pulled, pull, remove, resolve_pair
+from localspec.models.pull import is_pulled, pull, resolve_pair
 from localspec.models.registry import LocalArtifact, load_registry, user_registry_file
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port: any request to the hub would fail
@@ -73,10 +73,14 @@ def test_a_relative_path_is_read_from_the_registry_file_s_folder(files: dict[str
     assert resolve_pair("mine").target.resolve() == files["target"]
 
 
-def test_rm_never_deletes_the_user_s_own_files(files: dict[str, Path]) -> None:
+def test_rm_never_deletes_the_user_s_own_files_and_says_how_to_drop_the_pair(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     write_user_registry(LOCAL.format(target=files["target"], drafter=files["drafter"]))
-    with pytest.raises(ModelLoadError):  # nothing localspec fetched to remove
-        remove("mine")
+    assert main(["rm", "mine"]) == 2  # nothing localspec fetched to remove
+    err = capsys.readouterr().err
+    assert "is made of your own files" in err and "has no pulled files" not in err
+    assert f"delete its [pairs.mine] entry from {user_registry_file()}" in err
     assert files["target"].is_file() and files["drafter"].is_file()
 
 

@@ -195,3 +195,10 @@ strategy = "draft"
     findings = check_registry(["smol"], endpoint=hub.endpoint)
     assert problems(findings) == []
     assert findings[-1].detail == "fit (bpe, 49152 and 49152 tokens)"
+
+
+def test_a_hub_that_cannot_be_reached_is_not_checked_rather_than_a_mismatch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["registry", "check", "smollm2-1.7b", "--endpoint", "http://127.0.0.1:9"]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" not in out and "NOT CHECKED" in out
+    assert "not checked (the hub could not be asked" in out.splitlines()[-1]

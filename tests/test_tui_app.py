@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.command import CommandList
+from textual.widgets import Static
 from tui_support import REFERENCE, answered, ready, reference_runtime, replies, send, slow_runtime, wait_for
 
 from localspec.api import Runtime
@@ -73,26 +75,72 @@ async def test_shift_enter_and_ctrl_j_make_a_multi_line_prompt() -> None:
         assert app.messages[0]["content"] == "a\nb\nc"
 
 
+def writing_app() -> ChatApp:
+    return ChatApp(slow_runtime(delay=0.01), ChatSettings(sampling=SamplingConfig(temperature=0.0), max_tokens=2000))
+
+
+async def writing(app: ChatApp, pilot: Any) -> None:
+    """The app ready, a long reply asked for and a few characters of it written."""
+    await ready(app)
+    await send(app, pilot, "Write a lot")
+    await wait_for(lambda: app.turn is not None and len(app.turn.reply.text) > 5, what="text to stream")
+
+
 @pytest.mark.asyncio
-async def test_esc_stops_at_once_puts_the_prompt_back_and_the_model_stays_usable() -> None:
-    app = ChatApp(slow_runtime(delay=0.01), ChatSettings(sampling=SamplingConfig(temperature=0.0), max_tokens=2000))
+async def test_esc_stops_at_once_keeps_the_partial_reply_marked_stopped_and_the_model_stays_usable() -> None:
+    app = writing_app()
     async with app.run_test(size=SIZE) as pilot:
-        await ready(app)
-        await send(app, pilot, "Write a lot")
-        await wait_for(lambda: app.turn is not None and len(app.turn.reply.text) > 5, what="text to stream")
+        await writing(app, pilot)
         job = app.turn.job  # type: ignore[union-attr]
         await pilot.press("escape")
         assert app.turn is None
-        assert app.prompt.text == "Write a lot"
-        assert not app.transcript.query(UserMessage) and not app.transcript.query(AssistantMessage)
-        assert app.messages == []
+        assert app.prompt.text == ""
+        [reply] = app.transcript.query(AssistantMessage)
+        assert len(reply.text) > 5 and "Stopped" in str(reply.query_one(".note", Static).render())
+        assert app.messages == [
+            {"role": "user", "content": "Write a lot"},
+            {"role": "assistant", "content": reply.text},
+        ]
+        assert "Stopped" in str(app.status.render())
         await wait_for(job.released.is_set, what="the runtime to be released")
-        app.prompt.clear()
         app.runtime.target.delay = 0.0  # type: ignore[union-attr]
         app.settings = app.settings.with_changes(max_tokens=20)
         await send(app, pilot, "Again")
-        await answered(app)
-        assert [m["role"] for m in app.messages] == ["user", "assistant"]
+        await answered(app, count=2)
+        assert [m["role"] for m in app.messages] == ["user", "assistant", "user", "assistant"]
+    [summary] = History().conversations()
+    saved = History().get(summary.id).messages
+    assert saved[1].content == reply.text and saved[1].is_stopped
+    assert not saved[3].is_stopped
+
+
+@pytest.mark.asyncio
+async def test_esc_before_the_first_word_puts_the_prompt_back() -> None:
+    app = ChatApp(slow_runtime(delay=3.0), ChatSettings(sampling=SamplingConfig(temperature=0.0)))  # still reading
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(app)
+        await send(app, pilot, "Never mind")
+        await wait_for(lambda: app.turn is not None, what="the prompt to be sent")
+        await pilot.press("escape")
+        assert app.turn is None and app.prompt.text == "Never mind"
+        assert not app.transcript.query(UserMessage) and app.messages == []
+
+
+@pytest.mark.asyncio
+async def test_a_reply_saved_by_quitting_is_marked_stopped_and_reopens_with_the_mark() -> None:
+    app = writing_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await writing(app, pilot)
+        await pilot.press("ctrl+q")
+    [summary] = History().conversations()
+    [_, kept] = History().get(summary.id).messages
+    assert kept.is_stopped and len(kept.content) > 5
+    reopened = reference_app(max_tokens=5)
+    async with reopened.run_test(size=SIZE) as pilot:
+        await ready(reopened)
+        await reopened.open_conversation(summary.id)
+        [reply] = reopened.transcript.query(AssistantMessage)
+        assert "Stopped" in str(reply.query_one(".note", Static).render())
 
 
 @pytest.mark.asyncio

@@ -3,6 +3,7 @@ other conversations."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -109,3 +110,32 @@ def test_an_unwritable_history_folder_keeps_history_in_memory(tmp_path: Path, mo
     assert not history.persistent and history.notice is not None
     cid = history.create("in memory", "m")
     assert history.get(cid).title == "in memory"
+
+
+def test_the_history_command_lists_shows_and_exports_saved_chats(capsys) -> None:
+    from localspec.cli.main import main
+
+    assert main(["history"]) == 0
+    assert "No saved chats yet" in capsys.readouterr().out
+    history = History()
+    cid = history.create("Sky colour", "smollm2-135m")
+    history.append(cid, StoredMessage("user", "Why is the sky blue?"))
+    history.append(cid, StoredMessage.stopped("Because of Rayleigh"))
+    history.close()
+    assert main(["history"]) == 0
+    listed = capsys.readouterr().out
+    assert f"{cid:>4}" in listed and "2 messages" in listed and "Sky colour" in listed and "smollm2-135m" in listed
+    assert main(["history", "show", str(cid)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[:3] == ["# Sky colour", "", "Model: smollm2-135m"]
+    assert "## You\n\nWhy is the sky blue?" in shown and "## Assistant (stopped)\n\nBecause of Rayleigh" in shown
+    assert main(["history", "export", "--format", "json"]) == 0
+    [chat] = json.loads(capsys.readouterr().out)
+    assert chat["messages"][1] == {
+        "role": "assistant",
+        "content": "Because of Rayleigh",
+        "stopped": True,
+        "unanswered": False,
+    }
+    assert main(["history", "show", "999"]) == 2
+    assert "no saved chat 999" in capsys.readouterr().err

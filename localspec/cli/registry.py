@@ -30,12 +30,12 @@ def handle_check(args: argparse.Namespace) -> int:
         args.pairs, endpoint=args.endpoint, on_pair=lambda p: print(f"checking {p}...", file=sys.stderr, flush=True)
     )
     rows = [["PAIR", "BACKEND", "CHECKED", "RESULT", "DETAIL"]]
-    rows += [[f.pair, f.backend, f.subject, "ok" if f.ok else "MISMATCH", f.detail] for f in findings]
+    rows += [[f.pair, f.backend, f.subject, f.result, f.detail] for f in findings]
     print("\n".join(table(rows)))
-    bad = sum(not f.ok for f in findings)
-    print(
-        f"{bad} mismatch{'es' if bad != 1 else ''} in {len(findings)} checks"
-        if bad
-        else f"all {len(findings)} checks agree"
-    )
-    return 1 if bad else 0
+    bad = sum(not f.ok and f.checked for f in findings)
+    unchecked = sum(not f.checked for f in findings)
+    parts = [f"{bad} mismatch{'es' if bad != 1 else ''}"] if bad else []
+    if unchecked:
+        parts.append(f"{unchecked} not checked (the hub could not be asked: check the connection, or HF_ENDPOINT)")
+    print(f"{', '.join(parts)} in {len(findings)} checks" if parts else f"all {len(findings)} checks agree")
+    return 1 if bad or unchecked else 0

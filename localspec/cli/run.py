@@ -5,18 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from localspec.api import Finished, TextDelta, load
 from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
 from localspec.core.choices import STRATEGY_HELP
 from localspec.core.errors import InvalidRequestError
-from localspec.core.validate import arg_text, read_stdin
+from localspec.core.progress import Steps, announced
+from localspec.core.validate import arg_text, piped_stdin, read_stdin
+
+Event = TextDelta | Finished
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="answer one prompt", description="Answer one prompt with speculative decoding.")
-    p.add_argument("prompt", type=arg_text, help="the prompt; '-' reads it from standard input")
+    p.add_argument(
+        "prompt",
+        type=arg_text,
+        help="the prompt; '-' reads it from standard input; text piped in beside a prompt follows it "
+        '(echo hello | localspec run "Translate to French:")',
+    )
     p.add_argument(
         "--strategy",
         "-s",
@@ -39,14 +48,16 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    prompt = read_stdin() if args.prompt == "-" else args.prompt
+    prompt = read_stdin() if args.prompt == "-" else joined_with_piped(args.prompt, piped_stdin())
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
     config = sampling(args)  # refused before a model is loaded for it
     schema = read_schema(args.json_schema) if args.json_schema else None
-    runtime = load(
-        load_options(args), on_progress=lambda what: print(f"localspec: {what}…", file=sys.stderr, flush=True)
-    )
+    progress = Steps("localspec:")
+    try:
+        runtime = load(load_options(args), on_progress=progress.say)
+    finally:
+        progress.close()
     if args.raw:
         request: dict[str, Any] = {"prompt": prompt}
     else:
@@ -60,7 +71,7 @@ def handle(args: argparse.Namespace) -> int:
         events = runtime.stream(
             **request, max_tokens=args.max_tokens, stop=args.stop, sampling=config, json_schema=schema
         )
-        for event in events:
+        for event in first_token_announced(events, progress):
             if isinstance(event, TextDelta):
                 if not args.json:
                     sys.stdout.write(event.text)
@@ -79,10 +90,30 @@ def handle(args: argparse.Namespace) -> int:
                     decision = runtime.policy.explain()  # the last step's
                     if decision is not None:
                         print(f"last step's {decision.table()}", file=sys.stderr)
-                    note = runtime.idle_drafter_note(event.stats)
-                    if note:
-                        print(note, file=sys.stderr)
+                note = runtime.idle_drafter_note(event.stats)
+                if note:  # the drafter asked for did nothing: say why, even without --verbose
+                    print(f"localspec: {note}", file=sys.stderr)
     return 0
+
+
+def joined_with_piped(prompt: str, piped: str | None) -> str:
+    """The prompt, then the text piped in after a blank line (as `llm` joins them)."""
+    if piped is None or not piped.strip():
+        return prompt
+    return f"{prompt}\n\n{piped.strip()}"
+
+
+def first_token_announced(events: Iterator[Event], progress: Steps) -> Iterator[Event]:
+    """The events, saying on stderr what the wait for the first one is (reading the prompt, and
+    on a busy machine the first steps) once it has lasted two seconds."""
+    try:
+        with announced("reading the prompt, then writing the first words", progress.say):
+            first = next(events, None)
+    finally:
+        progress.close()
+    if first is not None:
+        yield first
+        yield from events
 
 
 def read_schema(path: str) -> dict[str, Any]:

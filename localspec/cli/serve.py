@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.cli.options import add_model_options, load_options
+from localspec.cli.options import add_model_argument, add_model_options, load_options, model_given
 from localspec.core.choices import STRATEGY_HELP
 from localspec.core.errors import InvalidRequestError
 
@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
         description="An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health) "
         "with speculative decoding behind it. Binds 127.0.0.1 unless told otherwise.",
     )
-    p.add_argument("pair", nargs="?", help="a pulled pair from models.toml (default: the embedded SmolLM2-135M)")
+    add_model_argument(p)
     p.add_argument("--strategy", "-s", default="auto", help=STRATEGY_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
@@ -83,11 +83,9 @@ def handle(args: argparse.Namespace) -> int:
     from localspec.api import load
     from localspec.server import Catalog, LocalServer, Settings, local_only
 
-    if args.pair and args.model:
-        raise InvalidRequestError("name the model once: a pair, or --model FILE", "drop one of them")
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be 0 or more, got {args.max_queue}")
-    model = args.pair or args.model
+    model = model_given(args)
     options = load_options(args).changed(model=model)
     served = _served_id(model, args.draft_model)
     _check_before_listening(model, args.draft_model, args.backend)

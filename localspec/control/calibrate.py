@@ -11,12 +11,13 @@ switched off)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ import numpy as np
 from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve
 from localspec.control.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
+from localspec.core.progress import report
 from localspec.core.protocol import Backend, HeadOfTarget, eval_chunked
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters import common_prefix
@@ -143,7 +145,13 @@ def measure(
     probe = base[SHALLOW_DEPTH : SHALLOW_DEPTH + max_k]
     backend.eval_block(probe[:4], "all")  # warm up: page in the weights, size the buffers
     backend.rollback(SHALLOW_DEPTH)
-    verify, rebuild = _curve(backend, probe, repeats)
+    deep_wanted = deep_depth >= 4 * SHALLOW_DEPTH  # a small context (a short --n-ctx) keeps one curve
+    rounds, done = repeats + (config.deep_repeats if deep_wanted else 0), itertools.count(1)
+
+    def next_round() -> None:
+        report(f"timing passes of 1 to {max_k} tokens, round {next(done)} of {rounds}")
+
+    verify, rebuild = _curve(backend, probe, repeats, next_round)
     decode = []
     for _ in range(repeats * 2):
         t0 = time.perf_counter()
@@ -151,16 +159,18 @@ def measure(
         decode.append(time.perf_counter() - t0)
         backend.rollback(SHALLOW_DEPTH)
     deep = None
-    if deep_depth >= 4 * SHALLOW_DEPTH:  # a small context (a short --n-ctx) keeps one curve
+    if deep_wanted:
         eval_chunked(backend, base[SHALLOW_DEPTH:deep_depth], "none")
-        deep, _ = _curve(backend, base[deep_depth : deep_depth + max_k], config.deep_repeats)
+        deep, _ = _curve(backend, base[deep_depth : deep_depth + max_k], config.deep_repeats, next_round)
         deep = [max(d, s) for d, s in zip(deep, verify, strict=True)]  # more context never costs less
     backend.rollback(0)
     depth = deep_depth if deep else DEEP_DEPTH
     return Calibration(verify, statistics.median(decode), deep, depth, rebuild[0], rebuild[1])
 
 
-def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> tuple[list[float], tuple[float, float]]:
+def _curve(
+    backend: Backend, probe: Sequence[int], repeats: int, next_round: Callable[[], None] = lambda: None
+) -> tuple[list[float], tuple[float, float]]:
     """Median seconds of a pass over probe[:k] behind the cache as it is, k = 1..len(probe),
     and what a pass costs on top after a pass of another size: (into a block, into one token).
 
@@ -181,6 +191,7 @@ def _curve(backend: Backend, probe: Sequence[int], repeats: int) -> tuple[list[f
     samples: dict[int, list[float]] = {k: [] for k in sizes}
     excess: dict[int, list[float]] = {k: [] for k in sizes}
     for _ in range(repeats):
+        next_round()
         for k in sizes:
             seconds = []
             for _ in range(2):
@@ -278,6 +289,7 @@ def drafting_seconds(draft: Backend, config: ControlConfig = DEFAULT) -> float:
     hit = CALIBRATION.get(key)
     if hit is not None and isinstance(hit.get("seconds_per_token"), float) and not hit.get("stale"):
         return float(hit["seconds_per_token"])  # type: ignore[arg-type]
+    report("timing its drafting")
     text = draft.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
     text = text[: draft.info.n_ctx - config.draft_probe - 1]
     drafter = ModelDrafter(draft)

@@ -159,7 +159,7 @@ class AdaptiveDraftLength:
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         best = self._best(limit, support, backlog, depth, self.draft_seconds_per_token, self.margin)[0]
         gamma, self._declined = self._probe(best, limit, support)
-        self._note("lookup" if support > 0 else "model", best, gamma, self.margin)
+        self._note("draft", best, gamma, self.margin)
         return gamma
 
     def explain(self) -> Decision | None:

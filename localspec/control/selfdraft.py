@@ -26,6 +26,7 @@ from localspec.control.calibrate import (
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.prompts import CODE, PASSAGE
 from localspec.core.errors import InvalidRequestError
+from localspec.core.progress import report, stage
 from localspec.core.protocol import Backend
 from localspec.store import CALIBRATION
 
@@ -81,12 +82,16 @@ def best_drafter(target: Backend, kind: str, labels: list[str], make: Callable[[
     text = target.tokenize(CALIBRATION_TEXT + "\n" + CODE + "\n" + PASSAGE, add_special=True, parse_special=False)
     text = text[: target.info.n_ctx]
     scored = []
-    for label in labels:
-        draft = make(label)
-        try:
-            scored.append((predicted_rate(target, draft, agreement(target, draft, text)), label))
-        finally:
-            draft.close()
+    for i, label in enumerate(labels, 1):
+        with stage(f"candidate {i} of {len(labels)} ({label})"):
+            draft = make(label)
+            try:
+                report("comparing it with the target")
+                alpha = agreement(target, draft, text)
+                report("timing it")
+                scored.append((predicted_rate(target, draft, alpha), label))
+            finally:
+                draft.close()
     _, best = max(scored)
     CALIBRATION.put(key, {"label": best})
     return make(best)

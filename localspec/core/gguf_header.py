@@ -252,7 +252,7 @@ def open_model_file(path: str | os.PathLike[str]) -> BinaryIO:
     except FileNotFoundError:
         raise ModelLoadError(
             f"no model file at {path}",
-            "check the path, or run `localspec run` without --model to use the embedded default",
+            "check the path, or leave the model out to use the embedded default (smollm2-135m)",
         ) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:

@@ -295,7 +295,7 @@ class Decision:
     predicted tokens per second (γ = 0, plain decoding, always among them), the γ that
     predicted best, the γ chosen, and the adjustment that turned one into the other."""
 
-    source: str  # whose guess the step drafted: "model", "lookup" or "fixed"
+    source: str  # "draft" (the runtime's drafter), "model" or "lookup" (chosen between), "fixed"
     candidates: tuple[tuple[int, float], ...]
     best: int
     chosen: int

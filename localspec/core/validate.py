@@ -4,6 +4,8 @@ the API and the chat, so hostile input is refused at the edge with a message, no
 from __future__ import annotations
 
 import os
+import select
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -68,3 +70,35 @@ def check_limits(max_tokens: object, stop: object) -> tuple[int, tuple[str, ...]
 def read_stdin() -> str:
     """Standard input as text, whatever its bytes (undecodable ones become U+FFFD)."""
     return sys.stdin.buffer.read().decode("utf-8", "replace")
+
+
+# A pipe with nothing in it yet after this long is taken for one nobody writes to (a parent
+# program's stdin left open), not read: waiting on it would hang.
+PIPE_WAIT_SECONDS = 0.5
+
+
+def piped_stdin() -> str | None:
+    """Standard input when text is piped or redirected into it (a pipe or a file, not a
+    terminal nor a device such as /dev/null), else None. A pipe that stays empty for
+    PIPE_WAIT_SECONDS is left unread, and stderr says so."""
+    try:
+        fd = sys.stdin.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return None  # no real standard input (closed, or replaced as under a test runner)
+    if stat.S_ISREG(mode):
+        return read_stdin()
+    if not stat.S_ISFIFO(mode):
+        return None
+    try:
+        ready, _, _ = select.select([fd], [], [], PIPE_WAIT_SECONDS)
+    except (OSError, ValueError):
+        ready = [fd]  # Windows selects sockets only: read the pipe, as `llm` does
+    if not ready:
+        print(
+            "localspec: nothing came through the pipe on standard input in time, so the prompt goes alone "
+            "(put the whole prompt through the pipe and give '-' to wait for it)",
+            file=sys.stderr,
+        )
+        return None
+    return read_stdin()

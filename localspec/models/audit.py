@@ -20,7 +20,7 @@ from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF, GGUFHeader, gguf_vocab_identity, vocab_identity
 from localspec.core.protocol import VocabIdentity
-from localspec.models.hub import HubSettings, hub_errors
+from localspec.models.hub import HubSettings, HubUnreachableError, hub_errors
 from localspec.models.pairing import tokenizer_json_identity, vocab_mismatch
 from localspec.models.registry import (
     HubArtifact,
@@ -44,6 +44,11 @@ class Finding:
     subject: str  # "model repo@revision", a file name, or "tokenizers"
     ok: bool
     detail: str
+    checked: bool = True  # False: the hub could not be asked, so the entry is neither right nor wrong
+
+    @property
+    def result(self) -> str:
+        return "ok" if self.ok else "MISMATCH" if self.checked else "NOT CHECKED"
 
 
 @dataclass
@@ -53,6 +58,7 @@ class _Hub:
     commit: str | None
     files: dict[str, Any]
     problem: str | None
+    unreachable: bool = False  # the problem is that the hub could not be asked
 
 
 def check_registry(
@@ -83,7 +89,7 @@ def check_registry(
                 if key not in seen:
                     seen[key] = _check_model(pair, model, backend, settings)
                 hubs[model.id] = seen[key][0]
-                findings += [Finding(pair.id, f.backend, f.subject, f.ok, f.detail) for f in seen[key][1]]
+                findings += [Finding(pair.id, f.backend, f.subject, f.ok, f.detail, f.checked) for f in seen[key][1]]
             if pair.drafter is not None:
                 findings.append(_check_fit(pair, backend, hubs, settings))
             if kind_of(backend).gguf and pair.mtp is not None:
@@ -107,7 +113,7 @@ def _check_model(pair: Pair, model: Model, backend: str, settings: HubSettings) 
     hub = _ask_hub(artifact, settings)
     subject = f"{model.id} {artifact.repo}@{artifact.revision}"
     if hub.problem is not None:
-        return hub, [Finding(pair.id, backend, subject, False, hub.problem)]
+        return hub, [Finding(pair.id, backend, subject, False, hub.problem, not hub.unreachable)]
     assert hub.commit is not None
     pinned = "pinned" if artifact.pinned else f"at {hub.commit[:12]} (not pinned)"
     findings = [Finding(pair.id, backend, subject, True, f"repo and revision exist, {pinned}")]
@@ -135,6 +141,8 @@ def _ask_hub(artifact: HubArtifact, settings: HubSettings) -> _Hub:
             info = api.model_info(
                 artifact.repo, revision=artifact.revision, files_metadata=True, timeout=settings.timeout
             )
+    except HubUnreachableError as exc:
+        return _Hub(None, {}, exc.message, unreachable=True)
     except LocalspecError as exc:
         return _Hub(None, {}, exc.message)
     return _Hub(str(info.sha), {s.rfilename: s for s in info.siblings or []}, None)
@@ -171,12 +179,12 @@ def _missing_detail(name: str, files: dict[str, Any]) -> str:
 def _check_fit(pair: Pair, backend: str, hubs: dict[str, _Hub], settings: HubSettings) -> Finding:
     assert pair.drafter is not None
     if any(h.problem for h in hubs.values()):
-        return Finding(pair.id, backend, "tokenizers", False, "not checked: a model's files are not all there")
+        return Finding(pair.id, backend, "tokenizers", False, "not checked: a model's files are not all there", False)
     try:
         target = _identity(pair.target, backend, hubs[pair.target.id], settings)
         drafter = _identity(pair.drafter, backend, hubs[pair.drafter.id], settings)
     except LocalspecError as exc:
-        return Finding(pair.id, backend, "tokenizers", False, f"not checked: {exc.message}")
+        return Finding(pair.id, backend, "tokenizers", False, f"not checked: {exc.message}", False)
     if target is None or drafter is None:
         return Finding(pair.id, backend, "tokenizers", True, "no tokenizer.json: left to the check at load")
     reason = vocab_mismatch(target, drafter)
@@ -194,7 +202,7 @@ def _check_mtp(pair: Pair, hub: _Hub, settings: HubSettings) -> Finding:
     if not isinstance(artifact, HubArtifact):
         return Finding(pair.id, "llamacpp", subject, True, "your own file: checked when it loads")
     if hub.problem is not None:
-        return Finding(pair.id, "llamacpp", subject, False, "not checked: the target's files are not all there")
+        return Finding(pair.id, "llamacpp", subject, False, "not checked: the target's files are not all there", False)
     try:
         target = _remote_header(artifact, artifact.files[0].name, hub, settings)
         if sidecar is None:
@@ -202,7 +210,7 @@ def _check_mtp(pair: Pair, hub: _Hub, settings: HubSettings) -> Finding:
         else:
             ok, detail = mtp_drafter_fit(target, _remote_header(artifact, sidecar.name, hub, settings))
     except LocalspecError as exc:
-        return Finding(pair.id, "llamacpp", subject, False, f"not checked: {exc.message}")
+        return Finding(pair.id, "llamacpp", subject, False, f"not checked: {exc.message}", False)
     return Finding(pair.id, "llamacpp", subject, ok, detail)
 
 

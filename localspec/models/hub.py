@@ -37,6 +37,11 @@ class PullError(LocalspecError):
     """A file could not be fetched: not on the hub, not reachable, gated, or interrupted."""
 
 
+class HubUnreachableError(PullError):
+    """The hub could not be asked (no connection, no answer, or offline by choice): nothing is
+    known about the files, neither right nor wrong."""
+
+
 class ChecksumMismatchError(PullError):
     """A fetched file is not the file the registry or the hub vouches for; it is kept aside
     for --accept-hash to take it without a new download."""
@@ -343,7 +348,7 @@ def _missing(artifact: HubArtifact, name: str, settings: HubSettings) -> PullErr
 
 
 def _offline_missing(artifact: HubArtifact, what: str) -> PullError:
-    return PullError(
+    return HubUnreachableError(
         f"offline (HF_HUB_OFFLINE is set) and {artifact.repo}: {what} is not in the hub cache",
         "unset HF_HUB_OFFLINE to download it, or point HF_HUB_CACHE at a cache that has it",
     )
@@ -409,7 +414,7 @@ def _interrupted(repo: str, name: str | None, settings: HubSettings, exc: BaseEx
         return _stalled(repo, name, settings)
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if name is None:
-        return PullError(
+        return HubUnreachableError(
             f"could not ask {settings.endpoint} about {repo}: {reason}",
             "check your connection (HF_ENDPOINT names a mirror); HF_HUB_OFFLINE=1 uses files already in the hub cache",
         )
@@ -451,7 +456,7 @@ def _stalled(repo: str, name: str | None, settings: HubSettings, slow: HubTooSlo
         what = f"about {repo} ({why})"
     else:
         what = f"while sending {name} from {repo} ({why}); nothing partial was kept"
-    return PullError(
+    return HubUnreachableError(
         f"{settings.endpoint} stopped answering {what}",
         "check your connection or proxy, then run the same command again; on a slow link raise "
         "HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT (seconds); HF_ENDPOINT names a mirror; "

@@ -18,7 +18,7 @@ from typing import Any
 
 from localspec.core.backend_loader import kind_of
 from localspec.core.choices import DEFAULT_BACKEND
-from localspec.core.errors import LocalspecError, ModelLoadError
+from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError
 from localspec.core.progress import Announce
 from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
 from localspec.models.hub import (
@@ -217,6 +217,13 @@ def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = 
             kept.append((model.id, users))
         else:
             removed.append((model.id, _delete_model(model, backend)))
+    own = [m for m in pair.models if isinstance(m.artifacts[backend], LocalArtifact)]
+    if not removed and not kept and own:
+        files = ", ".join(str(m.artifacts[backend].path) for m in own)  # type: ignore[union-attr]
+        raise InvalidRequestError(
+            f"pair {pair.id!r} is made of your own files ({files}), which localspec never deletes",
+            f"to take it off `localspec list`, delete its [pairs.{pair.id}] entry from {pair.origin}",
+        )
     if not removed and not kept:
         raise NotPulledError(
             f"pair {pair.id!r} has no pulled files for {backend}", "`localspec list` shows what is pulled"

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localspec.api import Runtime
+from localspec.control.contention import unreliable_note
 from localspec.control.hardware import physical_cores
 from localspec.control.prompts import BenchPrompt
 from localspec.core.choices import DraftTokens
@@ -33,6 +34,10 @@ from localspec.core.stats import Stats
 
 # --min-seconds repeats a prompt at most this many times as often as --repeats asks.
 MAX_REPEAT_FACTOR = 4
+# A row whose speedup and tokens/s columns differ by more than this factor, or sit on the two
+# sides of 1 by more than NOISE_BAND, is shown as noise rather than as a speedup.
+CONTRADICTION = 1.25
+NOISE_BAND = 0.05
 
 
 @dataclass
@@ -65,6 +70,17 @@ class BenchRow:
     # sampled); see Stats.bit_exact.
     bit_exact: bool | None = None
     inexact_reason: str = ""
+
+    @property
+    def contradicted(self) -> bool:
+        """Whether the speedup and the row's own tokens/s columns point different ways (one
+        faster than plain, the other slower, or apart by more than CONTRADICTION): then the
+        runs disagree with each other, and the row says only that it is within the noise."""
+        if not self.plain_tokens_per_s or not self.speedup:
+            return False
+        columns = self.spec_tokens_per_s / self.plain_tokens_per_s
+        opposite = (columns - 1) * (self.speedup - 1) < 0 and abs(columns - self.speedup) > NOISE_BAND
+        return opposite or max(columns, self.speedup) / min(columns, self.speedup) > CONTRADICTION
 
     def add_peer(self, program: str, tokens_per_s: float, tokens: int) -> None:
         if not self.peer_program:
@@ -150,10 +166,14 @@ def bench(
     draft_tokens: DraftTokens = "auto",
     seed: int = 0,
     min_seconds: float = 0.0,
+    on_run: Callable[[int, int, str], None] | None = None,
 ) -> list[BenchRow]:
+    """on_run(done, total, what) is told of each run before it starts; total counts --repeats
+    (--min-seconds may add runs beyond it)."""
     rows: list[BenchRow] = []
     plain = Contender("none", "none")
     field_ = [plain, *[c for c in contenders if c.label != "none"]]
+    total, done = len(prompts) * repeats * (len(field_) + 1), 0
     for prompt in prompts:
         # A fresh runtime per prompt: the controller must adapt within the request.
         runtimes = {
@@ -169,6 +189,10 @@ def bench(
             # Interleaved, so drift in machine speed hits every column alike; plain on both
             # sides (see the module doc).
             for c in [*field_, plain]:
+                done += 1
+                if on_run is not None:
+                    label = "plain decoding" if c.label == "none" else c.label
+                    on_run(done, max(total, done), f"prompt {prompt.id!r}, {label}, run {r + 1}")
                 request = {"messages": prompt.messages, "max_tokens": max_tokens, "temperature": temperature}
                 tallies[c.label].add(_timed(c, runtimes, target, draft_tokens, {**request, "seed": seed + r}))
             r += 1
@@ -255,17 +279,26 @@ class VsLlamaBench:
     depth: int = 0
 
 
-def format_summary(rows: Sequence[BenchRow], vs_llama_bench: VsLlamaBench | None = None) -> str:
+def format_summary(
+    rows: Sequence[BenchRow], vs_llama_bench: VsLlamaBench | None = None, busy: str | None = None
+) -> str:
     """Per strategy: the geometric mean speedup over plain decoding, and over each peer (with
-    the lowest and highest prompt); then plain decoding against llama-bench, when run."""
+    the lowest and highest prompt); then plain decoding against llama-bench, when run; then
+    why the figures are unreliable, when the machine was busy (busy says how) or rows were
+    noise. Rows that are noise are left out of the mean: they measured nothing."""
     lines = []
     for strategy in dict.fromkeys(r.strategy for r in rows):
         mine = [r for r in rows if r.strategy == strategy]
-        speedups = [r.speedup for r in mine]
-        lines.append(
-            f"{strategy}: {geometric_mean(speedups):.2f}x plain decoding (geometric mean of {len(mine)} prompts, "
-            f"{min(speedups):.2f}x to {max(speedups):.2f}x)"
-        )
+        speedups = [r.speedup for r in mine if not r.contradicted]
+        noise = len(mine) - len(speedups)
+        left_out = f"; {noise} within the noise, left out" if noise else ""
+        if speedups:
+            lines.append(
+                f"{strategy}: {geometric_mean(speedups):.2f}x plain decoding (geometric mean of {len(speedups)} "
+                f"prompts, {min(speedups):.2f}x to {max(speedups):.2f}x{left_out})"
+            )
+        else:
+            lines.append(f"{strategy}: the same as plain decoding within the noise (every prompt's runs disagreed)")
         line = _exactness_line(mine)
         if line:
             lines.append(f"{strategy}: {line}")
@@ -282,6 +315,13 @@ def format_summary(rows: Sequence[BenchRow], vs_llama_bench: VsLlamaBench | None
         if v.at_depth:
             line += f"; at the prompts' mean length (-d {v.depth}) {v.at_depth:.1f} tok/s: {v.ours / v.at_depth:.2f}x"
         lines.append(line)
+    if busy is not None:
+        lines.append(f"warning: {unreliable_note(busy)}")
+    if any(r.contradicted for r in rows):
+        lines.append(
+            "noise: a row's runs disagreed (its tokens/s columns and its per-run ratios point different ways); "
+            "its speedup is the same as plain decoding within the noise, and more --repeats would settle it"
+        )
     return "\n".join(lines)
 
 
@@ -311,7 +351,8 @@ def format_table(rows: Sequence[BenchRow]) -> str:
     for r in rows:
         lines.append(
             f"{r.prompt:<12} {r.strategy:<8} {r.plain_tokens_per_s:>9.1f} {r.spec_tokens_per_s:>9.1f} "
-            f"{r.speedup:>7.2f}x {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f}"
+            + (f"{'noise':>8}" if r.contradicted else f"{r.speedup:>7.2f}x")
+            + f" {r.acceptance_rate:>7.0%} {r.tokens_per_step:>8.2f} {r.mean_gamma:>7.2f}"
             + ((f" {r.lookup_share:>6.0%}" if r.lookup_share else f" {'-':>6}") if lookup else "")
             + f" {r.peak_rss_mb:>7.0f}"
             + "".join(
@@ -323,4 +364,4 @@ def format_table(rows: Sequence[BenchRow]) -> str:
 
 
 def rows_to_json(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in rows]
+    return [{**asdict(r), "contradicted": r.contradicted} for r in rows]

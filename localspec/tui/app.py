@@ -31,9 +31,16 @@ from localspec.tui.screens import (
     SettingsScreen,
     strategy_choices,
 )
-from localspec.tui.settings import ChatSettings
+from localspec.tui.settings import ChatSettings, remember
 from localspec.tui.transcript import Transcript
-from localspec.tui.widgets import AssistantMessage, ErrorMessage, PromptInput, StatusLine, UserMessage
+from localspec.tui.widgets import (
+    STOPPED_NOTE,
+    AssistantMessage,
+    ErrorMessage,
+    PromptInput,
+    StatusLine,
+    UserMessage,
+)
 
 _Write = Callable[[History, int], None]
 
@@ -79,6 +86,7 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "toggle_drafts", "Drafts"),
         Binding("ctrl+l", "conversations", "Chats"),
         Binding("ctrl+o", "settings", "Settings"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),  # shown, so the way out is on screen
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in every terminal program
     ]
 
@@ -89,8 +97,12 @@ class ChatApp(App[None]):
         *,
         missing_model: MissingCheck | None = None,
         history_path: Path | None = None,
+        reopen_last: bool = False,
+        remember_settings: bool = False,
     ) -> None:
         super().__init__()
+        self._reopen_last = reopen_last  # open the newest saved chat at start (`localspec chat`)
+        self._remember_settings = remember_settings  # keep the settings applied for the next start
         self.settings = settings or ChatSettings()
         self._load_runtime = load_runtime
         self._missing_model = missing_model
@@ -124,6 +136,23 @@ class ChatApp(App[None]):
         self.update_topbar()
         self.prompt.focus()
         self.start_loading(self.settings)
+        if self._reopen_last:
+            await self.reopen_last()
+
+    async def reopen_last(self) -> None:
+        """Where the user was: the newest saved chat, back on screen."""
+        if self.history is None:
+            return
+        try:
+            newest = self.history.conversations(1)
+        except HistoryError:
+            return  # the history's notice has said why
+        if newest:
+            await self.open_conversation(newest[0].id)
+            self.notify(
+                f"Reopened your last chat, “{newest[0].title}”: Ctrl+N starts a new one, Ctrl+L lists the others.",
+                timeout=8,
+            )
 
     @property
     def turn(self) -> Turn | None:
@@ -150,7 +179,7 @@ class ChatApp(App[None]):
         s = self.settings
         parts = [
             "localspec chat",
-            self.runtime.target.info.name if self.runtime else s.model_label(),
+            s.model_label(),
             f"strategy {getattr(self.runtime, 'label', s.load.strategy) if self.runtime else s.load.strategy}",
             f"draft length {s.load.draft_tokens}",
             f"temperature {s.sampling.temperature:g}",
@@ -162,8 +191,8 @@ class ChatApp(App[None]):
     def show_ready(self) -> None:
         if self.runtime is None:
             return
-        hint = "Enter sends · Esc stops · Ctrl+T shows drafted text · Ctrl+P commands"
-        self.status.show(f"Ready: {self.runtime.target.info.name} · {hint}")
+        hint = "Enter sends · Esc stops · PageUp scrolls · Ctrl+T drafted text · Ctrl+P commands · Ctrl+Q quits"
+        self.status.show(f"Ready: {self.settings.model_label()} · {hint}")
 
     # -- loading a runtime -----------------------------------------------------------------
 
@@ -241,7 +270,7 @@ class ChatApp(App[None]):
 
     def _load_failed(self, settings: ChatSettings, exc: BaseException) -> None:
         self.loading = False
-        still = f"; still using {self.runtime.target.info.name}" if self.runtime else ""
+        still = f"; still using {self.settings.model_label()}" if self.runtime else ""
         self.status.show(f"Could not load {settings.model_label()}{still}", "error")
 
         def chosen(choice: str | None) -> None:
@@ -257,6 +286,8 @@ class ChatApp(App[None]):
         self.push_screen(LoadErrorScreen(settings, exc), chosen)
 
     async def apply_settings(self, new: ChatSettings) -> None:
+        if self._remember_settings:
+            remember(new)
         if new.needs_new_runtime(self.settings) or self.runtime is None:
             await self.cancel_turn()
             self.start_loading(new)
@@ -268,6 +299,13 @@ class ChatApp(App[None]):
         self.update_topbar()
 
     # -- sending and receiving -------------------------------------------------------------
+
+    @on(PromptInput.PageKey)
+    def page(self, event: PromptInput.PageKey) -> None:
+        if event.up:
+            self.transcript.scroll_page_up()
+        else:
+            self.transcript.scroll_page_down()
 
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
@@ -378,7 +416,7 @@ class ChatApp(App[None]):
         try:
             if self.conversation_id is None:
                 title = next((m["content"] for m in self.messages if m["role"] == "user"), "chat")
-                model = self.runtime.target.info.name if self.runtime else self.settings.model_label()
+                model = self.settings.model_label()
                 self.conversation_id = self.history.create(_title(title), model, self.settings.system)
             write(self.history, self.conversation_id)
         except HistoryError as exc:
@@ -422,8 +460,24 @@ class ChatApp(App[None]):
         turn = self.turn
         if turn is None:
             return
-        await self.undo_turn(turn)
-        self.status.show("Stopped: your message is back in the input.")
+        if not turn.reply.text:  # nothing written yet: the prompt goes back, to edit or send again
+            await self.undo_turn(turn)
+            self.status.show("Stopped before the first word: your message is back in the input.")
+            return
+        await self.keep_stopped(turn)
+        self.status.show("Stopped: what it wrote so far is kept (Ctrl+R writes it again).")
+
+    async def keep_stopped(self, turn: Turn) -> None:
+        """End a turn early, keeping the partial reply on screen, in the chat and in the history,
+        marked stopped (as quitting mid-answer keeps it)."""
+        self.turn = None
+        turn.job.cancel()
+        text = turn.reply.text
+        spans = turn.attribution.spans(len(text))
+        turn.reply.spans = spans
+        await turn.reply.finish(STOPPED_NOTE)
+        self.messages.append({"role": "assistant", "content": text})
+        self.save_turn(turn.prompt, StoredMessage.stopped(text, spans=spans))
 
     async def cancel_turn(self) -> None:
         if self.turn is not None:
@@ -477,6 +531,7 @@ class ChatApp(App[None]):
 
     def open_settings(self, settings: ChatSettings) -> None:
         async def chosen(new: ChatSettings | None) -> None:
+            self.prompt.focus()  # typing goes on where it was, whatever the dialog ended with
             if new is not None:
                 await self.apply_settings(new)
 
@@ -493,6 +548,7 @@ class ChatApp(App[None]):
         screen = ConversationsScreen(listed, self.history.notice)
 
         async def chosen(conversation_id: int | None) -> None:
+            self.prompt.focus()
             self._delete_conversations(screen.deleted)
             if conversation_id is not None:
                 await self.open_conversation(conversation_id)
@@ -545,8 +601,9 @@ class ChatApp(App[None]):
     async def on_unmount(self) -> None:
         released = True
         turn = self.turn
-        if turn is not None and turn.reply.text:  # quitting mid-answer keeps what was said
-            self.save_turn(turn.prompt, StoredMessage("assistant", turn.reply.text))
+        if turn is not None and turn.reply.text:  # quitting mid-answer keeps what was said, marked stopped
+            text = turn.reply.text
+            self.save_turn(turn.prompt, StoredMessage.stopped(text, spans=turn.attribution.spans(len(text))))
         elif turn is not None:  # quitting before the first token keeps what the user typed
             kept = StoredMessage.unanswered(turn.prompt)
             self._save(lambda history, cid: history.append(cid, kept))

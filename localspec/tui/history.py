@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from localspec.core.errors import LocalspecError
-from localspec.store import data_dir, disk_full_message, private_dir
+from localspec.store import StoreError, data_dir, disk_full_message, private_dir
 
 SCHEMA_VERSION = 1
 FILENAME = "history.sqlite3"
@@ -68,6 +68,17 @@ class StoredMessage:
         kept, so what the user typed is not lost, and marked, so it is not taken as a turn."""
         return cls("user", prompt, {"unanswered": True})
 
+    @classmethod
+    def stopped(
+        cls, text: str, stats: dict[str, Any] | None = None, spans: tuple[tuple[int, int], ...] = ()
+    ) -> StoredMessage:
+        """A reply cut short (Esc, or quitting mid-answer): what was written, marked stopped."""
+        return cls("assistant", text, {**(stats or {}), "stopped": True}, spans)
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.role == "assistant" and bool(self.stats and self.stats.get("stopped"))
+
     @property
     def is_unanswered(self) -> bool:
         return self.role == "user" and bool(self.stats and self.stats.get("unanswered"))
@@ -105,7 +116,7 @@ class History:
     def _open(self) -> sqlite3.Connection:
         try:
             private_dir(self.path.parent)
-        except OSError as exc:
+        except (OSError, StoreError) as exc:  # the store says why it could not make the folder
             return self._in_memory(f"the history folder {self.path.parent} cannot be created ({exc})")
         try:
             db = self._connect_checked()

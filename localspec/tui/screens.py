@@ -69,8 +69,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         s = self.settings
         with VerticalScroll():
             yield Static("Settings", classes="title")
-            yield Label("Model: a pair from models.toml, a GGUF path, or empty for the embedded default")
-            yield Input(s.load.model or "", placeholder="default: SmolLM2-135M-Instruct", id="model", compact=True)
+            yield Label("Model: a pair name from `localspec list` or a GGUF path (empty: the default)")
+            yield Input(s.load.model or "", placeholder="default: smollm2-135m", id="model", compact=True)
             yield Label("Draft model (GGUF with the target's tokenizer; for strategy 'draft')")
             yield Input(s.load.draft_model or "", placeholder="none", id="draft-model", compact=True)
             yield Label("Strategy")
@@ -86,6 +86,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             with Horizontal(classes="buttons"):
                 yield Button("Cancel", id="cancel")
                 yield Button("Apply", variant="primary", id="apply")
+
+    def on_mount(self) -> None:
+        self.query_one("#model", Input).focus()  # a field to type in, not Apply (Enter in any field applies)
 
     @on(Button.Pressed, "#apply")
     @on(Input.Submitted)

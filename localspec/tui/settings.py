@@ -3,7 +3,10 @@ sampling options of the next request (changing them loads nothing)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from localspec.core.errors import InvalidRequestError
@@ -22,8 +25,9 @@ class ChatSettings:
         return self.load != other.load
 
     def model_label(self) -> str:
+        """The model's one name (see localspec.models.naming), and its drafter's file."""
         model, draft_model = self.load.model, self.load.draft_model
-        name = _short(model) if model else "default model"
+        name = _canonical(model, self.load.backend)
         return f"{name} + {_short(draft_model)}" if draft_model else name
 
     def with_changes(self, **changes: Any) -> ChatSettings:
@@ -47,7 +51,50 @@ def parse_temperature(text: str) -> float:
         raise InvalidRequestError(f"temperature must be a number (0 = greedy), got {text!r}") from None
 
 
+@lru_cache(maxsize=16)
+def _canonical(model: str | None, backend: str) -> str:
+    if backend == "reference":
+        return model or "reference"  # a reference model's spec is its name
+    from localspec.models.naming import canonical_name
+
+    return canonical_name(model)
+
+
 def _short(path: str | None) -> str:
     if not path:
         return ""
     return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+# What the chat remembers of its settings from one session to the next (the last ones applied).
+REMEMBERED = ("model", "draft_model", "strategy", "draft_tokens", "temperature")
+
+
+def remembered_file() -> Path:
+    from localspec.store import data_dir
+
+    return data_dir() / "chat-settings.json"
+
+
+def remember(settings: ChatSettings) -> None:
+    """Keep the settings for the next `localspec chat` (quietly: a chat goes on without it)."""
+    from localspec.store import save_json_quietly
+
+    load = settings.load
+    values = {
+        "model": load.model,
+        "draft_model": load.draft_model,
+        "strategy": load.strategy,
+        "draft_tokens": load.draft_tokens,
+        "temperature": settings.sampling.temperature,
+    }
+    save_json_quietly(remembered_file(), values, "the chat's settings (not kept for next time)")
+
+
+def remembered() -> dict[str, Any]:
+    """The settings the last chat applied; {} when there are none or they cannot be read."""
+    try:
+        values = json.loads(remembered_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in values.items() if k in REMEMBERED} if isinstance(values, dict) else {}

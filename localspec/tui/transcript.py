@@ -8,14 +8,15 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from localspec.tui.history import StoredMessage
-from localspec.tui.widgets import AssistantMessage, ErrorMessage, UserMessage
+from localspec.tui.widgets import STOPPED_NOTE, AssistantMessage, ErrorMessage, UserMessage
 
 WELCOME = """\
 [b]localspec chat[/b] — speculative decoding you can watch.
 
 Type a message and press [b]Enter[/b] to send ([b]Shift+Enter[/b] or [b]Ctrl+J[/b] for a new line).
-[b]Esc[/b] stops a reply and gives you the prompt back. [b]Ctrl+T[/b] highlights the text the drafter \
-guessed and the target accepted. [b]Ctrl+P[/b] lists every command.\
+[b]Esc[/b] stops a reply, keeping what it wrote. [b]Ctrl+T[/b] highlights the text the drafter \
+guessed and the target accepted. [b]PageUp[/b]/[b]PageDown[/b] scroll the chat, [b]Ctrl+O[/b] opens the \
+settings, [b]Ctrl+P[/b] lists every command, [b]Ctrl+Q[/b] quits.\
 """
 
 
@@ -37,7 +38,8 @@ class Transcript(VerticalScroll):
             if message.role == "user":
                 await self.mount(UserMessage(message.content))
             elif message.role == "assistant":
-                await self.mount(AssistantMessage(message.content, message.drafted_spans))
+                note = STOPPED_NOTE if message.is_stopped else ""
+                await self.mount(AssistantMessage(message.content, message.drafted_spans, note))
         self.anchor()
 
     async def add(self, widget: UserMessage | AssistantMessage | ErrorMessage | Static) -> None:

@@ -15,6 +15,7 @@ from textual.widgets._markdown import MarkdownStream
 from localspec.tui.attribution import drafted_share
 
 DRAFTED_STYLE = "bold #b5f4c0 on #1e4d2b"
+STOPPED_NOTE = "Stopped: the reply was cut short here (Ctrl+R writes it again)."
 
 
 class UserMessage(Static):
@@ -162,6 +163,11 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
+    class PageKey(Message):
+        def __init__(self, up: bool) -> None:
+            super().__init__()
+            self.up = up
+
     def __init__(self, placeholder: str = "", id: str | None = None) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, placeholder=placeholder, id=id)
         self.highlight_cursor_line = False
@@ -172,6 +178,11 @@ class PromptInput(TextArea):
             event.prevent_default()
             if self.text.strip():
                 self.post_message(self.Submitted(self.text))
+            return
+        if event.key in ("pageup", "pagedown"):  # the prompt is short: the keys scroll the chat above it
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.PageKey(event.key == "pageup"))
             return
         if event.key in self.NEWLINE_KEYS:
             event.stop()
