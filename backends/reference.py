@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.core.errors import InvalidRequestError
+from localspec.core.exactness import Exactness
 from localspec.core.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.sampling import SamplingConfig, one_hot, process
 
@@ -72,6 +73,8 @@ class ReferenceBackend:
         )
         # A gather has no batch limit: any block that fits the context is one call.
         self.capabilities = Capabilities(rollback=True, max_block=n_ctx, device="cpu")
+        # Each position's logits are a table lookup: a block's are one-token passes' exactly.
+        self.exactness = Exactness(None)
 
     # -- the model -------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
+from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
 from localspec.core.protocol import Backend, DraftLengthPolicy
 from localspec.core.sampling import KNOBS, SamplingConfig
@@ -352,6 +353,7 @@ class Runtime:
                 if text.stopped:
                     stats.finish_reason = "stop"
                     break
+            judge_exactness(stats, getattr(self.target, "exactness", None), cfg.greedy)
             tail = text.flush()
             if tail:
                 yield TextDelta(tail, (), (), None, stats)

@@ -1,5 +1,10 @@
 """`exact`: llama.cpp's CPU kernels chosen so a verify block gets the logits of one-token passes.
 
+By default a K-quant target loads unrepacked and verifies blocks of 8+ tokens in pieces of 7
+(backends/llamacpp/kernels.py), so greedy speculation at a fixed draft length is plain
+decoding's while the context stays within 256 tokens (flash attention splits a one-token
+pass past that); `--exact` makes it so at any length.
+
 With llama.cpp's default kernels a block and a one-token pass sum in different orders (ggml's
 tiled K-quant matmul for 8+ rows, repacked K-quants for 4+, llamafile's tinyBLAS for attention
 products of 2+ rows, flash attention's split over the cache for one row past 512 cells), so
@@ -15,6 +20,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +49,31 @@ PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "List ten facts about the planet Mars, one per line, with a short explanation for each.",
 ]
+
+
+# Two wide-set prompts whose greedy answers on the SmolLM2 Q4_K_M part from plain decoding at
+# γ = 4 and 8 with llama.cpp's own kernels (repacked Q4_K, whole blocks; BENCHMARKS.md §2c).
+# They part at tokens 6 and 10-12.
+PARTING_PROMPTS = [
+    "Give me a simple recipe for pancakes with a list of ingredients and numbered steps.",
+    "Write a bash script that counts the lines of every .py file in the current folder and prints the total.",
+]
+SHORT = 48  # tokens: past both partings, and within the 256 cells flash attention keeps whole
+
+
+@pytest.mark.parametrize("gamma", [4, 8])
+def test_default_speculation_on_q4_k_m_is_plain_decoding_bit_for_bit(gamma: int, derived_models: Any) -> None:
+    target, drafter = str(derived_models["Q4_K_M"]), str(derived_models["Q4_0"])
+    chats = [[{"role": "user", "content": p}] for p in PARTING_PROMPTS]
+    with load(target, strategy="none", calibrate=False, memory=False, n_ctx=512) as rt:
+        plain = [rt.generate(messages=m, max_tokens=SHORT, temperature=0) for m in chats]
+    options: dict[str, Any] = {"draft_model": drafter, "strategy": "draft", "draft_tokens": gamma, "calibrate": False}
+    with load(target, memory=False, n_ctx=512, **options) as rt:
+        spec = [rt.generate(messages=m, max_tokens=SHORT, temperature=0) for m in chats]
+    assert [s.tokens for s in spec] == [p.tokens for p in plain]
+    assert all(s.stats.accepted and max(s.stats.gamma_histogram) == gamma for s in spec)
+    assert all(s.stats.prompt_tokens + s.stats.generated_tokens <= 256 for s in spec)
+    assert all(s.stats.bit_exact for s in spec), [s.stats.inexact_reason for s in spec]
 
 
 def test_exact_is_for_llama_cpp_on_this_machines_cpu() -> None:

@@ -46,6 +46,7 @@ from .gpu import GpuDevice as GpuDevice
 from .gpu import auto_gpu_layers, gpu_device
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
 from .greedy import DeviceGreedy
+from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
@@ -102,12 +103,15 @@ class LlamaCppBackend:
         self._options["gpu_layers"] = gpu_layers
         if exact:
             self._options["exact"] = True
+        self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads)
         self._model = model = self._load_model(path, rpc, gpu_layers, exact)
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
         self._vocab = llama.llama_model_get_vocab(model)
         self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
         threads = threads or physical_cores()
         stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
+        if stateful:  # a verify block stays one ubatch (see RecurrentRollback)
+            self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads, stateful=True)
         ctx = self._make_context(
             path, model, n_ctx, threads, max_block, exact, recurrent_snapshots if stateful else None
         )
@@ -136,8 +140,7 @@ class LlamaCppBackend:
 
     def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
         mparams, self._devices = _model_params(rpc, gpu_layers)
-        if exact:
-            mparams.use_extra_bufts = False  # repacked K-quants take another kernel for 4+ rows
+        mparams.use_extra_bufts = self._plan.repack  # repacked K-quants take another kernel for 4+ rows
         # A model's own MTP blocks (Qwen3.5's nextn layers, one block) are loaded whenever the
         # file has them: a drafting context on a model loaded without them aborts the process.
         mparams.load_mtp = True
@@ -220,6 +223,10 @@ class LlamaCppBackend:
             extra["mtp_layers"] = str(self._mtp_layers)
         if exact:  # other kernels, another cost curve
             extra["exact"] = "1"
+        if self._plan.max_rows:  # verify blocks in pieces: another cost curve
+            extra["verify_rows"] = str(self._plan.max_rows)
+        self._max_rows = self._plan.max_rows or max_block
+        self.exactness = self._plan.exactness  # whether greedy answers are plain decoding's (core.exactness)
         device = gpu_device() if gpu_layers and not rpc else None
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
@@ -324,6 +331,9 @@ class LlamaCppBackend:
         self._live()
         picks = self._picks  # verify_block's pass: the argmax is taken in the graph, no logits come back
         n = len(tokens)
+        if logits == "all" and self._splits(n):  # a verify block, in one-token kernels
+            step = self._max_rows
+            return np.concatenate([self.eval_block(tokens[i : i + step], "all").copy() for i in range(0, n, step)])
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
         if len(self._tokens) + n > self.info.n_ctx:
@@ -360,6 +370,10 @@ class LlamaCppBackend:
         ptr = llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
 
+    def _splits(self, n: int) -> bool:
+        """Whether a block of n rows with all logits is evaluated in pieces of one-token kernels."""
+        return self._max_rows < n <= SPLIT_BLOCKS_UP_TO
+
     def _fill(self, tokens: Sequence[int], logits: LogitsMode) -> None:
         n = len(tokens)
         self._tok[:n] = tokens
@@ -386,7 +400,8 @@ class LlamaCppBackend:
     ) -> tuple[int, int]:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
-        if cfg.greedy and self._states is None and self._greedy.attach():
+        # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
+        if cfg.greedy and self._states is None and not self._splits(len(tokens)) and self._greedy.attach():
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:

@@ -24,7 +24,18 @@ if TYPE_CHECKING:
     from localspec.core.protocol import Backend
 
 # llama_ftype values (llama.h)
-FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FTYPES = {
+    "F16": 1,
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q8_0": 7,
+    "Q2_K": 10,
+    "Q3_K_M": 12,
+    "Q4_K_S": 14,
+    "Q4_K_M": 15,
+    "Q5_K_M": 17,
+    "Q6_K": 18,
+}
 # general.file_type -> the type name quantize takes, for keeping a target's type.
 FILE_TYPES = {v: k for k, v in FTYPES.items()} | {0: "F16"}
 QSPEC_TYPES = ("Q4_0", "Q3_K_M", "Q2_K")

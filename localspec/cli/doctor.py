@@ -16,6 +16,7 @@ from localspec.control.config import DEFAULT
 from localspec.control.hardware import predict_verify_seconds, probe
 from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
+from localspec.core.exactness import Exactness
 from localspec.core.progress import Steps, reporting
 
 
@@ -32,6 +33,11 @@ def register(sub: Any) -> None:
         "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="measure the model with --exact's kernels, beside the default's (a llama.cpp without llamafile)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="print the draft lengths the policy weighed")
     p.set_defaults(handler=handle)
 
@@ -44,7 +50,8 @@ def handle(args: argparse.Namespace) -> int:
         device = probe(refresh=args.refresh)
         before = contention.sample()
         progress.step(f"loading {os.path.basename(model)}")
-        backend = load_backend(args.backend, model)
+        exact = bool(getattr(args, "exact", False))
+        backend = load_backend(args.backend, model, **({"exact": True} if exact else {}))
         try:
             progress.step("timing the model's passes (once per model and machine; --refresh times them again)")
             with reporting(progress.detail):
@@ -53,6 +60,7 @@ def handle(args: argparse.Namespace) -> int:
             info = backend.info
             on = backend.capabilities.device
             gpu = backend.capabilities.gpu
+            exactness = getattr(backend, "exactness", None)
         finally:
             backend.close()
         busy = contention.busiest([before, contention.sample()])
@@ -99,6 +107,7 @@ def handle(args: argparse.Namespace) -> int:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
     print(f"llama.cpp    {_rpc_line()}")
     print(f"llama.cpp    {_exact_line()}")
+    print(f"greedy       {_bit_exact_line(exactness)}")
     if kind_of(args.backend).gpu_layers:
         print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
@@ -126,6 +135,8 @@ def handle(args: argparse.Namespace) -> int:
     print("  (γ=0 means drafting does not pay at that acceptance: it decodes plainly, never slower)")
     if args.verbose:
         print(f"at acceptance 0.80 the policy weighed\n{decisions['0.80'].table()}")
+    if exact:
+        print(f"--exact      {_exact_cost(model, args.backend, curve)}")
     for warning in warnings:
         print(f"note: {warning}")
     return 0
@@ -152,6 +163,25 @@ def doctor_warnings(busy: contention.Contention | None, decode: float, one: floa
     return notes
 
 
+def _exact_cost(model: str, backend: str, exact_curve: list[float]) -> str:
+    """--exact's verify passes against the default kernels' on this machine. ggml reads its
+    kernel switch once per process, so the default curve comes from a process of its own."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "localspec", "doctor", "--model", model, "--backend", backend, "--json"],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return "the default kernels' curve could not be measured: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+    default = json.loads(done.stdout)["verify_ms"]
+    sizes = [k for k in (1, 5, 9, 17) if k <= min(len(default), len(exact_curve))]
+    ratios = ", ".join(f"{k} tokens {exact_curve[k - 1] * 1e3 / default[k - 1]:.2f}x" for k in sizes)
+    return f"a verify pass takes, against the default kernels' time: {ratios}"
+
+
 def _gpu_line(gpu: str | None) -> str:
     if gpu:
         return f"decodes on {gpu}; --gpu-layers N moves fewer layers there"
@@ -164,6 +194,19 @@ def _exact_line() -> str:
     if batch_invariant_build():
         return "built without llamafile: --exact gives plain decoding's greedy output bit for bit"
     return f"built with llamafile: --exact needs {EXACT_BUILD}"
+
+
+def _bit_exact_line(exactness: Exactness | None) -> str:
+    """What this model's greedy speculation is, by construction, with the default kernels."""
+    if exactness is None or exactness.cells == 0:
+        why = exactness.why if exactness else "this backend's kernels are not known to be batch-invariant"
+        return f"speculation may part from plain decoding at near-ties: {why} (--exact: bit for bit)"
+    if exactness.cells is None:
+        return "speculation gives plain decoding's output bit for bit at any length"
+    return (
+        f"speculation gives plain decoding's output bit for bit up to {exactness.cells} tokens of context; "
+        f"past that {exactness.why} (--exact: at any length)"
+    )
 
 
 def _rpc_line() -> str:

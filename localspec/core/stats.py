@@ -56,6 +56,11 @@ class Stats:
     finish_reason: str = ""
     # What the user should know about this request (a drafter switched off, say).
     notices: list[str] = field(default_factory=list)
+    # Greedy requests: whether the answer is plain decoding's bit for bit by construction (the
+    # kernels gave every verify block one-token passes' logits); None when sampled, which
+    # keeps the target's distribution instead. See localspec.core.exactness.
+    bit_exact: bool | None = None
+    inexact_reason: str = ""  # why bit_exact is False
 
     @property
     def acceptance_rate(self) -> float:
@@ -131,8 +136,15 @@ class Stats:
             f"prompt tokens evaluated) | strategy {self.strategy}: {self.accepted}/{self.drafted} drafts "
             f"accepted ({self.acceptance_rate:.0%}), {self.tokens_per_step:.2f} tokens/step, "
             f"mean draft length {self.mean_gamma:.2f}{self._lookup_note()} | draft {self.draft_seconds:.2f}s, "
-            f"verify {self.verify_seconds:.2f}s | finish: {self.finish_reason}"
+            f"verify {self.verify_seconds:.2f}s | finish: {self.finish_reason}{self._exact_note()}"
         )
+
+    def _exact_note(self) -> str:
+        if self.bit_exact is None:
+            return " | sampled: the target's distribution"
+        if self.bit_exact:
+            return " | bit-exact: plain decoding's greedy output by construction"
+        return f" | not bit-exact by construction: {self.inexact_reason} (--exact makes it so)"
 
     def _lookup_note(self) -> str:
         if not self.lookup_drafted:

@@ -318,6 +318,8 @@ def speculation(stats: Stats) -> dict[str, Any]:
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
         "prompt_tokens_evaluated": stats.prefill_tokens,
         "forced_tokens": stats.forced,  # of accepted_tokens: what the grammar forced (jump-forward)
+        # Greedy: plain decoding's answer bit for bit by construction (null when sampled).
+        "bit_exact": stats.bit_exact,
     }
 
 

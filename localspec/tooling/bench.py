@@ -66,6 +66,10 @@ class BenchRow:
     vs_peer: float = 0.0
     # Every peer run on this row ("llama-lookup (γ=4)": its tokens/s); peer_* above is the first.
     peers: dict[str, float] = field(default_factory=dict)
+    # Greedy: every repeat's answer was plain decoding's bit for bit by construction (None:
+    # sampled); see Stats.bit_exact.
+    bit_exact: bool | None = None
+    inexact_reason: str = ""
 
     @property
     def contradicted(self) -> bool:
@@ -108,6 +112,9 @@ class _Tally:
         m.accepted += stats.accepted
         m.lookup_drafted += stats.lookup_drafted
         m.lookup_accepted += stats.lookup_accepted
+        if stats.bit_exact is not None:
+            m.bit_exact = stats.bit_exact and m.bit_exact is not False
+            m.inexact_reason = m.inexact_reason or stats.inexact_reason
 
     @property
     def rate(self) -> float:
@@ -214,6 +221,8 @@ def bench(
                     acceptance_by_position=m.acceptance_by_position[:8],
                     lookup_share=m.lookup_share,
                     repeats=r,
+                    bit_exact=m.bit_exact,
+                    inexact_reason=m.inexact_reason,
                 )
             )
     return rows
@@ -290,6 +299,9 @@ def format_summary(
             )
         else:
             lines.append(f"{strategy}: the same as plain decoding within the noise (every prompt's runs disagreed)")
+        line = _exactness_line(mine)
+        if line:
+            lines.append(f"{strategy}: {line}")
         for program in dict.fromkeys(p for r in mine for p in r.peers):
             ratios = [r.spec_tokens_per_s / r.peers[program] for r in mine if r.peers.get(program)]
             lines.append(
@@ -311,6 +323,20 @@ def format_summary(
             "its speedup is the same as plain decoding within the noise, and more --repeats would settle it"
         )
     return "\n".join(lines)
+
+
+def _exactness_line(rows: Sequence[BenchRow]) -> str:
+    """Whether the strategy's greedy answers were plain decoding's by construction."""
+    judged = [r for r in rows if r.bit_exact is not None]
+    if not judged:
+        return ""
+    off = [r for r in judged if not r.bit_exact]
+    if not off:
+        return f"greedy output is plain decoding's bit for bit by construction on all {len(judged)} prompts"
+    return (
+        f"greedy output not bit-exact by construction on {len(off)} of {len(judged)} prompts: "
+        f"{off[0].inexact_reason} (--exact makes it so)"
+    )
 
 
 def format_table(rows: Sequence[BenchRow]) -> str:

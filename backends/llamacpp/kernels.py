@@ -1,0 +1,108 @@
+"""Which of llama.cpp's CPU kernels a model runs with, chosen so a verify block gets the
+logits of one-token passes wherever that is cheap, and what stays inexact otherwise.
+
+Four CPU kernels sum a block's rows in another order than a one-token pass (BENCHMARKS.md
+"Bit for bit"): ggml's tiled K-quant matmul (8+ rows), repacked K-quant weights (4+ rows),
+flash attention's split over the cache (one query past 256 cells, 2+ threads) and
+llamafile's tinyBLAS (2+ rows of F16/F32 products). By default a model whose file has
+K-quant tensors loads them unrepacked and verifies a block of 8+ tokens in pieces of 7, so
+prefill keeps the tiled kernel and every verify block sums as plain decoding does; what is
+left is said in an Exactness. `--exact` turns all four off (use_exact_kernels).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from localspec.control.hardware import physical_cores
+from localspec.core.exactness import Exactness
+from localspec.core.gguf_header import read_header
+
+from .library import FLASH_ATTN, batch_invariant_build, extra_buffers, flash_attention
+
+# ggml type ids (ggml.h) of the weights ggml's tiled matmul takes from 8 rows (tiled.cpp).
+TILED_TYPES = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29})  # Q2_K..Q6_K, IQ*
+TILED_ROWS = 8
+# Types ggml-cpu repacks (on x86: Q4_K; Q2_K with AVX-512; Q5_K and Q6_K on ARM) into a
+# layout whose kernel for 4+ rows sums in another order than the one-row kernel (measured on
+# Q4_K; the others assumed alike, IQ4_NL included). Q4_0 repacks too and measured the same
+# order as one row (BENCHMARKS.md §2c).
+REPACKED_PARTING = frozenset({10, 12, 13, 14, 20})
+# F32, F16, BF16: weights llamafile's tinyBLAS multiplies from 2 rows.
+FLOAT_TYPES = frozenset({0, 1, 30})
+# Verify blocks (a draft and the token before it) are split up to this size; longer blocks
+# (prefill, agreement measurements) keep the fast kernels. Flash attention's own tiled path
+# starts at 64 query rows too.
+SPLIT_BLOCKS_UP_TO = 64
+# llama.cpp pads the cache view to 256 cells; flash attention splits a single query over a
+# view of 512+ cells, so a one-token pass splits once the context passes 256 tokens.
+FLASH_SPLIT_AFTER = 256
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    repack: bool  # weights in repacked layouts (extra buffer types)
+    max_rows: int | None  # a verify block goes through llama_decode in pieces of at most this
+    exactness: Exactness
+
+
+def kernel_plan(
+    tensor_types: Iterable[int],
+    *,
+    exact: bool,
+    llamafile: bool,
+    flash: bool,
+    threads: int,
+    repack: bool,
+    repack_forced: bool,
+    stateful: bool,
+    offloaded: bool,
+) -> KernelPlan:
+    """repack: llama.cpp's default here; repack_forced: the user asked for it (LLAMA_ARG_REPACK).
+    stateful: a recurrent or hybrid model, whose verify block must stay one ubatch."""
+    if offloaded:
+        why = "a GPU or RPC split runs llama.cpp's device kernels, not checked for this"
+        return KernelPlan(repack, None, Exactness(0, why))
+    if exact:
+        return KernelPlan(False, None, Exactness(None))
+    types = set(tensor_types)
+    limits: list[tuple[int, str]] = []  # (context length it holds to, why)
+    if repack and types & REPACKED_PARTING:
+        if repack_forced:
+            limits.append((0, "repacked K-quant weights (LLAMA_ARG_REPACK=1) take another kernel for 4+ rows"))
+        else:
+            repack = False
+    max_rows = None
+    if types & TILED_TYPES:
+        if stateful:
+            limits.append((0, "ggml's tiled K-quant matmul takes verify blocks of 8+ tokens"))
+        else:
+            max_rows = TILED_ROWS - 1
+    if llamafile and types & FLOAT_TYPES:
+        limits.append((0, "llamafile's tinyBLAS multiplies float weights by 2+ rows in another order"))
+    if flash and threads > 1:
+        limits.append((FLASH_SPLIT_AFTER, "flash attention splits a one-token pass over a context past 256 tokens"))
+    elif not flash and llamafile:
+        limits.append((0, "with flash attention off, llamafile's tinyBLAS takes attention of 2+ rows"))
+    rows = SPLIT_BLOCKS_UP_TO if max_rows else None
+    if not limits:
+        return KernelPlan(repack, max_rows, Exactness(None, rows=rows))
+    cells, why = min(limits)
+    return KernelPlan(repack, max_rows, Exactness(cells, why, rows))
+
+
+def kernels_for(path: str, exact: bool, offloaded: bool, threads: int | None, stateful: bool = False) -> KernelPlan:
+    """kernel_plan for the model file at path, on this llama.cpp and with this process's settings."""
+    return kernel_plan(
+        (t.qtype for t in read_header(path).tensors if len(t.dims) > 1),  # matrices, not norms
+        exact=exact,
+        llamafile=not batch_invariant_build(),
+        flash=not exact and flash_attention() != FLASH_ATTN["off"],
+        threads=threads or physical_cores(),
+        repack=extra_buffers(),
+        repack_forced=os.environ.get("LLAMA_ARG_REPACK", "").lower() not in ("", "0", "false", "off"),
+        stateful=stateful,
+        offloaded=offloaded,
+    )
