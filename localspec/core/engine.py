@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.acceptance import accept_greedy, accept_rejection_sampling
+from localspec.core.acceptance import accept_greedy, accept_rejection_sampling, accept_seeded
 from localspec.core.errors import ContextFullError, InvalidRequestError
 from localspec.core.protocol import (
     Backend,
@@ -181,7 +181,7 @@ class Engine:
                     tokens = tokens[:refused]
                 t1 = time.perf_counter()
                 generated = ctx[prompt_len:] if cfg.shapes_logits else ()  # penalties count them
-                n_acc, nxt, rows = self._verify(ctx[-1], tokens, draft, refused, cfg, rng, generated, before)
+                n_acc, nxt, rows = self._verify(ctx, tokens, draft, refused, cfg, rng, generated, before)
                 self.target.rollback(past + 1 + n_acc)
                 t2 = time.perf_counter()
 
@@ -263,7 +263,7 @@ class Engine:
 
     def _verify(
         self,
-        last: int,
+        ctx: Sequence[int],
         tokens: list[int],
         draft: Draft,
         refused: int | None,
@@ -272,17 +272,21 @@ class Engine:
         generated: Sequence[int],
         before: Sequence[int] = (),
     ) -> tuple[int, int, Logits | None]:
-        """One target pass over the pending token and the draft: how many draft tokens the
+        """One target pass over the pending token (ctx's last) and the draft: how many draft tokens the
         target accepts, the token it adds after them, and the target's logits as the request
         shapes them (None where a verifying backend kept them). refused: where the draft was
         cut at an id the target has no row for. generated: this request's tokens so far; before:
         the prompt's tail a repeat penalty counts."""
+        last = ctx[-1]
         wants_rows = cfg.shapes_logits or cfg.logprobs is not None
-        if self.verifier is not None and refused is None and not wants_rows:  # a refused id takes the numpy rule
+        numpy_rule = refused is not None or wants_rows or (cfg.seed is not None and not cfg.greedy)
+        if self.verifier is not None and not numpy_rule:  # a refused id and a seed take the numpy rule
             return (*self.verifier.verify_block([last, *tokens], draft.dists, cfg, rng), None)
         logits = shape(self.target.eval_block([last, *tokens], "all"), cfg, generated, tokens, before)
         if cfg.greedy:
             return (*accept_greedy(tokens, logits), logits)
+        if cfg.seed is not None:  # the same answer whatever was drafted (accept_seeded)
+            return (*accept_seeded(tokens, logits, cfg, cfg.seed, len(ctx)), logits)
         q = draft.dists[refused] if refused is not None and draft.dists else None
         return (*accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng, q), logits)
 
