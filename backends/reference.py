@@ -71,7 +71,8 @@ class ReferenceBackend:
             n_params=n_params,
         )
         # A gather has no batch limit: any block that fits the context is one call.
-        self.capabilities = Capabilities(rollback=True, max_block=n_ctx, device="cpu")
+        # Exact: numpy computes each position alike in any block.
+        self.capabilities = Capabilities(rollback=True, max_block=n_ctx, device="cpu", extra={"exact": "1"})
 
     # -- the model -------------------------------------------------------------------------
 

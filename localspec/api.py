@@ -26,10 +26,10 @@ from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
 from localspec.core.gguf_header import read_header
-from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
+from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, json_schema_of
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Backend, DraftLengthPolicy, SelfDrafting
+from localspec.core.protocol import Backend, DraftLengthPolicy, SelfDrafting, blocks_exact
 from localspec.core.sampling import KNOBS, SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
@@ -183,7 +183,11 @@ class Runtime:
         # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
         # the policy predicts faster at each step; a fixed draft length uses the model alone.
         adaptive = draft_tokens == "auto" and calibrate
-        lookup = NgramDrafter(memory=memory) if self.draft is not None and adaptive else None
+        lookup = (
+            NgramDrafter(memory=memory, recall_greedy=blocks_exact(target))
+            if self.draft is not None and adaptive
+            else None
+        )
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
         self._owner: _Turn | None = None  # the request holding the runtime
@@ -211,7 +215,7 @@ class Runtime:
             assert self.draft is not None
             return ModelDrafter(self.draft)
         if self.strategy == "ngram":
-            return NgramDrafter(memory=self.memory)
+            return NgramDrafter(memory=self.memory, recall_greedy=blocks_exact(self.target))
         return NoDrafter()
 
     # -- requests ---------------------------------------------------------------------------
@@ -376,6 +380,8 @@ class Runtime:
             tail = text.flush()
             if tail:
                 yield TextDelta(tail, (), (), None, stats)
+            if stats.finish_reason == "stop" and _dead_end(cfg, stats.generated_tokens):
+                stats.finish_reason = GRAMMAR_DEAD_END  # the grammar allowed nothing more: not a stop
             yield Finished(text.text, stats, stats.finish_reason)
         finally:
             if self.memory is not None:
@@ -520,6 +526,11 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _dead_end(cfg: SamplingConfig, generated: int) -> bool:
+    """Whether an answer of `generated` tokens ended because its grammar allowed nothing more."""
+    return isinstance(cfg.constraint, GrammarConstraint) and cfg.constraint.ended_at_dead_end(generated)
 
 
 def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -> SamplingConfig:
