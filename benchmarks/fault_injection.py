@@ -6,12 +6,12 @@ mutation) must each be read or refused with a ModelLoadError. Issue 33's hostile
 environments, one row each (tests/hostile_support.py, tests/rpc_faults.py): a pipe or device
 as the model, a stalling hub, forged Host/Origin headers against a live serve, a full or
 read-only disk, the chat quit during prefill, rpc-server's crafted message, idle clients and
-reachable binds.
+reachable binds. Issue 47's schemas and tools against a live serve (tests/serve_faults.py).
 
     python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
         [--gguf-cases 20000] [--hub-cases 6] [--chat-cases 10] [--rpc-crashes 8] [--rpc-idle 6]
         [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
-        [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc]
+        [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc|schemas|tools]
 
 Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
 """
@@ -22,6 +22,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the shared harness lives beside the tests
@@ -164,6 +165,31 @@ def rpc_rows(args: argparse.Namespace) -> list[Tally]:
     return [Tally(name, tried, failures) for name, tried, failures in cases]
 
 
+def served_cases(name: str, cases: list[Any]) -> Tally:
+    """Issue 47's hostile schemas or tool definitions against a live serve (tests/serve_faults.py)."""
+    from serve_faults import reference_server
+
+    tally = Tally(name)
+    with reference_server() as server:
+        for case in cases:
+            tally.tried += 1
+            if (why := case.check(server.url)) is not None:
+                tally.failures.append(f"{case.name}: {why}")
+    return tally
+
+
+def schemas_rows(args: argparse.Namespace) -> list[Tally]:
+    from serve_faults import SCHEMA_CASES, SLOW_SCHEMA_CASES
+
+    return [served_cases("serve: impossible and odd response schemas", SCHEMA_CASES + SLOW_SCHEMA_CASES)]
+
+
+def tools_rows(args: argparse.Namespace) -> list[Tally]:
+    from serve_faults import TOOL_CASES
+
+    return [served_cases("serve: odd tool definitions and choices", TOOL_CASES)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100, help="Ctrl+C points per backend and strategy")
@@ -179,7 +205,7 @@ def main() -> None:
     parser.add_argument("--rpc-idle", type=int, default=6, help="idle clients ahead of a real one")
     parser.add_argument("--model", help="llama.cpp target GGUF (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--draft-model", help="llama.cpp drafter GGUF, to interrupt a draft pair too")
-    hostile = ["waits", "rebinding", "disk", "chat", "rpc"]
+    hostile = ["waits", "rebinding", "disk", "chat", "rpc", "schemas", "tools"]
     parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull", "gguf", *hostile], action="append")
     args = parser.parse_args()
     suites = {
@@ -193,6 +219,8 @@ def main() -> None:
         "disk": disk_rows,
         "chat": chat_rows,
         "rpc": rpc_rows,
+        "schemas": schemas_rows,
+        "tools": tools_rows,
     }
     rows: list[Tally] = []
     print("| case | tried | failures |\n|---|---:|---:|", flush=True)
