@@ -1,4 +1,5 @@
-"""The Python API desktop apps embed; the CLI and TUI are thin layers over it.
+"""The Python API desktop apps embed; the CLI and TUI are thin layers over it. This module
+loads a model and its drafter; the Runtime it returns is localspec.runtime's.
 
 rt = localspec.load()                       # embedded default, best strategy
 out = rt.generate(messages=[{"role": "user", "content": "Hi"}])
@@ -9,541 +10,39 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
-from localspec.control.calibrate import note_drift, remember_learnt
-from localspec.control.factory import make_policy
-from localspec.control.policy import AdaptiveDraftLength
-from localspec.core.backend_loader import load_backend
-from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
-from localspec.core.engine import Engine, check_fits
-from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
+from localspec.core.backend_loader import kind_of, load_backend
+from localspec.core.errors import InvalidRequestError
 from localspec.core.gguf_header import read_header
-from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, json_schema_of
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Backend, DraftLengthPolicy, SelfDrafting, blocks_exact
-from localspec.core.sampling import KNOBS, SamplingConfig
-from localspec.core.stats import Stats, Step
-from localspec.core.templates import chat_tokens, normalize_messages, render_chat
-from localspec.core.textstream import TextAssembler
-from localspec.core.validate import check_limits, clean_text
-from localspec.drafters import Drafter
+from localspec.core.protocol import Backend, SelfDrafting
 from localspec.drafters.memory import NgramMemory
-from localspec.drafters.model import ModelDrafter
-from localspec.drafters.ngram import NgramDrafter
-from localspec.drafters.none import NoDrafter
-from localspec.models.pairing import vocab_mismatch
+from localspec.runtime import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, sampling_config
 
 if TYPE_CHECKING:
     from localspec.models.registry import Registry
+
+__all__ = [
+    "Completion",
+    "Event",
+    "Finished",
+    "Prompt",
+    "Runtime",
+    "Stream",
+    "TextDelta",
+    "derive_drafter",
+    "load",
+    "load_drafter",
+    "load_pair",
+    "pair_id",
+    "sampling_config",
+]
+
 ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
-MTP_BACKENDS = ("llamacpp", "mlx")  # the backends that run a model's own MTP head
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    """New final text, the tokens behind this step and which of them the drafter guessed.
-    step: the verify step that emitted them (None for text held back until the end); stats:
-    the request's figures so far, updated in place as the stream goes on (read them when the
-    event arrives; Finished carries the same value, final)."""
-
-    text: str
-    tokens: tuple[int, ...]
-    from_draft: tuple[bool, ...]
-    step: Step | None = None
-    stats: Stats | None = None
-
-
-@dataclass(frozen=True)
-class Finished:
-    text: str
-    stats: Stats
-    finish_reason: str
-
-
-Event = TextDelta | Finished
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    tokens: list[int]
-    stats: Stats
-    finish_reason: str
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A prompt a runtime has checked and tokenized (Runtime.prepare). stream() and generate()
-    take it as prompt= and use its ids as they are: a server tokenizes each request once."""
-
-    ids: tuple[int, ...]
-
-
-@dataclass(eq=False)
-class _Turn:
-    """A request holding the runtime: the thread that last used it, its events (None for
-    remember()) and the thread inside it now. The runtime refers to this, never to the Stream
-    around it, so a Stream its caller drops is freed at once, and freeing it ends the turn."""
-
-    thread: int
-    events: Generator[Event, None, None] | None = None
-    busy: int | None = None  # the thread inside next() or remember(): the turn ends after it
-    over: bool = False
-
-
-class Stream:
-    """One request's events: TextDelta as text becomes final, then one Finished. It holds the
-    runtime from stream() until it ends: read to its Finished event, close()d, left by a `with`
-    block, or dropped by its caller (CPython frees it at once, and that closes it)."""
-
-    def __init__(self, runtime: Runtime, turn: _Turn) -> None:
-        self._runtime = runtime
-        self._turn = turn
-
-    def __iter__(self) -> Stream:
-        return self
-
-    def __next__(self) -> Event:
-        return self._runtime._next(self._turn)
-
-    def close(self) -> None:
-        """End the request and release the runtime; when another thread is reading the stream,
-        after the step in flight. Closing twice is harmless."""
-        self._runtime._end(self._turn)
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not self._turn.over:
-            self.close()
-
-
-class Runtime:
-    """A loaded target with its drafter. One request at a time, under one lock: calls from
-    other threads wait their turn; a new call in the thread of an unfinished stream ends that
-    stream, and a Stream its caller drops is closed when it is freed."""
-
-    def __init__(
-        self,
-        target: Backend,
-        draft: Backend | None = None,
-        strategy: str = "auto",
-        draft_tokens: DraftTokens = "auto",
-        calibrate: bool = True,
-        label: str | None = None,
-        memory: NgramMemory | None = None,
-    ) -> None:
-        if strategy not in STRATEGIES:
-            raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {EVERY_STRATEGY}")
-        if strategy == "auto":
-            strategy = "draft" if draft is not None else "ngram"
-        if strategy == "draft" and draft is None:
-            raise InvalidRequestError(
-                "strategy 'draft' needs a draft model", "pass --draft-model PATH (or draft_model=)"
-            )
-        if draft is not None and strategy == "draft":
-            reason = vocab_mismatch(target.vocab_identity(), draft.vocab_identity())
-            if reason:
-                raise PairMismatchError(
-                    f"{draft.info.name} cannot draft for {target.info.name}: {reason}",
-                    "pick a drafter from the target's own family (same tokenizer), or use --strategy ngram",
-                )
-        if strategy != "none" and not target.capabilities.rollback:
-            raise InvalidRequestError(
-                f"{target.info.name} cannot drop tokens from its cache, so it cannot verify drafts: "
-                f"{target.capabilities.extra.get('no_rollback', 'its cache keeps recurrent state')}",
-                "use --strategy none",
-            )
-        if draft_tokens != "auto" and (not isinstance(draft_tokens, int) or draft_tokens < 0):
-            raise InvalidRequestError(f"draft_tokens must be 'auto' or a whole number >= 0, got {draft_tokens!r}")
-        self.target = target
-        self.draft = draft if strategy == "draft" else None
-        self.strategy = strategy
-        self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
-        # Earlier requests' text, which n-gram lookup searches beside the request's own.
-        self.memory = memory
-        self.drafter: Drafter = self._make_drafter()
-        # Built on first use, so a request that is refused (a prompt longer than the context)
-        # is refused before a calibration it does not need.
-        self._policy: DraftLengthPolicy | None = None
-        self._policy_options = (draft_tokens, calibrate)
-        # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
-        # the policy predicts faster at each step; a fixed draft length uses the model alone.
-        adaptive = draft_tokens == "auto" and calibrate
-        lookup = (
-            NgramDrafter(memory=memory, recall_greedy=blocks_exact(target))
-            if self.draft is not None and adaptive
-            else None
-        )
-        self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
-        self._cond = threading.Condition()
-        self._owner: _Turn | None = None  # the request holding the runtime
-        self._closed = False
-        # The cost curve of the policy built here (one set from outside is not remembered).
-        self._costs: Any = None
-        self._drift_noted = False
-        self._grammars: Grammars | None = None  # the target's grammar tokenizer, built on first use
-
-    @property
-    def policy(self) -> DraftLengthPolicy:
-        if self._policy is None:
-            draft_tokens, calibrate = self._policy_options
-            fixed = 0 if self.strategy == "none" else draft_tokens
-            self._policy = make_policy(self.target, self.draft, fixed, calibrate)
-            self._costs = self._policy.costs if isinstance(self._policy, AdaptiveDraftLength) else None
-        return self._policy
-
-    @policy.setter
-    def policy(self, value: DraftLengthPolicy) -> None:
-        self._policy = value
-
-    def _make_drafter(self) -> Drafter:
-        if self.strategy == "draft":
-            assert self.draft is not None
-            return ModelDrafter(self.draft)
-        if self.strategy == "ngram":
-            return NgramDrafter(memory=self.memory, recall_greedy=blocks_exact(self.target))
-        return NoDrafter()
-
-    # -- requests ---------------------------------------------------------------------------
-
-    def prompt_tokens(
-        self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]:
-        """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens)."""
-        if (prompt is None) == (messages is None):
-            raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
-        if messages is not None:
-            chat = normalize_messages(messages)
-            text = render_chat(self.target.chat_template(), chat, self.target.special_texts())
-            return chat_tokens(self.target, text, [m["content"] for m in chat])
-        if isinstance(prompt, (list, tuple)):
-            n_vocab = self.target.info.n_vocab
-            ids_ok = all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in prompt)
-            if not prompt or not ids_ok:
-                raise InvalidRequestError(f"prompt token ids must be whole numbers 0 to {n_vocab - 1}, at least one")
-            return list(prompt)
-        if not isinstance(prompt, str):
-            raise InvalidRequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        prompt = clean_text(prompt)
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty", "give some text to continue")
-        return self.target.tokenize(prompt, add_special=True, parse_special=False)
-
-    def prepare(
-        self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None
-    ) -> Prompt:
-        """Check and tokenize a prompt once, e.g. in a server's request thread while another
-        request runs, so a prompt that does not fit is refused before it waits its turn."""
-        tokens = self.prompt_tokens(prompt, messages)
-        check_fits(tokens, self.target.info.n_ctx)
-        return Prompt(tuple(tokens))
-
-    def stream(
-        self,
-        prompt: str | Sequence[int] | Prompt | None = None,
-        *,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        max_tokens: int = 256,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        json_schema: Mapping[str, Any] | None = None,
-        **knobs: Any,
-    ) -> Stream:
-        """A Stream of TextDelta events as text becomes final, then one Finished event. It
-        takes the runtime now (waiting while another thread's request runs) and keeps it until
-        it ends: close() it, or use `with`, to stop early. Setting `cancel` ends the request at
-        the next prompt chunk or verify step (finish reason "cancelled"), so another thread can
-        stop even a long prompt evaluation. sampling defaults to SamplingConfig(); knobs
-        (temperature=0, seed=1...) change its fields. response_format (OpenAI's shapes:
-        {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}) or
-        json_schema (a JSON schema itself) constrain the answer to that JSON (see constraint())."""
-        self._check_open()
-        cfg = sampling_config(sampling, knobs)
-        constraint = self.constraint(response_format, json_schema)
-        if constraint is not None:
-            if cfg.constraint is not None:
-                raise InvalidRequestError("give response_format/json_schema or sampling.constraint, not both")
-            cfg = replace(cfg, constraint=constraint)
-        max_tokens, stop = check_limits(max_tokens, stop)
-        if isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
-            if messages is not None:
-                raise InvalidRequestError("give either prompt= or messages=, not both")
-            tokens = list(prompt.ids)
-            check_fits(tokens, self.target.info.n_ctx)
-        else:
-            tokens = list(self.prepare(prompt, messages).ids)
-        events = self._run(tokens, max_tokens, cfg, stop, cancel)
-        return Stream(self, self._take(events))
-
-    def generate(
-        self,
-        prompt: str | Sequence[int] | Prompt | None = None,
-        *,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        max_tokens: int = 256,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        json_schema: Mapping[str, Any] | None = None,
-        **knobs: Any,
-    ) -> Completion:
-        """stream()'s answer in one piece."""
-        tokens: list[int] = []
-        with self.stream(
-            prompt,
-            messages=messages,
-            max_tokens=max_tokens,
-            stop=stop,
-            cancel=cancel,
-            sampling=sampling,
-            response_format=response_format,
-            json_schema=json_schema,
-            **knobs,
-        ) as events:
-            for event in events:
-                if isinstance(event, TextDelta):
-                    tokens.extend(event.tokens)
-                else:
-                    return Completion(event.text, tokens, event.stats, event.finish_reason)
-        raise AssertionError("a stream always ends with a Finished event")
-
-    @property
-    def grammars(self) -> Grammars:
-        """The target's grammar engine (llguidance's tokenizer, one pass over the vocabulary,
-        built on first use), which compiles the constraints requests ask for."""
-        if self._grammars is None:
-            self._grammars = Grammars(self.target)
-        return self._grammars
-
-    def constraint(
-        self, response_format: Mapping[str, Any] | None = None, json_schema: Mapping[str, Any] | None = None
-    ) -> GrammarConstraint | None:
-        """A fresh constraint for one request (it keeps that request's grammar state): the JSON
-        an OpenAI response_format or a JSON schema asks for; None for free text. A schema that
-        cannot be compiled raises InvalidRequestError saying why."""
-        if response_format is not None and json_schema is not None:
-            raise InvalidRequestError("give response_format= or json_schema=, not both")
-        if json_schema is not None:
-            if not isinstance(json_schema, Mapping):
-                raise InvalidRequestError(
-                    f"json_schema must be a dict (a JSON schema), got {type(json_schema).__name__}",
-                    'e.g. json_schema={"type": "object", "properties": {"name": {"type": "string"}}}',
-                )
-            schema = json_schema_of({"type": "json_schema", "json_schema": {"schema": json_schema}})
-            return None if schema is None else self.grammars.json_schema(schema, "json_schema")
-        if response_format is None:
-            return None
-        return self.grammars.constraint(response_format)
-
-    def _run(
-        self,
-        tokens: list[int],
-        max_tokens: int,
-        cfg: SamplingConfig,
-        stop: Sequence[str],
-        cancel: threading.Event | None,
-    ) -> Generator[Event, None, None]:
-        said = list(tokens)  # the prompt, then the answer: what the memory keeps
-        try:
-            rng = np.random.default_rng(cfg.seed)
-            stats = Stats(strategy=self.label)
-            text = TextAssembler(self.target.token_bytes, stop)
-            steps = self.engine.generate(
-                tokens, max_tokens, cfg, self.policy, stats, rng, cancel.is_set if cancel is not None else None
-            )
-            for step in steps:
-                said.extend(step.tokens)
-                delta = text.push(step.tokens)
-                n = step.n_from_draft
-                flags = (True,) * n + (False,) * (len(step.tokens) - n)
-                yield TextDelta(delta, step.tokens, flags, step, stats)
-                if text.stopped:
-                    stats.finish_reason = "stop"
-                    break
-            tail = text.flush()
-            if tail:
-                yield TextDelta(tail, (), (), None, stats)
-            if stats.finish_reason == "stop" and _dead_end(cfg, stats.generated_tokens):
-                stats.finish_reason = GRAMMAR_DEAD_END  # the grammar allowed nothing more: not a stop
-            yield Finished(text.text, stats, stats.finish_reason)
-        finally:
-            if self.memory is not None:
-                self.memory.add(said)
-            self._note_drift()
-
-    def _note_drift(self) -> None:
-        # Once per load: a cache the machine has drifted from is not trusted next time.
-        if self._costs is not None and not self._drift_noted:
-            self._drift_noted = note_drift(self._costs, [b for b in (self.target, self.draft) if b is not None])
-        if self._costs is not None:
-            remember_learnt(self.target, self._costs)  # a learning curve: the next load starts there
-
-    def remember(
-        self, prompt: str | Sequence[int] | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None
-    ) -> None:
-        """Add a text or a conversation (a past chat, a document the app expects answers to
-        quote) to the memory n-gram lookup searches. Takes the runtime like a request, so a
-        thread can feed many between another's requests."""
-        if self.memory is None:
-            return
-        turn = self._take(None)  # refuses a closed runtime
-        try:
-            self.memory.add(self.prompt_tokens(prompt, messages))
-        finally:
-            with self._cond:
-                turn.busy = None
-                self._finish(turn)
-
-    # -- one request at a time --------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosedError("this runtime was closed", "load the model again with localspec.load()")
-
-    def _take(self, events: Generator[Event, None, None] | None) -> _Turn:
-        """Wait for the runtime and hold it: a stream's events, or remember() (events None,
-        busy until it returns)."""
-        me = threading.get_ident()
-        with self._cond:
-            while (owner := self._owner) is not None:
-                if owner.busy == me:
-                    raise InvalidRequestError(
-                        "a request cannot start inside another one in the same thread",
-                        "finish or close the running stream first, or start the request from another thread",
-                    )
-                if owner.thread == me and owner.busy is None:
-                    self._end(owner)  # this thread left its own stream unfinished: it cannot be reading it
-                else:
-                    self._cond.wait()
-            self._check_open()
-            turn = self._owner = _Turn(me, events, busy=me if events is None else None)
-            return turn
-
-    def _next(self, turn: _Turn) -> Event:
-        """A stream's next event; the turn ends with the Finished event, an error or Ctrl+C."""
-        me = threading.get_ident()
-        with self._cond:
-            if turn.over or turn.events is None:
-                raise StopIteration
-            if turn.busy is not None:
-                raise InvalidRequestError(
-                    "this stream is already being read by another thread", "read a stream from one thread at a time"
-                )
-            turn.busy = turn.thread = me
-            events = turn.events
-        try:
-            event = next(events)
-            if isinstance(event, Finished):
-                events.close()  # runs the request's bookkeeping now, not at the caller's next call
-        except BaseException:  # StopIteration, an error or KeyboardInterrupt: the generator is done
-            with self._cond:
-                turn.busy = None
-                self._finish(turn)
-            raise
-        with self._cond:
-            turn.busy = None
-            if isinstance(event, Finished):
-                self._finish(turn)
-            else:
-                self._cond.notify_all()
-        return event
-
-    def _end(self, turn: _Turn) -> None:
-        """End a turn from outside it: after the step another thread has in flight, close its
-        events (the request's bookkeeping runs) and release the runtime."""
-        me = threading.get_ident()
-        with self._cond:
-            while turn.busy is not None and not turn.over:
-                if turn.busy == me:
-                    raise InvalidRequestError(
-                        "a stream cannot be closed from inside its own step", "close it once the event is returned"
-                    )
-                self._cond.wait()
-            if turn.over:
-                return
-            turn.over = True  # first: a stream freed during the close below must not close it again
-            try:
-                if turn.events is not None:
-                    turn.events.close()
-            finally:
-                self._finish(turn)
-
-    def _finish(self, turn: _Turn) -> None:
-        """Release the runtime from a turn that is over (self._cond held)."""
-        turn.over = True
-        turn.events = None  # frees the request's frames now
-        if self._owner is turn:
-            self._owner = None
-        self._cond.notify_all()
-
-    def idle_drafter_note(self, stats: Stats) -> str | None:
-        """Why a draft model drafted nothing in a request, in the costs the controller weighed
-        (None where it drafted, or no model drafts)."""
-        policy = self._policy
-        by_model = stats.drafted - stats.lookup_drafted
-        if by_model or self.draft is None or not isinstance(policy, AdaptiveDraftLength):
-            return None
-        step = policy.costs.verify(1)
-        block = policy.costs.verify(2) / step
-        drafted = policy.draft_seconds_per_token * policy.costs.scale / step
-        return (
-            f"the {self.label} drafter drafted nothing: here a pass over 2 tokens costs {block:.2f} steps "
-            f"and a drafted token {drafted:.2f} of a step, so no draft length pays at the agreement seen "
-            "(`localspec doctor` shows the whole cost curve)"
-        )
-
-    def close(self) -> None:
-        """Free the models. A stream still open is ended first (one running in another
-        thread after its step in flight), so no model is freed under a thread that uses it."""
-        with self._cond:
-            if self._closed:
-                return
-            while (owner := self._owner) is not None:
-                self._end(owner)
-            self._closed = True
-        self.drafter.close()
-        self.target.close()
-
-    def __enter__(self) -> Runtime:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _dead_end(cfg: SamplingConfig, generated: int) -> bool:
-    """Whether an answer of `generated` tokens ended because its grammar allowed nothing more."""
-    return isinstance(cfg.constraint, GrammarConstraint) and cfg.constraint.ended_at_dead_end(generated)
-
-
-def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -> SamplingConfig:
-    """stream()/generate()'s sampling, with any knobs given as keywords applied to it."""
-    if sampling is not None and not isinstance(sampling, SamplingConfig):
-        raise InvalidRequestError(f"sampling must be a SamplingConfig, got {sampling!r}")
-    unknown = sorted(set(knobs) - set(KNOBS))
-    if unknown:
-        takes = ", ".join(
-            ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", *sorted(KNOBS)]
-        )
-        raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
-    return replace(sampling or SamplingConfig(), **knobs)
 
 
 def load(
@@ -561,7 +60,7 @@ def load(
     shows it)."""
     given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
     opts = LoadOptions.of(**given)
-    if opts.strategy == "mtp" and opts.backend not in MTP_BACKENDS:  # before a load that can take minutes
+    if opts.strategy == "mtp" and not kind_of(opts.backend).mtp:  # before a load that can take minutes
         raise InvalidRequestError(
             f"the {opts.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
@@ -665,7 +164,7 @@ def load_drafter(target: Backend, path: str, backend: str, options: dict[str, An
     gemma4-assistant GGUF), which drafts from inside the target's context."""
     if is_assistant(path):
         attach = getattr(target, "assistant_head", None)
-        if backend not in MTP_BACKENDS or attach is None:
+        if not kind_of(backend).mtp or attach is None:
             raise InvalidRequestError(
                 f"{os.path.basename(path)} is a Gemma 4 assistant, which drafts on the llama.cpp and MLX backends only",
                 "use --backend llamacpp with its GGUF, or --backend mlx with its MLX folder",
@@ -682,7 +181,7 @@ def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
         raise InvalidRequestError(
             f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
         )
-    if kind == "mtp" and target.info.backend not in MTP_BACKENDS:
+    if kind == "mtp" and not kind_of(target.info.backend).mtp:
         raise InvalidRequestError(
             f"the {target.info.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
@@ -692,6 +191,6 @@ def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
 def pair_id(model: str | None, draft_model: str | None = None, backend: str = "llamacpp") -> str | None:
     """The registry pair a model argument names: no file and no .gguf path, with no drafter
     given beside it (reference models are specs, never pairs)."""
-    if model is None or draft_model is not None or backend == "reference":
+    if model is None or draft_model is not None or kind_of(backend).specs:
         return None
     return None if os.path.exists(model) or model.endswith(".gguf") else model

@@ -15,10 +15,9 @@ forward pass early or to share KV across contexts.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,20 @@ from localspec.backends.llamacpp import rpc as rpc_entry_points
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
 from localspec.core.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
-from localspec.core.gguf_check import check_gguf, diagnose_gguf
-from localspec.core.gguf_header import read_header
+from localspec.core.gguf_header import check_gguf, diagnose_gguf
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
+from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
+from .gpu import GpuDevice as GpuDevice
+from .gpu import auto_gpu_layers, gpu_device
+from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
+from .library import EXACT_BUILD as EXACT_BUILD
+from .library import FLASH_ATTN as FLASH_ATTN
+from .library import batch_invariant_build as batch_invariant_build
+from .library import build_id, extra_buffers, flash_attention, init_library, note_default_kernels, use_exact_kernels
 from .mtp import MtpHead, TargetStates
+from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 
 try:
     import llama_cpp as llama
@@ -43,154 +50,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the llama.cpp backend needs llama-cpp-python",
         "pip install 'localspec[llamacpp]' (compiles llama.cpp, about 10 minutes on 2 cores)",
     ) from exc
-
-_LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
-
-
-@llama.llama_log_callback  # type: ignore[misc,untyped-decorator]
-def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
-    # llama.cpp narrates every load on stderr; localspec explains failures itself.
-    if os.environ.get("LOCALSPEC_LLAMA_LOG") == "1" and level == _LOG_LEVEL_ERROR:
-        os.write(2, b"llama.cpp: " + text)
-
-
-@cache
-def init_library() -> None:
-    llama.llama_log_set(_quiet_log, ctypes.c_void_p(0))
-    llama.llama_backend_init()
-
-
-@cache
-def build_id() -> str:
-    """Which llama.cpp this is: the binding's version and a digest of the library's own
-    feature line (SIMD, LLAMAFILE, REPACK...). A rebuilt or upgraded library has other
-    kernels, hence another cost curve: calibrations are cached under this."""
-    features = (llama.llama_print_system_info() or b"") + (b"" if extra_buffers() else b"no-extra-buffers")
-    features += f"flash-attn={flash_attention()}".encode()
-    return f"{llama.__version__}+{hashlib.sha1(features).hexdigest()[:10]}"
-
-
-@cache
-def extra_buffers() -> bool:
-    """Whether llama.cpp may put weights in its extra buffer types (repacked and AMX layouts).
-    LLAMA_ARG_REPACK decides when set, as for llama.cpp's own programs. Otherwise a build with
-    AMX kernels keeps them off: those faulted on the first matmul of a VM that advertises AMX
-    without running it."""
-    setting = os.environ.get("LLAMA_ARG_REPACK", "").lower()
-    if setting:
-        return setting not in ("0", "false", "off")
-    return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
-
-
-EXACT_BUILD = (
-    'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
-    "llama-cpp-python==0.3.36"
-)
-_passes_ran = False  # a context of this process has run with ggml's default kernel choice
-
-
-def batch_invariant_build() -> bool:
-    """Whether this llama.cpp can give a block the logits of one-token passes: not with
-    llamafile's tinyBLAS, which takes products of 2+ rows (attention without flash attention)
-    in another summation order than the one-row kernel."""
-    return b"LLAMAFILE = 1" not in (llama.llama_print_system_info() or b"")
-
-
-def use_exact_kernels() -> None:
-    """Make every pass of this process take the kernels a one-token pass takes: ggml's tiled
-    K-quant matmul (blocks of 8+ rows) off. ggml reads its switch once, at the first pass, so
-    this must come before any context has run."""
-    if not batch_invariant_build():
-        raise BackendUnavailableError(
-            "exact output needs a llama.cpp built without llamafile (its matmuls of 2+ rows sum in "
-            "another order than a one-token pass)",
-            f"rebuild it once: {EXACT_BUILD}",
-        )
-    if os.environ.get("GGML_CPU_TILED_MM") != "0":
-        if _passes_ran:
-            raise InvalidRequestError(
-                "exact output must be chosen before the first model of this process runs (llama.cpp reads "
-                "its kernel switch once)",
-                "load the exact runtime first, or start the process with GGML_CPU_TILED_MM=0",
-            )
-        os.environ["GGML_CPU_TILED_MM"] = "0"
-
-
-FLASH_ATTN = {
-    "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-    "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-    "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
-}
-
-
-def flash_attention() -> int:
-    """llama.cpp's flash attention: llama.cpp's own choice (on wherever the device has the
-    kernel). Off decodes faster on the CPU at long contexts (benchmarks/flash_attention.py),
-    but greedy speculative output then drifts from plain decoding after a rollback
-    (tests/test_llamacpp_greedy.py), so only LLAMA_ARG_FLASH_ATTN (on, off, auto), llama.cpp's
-    own variable, turns it off."""
-    chosen = os.environ.get("LLAMA_ARG_FLASH_ATTN", "").strip().lower()
-    return int(FLASH_ATTN.get(chosen, FLASH_ATTN["auto"]))
-
-
-@dataclass(frozen=True)
-class GpuDevice:
-    name: str
-    free_bytes: int
-
-
-_GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU and _IGPU
-# What a GPU keeps free beside the layers it takes: the KV cache, the compute buffers.
-GPU_RESERVE = 1 << 30
-
-
-@cache
-def gpu_device() -> GpuDevice | None:
-    """The GPU this llama.cpp build runs on (a Metal, CUDA or Vulkan build), or None. Asked of
-    ggml's device list: llama_supports_gpu_offload() says yes for any build with RPC, and an
-    RPC server's device is another machine's."""
-    from llama_cpp import llama_cpp as raw
-
-    lib = raw._lib
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    lib.ggml_backend_dev_count.restype = sz
-    lib.ggml_backend_dev_get.argtypes, lib.ggml_backend_dev_get.restype = [sz], vp
-    lib.ggml_backend_dev_type.argtypes, lib.ggml_backend_dev_type.restype = [vp], ctypes.c_int
-    lib.ggml_backend_dev_description.argtypes, lib.ggml_backend_dev_description.restype = [vp], ctypes.c_char_p
-    lib.ggml_backend_dev_backend_reg.argtypes, lib.ggml_backend_dev_backend_reg.restype = [vp], vp
-    lib.ggml_backend_reg_name.argtypes, lib.ggml_backend_reg_name.restype = [vp], ctypes.c_char_p
-    lib.ggml_backend_dev_memory.argtypes = [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]
-    init_library()
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        if lib.ggml_backend_dev_type(dev) not in _GPU_TYPES:
-            continue
-        if (lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)) or b"") == b"RPC":
-            continue
-        free, total = sz(), sz()
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        return GpuDevice((lib.ggml_backend_dev_description(dev) or b"GPU").decode(), int(free.value))
-    return None
-
-
-def gpu_layers_that_fit(n_layers: int, size_bytes: int, device: GpuDevice | None) -> int:
-    """How many of a model's layers go to the GPU: all of them (and the output layer) where
-    the weights fit beside GPU_RESERVE, else the share of the layers that does, none without one."""
-    if device is None:
-        return 0
-    room = device.free_bytes - GPU_RESERVE
-    if room >= size_bytes:
-        return n_layers + 1
-    return max(0, n_layers * room // max(size_bytes, 1))
-
-
-def auto_gpu_layers(path: str, device: GpuDevice | None) -> int:
-    """gpu_layers_that_fit for a GGUF file; its header is read only where a GPU is there."""
-    if device is None:
-        return 0
-    meta = read_header(path).meta
-    blocks = int(meta.get(f"{meta.get('general.architecture', '')}.block_count", 0) or 0)
-    return gpu_layers_that_fit(blocks, os.path.getsize(path), device)
 
 
 def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
@@ -203,76 +62,6 @@ def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
         return mparams, None
 
     return mparams, rpc_entry_points.offload_to_servers(mparams, rpc)
-
-
-# Per-token recurrent-state snapshots llama.cpp keeps from each decode of a hybrid model
-# (n_rs_seq): up to this many rejected tokens go back with no replay. Every decode pays for
-# them, plain steps too (BENCHMARKS.md §7), so they cover the short drafts a hybrid mostly
-# gets; a longer rejection takes the state-copy path.
-RECURRENT_SNAPSHOTS = 4
-
-
-class RecurrentRollback:
-    """Rollback for a model whose memory holds recurrent state. Cheapest way first:
-
-    1. llama.cpp's own snapshots of the last decode (n_rs_seq; only the architectures its
-       list names get them): a rejected draft inside the last block costs nothing;
-    2. a copy of the recurrent state taken where the last rollback left off, restored, and
-       the tokens since replayed: what a draft model's token-by-token drafts need, and any
-       rollback on an architecture without snapshots. Copies start once a rollback needed one;
-    3. a replay from the start (a rollback behind the copy: another request's prefix).
-
-    rewind() says from which position the caller must replay (None: nothing to replay)."""
-
-    def __init__(self, ctx: Any, mem: Any, snapshots: int) -> None:
-        self._ctx, self._mem, self.snapshots = ctx, mem, snapshots
-        self._last_block = 0  # tokens in the last decode: the snapshots cover these
-        self._pending = False  # a snapshot rollback waits for the next decode (one per decode)
-        self._copying = False  # rollbacks have needed copies: take one where each rollback ends
-        self._copy_due = False
-        self._copy: tuple[int, Any] | None = None  # (position, the recurrent state there)
-
-    def before_decode(self, past: int) -> None:
-        if self._copying and self._copy_due:
-            size = llama.llama_state_seq_get_size_ext(self._ctx, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
-            buf = (ctypes.c_uint8 * size)()
-            llama.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
-            self._copy = (past, buf)
-        self._copy_due = False
-        self._last_block = 0  # until this decode is known to have finished (after_decode)
-
-    def after_decode(self, n: int) -> None:
-        self._last_block, self._pending = n, False
-
-    def settled(self) -> None:
-        """A rollback (and its replay) is done: the next decode starts where drafts start."""
-        self._copy_due = True
-
-    def rewind(self, n: int, cached: int) -> int | None:
-        """Keep the first n of the `cached` positions the memory holds."""
-        drop = cached - n
-        if drop <= 0:
-            return None
-        if (
-            not self._pending
-            and drop <= self.snapshots
-            and drop < self._last_block
-            and llama.llama_memory_seq_rm(self._mem, 0, n, -1)
-        ):
-            self._pending = True
-            return None
-        self._copying = True
-        if self._copy is not None and self._copy[0] <= n:
-            at, buf = self._copy
-            flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            if llama.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, flags) == len(buf):
-                llama.llama_memory_seq_rm(self._mem, 0, at, -1)  # the attention layers' rows
-                self._pending = False
-                return at
-        self._copy = None
-        llama.llama_memory_seq_rm(self._mem, 0, 0, -1)
-        self._pending = False
-        return 0
 
 
 class LlamaCppBackend:
@@ -291,11 +80,10 @@ class LlamaCppBackend:
     ) -> None:
         check_gguf(path)
         init_library()
-        global _passes_ran
         if exact:
             use_exact_kernels()
         else:
-            _passes_ran = True
+            note_default_kernels()
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
         if gpu_layers is None:  # None: every layer that fits on this build's GPU, if it has one
@@ -303,6 +91,34 @@ class LlamaCppBackend:
         self._options["gpu_layers"] = gpu_layers
         if exact:
             self._options["exact"] = True
+        self._model = model = self._load_model(path, rpc, gpu_layers, exact)
+        self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
+        self._vocab = llama.llama_model_get_vocab(model)
+        self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        threads = threads or physical_cores()
+        stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
+        ctx = self._make_context(
+            path, model, n_ctx, threads, max_block, exact, recurrent_snapshots if stateful else None
+        )
+        self._ctx = ctx
+        self._mem = llama.llama_get_memory(ctx)
+        # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
+        self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
+        self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
+        self._states: TargetStates | None = None  # hidden states an MTP head reads (mtp_head)
+        self._heads: list[MtpHead] = []
+        if rpc:
+            rpc_entry_points.limit_waits(rpc)
+        max_block = self._make_batch(ctx, max_block)
+        self._tokens: list[int] = []
+        # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
+        # that lands after llama_decode filled the cache but before the tokens were recorded.
+        self._unrecorded = False
+        self._closed = False
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._describe(path, threads, rpc, exact, gpu_layers, max_block)
+
+    def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
         mparams, self._devices = _model_params(rpc, gpu_layers)
         if exact:
             mparams.use_extra_bufts = False  # repacked K-quants take another kernel for 4+ rows
@@ -315,12 +131,13 @@ class LlamaCppBackend:
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
                 "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
             )
-        self._model = model
-        self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
-        self._vocab = llama.llama_model_get_vocab(model)
-        self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        return model
+
+    def _make_context(
+        self, path: str, model: Any, n_ctx: int, threads: int, max_block: int, exact: bool, snapshots: int | None
+    ) -> Any:
+        """The model's context; snapshots: recurrent-state snapshots per decode (None: not a recurrent model)."""
         n_ctx = min(n_ctx, int(llama.llama_model_n_ctx_train(model)) or n_ctx)
-        threads = threads or physical_cores()
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = max_block
@@ -333,24 +150,18 @@ class LlamaCppBackend:
         # Exact: flash attention on the CPU splits a one-token pass over the KV cache once it
         # holds 512 cells (one partial sum per thread), which a block never does.
         cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
-        stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
-        if stateful:
-            cparams.n_rs_seq = recurrent_snapshots
+        if snapshots is not None:
+            cparams.n_rs_seq = snapshots
             # The snapshots come from the last ubatch: a verify block must fit in one.
-            cparams.n_ubatch = max(cparams.n_ubatch, recurrent_snapshots + 1)
+            cparams.n_ubatch = max(cparams.n_ubatch, snapshots + 1)
         ctx = llama.llama_init_from_model(model, cparams)
         if not ctx:
             llama.llama_model_free(model)
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
-        self._ctx = ctx
-        self._mem = llama.llama_get_memory(ctx)
-        # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
-        self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
-        self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
-        self._states: TargetStates | None = None  # hidden states an MTP head reads (mtp_head)
-        self._heads: list[MtpHead] = []
-        if rpc:
-            rpc_entry_points.limit_waits(rpc)
+        return ctx
+
+    def _make_batch(self, ctx: Any, max_block: int) -> int:
+        """The one reusable batch, with numpy views over its arrays; returns the block size it takes."""
         # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
         # larger than its batch would abort the process, so take its figure as ours.
         max_block = min(max_block, int(llama.llama_n_batch(ctx)))
@@ -362,12 +173,13 @@ class LlamaCppBackend:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
-        self._tokens: list[int] = []
-        # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
-        # that lands after llama_decode filled the cache but before the tokens were recorded.
-        self._unrecorded = False
-        self._closed = False
-        self._piece_buf = ctypes.create_string_buffer(256)
+        return max_block
+
+    def _describe(
+        self, path: str, threads: int, rpc: Sequence[str], exact: bool, gpu_layers: int, max_block: int
+    ) -> None:
+        """info and capabilities: what the model is, and what its cost curve depends on."""
+        ctx, model = self._ctx, self._model
         self.info = ModelInfo(
             name=os.path.basename(path),
             path=os.path.abspath(path),

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import layerskip_blocks
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_check import check_gguf, quantized_bytes
-from localspec.core.gguf_header import SPLIT_GGUF
+from localspec.core.gguf_header import SPLIT_GGUF, check_gguf, quantized_bytes
 from localspec.store import data_dir, file_fingerprint, why_not_writable
 
 if TYPE_CHECKING:
-    from .backend import LlamaCppBackend
+    from localspec.core.protocol import Backend
 
 # llama_ftype values (llama.h)
 FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
@@ -57,7 +56,7 @@ def candidates(kind: str, option: str | None, n_layers: int, target_ftype: str) 
     return out
 
 
-def derived_home(target: LlamaCppBackend) -> tuple[Path, str]:
+def derived_home(target: Backend) -> tuple[Path, str]:
     """Where drafters derived from target live, and the target's own quantization type."""
     folder = data_dir() / "derived" / file_fingerprint(target.info.path)[:16]
     return folder, FILE_TYPES.get(int(target.capabilities.extra.get("file_type", "1")), "F16")
@@ -77,7 +76,7 @@ def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Seq
     blocks in prune_layers (llama.cpp renumbers the rest); returns dest."""
     import llama_cpp as llama
 
-    from .backend import init_library  # the backend imports this module
+    from .library import init_library
 
     init_library()  # quiets llama.cpp's log
     if ftype not in FTYPES:

@@ -41,7 +41,8 @@ except ImportError as exc:
     hint = "pip install 'localspec[mlx]'" + (" (installs mlx[cpu] on Linux)" if sys.platform == "linux" else "")
     raise BackendUnavailableError(f"the mlx backend needs MLX and mlx-lm ({exc})", hint) from exc
 
-from .backend import Forward, MlxBackend, model_name  # noqa: E402
+from .backend import Forward, MlxBackend  # noqa: E402
+from .modules import model_name  # noqa: E402
 
 __all__ = [
     "Forward",

@@ -48,10 +48,10 @@ from mlx_lm.models.cache import RotatingKVCache
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
 
-from .backend import eval_parameters, parameter_bytes, quantize_like, text_model
+from .modules import eval_parameters, parameter_bytes, quantize_like, text_model
 
 if TYPE_CHECKING:
-    from .backend import MlxBackend
+    from .modules import MlxTarget
 
 ASSISTANT_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
 ASSISTANT_CLASSES = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
@@ -100,7 +100,7 @@ class Gemma4Assistant(Module):
         return logits, state
 
 
-def load_assistant(folder: str, target: MlxBackend) -> MlxAssistantHead:
+def load_assistant(folder: str, target: MlxTarget) -> MlxAssistantHead:
     """The assistant in folder, checked against its target, drafting for it."""
     from mlx_lm.models import gemma4_text
 
@@ -173,9 +173,9 @@ def _weights(folder: str) -> dict[str, mx.array]:
 class MlxAssistantHead(HeadOfTarget):
     """A Gemma 4 assistant as a Backend, so ModelDrafter drafts with it (see the module doc)."""
 
-    _target: MlxBackend
+    _target: MlxTarget
 
-    def __init__(self, target: MlxBackend, module: Gemma4Assistant, name: str) -> None:
+    def __init__(self, target: MlxTarget, module: Gemma4Assistant, name: str) -> None:
         self._target, self._module = target, module
         inner = text_model(target.model).model
         self._embed, self._scale = inner.embed_tokens, float(inner.embed_scale)

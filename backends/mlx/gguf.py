@@ -22,11 +22,10 @@ from mlx.nn.layers.base import Module
 from mlx.nn.layers.quantized import quantize
 
 from localspec.core.errors import ModelLoadError
-from localspec.core.gguf_check import check_gguf
-from localspec.core.gguf_header import read_header
+from localspec.core.gguf_header import check_gguf, read_header
 
 from ..tensor_names import GLOBAL_NAMES, LAYER_NAMES
-from .backend import eval_parameters
+from .modules import eval_parameters
 
 KEPT = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0"})  # used as stored
 EXPANDED = frozenset({"BF16", "Q2_K", "Q4_K", "Q6_K"})  # mx.load turns these into float16

@@ -34,10 +34,10 @@ from mlx_lm.models.cache import KVCache
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
 
-from .backend import text_model
+from .modules import text_model
 
 if TYPE_CHECKING:
-    from .backend import MlxBackend
+    from .modules import MlxTarget
 
 # The norms Qwen3.5's checkpoints store as offsets from one (mlx-lm adds the one when it
 # converts a checkpoint; an mlx-lm folder holds them shifted already).
@@ -124,9 +124,9 @@ def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
 class MlxMtpHead(HeadOfTarget):
     """The target's MTP block as a Backend, so ModelDrafter drafts with it (see the module doc)."""
 
-    _target: MlxBackend
+    _target: MlxTarget
 
-    def __init__(self, target: MlxBackend, block: MtpBlock) -> None:
+    def __init__(self, target: MlxTarget, block: MtpBlock) -> None:
         self._target, self._block = target, block
         self._states = target.hidden_states()
         self._embed = text_model(target.model).model.embed_tokens

@@ -17,8 +17,7 @@ import torch
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_check import check_gguf
-from localspec.core.gguf_header import read_header
+from localspec.core.gguf_header import check_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.sampling import Distribution, SamplingConfig
 
@@ -160,6 +159,17 @@ class TorchBackend:
         self._tokens: list[int] = []
         self._closed = False
         self._static = static
+        self._init_views()
+        self._graph_options = (graph_tokens, cuda_graphs, compile)
+        self._graphs: GraphedSteps | None = None
+        if self._device.type == "cuda" and (cuda_graphs or compile):
+            self._graphs = self._graphed()
+            extra["cuda_graphs"] = str(cuda_graphs)
+            extra["compile"] = str(compile)
+        self._describe(source, n_ctx, n_params, n_bytes, max_block, verify_on_device, extra)
+
+    def _init_views(self) -> None:
+        """The state an early-exit drafter (a view of this model) and its host share."""
         self._exit: int | None = None  # run only the first blocks (an early-exit drafter)
         # An early-exit view reads and writes its host's KV cache for the blocks they share;
         # _writes counts the passes that wrote it, so a view knows when its own rows went.
@@ -171,12 +181,19 @@ class TorchBackend:
         # starts there instead of running the shared blocks again.
         self._exits: dict[int, tuple[int, int, int]] = {}
         self._exit_states: torch.Tensor | None = None
-        self._graph_options = (graph_tokens, cuda_graphs, compile)
-        self._graphs: GraphedSteps | None = None
-        if self._device.type == "cuda" and (cuda_graphs or compile):
-            self._graphs = self._graphed()
-            extra["cuda_graphs"] = str(cuda_graphs)
-            extra["compile"] = str(compile)
+
+    def _describe(
+        self,
+        source: Source,
+        n_ctx: int,
+        n_params: int,
+        n_bytes: int,
+        max_block: int,
+        verify_on_device: bool | None,
+        extra: dict[str, str],
+    ) -> None:
+        """info and capabilities: what the model is, and what its cost curve depends on."""
+        config = source.config
         self.info = ModelInfo(
             name=source.name,
             path=os.path.abspath(source.path),

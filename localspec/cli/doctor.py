@@ -9,9 +9,10 @@ from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
 from localspec.control.calibrate import calibrated
+from localspec.control.config import DEFAULT
 from localspec.control.hardware import predict_verify_seconds, probe
-from localspec.control.policy import choose_static
-from localspec.core.backend_loader import load_backend
+from localspec.control.policy import decide_static
+from localspec.core.backend_loader import kind_of, load_backend
 
 
 def register(sub: Any) -> None:
@@ -27,6 +28,7 @@ def register(sub: Any) -> None:
         "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the draft lengths the policy weighed")
     p.set_defaults(handler=handle)
 
 
@@ -49,7 +51,8 @@ def handle(args: argparse.Namespace) -> int:
     predicted = [
         predict_verify_seconds(info.size_bytes, info.n_params, device, k, on) for k in range(1, len(curve) + 1)
     ]
-    choices = {f"{a:.2f}": choose_static(curve, a, 0.0, 12) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
+    decisions = {f"{a:.2f}": decide_static(curve, a, 0.0, DEFAULT.max_draft) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
+    choices = {a: d.chosen for a, d in decisions.items()}
     if args.json:
         print(
             json.dumps(
@@ -86,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
     print(f"llama.cpp    {_rpc_line()}")
     print(f"llama.cpp    {_exact_line()}")
-    if args.backend == "llamacpp":
+    if kind_of(args.backend).gpu_layers:
         print(f"llama.cpp    {_gpu_line(gpu)}")
     print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
@@ -102,6 +105,8 @@ def handle(args: argparse.Namespace) -> int:
     print(
         "draft length chosen for a free drafter at acceptance " + ", ".join(f"{a}: γ={g}" for a, g in choices.items())
     )
+    if args.verbose:
+        print(f"at acceptance 0.80 the policy weighed\n{decisions['0.80'].table()}")
     return 0
 
 
@@ -112,7 +117,7 @@ def _gpu_line(gpu: str | None) -> str:
 
 
 def _exact_line() -> str:
-    from localspec.backends.llamacpp.backend import EXACT_BUILD, batch_invariant_build
+    from localspec.backends.llamacpp.library import EXACT_BUILD, batch_invariant_build
 
     if batch_invariant_build():
         return "built without llamafile: --exact gives plain decoding's greedy output bit for bit"

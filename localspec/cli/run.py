@@ -76,6 +76,9 @@ def handle(args: argparse.Namespace) -> int:
                     sys.stdout.write("\n")
                 if args.verbose:
                     print(event.stats.summary(), file=sys.stderr)
+                    decision = runtime.policy.explain()  # the last step's
+                    if decision is not None:
+                        print(f"last step's {decision.table()}", file=sys.stderr)
                     note = runtime.idle_drafter_note(event.stats)
                     if note:
                         print(note, file=sys.stderr)

@@ -45,6 +45,8 @@ AGREEMENT_TEXT = (
 # The two context lengths the cost curve is measured behind (see CostCurve; ControlConfig).
 SHALLOW_DEPTH = DEFAULT.shallow_depth
 DEEP_DEPTH = DEFAULT.deep_depth
+# The longest pass timed: the longest draft and the pending token before it.
+LONGEST_PASS = DEFAULT.max_draft + 1
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,9 @@ def _key(backend: Backend) -> str:
     return f"{info.backend}|{file_id}|{info.n_ctx}|{extras}|{platform.machine()}|{machine_key()}"
 
 
-def measure(backend: Backend, max_k: int = 16, repeats: int = 5, config: ControlConfig = DEFAULT) -> Calibration:
+def measure(
+    backend: Backend, max_k: int = LONGEST_PASS, repeats: int = 5, config: ControlConfig = DEFAULT
+) -> Calibration:
     """Time one pass over k tokens for k = 1..max_k behind a short and a long context;
     leaves the cache empty."""
     base = backend.tokenize(CALIBRATION_TEXT, add_special=True, parse_special=False)
@@ -302,7 +306,7 @@ def note_drift(curve: CostCurve, backends: Sequence[Backend]) -> bool:
     return True
 
 
-def prior_calibration(backend: Backend, max_k: int = 16) -> Calibration:
+def prior_calibration(backend: Backend, max_k: int = LONGEST_PASS) -> Calibration:
     """What passes should cost before any was timed, from the model's size and the machine's
     measured bandwidth and compute (no model pass): one token streams the weights once (the
     roofline); on the CPU a block adds 2·params flops per token at the machine's float32
@@ -318,7 +322,7 @@ def prior_from(
     size_bytes: int,
     n_params: int,
     on: str = "cpu",
-    max_k: int = 16,
+    max_k: int = LONGEST_PASS,
     deep: bool = True,
     config: ControlConfig = DEFAULT,
 ) -> Calibration:
@@ -338,7 +342,7 @@ def _learnt_key(backend: Backend) -> str:
     return f"learnt|{_key(backend)}"
 
 
-def starting_calibration(backend: Backend, max_k: int = 16) -> Calibration:
+def starting_calibration(backend: Backend, max_k: int = LONGEST_PASS) -> Calibration:
     """The curve a runtime starts from without timing anything first: a measured one
     (`localspec doctor`) while it still describes the machine, else what earlier sessions
     learnt, else the prior. The last two keep learning from the passes decoding makes."""
@@ -362,7 +366,7 @@ def remember_learnt(backend: Backend, curve: CostCurve) -> bool:
     return True
 
 
-def calibrated(backend: Backend, max_k: int = 16, refresh: bool = False) -> Calibration:
+def calibrated(backend: Backend, max_k: int = LONGEST_PASS, refresh: bool = False) -> Calibration:
     """The backend's cost curve from the cache, or measured now (and cached); refresh:
     measure now whatever the cache holds."""
     key = _key(backend)

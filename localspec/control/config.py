@@ -48,6 +48,9 @@ class ControlConfig:
     ngram_margin: float = 0.05
     # A model draft must beat plain by this share: its drafting cost drifts as well.
     model_draft_margin: float = 0.1
+    # The margin of a bare policy (`doctor`, ranking self-drafters by predicted rate): it
+    # compares predictions and bets nothing on them, so no share is held back.
+    bare_margin: float = 0.0
     # The pair's measured agreement counts as this many observed positions: two misses take
     # 0.95 to 0.86, while a drafter that misses everywhere loses half its prior in 20.
     agreement_weight: float = 20.0
@@ -91,6 +94,8 @@ class ControlConfig:
     probe_after: int = 32
     # Only a guess whose next token comes true at least this often counts as proven.
     probe_alpha: float = 0.6
+    # A probe drafts as far as the guess is still this likely right (more right than wrong).
+    probe_likely: float = 0.5
 
     # -- calibration and the cache -------------------------------------------------------
     # Rounds of timings behind the long text: fewer than behind the short one, whose shape

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve
+from localspec.core.protocol import Decision
 from localspec.core.stats import Step
 
 
@@ -61,6 +62,9 @@ class FixedDraftLength:
     def observe(self, step: Step) -> None:
         pass
 
+    def explain(self) -> Decision | None:
+        return Decision("fixed", (), self.gamma, self.gamma, "a fixed draft length, cut at the step's limit")
+
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         pass
 
@@ -71,7 +75,7 @@ class AdaptiveDraftLength:
     draft_seconds_per_token: float
     # The role's settings below are what factory.make_policy fills in from the config; a
     # bare policy (tests, `doctor`) takes these defaults.
-    max_gamma: int = 12
+    max_gamma: int = DEFAULT.max_draft
     prior: float = DEFAULT.unknown_prior  # for drafts of unknown support
     # What a draft model pays per token to catch up after sitting out steps (a batched pass),
     # charged spread over config.catch_up_horizon steps.
@@ -79,11 +83,11 @@ class AdaptiveDraftLength:
     # Draft only when the predicted rate beats plain decoding by this share: near break-even
     # a wrong prediction (a drafter's cost drifts; llama.cpp rebuilds its graph when the block
     # size changes, and back) loses more than a right one wins (calibrate._curve).
-    margin: float = 0.0
+    margin: float = DEFAULT.bare_margin
     # A free lookup beside a draft model (choose_source): what its guessed tokens cost, and
     # its own margin (no drafter cost to mispredict, only the graph rebuild).
-    lookup_seconds_per_token: float = 0.0
-    lookup_margin: float = 0.0
+    lookup_seconds_per_token: float = DEFAULT.ngram_seconds_per_token
+    lookup_margin: float = DEFAULT.bare_margin
     # How many observations the prior is worth for drafts of unknown support (model
     # drafters). A good draft model's misses come in clusters where the text turns: counting
     # hits and trials, with the measured agreement as the prior, keeps one cluster from
@@ -99,6 +103,11 @@ class AdaptiveDraftLength:
     trials: list[float] = field(default_factory=list)
     _other_kind: _Estimates | None = field(default=None, repr=False)
     _declined: int = field(default=0, repr=False)  # proven guesses passed over in a row (probe_after)
+    # What the last choice weighed, for explain(): the candidates _best priced, and the
+    # source, chosen γ and adjustment (kept raw: a Decision is built only when asked for).
+    _weighed: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    _last: tuple[str, int, str] = field(default=("model", 0, ""), repr=False)
+    _cut: str = field(default="", repr=False)  # why _best priced no draft at all
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -147,9 +156,30 @@ class AdaptiveDraftLength:
         return self._best(self.max_gamma, 0, 0, depth, self.draft_seconds_per_token, self.margin)[0] > 0
 
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
-        gamma = self._best(limit, support, backlog, depth, self.draft_seconds_per_token, self.margin)[0]
-        gamma, self._declined = self._probe(gamma, limit, support)
+        best = self._best(limit, support, backlog, depth, self.draft_seconds_per_token, self.margin)[0]
+        gamma, self._declined = self._probe(best, limit, support)
+        self._note("lookup" if support > 0 else "model", best, gamma, self.margin)
         return gamma
+
+    def explain(self) -> Decision | None:
+        if not self._weighed:
+            return None
+        source, chosen, adjustment = self._last
+        best = max(self._weighed, key=lambda c: c[1])[0]
+        return Decision(source, tuple(self._weighed), best, chosen, adjustment)
+
+    def _note(self, source: str, best: int, chosen: int, margin: float) -> None:
+        """Remember what turned the fastest candidate into the chosen γ (explain)."""
+        top = max(self._weighed, key=lambda c: c[1])[0] if self._weighed else best
+        if self._cut:
+            why = self._cut
+        elif chosen > best:
+            why = f"probed further after {self.config.probe_after} proven guesses were stopped short"
+        elif top != best:
+            why = f"a draft must beat plain decoding by {margin:.0%}"
+        else:
+            why = ""
+        self._last = (source, chosen, why)
 
     def _probe(self, gamma: int, guessed: int, support: int) -> tuple[int, int]:
         """gamma, or a longer probe once config.probe_after proven guesses were stopped short;
@@ -166,7 +196,7 @@ class AdaptiveDraftLength:
         likely, run = gamma + 1, 1.0
         for n, a in enumerate(self.chain(longest, support), 1):  # while more likely right than wrong
             run *= a
-            if run < 0.5:
+            if run < self.config.probe_likely:
                 break
             likely = max(likely, n)
         return likely, 0
@@ -180,16 +210,21 @@ class AdaptiveDraftLength:
         # catch-up lets the model back in after every copy, which loses on answers whose short
         # copies alternate with new values (benchmarks/hybrid_sources.py).
         gamma, rate = self._best(limit, 0, backlog, depth, self.draft_seconds_per_token, self.margin)
+        model_table = self._weighed
         if guessed > 0 and support > 0:
             lookup = self._best(
                 min(guessed, limit), support, 0, depth, self.lookup_seconds_per_token, self.lookup_margin
             )
             if lookup[0] > 0 and (gamma == 0 or lookup[1] > rate):
                 chosen, self._declined = self._probe(lookup[0], min(guessed, limit), support)
+                self._note("lookup", lookup[0], chosen, self.lookup_margin)
                 return chosen, True
             if gamma == 0:
                 probe, self._declined = self._probe(0, min(guessed, limit), support)
+                self._note("lookup" if probe > 0 else "model", 0, probe, self.lookup_margin)
                 return (probe, True) if probe > 0 else (0, False)
+            self._weighed = model_table
+        self._note("model", gamma, gamma, self.margin)
         return gamma, False
 
     def _best(
@@ -200,8 +235,11 @@ class AdaptiveDraftLength:
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
         alpha = self.chain(min(limit, self.max_gamma), support)
         plain = 1.0 / self.costs.verify(1, depth)
+        self._weighed, self._cut = [(0, plain)], ""
         if support > 0 and alpha[0] < self.config.first_block_alpha and not self.costs.timed_a_block():
-            return 0, plain  # a curve that never timed a block waits for a likely guess to time one
+            # A curve that never timed a block waits for a likely guess to time one.
+            self._cut = f"no block timed yet: a guess's first token must come true {self.config.first_block_alpha:.0%}"
+            return 0, plain
         best, best_rate, bar = 0, plain, plain * (1.0 + margin)
         expected, run = 1.0, 1.0
         # The drafter runs on the same cores over the same text: the target's drift is its too.
@@ -211,6 +249,7 @@ class AdaptiveDraftLength:
             run *= alpha[g - 1]
             expected += run
             r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1, depth))
+            self._weighed.append((g, r))
             if r > bar and r > best_rate:
                 best, best_rate = g, r
         return best, best_rate
@@ -282,5 +321,13 @@ class _Estimates:
 
 def choose_static(costs: Sequence[float], alpha: float, draft_cost: float, max_gamma: int) -> int:
     """γ for a constant acceptance rate: used by the bench and `doctor` to explain a choice."""
+    return decide_static(costs, alpha, draft_cost, max_gamma).chosen
+
+
+def decide_static(costs: Sequence[float], alpha: float, draft_cost: float, max_gamma: int) -> Decision:
+    """The policy's whole decision for a constant acceptance rate (`doctor` prints it)."""
     policy = AdaptiveDraftLength(CostCurve(list(costs)), draft_cost, max_gamma=max_gamma, prior=alpha)
-    return policy.choose(max_gamma)
+    policy.choose(max_gamma)
+    decision = policy.explain()
+    assert decision is not None  # choose always prices plain decoding
+    return decision

@@ -16,14 +16,13 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
-from unittest import mock
 
 import numpy as np
 
 from localspec.control.calibrate import Calibration
 from localspec.control.costs import CostCurve
 from localspec.core.engine import Engine
-from localspec.core.protocol import Backend, Capabilities, DraftLengthPolicy, ModelInfo
+from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, ModelInfo
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.drafters import common_prefix
@@ -116,6 +115,7 @@ class Traced:
         self.inner = inner
         self.sampled = sampled  # the recorded answer was sampled: the controller must know
         self.steps: list[tuple[int, int, int]] = []
+        self.decisions: list[Decision | None] = []  # what decided each step's γ (explain)
 
     def would_draft(self, depth: int = 0) -> bool:
         return self.inner.would_draft(depth)
@@ -126,6 +126,7 @@ class Traced:
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         gamma = self.inner.choose(limit, support, backlog, depth)
         self.steps.append((support, gamma, 0))
+        self.decisions.append(self.inner.explain())
         return gamma
 
     def choose_source(
@@ -133,7 +134,11 @@ class Traced:
     ) -> tuple[int, bool]:
         gamma, from_lookup = self.inner.choose_source(guessed, support, limit, backlog, depth)
         self.steps.append((support if from_lookup else 0, gamma, 0))
+        self.decisions.append(self.inner.explain())
         return gamma, from_lookup
+
+    def explain(self) -> Decision | None:
+        return self.inner.explain()
 
     def observe(self, step: Step) -> None:
         support, gamma, _ = self.steps[-1]
@@ -159,16 +164,18 @@ def replay(
     clock = Clock(real_time)
     target = ReplayTarget(prompt + answer, truth, clock, n_vocab)
     # The engine reads only the methods ReplayTarget has (its loop, not the whole protocol).
-    engine = Engine(cast(Backend, target), NgramDrafter(), free_drafter=True)
+    engine = Engine(cast(Backend, target), NgramDrafter(), free_drafter=True, clock=clock)
     stats, produced, traced = Stats(), list[int](), Traced(policy, sampled)
     cfg = SamplingConfig(temperature=0.0)
-    with mock.patch.object(time, "perf_counter", clock):  # the engine times its passes with it
-        for step in engine.generate(prompt, len(answer), cfg, traced, stats, np.random.default_rng(0)):
-            produced.extend(step.tokens)
+    for step in engine.generate(prompt, len(answer), cfg, traced, stats, np.random.default_rng(0)):
+        produced.extend(step.tokens)
     if produced != answer:
         raise AssertionError("the replay diverged from the recorded answer")
     if trace:
         print(" ".join(f"{s}:{g}/{a}" for s, g, a in traced.steps))
+        adjusted = Counter(d.adjustment for d in traced.decisions if d is not None and d.adjustment)
+        for why, n in adjusted.most_common():
+            print(f"{n} steps: {why}")
     return stats.decode_seconds
 
 

@@ -4,15 +4,45 @@ never pays for torch or mlx and a user without them never needs them."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from localspec.core import choices
 from localspec.core.errors import BackendUnavailableError
 from localspec.core.protocol import Backend
 
-# llama.cpp is a package of several modules; its Backend lives in backend.py.
-BACKENDS = {name: f"localspec.backends.{name}" for name in choices.BACKENDS}
-BACKENDS["llamacpp"] = "localspec.backends.llamacpp.backend"
+
+@dataclass(frozen=True)
+class BackendKind:
+    """What the layers above the Backend protocol know of a backend, so that none of them
+    compares its name: adding a backend is its folder and one row of KINDS."""
+
+    module: str  # where its load() lives, imported only when a model is loaded
+    gguf: bool = False  # a model is one GGUF file (the first shard of a split one), else a folder
+    mtp: bool = False  # runs a model's own MTP head and the Gemma 4 assistant
+    gpu_layers: bool = False  # splits a model's layers between a GPU and the CPU (--gpu-layers)
+    exact: bool = False  # can take the kernels of one-token passes for every block (--exact)
+    specs: bool = False  # a "model" is a spec built in memory: never a file, never a pair
+    default_model: bool = False  # loads the embedded default model when none is given
+
+
+KINDS = {
+    # llama.cpp is a package of several modules; its Backend lives in backend.py.
+    "llamacpp": BackendKind(
+        "localspec.backends.llamacpp.backend", gguf=True, mtp=True, gpu_layers=True, exact=True, default_model=True
+    ),
+    "torch": BackendKind("localspec.backends.torch"),
+    "mlx": BackendKind("localspec.backends.mlx", mtp=True),
+    "reference": BackendKind("localspec.backends.reference", specs=True),
+}
+assert set(KINDS) == set(choices.BACKENDS)
+BACKENDS = {name: kind.module for name, kind in KINDS.items()}
+_UNKNOWN = BackendKind("")
+
+
+def kind_of(name: str) -> BackendKind:
+    """The backend's row (an unknown name's has every feature off: loading it says why)."""
+    return KINDS.get(name, _UNKNOWN)
 
 
 def load_backend(name: str, path: str, **options: Any) -> Backend:

@@ -9,6 +9,7 @@ from typing import Literal
 from localspec.core.errors import InvalidRequestError
 
 BACKENDS = ("llamacpp", "torch", "mlx", "reference")
+DEFAULT_BACKEND = "llamacpp"  # what --backend is when not given
 # Backends a models.toml model can give files for (the reference model is a spec, not a file).
 PULLABLE_BACKENDS = ("llamacpp", "mlx", "torch")
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from localspec.core.acceptance import accept_greedy, accept_rejection_sampling, accept_seeded
 from localspec.core.errors import ContextFullError, InvalidRequestError
+from localspec.core.proposal import Proposal, Source, admissible
 from localspec.core.protocol import (
     Backend,
     Draft,
@@ -29,15 +30,23 @@ from localspec.core.stats import Stats, Step
 # later as free evidence (see Shadow).
 FREE_GUESS_TOKENS = 16
 
+Clock = Callable[[], float]  # seconds from any fixed start
+
 
 class Engine:
     """Runs requests for one target and one drafter. The caches outlive requests, so a new
     turn only evaluates what changed since the last one."""
 
     def __init__(
-        self, target: Backend, drafter: Drafter, free_drafter: bool = False, lookup: Drafter | None = None
+        self,
+        target: Backend,
+        drafter: Drafter,
+        free_drafter: bool = False,
+        lookup: Drafter | None = None,
+        clock: Clock = time.perf_counter,
     ) -> None:
         self.target = target
+        self.clock = clock  # what the step times are read from (a replay passes a simulated one)
         self.drafter = drafter
         # A free drafter (n-gram) guesses before γ is chosen, so the policy can weigh how well
         # the guess is supported, and its unverified guesses still teach the policy.
@@ -86,13 +95,16 @@ class Engine:
         if max_tokens == 0:
             stats.finish_reason = "max_tokens"
             return
-        yield from self._decode(list(prompt), max_tokens, cfg, policy, stats, rng, stop)
+        before = cfg.repeat_window(prompt, len(prompt))  # the prompt's tail a repeat penalty reaches
+        eog = self.target.end_of_generation()
+        req = _Request(cfg, policy, stats, rng, stop, max_tokens, len(prompt), before, eog)
+        yield from self._decode(list(prompt), req)
 
     def _prefill(self, prompt: Sequence[int], stats: Stats, warm_drafter: bool, stop: Callable[[], bool]) -> bool:
         """False when cancelled before the prompt was all in."""
         # Everything but the last prompt token goes in now; that token opens the first
         # verify block, so even the first generated token can come with a draft.
-        t0 = time.perf_counter()
+        t0 = self.clock()
         keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
         exact = self._exact_keep(prompt, keep)
         keep = exact if self.exact_prefix else keep
@@ -109,7 +121,7 @@ class Engine:
         if self.lookup is not None:
             self.lookup.start(prompt)
         stats.prefill_tokens = len(todo) + 1
-        stats.prefill_seconds = time.perf_counter() - t0
+        stats.prefill_seconds = self.clock() - t0
         return True
 
     def _exact_keep(self, prompt: Sequence[int], keep: int) -> int:
@@ -128,167 +140,172 @@ class Engine:
         if notice and notice not in stats.notices:
             stats.notices.append(notice)
 
-    def _decode(
-        self,
-        ctx: list[int],
-        max_tokens: int,
-        cfg: SamplingConfig,
-        policy: DraftLengthPolicy,
-        stats: Stats,
-        rng: np.random.Generator,
-        stop: Callable[[], bool],
-    ) -> Iterator[Step]:
-        eog = self.target.end_of_generation()
-        n_vocab = self.target.info.n_vocab
-        n_ctx = self.target.info.n_ctx
-        max_block = self.target.capabilities.max_block
-        prompt_len = len(ctx)
-        before = cfg.repeat_window(ctx, prompt_len)  # the prompt's tail a repeat penalty reaches
-        produced = 0
-        shadow: Shadow | None = None
-        t_start = time.perf_counter()
+    def _decode(self, ctx: list[int], req: _Request) -> Iterator[Step]:
+        """Draft, verify, accept, roll back the rest, record; until an end of text, max_tokens,
+        a full context or a cancel."""
+        req.t_start = self.clock()
         try:
-            while True:
-                if stop():
-                    stats.finish_reason = "cancelled"
-                    return
-                past = self.target.n_past
-                room = n_ctx - past - 1  # positions left after the pending token
-                if room < 0:
-                    stats.finish_reason = "context_full"
-                    return
-                limit = min(room, max_tokens - produced - 1, max_block - 1)
-                t0 = time.perf_counter()
-                # Jump-forward: what the grammar forces is drafted for nothing, as a point-mass
-                # draft verified like any other (exact whatever p is; accepted surely where the
-                # mask leaves that one token).
-                forced = _forced(cfg, limit)
-                if forced:
-                    draft, gamma, backlog, guess = Draft(forced), len(forced), 0, None
-                else:
-                    draft, gamma, backlog, guess = self._draft(ctx, limit, cfg, policy, rng)
-                guessed = draft is guess  # a free drafter's guess, or the lookup's taken over the model's
-                from_lookup = guessed and not self.free_drafter
-                tokens = draft.tokens[:gamma]
-                # A drafter's vocabulary may be larger (padding slack): an id the target has
-                # no row for is a draft token the target rejects, never a block to evaluate.
-                refused = next((i for i, t in enumerate(tokens) if not 0 <= t < n_vocab), None)
-                if cfg.constraint is not None:  # so is a token outside the request's grammar
-                    kept = tokens[:refused]
-                    if (allowed := cfg.constraint.allowed_prefix(kept)) < len(kept):
-                        refused = allowed
-                if refused is not None:
-                    tokens = tokens[:refused]
-                t1 = time.perf_counter()
-                generated = ctx[prompt_len:] if cfg.shapes_logits else ()  # penalties count them
-                n_acc, nxt, rows = self._verify(ctx, tokens, draft, refused, cfg, rng, generated, before)
-                self.target.rollback(past + 1 + n_acc)
-                t2 = time.perf_counter()
-
-                # The part of a free guess no step verified (all of one the model drafted
-                # instead) is scored once the text is known: free evidence.
-                checked = len(tokens) if guessed else 0
-                reached = not guessed or n_acc == checked  # past a rejected token the guess cannot come true
-                if shadow is None and guess is not None and checked < len(guess.tokens) and reached:
-                    shadow = Shadow(guess.tokens, len(ctx), guess.support, checked)
+            while (limit := self._limit(req)) is not None:
+                past, t0 = self.target.n_past, self.clock()
+                proposal = self._propose(ctx, limit, req)
+                tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
+                t1 = self.clock()
+                n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
+                self.target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
+                t2 = self.clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
-                self.drafter.commit(ctx, 0 if from_lookup or forced else n_acc)
-                self._note_drafter_off(stats)
-                if self.lookup is not None:
-                    self.lookup.commit(ctx, n_acc if from_lookup else 0)
-
-                for i, tok in enumerate(new):
-                    if tok in eog:
-                        new, stats.finish_reason = new[:i], "stop"
-                        break
-                new = new[: max_tokens - produced]
-                if cfg.logprobs is not None and rows is not None:
-                    cfg.logprobs.record(new, rows)
-                if cfg.constraint is not None:
-                    cfg.constraint.commit(new)
-                step = Step(
-                    drafted=len(tokens),
-                    accepted=n_acc,
-                    draft_seconds=t1 - t0,
-                    verify_seconds=t2 - t1,
-                    support=draft.support,
-                    backlog=backlog if tokens else 0,
-                    depth=past,
-                    lookup=from_lookup,
-                    gamma=gamma,
-                    tokens=tuple(new),
-                    forced=bool(forced),
-                )
-                stats.record_step(step)
-                if not forced:  # a forced step says nothing about the drafter's agreement or cost
-                    policy.observe(step)
-                if shadow is not None and shadow.settle(ctx, policy):
-                    shadow = None
-
-                produced += len(new)
-                stats.generated_tokens = produced
-                stats.decode_seconds = time.perf_counter() - t_start
-                if new:
+                self._commit_drafters(ctx, proposal.source, n_acc, req.stats)
+                emitted = self._emit(new, rows, req)
+                step = self._record(ctx, proposal, len(tokens), n_acc, emitted, past, (t0, t1, t2), req)
+                if step.tokens:
                     yield step
-                if stats.finish_reason:
-                    return
-                if produced >= max_tokens:
-                    stats.finish_reason = "max_tokens"
+                if req.stats.finish_reason:
                     return
         finally:
-            stats.decode_seconds = time.perf_counter() - t_start
+            req.stats.decode_seconds = self.clock() - req.t_start
 
-    def _draft(
-        self, ctx: list[int], limit: int, cfg: SamplingConfig, policy: DraftLengthPolicy, rng: np.random.Generator
-    ) -> tuple[Draft, int, int, Draft | None]:
-        """The step's draft, its γ, the tokens a draft model caught up on first, and the free
-        guess made this step (the draft itself where the guess was chosen; None: no guess)."""
+    def _limit(self, req: _Request) -> int | None:
+        """The most tokens the next step may draft, or None (the finish reason set) when the
+        request is over."""
+        if req.produced >= req.max_tokens:
+            req.stats.finish_reason = "max_tokens"
+            return None
+        if req.stop():
+            req.stats.finish_reason = "cancelled"
+            return None
         past = self.target.n_past
+        room = self.target.info.n_ctx - past - 1  # positions left after the pending token
+        if room < 0:
+            req.stats.finish_reason = "context_full"
+            return None
+        return min(room, req.max_tokens - req.produced - 1, self.target.capabilities.max_block - 1)
+
+    def _propose(self, ctx: list[int], limit: int, req: _Request) -> Proposal:
+        """The step's guess: what the grammar forces, else the free drafter's, the lookup's
+        or the draft model's, as long as the policy chooses."""
+        if forced := _forced(req.cfg, limit):
+            return Proposal.forced(forced)
+        past, policy = self.target.n_past, req.policy
         if self.free_drafter:
-            draft = self.drafter.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
-            return draft, policy.choose(len(draft.tokens), draft.support, depth=past), 0, draft
-        guess = None
-        if self.lookup is not None:
-            guess = self.lookup.propose(ctx, min(limit, FREE_GUESS_TOKENS), cfg, rng) if limit > 0 else Draft()
-            backlog = self.drafter.backlog(ctx)
+            free = self._guess(self.drafter, ctx, limit, req)
+            gamma = policy.choose(len(free.tokens), free.support, depth=past)
+            return Proposal.of(free, gamma, Source.FREE, 0, free)
+        guess = self._guess(self.lookup, ctx, limit, req) if self.lookup is not None else None
+        backlog = self.drafter.backlog(ctx)
+        if guess is None:
+            gamma = policy.choose(limit, 0, backlog, past)
+        else:
             gamma, from_lookup = policy.choose_source(len(guess.tokens), guess.support, limit, backlog, past)
             if from_lookup:
-                return guess, gamma, 0, guess
-        else:
-            backlog = self.drafter.backlog(ctx)
-            gamma = policy.choose(limit, 0, backlog, past)
-        draft = self.drafter.propose(ctx, gamma, cfg, rng) if gamma > 0 else Draft()
-        return draft, gamma, backlog, guess
+                return Proposal.of(guess, gamma, Source.LOOKUP, 0, guess)
+        draft = self.drafter.propose(ctx, gamma, req.cfg, req.rng) if gamma > 0 else Draft()
+        return Proposal.of(draft, gamma, Source.MODEL, backlog, guess)
+
+    @staticmethod
+    def _guess(drafter: Drafter, ctx: list[int], limit: int, req: _Request) -> Draft:
+        """A free drafter guesses this far ahead before γ is chosen."""
+        return drafter.propose(ctx, min(limit, FREE_GUESS_TOKENS), req.cfg, req.rng) if limit > 0 else Draft()
 
     def _verify(
-        self,
-        ctx: Sequence[int],
-        tokens: list[int],
-        draft: Draft,
-        refused: int | None,
-        cfg: SamplingConfig,
-        rng: np.random.Generator,
-        generated: Sequence[int],
-        before: Sequence[int] = (),
+        self, ctx: list[int], tokens: list[int], proposal: Proposal, refused: int | None, req: _Request
     ) -> tuple[int, int, Logits | None]:
-        """One target pass over the pending token (ctx's last) and the draft: how many draft tokens the
-        target accepts, the token it adds after them, and the target's logits as the request
+        """One target pass over the pending token (ctx[-1]) and the draft: how many draft tokens
+        the target accepts, the token it adds after them, and the target's logits as the request
         shapes them (None where a verifying backend kept them). refused: where the draft was
-        cut at an id the target has no row for. generated: this request's tokens so far; before:
-        the prompt's tail a repeat penalty counts."""
-        last = ctx[-1]
+        cut at an id the target may not evaluate (admissible)."""
+        cfg, rng, dists = req.cfg, req.rng, proposal.dists
         wants_rows = cfg.shapes_logits or cfg.logprobs is not None
         numpy_rule = refused is not None or wants_rows or (cfg.seed is not None and not cfg.greedy)
         if self.verifier is not None and not numpy_rule:  # a refused id and a seed take the numpy rule
-            return (*self.verifier.verify_block([last, *tokens], draft.dists, cfg, rng), None)
-        logits = shape(self.target.eval_block([last, *tokens], "all"), cfg, generated, tokens, before)
+            return (*self.verifier.verify_block([ctx[-1], *tokens], dists, cfg, rng), None)
+        generated = ctx[req.prompt_len :] if cfg.shapes_logits else ()  # penalties count them
+        logits = shape(self.target.eval_block([ctx[-1], *tokens], "all"), cfg, generated, tokens, req.before)
         if cfg.greedy:
             return (*accept_greedy(tokens, logits), logits)
         if cfg.seed is not None:  # the same answer whatever was drafted (accept_seeded)
             return (*accept_seeded(tokens, logits, cfg, cfg.seed, len(ctx)), logits)
-        q = draft.dists[refused] if refused is not None and draft.dists else None
-        return (*accept_rejection_sampling(tokens, draft.dists, logits, cfg, rng, q), logits)
+        q = dists[refused] if refused is not None and dists else None
+        return (*accept_rejection_sampling(tokens, dists, logits, cfg, rng, q), logits)
+
+    def _commit_drafters(self, ctx: list[int], source: Source, n_acc: int, stats: Stats) -> None:
+        """Tell the drafters what the target kept: each counts as accepted only its own tokens."""
+        self.drafter.commit(ctx, n_acc if source in (Source.MODEL, Source.FREE) else 0)
+        self._note_drafter_off(stats)
+        if self.lookup is not None:
+            self.lookup.commit(ctx, n_acc if source is Source.LOOKUP else 0)
+
+    def _emit(self, new: list[int], rows: Logits | None, req: _Request) -> list[int]:
+        """The step's tokens the request emits: up to an end of text and max_tokens; their
+        logprobs recorded and the grammar told."""
+        cfg = req.cfg
+        for i, tok in enumerate(new):
+            if tok in req.eog:
+                new, req.stats.finish_reason = new[:i], "stop"
+                break
+        new = new[: req.max_tokens - req.produced]
+        if cfg.logprobs is not None and rows is not None:
+            cfg.logprobs.record(new, rows)
+        if cfg.constraint is not None:
+            cfg.constraint.commit(new)
+        return new
+
+    def _record(
+        self,
+        ctx: list[int],
+        proposal: Proposal,
+        verified: int,
+        n_acc: int,
+        emitted: list[int],
+        past: int,
+        times: tuple[float, float, float],
+        req: _Request,
+    ) -> Step:
+        """The step's bookkeeping: its Step in the stats, the policy's evidence (a free guess's
+        unverified part scored once the text is known) and the running totals."""
+        t0, t1, t2 = times
+        step = Step(
+            drafted=verified,
+            accepted=n_acc,
+            draft_seconds=t1 - t0,
+            verify_seconds=t2 - t1,
+            support=proposal.support,
+            backlog=proposal.backlog if verified else 0,
+            depth=past,
+            lookup=proposal.source is Source.LOOKUP,
+            gamma=proposal.gamma,
+            tokens=tuple(emitted),
+            forced=proposal.source is Source.GRAMMAR,
+        )
+        req.stats.record_step(step)
+        if req.shadow is None:
+            req.shadow = _shadow_of(proposal, verified, n_acc, len(ctx) - n_acc - 1)
+        if proposal.source is not Source.GRAMMAR:  # a forced step says nothing of the drafter
+            req.policy.observe(step)
+        if req.shadow is not None and req.shadow.settle(ctx, req.policy):
+            req.shadow = None
+        req.produced += len(emitted)
+        req.stats.generated_tokens = req.produced
+        req.stats.decode_seconds = self.clock() - req.t_start
+        return step
+
+
+@dataclass
+class _Request:
+    """What one request's decode loop carries from step to step."""
+
+    cfg: SamplingConfig
+    policy: DraftLengthPolicy
+    stats: Stats
+    rng: np.random.Generator
+    stop: Callable[[], bool]
+    max_tokens: int
+    prompt_len: int
+    before: Sequence[int]  # the prompt's tail a repeat penalty reaches
+    eog: frozenset[int]  # the target's ends of a turn
+    produced: int = 0
+    shadow: Shadow | None = None
+    t_start: float = 0.0
 
 
 def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
@@ -307,6 +324,16 @@ def _forced(cfg: SamplingConfig, limit: int) -> list[int]:
         return []
     tokens: list[int] = forced()
     return tokens[:limit]
+
+
+def _shadow_of(proposal: Proposal, verified: int, n_acc: int, at: int) -> Shadow | None:
+    """What of the step's free guess (at context position `at`) no step verified, to be scored
+    once the text is known: free evidence. Past a rejected token a guess cannot come true."""
+    guess = proposal.guess
+    checked = verified if proposal.guessed else 0  # all of a guess the model drafted instead
+    if guess is None or checked >= len(guess.tokens) or (proposal.guessed and n_acc != checked):
+        return None
+    return Shadow(guess.tokens, at, guess.support, checked)
 
 
 def _never() -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from localspec.core.backend_loader import kind_of
 from localspec.core.choices import DraftTokens
 from localspec.core.errors import InvalidRequestError
 from localspec.core.validate import check_ctx, check_threads
@@ -40,12 +41,12 @@ class LoadOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_ctx", check_ctx(self.n_ctx))
         object.__setattr__(self, "threads", check_threads(self.threads))
-        if self.gpu_layers is not None and self.backend != "llamacpp":
+        if self.gpu_layers is not None and not kind_of(self.backend).gpu_layers:
             raise InvalidRequestError(
                 f"gpu_layers is for the llama.cpp backend, not {self.backend}",
                 "drop --gpu-layers, or use --backend llamacpp",
             )
-        if self.exact and (self.backend != "llamacpp" or self.rpc or self.gpu_layers):
+        if self.exact and (not kind_of(self.backend).exact or self.rpc or self.gpu_layers):
             raise InvalidRequestError(
                 "exact is for the llama.cpp backend on this machine's CPU (its kernels are the ones made exact)",
                 "drop --exact, or drop --backend/--rpc/--gpu-layers",

@@ -275,6 +275,27 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What a draft-length policy weighed for its last choice: each candidate γ with its
+    predicted tokens per second (γ = 0, plain decoding, always among them), the γ that
+    predicted best, the γ chosen, and the adjustment that turned one into the other."""
+
+    source: str  # whose guess the step drafted: "model", "lookup" or "fixed"
+    candidates: tuple[tuple[int, float], ...]
+    best: int
+    chosen: int
+    adjustment: str = ""  # empty where the best candidate was taken as it was
+
+    def table(self) -> str:
+        """The candidates as lines for a terminal, the chosen one marked."""
+        lines = [
+            f"γ={g:<2} {rate:8.1f} tok/s{'  <- chosen' if g == self.chosen else ''}" for g, rate in self.candidates
+        ]
+        why = f"best γ={self.best}, {self.adjustment} -> γ={self.chosen}" if self.adjustment else f"γ={self.chosen}"
+        return "\n".join([f"draft length ({self.source}): {why}", *lines])
+
+
 class DraftLengthPolicy(Protocol):
     def begin(self, sampled: bool) -> None:
         """A request starts; sampled: its tokens are drawn from the target's distribution
@@ -302,6 +323,10 @@ class DraftLengthPolicy(Protocol):
         ...
 
     def observe(self, step: Step) -> None: ...
+
+    def explain(self) -> Decision | None:
+        """The candidates weighed for the last choice and what decided it (None: none yet)."""
+        ...
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         """A free drafter's guess (or the part of it from position `start` on, which no step

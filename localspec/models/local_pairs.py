@@ -10,7 +10,7 @@ from pathlib import Path
 
 from localspec.core.choices import DraftTokens
 from localspec.core.errors import InvalidRequestError, PairMismatchError
-from localspec.core.gguf_check import check_gguf
+from localspec.core.gguf_header import check_gguf
 from localspec.models.pairing import vocab_mismatch
 from localspec.models.registry import Pair, load_registry, user_registry_file
 from localspec.store import write_atomic

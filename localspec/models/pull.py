@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localspec.core.backend_loader import kind_of
+from localspec.core.choices import DEFAULT_BACKEND
 from localspec.core.errors import LocalspecError, ModelLoadError
 from localspec.core.progress import Announce
 from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
@@ -93,7 +95,7 @@ class Removal:
 
 
 def pull_command(pair: Pair, backend: str) -> str:
-    return f"localspec pull {pair.id}" + ("" if backend == "llamacpp" else f" --backend {backend}")
+    return f"localspec pull {pair.id}" + ("" if backend == DEFAULT_BACKEND else f" --backend {backend}")
 
 
 def pull(
@@ -162,7 +164,7 @@ def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | N
     target = paths[pair.target.id]
     assert target is not None
     drafter = paths[pair.drafter.id] if pair.drafter else None
-    if drafter is None and backend == "llamacpp" and pair.strategy.startswith("mtp"):
+    if drafter is None and kind_of(backend).gguf and pair.strategy.startswith("mtp"):
         drafter = _sidecar_path(pair.target)  # Gemma 4's assistant, pulled beside its target
     return ResolvedPair(pair, backend, target, drafter)
 
@@ -280,7 +282,7 @@ def _model_path(model: Model, backend: str) -> Path | None:
     record = _read_record(model, backend)
     if record is None:
         return None
-    return Path(record["files"][0]["path"] if backend == "llamacpp" else record["root"])
+    return Path(record["files"][0]["path"] if kind_of(backend).gguf else record["root"])
 
 
 def _already_pulled(role: str, model: Model, backend: str) -> list[PulledFile]:
@@ -294,7 +296,7 @@ def _local_record(artifact: LocalArtifact, backend: str) -> dict[str, Any] | Non
     """A `path =` entry read like a pull record: the file (every shard of a split GGUF), or
     the folder's files; None when something is missing."""
     path = artifact.path
-    if backend == "llamacpp":
+    if kind_of(backend).gguf:
         paths = [path.with_name(name) for name in split_shards(path.name)]
         if not all(p.is_file() for p in paths):
             return None

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from localspec.core.backend_loader import kind_of
 from localspec.core.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFTING_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF
@@ -334,9 +335,9 @@ def _parse_artifact(entry: Any, path: Path, where: str, backend: str) -> Artifac
     if not isinstance(files, list) or not files:
         raise _fail(path, where, "files", "expected a non-empty list of file names or {name, size, sha256} tables")
     parsed = tuple(_parse_file(f, path, f"{where}, files[{i}]") for i, f in enumerate(files))
-    if backend == "llamacpp" and any(f.is_pattern or not f.name.endswith(".gguf") for f in parsed):
+    if kind_of(backend).gguf and any(f.is_pattern or not f.name.endswith(".gguf") for f in parsed):
         raise _fail(path, where, "files", "llama.cpp needs exact .gguf file names (split files in order)")
-    if backend == "llamacpp":
+    if kind_of(backend).gguf:
         parsed = _expand_split(parsed, path, where)
     return HubArtifact(_str(entry, "repo", path, where, _REPO), _str(entry, "revision", path, where, _REVISION), parsed)
 
@@ -377,7 +378,7 @@ def _parse_local(entry: Mapping[str, Any], path: Path, where: str, backend: str)
     """`path = ...`: absolute, or relative to the models.toml that names it; ~ is expanded."""
     local = Path(_str(entry, "path", path, where)).expanduser()
     local = local if local.is_absolute() else path.parent / local
-    if backend == "llamacpp" and local.suffix != ".gguf":
+    if kind_of(backend).gguf and local.suffix != ".gguf":
         raise _fail(path, where, "path", f"llama.cpp needs a .gguf file (the first shard of a split one), got {local}")
     return LocalArtifact(local)
 

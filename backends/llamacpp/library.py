@@ -1,0 +1,116 @@
+"""llama.cpp as a library: its log, its build (kernels, buffer types, flash attention) and
+the process-wide kernel switch exact output needs. Shared by the backend, its derived
+drafters and the rpc-server."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from functools import cache
+from typing import Any
+
+from localspec.core.errors import BackendUnavailableError, InvalidRequestError
+
+try:
+    import llama_cpp as llama
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise BackendUnavailableError(
+        "the llama.cpp backend needs llama-cpp-python",
+        "pip install 'localspec[llamacpp]' (compiles llama.cpp, about 10 minutes on 2 cores)",
+    ) from exc
+
+_LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+
+
+@llama.llama_log_callback  # type: ignore[misc,untyped-decorator]
+def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
+    # llama.cpp narrates every load on stderr; localspec explains failures itself.
+    if os.environ.get("LOCALSPEC_LLAMA_LOG") == "1" and level == _LOG_LEVEL_ERROR:
+        os.write(2, b"llama.cpp: " + text)
+
+
+@cache
+def init_library() -> None:
+    llama.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+    llama.llama_backend_init()
+
+
+@cache
+def build_id() -> str:
+    """Which llama.cpp this is: the binding's version and a digest of the library's own
+    feature line (SIMD, LLAMAFILE, REPACK...). A rebuilt or upgraded library has other
+    kernels, hence another cost curve: calibrations are cached under this."""
+    features = (llama.llama_print_system_info() or b"") + (b"" if extra_buffers() else b"no-extra-buffers")
+    features += f"flash-attn={flash_attention()}".encode()
+    return f"{llama.__version__}+{hashlib.sha1(features).hexdigest()[:10]}"
+
+
+@cache
+def extra_buffers() -> bool:
+    """Whether llama.cpp may put weights in its extra buffer types (repacked and AMX layouts).
+    LLAMA_ARG_REPACK decides when set, as for llama.cpp's own programs. Otherwise a build with
+    AMX kernels keeps them off: those faulted on the first matmul of a VM that advertises AMX
+    without running it."""
+    setting = os.environ.get("LLAMA_ARG_REPACK", "").lower()
+    if setting:
+        return setting not in ("0", "false", "off")
+    return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
+
+
+EXACT_BUILD = (
+    'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
+    "llama-cpp-python==0.3.36"
+)
+_passes_ran = False  # a context of this process has run with ggml's default kernel choice
+
+
+def note_default_kernels() -> None:
+    """A context is about to run with ggml's default kernel choice: exact kernels can no
+    longer be chosen in this process (use_exact_kernels)."""
+    global _passes_ran
+    _passes_ran = True
+
+
+def batch_invariant_build() -> bool:
+    """Whether this llama.cpp can give a block the logits of one-token passes: not with
+    llamafile's tinyBLAS, which takes products of 2+ rows (attention without flash attention)
+    in another summation order than the one-row kernel."""
+    return b"LLAMAFILE = 1" not in (llama.llama_print_system_info() or b"")
+
+
+def use_exact_kernels() -> None:
+    """Make every pass of this process take the kernels a one-token pass takes: ggml's tiled
+    K-quant matmul (blocks of 8+ rows) off. ggml reads its switch once, at the first pass, so
+    this must come before any context has run."""
+    if not batch_invariant_build():
+        raise BackendUnavailableError(
+            "exact output needs a llama.cpp built without llamafile (its matmuls of 2+ rows sum in "
+            "another order than a one-token pass)",
+            f"rebuild it once: {EXACT_BUILD}",
+        )
+    if os.environ.get("GGML_CPU_TILED_MM") != "0":
+        if _passes_ran:
+            raise InvalidRequestError(
+                "exact output must be chosen before the first model of this process runs (llama.cpp reads "
+                "its kernel switch once)",
+                "load the exact runtime first, or start the process with GGML_CPU_TILED_MM=0",
+            )
+        os.environ["GGML_CPU_TILED_MM"] = "0"
+
+
+FLASH_ATTN = {
+    "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO,
+}
+
+
+def flash_attention() -> int:
+    """llama.cpp's flash attention: llama.cpp's own choice (on wherever the device has the
+    kernel). Off decodes faster on the CPU at long contexts (benchmarks/flash_attention.py),
+    but greedy speculative output then drifts from plain decoding after a rollback
+    (tests/test_llamacpp_greedy.py), so only LLAMA_ARG_FLASH_ATTN (on, off, auto), llama.cpp's
+    own variable, turns it off."""
+    chosen = os.environ.get("LLAMA_ARG_FLASH_ATTN", "").strip().lower()
+    return int(FLASH_ATTN.get(chosen, FLASH_ATTN["auto"]))

@@ -1,0 +1,78 @@
+"""Rollback for llama.cpp models with recurrent state (hybrid: Qwen3.5's Gated DeltaNet
+layers beside attention), which cannot be cut at a position, only replaced."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import llama_cpp as llama
+
+# Per-token recurrent-state snapshots llama.cpp keeps from each decode of a hybrid model
+# (n_rs_seq): up to this many rejected tokens go back with no replay. Every decode pays for
+# them, plain steps too (BENCHMARKS.md §7), so they cover the short drafts a hybrid mostly
+# gets; a longer rejection takes the state-copy path.
+RECURRENT_SNAPSHOTS = 4
+
+
+class RecurrentRollback:
+    """Rollback for a model whose memory holds recurrent state. Cheapest way first:
+
+    1. llama.cpp's own snapshots of the last decode (n_rs_seq; only the architectures its
+       list names get them): a rejected draft inside the last block costs nothing;
+    2. a copy of the recurrent state taken where the last rollback left off, restored, and
+       the tokens since replayed: what a draft model's token-by-token drafts need, and any
+       rollback on an architecture without snapshots. Copies start once a rollback needed one;
+    3. a replay from the start (a rollback behind the copy: another request's prefix).
+
+    rewind() says from which position the caller must replay (None: nothing to replay)."""
+
+    def __init__(self, ctx: Any, mem: Any, snapshots: int) -> None:
+        self._ctx, self._mem, self.snapshots = ctx, mem, snapshots
+        self._last_block = 0  # tokens in the last decode: the snapshots cover these
+        self._pending = False  # a snapshot rollback waits for the next decode (one per decode)
+        self._copying = False  # rollbacks have needed copies: take one where each rollback ends
+        self._copy_due = False
+        self._copy: tuple[int, Any] | None = None  # (position, the recurrent state there)
+
+    def before_decode(self, past: int) -> None:
+        if self._copying and self._copy_due:
+            size = llama.llama_state_seq_get_size_ext(self._ctx, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            buf = (ctypes.c_uint8 * size)()
+            llama.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            self._copy = (past, buf)
+        self._copy_due = False
+        self._last_block = 0  # until this decode is known to have finished (after_decode)
+
+    def after_decode(self, n: int) -> None:
+        self._last_block, self._pending = n, False
+
+    def settled(self) -> None:
+        """A rollback (and its replay) is done: the next decode starts where drafts start."""
+        self._copy_due = True
+
+    def rewind(self, n: int, cached: int) -> int | None:
+        """Keep the first n of the `cached` positions the memory holds."""
+        drop = cached - n
+        if drop <= 0:
+            return None
+        if (
+            not self._pending
+            and drop <= self.snapshots
+            and drop < self._last_block
+            and llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+        ):
+            self._pending = True
+            return None
+        self._copying = True
+        if self._copy is not None and self._copy[0] <= n:
+            at, buf = self._copy
+            flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if llama.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, flags) == len(buf):
+                llama.llama_memory_seq_rm(self._mem, 0, at, -1)  # the attention layers' rows
+                self._pending = False
+                return at
+        self._copy = None
+        llama.llama_memory_seq_rm(self._mem, 0, 0, -1)
+        self._pending = False
+        return 0
