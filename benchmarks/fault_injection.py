@@ -6,12 +6,15 @@ mutation) must each be read or refused with a ModelLoadError. Issue 33's hostile
 environments, one row each (tests/hostile_support.py, tests/rpc_faults.py): a pipe or device
 as the model, a stalling hub, forged Host/Origin headers against a live serve, a full or
 read-only disk, the chat quit during prefill, rpc-server's crafted message, idle clients and
-reachable binds. Issue 47's schemas and tools against a live serve (tests/serve_faults.py).
+reachable binds. Issue 47's (tests/hostile_inputs_support.py): chat templates that loop without
+printing, hubs that trickle a byte at a time, symlink loops as models; and its schemas and tools
+against a live serve (tests/serve_faults.py).
 
     python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
         [--gguf-cases 20000] [--hub-cases 6] [--chat-cases 10] [--rpc-crashes 8] [--rpc-idle 6]
-        [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
-        [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc|schemas|tools]
+        [--template-cases 20] [--trickle-cases 6] [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
+        [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc|templates|trickle|symlinks
+                |schemas|tools]
 
 Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
 """
@@ -190,6 +193,41 @@ def tools_rows(args: argparse.Namespace) -> list[Tally]:
     return [served_cases("serve: odd tool definitions and choices", TOOL_CASES)]
 
 
+# -- issue 47: templates that never end, hubs that trickle, symlink loops (tests/hostile_inputs_support.py)
+
+
+def templates_rows(args: argparse.Namespace) -> list[Tally]:
+    from hostile_inputs_support import looping_templates
+
+    return [looping_templates(args.template_cases, 12, default_model(args))]
+
+
+def trickle_rows(args: argparse.Namespace) -> list[Tally]:
+    from hostile_inputs_support import rpc_trickles, trickling_hubs
+
+    from localspec.backends.llamacpp.rpc_server import rpc_available
+
+    rows = [trickling_hubs(args.trickle_cases, 13)]
+    if rpc_available():
+        rows.append(rpc_trickles(args.trickle_cases, 14, Path(tempfile.mkdtemp(prefix="rpc-trickle-"))))
+    return rows
+
+
+def symlinks_rows(args: argparse.Namespace) -> list[Tally]:
+    from hostile_inputs_support import symlink_loops
+
+    return [symlink_loops(default_model(args))]
+
+
+ISSUE_47_SUITES = {
+    "templates": templates_rows,
+    "trickle": trickle_rows,
+    "symlinks": symlinks_rows,
+    "schemas": schemas_rows,
+    "tools": tools_rows,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100, help="Ctrl+C points per backend and strategy")
@@ -205,7 +243,11 @@ def main() -> None:
     parser.add_argument("--rpc-idle", type=int, default=6, help="idle clients ahead of a real one")
     parser.add_argument("--model", help="llama.cpp target GGUF (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--draft-model", help="llama.cpp drafter GGUF, to interrupt a draft pair too")
-    hostile = ["waits", "rebinding", "disk", "chat", "rpc", "schemas", "tools"]
+    parser.add_argument("--template-cases", type=int, default=20, help="chat templates that loop without printing")
+    parser.add_argument(
+        "--trickle-cases", type=int, default=6, help="pulls from a hub, and rpc messages, a byte at a time"
+    )
+    hostile = ["waits", "rebinding", "disk", "chat", "rpc", *ISSUE_47_SUITES]
     parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull", "gguf", *hostile], action="append")
     args = parser.parse_args()
     suites = {
@@ -219,8 +261,7 @@ def main() -> None:
         "disk": disk_rows,
         "chat": chat_rows,
         "rpc": rpc_rows,
-        "schemas": schemas_rows,
-        "tools": tools_rows,
+        **ISSUE_47_SUITES,
     }
     rows: list[Tally] = []
     print("| case | tried | failures |\n|---|---:|---:|", flush=True)

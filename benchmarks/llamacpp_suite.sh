@@ -39,7 +39,6 @@ localspec doctor --model "$F16" --json >"$out/doctor_f16.json"
 localspec doctor --model "$Q4_1" --json >"$out/doctor_q4_1.json"
 # Issue 2's yardstick and the per-step picture of the code edit.
 python benchmarks/bare_loop.py "$F16" --gamma 6 --repeats 3 >"$out/bare_loop.txt"
-python benchmarks/trace_steps.py "$F16" --prompt code_edit >"$out/trace_code_edit.txt"
 # What a verify pass costs by block size, text length and thread count, and what a block-size change adds.
 python benchmarks/verify_costs.py "$F16" >"$out/verify_costs_f16.txt"
 python benchmarks/verify_costs.py "$Q4_1" >"$out/verify_costs_q4_1.txt"

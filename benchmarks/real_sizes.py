@@ -23,7 +23,6 @@ curve, n-gram drafting replayed over the suite's and the wide set's recorded Smo
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -480,46 +479,22 @@ class ModelGuesses:
         pass
 
 
-def replay_library() -> tuple[Any, Any, Any, Callable[[Path], Any]]:
-    """Clock, Truth, ReplayTarget and a curve file's Calibration: from localspec.control.replay
-    where the controller's refactor put them, else from replay_drafters.py."""
-    try:
-        from localspec.control import replay as lib  # type: ignore[attr-defined,unused-ignore]
-
-        def read(path: Path) -> Any:
-            return lib.calibration_from_doctor(json.loads(path.read_text()))
-
-        return lib.Clock, lib.Truth, lib.ReplayTarget, read
-    except ImportError:
-        sys.path.insert(0, str(BENCH_DIR))
-        old: Any = importlib.import_module("replay_drafters")
-
-        return old.Clock, old.Truth, old.ReplayTarget, old.from_doctor
-
-
 def replay_model(
     prompt: list[int], answer: list[int], truth: Any, n_vocab: int, policy: Any, guesses: ModelGuesses
 ) -> float:
     """Simulated seconds of the answer with the draft model, through the real engine."""
-    from localspec.core import engine as engine_module
+    from localspec.control.replay import ReplayTarget
     from localspec.core.engine import Engine
     from localspec.core.sampling import SamplingConfig
     from localspec.core.stats import Stats
 
-    replay_target = replay_library()[2]
     clock = guesses.clock
-    target = replay_target(prompt + answer, truth, clock, n_vocab)
-    engine = Engine(target, guesses)
-    timer: Any = engine_module  # the engine's clock, made the simulated one for the replay
-    saved = timer.time.perf_counter
-    timer.time.perf_counter = clock
-    try:
-        stats, produced = Stats(), list[int]()
-        cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
-        for step in engine.generate(prompt, len(answer), cfg, policy, stats, rng):
-            produced.extend(step.tokens)
-    finally:
-        timer.time.perf_counter = saved
+    target: Any = ReplayTarget(prompt + answer, truth, clock, n_vocab)
+    engine = Engine(target, guesses, clock=clock)  # the simulated clock times the steps
+    stats, produced = Stats(), list[int]()
+    cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
+    for step in engine.generate(prompt, len(answer), cfg, policy, stats, rng):
+        produced.extend(step.tokens)
     assert produced == answer, "the replay diverged from the recorded answer"
     return float(stats.decode_seconds)
 
@@ -529,9 +504,9 @@ def draft_model_row(curve_file: Path, draft_file: Path, answers: Path, alpha: fl
     acceptance alpha: the controller, fixed γ = 1..15, and the best of those."""
     from localspec.control.factory import model_policy
     from localspec.control.policy import FixedDraftLength
+    from localspec.control.replay import Clock, Truth, calibration_from_doctor
 
-    clock_type, truth_type, _, read = replay_library()
-    calibration = read(curve_file)
+    calibration = calibration_from_doctor(json.loads(curve_file.read_text()))
     draft = json.loads(draft_file.read_text())
     per_token = draft["t"]["1"]
     catch_up = draft["verify_ms"][-1] / 1e3 / len(draft["verify_ms"])  # as the runtime charges it
@@ -539,10 +514,10 @@ def draft_model_row(curve_file: Path, draft_file: Path, answers: Path, alpha: fl
     plain, totals = 0.0, {"localspec": 0.0, **{f"fixed {g}": 0.0 for g in range(1, 16)}}
     for rec in data["answers"].values():
         prompt, answer = rec["prompt"], rec["answer"]
-        truth = truth_type.of(calibration)
+        truth = Truth.of(calibration)
         plain += truth.plain(prompt, answer)
         for name in totals:
-            clock = clock_type()
+            clock = Clock()
             guesses = ModelGuesses(prompt + answer, alpha, per_token, catch_up, clock)
             policy: Any = (
                 model_policy(calibration.cost_curve(), per_token, alpha, catch_up)

@@ -2,7 +2,10 @@
 (tests/test_controller_replays.py: recorded SmolLM2 answers, fixed cost curves, simulated
 clock) with each rule switched off in turn, as total speedup over plain decoding.
 
-    python benchmarks/replay_rules.py [--curves NAME,NAME]
+    python benchmarks/replay_rules.py [--curves NAME,NAME] [--doctor REPORT.json ...] [--today]
+
+--doctor adds the curve a `localspec doctor --json` report measured (a GPU's, say) as a column
+(alone, unless --curves names others too); --today replays only the rules as they are.
 
 Besides the curves as measured (the policy starts from the truth), two starts on the
 SmolLM2 curve where the learning rules matter: "stale" (a curve learnt on a busy machine,
@@ -68,19 +71,24 @@ def starts(cal: Calibration, name: str) -> dict[str, Callable[[ControlConfig], C
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--curves", help="comma-separated names from tests/data/replay_curves.json")
+    parser.add_argument("--doctor", type=Path, action="append", default=[], help="a `localspec doctor --json` report")
+    parser.add_argument("--today", action="store_true", help="only the rules as they are, no rule switched off")
     args = parser.parse_args()
     answers: dict[str, Any] = json.loads((DATA / "replay_answers.json").read_text())
     curves: dict[str, dict[str, Any]] = json.loads((DATA / "replay_curves.json").read_text())
-    names = args.curves.split(",") if args.curves else sorted(curves)
+    names = args.curves.split(",") if args.curves else ([] if args.doctor else sorted(curves))
     columns: list[tuple[str, Truth, Callable[[ControlConfig], CostCurve]]] = []
     for name in names:
         cal = calibration_from_doctor(curves[name])
         for start, make in starts(cal, name).items():
             columns.append((name if start == "measured" else f"{name} ({start})", Truth.of(cal), make))
+    for report in args.doctor:
+        measured = calibration_from_doctor(json.loads(report.read_text()))
+        columns.append((report.stem, Truth.of(measured), lambda cfg, c=measured: c.cost_curve(cfg)))
     print(f"| rule switched off | {' | '.join(c[0] for c in columns)} |")
     print(f"|---|{'---|' * len(columns)}")
     oracle: list[str] = []
-    for rule, cfg in RULES.items():
+    for rule, cfg in list(RULES.items())[: 1 if args.today else None]:
         cells = []
         for _, truth, make in columns:
             s = score(answers["answers"], truth, answers["n_vocab"], lambda m=make, c=cfg: ngram_policy(m(c), c))

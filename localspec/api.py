@@ -42,8 +42,6 @@ __all__ = [
     "sampling_config",
 ]
 
-ASSISTANT_ARCHITECTURE = "gemma4-assistant"  # llama.cpp's name, with its hyphen
-
 
 def load(
     model: str | LoadOptions | None = None,
@@ -106,7 +104,7 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     draft = None
     label = None
     try:
-        if strategy == "auto" and draft_model is None and target.capabilities.extra.get("mtp_layers"):
+        if strategy == "auto" and draft_model is None and target.capabilities.mtp_layers:
             strategy = "mtp"  # the model's own drafter, trained on its hidden states
         if strategy == "mtp" and draft_model is not None and is_assistant(draft_model):
             strategy = "draft"  # the model's MTP assistant, a file of its own (Gemma 4's)
@@ -117,11 +115,11 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
             deriving = f"deriving the {self_draft[0]} drafter from {target.info.name} (once per model and machine)"
             with announced(deriving, on_progress):
                 draft = derive_drafter(target, *self_draft)
-            strategy, label = "draft", draft.capabilities.extra.get("self_draft", self_draft[0])
+            strategy, label = "draft", draft.capabilities.self_draft or self_draft[0]
         elif draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
                 draft = load_drafter(target, draft_model, backend, options)
-            label = "mtp" if draft.capabilities.extra.get("self_draft") == "mtp" else None
+            label = "mtp" if draft.capabilities.self_draft == "mtp" else None
         runtime = Runtime(
             target,
             draft,
@@ -156,7 +154,7 @@ def is_assistant(path: str) -> bool:
         return bool(names & {"gemma4_assistant", "gemma4_unified_assistant", "Gemma4AssistantForCausalLM"})
     if not (path.endswith(".gguf") and os.path.isfile(path)):
         return False
-    return bool(read_header(path).meta.get("general.architecture") == ASSISTANT_ARCHITECTURE)
+    return read_header(path).is_assistant
 
 
 def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:
@@ -176,7 +174,7 @@ def load_drafter(target: Backend, path: str, backend: str, options: dict[str, An
 
 def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
     """The self-drafter of strategy f"{kind}:{option}" (see localspec.control.selfdraft), made by the
-    target's own backend; its label is in capabilities.extra["self_draft"]."""
+    target's own backend; its label is capabilities.self_draft."""
     if not isinstance(target, SelfDrafting):
         raise InvalidRequestError(
             f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
@@ -193,4 +191,6 @@ def pair_id(model: str | None, draft_model: str | None = None, backend: str = "l
     given beside it (reference models are specs, never pairs)."""
     if model is None or draft_model is not None or kind_of(backend).specs:
         return None
-    return None if os.path.exists(model) or model.endswith(".gguf") else model
+    # lexists: a dangling link or a symlink loop is still a path (its error says what it is)
+    path_like = os.path.lexists(model) or model.endswith(".gguf") or model.startswith(("/", "./", "../", "~"))
+    return None if path_like else model

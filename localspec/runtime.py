@@ -206,7 +206,8 @@ class Runtime:
             raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
         if messages is not None:
             chat = normalize_messages(messages)
-            text = render_chat(self.target.chat_template(), chat, self.target.special_texts())
+            template = self.target.chat_template()
+            text = render_chat(template, chat, self.target.special_texts(), source=self.target.info.path)
             return chat_tokens(self.target, text, [m["content"] for m in chat])
         if isinstance(prompt, (list, tuple)):
             n_vocab = self.target.info.n_vocab

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -34,7 +35,55 @@ from localspec.core.errors import LocalspecError
 
 def data_dir() -> Path:
     override = os.environ.get("LOCALSPEC_HOME")
-    return Path(override) if override else Path(platformdirs.user_data_dir("localspec", appauthor=False))
+    root = Path(override) if override else Path(platformdirs.user_data_dir("localspec", appauthor=False))
+    if str(root) not in _checked_homes:
+        _check_home(root, "LOCALSPEC_HOME" if override else "the user directory")
+    return root
+
+
+_checked_homes: set[str] = set()
+
+
+def _check_home(root: Path, what: str) -> None:
+    """Refuse a user directory that cannot be a folder (LOCALSPEC_HOME=/dev/null, a file);
+    warn, as ssh does, about one that any user can write. One missing is created later."""
+    try:
+        mode = root.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # ENOTDIR: a parent on the way is a file
+        raise StoreError(
+            f"{what} {root} cannot be a folder: {exc.strerror}", "set LOCALSPEC_HOME to a folder you can write"
+        ) from None
+    if not stat.S_ISDIR(mode):
+        kind = "a file" if stat.S_ISREG(mode) else "a device or other special file"
+        raise StoreError(
+            f"{what} {root} is {kind}, not a folder",
+            "set LOCALSPEC_HOME to a folder you can write (one that does not exist yet is created)",
+        )
+    _checked_homes.add(str(root))
+    warn_if_others_can_write(root, "the user directory")
+
+
+def warn_if_others_can_write(path: Path, what: str) -> None:
+    """One notice when path is writable by any user or owned by someone else (root aside):
+    whoever can write there chooses which files localspec downloads and runs."""
+    if not hasattr(os, "getuid"):
+        return  # Windows: the profile's ACLs protect it
+    try:
+        st = path.stat()
+    except OSError:
+        return
+    if st.st_uid not in (os.getuid(), 0):
+        notice(
+            f"{what} {path} belongs to user {st.st_uid}, not you: they choose the models localspec runs; "
+            f"take it over (chown) or set LOCALSPEC_HOME to a folder of yours"
+        )
+    elif st.st_mode & 0o002:  # group-writable is a umask 002 system's normal: its group is the user's own
+        notice(
+            f"{what} {path} can be written by any user (mode {stat.S_IMODE(st.st_mode):o}): anyone who can "
+            f"write it chooses the models localspec runs; run `chmod o-w {path}`"
+        )
 
 
 def models_dir() -> Path:
@@ -49,9 +98,12 @@ def private_dir(path: Path) -> Path:
     """Create path (a folder in the user directory) readable by this user only, and the
     user directory itself so: chats and models are nobody else's business."""
     root = data_dir()
-    if not root.exists():
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        if not root.exists():
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise write_error(exc, path, what=f"the folder {path.name} was not created") from exc
     return path
 
 
@@ -141,9 +193,10 @@ def save_json_quietly(path: str | os.PathLike[str], value: Any, what: str) -> bo
     return save_quietly(path, json.dumps(value, indent=1), what)
 
 
-def write_error(exc: OSError, path: Path, size: int = 0) -> StoreError:
-    """An OSError from writing path, as what to do about it."""
+def write_error(exc: OSError, path: Path, size: int = 0, what: str | None = None) -> StoreError:
+    """An OSError from writing path, as what to do about it; what: what was not done."""
     folder = _existing(path.parent)
+    what = what or f"{path.name} was not saved"
     if exc.errno in DISK_FULL:
         return StoreError(
             f"disk full: free {_megabytes(size)} MB in {folder} to save {path.name} (the old file is unchanged)",
@@ -152,7 +205,7 @@ def write_error(exc: OSError, path: Path, size: int = 0) -> StoreError:
         )
     if exc.errno in READ_ONLY:
         return StoreError(
-            f"{folder} is read-only here: {path.name} was not saved ({exc.strerror})",
+            f"{folder} is read-only here: {what} ({exc.strerror})",
             "make the folder writable, or set LOCALSPEC_HOME to a folder you can write",
             exc.errno,
         )

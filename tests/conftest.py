@@ -133,3 +133,25 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[object], Path]
         return made[spec]
 
     return get
+
+
+# The specification: what localspec promises, whatever changes around it. `pytest -m spec`
+# runs these; a change that needs one of them edited changes the promise.
+SPEC_FILES = frozenset(
+    {
+        "test_exactness.py",  # lossless: greedy identity and the sampled distribution, per drafter
+        "test_reference_backend.py",  # the closed-form reference model the exactness laws run on
+        "test_backend_contract.py",  # what every backend answers alike
+        "test_controller.py",  # the draft-length policy
+        "test_controller_replays.py",  # the golden replays: γ = 0 always a candidate, pinned
+        "test_llamacpp_rollback.py",  # rollback leaves a cache as if the tokens never came
+        "test_llamacpp_hybrid.py",  # exact rollback of recurrent state
+        "test_structure.py",  # no import circles, no function that needs a scroll
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SPEC_FILES:
+            item.add_marker(pytest.mark.spec)

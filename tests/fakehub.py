@@ -11,8 +11,10 @@ hf_raise_for_status):
 Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) as the
 hub's do. Files are served by the hub itself (as mirrors do), not redirected to a CDN.
 Knobs for failures: tamper() serves other bytes under the same metadata, cut_after() drops
-the connection mid-file, `down` answers 503 to everything; rename() moves a file (a registry
-entry gone stale), and split_gguf() writes a GGUF as llama.cpp's shards."""
+the connection mid-file, trickle() sends a file a byte at a time, `down` answers 503 to
+everything; rename() moves a file (a registry entry gone stale), and split_gguf() writes a
+GGUF as llama.cpp's shards. trickling_endpoint() is a hub that answers every request a byte
+at a time from its first byte on."""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ import contextlib
 import hashlib
 import json
 import re
+import socket
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -63,6 +67,8 @@ class FakeHub:
         self.down = False
         self._cuts: dict[str, tuple[int, bool]] = {}
         self._stalls: dict[str, tuple[int, threading.Event]] = {}
+        self._trickles: dict[str, float] = {}
+        self.closing = threading.Event()
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -100,6 +106,11 @@ class FakeHub:
         self._stalls[name] = (n_bytes, reached)
         return reached
 
+    def trickle(self, name: str, interval: float) -> None:
+        """The next GET of `name` sends its headers, then one byte of the file every `interval`
+        seconds, until the client goes or the hub closes."""
+        self._trickles[name] = interval
+
     def resolve_gets(self) -> list[str]:
         return [p.rsplit("/", 1)[-1] for m, p, _ in self.requests if m == "GET" and "/resolve/" in p]
 
@@ -108,6 +119,7 @@ class FakeHub:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -189,6 +201,11 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not body:
                 return
+            interval = hub._trickles.pop(name, None)
+            if interval is not None:
+                self.close_connection = True
+                _trickle(self.wfile, data[start:end], interval, hub.closing)
+                return
             stall = hub._stalls.pop(name, None)
             if stall is not None:
                 self.wfile.write(data[start : start + stall[0]])
@@ -231,6 +248,47 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(raw)
 
     return Handler
+
+
+def _trickle(out: Any, data: bytes, interval: float, closing: threading.Event) -> None:
+    """data one byte every interval seconds, until the client's end closes or closing is set."""
+    for i in range(len(data)):
+        try:
+            out.write(data[i : i + 1])
+            out.flush()
+        except OSError:
+            return
+        if closing.wait(interval):
+            return
+
+
+@contextlib.contextmanager
+def trickling_endpoint(interval: float) -> Iterator[str]:
+    """A hub on 127.0.0.1 that answers every request with a 200 sent one byte every interval
+    seconds: it never stops answering, and never finishes an answer."""
+    server = socket.create_server(("127.0.0.1", 0))
+    closing = threading.Event()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000
+
+    def serve(conn: socket.socket) -> None:
+        with conn, conn.makefile("wb", buffering=0) as out:
+            conn.recv(65536)  # the request
+            _trickle(out, answer, interval, closing)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        closing.set()
+        server.close()
 
 
 def tiny_gguf(tokens: list[str], model: str = "gpt2", padding: int = 1 << 16) -> bytes:

@@ -4,15 +4,19 @@ documentation spells them.
 - vLLM: docs.vllm.ai features/speculative_decoding/mtp ("MTP (Multi-Token Prediction)"):
   `vllm serve MODEL --speculative-config '{"method": "mtp", "num_speculative_tokens": N}'`,
   no draft model; "mtp" replaced the per-model names (qwen3_next_mtp, deepseek_mtp) in
-  vllm/config/speculative.py.
+  vllm/config/speculative.py. Its "Gemma 4 Assistant Models" section: the assistant
+  checkpoint goes in the same config's "model" with "method": "mtp" (not draft_model),
+  named as Google names it (ai.google.dev gemma/docs/mtp: the target's id + "-assistant").
 - SGLang: docs.sglang.io advanced_features/speculative_decoding ("Multi Token Prediction")
   and basic_usage/deepseek ("Multi-token Prediction"): `--speculative-algorithm EAGLE
   --speculative-num-steps N --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1`
   with no draft model path; NEXTN is the older alias of EAGLE.
 - llama-server: llama.cpp common/arg.cpp (`--spec-type`, `--spec-draft-model`/-md,
   `--spec-draft-n-max`), common/speculative.cpp ("draft-mtp") and docs/speculative.md, in the
-  tree vendored by llama-cpp-python 0.3.36; an mtp-*.gguf sidecar is the draft model (-md)
-  that `-hf` discovers beside the target (common/download.cpp find_best_mtp).
+  tree vendored by llama-cpp-python 0.3.36 (tools/server/README.md lists `--spec-type
+  none,draft-simple,...,draft-mtp,...`); an mtp-*.gguf sidecar is the draft model (-md)
+  that `-hf` discovers beside the target (common/download.cpp find_best_mtp), and an
+  assistant GGUF given on its own is the same -md with draft-mtp, never draft-simple.
 """
 
 from __future__ import annotations
@@ -90,15 +94,43 @@ def test_llama_server_gets_the_gemma_assistant_sidecar_from_beside_the_target() 
     assert given["--spec-type"] == "draft-mtp"
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_the_gemma_assistant_goes_to_llama_server_only_and_other_engines_get_ngram(engine: str) -> None:
-    out = export_pair(pair("gemma-4-12b"), engine)
-    assert any("exported for llama-server only (--to llama-server)" in note for note in out.notes)
-    given = flags(out.argv)
-    method = (
-        json.loads(given["--speculative-config"])["method"] if engine == "vllm" else given["--speculative-algorithm"]
-    )
-    assert method in ("ngram", "NGRAM")
+@pytest.mark.parametrize(
+    ("name", "target", "assistant"),
+    [
+        ("gemma-4-12b", "google/gemma-4-12B-it", "google/gemma-4-12B-it-assistant"),  # the sidecar's checkpoint
+        ("gemma-4-31b", "google/gemma-4-31B-it", "google/gemma-4-31B-it-assistant"),
+        ("gemma-4-e4b-assistant", "google/gemma-4-E4B-it", "google/gemma-4-E4B-it-assistant"),  # the drafter's
+    ],
+)
+def test_vllm_takes_the_gemma_assistant_as_the_mtp_methods_model(name: str, target: str, assistant: str) -> None:
+    out = export_pair(pair(name), "vllm")
+    assert out.argv[:3] == ("vllm", "serve", target)
+    config = json.loads(flags(out.argv)["--speculative-config"])
+    assert config == {"method": "mtp", "model": assistant, "num_speculative_tokens": 3}
+
+
+def test_sglang_gets_ngram_for_a_gemma_assistant_with_where_it_is_exported() -> None:
+    out = export_pair(pair("gemma-4-12b"), "sglang")
+    assert any("exported for --to llama-server or --to vllm only" in note for note in out.notes)
+    assert flags(out.argv)["--speculative-algorithm"] == "NGRAM"
+
+
+def test_an_added_gemma4_pair_exports_its_assistant_as_draft_mtp(tmp_path: Path) -> None:
+    from gguf_writer import Gemma4Spec, write_gemma4_pair
+
+    from localspec.models.local_pairs import add_local_pair
+    from localspec.models.registry import user_registry_file
+
+    target, assistant = write_gemma4_pair(Gemma4Spec(), tmp_path)
+    added = add_local_pair("gem", target, assistant)
+    given = flags(export_pair(added, "llama-server").argv)
+    assert (given["-m"], given["-md"]) == (str(target), str(assistant))
+    assert {k: given[k] for k in LLAMA_SERVER_MTP_FLAGS} == LLAMA_SERVER_MTP_FLAGS
+    # An entry written before `add` knew assistants (strategy draft) exports the same way.
+    user_registry_file().write_text(user_registry_file().read_text().replace('strategy = "mtp"', 'strategy = "draft"'))
+    old = load_registry().pair("gem")
+    assert old.strategy == "draft"
+    assert flags(export_pair(old, "llama-server").argv)["--spec-type"] == "draft-mtp"
 
 
 def test_an_mtp_draft_length_is_fixed_at_3_with_a_note_unless_given() -> None:

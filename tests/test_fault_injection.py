@@ -107,3 +107,12 @@ def test_the_hostile_environment_drivers_hold_at_small_counts() -> None:
 
     for tally in (pipes_and_devices(None), rebinding(), disk_writes()):
         assert_clean(tally)
+
+
+def test_the_issue_47_drivers_hold_at_small_counts() -> None:
+    # The rows benchmarks/fault_injection.py counts for issue 47 (each class has its own tests
+    # too): a template that loops without printing, a trickling hub, symlink loops as models.
+    from hostile_inputs_support import looping_templates, symlink_loops, trickling_hubs
+
+    for tally in (looping_templates(1, 12), trickling_hubs(2, 13), symlink_loops(None)):
+        assert_clean(tally)

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
 from gguf_writer import Gemma4Spec, HybridSpec, write_gemma4_pair, write_qwen35_gguf
+from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
@@ -41,6 +42,32 @@ def test_the_assistant_drafts_for_its_target_and_greedy_output_stays_the_targets
     assert spec.stats.drafted > spec.stats.accepted > 0
 
 
+def test_the_agreement_check_reads_the_assistant_at_the_targets_next_position(pair) -> None:
+    target, assistant = pair
+    runtime = localspec.load(model=str(target), draft_model=str(assistant), n_ctx=256, draft_tokens=3, calibrate=False)
+    with runtime:
+        assert runtime.draft is not None
+        tokens = runtime.prompt_tokens(PROMPT * 2)[:24]
+        assert_agreement_is_measured_as_it_drafts(runtime.target, runtime.draft, tokens)
+
+
+def test_at_the_default_draft_length_the_assistant_is_calibrated_and_output_stays_the_targets(pair) -> None:
+    target, assistant = pair
+    with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
+        expected = plain.generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    with localspec.load(model=str(target), draft_model=str(assistant), n_ctx=256) as runtime:  # as users run it
+        assert runtime.label == "mtp" and runtime.draft is not None
+        assert runtime.generate(prompt=PROMPT, max_tokens=40, temperature=0).tokens == expected.tokens
+        assert_calibrated_as_users_run_it(runtime.target, runtime.draft, runtime.policy)
+
+
+def test_the_cli_runs_a_gemma4_pair_at_the_default_draft_length(pair, capsys) -> None:
+    target, assistant = pair
+    code = main(["run", "--model", str(target), "--draft-model", str(assistant), "-t", "0", "-n", "20", PROMPT])
+    err = capsys.readouterr().err
+    assert code == 0, err
+
+
 def test_assistant_sampling_follows_the_targets_law(pair) -> None:
     target, assistant = pair
     runtime = localspec.load(
@@ -62,6 +89,25 @@ def test_an_assistant_beside_another_model_is_refused_with_what_it_drafts_for(pa
     code = main(["run", "-m", str(other), "--draft-model", str(pair[1]), "--max-tokens", "4", "hi"])
     err = capsys.readouterr().err
     assert code != 0 and "gemma4 model" in err and "Traceback" not in err
+
+
+def test_the_assistant_file_alone_says_it_is_one_and_which_target_it_drafts_for(pair, tmp_path: Path, capsys) -> None:
+    sidecar = tmp_path / "mtp-gemma-4-12B-it.gguf"  # as it is pulled beside its target
+    sidecar.write_bytes(pair[1].read_bytes())
+    code = main(["run", "-m", str(sidecar), "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and "context" not in err
+    assert (
+        "mtp-gemma-4-12B-it.gguf is a Gemma 4 MTP assistant, which drafts for the Gemma 4 model gemma-4-12B-it" in err
+    )
+    assert f"--model gemma-4-12B-it….gguf --draft-model {sidecar}" in err
+
+
+def test_mtp_on_a_gemma4_target_without_its_assistant_points_to_draft_model(pair, capsys) -> None:
+    code = main(["run", "-m", str(pair[0]), "--strategy", "mtp", "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert "Gemma 4 drafts with its assistant" in err and "--draft-model" in err and "MTP-GGUF" not in err
 
 
 def test_a_pulled_gemma_pair_drafts_with_the_assistant_pulled_beside_its_target(
@@ -92,3 +138,29 @@ def test_a_pulled_gemma_pair_drafts_with_the_assistant_pulled_beside_its_target(
         spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
     with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
         assert spec.tokens == plain.generate(prompt=PROMPT, max_tokens=30, temperature=0).tokens
+
+
+# -- layerskip on the gemma4 target: a copy with blocks left out that describes the blocks it keeps
+
+
+@pytest.mark.parametrize("strategy", ["layerskip:2", "layerskip:3", "layerskip"])
+def test_layerskip_on_gemma4_drafts_and_greedy_output_stays_the_targets(pair, strategy: str) -> None:
+    target = pair[0]
+    with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
+        expected = plain.generate(prompt=PROMPT, max_tokens=30, temperature=0)
+    with localspec.load(model=str(target), n_ctx=256, strategy=strategy, draft_tokens=3) as runtime:
+        spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
+    assert spec.tokens == expected.tokens
+    assert spec.stats.drafted > 0
+
+
+def test_a_derived_drafter_that_does_not_load_says_what_failed(pair, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from localspec.backends.llamacpp import copies
+
+    monkeypatch.setattr(copies, "fit_pruned_blocks", lambda *args: None)  # llama.cpp's prune alone
+    code = main(["run", "-m", str(pair[0]), "--strategy", "layerskip:2", "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert "the layerskip:2 drafter derived from" in err
+    assert "gemma4.attention.sliding_window_pattern has 4 entries for its 2 blocks" in err
+    assert "download" not in err and "may not support" not in err

@@ -66,3 +66,19 @@ def test_gpu_layers_on_the_command_line(tiny: Path, capsys: pytest.CaptureFixtur
     assert "whole number of layers" in capsys.readouterr().err
     code = main(["run", "-m", str(tiny), "--backend", "torch", "--gpu-layers", "3", "--max-tokens", "4", "hi"])
     assert code != 0 and "--backend llamacpp" in capsys.readouterr().err
+
+
+def test_the_bindings_read_llama_cpps_own_model_defaults() -> None:
+    # The load passes llama_model_params by value through ctypes: a binding whose fields sit
+    # elsewhere than the library's (libraries copied under another llama-cpp-python, issue
+    # #40's crash set-up) would hand llama.cpp a shifted struct. Its own defaults read back.
+    import llama_cpp
+
+    params, _ = llamacpp._model_params((), 7)
+    assert params.n_gpu_layers == 7
+    defaults = llama_cpp.llama_model_default_params()
+    assert defaults.n_gpu_layers == -1 and defaults.split_mode == llama_cpp.LLAMA_SPLIT_MODE_LAYER
+    assert defaults.main_gpu == 0 and not defaults.devices and not defaults.tensor_split
+    assert not defaults.tensor_buft_overrides and not defaults.kv_overrides
+    assert (defaults.vocab_only, defaults.check_tensors, defaults.use_extra_bufts) == (False, False, True)
+    assert (defaults.no_host, defaults.no_alloc, defaults.load_mtp) == (False, False, False)

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
 from gguf_writer import HybridSpec, write_qwen35_gguf
+from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
@@ -92,10 +93,18 @@ def test_mtp_sampling_follows_the_targets_law(with_head, opened) -> None:
     assert p > P_FLOOR, worst_cells(samples.counts, law)
 
 
+def test_the_agreement_check_reads_the_head_with_the_targets_states(with_head, opened) -> None:
+    target = opened(with_head)
+    assert_agreement_is_measured_as_it_drafts(
+        target, target.mtp_head(), target.tokenize(LOOPING * 2, add_special=True, parse_special=False)
+    )
+
+
 def test_auto_drafts_with_the_head_a_gguf_ships(with_head) -> None:
-    runtime = localspec.load(model=str(with_head), n_ctx=256)
+    runtime = localspec.load(model=str(with_head), n_ctx=256)  # the default draft length, calibrated
     try:
-        assert runtime.label == "mtp"
+        assert runtime.label == "mtp" and runtime.draft is not None
+        assert_calibrated_as_users_run_it(runtime.target, runtime.draft, runtime.policy)
         plain = localspec.load(model=str(with_head), n_ctx=256, strategy="none")
         with plain:
             expected = plain.generate(prompt=LOOPING, max_tokens=40, temperature=0).tokens

@@ -134,3 +134,34 @@ def test_run_pair_honours_the_pair_s_draft_length(
         assert main(["run", prompt, "--model", "real", "--json", "-t", "0", "-n", "16", *argv]) == 0
         stats = json.loads(capsys.readouterr().out)["stats"]
         assert max(int(k) for k in stats["gamma_histogram"]) == longest, argv
+
+
+def test_add_on_a_gguf_with_an_mtp_head_writes_strategy_mtp(tmp_path: Path) -> None:
+    from gguf_writer import HybridSpec, write_qwen35_gguf
+
+    target = write_qwen35_gguf(HybridSpec(nextn=1), tmp_path / "qwen35-mtp.gguf")
+    pair = add_local_pair("headed", target)
+    assert (pair.strategy, pair.drafter, pair.mtp) == ("mtp", None, "yes")
+    assert pair.description == "qwen35-mtp.gguf by its own MTP head"
+    plain = add_local_pair("headless", write_qwen35_gguf(HybridSpec(), tmp_path / "qwen35.gguf"))
+    assert plain.strategy == "ngram"
+
+
+def test_add_of_a_gemma4_target_and_its_assistant_writes_strategy_mtp(tmp_path: Path) -> None:
+    from gguf_writer import Gemma4Spec, write_gemma4_pair
+
+    target, assistant = write_gemma4_pair(Gemma4Spec(), tmp_path)
+    pair = add_local_pair("gem", target, assistant)
+    assert (pair.strategy, pair.mtp) == ("mtp", "yes")
+    assert resolve_pair("gem").drafter == assistant
+
+
+def test_add_refuses_an_assistant_made_for_another_width(tmp_path: Path) -> None:
+    from gguf_writer import Gemma4Spec, write_gemma4_pair
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    target, _ = write_gemma4_pair(Gemma4Spec(), tmp_path / "a")
+    _, other = write_gemma4_pair(Gemma4Spec(hidden=96), tmp_path / "b")
+    with pytest.raises(PairMismatchError, match="drafts for a model 96 wide; this gemma4 is 64 wide"):
+        add_local_pair("gem", target, other)
+    assert not user_registry_file().exists()

@@ -20,6 +20,7 @@ mx = pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip inst
 pytest.importorskip("mlx_lm.models.qwen3_5", reason="qwen3_5 needs mlx-lm 0.31 or later")
 
 import mlx.nn as nn  # noqa: E402
+from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import qwen3_5_moe  # noqa: E402
 from mlx_lm.utils import quantize_model, save_config  # noqa: E402
@@ -116,14 +117,20 @@ def test_a_folder_without_mtp_weights_is_refused_with_what_to_use(tmp_path: Path
     assert refused.value.hint is not None and "MTP" in refused.value.hint
 
 
+def test_the_agreement_check_reads_the_head_with_the_targets_states(with_head: Path) -> None:
+    target = opened(with_head)
+    assert_agreement_is_measured_as_it_drafts(target, target.mtp_head(), TEXT * 2)
+
+
 # -- auto, MoE and quantized heads ------------------------------------------------------------------
 
 
 def test_a_folder_that_keeps_its_head_says_so_and_auto_drafts_with_it(with_head: Path, tmp_path: Path) -> None:
     assert opened(with_head).capabilities.extra["mtp_layers"] == "1"
     assert "mtp_layers" not in opened(save_folder(tiny_hybrid(), tmp_path / "no-head")).capabilities.extra
-    with api.load(str(with_head), backend="mlx", calibrate=False) as runtime:  # strategy "auto"
-        assert runtime.label == "mtp"
+    with api.load(str(with_head), backend="mlx", n_ctx=256) as runtime:  # strategy and draft length "auto"
+        assert runtime.label == "mtp" and runtime.draft is not None
+        assert_calibrated_as_users_run_it(runtime.target, runtime.draft, runtime.policy)
         spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
     plain = Runtime(opened(with_head), strategy="none", calibrate=False).generate(
         prompt=PROMPT, max_tokens=30, temperature=0

@@ -13,7 +13,7 @@ from fakehub import TOKENS, FakeHub, split_gguf
 
 from localspec.cli.main import main
 from localspec.models.audit import Finding, check_registry
-from localspec.models.registry import HubArtifact, RegistryError, load_registry, user_registry_file
+from localspec.models.registry import HubArtifact, RegistryError, backend_refusal, load_registry, user_registry_file
 
 
 def header_gguf(arch: str, width: int, tokens: list[str] | None = TOKENS, **keys: int) -> bytes:
@@ -169,6 +169,31 @@ def test_the_new_entries_are_unpinned_until_checked_against_the_hub() -> None:
         for artifact in registry.pair(pair_id).target.artifacts.values():
             assert isinstance(artifact, HubArtifact) and not artifact.pinned
             assert all(f.sha256 is None and f.size is None for f in artifact.files)
+
+
+def test_no_pair_offers_a_backend_that_refuses_its_strategy() -> None:
+    registry = load_registry()
+    for pair in registry.pairs.values():
+        assert [b for b in pair.backends if backend_refusal(pair, b)] == [], pair.id
+    for pair_id in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
+        assert registry.pair(pair_id).backends == ("llamacpp", "mlx")
+    qwen = registry.models["qwen3.6-27b"]
+    assert "torch" not in qwen.artifacts and qwen.safetensors is not None
+    assert qwen.safetensors.repo == "Qwen/Qwen3.6-27B"  # what `localspec export` hands to vLLM and SGLang
+
+
+def test_registry_check_says_when_a_backend_cannot_run_a_pairs_strategy(
+    temporary_localspec_home: Path, tmp_path: Path
+) -> None:
+    temporary_localspec_home.mkdir(parents=True, exist_ok=True)
+    user_registry_file().write_text(
+        '[models.hybrid-st]\nname = "H"\nfamily = "qwen3.5"\nlicense = "mit"\nparams = "1M"\n'
+        f'torch = {{ path = "{tmp_path}" }}\n'
+        '[pairs.hybrid-st]\ndescription = "d"\ntarget = "hybrid-st"\nstrategy = "mtp"\n'
+    )
+    (finding,) = check_registry(["hybrid-st"], endpoint="http://127.0.0.1:9")  # asks no hub
+    assert (finding.backend, finding.subject, finding.ok) == ("torch", "strategy", False)
+    assert "the torch backend does not run MTP drafters" in finding.detail and "`safetensors`" in finding.detail
 
 
 def test_last_years_pairs_draft_without_mtp() -> None:

@@ -7,6 +7,7 @@ server, which is started again behind the same port."""
 from __future__ import annotations
 
 import contextlib
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,3 +124,39 @@ def test_a_client_that_keeps_crashing_the_server_cannot_stop_the_service(log: Pa
         assert supervisor.is_running() and still_served(session(port))
         assert logged(log, f"refusing 127.0.0.3 for {0.05 * 2 ** (MAX_RESTARTS + 1):g} s")
         assert "giving up" not in log.read_text()
+
+
+TRICKLE_INTERVAL_S = 0.5  # a byte every half second: far under the guard's floor
+
+
+def test_a_client_trickling_into_a_huge_message_does_not_hold_off_another(log: Path) -> None:
+    with server(log) as (port, _):
+        trickler = hello_only(port)
+        trickler.sendall(bytes([6]) + struct.pack("<Q", 1 << 30))  # a 1 GB set_tensor, declared
+        started = time.monotonic()
+        while not logged(log, "under 65536", within_s=TRICKLE_INTERVAL_S):
+            trickler.sendall(b"\0")  # ...then a byte at a time
+            assert time.monotonic() - started < START_S, "the trickling client was never closed"
+        assert answers(port, within_s=START_S)
+        assert closed_by_server(trickler)
+        assert logged(log, "its message (1,073,741,833 bytes) came at")
+
+
+def test_a_message_sent_whole_is_never_cut(log: Path) -> None:
+    with server(log, "--idle-timeout", "1") as (port, _):
+        served = session(port)
+        for _ in range(3):
+            assert still_served(served)
+        assert "closed" not in log.read_text()
+
+
+def test_rpc_server_says_a_build_lacks_rpc_before_it_says_listening(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import localspec.backends.llamacpp.rpc_server as rpc
+    from localspec.cli.main import main
+
+    monkeypatch.setattr(rpc, "_library", lambda: None)
+    assert main(["rpc-server", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "built without llama.cpp's RPC backend" in err and "listening" not in err

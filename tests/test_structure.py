@@ -8,9 +8,6 @@ import sys
 from pathlib import Path
 
 import grimp
-import pytest
-
-pytestmark = pytest.mark.spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,10 +27,17 @@ import numpy as np
 from localspec.backends.llamacpp import rpc as rpc_entry_points
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
-from localspec.core.errors import BackendClosedError, BackendUnavailableError, InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import check_gguf, diagnose_gguf
+from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
+from localspec.core.gguf_header import (
+    ASSISTANT_ARCHITECTURE,
+    assistant_alone,
+    check_gguf,
+    diagnose_gguf,
+    load_failure_hint,
+)
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 
+from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
@@ -39,17 +46,18 @@ from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
-from .library import build_id, extra_buffers, flash_attention, init_library, note_default_kernels, use_exact_kernels
+from .library import (
+    build_id,
+    extra_buffers,
+    flash_attention,
+    init_library,
+    note_default_kernels,
+    use_exact_kernels,
+)
 from .mtp import MtpHead, TargetStates
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 
-try:
-    import llama_cpp as llama
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise BackendUnavailableError(
-        "the llama.cpp backend needs llama-cpp-python",
-        "pip install 'localspec[llamacpp]' (compiles llama.cpp, about 10 minutes on 2 cores)",
-    ) from exc
+llama = library.llama  # imported there, with the message that says how to install it
 
 
 def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
@@ -129,8 +137,13 @@ class LlamaCppBackend:
         if not model:
             raise ModelLoadError(
                 f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-                "download the file again or pick another model; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
+                load_failure_hint(path),
             )
+        arch = ctypes.create_string_buffer(64)
+        llama.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
+        if arch.value == ASSISTANT_ARCHITECTURE.encode():  # drafts only, from inside its target
+            llama.llama_model_free(model)
+            raise assistant_alone(path)
         return model
 
     def _make_context(
@@ -387,7 +400,14 @@ class LlamaCppBackend:
 
         def make(label: str) -> LlamaCppBackend:
             c = options[label]
-            drafter = LlamaCppBackend(str(derived(self.info.path, c.ftype, folder, c.prune)), **self._options)
+            path = derived(self.info.path, c.ftype, folder, c.prune)
+            try:
+                drafter = LlamaCppBackend(str(path), **self._options)
+            except ModelLoadError as exc:  # a file localspec wrote: say so, not "download it again"
+                raise ModelLoadError(
+                    f"the {kind}:{label} drafter derived from {self.info.name} did not load: {exc.message}",
+                    f"use another strategy (ngram, or qspec); remove {path} to derive it again",
+                ) from exc
             extra = {**drafter.capabilities.extra, "self_draft": f"{kind}:{label}"}
             drafter.capabilities = replace(drafter.capabilities, extra=extra)
             return drafter
@@ -397,6 +417,12 @@ class LlamaCppBackend:
     def mtp_head(self) -> MtpHead:
         """The model's own MTP block as a drafter (strategy mtp)."""
         self._live()
+        if not self._mtp_layers and self.info.architecture == "gemma4":
+            raise InvalidRequestError(
+                f"{self.info.name} has no MTP head of its own: Gemma 4 drafts with its assistant, a GGUF beside it",
+                "give the assistant with --draft-model (mtp-gemma-4-12B-it.gguf for gemma-4-12B-it; "
+                "`localspec pull gemma-4-12b` fetches both), or --strategy ngram",
+            )
         if not self._mtp_layers:
             raise InvalidRequestError(
                 f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",

@@ -9,12 +9,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import layerskip_blocks
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import SPLIT_GGUF, check_gguf, quantized_bytes
+from localspec.core.gguf_header import SPLIT_GGUF, check_gguf, quantized_bytes, read_header
 from localspec.store import data_dir, file_fingerprint, why_not_writable
 
 if TYPE_CHECKING:
@@ -101,8 +101,55 @@ def quantize(source: str | Path, dest: str | Path, ftype: str, prune_layers: Seq
             f"llama.cpp could not quantize {source} to {ftype} (code {rc})" + (f": {why}" if why else ""),
             "free some space or pick another strategy; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log",
         )
+    if prune_layers:
+        fit_pruned_blocks(partial, read_header(source).meta, prune_layers)
     os.replace(partial, dest)
     return dest
+
+
+def fit_pruned_blocks(path: Path, source: dict[str, Any], pruned: Sequence[int]) -> None:
+    """Make a copy with blocks left out describe the blocks it keeps. llama.cpp's prune
+    renumbers the blocks and sets block_count but leaves every other per-block entry as the
+    full model had it: Gemma's sliding-window pattern (one flag per block), per-block head
+    counts, Gemma 4's count of trailing blocks that share earlier ones' keys. A tensor only
+    left-out blocks read (Gemma 4's rope_freqs, read by full-attention blocks) goes too:
+    llama.cpp refuses a file with a tensor it does not load. Rewrites `path` when needed."""
+    import gguf
+
+    arch = str(source.get("general.architecture", ""))
+    n_layers = int(source.get(f"{arch}.block_count", 0) or 0)
+    kept = [i for i in range(n_layers) if i not in set(pruned)]
+    changes: dict[str, Any] = {}
+    for key, value in source.items():
+        if key.startswith(f"{arch}.") and isinstance(value, list) and len(value) == n_layers:
+            changes[key] = [value[i] for i in kept]
+    shared = int(source.get(f"{arch}.attention.shared_kv_layers", 0) or 0)
+    if shared:
+        changes[f"{arch}.attention.shared_kv_layers"] = sum(1 for i in kept if i >= n_layers - shared)
+    pattern = changes.get(f"{arch}.attention.sliding_window_pattern")
+    drop = {"rope_freqs.weight"} if arch == "gemma4" and pattern is not None and all(pattern) else set()
+    if not changes and not drop:
+        return
+    reader = gguf.GGUFReader(path)
+    fitted = path.with_name(path.name + ".fit")
+    writer = gguf.GGUFWriter(fitted, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, changes.get(key, field.contents()), vtype, sub_type=sub)
+    tensors = [t for t in reader.tensors if t.name not in drop]
+    for t in tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in tensors:
+        writer.write_tensor_data(t.data)
+    writer.close()
+    del reader, tensors
+    os.replace(fitted, path)
 
 
 def quantize_failure_cause(source: str, dest: str, ftype: str, prune_layers: Sequence[int] = ()) -> str | None:

@@ -13,12 +13,13 @@ from typing import Any
 from localspec.core.errors import BackendUnavailableError, InvalidRequestError
 
 try:
-    import llama_cpp as llama
+    import llama_cpp
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise BackendUnavailableError(
         "the llama.cpp backend needs llama-cpp-python",
         "pip install 'localspec[llamacpp]' (compiles llama.cpp, about 10 minutes on 2 cores)",
     ) from exc
+llama = llama_cpp  # the binding, for the modules beside this one to take from here
 
 _LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
 

@@ -78,7 +78,11 @@ class MtpHead(HeadOfTarget):
         self._guessed: set[int] = set()  # positions read with the head's own state, not the target's
         self._closed = False
         layers = max(target.info.n_layers, 1)
-        self.info = replace(target.info, name=f"{target.info.name} [mtp]", size_bytes=target.info.size_bytes // layers)
+        if assistant:  # a file of its own: priced by its own size (calibrate.prior_calibration)
+            size, params = int(llama.llama_model_size(model)), int(llama.llama_model_n_params(model))
+        else:  # one block of the target's
+            size, params = target.info.size_bytes // layers, target.info.n_params // layers
+        self.info = replace(target.info, name=f"{target.info.name} [mtp]", size_bytes=size, n_params=params)
         extra = {**target.capabilities.extra, "self_draft": "mtp"}
         self.capabilities = Capabilities(
             rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra

@@ -288,6 +288,11 @@ CRASH_BAN_MAX_S = 900.0
 # crash was seen (llama.cpp prints a backtrace before it exits).
 _BLAME_WINDOW_S = 10.0
 IDLE_TIMEOUT_S = 30.0
+# A message must keep coming at this rate once HANDSHAKE_TIMEOUT_S into it, so the time one may
+# take is bounded by its size: a client trickling a byte at a time into a message it declared
+# huge cannot hold the server. Far under any network a split model is usable over.
+MESSAGE_FLOOR_BYTES_S = 64 * 1024
+_MESSAGE_HEAD = 1 + 8  # a command byte and the payload's size (u64), ggml-rpc.cpp's framing
 MAX_CLIENTS = 16
 _CHUNK = 1 << 20
 _TICK_S = 0.1  # how often the guard looks at its timers (never on the forwarding path)
@@ -317,6 +322,35 @@ class _Connection:
     open_pumps: int = 0
     ended: float | None = None  # when its session ended (once let through)
     ended_by: str | None = None  # "client", "server" or "guard": who closed it first
+    message: _Message | None = None  # the client's message under way, until its last byte
+
+
+@dataclass
+class _Message:
+    """Where a client's message stands: its start, bytes come so far, and its whole size
+    once its head is in."""
+
+    started: float
+    got: int = 0
+    head: bytearray = field(default_factory=bytearray)
+    size: int | None = None
+
+    def feed(self, data: memoryview) -> int:
+        """Take what of data belongs to this message; returns how many bytes that was."""
+        taken = 0
+        if self.size is None:
+            taken = min(_MESSAGE_HEAD - len(self.head), len(data))
+            self.head += data[:taken]
+            if len(self.head) == _MESSAGE_HEAD:
+                self.size = _MESSAGE_HEAD + struct.unpack("<Q", self.head[1:])[0]
+        if self.size is not None:
+            taken += min(self.size - self.got - taken, len(data) - taken)
+        self.got += taken
+        return taken
+
+    @property
+    def done(self) -> bool:
+        return self.size is not None and self.got >= self.size
 
 
 class Guard:
@@ -324,7 +358,9 @@ class Guard:
     127.0.0.1:`upstream_port`. A client that has not finished its hello and sent its first
     request within `handshake_s` is closed; a session silent for `idle_s` is closed once
     another client waits behind it; beyond `max_clients` new connections are refused; a host
-    whose session crashed the server is refused for a while (`crash_ban_s`, doubling)."""
+    whose session crashed the server is refused for a while (`crash_ban_s`, doubling); a
+    message that comes slower than `message_floor` bytes/s once `handshake_s` into it is
+    closed, so a message takes at most handshake_s + its size / message_floor."""
 
     def __init__(
         self,
@@ -335,10 +371,11 @@ class Guard:
         handshake_s: float = HANDSHAKE_TIMEOUT_S,
         max_clients: int = MAX_CLIENTS,
         crash_ban_s: float = CRASH_BAN_S,
+        message_floor: float = MESSAGE_FLOOR_BYTES_S,
     ) -> None:
         self.listener, self.upstream_port, self.log = listener, upstream_port, log
         self.idle_s, self.handshake_s, self.max_clients = idle_s, min(handshake_s, idle_s), max_clients
-        self.crash_ban_s = crash_ban_s
+        self.crash_ban_s, self.message_floor = crash_ban_s, message_floor
         self.waiting: deque[_Connection] = deque()
         self.active: _Connection | None = None
         self.last: _Connection | None = None  # the newest client the server answered
@@ -418,8 +455,14 @@ class Guard:
         threading.Thread(target=self._pump, args=(conn, upstream, conn.client), daemon=True).start()
 
     def _close_if_idle(self, conn: _Connection) -> None:
-        silent = time.monotonic() - conn.last
-        if conn.sent <= HELLO_BYTES and silent > self.handshake_s:
+        now = time.monotonic()
+        silent, message = now - conn.last, conn.message
+        late = message is not None and message.got < (now - message.started - self.handshake_s) * self.message_floor
+        if message is not None and late:
+            size = "a size not yet sent" if message.size is None else f"{message.size:,} bytes"
+            rate = message.got / (now - message.started)
+            why = f"its message ({size}) came at {rate:.1f} bytes/s, under {self.message_floor:g}"
+        elif conn.sent <= HELLO_BYTES and silent > self.handshake_s:
             why = f"no request within {self.handshake_s:g} s of connecting"
         elif self.waiting and silent > self.idle_s:
             why = f"silent for {silent:.0f} s while {len(self.waiting)} other client(s) waited (--idle-timeout)"
@@ -469,6 +512,7 @@ class Guard:
                 conn.last = time.monotonic()
                 if from_client:
                     conn.sent += n
+                    _follow_messages(conn, view[:n], conn.last)
         except OSError:
             pass
         with self.changed:
@@ -480,6 +524,16 @@ class Guard:
                 source.close()
                 sink.close()
             self.changed.notify()
+
+
+def _follow_messages(conn: _Connection, data: memoryview, now: float) -> None:
+    """Track the client's messages through the bytes it sent (they may end and begin anywhere)."""
+    while data:
+        if conn.message is None:
+            conn.message = _Message(now)
+        data = data[conn.message.feed(data) :]
+        if conn.message.done:
+            conn.message = None
 
 
 def _shut(conn: _Connection) -> None:

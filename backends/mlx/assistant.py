@@ -174,6 +174,7 @@ class MlxAssistantHead(HeadOfTarget):
     """A Gemma 4 assistant as a Backend, so ModelDrafter drafts with it (see the module doc)."""
 
     _target: MlxTarget
+    shared = True
 
     def __init__(self, target: MlxTarget, module: Gemma4Assistant, name: str) -> None:
         self._target, self._module = target, module
@@ -185,7 +186,9 @@ class MlxAssistantHead(HeadOfTarget):
         self._tokens: list[int] = []
         self._own: dict[int, mx.array] = {}  # position -> the assistant's h' after reading it
         self._closed = False
-        self.info = replace(target.info, name=name, size_bytes=parameter_bytes(module), n_layers=len(module.layers))
+        size, info = parameter_bytes(module), target.info  # priced by its own size (calibrate.prior_calibration)
+        params = info.n_params * size // max(info.size_bytes, 1)
+        self.info = replace(info, name=name, size_bytes=size, n_params=params, n_layers=len(module.layers))
         self.capabilities = Capabilities(
             rollback=True,
             max_block=target.capabilities.max_block,

@@ -136,7 +136,10 @@ class MlxMtpHead(HeadOfTarget):
         self._guessed: set[int] = set()  # positions read with the head's own state
         self._closed = False
         layers = max(target.info.n_layers, 1)
-        self.info = replace(target.info, name=f"{target.info.name} [mtp]", size_bytes=target.info.size_bytes // layers)
+        info = target.info  # one block of the target's, priced as such (calibrate.prior_calibration)
+        self.info = replace(
+            info, name=f"{info.name} [mtp]", size_bytes=info.size_bytes // layers, n_params=info.n_params // layers
+        )
         self.capabilities = Capabilities(
             rollback=True,
             max_block=target.capabilities.max_block,

@@ -181,7 +181,7 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
             f"unknown strategy {strategy!r}", "choose from: ngram, draft, qspec[:TYPE], layerskip[:L]"
         )
     draft = derive_drafter(target, *parsed)
-    label = draft.capabilities.extra.get("self_draft", strategy)
+    label = draft.capabilities.self_draft or strategy
     if draft.info.path == target.info.path:  # it lives in the target's memory
         return Contender(label, "draft", draft)
     draft.close()  # a file of its own: opened for its runs only (see Contender)
@@ -196,7 +196,8 @@ def add_peer_figures(
     if args.temperature != 0:
         raise InvalidRequestError("the peer comparison runs greedy", "use --temperature 0 with --peers")
     bin_dir = find_or_build(args.peers_bin, build=args.build_peers, programs=(*PROGRAMS, LLAMA_BENCH))
-    texts = {p.id: render_chat(target.chat_template(), p.messages, target.special_texts()) for p in prompts}
+    template, special, source = target.chat_template(), target.special_texts(), target.info.path
+    texts = {p.id: render_chat(template, p.messages, special, source=source) for p in prompts}
     for row in rows:
         program = {"ngram": "llama-lookup", "draft": "llama-speculative-simple"}.get(row.strategy)
         if program is None:

@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
         curve, deep = cal.verify_seconds, cal.deep_verify_seconds
         info = backend.info
         on = backend.capabilities.device
-        gpu = backend.capabilities.extra.get("gpu")
+        gpu = backend.capabilities.gpu
     finally:
         backend.close()
     predicted = [

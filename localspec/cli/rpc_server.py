@@ -74,6 +74,7 @@ def handle(args: argparse.Namespace) -> int:
         Guard,
         is_loopback,
         listen,
+        require_rpc,
         serve,
         supervise,
         watch_parent,
@@ -96,6 +97,7 @@ def handle(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    require_rpc()  # before "listening": a build without RPC could never serve
     listener = listen(args.host, args.port)  # a port in use is refused here, before the child starts
     if not is_loopback(args.host):
         print(f"localspec: warning: listening on {args.host}: {SECURITY_NOTE}", file=sys.stderr)

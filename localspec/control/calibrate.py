@@ -11,6 +11,7 @@ switched off)."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -23,7 +24,7 @@ import numpy as np
 from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve
 from localspec.control.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
-from localspec.core.protocol import Backend, eval_chunked
+from localspec.core.protocol import Backend, HeadOfTarget, eval_chunked
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters import common_prefix
 from localspec.drafters.model import ModelDrafter
@@ -213,16 +214,44 @@ def agreement(target: Backend, draft: Backend, tokens: Sequence[int]) -> float:
     """Share of positions where both models' top-1 next token agree, teacher-forced. The
     target keeps the text until the drafter has read it: an MTP head reads the target's
     hidden states at the positions the target holds."""
-    picks = []
-    for backend in (target, draft):
-        backend.rollback(0)
-        rows = []
-        for start in range(0, len(tokens), backend.capabilities.max_block):
-            rows.append(np.argmax(backend.eval_block(tokens[start : start + backend.capabilities.max_block]), axis=1))
-        picks.append(np.concatenate(rows))
+    target_picks = _top1(target, tokens)
+    if isinstance(draft, HeadOfTarget) and draft.shared:
+        positions = range(len(tokens) - 1, -1, -math.ceil(len(tokens) / FRONTIER_POSITIONS))
+        same = [pick == target_picks[q] for q, pick in _top1_at_frontier(target, draft, tokens, positions)]
+    else:
+        same = list(_top1(draft, tokens) == target_picks)
     draft.rollback(0)
     target.rollback(0)
-    return float(np.mean(picks[0] == picks[1]))
+    return float(np.mean(same))
+
+
+def _top1(backend: Backend, tokens: Sequence[int]) -> np.ndarray:
+    """The backend's top-1 next token after each position of `tokens`, read from empty."""
+    backend.rollback(0)
+    step = backend.capabilities.max_block
+    rows = [np.argmax(backend.eval_block(tokens[i : i + step]), axis=1) for i in range(0, len(tokens), step)]
+    return np.concatenate(rows)
+
+
+# Positions a head that shares the target's cache is read at, at most: one pass each.
+FRONTIER_POSITIONS = 64
+
+
+def _top1_at_frontier(
+    target: Backend, head: Backend, tokens: Sequence[int], positions: Sequence[int]
+) -> list[tuple[int, int]]:
+    """(q, top-1) of a head that shares the target's cache at the given positions, from the
+    last: each token is read as it drafts, at the target's next position. The target, which
+    holds the whole text, gives it back from the end (a rollback, no pass): one head pass
+    per position."""
+    head.rollback(0)
+    head.eval_block(tokens[:-1], "none")  # below the target's frontier: only recorded
+    picks = []
+    for q in positions:
+        target.rollback(q)
+        head.rollback(q)
+        picks.append((q, int(np.argmax(head.eval_block(tokens[q : q + 1], "last")[0]))))
+    return picks
 
 
 def pair_agreement(target: Backend, draft: Backend) -> float:

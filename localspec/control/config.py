@@ -46,7 +46,8 @@ class ControlConfig:
     # A lookup draft must beat plain decoding by this share: llama.cpp rebuilds its graph
     # when the block size changes, which the curve (timed in runs of one size) leaves out.
     ngram_margin: float = 0.05
-    # A model draft must beat plain by this share: its drafting cost drifts as well.
+    # A model drafter starts drafting only priced this share above its own time per token,
+    # which drifts (AdaptiveDraftLength._best): a share of its time, not of the whole step.
     model_draft_margin: float = 0.1
     # The margin of a bare policy (`doctor`, ranking self-drafters by predicted rate): it
     # compares predictions and bets nothing on them, so no share is held back.

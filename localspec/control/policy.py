@@ -108,6 +108,7 @@ class AdaptiveDraftLength:
     _weighed: list[tuple[int, float]] = field(default_factory=list, repr=False)
     _last: tuple[str, int, str] = field(default=("model", 0, ""), repr=False)
     _cut: str = field(default="", repr=False)  # why _best priced no draft at all
+    _model_drafting: bool = field(default=False, repr=False)  # the last step drafted with the model
 
     def __post_init__(self) -> None:
         if not self.alpha:
@@ -175,6 +176,8 @@ class AdaptiveDraftLength:
             why = self._cut
         elif chosen > best:
             why = f"probed further after {self.config.probe_after} proven guesses were stopped short"
+        elif top != best and source == "model":
+            why = f"a model drafter starts only with its own time priced {margin:.0%} dearer"
         elif top != best:
             why = f"a draft must beat plain decoding by {margin:.0%}"
         else:
@@ -240,7 +243,15 @@ class AdaptiveDraftLength:
             # A curve that never timed a block waits for a likely guess to time one.
             self._cut = f"no block timed yet: a guess's first token must come true {self.config.first_block_alpha:.0%}"
             return 0, plain
-        best, best_rate, bar = 0, plain, plain * (1.0 + margin)
+        # A lookup's risk is the graph rebuild around its block: it must beat plain by the
+        # margin. A model draft's risk is its own time drifting, so the margin is charged on
+        # that time alone, and only to start drafting: a drafter cheap next to the target's
+        # step (a GPU's small model) is not held off gains of a few per cent, and one drafting
+        # near break-even is not stopped by noise in its estimate that it could not start back from.
+        model = support <= 0 and per_token > 0.0
+        bar = plain if model else plain * (1.0 + margin)
+        charged = 1.0 + (margin if model and not self._model_drafting else 0.0)
+        best, best_rate, best_charged = 0, plain, plain
         expected, run = 1.0, 1.0
         # The drafter runs on the same cores over the same text: the target's drift is its too.
         draft_cost = per_token * self.costs.scale
@@ -248,15 +259,19 @@ class AdaptiveDraftLength:
         for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            r = expected / (catch_up + g * draft_cost + self.costs.verify(g + 1, depth))
+            price = catch_up + self.costs.verify(g + 1, depth)
+            r = expected / (price + g * draft_cost)
             self._weighed.append((g, r))
-            if r > bar and r > best_rate:
-                best, best_rate = g, r
+            charged_rate = expected / (price + g * draft_cost * charged)
+            if charged_rate > bar and charged_rate > best_charged:
+                best, best_rate, best_charged = g, r, charged_rate
         return best, best_rate
 
     def observe(self, step: Step) -> None:
         drafted, accepted = step.drafted, step.accepted
         self.costs.update(drafted + 1, step.verify_seconds, step.depth)
+        if not step.lookup and step.support <= 0:
+            self._model_drafting = drafted > 0
         if drafted == 0:
             self._relax(step.support, 0)
             return

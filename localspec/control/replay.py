@@ -5,6 +5,9 @@ choice is the recorded answer's token. A controller change is then judged on eve
 and every machine's curve in a second, without timing noise (benchmarks/replay_drafters.py;
 the golden replays in tests/test_controller_replays.py).
 
+A draft model at a constant acceptance on a measured curve (a GPU's, say) is projected the
+same way, without answers: constant_acceptance.
+
 Greedy answers only: the engine accepts a guess where it equals the recorded token, which is
 what the real target would have chosen, so the replayed acceptance equals a real run's.
 """
@@ -21,6 +24,7 @@ import numpy as np
 
 from localspec.control.calibrate import Calibration
 from localspec.control.costs import CostCurve
+from localspec.control.factory import model_policy
 from localspec.core.engine import Engine
 from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, ModelInfo
 from localspec.core.sampling import SamplingConfig
@@ -332,3 +336,36 @@ def score(
         fixed = [a + b for a, b in zip(fixed, each, strict=True)]
         worst = min(worst, base / ours)
     return Score(plain, adaptive, tuple(fixed), best, top, worst)
+
+
+def expected_tokens(gamma: int, alpha: float) -> float:
+    return sum(alpha**j for j in range(gamma + 1))
+
+
+def fixed_speedup(target: Sequence[float], draft: float, gamma: int, alpha: float) -> float:
+    """Tokens per second over plain decoding's of a fixed γ, every drafted token kept with
+    chance alpha; target[k-1] is the cost of a pass over k tokens, draft of a drafted token."""
+    cost = gamma * draft + (target[gamma] if gamma < len(target) else target[-1])
+    return expected_tokens(gamma, alpha) * target[0] / cost
+
+
+def constant_acceptance(target: Sequence[float], draft: float, alpha: float, steps: int = 600) -> tuple[int, float]:
+    """The adaptive policy a runtime builds for a draft model (its load-time agreement is
+    alpha) over simulated steps at this acceptance: the γ it settles on (the most chosen in the
+    second half) and the speedup its own choices there give, each step's expected tokens over
+    its cost, so the acceptance draws move only the choices, not the figure."""
+    policy = model_policy(CostCurve(list(target)), draft, alpha)
+    rng = np.random.default_rng(0)
+    chosen: Counter[int] = Counter()
+    tokens = seconds = 0.0
+    for i in range(steps):
+        gamma = policy.choose(len(target) - 1)
+        accepted = 0
+        while accepted < gamma and rng.random() < alpha:
+            accepted += 1
+        policy.observe(Step(gamma, accepted, gamma * draft, target[gamma]))
+        if i >= steps // 2:
+            chosen[gamma] += 1
+            tokens += expected_tokens(gamma, alpha)
+            seconds += gamma * draft + target[gamma]
+    return chosen.most_common(1)[0][0], tokens / seconds * target[0]

@@ -56,8 +56,7 @@ class Engine:
         # model drafts. The policy picks per step (choose_source).
         self.lookup = lookup
         # A backend that verifies where its logits are (a GPU) is handed the whole rule.
-        verifies = getattr(target.capabilities, "verifies", False)
-        self.verifier = target if verifies and isinstance(target, Verifier) else None
+        self.verifier = target if target.capabilities.verifies and isinstance(target, Verifier) else None
         # A backend's logits depend on the size of the block each position was evaluated in
         # (llama.cpp's CPU kernels change at 64 rows), so a prefix cached by an earlier request
         # (its answer evaluated a few tokens at a time) can tip a near-tie another way than a

@@ -8,6 +8,7 @@ backends, the pair check, the load-failure diagnosis) goes through `read_header`
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -21,7 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from localspec.core.errors import ModelLoadError
+from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import VocabIdentity
 
 # llama.cpp's split GGUF names (llama-gguf-split): PREFIX-00001-of-00003.gguf
@@ -41,6 +42,13 @@ _STRING, _ARRAY = 8, 9
 # crafted file nesting thousands deep would otherwise end in a RecursionError.
 _MAX_NESTING = 8
 KNOWN_VERSIONS = (2, 3)
+UPGRADE = "pip install -U localspec llama-cpp-python"
+
+
+class NewerGGUFError(ValueError):
+    """A GGUF of a version newer than this reader's: not damage, an old reader."""
+
+
 _NUMPY: dict[int, npt.DTypeLike] = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32}
 _NUMPY.update({6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64})
 
@@ -57,12 +65,32 @@ class GGUFTensor:
         return GGML_TYPES.get(self.qtype, f"type {self.qtype}")
 
 
+# llama.cpp's architecture name (with its hyphen) of Gemma 4's MTP assistant, a file of its own.
+ASSISTANT_ARCHITECTURE = "gemma4-assistant"
+
+
 @dataclass
 class GGUFHeader:
     path: str
     meta: dict[str, Any]
     tensors: list[GGUFTensor]
     data_offset: int  # where the tensor data starts
+
+    @property
+    def architecture(self) -> str:
+        return str(self.meta.get("general.architecture", "?"))
+
+    @property
+    def nextn_layers(self) -> int:
+        """The MTP blocks the file carries: a model's own head (Qwen3.5's nextn layers), or
+        every block of an MTP drafter file (Gemma 4's assistant); 0 for none."""
+        layers = self.meta.get(f"{self.architecture}.nextn_predict_layers", 0)
+        return layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
+
+    @property
+    def is_assistant(self) -> bool:
+        """An MTP assistant file (Gemma 4's), which drafts from inside its target's context."""
+        return self.architecture == ASSISTANT_ARCHITECTURE
 
 
 class _Cursor:
@@ -107,6 +135,8 @@ def read_header(path: str | Path) -> GGUFHeader:
     try:
         with open_model_file(path) as fh:
             return _read(str(path), fh)
+    except NewerGGUFError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}", f"upgrade localspec and llama.cpp: {UPGRADE}") from exc
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot read {path} as GGUF ({type(exc).__name__}: {exc})", "download the file again"
@@ -146,6 +176,8 @@ def _parse(path: str, cur: _Cursor) -> GGUFHeader:
         raise ValueError(f"GGUF version {version} is too old")
     if version not in KNOWN_VERSIONS:
         swapped = int.from_bytes(version.to_bytes(4, "little"), "big") in KNOWN_VERSIONS
+        if not swapped and version > max(KNOWN_VERSIONS):
+            raise NewerGGUFError(f"it is GGUF version {version}, newer than the versions this localspec reads (2, 3)")
         note = " (a big-endian GGUF: convert it again for this machine)" if swapped else ""
         raise ValueError(f"GGUF version {version} is not one this reader knows{note}")
     n_tensors, n_kv = cur.scalar("Q"), cur.scalar("Q")
@@ -223,6 +255,8 @@ def open_model_file(path: str | os.PathLike[str]) -> BinaryIO:
             "check the path, or run `localspec run` without --model to use the embedded default",
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise symlink_loop(path) from None
         raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from exc
     _refuse_special(path, mode)
     try:
@@ -239,6 +273,23 @@ def open_model_file(path: str | os.PathLike[str]) -> BinaryIO:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def symlink_loop(path: str | os.PathLike[str]) -> ModelLoadError:
+    return ModelLoadError(
+        f"{path} is a symlink loop: its links lead back to themselves, never to a file",
+        "point to the .gguf file itself (`ls -l` shows where each link leads)",
+    )
+
+
+def resolve_model_path(path: Path) -> Path:
+    """path made absolute with its links followed; a symlink loop is refused as such."""
+    try:
+        return path.expanduser().resolve(strict=False)
+    except (RuntimeError, OSError) as exc:  # Python < 3.13 raises RuntimeError for a loop
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise ModelLoadError(f"cannot read {path}: {exc.strerror}", "check the path") from exc
+        raise symlink_loop(path) from None
 
 
 def _refuse_special(path: str | os.PathLike[str], mode: int) -> None:
@@ -274,14 +325,70 @@ def diagnose_gguf(path: str) -> str:
         end = max((t.offset + tensor_bytes(t.dims, t.qtype) for t in header.tensors), default=0)
     except (ModelLoadError, ValueError) as exc:  # an unknown tensor type reads as damage too
         cause = exc.__cause__ or exc
+        if isinstance(cause, NewerGGUFError):
+            return f"{cause}: it needs a newer localspec and llama.cpp ({UPGRADE})"
         return f"the file is truncated or damaged ({type(cause).__name__}: {cause}); download it again"
     size = os.path.getsize(path)
     if end > size:
         return f"the file is truncated: its tensors need {end} bytes but it has {size}; download it again"
     arch = header.meta.get("general.architecture")
+    blocks = header.meta.get(f"{arch}.block_count")
+    for key in ("attention.sliding_window_pattern", "attention.head_count", "feed_forward_length"):
+        entries = header.meta.get(f"{arch}.{key}")
+        if isinstance(entries, list) and isinstance(blocks, int) and len(entries) != blocks:
+            return f"its {arch}.{key} has {len(entries)} entries for its {blocks} blocks"
     if arch is not None:
         return f"its architecture is {arch!r}; this llama.cpp build may not support it"
     return "its header has no general.architecture key"
+
+
+def assistant_alone(path: str) -> InvalidRequestError:
+    """The refusal of an MTP assistant GGUF (Gemma 4's) opened as a model of its own: it
+    drafts from inside its target, whose width it was made for."""
+    header = read_header(path)
+    width = header.meta.get(f"{header.architecture}.embedding_length_out")
+    name = os.path.basename(path)
+    target = name[len("mtp-") : -len(".gguf")] if name.startswith("mtp-") and name.endswith(".gguf") else None
+    belongs = f"the Gemma 4 model {target}" if target else "the Gemma 4 model it was released with"
+    return InvalidRequestError(
+        f"{name} is a Gemma 4 MTP assistant, which drafts for {belongs}"
+        + (f" (hidden size {width})" if isinstance(width, int) else "")
+        + " and generates nothing on its own",
+        f"run the target with it as its drafter: --model {f'{target}….gguf' if target else 'TARGET.gguf'} "
+        f"--draft-model {path}",
+    )
+
+
+def load_failure_hint(path: str) -> str:
+    """What to do when llama.cpp refused path: upgrade for a newer GGUF version, else fetch it
+    again or pick another model."""
+    try:
+        with open_model_file(path) as fh:
+            head = fh.read(8)
+    except ModelLoadError:
+        head = b""
+    version = int.from_bytes(head[4:8], "little") if head[:4] == GGUF_MAGIC and len(head) == 8 else 0
+    newer = version > max(KNOWN_VERSIONS) and int.from_bytes(head[4:8], "big") not in KNOWN_VERSIONS
+    fix = f"upgrade localspec and llama.cpp: {UPGRADE}" if newer else "download the file again or pick another model"
+    return f"{fix}; LOCALSPEC_LLAMA_LOG=1 shows llama.cpp's log"
+
+
+def check_whole_gguf(path: str | Path) -> None:
+    """Refuse a GGUF whose header is damaged or whose tensors run past its end (a cut
+    download), before it is registered: reads the header only."""
+    header = read_header(path)
+    try:
+        end = max((t.offset + tensor_bytes(t.dims, t.qtype) for t in header.tensors), default=0)
+    except (ValueError, KeyError) as exc:
+        raise ModelLoadError(
+            f"{path} has a tensor of a type this localspec does not know ({exc})",
+            f"a newer localspec and llama-cpp-python may read it ({UPGRADE}); else download the file again",
+        ) from None
+    size = os.path.getsize(path)
+    if end > size:
+        raise ModelLoadError(
+            f"{path} is truncated: its tensors need {end} bytes but it has {size}", "download the file again"
+        )
 
 
 def tensor_bytes(dims: tuple[int, ...], qtype: int) -> int:

@@ -66,6 +66,24 @@ class Capabilities:
     # so the engine calls that instead of eval_block and localspec.core.acceptance.
     verifies: bool = False
 
+    # extra is what a cost curve depends on (threads, build, device...), the calibration
+    # cache's key; the keys read above the backends are read through these typed views.
+
+    @property
+    def self_draft(self) -> str | None:
+        """The label of a drafter derived from its target ("qspec:Q4_0", "mtp"); None otherwise."""
+        return self.extra.get("self_draft")
+
+    @property
+    def mtp_layers(self) -> int:
+        """The model's own MTP blocks (0: none): it can draft for itself (strategy mtp)."""
+        return int(self.extra.get("mtp_layers", "0") or 0)
+
+    @property
+    def gpu(self) -> str | None:
+        """The GPU the model's layers went to, with how many ("NAME (N layers)"); None: none."""
+        return self.extra.get("gpu")
+
 
 def blocks_exact(backend: Backend) -> bool:
     """Whether a position's logits are the same whatever block it is evaluated in (the
@@ -134,6 +152,9 @@ class HeadOfTarget:
     _tokens: list[int]
     _closed: bool
     info: ModelInfo
+    # True for a head that reads the target's KV cache and keeps none of its own (Gemma 4's
+    # assistant): it reads a token only at the target's next position, never below it.
+    shared: bool = False
 
     @property
     def n_past(self) -> int:
@@ -204,7 +225,7 @@ class SelfDrafting(Protocol):
 
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
         """The drafter for f"{kind}:{option}", or without option the one with the best
-        predicted tokens/s; capabilities.extra["self_draft"] holds its label ("qspec:Q4_0")."""
+        predicted tokens/s; capabilities.self_draft holds its label ("qspec:Q4_0")."""
         ...
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2 import meta
+from jinja2 import meta, nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -27,12 +29,69 @@ Message = Mapping[str, Any]
 # `9**9**9` is refused instead of exhausting memory or the CPU.
 MAX_RENDERED_CHARS = 16_000_000
 MAX_EXPONENT = 256
+# Loop turns and calls a render may take, and its time: a template that loops without
+# printing (nested loops, a macro that calls itself twice) is refused instead of hanging.
+# Real templates take a few steps per message, so a chat of thousands of turns fits.
+MAX_TEMPLATE_STEPS = 1_000_000
+MAX_TEMPLATE_SECONDS = 5.0
+
+
+class TemplateBudgetError(SecurityError):
+    """A render ran past its steps or seconds: the template itself is at fault, not the chat."""
+
+
+class _CountingCodeGenerator(CodeGenerator):
+    """Compiles every `for` to iterate through environment.counted, which counts its turns."""
+
+    def visit_For(self, node: nodes.For, frame: Frame) -> None:
+        counted = isinstance(node.iter, nodes.Call) and isinstance(node.iter.node, nodes.EnvironmentAttribute)
+        if not counted:
+            node.iter = nodes.Call(nodes.EnvironmentAttribute("counted"), [node.iter], [], None, None)
+            node.iter.set_lineno(node.lineno)
+        super().visit_For(node, frame)
+
+
+class _Counted:
+    """An iterable whose every item is a step of the render (its length is the wrapped one's,
+    so `loop.length` stays cheap)."""
+
+    def __init__(self, env: BoundedSandbox, iterable: Iterable[Any]) -> None:
+        self.env, self.iterable = env, iterable
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.iterable:
+            self.env.step()
+            yield item
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]  # a TypeError tells LoopContext to count
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox with a ceiling on repeated sequences, powers and output."""
+    """The immutable sandbox with a ceiling on repeated sequences, powers, output, and on the
+    steps (loop turns and calls) and seconds a render may take."""
 
     intercepted_binops = frozenset({"*", "**"})
+    code_generator_class = _CountingCodeGenerator
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps = 0
+        self.deadline = time.monotonic() + MAX_TEMPLATE_SECONDS
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_TEMPLATE_STEPS:
+            raise TemplateBudgetError(f"it ran past {MAX_TEMPLATE_STEPS:,} steps (loop turns, calls) without finishing")
+        if self.steps % 256 == 0 and time.monotonic() > self.deadline:
+            raise TemplateBudgetError(f"it ran past {MAX_TEMPLATE_SECONDS:g} s without finishing")
+
+    def counted(self, iterable: Iterable[Any]) -> _Counted:
+        return _Counted(self, iterable)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # Jinja's signature
+        __self.step()
+        return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and isinstance(right, int | float) and abs(right) > MAX_EXPONENT:
@@ -134,8 +193,10 @@ def render_chat(
     special: Mapping[str, str],
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    source: str | None = None,
 ) -> str:
-    """tools: OpenAI's tool objects, given to the template as transformers gives them."""
+    """tools: OpenAI's tool objects, given to the template as transformers gives them;
+    source: the model file the template came from, named when it fails."""
     messages = normalize_messages(messages)
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
@@ -153,7 +214,14 @@ def render_chat(
                 raise SecurityError(f"the rendered chat passed {MAX_RENDERED_CHARS} characters")
             pieces.append(piece)
         return "".join(pieces)
+    except TemplateBudgetError as exc:
+        raise InvalidRequestError(
+            f"the chat template in {source or 'the model'} was stopped: {exc}",
+            "the template stored in that GGUF is broken: use a fixed copy of the model, or `localspec run --raw` "
+            "to continue plain text without it",
+        ) from exc
     except jinja2.TemplateError as exc:
-        raise InvalidRequestError(f"the model's chat template failed: {exc}") from exc
+        raise InvalidRequestError(f"the chat template in {source or 'the model'} failed: {exc}") from exc
     except (MemoryError, OverflowError, RecursionError, ValueError, TypeError, ArithmeticError) as exc:
-        raise InvalidRequestError(f"the model's chat template failed: {type(exc).__name__}: {exc}") from exc
+        what = f"{type(exc).__name__}: {exc}"
+        raise InvalidRequestError(f"the chat template in {source or 'the model'} failed: {what}") from exc

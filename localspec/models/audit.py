@@ -3,7 +3,8 @@ weights. For each pair and backend: do the repo, the revision and each file exis
 sizes and sha256s (the hub's LFS oids) agree with the registry, and do the pair's two
 tokenizers fit (read from the GGUF headers by range requests, or from tokenizer.json).
 A pair drafting with an MTP head needs nextn layers in the target's GGUF; a sidecar drafter
-(mtp-*.gguf) must be an MTP drafter made for the target: its width and tokenizer."""
+(mtp-*.gguf) must be an MTP drafter made for the target: its width and tokenizer. A backend
+that does not run the pair's strategy (torch and mtp) is a finding of its own, asking nothing."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from localspec.models.registry import (
     Pair,
     PyPIArtifact,
     Registry,
+    backend_refusal,
     load_registry,
     sidecar_of,
 )
@@ -71,6 +73,10 @@ def check_registry(
         if on_pair is not None:
             on_pair(pair.id)
         for backend in pair.backends:
+            refusal = backend_refusal(pair, backend)
+            if refusal is not None:
+                findings.append(Finding(pair.id, backend, "strategy", False, refusal))
+                continue
             hubs = {}
             for model in pair.models:
                 key = (model.id, backend)
@@ -194,16 +200,14 @@ def _check_mtp(pair: Pair, hub: _Hub, settings: HubSettings) -> Finding:
         if sidecar is None:
             ok, detail = _mtp_head(target)
         else:
-            ok, detail = _sidecar_fit(target, _remote_header(artifact, sidecar.name, hub, settings))
+            ok, detail = mtp_drafter_fit(target, _remote_header(artifact, sidecar.name, hub, settings))
     except LocalspecError as exc:
         return Finding(pair.id, "llamacpp", subject, False, f"not checked: {exc.message}")
     return Finding(pair.id, "llamacpp", subject, ok, detail)
 
 
 def _nextn_layers(header: GGUFHeader) -> tuple[str, int]:
-    arch = str(header.meta.get("general.architecture", "?"))
-    layers = header.meta.get(f"{arch}.nextn_predict_layers", 0)
-    return arch, layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
+    return header.architecture, header.nextn_layers
 
 
 def _mtp_head(target: GGUFHeader) -> tuple[bool, str]:
@@ -213,7 +217,7 @@ def _mtp_head(target: GGUFHeader) -> tuple[bool, str]:
     return True, f"{arch} with {layers} nextn layer{'s' if layers != 1 else ''}: the MTP head is in the file"
 
 
-def _sidecar_fit(target: GGUFHeader, drafter: GGUFHeader) -> tuple[bool, str]:
+def mtp_drafter_fit(target: GGUFHeader, drafter: GGUFHeader) -> tuple[bool, str]:
     """The sidecar drafts for this target: an MTP model whose output width is the target's
     hidden width (llama.cpp asserts it), with the target's tokenizer."""
     arch, layers = _nextn_layers(drafter)

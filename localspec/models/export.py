@@ -1,9 +1,10 @@
 """A registry pair handed to a serving engine with that engine's own speculative decoding:
-vLLM and SGLang load the pair's safetensors repos (its `torch` entries), llama-server the
+vLLM and SGLang load the pair's safetensors repos (its `torch` or `safetensors` entries), llama-server the
 pulled GGUF files. The result is a command to run, plus notes where the engine is known to
 refuse the pair or cannot express what localspec does (an adaptive draft length).
-An MTP pair gets each engine's own MTP settings: the target's head for Qwen3.5/3.6, and on
-llama-server the assistant sidecar (mtp-*.gguf) pulled beside a Gemma 4 target.
+An MTP pair gets each engine's own MTP settings: the target's head for Qwen3.5/3.6; for Gemma
+4, its assistant: on llama-server the GGUF (the mtp-*.gguf sidecar pulled beside the target,
+or the pair's drafter file), on vLLM the assistant's safetensors repo.
 
 Flag and field names follow each engine's documentation; tests/test_export.py keeps them
 with their sources.
@@ -83,24 +84,31 @@ def export_pair(
         raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
     notes: list[str] = []
     method = _method(pair, strategy, notes)
-    if method == "mtp" and sidecar_of(pair.target) is not None and engine != "llama-server":
+    if engine == "llama-server":
+        target, drafter = (ggufs or _pulled_ggufs)(pair)
+        if method == "draft" and drafter is not None and _is_assistant_file(drafter):
+            method = "mtp"  # an assistant drafts only as MTP (an entry written before `add` knew it)
+        k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
+        if method == "mtp":
+            assistant = _sidecar_path(pair, target) or drafter
+            return Export(engine, _llama_server_mtp(target, assistant, k), tuple(notes))
+        return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
+    assistant_repo = _assistant_repo(pair) if method == "mtp" and _has_assistant(pair) else None
+    if method == "mtp" and _has_assistant(pair) and (engine != "vllm" or assistant_repo is None):
+        where = "--to llama-server" if assistant_repo is None else "--to llama-server or --to vllm"
         notes.append(
-            f"the MTP assistant beside {pair.target.name} is exported for llama-server only (--to llama-server); "
-            f"{engine} gets n-gram lookup instead"
+            f"the MTP assistant of {pair.target.name} is exported for {where} only"
+            + (" (models.toml gives no safetensors repo for it)" if assistant_repo is None else "")
+            + f"; {engine} gets n-gram lookup instead"
         )
         method = "ngram"
     k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
-    if engine == "llama-server":
-        target, drafter = (ggufs or _pulled_ggufs)(pair)
-        if method == "mtp":
-            return Export(engine, _llama_server_mtp(target, _sidecar_path(pair, target), k), tuple(notes))
-        return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
     target_repo = _torch_repo(pair.target, engine)
     drafter_repo = _torch_repo(pair.drafter, engine) if method == "draft" and pair.drafter else None
     if drafter_repo:
         notes += _vocab_refusal(engine, target_repo, drafter_repo)
     if engine == "vllm":
-        return Export(engine, _vllm(target_repo, method, drafter_repo, k), tuple(notes))
+        return Export(engine, _vllm(target_repo, method, drafter_repo or assistant_repo, k), tuple(notes))
     if method == "mtp":
         return Export(engine, _sglang_mtp(target_repo, k), tuple(notes))
     if method == "ngram":
@@ -140,13 +148,39 @@ def _fixed_draft_tokens(pair: Pair, engine: str, method: str, notes: list[str]) 
 
 def _torch_repo(model: Model | None, engine: str) -> str:
     assert model is not None
-    artifact = model.artifacts.get("torch")
+    artifact = model.artifacts.get("torch") or model.safetensors
     if not isinstance(artifact, HubArtifact):
         raise ExportError(
-            f"{model.name} has no safetensors repo (a `torch` entry in models.toml), which {engine} loads",
+            f"{model.name} has no safetensors repo (a `torch` or `safetensors` entry in models.toml), "
+            f"which {engine} loads",
             "add one to the model's entry, or use --to llama-server",
         )
     return artifact.repo
+
+
+def _has_assistant(pair: Pair) -> bool:
+    """Whether an MTP pair drafts with an assistant (Gemma 4's), not the target's own head:
+    a sidecar beside the target's GGUF, or a drafter model."""
+    return sidecar_of(pair.target) is not None or pair.drafter is not None
+
+
+def _assistant_repo(pair: Pair) -> str | None:
+    """The assistant's safetensors repo, which vLLM takes as the MTP method's model: the
+    pair's drafter's, or for a sidecar pair the registry's `<target id>-assistant` model's."""
+    from localspec.models.registry import load_registry
+
+    model = pair.drafter or load_registry().models.get(f"{pair.target.id}-assistant")
+    artifact = None if model is None else (model.artifacts.get("torch") or model.safetensors)
+    return artifact.repo if isinstance(artifact, HubArtifact) else None
+
+
+def _is_assistant_file(path: Path) -> bool:
+    from localspec.core.gguf_header import read_header
+
+    try:
+        return path.is_file() and read_header(path).is_assistant
+    except LocalspecError:
+        return False
 
 
 def _vocab_refusal(engine: str, target: str, drafter: str) -> list[str]:
@@ -163,8 +197,8 @@ def _vocab_refusal(engine: str, target: str, drafter: str) -> list[str]:
 
 def _vllm(target: str, method: str, drafter: str | None, k: int) -> tuple[str, ...]:
     config: dict[str, object]
-    if method == "mtp":  # the model's own MTP layers: no draft model
-        config = {"method": "mtp", "num_speculative_tokens": k}
+    if method == "mtp":  # the model's own MTP layers, or its assistant (Gemma 4's) as the model
+        config = {"method": "mtp", **({"model": drafter} if drafter else {}), "num_speculative_tokens": k}
     elif drafter:
         config = {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
     else:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from localspec.core.errors import LocalspecError
 from localspec.core.progress import Announce, announced
+from localspec.models.hub_floor import MIN_BYTES_PER_SECOND, HubTooSlowError, throughput_floor
 from localspec.models.registry import HubArtifact
 from localspec.store import sha256_of, write_atomic
 
@@ -86,7 +87,7 @@ def waiting_for_hub(settings: HubSettings, what: str, announce: Announce | None)
         return nullcontext()
     line = (
         f"waiting for {settings.endpoint} ({what}); gives up after {settings.timeout:g} s without an answer "
-        "(HF_HUB_ETAG_TIMEOUT sets it)"
+        f"or under {MIN_BYTES_PER_SECOND / 1000:g} kB/s (HF_HUB_ETAG_TIMEOUT sets it)"
     )
     return announced(line, announce, after=WAITING_AFTER)
 
@@ -146,7 +147,8 @@ def plan(
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=settings.endpoint, token=settings.token)
-    with hub_errors(artifact, None, settings), waiting_for_hub(settings, f"asking about {artifact.repo}", announce):
+    asking = waiting_for_hub(settings, f"asking about {artifact.repo}", announce)
+    with hub_errors(artifact, None, settings), asking, throughput_floor():
         info = api.model_info(artifact.repo, revision=artifact.revision, files_metadata=True, timeout=settings.timeout)
     commit = str(info.sha)
     siblings = {s.rfilename: s for s in info.siblings or []}
@@ -209,7 +211,7 @@ def fetch(
         snapshot.symlink_to(os.path.relpath(kept, snapshot.parent))
         verify(snapshot, replace(file, size=None), what, accepted)  # its sha256 vouches for it
         return snapshot
-    with hub_errors(artifact, file.name, settings), download_timeouts(settings):
+    with hub_errors(artifact, file.name, settings), download_timeouts(settings), throughput_floor():
         local = Path(
             hf_hub_download(
                 artifact.repo,
@@ -400,6 +402,9 @@ def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -
 
 
 def _interrupted(repo: str, name: str | None, settings: HubSettings, exc: BaseException) -> PullError:
+    slow = _cause(exc, HubTooSlowError)
+    if slow is not None:
+        return _stalled(repo, name, settings, slow)
     if _timed_out(exc):
         return _stalled(repo, name, settings)
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -427,12 +432,25 @@ def _timed_out(exc: BaseException | None) -> bool:
     return False
 
 
-def _stalled(repo: str, name: str | None, settings: HubSettings) -> PullError:
-    if name is None:
-        what = f"about {repo} (no reply within {settings.timeout:g} s)"
+def _cause(exc: BaseException | None, kind: type[HubTooSlowError]) -> HubTooSlowError | None:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, kind):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _stalled(repo: str, name: str | None, settings: HubSettings, slow: HubTooSlowError | None = None) -> PullError:
+    seconds = settings.timeout if name is None else settings.download_timeout
+    if slow is not None:
+        why = f"a trickle: {slow.received} bytes in {slow.seconds:g} s, under {slow.floor / 1000:g} kB/s"
     else:
-        seconds = settings.download_timeout
-        what = f"while sending {name} from {repo} (no reply within {seconds:g} s); nothing partial was kept"
+        why = f"no reply within {seconds:g} s"
+    if name is None:
+        what = f"about {repo} ({why})"
+    else:
+        what = f"while sending {name} from {repo} ({why}); nothing partial was kept"
     return PullError(
         f"{settings.endpoint} stopped answering {what}",
         "check your connection or proxy, then run the same command again; on a slow link raise "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from localspec.core.choices import DraftTokens
 from localspec.core.errors import InvalidRequestError, PairMismatchError
-from localspec.core.gguf_header import check_gguf
+from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.models.pairing import vocab_mismatch
 from localspec.models.registry import Pair, load_registry, user_registry_file
 from localspec.store import write_atomic
@@ -24,8 +24,6 @@ def add_local_pair(
 ) -> Pair:
     """Check the files and append the pair to the user's models.toml; returns the pair as
     the registry now reads it. Nothing is written when a check fails."""
-    from localspec.core.gguf_header import gguf_vocab_identity
-
     if not _ID.match(name):
         raise InvalidRequestError(f"{name!r} cannot name a pair", "use lowercase letters, digits, '.', '_' and '-'")
     registry = load_registry()
@@ -36,20 +34,21 @@ def add_local_pair(
         raise InvalidRequestError(
             f"{taken[0]!r} is already in the registry", f"choose another name, or edit {user_registry_file()}"
         )
-    files = {"target": target.expanduser().resolve()} | (
-        {"drafter": drafter.expanduser().resolve()} if drafter is not None else {}
+    files = {"target": resolve_model_path(target)} | (
+        {"drafter": resolve_model_path(drafter)} if drafter is not None else {}
     )
     for path in files.values():
         check_gguf(str(path))
+        check_whole_gguf(path)  # a cut download is refused now, not at the first `run`
     if "drafter" in files:
-        reason = vocab_mismatch(gguf_vocab_identity(files["target"]), gguf_vocab_identity(files["drafter"]))
+        reason = _mismatch(files["target"], files["drafter"])
         if reason is not None:
             raise PairMismatchError(
                 f"{files['drafter'].name} cannot draft for {files['target'].name}: {reason}",
                 "pick a drafter from the target's own family (same tokenizer), or leave out --drafter (n-gram lookup)",
             )
     text = "".join(_model_entry(ids[role], name, path) for role, path in files.items())
-    text += _pair_entry(name, ids, files, draft_tokens, description)
+    text += _pair_entry(name, ids, files, _strategy(files), draft_tokens, description)
     _append(user_registry_file(), text)
     return load_registry().pair(name)
 
@@ -67,17 +66,41 @@ def _model_entry(model_id: str, family: str, path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _mismatch(target: Path, drafter: Path) -> str | None:
+    """Why the drafter cannot draft for the target, or None. An MTP assistant is checked as
+    one: made for the target's width, with its tokenizer where the file carries one."""
+    from localspec.core.gguf_header import gguf_vocab_identity, read_header
+    from localspec.models.audit import mtp_drafter_fit
+
+    header = read_header(drafter)
+    if header.is_assistant:
+        fits, detail = mtp_drafter_fit(read_header(target), header)
+        return None if fits else detail
+    return vocab_mismatch(gguf_vocab_identity(target), gguf_vocab_identity(drafter))
+
+
+def _strategy(files: dict[str, Path]) -> str:
+    """mtp for a target drafted by its own MTP head (nextn layers in its GGUF) or by an MTP
+    assistant, which no other strategy runs; else draft with a drafter, n-gram lookup without."""
+    from localspec.core.gguf_header import read_header
+
+    if "drafter" in files:
+        return "mtp" if read_header(files["drafter"]).is_assistant else "draft"
+    return "mtp" if read_header(files["target"]).nextn_layers > 0 else "ngram"
+
+
 def _pair_entry(
-    name: str, ids: dict[str, str], files: dict[str, Path], draft_tokens: DraftTokens, description: str
+    name: str, ids: dict[str, str], files: dict[str, Path], strategy: str, draft_tokens: DraftTokens, description: str
 ) -> str:
     drafter = files.get("drafter")
-    default = f"{files['target'].name} drafted by {drafter.name}" if drafter else f"{files['target'].name} alone"
+    alone = "by its own MTP head" if strategy == "mtp" else "alone"
+    default = f"{files['target'].name} drafted by {drafter.name}" if drafter else f"{files['target'].name} {alone}"
     lines = [
         f"\n[pairs.{_quote(name)}]",
         f"description = {_quote(description or default)}",
         f"target = {_quote(ids['target'])}",
         *([f"drafter = {_quote(ids['drafter'])}"] if drafter else []),
-        f"strategy = {_quote('draft' if drafter else 'ngram')}",
+        f"strategy = {_quote(strategy)}",
         f"draft_tokens = {_quote(draft_tokens) if draft_tokens == 'auto' else draft_tokens}",
     ]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from localspec.core.choices import EVERY_STRATEGY, PULLABLE_BACKENDS, SELF_DRAFT
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF
 from localspec.models.default_model import PyPIModel
-from localspec.store import data_dir
+from localspec.store import data_dir, warn_if_others_can_write
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,6 +122,9 @@ class Model:
     params: str
     artifacts: Mapping[str, Artifact]  # backend -> where its files come from
     origin: Path
+    # The safetensors repo serving engines load (`localspec export`), for a model that
+    # localspec's torch backend does not run (Qwen3.5/3.6's hybrids, Gemma 4 and its assistants).
+    safetensors: HubArtifact | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,18 @@ class Pair:
         if self.strategy.startswith("mtp"):
             return "yes"
         return "later" if sidecar_of(self.target) is not None else None
+
+
+def backend_refusal(pair: Pair, backend: str) -> str | None:
+    """Why `backend` cannot run the pair as models.toml gives it, or None: an MTP drafter
+    (strategy mtp) runs only on the backends whose kind says mtp."""
+    if pair.strategy.startswith("mtp") and not kind_of(backend).mtp:
+        runs = " and ".join(b for b in PULLABLE_BACKENDS if kind_of(b).mtp)
+        return (
+            f"the {backend} backend does not run MTP drafters (strategy mtp runs on {runs}): "
+            "give a repo that serving engines load as `safetensors`, not as a backend's files"
+        )
+    return None
 
 
 def sidecar_of(model: Model) -> HubFile | None:
@@ -208,6 +223,7 @@ def load_registry(user_file: Path | None = None) -> Registry:
     user = user_file if user_file is not None else user_registry_file()
     if user.is_file():
         files.append(user)
+        warn_if_others_can_write(user, "the registry")
     models: dict[str, Model] = {}
     raw_pairs: dict[str, tuple[Path, dict[str, Any]]] = {}
     for path in files:
@@ -234,6 +250,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"{path}: not valid TOML: {exc}", "fix the file's syntax") from exc
+    except RecursionError:  # `a = [[[[...]]]]` thousands deep: the parser recurses per level
+        raise RegistryError(
+            f"{path}: its arrays or tables nest too deeply to read",
+            "fix the file: no entry nests more than a few levels",
+        ) from None
     except OSError as exc:
         raise RegistryError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
 
@@ -302,11 +323,18 @@ def _parse_model(model_id: str, entry: Any, path: Path) -> Model:
     if not isinstance(entry, dict):
         raise _fail(path, where, model_id, "expected a table")
     meta = {"name", "family", "license", "params"}
-    _check_keys(entry, meta | set(PULLABLE_BACKENDS), path, where, required=meta)
+    _check_keys(entry, meta | set(PULLABLE_BACKENDS) | {"safetensors"}, path, where, required=meta)
     artifacts = {
         b: _parse_artifact(entry[b], path, f"{where}, backend {b!r}", b) for b in PULLABLE_BACKENDS if b in entry
     }
-    if not artifacts:
+    safetensors = (
+        _parse_artifact(entry["safetensors"], path, f"{where}, safetensors", "torch")
+        if "safetensors" in entry
+        else None
+    )
+    if safetensors is not None and not isinstance(safetensors, HubArtifact):
+        raise _fail(path, where, "safetensors", "expected a hub repo {repo, revision, files}: serving engines load it")
+    if not artifacts and safetensors is None:
         raise _fail(
             path, where, "llamacpp", f"a model needs files for at least one backend ({', '.join(PULLABLE_BACKENDS)})"
         )
@@ -318,6 +346,7 @@ def _parse_model(model_id: str, entry: Any, path: Path) -> Model:
         params=_str(entry, "params", path, where),
         artifacts=artifacts,
         origin=path,
+        safetensors=safetensors,
     )
 
 

@@ -219,7 +219,7 @@ class Worker:
         if not tool_style(template).native:
             return runtime.prompt_tokens(messages=tools.messages(chat))
         messages = normalize_messages(tools.native_messages(chat))
-        text = render_chat(template, messages, target.special_texts(), tools=tools.tools())
+        text = render_chat(template, messages, target.special_texts(), tools=tools.tools(), source=target.info.path)
         return chat_tokens(target, text, [m["content"] for m in messages])
 
     def _sampling(self, runtime: Runtime, job: Job, sampling: SamplingConfig) -> SamplingConfig:

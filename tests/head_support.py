@@ -1,0 +1,48 @@
+"""What the tests of drafters that run inside their target (MTP heads, Gemma 4 assistants)
+check the same way on every backend: the pair's agreement against a reference walked as the
+engine drafts, and the policy a runtime gets at the default draft length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from localspec.control import calibrate
+from localspec.control.policy import AdaptiveDraftLength
+from localspec.core.protocol import Backend
+
+
+def walked_agreement(target: Backend, head: Backend, tokens: Sequence[int]) -> float:
+    """The share of positions q where the head's top-1 after tokens[:q+1] is the target's,
+    each read as the engine drafts: the target holds tokens[:q] and the head reads x_q at
+    the target's next position. Two fresh passes per position: a reference, not a measure."""
+    same = []
+    for q in range(len(tokens)):
+        target.rollback(0)
+        head.rollback(0)
+        if q:
+            target.eval_block(tokens[:q], "none")
+            head.eval_block(tokens[:q], "none")
+        guess = int(np.argmax(head.eval_block(tokens[q : q + 1], "last")[-1]))
+        same.append(guess == int(np.argmax(target.eval_block(tokens[q : q + 1], "last")[-1])))
+    target.rollback(0)
+    head.rollback(0)
+    return float(np.mean(same))
+
+
+def assert_agreement_is_measured_as_it_drafts(target: Backend, head: Backend, tokens: Sequence[int]) -> None:
+    """calibrate.agreement() on a head gives the walked reference and leaves both empty."""
+    measured = calibrate.agreement(target, head, tokens)
+    assert target.n_past == 0 and head.n_past == 0
+    assert measured == walked_agreement(target, head, tokens)
+
+
+def assert_calibrated_as_users_run_it(target: Backend, head: Backend, policy: object) -> None:
+    """A runtime at the default draft length with calibration on: the adaptive policy starts
+    from the pair's agreement, and prices a drafted token by the head's size."""
+    assert isinstance(policy, AdaptiveDraftLength)
+    assert policy.prior == calibrate.pair_agreement(target, head)  # measured when it was built, cached since
+    # Priced by its own size (calibrate.prior_calibration), not as a pass of the whole target.
+    assert head.info.size_bytes < target.info.size_bytes and head.info.n_params < target.info.n_params
+    assert policy.draft_seconds_per_token == calibrate.starting_drafting_seconds(head)
