@@ -7,12 +7,14 @@ environments, one row each (tests/hostile_support.py, tests/rpc_faults.py): a pi
 as the model, a stalling hub, forged Host/Origin headers against a live serve, a full or
 read-only disk, the chat quit during prefill, rpc-server's crafted message, idle clients and
 reachable binds. Issue 47's (tests/hostile_inputs_support.py): chat templates that loop without
-printing, hubs that trickle a byte at a time, symlink loops as models.
+printing, hubs that trickle a byte at a time, symlink loops as models; and its schemas and tools
+against a live serve (tests/serve_faults.py).
 
     python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
         [--gguf-cases 20000] [--hub-cases 6] [--chat-cases 10] [--rpc-crashes 8] [--rpc-idle 6]
         [--template-cases 20] [--trickle-cases 6] [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
-        [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc|templates|trickle|symlinks]
+        [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc|templates|trickle|symlinks
+                |schemas|tools]
 
 Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
 """
@@ -23,6 +25,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the shared harness lives beside the tests
@@ -165,6 +168,31 @@ def rpc_rows(args: argparse.Namespace) -> list[Tally]:
     return [Tally(name, tried, failures) for name, tried, failures in cases]
 
 
+def served_cases(name: str, cases: list[Any]) -> Tally:
+    """Issue 47's hostile schemas or tool definitions against a live serve (tests/serve_faults.py)."""
+    from serve_faults import reference_server
+
+    tally = Tally(name)
+    with reference_server() as server:
+        for case in cases:
+            tally.tried += 1
+            if (why := case.check(server.url)) is not None:
+                tally.failures.append(f"{case.name}: {why}")
+    return tally
+
+
+def schemas_rows(args: argparse.Namespace) -> list[Tally]:
+    from serve_faults import SCHEMA_CASES, SLOW_SCHEMA_CASES
+
+    return [served_cases("serve: impossible and odd response schemas", SCHEMA_CASES + SLOW_SCHEMA_CASES)]
+
+
+def tools_rows(args: argparse.Namespace) -> list[Tally]:
+    from serve_faults import TOOL_CASES
+
+    return [served_cases("serve: odd tool definitions and choices", TOOL_CASES)]
+
+
 # -- issue 47: templates that never end, hubs that trickle, symlink loops (tests/hostile_inputs_support.py)
 
 
@@ -191,7 +219,13 @@ def symlinks_rows(args: argparse.Namespace) -> list[Tally]:
     return [symlink_loops(default_model(args))]
 
 
-ISSUE_47_SUITES = {"templates": templates_rows, "trickle": trickle_rows, "symlinks": symlinks_rows}
+ISSUE_47_SUITES = {
+    "templates": templates_rows,
+    "trickle": trickle_rows,
+    "symlinks": symlinks_rows,
+    "schemas": schemas_rows,
+    "tools": tools_rows,
+}
 
 
 def main() -> None:

@@ -17,8 +17,9 @@ from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
+from localspec.core.exactness import greedy_exact_within
 from localspec.core.exactness import judge as judge_exactness
-from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
+from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, json_schema_of
 from localspec.core.protocol import Backend, DraftLengthPolicy
 from localspec.core.sampling import KNOBS, SamplingConfig
 from localspec.core.stats import Stats, Step
@@ -162,7 +163,11 @@ class Runtime:
         # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
         # the policy predicts faster at each step; a fixed draft length uses the model alone.
         adaptive = draft_tokens == "auto" and calibrate
-        lookup = NgramDrafter(memory=memory) if self.draft is not None and adaptive else None
+        lookup = (
+            NgramDrafter(memory=memory, recall_greedy_within=greedy_exact_within(target))
+            if self.draft is not None and adaptive
+            else None
+        )
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
         self._cond = threading.Condition()
         self._owner: _Turn | None = None  # the request holding the runtime
@@ -190,7 +195,7 @@ class Runtime:
             assert self.draft is not None
             return ModelDrafter(self.draft)
         if self.strategy == "ngram":
-            return NgramDrafter(memory=self.memory)
+            return NgramDrafter(memory=self.memory, recall_greedy_within=greedy_exact_within(self.target))
         return NoDrafter()
 
     # -- requests ---------------------------------------------------------------------------
@@ -357,6 +362,8 @@ class Runtime:
             tail = text.flush()
             if tail:
                 yield TextDelta(tail, (), (), None, stats)
+            if stats.finish_reason == "stop" and _dead_end(cfg, stats.generated_tokens):
+                stats.finish_reason = GRAMMAR_DEAD_END  # the grammar allowed nothing more: not a stop
             yield Finished(text.text, stats, stats.finish_reason)
         finally:
             if self.memory is not None:
@@ -502,6 +509,11 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _dead_end(cfg: SamplingConfig, generated: int) -> bool:
+    """Whether an answer of `generated` tokens ended because its grammar allowed nothing more."""
+    return isinstance(cfg.constraint, GrammarConstraint) and cfg.constraint.ended_at_dead_end(generated)
 
 
 def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -> SamplingConfig:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from server_support import MODEL, serving
 
 from localspec.server import LocalServer
@@ -24,6 +24,7 @@ langchain_openai = pytest.importorskip("langchain_openai")
 
 pytestmark = pytest.mark.model
 
+RIVERS = [{"role": "user", "content": "Name three rivers."}]
 ASK = "Extract the person: Ada Lovelace, 36, mathematician from London."
 
 
@@ -102,3 +103,94 @@ def test_langchain_bind_tools_gets_a_call_with_valid_arguments(server: LocalServ
         "required": ["city", "unit"],
     }
     jsonschema.validate(call["args"], schema)
+
+
+class City(BaseModel):
+    name: str
+    country: str
+
+
+class Trip(BaseModel):
+    traveller: Person
+    cities: list[City] = Field(max_length=2)
+
+
+def test_instructor_tools_mode_takes_a_nested_model(server: LocalServer) -> None:
+    # pydantic writes a nested model as $defs and $refs: the forced call's grammar must resolve them.
+    assert "$defs" in Trip.model_json_schema()
+    client = instructor.from_openai(
+        openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0), mode=instructor.Mode.TOOLS
+    )
+    trip = client.chat.completions.create(
+        model=MODEL,
+        response_model=Trip,
+        messages=[{"role": "user", "content": f"{ASK} She travels to Paris, France."}],
+        max_tokens=160,
+        temperature=0,
+        max_retries=0,
+    )
+    jsonschema.validate(trip.model_dump(mode="json"), Trip.model_json_schema())
+
+
+STORY = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
+
+
+def test_a_seed_reproduces_a_sampled_answer_whatever_the_memory_drafted(server: LocalServer) -> None:
+    # The memory holds each earlier answer, so the repeats are drafted from it (the first
+    # was not): the seed must fix the text all the same.
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+
+    def story() -> str:
+        answer = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=40, temperature=0.9, seed=42)
+        return str(answer.choices[0].message.content)
+
+    first = story()
+    client.chat.completions.create(model=MODEL, messages=RIVERS, max_tokens=12, temperature=0.9)
+    assert story() == first
+    assert story() == first
+    other = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=40, temperature=0.9, seed=43)
+    assert other.choices[0].message.content != first
+
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+TRIP = [{"role": "user", "content": "I am going to Paris tomorrow. What should I pack, and why?"}]
+
+
+def test_a_greedy_request_with_tools_repeats_its_answer_after_other_requests(server: LocalServer) -> None:
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+
+    def ask() -> str:
+        answer = client.chat.completions.create(
+            model=MODEL, messages=TRIP, tools=WEATHER_TOOLS, max_tokens=80, temperature=0
+        )
+        return json.dumps([answer.choices[0].message.content, str(answer.choices[0].message.tool_calls)])
+
+    answers = []
+    for _ in range(3):
+        # Others first, this request's own text among them: the memory would draft from it.
+        client.chat.completions.create(model=MODEL, messages=RIVERS, max_tokens=16, temperature=0)
+        client.chat.completions.create(model=MODEL, messages=TRIP, tools=WEATHER_TOOLS, max_tokens=40, temperature=0.8)
+        answers.append(ask())
+    assert len(set(answers)) == 1
+
+
+def test_streamed_text_with_tools_offered_arrives_token_by_token(server: LocalServer) -> None:
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=RIVERS, tools=WEATHER_TOOLS, max_tokens=24, temperature=0, stream=True
+    )
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 3, pieces  # not one chunk at the end

@@ -128,6 +128,11 @@ def handle(args: argparse.Namespace) -> int:
             f"warning: listening on {args.host} without an API key: anyone who can reach this machine can use it "
             "(set --api-key or LOCALSPEC_API_KEY)"
         )
+    if args.api_key and not args.api_key.isascii():
+        say(
+            "warning: the API key is not ASCII: it is compared as UTF-8, but some clients (the openai SDKs "
+            "among them) can only send ASCII headers; an ASCII key works everywhere"
+        )
     say(f"localspec serve: listening at {server.url}; loading {served}, requests wait for it  (Ctrl+C stops)")
     server.serve()
     say("localspec serve: stopped")

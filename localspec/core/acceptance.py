@@ -68,3 +68,22 @@ def _sample_residual(p: Distribution, q: Distribution, rng: np.random.Generator)
     if total <= 1e-12:  # p == q up to rounding: any rejection was a float artefact
         return p.sample(rng)
     return Distribution(ids, residual / total).sample(rng)
+
+
+def accept_seeded(
+    draft: Sequence[int], target_logits: npt.NDArray[np.floating], cfg: SamplingConfig, seed: int, position: int
+) -> tuple[int, int]:
+    """A seeded request's rule, where the answer must be the same whatever was drafted.
+
+    The target's token at context position k is p_k's Gumbel-max draw with noise keyed by
+    (seed, k) (Distribution.keyed_sample); draft tokens are kept while they equal it. Each
+    emitted token is then p's own draw given the text before it, as plain sampling with
+    that seed makes it: the draft only decides how many positions one pass settles. A draft
+    model draws its tokens with the same noise, so it is kept wherever its law leads to the
+    target's token; a point-mass drafter (n-gram, memory) is kept with probability p(x), as
+    under rejection sampling. `position`: the context position of the first row's token."""
+    for i in range(len(draft) + 1):
+        chosen = process(target_logits[i], cfg).keyed_sample(seed, position + i)
+        if i == len(draft) or chosen != draft[i]:
+            return i, chosen
+    raise AssertionError("unreachable: the loop returns at i == len(draft)")

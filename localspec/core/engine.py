@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.acceptance import accept_greedy, accept_rejection_sampling
+from localspec.core.acceptance import accept_greedy, accept_rejection_sampling, accept_seeded
 from localspec.core.errors import ContextFullError, InvalidRequestError
 from localspec.core.proposal import Proposal, Source, admissible
 from localspec.core.protocol import (
@@ -215,12 +215,15 @@ class Engine:
         cut at an id the target may not evaluate (admissible)."""
         cfg, rng, dists = req.cfg, req.rng, proposal.dists
         wants_rows = cfg.shapes_logits or cfg.logprobs is not None
-        if self.verifier is not None and refused is None and not wants_rows:  # a refused id takes the numpy rule
+        numpy_rule = refused is not None or wants_rows or (cfg.seed is not None and not cfg.greedy)
+        if self.verifier is not None and not numpy_rule:  # a refused id and a seed take the numpy rule
             return (*self.verifier.verify_block([ctx[-1], *tokens], dists, cfg, rng), None)
         generated = ctx[req.prompt_len :] if cfg.shapes_logits else ()  # penalties count them
         logits = shape(self.target.eval_block([ctx[-1], *tokens], "all"), cfg, generated, tokens, req.before)
         if cfg.greedy:
             return (*accept_greedy(tokens, logits), logits)
+        if cfg.seed is not None:  # the same answer whatever was drafted (accept_seeded)
+            return (*accept_seeded(tokens, logits, cfg, cfg.seed, len(ctx)), logits)
         q = dists[refused] if refused is not None and dists else None
         return (*accept_rejection_sampling(tokens, dists, logits, cfg, rng, q), logits)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localspec.core.protocol import Backend, blocks_exact
 from localspec.core.stats import Stats
 
 
@@ -43,3 +44,12 @@ def judge(stats: Stats, exactness: Exactness | None, greedy: bool) -> None:
         stats.bit_exact, stats.inexact_reason = True, ""
     else:
         stats.bit_exact, stats.inexact_reason = False, known.why
+
+
+def greedy_exact_within(backend: Backend) -> int | None:
+    """The context length up to which any cut of a greedy answer into verify blocks gives plain
+    decoding's text (None: any length; 0: none), from what the backend says of its kernels."""
+    if blocks_exact(backend):
+        return None
+    known: Exactness = getattr(backend, "exactness", None) or UNKNOWN
+    return known.cells

@@ -21,12 +21,29 @@ if TYPE_CHECKING:
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 
-class GrammarConstraint:
-    """One request's grammar state: the text so far is what the matcher consumed."""
+# The finish reason of an answer whose grammar allowed no token at some point: a schema that
+# no finite JSON value satisfies (an object that must contain itself), or one too complex
+# for the grammar engine to follow. Never "stop": the text is not what the schema asked for.
+GRAMMAR_DEAD_END = "grammar_error"
 
-    def __init__(self, matcher: Any, n_vocab: int) -> None:
+
+class GrammarConstraint:
+    """One request's grammar state: the text so far is what the matcher consumed.
+
+    Where the grammar allows no token at all, the row allows only the end of generation and
+    the position is kept (dead_ends), so the request ends there with GRAMMAR_DEAD_END rather
+    than a token no grammar chose."""
+
+    def __init__(self, matcher: Any, n_vocab: int, eog: Sequence[int] = ()) -> None:
         self.matcher = matcher
         self.n_vocab = n_vocab
+        self.eog = [t for t in eog if 0 <= t < n_vocab]
+        self.committed = 0  # tokens of the answer so far
+        self.dead_ends: dict[int, str] = {}  # position in the answer -> why nothing was allowed
+
+    def ended_at_dead_end(self, generated: int) -> bool:
+        """Whether an answer of `generated` tokens ended because its grammar allowed nothing more."""
+        return generated in self.dead_ends
 
     def allowed_prefix(self, draft: Sequence[int]) -> int:
         return int(self.matcher.validate_tokens(list(draft))) if draft else 0
@@ -41,13 +58,20 @@ class GrammarConstraint:
                 self.matcher.consume_token(draft[start + i - 1])
                 ahead += 1
             allowed = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: self.n_vocab]
+            if self.matcher.is_error() or not (allowed.any() or self.matcher.is_stopped()):
+                why = self.matcher.get_error().strip().splitlines()
+                self.dead_ends[self.committed + start + i] = why[0] if why else "no token allowed"
+                allowed = np.zeros(self.n_vocab, dtype=np.uint8)
+                allowed[self.eog] = 1
             row[: allowed.size][allowed == 0] = -np.inf
             row[allowed.size :] = -np.inf
-        if ahead:
+        if ahead and not self.matcher.is_error():
             self.matcher.rollback(ahead)
 
     def commit(self, tokens: Sequence[int]) -> None:
-        self.matcher.consume_tokens(list(tokens))
+        if not self.matcher.is_error():
+            self.matcher.consume_tokens(list(tokens))
+        self.committed += len(tokens)
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (llguidance's jump-forward: the canonical
@@ -74,6 +98,7 @@ class Grammars:
             tokens.append(raw if raw and i not in eog else b"\xff" + (name or f"<special_{i}>".encode()))
         wrapper = _Vocabulary(tokens, eog[0] if eog else 0, identity.bos, target)
         self.n_vocab = target.info.n_vocab
+        self.eog = eog
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(wrapper), eos_token=eog or None)
         self.target = target
         self._special = frozenset(wrapper.special_token_ids)
@@ -121,7 +146,16 @@ class Grammars:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"{param} cannot be used: {matcher.get_error()}")
-        return GrammarConstraint(matcher, self.n_vocab)
+        # The first mask, now: a schema no text satisfies (a $ref that only refers to itself)
+        # allows no first token, and is refused before anything is generated.
+        first = np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8)[: self.n_vocab]
+        if matcher.is_error() or not first.any():
+            reason = matcher.get_error().strip().splitlines()[0] if matcher.is_error() else "no text satisfies it"
+            raise InvalidRequestError(
+                f"{param} cannot be satisfied: {reason}",
+                "check the schema: a $ref that only refers to itself, or a type no value has, matches nothing",
+            )
+        return GrammarConstraint(matcher, self.n_vocab, self.eog)
 
 
 def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any] | None:

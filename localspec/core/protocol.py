@@ -85,6 +85,13 @@ class Capabilities:
         return self.extra.get("gpu")
 
 
+def blocks_exact(backend: Backend) -> bool:
+    """Whether a position's logits are the same whatever block it is evaluated in (the
+    reference model; llama.cpp with exact kernels), so that a greedy answer cannot depend on
+    how drafts cut it into blocks."""
+    return backend.capabilities.extra.get("exact") == "1"
+
+
 @runtime_checkable
 class Backend(Protocol):
     """One loaded model with its own cache. Positions are counted in tokens from 0."""

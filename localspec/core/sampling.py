@@ -278,10 +278,42 @@ class Distribution:
         idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
         return int(self.ids[min(idx, self.ids.size - 1)])
 
+    def keyed_sample(self, seed: int, position: int) -> int:
+        """A seeded request's token at `position` (Gumbel-max with keyed_gumbels):
+        argmax_t log p(t) + G(seed, position, t) is distributed as p, and it is the same
+        draw whoever makes it, so a drafter and the target that share the noise agree
+        whenever their laws lead to the same token."""
+        with np.errstate(divide="ignore"):
+            scores = np.log(self.probs) + keyed_gumbels(seed, position, self.ids)
+        return int(self.ids[int(np.argmax(scores))])
+
     def dense(self, vocab: int) -> FloatArray:
         out = np.zeros(vocab, dtype=np.float64)
         out[self.ids] = self.probs
         return out
+
+
+_U64 = (1 << 64) - 1
+
+
+def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """SplitMix64's finalizer: a well-mixed 64-bit hash (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def keyed_gumbels(seed: int, position: int, ids: IntArray) -> FloatArray:
+    """Standard Gumbel noise for each token id at one context position of a seeded request,
+    a hash of (seed, position, id): the same for every drawer, and independent of how many
+    numbers anything drew before (the draft lengths, the tokens before)."""
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.array([seed & _U64], dtype=np.uint64))
+        key = _splitmix64(key ^ np.uint64(position & _U64))
+        bits = _splitmix64(key ^ ids.astype(np.uint64))
+    u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    return -np.log(-np.log(u))
 
 
 def one_hot(token: int) -> Distribution:

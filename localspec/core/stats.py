@@ -51,8 +51,10 @@ class Stats:
     # adaptive policy picks the source per step; see Engine).
     lookup_drafted: int = 0
     lookup_accepted: int = 0
-    # Of `accepted`: tokens the request's grammar forced, drafted for nothing (jump-forward).
+    # Of `accepted`: tokens the request's grammar forced, drafted for nothing (jump-forward);
+    # of `drafted`: those the forced steps put up (a forced token the target refuses is rare).
     forced: int = 0
+    forced_drafted: int = 0
     finish_reason: str = ""
     # What the user should know about this request (a drafter switched off, say).
     notices: list[str] = field(default_factory=list)
@@ -65,6 +67,12 @@ class Stats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def drafter_acceptance_rate(self) -> float:
+        """The acceptance of what was drafted by guessing, without what a grammar forced."""
+        drafted = self.drafted - self.forced_drafted
+        return (self.accepted - self.forced) / drafted if drafted else 0.0
 
     @property
     def tokens_per_step(self) -> float:
@@ -103,6 +111,7 @@ class Stats:
             self.lookup_accepted += step.accepted
         if step.forced:
             self.forced += step.accepted
+            self.forced_drafted += step.drafted
         self.gamma_histogram[step.gamma] = self.gamma_histogram.get(step.gamma, 0) + 1
         for i in range(step.drafted):
             self.record_position(i, 1, 1 if i < step.accepted else 0)

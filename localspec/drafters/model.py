@@ -72,7 +72,12 @@ class ModelDrafter:
                 if not np.isfinite(row.max()):
                     break  # the grammar allows nothing more
             dist = None if cfg.greedy else process(row, cfg)
-            tok = int(np.argmax(row)) if dist is None else dist.sample(rng)
+            if dist is None:
+                tok = int(np.argmax(row))
+            elif cfg.seed is not None:  # the target's own noise (accept_seeded): agreeing laws agree here
+                tok = dist.keyed_sample(cfg.seed, len(context) + i)
+            else:
+                tok = dist.sample(rng)
             tokens.append(tok)
             if dist is not None:
                 dists.append(dist)

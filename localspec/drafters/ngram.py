@@ -31,12 +31,22 @@ CANDIDATES = 64
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, min_ngram: int = 1, max_support: int = MAX_SUPPORT, memory: NgramMemory | None = None) -> None:
+    def __init__(
+        self,
+        min_ngram: int = 1,
+        max_support: int = MAX_SUPPORT,
+        memory: NgramMemory | None = None,
+        recall_greedy_within: int | None = None,
+    ) -> None:
         if min_ngram < 1:
             raise ValueError("min_ngram must be at least 1")
         self.min_ngram = min_ngram
         self.max_support = max(max_support, min_ngram)
         self.memory = memory
+        # The context length up to which the target's blocks give one-token passes' logits (None:
+        # any): past it a greedy request drafts from its own text only, so its blocks, and so its
+        # text, do not depend on what earlier requests said (docs/serve.md, "Repeatable answers").
+        self.recall_greedy_within = recall_greedy_within
         # Positions right after every earlier occurrence of each min_ngram-gram, oldest first.
         # Append-only per request, so each step costs O(new tokens), not O(context).
         self._index: dict[tuple[int, ...], list[int]] = {}
@@ -58,7 +68,9 @@ class NgramDrafter:
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         self._extend(context)
         draft = self._copy(context, n)
-        if self.memory is not None and draft.support < self.max_support:
+        within = self.recall_greedy_within
+        recall = self.memory is not None and (not cfg.greedy or within is None or len(context) + n < within)
+        if recall and self.memory is not None and draft.support < self.max_support:
             recalled = self.memory.recall(context, n, self.max_support)
             # The request's own text is the likelier source (an earlier answer to a like
             # request shares its shape, not its values): where it matches a real passage,

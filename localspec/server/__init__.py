@@ -26,6 +26,7 @@ import uvicorn
 
 from localspec.api import Runtime
 from localspec.server.app import Catalog, Settings, create_app
+from localspec.server.hosts import host_name, is_loopback
 from localspec.server.worker import Loader, Worker
 
 __all__ = ["Catalog", "LocalServer", "Settings"]
@@ -163,4 +164,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def local_only(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    """Whether --host reaches this machine only: a loopback name or address, however spelled
+    (`0:0:0:0:0:0:0:1` is ::1)."""
+    name = host_name(host)
+    return name is not None and is_loopback(name)

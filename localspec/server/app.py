@@ -9,10 +9,10 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -29,7 +29,7 @@ from localspec.server import schemas
 from localspec.server.grammar import GrammarRequest
 from localspec.server.hosts import HostCheck, HostPolicy
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
-from localspec.server.tools import ToolRequest, parse_tool_calls, tool_request
+from localspec.server.tools import CallFilter, ToolRequest, parse_tool_calls, tool_request
 from localspec.server.worker import Item, Job, Worker, stream_kwargs
 
 UNLIMITED = 1 << 30  # no max_tokens: generate until a stop or the context is full
@@ -69,22 +69,48 @@ class Catalog:
 
     def resolve(self, name: str | None, loaded: str) -> str:
         """The pair id to run a request on; 404 naming `localspec pull` when it is not here."""
+        model, unknown = self.answer(name, loaded)
+        if unknown:
+            hint = (
+                f"this server serves {self.served!r} only"
+                if not self.pairs
+                else "`localspec list` shows the pairs; fetch one with `localspec pull PAIR`"
+            )
+            raise _no_model(str(name), hint)
+        return model
+
+    def answer(self, name: str | None, loaded: str) -> tuple[str, bool]:
+        """The pair id to run a request on, and whether `name` is no pair at all (then the
+        loaded model answers, as llama-server and Ollama answer an app that sends
+        `gpt-4o-mini`); a pair that is known but not pulled is a 404 naming the pull."""
         if not name or name in (loaded, self.served):
-            return name or loaded
+            return name or loaded, False
         if not self.pairs:
-            raise _no_model(name, f"this server serves {self.served!r} only")
+            return loaded, True
         from localspec.models.pull import is_pulled, pull_command
         from localspec.models.registry import UnknownPairError, load_registry
 
         try:
             pair = load_registry().pair(name)
         except UnknownPairError:
-            raise _no_model(name, "`localspec list` shows the pairs; fetch one with `localspec pull PAIR`") from None
+            return loaded, True
         if pair.id in (loaded, self.served):
-            return pair.id
+            return pair.id, False
         if not is_pulled(pair, self.backend):
             raise _no_model(name, f"fetch it with: {pull_command(pair, self.backend)}")
-        return pair.id
+        return pair.id, False
+
+
+def _warnings(ignored: Sequence[str], asked: str | None, model: str) -> dict[str, str]:
+    """The warning header: fields ignored, a model name answered by another. ASCII only, as
+    headers must be."""
+    said = []
+    if ignored:
+        said.append(f"ignored fields with no equivalent here: {', '.join(ignored)}")
+    if asked is not None:
+        said.append(f"model {asked!r} is not here; {model} answered")
+    text = "; ".join(said).encode("ascii", "backslashreplace").decode()
+    return {schemas.WARNING_HEADER: text} if said else {}
 
 
 def _no_model(name: str, hint: str) -> ApiError:
@@ -94,7 +120,7 @@ def _no_model(name: str, hint: str) -> ApiError:
 def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host: str = "127.0.0.1") -> FastAPI:
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
-    api = APIRouter(dependencies=[Depends(_key_check(settings.api_key))])
+    api = APIRouter()
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -115,62 +141,74 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        body.refuse_unsupported()
+        ignored = body.refuse_unsupported()
         tools = tool_request(body.tools, body.tool_choice)
-        return await _generate(request, body, "chat", {"messages": body.chat(), "tools": tools}, tools)
+        return await _generate(request, body, "chat", {"messages": body.chat(), "tools": tools}, tools, ignored)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        body.refuse_unsupported()
-        return await _generate(request, body, "text", body.source())
+        ignored = body.refuse_unsupported()
+        return await _generate(request, body, "text", body.source(), None, ignored)
 
     async def _generate(
-        request: Request, body: GenerationRequest, kind: str, source: dict[str, Any], tools: ToolRequest | None = None
+        request: Request,
+        body: GenerationRequest,
+        kind: str,
+        source: dict[str, Any],
+        tools: ToolRequest | None,
+        ignored: Sequence[str],
     ) -> Response:
-        model = await run_in_threadpool(catalog.resolve, body.model, worker.model_id)
+        model, unknown = await run_in_threadpool(catalog.answer, body.model, worker.model_id)
+        asked = body.model if unknown else None
         limit = body.token_limit
+        sampling = body.sampling()
         kwargs = stream_kwargs(
-            max_tokens=UNLIMITED if limit is None else limit, stop=body.stops, sampling=body.sampling(), **source
+            max_tokens=UNLIMITED if limit is None else limit, stop=body.stops, sampling=sampling, **source
         )
         grammar = GrammarRequest.of(body.response_format, tools if tools is not None and tools.forced else None)
         prompt = await run_in_threadpool(worker.check_prompt, model, kwargs, grammar)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Item] = asyncio.Queue()
-
-        def emit(item: Item) -> None:
-            with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
-                loop.call_soon_threadsafe(events.put_nowait, item)
-
         cache_prompt = settings.cache_prompt if body.cache_prompt is None else body.cache_prompt
-        job = Job(
-            model,
-            kwargs,
-            emit,
-            exact_prefix=not cache_prompt,
-            fresh=not settings.prefix_cache,
-            logprobs=body.logprob_top(),
-            grammar=grammar,
-            prompt=prompt,
-        )
-        worker.submit(job)
-        reply = Reply(kind, model, request, tools)
+
+        def make(index: int, emit: Callable[[Item], None]) -> Job:
+            # Each choice its own seed (the next one), so that seeded choices differ and each is reproducible.
+            seeded = sampling if index == 0 or sampling.seed is None else replace(sampling, seed=sampling.seed + index)
+            return Job(
+                model,
+                {**kwargs, "sampling": seeded},
+                emit,
+                exact_prefix=not cache_prompt,
+                fresh=not settings.prefix_cache,
+                logprobs=body.logprob_top(),
+                grammar=grammar,
+                prompt=prompt,
+            )
+
+        first = _submit(worker, make, 0)
+        reply = Reply(kind, model, request, tools, choices=body.choices, asked=asked)
+        headers = _warnings(ignored, asked, model)
         if body.stream:
             return StreamingResponse(
-                _sse(reply, job, events, worker, body.include_usage, settings.keepalive_s),
+                _sse(reply, first, make, worker, body.include_usage, settings.keepalive_s),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
             )
-        return await _collect(reply, job, events, worker)
+        response = await _collect(reply, first, make, worker)
+        response.headers.update(headers)
+        return response
 
     app.include_router(api)
-    # Outermost last: the log sees every answer, CORS answers preflights before the key check.
+    # Outermost last: the log sees every answer, CORS answers preflights before the key check,
+    # and the key is checked before a body is read.
     app.add_middleware(JsonBody)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(KeyCheck, key=settings.api_key)
     app.add_middleware(
         JsonCors,
         allow_origins=list(settings.cors_origins),
         allow_methods=["GET", "POST"],
-        allow_headers=["Authorization", "Content-Type"],
+        # Any request header: the openai SDKs send their own (x-stainless-*, openai-organization,
+        # ...), the origins are what --cors-origin limits, and llama-server allows them all too.
+        allow_headers=["*"],
     )
     # Before CORS: a rebinding page is its own origin, so only the names tell it apart.
     policy = HostPolicy.of(bound_host, settings.allowed_hosts)
@@ -189,35 +227,62 @@ def _model_card(model_id: str, catalog: Catalog, loaded: str) -> dict[str, Any]:
     }
 
 
-def _key_check(key: str | None) -> Callable[[Request], None]:
-    def check(request: Request) -> None:
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise ApiError(
-                401,
-                "a valid API key is required: send the header 'Authorization: Bearer KEY'"
-                if not given
-                else "the API key is not valid",
-                code="invalid_api_key",
-            )
+class KeyCheck:
+    """401 for a request without the API key on every route but /health, before its body is
+    read: whoever lacks the key learns nothing of how a body would be parsed. The header's raw
+    bytes are compared with the key's UTF-8, so a key that is not ASCII works from any client
+    that sends it as UTF-8."""
 
-    return check
+    def __init__(self, app: ASGIApp, key: str | None) -> None:
+        self.app = app
+        self.key = None if key is None else key.encode("utf-8")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.key is not None and scope["type"] == "http" and scope["path"] != "/health":
+            given = next((v for k, v in scope["headers"] if k.lower() == b"authorization"), b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                error = ApiError(
+                    401,
+                    "a valid API key is required: send the header 'Authorization: Bearer KEY'"
+                    if not given
+                    else "the API key is not valid",
+                    code="invalid_api_key",
+                )
+                await _error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # -- answers --------------------------------------------------------------------------------
 
+MakeJob = Callable[[int, Callable[[Item], None]], Job]  # choice index, emit -> its job
+
+
+def _submit(worker: Worker, make: MakeJob, index: int) -> tuple[Job, asyncio.Queue[Item]]:
+    """Choice `index`'s job, queued, and the queue its events arrive in."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Item] = asyncio.Queue()
+
+    def emit(item: Item) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
+    job = make(index, emit)
+    worker.submit(job)
+    return job, events
+
 
 @dataclass
 class Reply:
-    """One request's answer in OpenAI's shape: chat or text completion."""
+    """One request's answer in OpenAI's shape: chat or text completion, with `choices` choices."""
 
     kind: str  # "chat" or "text"
     model: str
     request: Request
     tools: ToolRequest | None = None  # offered: the answer's calls become tool_calls
+    choices: int = 1
+    asked: str | None = None  # the model name asked for where another answered (an unknown name)
     id: str = ""
     created: int = field(default_factory=schemas.now)
     started: float = field(default_factory=time.perf_counter)
@@ -230,26 +295,27 @@ class Reply:
         """The field that holds the prompt, which a prompt too long for the context names."""
         return "messages" if self.kind == "chat" else "prompt"
 
-    def whole(self, done: Finished, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    def whole(self, answers: Sequence[tuple[Finished, list[TokenLogprob] | None]]) -> dict[str, Any]:
         shape = schemas.chat_completion if self.kind == "chat" else schemas.text_completion
-        whole = shape(self.id, self.created, self.model, done.text, done.finish_reason, done.stats, logprobs)
-        content, calls = parse_tool_calls(done.text, self.tools.names) if self.tools is not None else (done.text, [])
-        if calls:
-            choice = whole["choices"][0]
-            choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
-            choice["finish_reason"] = "tool_calls"
+        stats = schemas.combined([done.stats for done, _ in answers])
+        whole: dict[str, Any] = {}
+        for index, (done, logprobs) in enumerate(answers):
+            one = shape(self.id, self.created, self.model, done.text, done.finish_reason, stats, logprobs)
+            choice = one["choices"][0]
+            choice["index"] = index
+            content, calls = (done.text, []) if self.tools is None else parse_tool_calls(done.text, self.tools.names)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls"
+            if whole:
+                whole["choices"].append(choice)
+            else:
+                whole = one
         return whole
 
-    def tool_chunks(self, text: str) -> tuple[list[dict[str, Any]], str | None]:
-        """A streamed answer that was offered tools, sent once it is whole (a call is only
-        known as one when it ends): its text, its calls, and "tool_calls" as the finish
-        reason when there are any (None: the engine's own)."""
-        content, calls = parse_tool_calls(text, self.tools.names if self.tools is not None else ())
-        chunks = [self.chunk(content)] if content else []
-        if calls:
-            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
-            chunks.append({**self.chunk(None), "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-        return chunks, "tool_calls" if calls else None
+    def calls_chunk(self, calls: list[dict[str, Any]], index: int = 0) -> dict[str, Any]:
+        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+        return {**self.chunk(None), "choices": [{"index": index, "delta": delta, "finish_reason": None}]}
 
     def chunk(
         self,
@@ -258,34 +324,49 @@ class Reply:
         role: bool = False,
         logprobs: list[TokenLogprob] | None = None,
         offset: int = 0,
+        index: int = 0,
     ) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text:
                 delta["content"] = text
             lp = schemas.chat_logprobs(logprobs)
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
             lp = schemas.text_logprobs(logprobs, offset)
-            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
 
     def note(self, stats: Stats | None, outcome: str = "") -> None:
         """What the request log says about this answer."""
+        who = self.model if self.asked is None else f"{self.model} (asked for {self.asked!r}, not here)"
         if stats is None:
-            self.request.state.log_note = f"{self.model} {outcome}"
+            self.request.state.log_note = f"{who} {outcome}"
             return
         self.request.state.log_note = (
-            f"{self.model} {stats.prompt_tokens}+{stats.generated_tokens} tokens "
-            f"{stats.decode_tokens_per_s:.1f} tok/s acceptance {stats.acceptance_rate:.0%} "
+            f"{who} {stats.prompt_tokens}+{stats.generated_tokens} tokens "
+            f"{stats.decode_tokens_per_s:.1f} tok/s acceptance {stats.drafter_acceptance_rate:.0%} "
             f"({stats.strategy}, {stats.tokens_per_step:.2f} tokens/step){outcome}"
         )
 
 
-async def _collect(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: Worker) -> Response:
-    """A whole answer; a client that leaves first ends its generation."""
+async def _collect(reply: Reply, first: tuple[Job, asyncio.Queue[Item]], make: MakeJob, worker: Worker) -> Response:
+    """Whole answers, one choice after another; a client that leaves first ends its generation."""
+    answers: list[tuple[Finished, list[TokenLogprob] | None]] = []
+    for index in range(reply.choices):
+        job, events = first if index == 0 else _submit(worker, make, index)
+        done = await _collect_one(reply, job, events, worker)
+        if done is None:
+            return Response(status_code=499)  # nobody reads it: the connection is gone
+        answers.append((done, LogprobFeed(job.recorder).covering(len(done.text.encode()))))
+    reply.note(schemas.combined([done.stats for done, _ in answers]))
+    return JSONResponse(reply.whole(answers))
+
+
+async def _collect_one(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: Worker) -> Finished | None:
+    """One choice's answer; None when the client left before it was done."""
     left = asyncio.ensure_future(_disconnected(reply.request))
     finished = False
     try:
@@ -295,7 +376,7 @@ async def _collect(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: 
             if not get.done():
                 get.cancel()
                 reply.note(None, f"client left after {job.steps} steps")
-                return Response(status_code=499)  # nobody reads it: the connection is gone
+                return None
             item = get.result()
             if isinstance(item, BaseException):
                 finished = True
@@ -304,9 +385,7 @@ async def _collect(reply: Reply, job: Job, events: asyncio.Queue[Item], worker: 
                 raise error from item
             if isinstance(item, Finished):
                 finished = True
-                reply.note(item.stats)
-                feed = LogprobFeed(job.recorder)
-                return JSONResponse(reply.whole(item, feed.covering(len(item.text.encode()))))
+                return item
     finally:
         left.cancel()
         if not finished:
@@ -345,58 +424,122 @@ def _event(payload: Mapping[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+@dataclass
+class ChoiceStream:
+    """One choice's streamed text: what was sent (which the logprobs sent must cover) and,
+    where tools were offered, what is held back because it could still become a call."""
+
+    reply: Reply
+    index: int
+    feed: LogprobFeed
+    calls: CallFilter | None
+    sent: bytes = b""
+
+    def text(self, text: str) -> dict[str, Any] | None:
+        """The chunk for a piece of text as it comes (None: nothing to send yet)."""
+        if self.calls is not None:
+            text = self.calls.push(text)
+        if not text:
+            return None
+        offset = len(self.sent.decode(errors="replace"))
+        self.sent += text.encode()
+        logprobs = self.feed.covering(len(self.sent))
+        return self.reply.chunk(text, logprobs=logprobs, offset=offset, index=self.index)
+
+    def end(self) -> tuple[list[dict[str, Any]], str | None]:
+        """The chunks of what was held back, and "tool_calls" where it held calls (None: the
+        engine's own finish reason)."""
+        if self.calls is None:
+            return [], None
+        content, calls = self.calls.finish()
+        chunks = [self.reply.chunk(content, index=self.index)] if content else []
+        if calls:
+            chunks.append(self.reply.calls_chunk(calls, self.index))
+        return chunks, "tool_calls" if calls else None
+
+
 async def _sse(
-    reply: Reply, job: Job, events: asyncio.Queue[Item], worker: Worker, include_usage: bool, keepalive: float
+    reply: Reply,
+    first: tuple[Job, asyncio.Queue[Item]],
+    make: MakeJob,
+    worker: Worker,
+    include_usage: bool,
+    keepalive: float,
 ) -> AsyncIterator[bytes]:
-    """data: events, a comment every `keepalive` seconds while nothing else is sent, a final
-    [DONE]. A client that leaves cancels this generator, which ends its generation."""
-    finished = False
-    first = True
+    """data: events, choice after choice, a comment every `keepalive` seconds while nothing
+    else is sent, a final [DONE]. A client that leaves cancels this generator, which ends its
+    generation."""
     usage_none = {"usage": None} if include_usage else {}
-    sent = b""  # the text streamed so far, which the logprobs sent must cover
-    feed: LogprobFeed | None = None
+    done: list[Stats] = []
+    job = first[0]
+    finished = False
     try:
-        while True:
+        for index in range(reply.choices):
             try:
-                item = await asyncio.wait_for(events.get(), keepalive)
-            except asyncio.TimeoutError:
-                yield b": keep-alive\n\n"
-                continue
-            if isinstance(item, BaseException):
-                finished = True
-                error = _api_error(item, reply.prompt_param)
-                reply.note(None, f"failed: {error.message}")
+                job, events = first if index == 0 else _submit(worker, make, index)
+            except ApiError as error:
                 yield _event(error.body())
+                finished = True
                 break
-            if first and reply.kind == "chat":
-                yield _event({**reply.chunk(None, role=True), **usage_none})
-            first = False
-            feed = feed or LogprobFeed(job.recorder)
-            if isinstance(item, TextDelta):
-                if item.text and reply.tools is None:
-                    offset = len(sent.decode(errors="replace"))
-                    sent += item.text.encode()
-                    logprobs = feed.covering(len(sent))
-                    yield _event({**reply.chunk(item.text, logprobs=logprobs, offset=offset), **usage_none})
-                continue
+            finished = False
+            async for event in _choice_events(reply, index, job, events, usage_none, keepalive, done):
+                yield event
             finished = True
-            reply.note(item.stats)
-            finish = schemas.FINISH_REASONS.get(item.finish_reason, item.finish_reason)
-            if reply.tools is not None:
-                chunks, called = reply.tool_chunks(item.text)
-                for chunk in chunks:
-                    yield _event({**chunk, **usage_none})
-                finish = called or finish
-            yield _event({**reply.chunk(None, finish), **usage_none, "speculation": schemas.speculation(item.stats)})
+            if len(done) <= index:  # it failed: the error was sent
+                break
+        if len(done) == reply.choices:
+            stats = schemas.combined(done)
+            reply.note(stats)
             if include_usage:
-                last = {**reply.chunk(None), "choices": [], "usage": schemas.usage(item.stats)}
-                yield _event({**last, "speculation": schemas.speculation(item.stats)})
-            break
+                last = {**reply.chunk(None), "choices": [], "usage": schemas.usage(stats)}
+                yield _event({**last, "speculation": schemas.speculation(stats)})
         yield b"data: [DONE]\n\n"
     finally:
         if not finished:
             reply.note(None, f"client left after {job.steps} steps")
             worker.withdraw(job)
+
+
+async def _choice_events(
+    reply: Reply,
+    index: int,
+    job: Job,
+    events: asyncio.Queue[Item],
+    usage_none: Mapping[str, Any],
+    keepalive: float,
+    done: list[Stats],
+) -> AsyncIterator[bytes]:
+    """One choice's events; its stats are appended to `done` once it finished."""
+    calls = None if reply.tools is None else CallFilter(reply.tools.names)
+    stream = ChoiceStream(reply, index, LogprobFeed(job.recorder), calls)
+    first = True
+    while True:
+        try:
+            item = await asyncio.wait_for(events.get(), keepalive)
+        except asyncio.TimeoutError:
+            yield b": keep-alive\n\n"
+            continue
+        if isinstance(item, BaseException):
+            error = _api_error(item, reply.prompt_param)
+            reply.note(None, f"failed: {error.message}")
+            yield _event(error.body())
+            return
+        if first and reply.kind == "chat":
+            yield _event({**reply.chunk(None, role=True, index=index), **usage_none})
+        first = False
+        if isinstance(item, TextDelta):
+            chunk = stream.text(item.text) if item.text else None
+            if chunk is not None:
+                yield _event({**chunk, **usage_none})
+            continue
+        chunks, called = stream.end()
+        for chunk in chunks:
+            yield _event({**chunk, **usage_none})
+        finish = called or schemas.FINISH_REASONS.get(item.finish_reason, item.finish_reason)
+        last = reply.chunk(None, finish, index=index)
+        yield _event({**last, **usage_none, "speculation": schemas.speculation(item.stats)})
+        done.append(item.stats)
+        return
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -67,7 +67,9 @@ class HostPolicy:
     def of(cls, bound_host: str, allowed: Iterable[str] = ()) -> HostPolicy:
         given = [n for n in (host_name(a) if a != ANY_HOST else a for a in allowed) if n]
         names = set(given) - {ANY_HOST}
-        wildcard = bound_host.strip("[]") in WILDCARD_BINDS
+        bare = bound_host.strip("[]")
+        address = _address(bare)
+        wildcard = bare in WILDCARD_BINDS or (address is not None and address.is_unspecified)
         if wildcard:
             names.add(socket.gethostname().lower())  # the machine's own name, as LAN clients type it
         elif (bound := host_name(bound_host)) is not None:
@@ -110,6 +112,13 @@ class HostCheck:
             return None
         if origin != "null" and self.policy.allows(host_name(urlsplit(origin).netloc)):
             return None
+        if origin == "null":  # any sandboxed frame or file:// page sends it: allowing it would allow them all
+            return ApiError(
+                403,
+                "Origin 'null' (a sandboxed frame or a file:// page) is refused: any page can send it; serve "
+                "the web app from an http(s) origin and start `localspec serve` with --cors-origin THAT_ORIGIN",
+                code="host_not_allowed",
+            )
         return _refused(f"Origin {origin!r}", f"allow a web app with --cors-origin {origin}")
 
 

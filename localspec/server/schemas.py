@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from localspec.core.errors import InvalidRequestError
@@ -38,6 +40,51 @@ HARMLESS_FIELDS = frozenset(
         "modalities",
     }
 )
+
+# llama-server's and Ollama's fields with no equivalent here (other samplers, slots, timings):
+# an app written for them sends them, so they are ignored and named in a warning header
+# rather than refused. Any other unknown field is still a 400 (a misspelt one is caught).
+PEER_FIELDS = frozenset(
+    {
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "typical_p",
+        "tfs_z",
+        "dynatemp_range",
+        "dynatemp_exponent",
+        "xtc_probability",
+        "xtc_threshold",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "top_n_sigma",
+        "samplers",
+        "min_keep",
+        "penalize_nl",
+        "penalty_last_n",
+        "ignore_eos",
+        "n_keep",
+        "n_probs",
+        "n_indent",
+        "id_slot",
+        "slot_id",
+        "t_max_predict_ms",
+        "t_max_prompt_ms",
+        "return_tokens",
+        "timings_per_token",
+        "post_sampling_probs",
+        "chat_template_kwargs",
+        "keep_alive",
+        "options",
+    }
+)
+# llama-server's names for fields that have an equivalent here: the equivalent's name.
+PEER_NAMES = {"n_predict": "max_tokens", "json_schema": "response_format"}
+MAX_CHOICES = 16  # n: choices are generated one after another
+WARNING_HEADER = "X-Localspec-Warning"
 
 
 class ApiError(Exception):
@@ -112,8 +159,8 @@ class GenerationRequest(BaseModel):
     # Chat: logprobs true and top_logprobs N; completions: logprobs N (see logprob_top).
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    # Accepted at the values that leave the output as it is; anything else is refused.
-    n: int | None = 1
+    # Choices, generated one after another (each with the next seed where a seed is given).
+    n: int | None = Field(default=1, ge=1, le=MAX_CHOICES)
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -122,6 +169,30 @@ class GenerationRequest(BaseModel):
     # llama-server's name: true reuses any cached prompt prefix, which is faster but may tip a
     # near-tie another way than a fresh evaluation; None takes the server's --cache-prompt.
     cache_prompt: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _peer_names(cls, data: Any) -> Any:
+        """llama-server's n_predict (-1: no limit) and json_schema, read as max_tokens and
+        response_format where those are not given."""
+        if not isinstance(data, dict) or not any(name in data for name in PEER_NAMES):
+            return data
+        data = dict(data)
+        if "n_predict" in data:
+            n_predict = data.pop("n_predict")
+            if "max_tokens" not in data and "max_completion_tokens" not in data:
+                if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict < 0:
+                    n_predict = None  # llama-server's -1: until a stop or the context is full
+                data["max_tokens"] = n_predict
+        if "json_schema" in data:
+            schema = data.pop("json_schema")
+            if "response_format" not in data and schema is not None:
+                data["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        return data
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     @property
     def token_limit(self) -> int | None:
@@ -191,19 +262,23 @@ class GenerationRequest(BaseModel):
         `logprobs: true` with `top_logprobs: N`."""
         return (self.top_logprobs or 0) if self.logprobs is True else None
 
-    def refuse_unsupported(self) -> None:
-        """400 naming the first field that asks for something localspec does not do."""
+    def refuse_unsupported(self) -> list[str]:
+        """400 naming the first field that asks for something localspec does not do; the
+        llama-server fields it ignores, for the warning header."""
         changes_output = {
-            "n": self.n not in (None, 1),
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none", "auto"),
         }
         for name, refused in changes_output.items():
             if refused:
                 raise ApiError(400, f"'{name}' is not supported by localspec serve", param=name, code="unsupported")
+        ignored = []
         for name in self.model_extra or {}:
-            if name not in HARMLESS_FIELDS:
+            if name in PEER_FIELDS:
+                ignored.append(name)
+            elif name not in HARMLESS_FIELDS:
                 raise ApiError(400, f"unknown or unsupported field '{name}'", param=name, code="unsupported")
+        return ignored
 
 
 class ChatRequest(GenerationRequest):
@@ -257,14 +332,14 @@ class CompletionRequest(GenerationRequest):
             raise ApiError(400, f"'logprobs' must be a whole number 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
         return int(self.logprobs)
 
-    def refuse_unsupported(self) -> None:
+    def refuse_unsupported(self) -> list[str]:
         if self.echo:
             raise ApiError(400, "'echo' is not supported by localspec serve", param="echo", code="unsupported")
         if self.best_of not in (None, 1):
             raise ApiError(400, "'best_of' is not supported by localspec serve", param="best_of", code="unsupported")
         if self.tools or self.tool_choice not in (None, "none", "auto"):
             raise ApiError(400, "tools are for /v1/chat/completions", param="tools", code="unsupported")
-        super().refuse_unsupported()
+        return super().refuse_unsupported()
 
 
 def _text_of(message: ChatMessage, i: int) -> str:
@@ -305,19 +380,49 @@ def usage(stats: Stats) -> dict[str, int]:
     }
 
 
+def combined(answers: Sequence[Stats]) -> Stats:
+    """The stats of n choices of one request as one: counts and times summed, the prompt once."""
+    if len(answers) == 1:
+        return answers[0]
+    total = replace(answers[0], gamma_histogram=dict(answers[0].gamma_histogram))
+    for stats in answers[1:]:
+        for name in SUMMED:
+            setattr(total, name, getattr(total, name) + getattr(stats, name))
+        for gamma, count in stats.gamma_histogram.items():
+            total.gamma_histogram[gamma] = total.gamma_histogram.get(gamma, 0) + count
+    return total
+
+
+SUMMED = (
+    "prefill_tokens",
+    "prefill_seconds",
+    "generated_tokens",
+    "decode_seconds",
+    "draft_seconds",
+    "verify_seconds",
+    "verify_steps",
+    "drafted",
+    "accepted",
+    "forced",
+    "forced_drafted",
+)
+
+
 def speculation(stats: Stats) -> dict[str, Any]:
-    """localspec's figures for one request: an extra key OpenAI clients ignore."""
+    """localspec's figures for one request: an extra key OpenAI clients ignore. Drafting's
+    figures leave out what a grammar forced (those tokens are known, not guessed: counting
+    them would report an acceptance near 1 for any structured answer, drafted or not)."""
     return {
         "strategy": stats.strategy,
-        "drafted_tokens": stats.drafted,
-        "accepted_tokens": stats.accepted,
-        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "drafted_tokens": stats.drafted - stats.forced_drafted,
+        "accepted_tokens": stats.accepted - stats.forced,
+        "acceptance_rate": round(stats.drafter_acceptance_rate, 4),
+        "forced_tokens": stats.forced,  # what the grammar forced (jump-forward), verified in the same passes
         "verify_steps": stats.verify_steps,
         "tokens_per_step": round(stats.tokens_per_step, 4),
         "mean_draft_length": round(stats.mean_gamma, 4),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
         "prompt_tokens_evaluated": stats.prefill_tokens,
-        "forced_tokens": stats.forced,  # of accepted_tokens: what the grammar forced (jump-forward)
         # Greedy: plain decoding's answer bit for bit by construction (null when sampled).
         "bit_exact": stats.bit_exact,
     }

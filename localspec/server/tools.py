@@ -122,19 +122,25 @@ class ToolRequest:
         if form == GEMMA4:
             return _gemma_grammar(self.functions, spell)
         arguments = "parameters" if form == LLAMA3 else "arguments"
+        single = len(self.functions) == 1
         schemas = [
             {
                 "type": "object",
                 "properties": {
                     "name": {"const": f["name"]},
-                    arguments: closed(f.get("parameters") or {"type": "object"}),
+                    # The parameters sit inside the call's schema, so their own "#/..." pointers
+                    # ($defs of a nested pydantic model) are rewritten to where they now are.
+                    arguments: rebased(
+                        closed(f.get("parameters") or {"type": "object"}),
+                        f"#{'' if single else f'/anyOf/{i}'}/properties/{arguments}",
+                    ),
                 },
                 "required": ["name", arguments],
                 "additionalProperties": False,
             }
-            for f in self.functions
+            for i, f in enumerate(self.functions)
         ]
-        call = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        call = schemas[0] if single else {"anyOf": schemas}
         # Compact JSON, as for response_format: with free whitespace a model can fill the call with newlines.
         call = {**call, "x-guidance": {"whitespace_flexible": False}}
         if form == LLAMA3:
@@ -163,9 +169,30 @@ def closed(schema: Any) -> Any:
     return out
 
 
+def rebased(schema: Any, at: str) -> Any:
+    """The schema with each local "$ref" ("#", "#/$defs/A") pointing under `at`, the pointer
+    to where the schema now sits inside a larger one."""
+    if isinstance(schema, list):
+        return [rebased(s, at) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: rebased(v, at) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = at + ref[1:]
+    return out
+
+
 def tool_request(tools: Sequence[Any] | None, tool_choice: Any) -> ToolRequest | None:
-    """What a request's tools and tool_choice ask for; None: answer in text."""
-    if not tools or tool_choice == "none":
+    """What a request's tools and tool_choice ask for; None: answer in text. A tool_choice
+    that forces a call without tools, or parameters that are no schema, are a 400."""
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise ApiError(
+                400, "tool_choice forces a function call, but the request has no 'tools'", param="tool_choice"
+            )
+        return None
+    if tool_choice == "none":
         return None
     functions = []
     for i, tool in enumerate(tools):
@@ -173,6 +200,14 @@ def tool_request(tools: Sequence[Any] | None, tool_choice: Any) -> ToolRequest |
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             raise ApiError(
                 400, "each tool must be {'type': 'function', 'function': {'name': ...}}", param=f"tools[{i}]"
+            )
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise ApiError(
+                400,
+                f"tools[{i}].function.parameters must be a JSON schema object, got {type(parameters).__name__}: "
+                'e.g. {"type": "object", "properties": {"city": {"type": "string"}}}',
+                param=f"tools[{i}].function.parameters",
             )
         functions.append(function)
     if tool_choice in (None, "auto"):
@@ -384,3 +419,51 @@ def _call_text(call: Mapping[str, Any]) -> str:
     function = call.get("function", {})
     arguments = _arguments(function.get("arguments", "{}"))
     return f"<tool_call>\n{json.dumps({'name': function.get('name'), 'arguments': arguments})}\n</tool_call>"
+
+
+# What a call can begin with in the formats parse_tool_calls reads (a bare Llama 3 JSON call is
+# told by the answer's first character instead).
+OPENINGS = ("<tool_call>", GEMMA_OPEN, PYTHON_TAG, "call:")
+
+
+class CallFilter:
+    """A streamed answer that was offered tools, token by token: text goes out as it comes,
+    holding back only what could still become a call's opening; from an opening on, all is
+    held until the end, when the held part is parsed into calls (or sent as text)."""
+
+    def __init__(self, names: Collection[str]) -> None:
+        self.names = names
+        self.held = ""
+        self.calling = False  # an opening was seen: the rest is held
+        self.begun = False  # the answer has shown something other than whitespace
+
+    def push(self, text: str) -> str:
+        """The text that can be sent now."""
+        self.held += text
+        if self.calling:
+            return ""
+        if not self.begun:
+            start = self.held.lstrip()
+            if not start:
+                return ""  # whitespace may still lead up to a bare JSON call
+            self.begun = True
+            if start.startswith("{"):  # Llama 3's custom-tool call is the whole answer as JSON
+                self.calling = True
+                return ""
+        found = [at for at in (self.held.find(o) for o in OPENINGS) if at >= 0]
+        if found:
+            at = min(found)
+            out, self.held, self.calling = self.held[:at], self.held[at:], True
+            return out
+        keep = max((n for o in OPENINGS for n in range(1, len(o)) if self.held.endswith(o[:n])), default=0)
+        out = self.held[: len(self.held) - keep]
+        self.held = self.held[len(out) :]
+        return out
+
+    def finish(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """What was held, as text not sent yet and the calls in it."""
+        held, self.held = self.held, ""
+        if not held:
+            return None, []
+        content, calls = parse_tool_calls(held, self.names)
+        return (content, calls) if calls else (held, [])
