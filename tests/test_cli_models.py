@@ -24,14 +24,14 @@ qwen3-8b               Qwen3-8B                   Qwen3-0.6B                   d
 llama-3.2-3b           Llama-3.2-3B-Instruct      Llama-3.2-1B-Instruct        draft     -    ?        no      llamacpp,mlx,torch
 llama-3.1-8b           Llama-3.1-8B-Instruct      Llama-3.2-1B-Instruct        draft     -    ?        no      llamacpp,mlx,torch
 gemma-3-12b            gemma-3-12b-it             gemma-3-1b-it                draft     -    ?        no      llamacpp,mlx,torch
-qwen3.6-27b            Qwen3.6-27B                -                            mtp       yes  ?        no      llamacpp,mlx,torch
-qwen3.6-35b-a3b        Qwen3.6-35B-A3B            -                            mtp       yes  ?        no      llamacpp,mlx,torch
-qwen3.5-9b             Qwen3.5-9B                 -                            mtp       yes  ?        no      llamacpp,torch
-gemma-4-e4b            gemma-4-E4B-it             -                            mtp       yes  ?        no      llamacpp,mlx,torch
-gemma-4-12b            gemma-4-12B-it             -                            mtp       yes  ?        no      llamacpp,mlx,torch
+qwen3.6-27b            Qwen3.6-27B                -                            mtp       yes  ?        no      llamacpp,mlx
+qwen3.6-35b-a3b        Qwen3.6-35B-A3B            -                            mtp       yes  ?        no      llamacpp,mlx
+qwen3.5-9b             Qwen3.5-9B                 -                            mtp       yes  ?        no      llamacpp
+gemma-4-e4b            gemma-4-E4B-it             -                            mtp       yes  ?        no      llamacpp,mlx
+gemma-4-12b            gemma-4-12B-it             -                            mtp       yes  ?        no      llamacpp,mlx
 gemma-4-e4b-assistant  gemma-4-E4B-it             gemma-4-E4B-it-assistant     mtp       yes  -        -       mlx
 gemma-4-12b-assistant  gemma-4-12B-it             gemma-4-12B-it-assistant     mtp       yes  -        -       mlx
-gemma-4-31b            gemma-4-31B-it             -                            mtp       yes  ?        no      llamacpp,torch
+gemma-4-31b            gemma-4-31B-it             -                            mtp       yes  ?        no      llamacpp
 """  # noqa: E501 (a transcript: one table row per line)
 
 
@@ -303,6 +303,6 @@ def test_a_bad_user_registry_is_reported_by_every_command(cli: Cli, temporary_lo
         2,
         "",
         "localspec: error: <home>/models.toml: model 'tiny-drafter': key 'size': unknown key "
-        "(allowed: family, license, llamacpp, mlx, name, params, torch)\n"
+        "(allowed: family, license, llamacpp, mlx, name, params, safetensors, torch)\n"
         "  -> fix the entry, or remove it to use the default\n",
     )

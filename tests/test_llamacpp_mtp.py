@@ -147,6 +147,6 @@ def test_verbose_says_why_a_head_that_never_drafted_stayed_idle(with_head, opene
     result = runtime.generate(prompt=LOOPING, max_tokens=8, temperature=0)
     assert result.stats.drafted == result.stats.lookup_drafted  # the head itself stayed idle
     note = runtime.idle_drafter_note(result.stats)
-    assert note is not None and "1.90 steps" in note and "0.80 of a step" in note
+    assert note is not None and "1.90 single-token steps" in note and "0.80 of a step" in note
     busy = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=3, calibrate=False)
     assert busy.idle_drafter_note(busy.generate(prompt=LOOPING, max_tokens=8, temperature=0).stats) is None
