@@ -76,13 +76,14 @@ def test_a_follow_up_gets_the_fresh_answer_whatever_was_served_before_it(client,
     assert answer(client, conversation(first)) == expected
 
 
-def test_cache_prompt_true_reuses_the_previous_answers_cache_and_can_answer_otherwise(client, fresh) -> None:
-    # The cause, shown: this follow-up sits on a near-tie that the previous answer's cache,
-    # evaluated a few tokens at a time, tips the other way (SmolLM2-135M Q4_1 on llama.cpp's CPU).
+def test_cache_prompt_true_reuses_the_previous_answers_cache(client, fresh) -> None:
+    # This follow-up sits on a near-tie that the previous answer's cache, evaluated a few tokens at
+    # a time, tipped the other way under llama.cpp's own kernels; the default kernels now give a
+    # block one-token passes' logits at this length (BENCHMARKS §2c), so reuse answers the same.
     first, expected = fresh
     assert answer(client, FIRST) == first
     reused = answer(client, conversation(first), extra_body={"cache_prompt": True})
-    assert reused != expected
+    assert reused == expected
     assert answer(client, conversation(first)) == expected  # a fresh evaluation again
 
 

@@ -418,7 +418,7 @@ class LlamaCppBackend:
         self._live()
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
-        if n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
+        if 0 < n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
             return  # the cache holds exactly the record (see _unrecorded): nothing to drop
         if self._recurrent is not None:
             self._rewind(n)
