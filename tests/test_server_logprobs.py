@@ -65,10 +65,6 @@ def test_chat_logprobs_are_plain_decodings_while_the_server_drafts(client, plain
         assert bytes(token.bytes) == token.token.encode()
 
 
-@pytest.mark.xfail(
-    reason="regression of the 2026-11-27 merge: streamed chunks carry no logprobs",
-    strict=False,
-)
 def test_streamed_logprobs_come_with_the_text_they_produced(client) -> None:
     whole = client.chat.completions.create(
         model=MODEL, messages=RIVERS, max_tokens=24, temperature=0, logprobs=True, top_logprobs=2

@@ -81,7 +81,7 @@ def test_the_openai_parse_helper_gets_a_typed_object(client) -> None:
 
 
 @pytest.mark.xfail(
-    reason="regression of the 2026-11-27 merge: a streamed json_object arrives cut",
+    reason="since 2026-11-27 the greedy answer loops in a string past max_tokens (new default kernels?)",
     strict=False,
 )
 def test_json_object_gives_a_json_object_streamed_too(client) -> None:

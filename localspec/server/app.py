@@ -527,6 +527,8 @@ async def _choice_events(
         if first and reply.kind == "chat":
             yield _event({**reply.chunk(None, role=True, index=index), **usage_none})
         first = False
+        # The job's recorder exists once the worker started it, which the first event proves.
+        stream.feed.recorder = stream.feed.recorder or job.recorder
         if isinstance(item, TextDelta):
             chunk = stream.text(item.text) if item.text else None
             if chunk is not None:
