@@ -36,10 +36,6 @@ async def test_the_default_model_answers_a_typed_question(smollm2_q4_1: Path) ->
         assert "est." in str(app.status.render())
 
 
-@pytest.mark.xfail(
-    reason="regression of the 2026-11-27 merge: Esc on the real model",
-    strict=False,
-)
 @pytest.mark.asyncio
 async def test_esc_stops_the_real_model_mid_reply_and_it_answers_again(smollm2_q4_1: Path) -> None:
     app = real_app(smollm2_q4_1, temperature=0.0, max_tokens=400, strategy="ngram")
@@ -51,7 +47,7 @@ async def test_esc_stops_the_real_model_mid_reply_and_it_answers_again(smollm2_q
         )
         job = app.turn.job  # type: ignore[union-attr]
         await pilot.press("escape")
-        assert app.turn is None and app.prompt.text.startswith("Write a long story")
+        assert app.turn is None and len(replies(app)[0]) > 20  # Esc keeps what was written
         await wait_for(job.released.is_set, REPLY_TIMEOUT, what="the runtime to be released")
         app.prompt.clear()
         app.settings = app.settings.with_changes(max_tokens=24)
