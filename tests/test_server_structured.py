@@ -80,13 +80,18 @@ def test_the_openai_parse_helper_gets_a_typed_object(client) -> None:
     assert isinstance(parsed.choices[0].message.parsed, City)
 
 
-@pytest.mark.xfail(
-    reason="since 2026-11-27 the greedy answer loops in a string past max_tokens (new default kernels?)",
-    strict=False,
-)
 def test_json_object_gives_a_json_object_streamed_too(client) -> None:
+    # Under json_object the 135M model's greedy answer to ASK (any keys allowed) loops inside
+    # its keys past max_tokens, as constrained plain decoding's does: a prompt that names the
+    # keys ends, so the test sees a whole object.
+    named_keys = [{"role": "user", "content": "Give a JSON object with the name and country of one city."}]
     chunks = client.chat.completions.create(
-        model=MODEL, messages=ASK, max_tokens=80, temperature=0, response_format={"type": "json_object"}, stream=True
+        model=MODEL,
+        messages=named_keys,
+        max_tokens=80,
+        temperature=0,
+        response_format={"type": "json_object"},
+        stream=True,
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert isinstance(json.loads(text), dict)
