@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -62,6 +63,17 @@ def app() -> ChatApp:
     return ChatApp(reference_runtime, REFERENCE)
 
 
+def still(run_before: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    """The prompt's cursor blinks every 0.5 s, so a screenshot would show it or not by how long
+    the steps before it took: with blinking off, a focused prompt always shows its cursor."""
+
+    async def run(pilot: Any) -> None:
+        pilot.app.prompt.cursor_blink = False
+        await run_before(pilot)
+
+    return run
+
+
 async def opened(pilot: Any) -> None:
     cid = saved_conversation()
     await ready(pilot.app)
@@ -73,21 +85,20 @@ def test_ready_screen(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await ready(pilot.app)
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=still(run_before))
 
 
 def test_reopened_conversation_renders_markdown_and_its_figures(snap_compare: Any) -> None:
-    assert snap_compare(app(), terminal_size=SIZE, run_before=opened)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=still(opened))
 
 
-@pytest.mark.xfail(reason="flaky since 2026-11-27: reruns reproduce the image", strict=False)
 def test_drafted_text_highlighted(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await opened(pilot)
         pilot.app.transcript.toggle_drafts()
         await pilot.pause()
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=still(run_before))
 
 
 def test_settings_screen(snap_compare: Any) -> None:
@@ -97,7 +108,7 @@ def test_settings_screen(snap_compare: Any) -> None:
         await wait_for(lambda: isinstance(pilot.app.screen, SettingsScreen), what="the settings")
         await pilot.pause()
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=still(run_before))
 
 
 def test_saved_chats_screen(snap_compare: Any) -> None:
@@ -108,7 +119,7 @@ def test_saved_chats_screen(snap_compare: Any) -> None:
         await wait_for(lambda: isinstance(pilot.app.screen, ConversationsScreen), what="the saved chats")
         await pilot.pause()
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=still(run_before))
 
 
 def test_load_error_screen(snap_compare: Any) -> None:
@@ -120,4 +131,4 @@ def test_load_error_screen(snap_compare: Any) -> None:
         await pilot.pause()
 
     failing = ChatApp(broken, ChatSettings().with_changes(model="model.gguf"))
-    assert snap_compare(failing, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(failing, terminal_size=SIZE, run_before=still(run_before))
