@@ -7,26 +7,15 @@ target's law (the chi-square harness of test_exactness, through the real Engine)
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 
-from localspec.backends.reference import ReferenceBackend  # noqa: E402
-from localspec.core import acceptance  # noqa: E402
-from localspec.core.engine import Engine  # noqa: E402
-from localspec.core.sampling import Distribution, SamplingConfig, process  # noqa: E402
-from localspec.core.stats import Stats  # noqa: E402
-from localspec.drafters.model import ModelDrafter  # noqa: E402
-from localspec.drafters.ngram import NgramDrafter  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
 from test_exactness import (  # noqa: E402
     DRAFT_NOISE,
     FULL,
@@ -46,7 +35,14 @@ from test_exactness import (  # noqa: E402
 )
 from test_torch_tiny_models import SMALL, tiny  # noqa: E402
 
+from localspec.backends.reference import ReferenceBackend  # noqa: E402
 from localspec.backends.torch import verify  # noqa: E402
+from localspec.core import acceptance  # noqa: E402
+from localspec.core.engine import Engine  # noqa: E402
+from localspec.core.sampling import Distribution, SamplingConfig, process  # noqa: E402
+from localspec.core.stats import Stats  # noqa: E402
+from localspec.drafters.model import ModelDrafter  # noqa: E402
+from localspec.drafters.ngram import NgramDrafter  # noqa: E402
 
 
 class TorchVerified(ReferenceBackend):

@@ -26,15 +26,6 @@ torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorc
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: these tests run where an NVIDIA GPU is", allow_module_level=True)
 
-from localspec.api import Runtime  # noqa: E402
-from localspec.control.prompts import SUITE  # noqa: E402
-from localspec.core.engine import Engine  # noqa: E402
-from localspec.core.sampling import SamplingConfig  # noqa: E402
-from localspec.core.templates import render_chat  # noqa: E402
-from localspec.drafters.model import ModelDrafter  # noqa: E402
-from localspec.drafters.ngram import NgramDrafter  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
 from test_exactness import chi_square_pvalue, exact_joint  # noqa: E402
 from test_torch_tiny_models import (  # noqa: E402
     EXACT_PROMPT,
@@ -47,7 +38,14 @@ from test_torch_tiny_models import (  # noqa: E402
     tiny,
 )
 
+from localspec.api import Runtime  # noqa: E402
 from localspec.backends.torch import TorchBackend  # noqa: E402
+from localspec.control.prompts import SUITE  # noqa: E402
+from localspec.core.engine import Engine  # noqa: E402
+from localspec.core.sampling import SamplingConfig  # noqa: E402
+from localspec.core.templates import render_chat  # noqa: E402
+from localspec.drafters.model import ModelDrafter  # noqa: E402
+from localspec.drafters.ngram import NgramDrafter  # noqa: E402
 
 
 def on_gpu(path: Path, **options: object) -> TorchBackend:

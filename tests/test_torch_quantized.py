@@ -18,7 +18,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 gguf = pytest.importorskip("gguf")
 
-sys.path.insert(0, str(Path(__file__).parent))
 from gguf_writer import Spec  # noqa: E402
 from test_torch_tiny_models import SMALL, TEXT_IDS, tiny  # noqa: E402
 

@@ -19,7 +19,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 
+from gguf_writer import CHATML, N_CTX, Spec, write_hf_folder  # noqa: E402
+from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
+
 from localspec.api import Runtime  # noqa: E402
+from localspec.backends.torch import TorchBackend, linear, native  # noqa: E402
+from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
 from localspec.cli.main import main  # noqa: E402
 from localspec.core.backend_loader import load_backend  # noqa: E402
 from localspec.core.engine import Engine  # noqa: E402
@@ -29,13 +34,6 @@ from localspec.core.sampling import SamplingConfig, one_hot, process  # noqa: E4
 from localspec.core.stats import Stats  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from gguf_writer import CHATML, N_CTX, Spec, write_hf_folder  # noqa: E402
-from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
-
-from localspec.backends.torch import TorchBackend, linear, native  # noqa: E402
-from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
 
 
 def tiny(path: str, n_ctx: int = N_CTX, **options: object) -> TorchBackend:
