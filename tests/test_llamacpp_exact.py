@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from localspec.api import load
+from localspec.api import Completion, load
 from localspec.backends.llamacpp.backend import batch_invariant_build
 from localspec.cli.main import main
 from localspec.core.errors import BackendUnavailableError, InvalidRequestError
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.model
 # Plain decoding and speculation in one fresh process, greedy, long enough to pass 512 cells.
 _SCRIPT = """
 import json, sys
-from localspec.api import load
+from localspec.api import Completion, load
 model, prompts = sys.argv[1], json.loads(sys.argv[2])
 texts = {}
 for strategy in ("none", "ngram"):
@@ -61,12 +61,22 @@ PARTING_PROMPTS = [
 SHORT = 48  # tokens: past both partings, and within the 256 cells flash attention keeps whole
 
 
+CHATS = [[{"role": "user", "content": p}] for p in PARTING_PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def plain_q4_k_m(derived_models: Any) -> list[Completion]:
+    """Plain decoding of the parting prompts on the Q4_K_M target, once for every draft length."""
+    with load(str(derived_models["Q4_K_M"]), strategy="none", calibrate=False, memory=False, n_ctx=512) as rt:
+        return [rt.generate(messages=m, max_tokens=SHORT, temperature=0) for m in CHATS]
+
+
 @pytest.mark.parametrize("gamma", [4, 8])
-def test_default_speculation_on_q4_k_m_is_plain_decoding_bit_for_bit(gamma: int, derived_models: Any) -> None:
+def test_default_speculation_on_q4_k_m_is_plain_decoding_bit_for_bit(
+    gamma: int, derived_models: Any, plain_q4_k_m: list[Completion]
+) -> None:
     target, drafter = str(derived_models["Q4_K_M"]), str(derived_models["Q4_0"])
-    chats = [[{"role": "user", "content": p}] for p in PARTING_PROMPTS]
-    with load(target, strategy="none", calibrate=False, memory=False, n_ctx=512) as rt:
-        plain = [rt.generate(messages=m, max_tokens=SHORT, temperature=0) for m in chats]
+    plain, chats = plain_q4_k_m, CHATS
     options: dict[str, Any] = {"draft_model": drafter, "strategy": "draft", "draft_tokens": gamma, "calibrate": False}
     with load(target, memory=False, n_ctx=512, **options) as rt:
         spec = [rt.generate(messages=m, max_tokens=SHORT, temperature=0) for m in chats]
