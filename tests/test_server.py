@@ -220,12 +220,12 @@ def test_eight_clients_at_once_each_get_their_sequential_answer(server, client) 
     sequential = {p: chat(client, [{"role": "user", "content": p}], 4).choices[0].message.content for p in prompts}
 
     def one_client(i: int) -> list[tuple[str, str]]:
-        mine = [prompts[(i + k) % len(prompts)] for k in range(5)]
+        mine = [prompts[(i + k) % len(prompts)] for k in range(2)]  # two each: all eight queue at once
         return [(p, chat(client, [{"role": "user", "content": p}], 4).choices[0].message.content) for p in mine]
 
     with ThreadPoolExecutor(8) as pool:
         answers = [a for client_answers in pool.map(one_client, range(8)) for a in client_answers]
-    assert len(answers) == 40
+    assert len(answers) == 16
     assert all(text == sequential[p] for p, text in answers)
     assert httpx.get(server.url.removesuffix("/v1") + "/health").json()["status"] == "ok"
 
