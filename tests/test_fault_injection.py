@@ -57,24 +57,34 @@ def llamacpp_runtime(target: Backend, draft: Backend | None) -> Runtime:
     return Runtime(target, draft, strategy=strategy, draft_tokens=3, calibrate=False)
 
 
+@pytest.fixture(scope="module")
+def llamacpp_answer(smollm2_q4_1: Path, load_model: Callable[..., Backend]) -> str:
+    """The greedy answer of a fresh runtime that nothing interrupted: what every case must give."""
+    return answer(llamacpp_runtime(load_model(smollm2_q4_1, n_ctx=1024), None))
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("with_draft", [False, True], ids=["ngram", "draft"])
 def test_llamacpp_survives_interrupts_in_prefill_and_decode(
-    smollm2_q4_1: Path, derived_models: Any, load_model: Callable[..., Backend], with_draft: bool
+    smollm2_q4_1: Path,
+    derived_models: Any,
+    load_model: Callable[..., Backend],
+    llamacpp_answer: str,
+    with_draft: bool,
 ) -> None:
     target = load_model(smollm2_q4_1, n_ctx=1024)
     draft = load_model(derived_models["Q8_0"], n_ctx=1024) if with_draft else None
-    expected = answer(llamacpp_runtime(load_model(smollm2_q4_1, n_ctx=1024), None))
     # The drafter's own calls are interrupted too: llama_decode serves both models.
-    assert_clean(interrupts(llamacpp_runtime(target, draft), expected, llamacpp_injector, CASES, 4, "llama.cpp"))
+    rt = llamacpp_runtime(target, draft)
+    assert_clean(interrupts(rt, llamacpp_answer, llamacpp_injector, CASES, 4, "llama.cpp"))
 
 
 @pytest.mark.model
 def test_llamacpp_survives_cancelled_and_abandoned_streams(
-    smollm2_q4_1: Path, load_model: Callable[..., Backend]
+    smollm2_q4_1: Path, load_model: Callable[..., Backend], llamacpp_answer: str
 ) -> None:
     rt = llamacpp_runtime(load_model(smollm2_q4_1, n_ctx=1024), None)
-    expected = answer(llamacpp_runtime(load_model(smollm2_q4_1, n_ctx=1024), None))
+    expected = llamacpp_answer
     assert_clean(cancelled_streams(rt, expected, 3 * CASES, 5, "llama.cpp streams"))
     assert_clean(abandoning_threads(rt, expected, CASES, 6, "llama.cpp threads"))
 
