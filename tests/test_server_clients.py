@@ -182,7 +182,7 @@ def test_a_greedy_request_with_tools_repeats_its_answer_after_other_requests(ser
         return json.dumps([answer.choices[0].message.content, str(answer.choices[0].message.tool_calls)])
 
     answers = []
-    for _ in range(3):
+    for _ in range(2):  # the second time, the memory holds the first answer to draft from
         # Others first, this request's own text among them: the memory would draft from it.
         client.chat.completions.create(model=MODEL, messages=RIVERS, max_tokens=16, temperature=0)
         client.chat.completions.create(model=MODEL, messages=TRIP, tools=WEATHER_TOOLS, max_tokens=40, temperature=0.8)
