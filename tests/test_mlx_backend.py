@@ -100,18 +100,24 @@ def teacher_forced(mlx_target: Backend) -> tuple[list[int], np.ndarray]:
 # ids, bytes, specials and the template against llama.cpp: test_vocab_parity.py
 
 
-@pytest.mark.model
-def test_top1_agrees_with_llamacpp_on_the_same_weights(
-    teacher_forced: tuple[list[int], np.ndarray], derived_models: Any
-) -> None:
-    # The F16 expansion of the default GGUF holds the same weights; llama.cpp then computes
-    # with float activations, as MLX does (its Q4_1 kernels round activations to 8 bits).
-    tokens, mlx_logits = teacher_forced
+@pytest.fixture(scope="module")
+def llamacpp_f16_logits(teacher_forced: tuple[list[int], np.ndarray], derived_models: Any) -> np.ndarray:
+    """llama.cpp's logits after each agreement token on the F16 expansion of the default GGUF:
+    the same weights computed with float activations, as MLX does (its Q4_1 kernels round
+    activations to 8 bits)."""
     reference = load_backend("llamacpp", str(derived_models["F16"]), n_ctx=N_CTX)
     try:
-        llama_logits = reference.eval_block(tokens, "all").copy()
+        return reference.eval_block(teacher_forced[0], "all").copy()
     finally:
         reference.close()
+
+
+@pytest.mark.model
+def test_top1_agrees_with_llamacpp_on_the_same_weights(
+    teacher_forced: tuple[list[int], np.ndarray], llamacpp_f16_logits: np.ndarray
+) -> None:
+    tokens, mlx_logits = teacher_forced
+    llama_logits = llamacpp_f16_logits
     assert len(tokens) >= 100
     agree = float(np.mean(mlx_logits.argmax(axis=1) == llama_logits.argmax(axis=1)))
     assert agree >= 0.99, f"top-1 agreement {agree:.3f} over {len(tokens)} positions"
@@ -119,7 +125,7 @@ def test_top1_agrees_with_llamacpp_on_the_same_weights(
 
 @pytest.mark.model
 def test_top1_differs_from_llamacpp_q4_1_only_where_its_own_float_run_does(
-    teacher_forced: tuple[list[int], np.ndarray], target_backend: Backend, derived_models: Any
+    teacher_forced: tuple[list[int], np.ndarray], target_backend: Backend, llamacpp_f16_logits: np.ndarray
 ) -> None:
     # A gap threshold alone is not enough: llama.cpp's 8-bit activations move its Q4_1 logits
     # by up to about 1. Where MLX's top-1 differs, llama.cpp computing the same weights with
@@ -128,11 +134,7 @@ def test_top1_differs_from_llamacpp_q4_1_only_where_its_own_float_run_does(
     target_backend.rollback(0)
     q4_1 = target_backend.eval_block(tokens, "all").copy()
     target_backend.rollback(0)
-    reference = load_backend("llamacpp", str(derived_models["F16"]), n_ctx=N_CTX)
-    try:
-        f16 = reference.eval_block(tokens, "all").copy()
-    finally:
-        reference.close()
+    f16 = llamacpp_f16_logits
     theirs, ours = q4_1.argmax(axis=1), mlx_logits.argmax(axis=1)
     rows = np.flatnonzero(theirs != ours)
     assert len(rows) <= 0.03 * len(tokens), f"{len(rows)} of {len(tokens)} positions differ"
