@@ -19,12 +19,15 @@ from localspec.core.protocol import (
     Drafter,
     DraftLengthPolicy,
     Logits,
+    TreeBackend,
+    TreeShaper,
     Verifier,
     common_prefix,
     eval_chunked,
 )
 from localspec.core.sampling import SamplingConfig, shape
 from localspec.core.stats import Stats, Step
+from localspec.core.tree import accept_tree, branch_heads, grow
 
 # A free drafter guesses this far ahead before γ is chosen; what no step verifies is scored
 # later as free evidence (see Shadow).
@@ -64,6 +67,9 @@ class Engine:
         # computed (see _exact_keep), so an answer does not depend on what came before it.
         self.exact_prefix = False
         self._canonical: list[int] = []  # the cached prompt prefix evaluated in fresh blocks
+        # Set (localspec.control.trees) to verify a drafter's branches beside its chain where
+        # they pay, on a target that takes a tree in one pass; None: chains only.
+        self.trees: TreeShaper | None = None
 
     def generate(
         self,
@@ -147,16 +153,24 @@ class Engine:
             while (limit := self._limit(req)) is not None:
                 past, t0 = self.target.n_past, self.clock()
                 proposal = self._propose(ctx, limit, req)
-                tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
-                t1 = self.clock()
-                n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
+                if proposal.branches and self.trees is not None:
+                    proposal = self._widen(proposal, req)
+                if proposal.parents is None:
+                    tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
+                    t1 = self.clock()
+                    n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
+                else:
+                    t1 = self.clock()
+                    tokens, nxt, rows = self._verify_tree(ctx, proposal, req)
+                    n_acc = len(tokens)
                 self.target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
                 t2 = self.clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
                 self._commit_drafters(ctx, proposal.source, n_acc, req.stats)
                 emitted = self._emit(new, rows, req)
-                step = self._record(ctx, proposal, len(tokens), n_acc, emitted, past, (t0, t1, t2), req)
+                verified = len(tokens) if proposal.parents is None else len(proposal.tokens)
+                step = self._record(ctx, proposal, verified, n_acc, emitted, past, (t0, t1, t2), req)
                 if step.tokens:
                     yield step
                 if req.stats.finish_reason:
@@ -226,6 +240,36 @@ class Engine:
             return (*accept_seeded(tokens, logits, cfg, cfg.seed, len(ctx)), logits)
         q = dists[refused] if refused is not None and dists else None
         return (*accept_rejection_sampling(tokens, dists, logits, cfg, rng, q), logits)
+
+    def _widen(self, proposal: Proposal, req: _Request) -> Proposal:
+        """The chain with the branches the tree shaper finds worth their nodes, where the target
+        takes a tree and the request reads nothing but the target's law (no grammar, penalties
+        or logprobs, whose rows follow one chain)."""
+        cfg, target = req.cfg, self.target
+        plain = not cfg.shapes_logits and cfg.logprobs is None and cfg.constraint is None
+        if not plain or target.capabilities.branches < 2 or not isinstance(target, TreeBackend):
+            return proposal
+        if any(not 0 <= t < target.info.n_vocab for t in proposal.tokens):
+            return proposal
+        assert self.trees is not None
+        chosen = self.trees.shape(len(proposal.tokens), proposal.support, proposal.branches, target.n_past)
+        room = target.capabilities.max_block - 1 - len(proposal.tokens)
+        fits = [b for b in chosen[: target.capabilities.branches - 1] if (room := room - len(b[1])) >= 0]
+        return grow(proposal, [b for b in fits if all(0 <= t < target.info.n_vocab for t in b[1])])
+
+    def _verify_tree(self, ctx: list[int], proposal: Proposal, req: _Request) -> tuple[list[int], int, Logits]:
+        """One target pass over the pending token and a tree of guesses: the accepted path's
+        tokens, the token the target adds after them and the pass's rows (localspec.core.tree);
+        the cache then holds the path, as if the chain had been that path."""
+        assert proposal.parents is not None and self.trees is not None
+        target = self.target
+        assert isinstance(target, TreeBackend)
+        parents = [-1, *(p + 1 for p in proposal.parents)]
+        logits = target.eval_tree([ctx[-1], *proposal.tokens], parents)
+        path, nxt = accept_tree(proposal, logits, req.cfg, req.rng, len(ctx))
+        target.keep_branch([0, *(i + 1 for i in path)])
+        self.trees.observe_tree(*branch_heads(proposal.parents), path)
+        return [proposal.tokens[i] for i in path], nxt, logits
 
     def _commit_drafters(self, ctx: list[int], source: Source, n_acc: int, stats: Stats) -> None:
         """Tell the drafters what the target kept: each counts as accepted only its own tokens."""

@@ -51,6 +51,9 @@ class NgramDrafter:
         # Append-only per request, so each step costs O(new tokens), not O(context).
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0
+        # For a tree (localspec.core.tree): also offer the best-matched earlier continuation
+        # that starts with another token than the guess's (benchmarks/second_candidates.py).
+        self.branching = False
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         self._index = {}
@@ -88,19 +91,18 @@ class NgramDrafter:
         if not found:
             return Draft()
         best, support = found[-1], 0
+        matched: list[tuple[int, int]] = []  # (support, position) of each occurrence, for a branch
         for pos in reversed(found[-CANDIDATES:]):
             m = self.min_ngram
             while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
                 m += 1
             if m > support:
                 best, support = pos, m
-        # A source that runs into the end of the text is a repeating pattern ("1212", a
-        # loop of lines): the copy goes on through the tokens it has just guessed, as an
-        # LZ77 copy may overlap its own output. Small models fall into such loops often.
-        tokens = list(context[best : best + n])
-        while len(tokens) < n:
-            tokens.append(tokens[len(tokens) - (size - best)])
-        return Draft(tokens=tokens, support=support)
+            if self.branching:
+                matched.append((m, pos))
+        tokens = _continuation(context, best, n)
+        branches = _second(context, matched, tokens[0], n) if self.branching else None
+        return Draft(tokens=tokens, support=support, branches=branches)
 
     def backlog(self, context: Sequence[int]) -> int:
         return 0
@@ -110,3 +112,25 @@ class NgramDrafter:
 
     def close(self) -> None:
         pass
+
+
+def _continuation(context: Sequence[int], at: int, n: int) -> list[int]:
+    """n tokens copied from position `at` on. A source that runs into the end of the text is
+    a repeating pattern ("1212", a loop of lines): the copy goes on through the tokens it has
+    just guessed, as an LZ77 copy may overlap its own output. Small models loop so often."""
+    tokens = list(context[at : at + n])
+    while len(tokens) < n:
+        tokens.append(tokens[len(tokens) - (len(context) - at)])
+    return tokens
+
+
+def _second(
+    context: Sequence[int], matched: list[tuple[int, int]], first: int, n: int
+) -> list[tuple[int, list[int]]] | None:
+    """A branch at depth 0: the longest-matched earlier continuation (the most recent on a tie)
+    whose first token differs from the guess's."""
+    others = [(m, pos) for m, pos in matched if context[pos] != first]
+    if not others:
+        return None
+    _, pos = max(others, key=lambda c: c[0])  # max keeps the first, the most recent, on a tie
+    return [(0, _continuation(context, pos, n))]
