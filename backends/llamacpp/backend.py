@@ -60,6 +60,7 @@ from .library import (
 )
 from .mtp import MtpHead, TargetStates
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
+from .tree import BRANCHES, TreePass
 
 llama = library.llama  # imported there, with the message that says how to install it
 
@@ -129,6 +130,9 @@ class LlamaCppBackend:
             # The output layer sits on another machine there; its argmax stays the host's (untried).
             self._greedy.refused = True
         max_block = self._make_batch(ctx, max_block)
+        # Trees (tree.py) on models whose cache is cells, not one state per sequence.
+        self._trees = None if stateful else TreePass(ctx, self._mem, max_block)
+        self._tree_nodes: tuple[int, list[int]] = (0, [])  # the open tree's start and tokens
         self._tokens: list[int] = []
         # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
         # that lands after llama_decode filled the cache but before the tokens were recorded.
@@ -175,6 +179,10 @@ class LlamaCppBackend:
         # Exact: flash attention on the CPU splits a one-token pass over the KV cache once it
         # holds 512 cells (one partial sum per thread), which a block never does.
         cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
+        # One stream for every sequence: a tree's branches share the cells of the text before
+        # it (tree.py); with a single sequence this is the cache it always was.
+        cparams.kv_unified = snapshots is None
+        cparams.n_seq_max = BRANCHES if snapshots is None else 1
         if snapshots is not None:
             cparams.n_rs_seq = snapshots
             # The snapshots come from the last ubatch: a verify block must fit in one.
@@ -236,6 +244,7 @@ class LlamaCppBackend:
             device="rpc" if rpc else ("gpu" if device else "cpu"),
             extra=extra,
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
+            branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
         )
 
     def _live(self) -> None:
@@ -414,10 +423,61 @@ class LlamaCppBackend:
             return accept_greedy(tokens[1:], logits)
         return accept_rejection_sampling(tokens[1:], draft_dists, logits, cfg, rng)
 
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> Logits:
+        """localspec.core.protocol.TreeBackend: one pass, every branch a sequence (tree.py)."""
+        self._live()
+        trees, n, past = self._trees, len(tokens), len(self._tokens)
+        if trees is None or self._states is not None:
+            raise InvalidRequestError(f"{self.info.name} verifies chains only", "draft without branches")
+        self._check_tree(tokens, parents)
+        if self._greedy.attached:  # this pass's logits are wanted
+            self._greedy.detach()
+        if self._unrecorded:
+            self.rollback(past)
+        depth = [0] * n
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+        trees.begin(past, parents)
+        self._unrecorded, self._in_flight = True, n
+        step = self._max_rows if self._splits(n) else n  # exact kernels: in pieces, as eval_block
+        rows = []
+        for start in range(0, n, step):
+            part = range(start, min(n, start + step))
+            if (rc := trees.decode(tokens, [past + d for d in depth], part)) != 0:
+                self.rollback(past)
+                raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
+            out = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(part), self._n_vocab))
+            rows.append(out if step == n else out.copy())
+        self._tokens.append(int(tokens[0]))  # the root; keep_branch records the rest
+        self._tree_nodes = (past, [int(t) for t in tokens])
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> None:
+        n = len(tokens)
+        if not 0 < n <= self.capabilities.max_block or len(self._tokens) + n > self.info.n_ctx:
+            raise InvalidRequestError(f"a tree of {n} tokens does not fit the batch or the context")
+        if len(parents) != n or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise InvalidRequestError("a tree needs one root (parent -1) first and every parent before its child")
+        if any(not 0 <= t < self._n_vocab for t in tokens):
+            raise InvalidRequestError(f"a tree token is outside {self.info.name}'s vocabulary of {self._n_vocab}")
+        assert self._trees is not None
+        if self._trees.branches(parents) > BRANCHES:
+            raise InvalidRequestError(f"a tree of more than {BRANCHES} branches", "verify fewer branches")
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        assert self._trees is not None and self._trees.open, "keep_branch follows eval_tree"
+        past, nodes = self._tree_nodes
+        self._trees.keep(path)
+        self._tokens[past:] = [nodes[i] for i in path]
+        self._unrecorded = False
+
     def rollback(self, n: int) -> None:
         self._live()
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        if self._trees is not None and self._trees.open:  # a tree left without keep_branch
+            self._trees.abandon()
+            n = min(n, len(self._tokens))
         if 0 < n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
             return  # the cache holds exactly the record (see _unrecorded): nothing to drop
         if self._recurrent is not None:
@@ -449,6 +509,8 @@ class LlamaCppBackend:
         for head in self._heads:  # their contexts read this model and this context
             head.close()
         llama.llama_batch_free(self._batch)
+        if self._trees is not None:
+            self._trees.free()
         llama.llama_free(self._ctx)
         self._greedy.free()
         llama.llama_model_free(self._model)
@@ -533,6 +595,7 @@ class LlamaCppBackend:
     def _target_states(self) -> TargetStates:
         if self._states is None:
             self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
+            self.capabilities = replace(self.capabilities, branches=1)  # a head reads one chain's states
             width = int(llama.llama_model_n_embd_out(self._model))
             self._states = TargetStates(self._ctx, self.info.n_ctx, width)
             self.rollback(0)  # positions decoded before now have no states: decode them again

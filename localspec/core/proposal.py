@@ -48,7 +48,8 @@ class Proposal:
     def of(cls, draft: Draft, gamma: int, source: Source, backlog: int = 0, guess: Draft | None = None) -> Proposal:
         """The first gamma tokens of a drafter's draft."""
         dists = draft.dists[:gamma] if draft.dists is not None else None
-        offered = tuple(b for b in draft.branches if b[0] < gamma) if draft.branches else ()
+        # A branch reaches no deeper than the chain may: γ is the step's limit on tokens kept.
+        offered = tuple((d, b[: gamma - d]) for d, b in draft.branches if d < gamma) if draft.branches else ()
         return cls(draft.tokens[:gamma], dists, source, draft.support, gamma, backlog, guess, branches=offered)
 
     @classmethod
