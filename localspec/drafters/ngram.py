@@ -91,18 +91,33 @@ class NgramDrafter:
         if not found:
             return Draft()
         best, support = found[-1], 0
-        matched: list[tuple[int, int]] = []  # (support, position) of each occurrence, for a branch
         for pos in reversed(found[-CANDIDATES:]):
-            m = self.min_ngram
+            m = self.min_ngram  # _support, inline: this loop is a step's host time
             while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
                 m += 1
             if m > support:
                 best, support = pos, m
-            if self.branching:
-                matched.append((m, pos))
         tokens = _continuation(context, best, n)
-        branches = _second(context, matched, tokens[0], n) if self.branching else None
+        branches = self._second(context, found, tokens[0], n) if self.branching else None
         return Draft(tokens=tokens, support=support, branches=branches)
+
+    def _support(self, context: Sequence[int], pos: int) -> int:
+        """How far back the text before position `pos` matches the text's end."""
+        size, m = len(context), self.min_ngram
+        while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
+            m += 1
+        return m
+
+    def _second(
+        self, context: Sequence[int], found: list[int], first: int, n: int
+    ) -> list[tuple[int, list[int]]] | None:
+        """A branch at depth 0: the best-matched earlier continuation (the most recent on a
+        tie) whose first token differs from the guess's."""
+        best, support = -1, 0
+        for pos in reversed(found[-CANDIDATES:]):
+            if context[pos] != first and (m := self._support(context, pos)) > support:
+                best, support = pos, m
+        return [(0, _continuation(context, best, n))] if best >= 0 else None
 
     def backlog(self, context: Sequence[int]) -> int:
         return 0
@@ -122,15 +137,3 @@ def _continuation(context: Sequence[int], at: int, n: int) -> list[int]:
     while len(tokens) < n:
         tokens.append(tokens[len(tokens) - (len(context) - at)])
     return tokens
-
-
-def _second(
-    context: Sequence[int], matched: list[tuple[int, int]], first: int, n: int
-) -> list[tuple[int, list[int]]] | None:
-    """A branch at depth 0: the longest-matched earlier continuation (the most recent on a tie)
-    whose first token differs from the guess's."""
-    others = [(m, pos) for m, pos in matched if context[pos] != first]
-    if not others:
-        return None
-    _, pos = max(others, key=lambda c: c[0])  # max keeps the first, the most recent, on a tie
-    return [(0, _continuation(context, pos, n))]
