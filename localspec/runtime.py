@@ -14,6 +14,7 @@ import numpy as np
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.factory import make_policy
 from localspec.control.policy import AdaptiveDraftLength
+from localspec.control.trees import attach_trees
 from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
@@ -184,6 +185,8 @@ class Runtime:
             fixed = 0 if self.strategy == "none" else draft_tokens
             self._policy = make_policy(self.target, self.draft, fixed, calibrate)
             self._costs = self._policy.costs if isinstance(self._policy, AdaptiveDraftLength) else None
+            if isinstance(self._policy, AdaptiveDraftLength):  # trees where this machine's curve says they pay
+                attach_trees(self.engine, self._policy)
         return self._policy
 
     @policy.setter

@@ -128,7 +128,7 @@ def test_a_hybrid_model_verifies_chains_only_and_says_so(tmp_path: Path) -> None
             backend.eval_tree([5, 6, 7], [-1, 0, 0])
         # The engine never asks: a drafter's branches stay unverified and the chain runs.
         lookup = NgramDrafter()
-        lookup.branching = True
+        lookup.branching = 1
         engine = Engine(backend, lookup, free_drafter=True)
         engine.trees = shaper = EveryBranch()
         assert len(generate(engine, GREEDY, 12, 3, prompt=LOOKUP_PROMPT)) == 12
@@ -144,7 +144,7 @@ def tree_engine(opened: dict[str, LlamaCppBackend], drafter: str) -> tuple[Engin
         engine = Engine(opened["target"], draft)
     else:
         lookup = NgramDrafter()
-        lookup.branching = True
+        lookup.branching = 1
         engine = Engine(opened["target"], lookup, free_drafter=True)
     shaper = EveryBranch()
     engine.trees = shaper

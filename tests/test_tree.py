@@ -172,7 +172,7 @@ def tree_engine(drafter: str) -> tuple[Engine, EveryBranch]:
         draft.branching = 2
     else:
         draft = NgramDrafter(min_ngram=1)
-        draft.branching = True
+        draft.branching = 1
     engine = Engine(target(), draft, free_drafter=drafter == "ngram")
     shaper = EveryBranch()
     engine.trees = shaper

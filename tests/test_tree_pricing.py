@@ -5,6 +5,7 @@ twenty rows costs about what one of two does, chooses trees where they pay and g
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -12,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from localspec.backends.reference import ReferenceBackend
 from localspec.control.costs import CostCurve
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import Truth, calibration_from_doctor
 from localspec.control.tree_replay import TreeRun, replay_tree
-from localspec.control.trees import TreePricing
+from localspec.control.trees import TreePricing, attach_trees
+from localspec.core.engine import Engine
+from localspec.drafters.ngram import NgramDrafter
 
 DATA = Path(__file__).parent / "data"
 ANSWERS: dict[str, Any] = json.loads((DATA / "replay_answers.json").read_text())
@@ -84,3 +88,17 @@ def test_branches_that_come_true_raise_their_estimate() -> None:
     for _ in range(20):
         trees.observe_tree(4, [(1, 4)], [0, 1, 2])  # reached past depth 1: the branch was not tried
     assert trees.beta(1) == pytest.approx(trees.prior)
+
+
+@pytest.mark.parametrize(("curve", "trees"), [(GPU, True), (CPU, False)])
+def test_a_runtime_verifies_trees_only_where_its_curve_lets_them_pay(curve: str, trees: bool) -> None:
+    engine = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
+    policy = ngram_policy(CostCurve([t / 1e3 for t in CURVES[curve]["verify_ms"]]))
+    attached = attach_trees(engine, policy)
+    assert (attached is not None) is trees
+    assert (engine.trees is not None) is trees
+    assert bool(engine.drafter.branching) is trees  # a CPU's drafter offers no branches
+    # A target that verifies chains only never gets trees, whatever the curve.
+    chains = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
+    chains.target.capabilities = dataclasses.replace(chains.target.capabilities, branches=1)
+    assert attach_trees(chains, policy) is None and chains.trees is None

@@ -92,7 +92,7 @@ def replay_tree(
     clock, truth = Clock(), Truth.of(calibration)
     target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab)
     drafter = NgramDrafter()
-    drafter.branching = mode != "chain"
+    drafter.branching = int(mode != "chain")
     engine = Engine(cast(Backend, target), drafter, free_drafter=True, clock=clock)
     policy = ngram_policy(calibration.cost_curve())
     pricing = (EveryBranch if mode == "always" else CountedPricing)(policy)

@@ -19,9 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from localspec.control.policy import AdaptiveDraftLength
+from localspec.core.engine import Engine
 
 # Depths past the last one share its estimate; a branch deep in a chain is seldom tried.
 DEPTHS = 4
+# The first positions of a draft whose runner-up a draft model offers as a branch.
+BRANCHING = 2
 
 
 @dataclass
@@ -92,3 +95,24 @@ class TreePricing:
             self.trials[i] = self.trials[i] * keep + 1.0
             if hit:
                 return
+
+    def pays(self) -> bool:
+        """Whether a branch beside a model draft's first token would pay on this curve at the
+        policy's prior (α 0.5) and this β: where not (a CPU), drafters spare the work of
+        offering branches."""
+        probe = AdaptiveDraftLength(self.policy.costs, 0.0, max_gamma=4, prior=0.5, config=self.policy.config)
+        return bool(TreePricing(probe, self.prior, self.prior_weight, self.margin).shape(4, 0, [(0, [0])], 0))
+
+
+def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | None:
+    """Let the engine verify its drafters' branches where a tree can pay on this machine's
+    cost curve (a target that takes trees, a curve flat enough); None: chains only."""
+    capabilities = engine.target.capabilities
+    pricing = TreePricing(policy)
+    if capabilities.branches < 2 or not pricing.pays():
+        return None
+    engine.trees = pricing
+    for drafter in (engine.drafter, engine.lookup):
+        if hasattr(drafter, "branching"):  # the drafters that can offer branches (model, ngram)
+            setattr(drafter, "branching", BRANCHING)  # noqa: B010 - not every Drafter has it
+    return pricing

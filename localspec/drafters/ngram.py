@@ -51,9 +51,9 @@ class NgramDrafter:
         # Append-only per request, so each step costs O(new tokens), not O(context).
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0
-        # For a tree (localspec.core.tree): also offer the best-matched earlier continuation
-        # that starts with another token than the guess's (benchmarks/second_candidates.py).
-        self.branching = False
+        # For a tree (localspec.core.tree), when above 0: also offer the best-matched earlier
+        # continuation that starts with another token (benchmarks/second_candidates.py).
+        self.branching = 0
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         self._index = {}
