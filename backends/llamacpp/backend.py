@@ -130,9 +130,7 @@ class LlamaCppBackend:
             # The output layer sits on another machine there; its argmax stays the host's (untried).
             self._greedy.refused = True
         max_block = self._make_batch(ctx, max_block)
-        # Trees (tree.py) on models whose cache is cells, not one state per sequence.
-        self._trees = None if stateful else TreePass(ctx, self._mem, max_block)
-        self._tree_nodes: tuple[int, list[int]] = (0, [])  # the open tree's start and tokens
+        self._trees = None if stateful else TreePass(ctx, self._mem, max_block)  # a state per sequence: no trees
         self._tokens: list[int] = []
         # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
         # that lands after llama_decode filled the cache but before the tokens were recorded.
@@ -449,7 +447,7 @@ class LlamaCppBackend:
             out = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(part), self._n_vocab))
             rows.append(out if step == n else out.copy())
         self._tokens.append(int(tokens[0]))  # the root; keep_branch records the rest
-        self._tree_nodes = (past, [int(t) for t in tokens])
+        trees.nodes = [int(t) for t in tokens]
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def _check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> None:
@@ -466,9 +464,8 @@ class LlamaCppBackend:
 
     def keep_branch(self, path: Sequence[int]) -> None:
         assert self._trees is not None and self._trees.open, "keep_branch follows eval_tree"
-        past, nodes = self._tree_nodes
-        self._trees.keep(path)
-        self._tokens[past:] = [nodes[i] for i in path]
+        past = self._trees.keep(path)
+        self._tokens[past:] = [self._trees.nodes[i] for i in path]
         self._unrecorded = False
 
     def rollback(self, n: int) -> None:

@@ -59,6 +59,7 @@ class TreePass:
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_tokens,))
         self._seqs: list[list[int]] = []
         self._past = 0
+        self.nodes: list[int] = []  # the open tree's tokens (its owner records them)
         self.open = False  # a tree is in the cache: other sequences than 0 hold cells
 
     def branches(self, parents: Sequence[int]) -> int:
@@ -88,8 +89,9 @@ class TreePass:
         self._batch.n_tokens = n
         return int(llama.llama_decode(self._ctx, self._batch))
 
-    def keep(self, path: Sequence[int]) -> None:
-        """The path's sequence becomes sequence 0, cut after the path; the other branches go."""
+    def keep(self, path: Sequence[int]) -> int:
+        """The path's sequence becomes sequence 0, cut after the path; the other branches go.
+        Returns where the tree began."""
         s = self._seqs[path[-1]][0]  # a branch through the path's last node
         if s != 0:
             llama.llama_memory_seq_keep(self._mem, s)
@@ -97,6 +99,7 @@ class TreePass:
         llama.llama_memory_seq_keep(self._mem, 0)
         llama.llama_memory_seq_rm(self._mem, 0, self._past + len(path), -1)
         self.open = False
+        return self._past
 
     def abandon(self) -> None:
         """Back to one sequence (a rollback in the middle of a tree): branch 0's cells stay,

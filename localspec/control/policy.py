@@ -268,8 +268,9 @@ class AdaptiveDraftLength:
         return best, best_rate
 
     def observe(self, step: Step) -> None:
-        drafted, accepted = step.drafted, step.accepted
-        self.costs.update(drafted + 1, step.verify_seconds, step.depth)
+        # A tree's pass is priced by all its nodes; its chain's tokens teach the estimates.
+        self.costs.update(step.drafted + 1, step.verify_seconds, step.depth)
+        drafted, accepted = (step.chain, step.chain_kept) if step.chain else (step.drafted, step.accepted)
         if not step.lookup and step.support <= 0:
             self._model_drafting = drafted > 0
         if drafted == 0:

@@ -152,7 +152,7 @@ class Engine:
         try:
             while (limit := self._limit(req)) is not None:
                 past, t0 = self.target.n_past, self.clock()
-                proposal = self._propose(ctx, limit, req)
+                proposal, tree = self._propose(ctx, limit, req), (0, 0)
                 if proposal.branches and self.trees is not None:
                     proposal = self._widen(proposal, req)
                 if proposal.parents is None:
@@ -161,7 +161,7 @@ class Engine:
                     n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
                 else:
                     t1 = self.clock()
-                    tokens, nxt, rows = self._verify_tree(ctx, proposal, req)
+                    tokens, nxt, rows, tree = self._verify_tree(ctx, proposal, req)
                     n_acc = len(tokens)
                 self.target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
                 t2 = self.clock()
@@ -170,7 +170,7 @@ class Engine:
                 self._commit_drafters(ctx, proposal.source, n_acc, req.stats)
                 emitted = self._emit(new, rows, req)
                 verified = len(tokens) if proposal.parents is None else len(proposal.tokens)
-                step = self._record(ctx, proposal, verified, n_acc, emitted, past, (t0, t1, t2), req)
+                step = self._record(ctx, proposal, verified, n_acc, emitted, past, (t0, t1, t2), req, tree)
                 if step.tokens:
                     yield step
                 if req.stats.finish_reason:
@@ -257,10 +257,12 @@ class Engine:
         fits = [b for b in chosen[: target.capabilities.branches - 1] if (room := room - len(b[1])) >= 0]
         return grow(proposal, [b for b in fits if all(0 <= t < target.info.n_vocab for t in b[1])])
 
-    def _verify_tree(self, ctx: list[int], proposal: Proposal, req: _Request) -> tuple[list[int], int, Logits]:
+    def _verify_tree(
+        self, ctx: list[int], proposal: Proposal, req: _Request
+    ) -> tuple[list[int], int, Logits, tuple[int, int]]:
         """One target pass over the pending token and a tree of guesses: the accepted path's
-        tokens, the token the target adds after them and the pass's rows (localspec.core.tree);
-        the cache then holds the path, as if the chain had been that path."""
+        tokens, the token the target adds after them, the pass's rows (localspec.core.tree) and
+        the chain's length and tokens kept; the cache then holds the path, as a chain would."""
         assert proposal.parents is not None and self.trees is not None
         target = self.target
         assert isinstance(target, TreeBackend)
@@ -268,8 +270,10 @@ class Engine:
         logits = target.eval_tree([ctx[-1], *proposal.tokens], parents)
         path, nxt = accept_tree(proposal, logits, req.cfg, req.rng, len(ctx))
         target.keep_branch([0, *(i + 1 for i in path)])
-        self.trees.observe_tree(*branch_heads(proposal.parents), path)
-        return [proposal.tokens[i] for i in path], nxt, logits
+        chain, heads = branch_heads(proposal.parents)
+        self.trees.observe_tree(chain, heads, path)
+        kept = sum(1 for node in path if node < chain)
+        return [proposal.tokens[i] for i in path], nxt, logits, (chain, kept)
 
     def _commit_drafters(self, ctx: list[int], source: Source, n_acc: int, stats: Stats) -> None:
         """Tell the drafters what the target kept: each counts as accepted only its own tokens."""
@@ -303,6 +307,7 @@ class Engine:
         past: int,
         times: tuple[float, float, float],
         req: _Request,
+        tree: tuple[int, int] = (0, 0),
     ) -> Step:
         """The step's bookkeeping: its Step in the stats, the policy's evidence (a free guess's
         unverified part scored once the text is known) and the running totals."""
@@ -319,9 +324,11 @@ class Engine:
             gamma=proposal.gamma,
             tokens=tuple(emitted),
             forced=proposal.source is Source.GRAMMAR,
+            chain=tree[0],
+            chain_kept=tree[1],
         )
         req.stats.record_step(step)
-        if req.shadow is None:
+        if req.shadow is None and not tree[0]:  # a tree's kept path need not be its guess's
             req.shadow = _shadow_of(proposal, verified, n_acc, len(ctx) - n_acc - 1)
         if proposal.source is not Source.GRAMMAR:  # a forced step says nothing of the drafter
             req.policy.observe(step)
