@@ -72,7 +72,11 @@ class EveryBranch(CountedPricing):
     def shape(
         self, chain: int, support: int, offered: Sequence[tuple[int, Sequence[int]]], depth: int
     ) -> list[tuple[int, list[int]]]:
-        return [(d, list(b)) for d, b in offered]
+        room, out = self.most_nodes() - chain, []
+        for d, branch in offered:
+            out.append((d, list(branch[: max(room, 0)])))
+            room -= len(out[-1][1])
+        return [b for b in out if b[1]]
 
 
 @dataclass(frozen=True)

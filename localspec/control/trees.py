@@ -40,6 +40,11 @@ class TreePricing:
     hits: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
     trials: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
 
+    def most_nodes(self) -> int:
+        """The largest tree priced: max_nodes, within the pass sizes the curve measured (past
+        them it is extrapolated, which a chain never needs)."""
+        return min(self.max_nodes, len(self.policy.costs.verify_seconds) - 1)
+
     def beta(self, depth: int) -> float:
         i = min(depth, DEPTHS - 1)
         return (self.prior * self.prior_weight + self.hits[i]) / (self.prior_weight + self.trials[i])
@@ -61,7 +66,7 @@ class TreePricing:
         rate = expected / self.policy.costs.verify(nodes + 1, depth)
         chosen: list[tuple[int, list[int]]] = []
         for _, d, tokens, gain in sorted(candidates, key=lambda c: -c[0]):
-            if nodes + len(tokens) > self.max_nodes:
+            if nodes + len(tokens) > self.most_nodes():
                 continue
             wider = (expected + gain) / self.policy.costs.verify(nodes + len(tokens) + 1, depth)
             if wider > rate * (1.0 + self.margin):
