@@ -167,7 +167,7 @@ class Engine:
                 t2 = self.clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
-                self._commit_drafters(ctx, proposal.source, n_acc, req.stats)
+                self._commit_drafters(ctx, proposal.source, tree[1] if tree[0] else n_acc, req.stats)
                 emitted = self._emit(new, rows, req)
                 verified = len(tokens) if proposal.parents is None else len(proposal.tokens)
                 step = self._record(ctx, proposal, verified, n_acc, emitted, past, (t0, t1, t2), req, tree)

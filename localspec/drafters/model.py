@@ -111,10 +111,9 @@ class ModelDrafter:
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         # context = committed text; what the drafter cached beyond its accepted part goes. A
-        # tree's path may leave the drafted chain for a branch: only what agrees stays.
-        keep = min(self.backend.n_past, len(context) - 1)
-        start = min(self._agreed, keep)
-        keep = start + common_prefix(self.backend.cached_tokens()[start:keep], context[start:keep])
+        # tree's path may leave the drafted chain for a branch: only the chain's kept tokens
+        # (n_accepted) agree with the text.
+        keep = min(self.backend.n_past, len(context) - 1, self._agreed + n_accepted)
         self.backend.rollback(keep)
         self._agreed = keep
 
