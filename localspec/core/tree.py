@@ -57,6 +57,14 @@ def grow(proposal: Proposal, branches: Sequence[tuple[int, Sequence[int]]]) -> P
     return replace(proposal, tokens=tokens, dists=dists, parents=tuple(parents))
 
 
+def top_k_branches(chain: Sequence[int], top_k: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
+    """Draft.branches from a block drafter's per-position top-k (DFlash's, a Medusa head's):
+    every candidate at position d other than the chain's own token, as a one-token branch at
+    depth d, likeliest first. Each is a fixed guess, so the acceptance rule takes it as a
+    point mass; the tree pricing (localspec.control.trees) keeps those that pay."""
+    return [(d, [int(t)]) for d, cands in enumerate(top_k[: len(chain)]) for t in cands if t != chain[d]]
+
+
 def children(parents: Sequence[int]) -> list[list[int]]:
     """Row r's children (row 0: the pending token, row i + 1: node i), in node order."""
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
