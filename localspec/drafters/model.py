@@ -125,7 +125,7 @@ def _runner_up(row: npt.NDArray[np.floating], tok: int, dist: Distribution | Non
     """The most likely token other than the drafted one: a fixed guess, so a point mass to
     the acceptance rule whatever the drafted token's law was."""
     if dist is not None and dist.ids.size > 1:
-        order = np.argsort(-dist.probs)[:2]
-        return int(next(dist.ids[i] for i in order if dist.ids[i] != tok))
+        two = np.argpartition(dist.probs, -2)[-2:]  # the two likeliest, in no order: no sort of the vocabulary
+        return int(dist.ids[two[1]] if dist.ids[two[0]] == tok else dist.ids[two[0]])
     top = np.argpartition(row, -2)[-2:]
     return int(top[1] if top[0] == tok else top[0])
