@@ -28,9 +28,11 @@ NODES = (4, 6, 8, 12, 16, 22)
 DEPTH = 512
 
 
-def replays() -> None:
+def replays(repass: bool) -> None:
+    """repass: the target evaluates a kept branch again (llama.cpp's keep_branch)."""
     answers = json.loads((DATA / "replay_answers.json").read_text())
     curves = json.loads((DATA / "replay_curves.json").read_text())
+    print(f"\n{'a kept branch evaluated again (llama.cpp)' if repass else 'a kept branch kept in place'}:")
     print("curve | chains | priced trees | every branch | tree steps (priced) | branch taken")
     print("--- | --- | --- | --- | --- | ---")
     for name, report in curves.items():
@@ -42,7 +44,7 @@ def replays() -> None:
             trees = taken = steps = 0
             for rec in answers["answers"].values():
                 prompt, answer = list(rec["prompt"]), list(rec["answer"])
-                run = replay_tree(prompt, answer, cal, answers["n_vocab"], mode)
+                run = replay_tree(prompt, answer, cal, answers["n_vocab"], mode, repass)
                 plain, seconds = plain + truth.plain(prompt, answer), seconds + run.seconds
                 trees, taken, steps = trees + run.trees, taken + run.taken, steps + run.steps
             row.append((plain / seconds, trees, taken, steps))
@@ -99,7 +101,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    replays()
+    replays(repass=False)
+    replays(repass=True)
     if args.model:
         pass_costs(args.model, args.reps, args.threads)
 

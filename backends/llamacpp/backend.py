@@ -243,6 +243,7 @@ class LlamaCppBackend:
             extra=extra,
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
             branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
+            repasses_branch=True,  # keep_branch
         )
 
     def _live(self) -> None:
@@ -464,9 +465,18 @@ class LlamaCppBackend:
 
     def keep_branch(self, path: Sequence[int]) -> None:
         assert self._trees is not None and self._trees.open, "keep_branch follows eval_tree"
-        past = self._trees.keep(path)
-        self._tokens[past:] = [self._trees.nodes[i] for i in path]
-        self._unrecorded = False
+        trees = self._trees
+        past = trees.keep(path)
+        kept = [trees.nodes[i] for i in path]
+        # A path off sequence 0 sits in cells after the other branches' holes, where the next
+        # tokens would land before it; flash attention sums cells in their order, so that cache
+        # rounds unlike a clean pass's. Its part off sequence 0 is evaluated again, in order.
+        off = next((k for k, node in enumerate(path) if trees.seqs[node][0] != 0), len(path))
+        self._tokens[past:] = kept[:off]
+        self._unrecorded = off < len(path)
+        if off < len(path):
+            self.rollback(past + off)
+            self.eval_block(kept[off:], "none")
 
     def rollback(self, n: int) -> None:
         self._live()

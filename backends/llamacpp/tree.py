@@ -57,7 +57,7 @@ class TreePass:
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(max_tokens,))
         self._nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_tokens,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_tokens,))
-        self._seqs: list[list[int]] = []
+        self.seqs: list[list[int]] = []  # each node's sequence ids
         self._past = 0
         self.nodes: list[int] = []  # the open tree's tokens (its owner records them)
         self.open = False  # a tree is in the cache: other sequences than 0 hold cells
@@ -67,7 +67,7 @@ class TreePass:
 
     def begin(self, past: int, parents: Sequence[int]) -> None:
         """Every branch's sequence takes the cached text before the pass."""
-        self._seqs, leaves = leaf_sets(parents)
+        self.seqs, leaves = leaf_sets(parents)
         self._past = past
         self.open = True
         for s in range(1, len(leaves)):
@@ -81,7 +81,7 @@ class TreePass:
         self._pos[:n] = [positions[i] for i in nodes]
         self._out[:n] = 1
         for row, node in enumerate(nodes):
-            seqs = self._seqs[node]
+            seqs = self.seqs[node]
             self._nseq[row] = len(seqs)
             ids = self._batch.seq_id[row]
             for j, s in enumerate(seqs):
@@ -92,7 +92,7 @@ class TreePass:
     def keep(self, path: Sequence[int]) -> int:
         """The path's sequence becomes sequence 0, cut after the path; the other branches go.
         Returns where the tree began."""
-        s = self._seqs[path[-1]][0]  # a branch through the path's last node
+        s = self.seqs[path[-1]][0]  # a branch through the path's last node
         if s != 0:
             llama.llama_memory_seq_keep(self._mem, s)
             llama.llama_memory_seq_cp(self._mem, s, 0, -1, -1)

@@ -29,10 +29,13 @@ class TreeReplayTarget(ReplayTarget):
     """A replay target that takes trees: every node's choice is the recorded token after its
     depth (the acceptance never passes a node off the recorded text, so no row below one is read)."""
 
-    def __init__(self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int) -> None:
+    def __init__(self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int, repass: bool = False) -> None:
         super().__init__(text, truth, clock, n_vocab)
-        self.capabilities = Capabilities(rollback=True, max_block=512, device="cpu", branches=16)
+        self.capabilities = Capabilities(
+            rollback=True, max_block=512, device="cpu", branches=16, repasses_branch=repass
+        )
         self._open: tuple[int, list[int]] = (0, [])
+        self._parents: list[int] = []
 
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         past = len(self._tokens)
@@ -46,12 +49,19 @@ class TreeReplayTarget(ReplayTarget):
             nxt = past + depth[row] + 1
             out[row, self.text[nxt] if nxt < len(self.text) else 0] = 1.0
         self._tokens.append(tokens[0])
-        self._open = (past, list(tokens))
+        self._open, self._parents = (past, list(tokens)), list(parents)
         return out
 
     def keep_branch(self, path: Sequence[int]) -> None:
         past, nodes = self._open
         self._tokens[past:] = [nodes[i] for i in path]
+        # A backend that evaluates a kept path's part off the chain again (llama.cpp's
+        # keep_branch) pays a pass of that many tokens more.
+        chain = next((i for i in range(1, len(self._parents)) if self._parents[i] != i - 1), len(self._parents))
+        off = sum(1 for node in path if node >= chain)
+        if off and self.capabilities.repasses_branch:
+            self.clock.simulated += self.truth.seconds(off, past + len(path) - off, self.last)
+            self.last = off
 
 
 class CountedPricing(TreePricing):
@@ -88,18 +98,24 @@ class TreeRun:
 
 
 def replay_tree(
-    prompt: list[int], answer: list[int], calibration: Calibration, n_vocab: int, mode: str = "priced"
+    prompt: list[int],
+    answer: list[int],
+    calibration: Calibration,
+    n_vocab: int,
+    mode: str = "priced",
+    repass: bool = False,
 ) -> TreeRun:
     """Simulated seconds of n-gram drafting under the adaptive policy: mode "chain" (no
     trees), "priced" (TreePricing decides per step) or "always" (every branch verified).
-    The policy learns on a curve of its own, the clock keeps the calibration's."""
+    The policy learns on a curve of its own, the clock keeps the calibration's. repass: the
+    target evaluates a kept branch again (llama.cpp), which the clock and the pricing charge."""
     clock, truth = Clock(), Truth.of(calibration)
-    target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab)
+    target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab, repass)
     drafter = NgramDrafter()
     drafter.branching = int(mode != "chain")
     engine = Engine(cast(Backend, target), drafter, free_drafter=True, clock=clock)
     policy = ngram_policy(calibration.cost_curve())
-    pricing = (EveryBranch if mode == "always" else CountedPricing)(policy)
+    pricing = (EveryBranch if mode == "always" else CountedPricing)(policy, repass=repass)
     engine.trees = pricing if mode != "chain" else None
     stats, produced = Stats(), list[int]()
     cfg = SamplingConfig(temperature=0.0)

@@ -37,6 +37,9 @@ class TreePricing:
     margin: float = 0.02  # a tree must beat its chain's predicted rate by this share
     max_nodes: int = 22  # the most guessed tokens one tree holds (DDTree's largest)
     memory: float = 100.0  # observations the estimates remember
+    # The backend evaluates a kept branch again (Capabilities.repasses_branch): each branch
+    # also costs, where it is taken, a pass over its tokens.
+    repass: bool = False
     hits: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
     trials: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
 
@@ -61,17 +64,19 @@ class TreePricing:
             if d >= chain or not branch:
                 continue
             tokens, gain = self._trim(d, list(branch), alpha, reach)
-            candidates.append((gain / len(tokens), d, tokens, gain))
-        expected, nodes = self.policy.expected_tokens(chain, support), chain
+            taken = reach[d] * (1.0 - alpha[d]) * self.beta(d)
+            extra = taken * self.policy.costs.verify(len(tokens), depth) if self.repass else 0.0
+            candidates.append((gain / len(tokens), d, tokens, gain, extra))
+        expected, nodes, repass = self.policy.expected_tokens(chain, support), chain, 0.0
         rate = expected / self.policy.costs.verify(nodes + 1, depth)
         chosen: list[tuple[int, list[int]]] = []
-        for _, d, tokens, gain in sorted(candidates, key=lambda c: -c[0]):
+        for _, d, tokens, gain, extra in sorted(candidates, key=lambda c: -c[0]):
             if nodes + len(tokens) > self.most_nodes():
                 continue
-            wider = (expected + gain) / self.policy.costs.verify(nodes + len(tokens) + 1, depth)
+            wider = (expected + gain) / (self.policy.costs.verify(nodes + len(tokens) + 1, depth) + repass + extra)
             if wider > rate * (1.0 + self.margin):
                 chosen.append((d, tokens))
-                expected, nodes, rate = expected + gain, nodes + len(tokens), wider
+                expected, nodes, rate, repass = expected + gain, nodes + len(tokens), wider, repass + extra
         return chosen
 
     def _trim(self, d: int, branch: list[int], alpha: list[float], reach: list[float]) -> tuple[list[int], float]:
@@ -106,14 +111,15 @@ class TreePricing:
         policy's prior (α 0.5) and this β: where not (a CPU), drafters spare the work of
         offering branches."""
         probe = AdaptiveDraftLength(self.policy.costs, 0.0, max_gamma=4, prior=0.5, config=self.policy.config)
-        return bool(TreePricing(probe, self.prior, self.prior_weight, self.margin).shape(4, 0, [(0, [0])], 0))
+        trial = TreePricing(probe, self.prior, self.prior_weight, self.margin, repass=self.repass)
+        return bool(trial.shape(4, 0, [(0, [0])], 0))
 
 
 def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | None:
     """Let the engine verify its drafters' branches where a tree can pay on this machine's
     cost curve (a target that takes trees, a curve flat enough); None: chains only."""
     capabilities = engine.target.capabilities
-    pricing = TreePricing(policy)
+    pricing = TreePricing(policy, repass=capabilities.repasses_branch)
     if capabilities.branches < 2 or not pricing.pays():
         return None
     engine.trees = pricing

@@ -68,6 +68,9 @@ class Capabilities:
     # Most branches one verify pass takes (TreeBackend): 1 verifies chains only (a recurrent
     # model's state cannot follow several branches at once).
     branches: int = 1
+    # A kept path off the tree's first branch is evaluated again, in the cache's order
+    # (llama.cpp: flash attention sums cells in their order): a pass the tree pricing charges.
+    repasses_branch: bool = False
 
     # extra is what a cost curve depends on (threads, build, device...), the calibration
     # cache's key; the keys read above the backends are read through these typed views.
