@@ -41,6 +41,7 @@ from localspec.core.sampling import Distribution, SamplingConfig
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
+from .dflash import DFlashDrafter, load_dflash_model
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
@@ -125,7 +126,7 @@ class LlamaCppBackend:
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
         self._states: HiddenRows | None = None  # hidden states an MTP head reads (mtp_head)
         self._captures: dict[tuple[int, ...], HiddenRows] = {}  # layer inputs drafters read (layer_features)
-        self._heads: list[MtpHead] = []
+        self._heads: list[MtpHead | DFlashDrafter] = []  # drafters reading this context, closed before it
         if rpc:
             rpc_entry_points.limit_waits(rpc)
             # The output layer sits on another machine there; its argmax stays the host's (untried).
@@ -238,6 +239,7 @@ class LlamaCppBackend:
             device="rpc" if rpc else ("gpu" if device else "cpu"),
             extra=extra,
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
+            replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
         )
 
     def _live(self) -> None:
@@ -500,8 +502,9 @@ class LlamaCppBackend:
                 f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",
                 "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
             )
-        self._heads.append(MtpHead(self, self._model, self._ctx, self._target_states()))
-        return self._heads[-1]
+        head = MtpHead(self, self._model, self._ctx, self._target_states())
+        self._heads.append(head)
+        return head
 
     def assistant_head(self, path: str) -> MtpHead:
         """A Gemma 4 assistant GGUF (architecture gemma4-assistant) drafting for this target."""
@@ -539,6 +542,14 @@ class LlamaCppBackend:
             self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
             self.rollback(0)  # positions decoded before now have no states: decode them again
         return self._states
+
+    def dflash_drafter(self, path: str) -> DFlashDrafter:
+        """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
+        self._live()
+        model = load_dflash_model(path, self._options["gpu_layers"])
+        drafter = DFlashDrafter(self, self._ctx, model, path, int(self.capabilities.extra.get("threads", "1")))
+        self._heads.append(drafter)
+        return drafter
 
     def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at every cached position, for a drafter (an EAGLE-3 head,
