@@ -114,35 +114,61 @@ def dflash_tensors(spec: DFlashSpec, embeddings: np.ndarray, mask_id: int) -> di
     }
 
 
-def write_dflash_gguf(target: Path, path: Path, spec: DFlashSpec = DFlashSpec(), mask_id: int = 0) -> Path:
-    """A DFlash drafter for the tiny target GGUF at `target`: its tokenizer and embeddings copied."""
+@dataclass(frozen=True)
+class DFlashShape:
+    """The hyperparameters a dflash GGUF declares."""
+
+    layers: int
+    width: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    target_layers: tuple[int, ...]
+    rope_base: float = 1_000_000.0
+
+
+def write_dflash_file(
+    reader: Any, path: Path, shape: DFlashShape, tensors: dict[str, np.ndarray], mask_id: int
+) -> Path:
+    """A dflash GGUF with the target's tokenizer (`reader`: the target's GGUFReader) and these tensors."""
     import gguf
 
-    reader = gguf.GGUFReader(str(target))
     arch = "dflash"
     writer = gguf.GGUFWriter(str(path), arch)
-    h = spec.heads * HEAD_DIM
     writer.add_context_length(int(_fields(reader, "")[f"{_arch(reader)}.context_length"].contents()))
-    writer.add_embedding_length(h)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(spec.ffn)
-    writer.add_head_count(spec.heads)
-    writer.add_head_count_kv(spec.heads)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
+    writer.add_embedding_length(shape.width)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1_000_000.0)  # the score's dimension barely turns across a block
-    writer.add_uint32(f"{arch}.block_size", spec.block_size)
-    writer.add_array(f"{arch}.target_layers", list(spec.target_layers))
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_uint32(f"{arch}.block_size", shape.block_size)
+    writer.add_array(f"{arch}.target_layers", list(shape.target_layers))
     _copy_tokenizer(reader, writer)
     writer.add_mask_token_id(mask_id)
-    for name, tensor in dflash_tensors(spec, _target_embeddings(reader), mask_id).items():
+    for name, tensor in tensors.items():
         writer.add_tensor(name, np.ascontiguousarray(tensor))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_dflash_gguf(target: Path, path: Path, spec: DFlashSpec = DFlashSpec(), mask_id: int = 0) -> Path:
+    """A DFlash drafter for the tiny target GGUF at `target`: its tokenizer and embeddings copied."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(target))
+    h = spec.heads * HEAD_DIM
+    # A high RoPE base: the score's dimension barely turns across a block.
+    shape = DFlashShape(1, h, spec.ffn, spec.heads, spec.heads, HEAD_DIM, spec.block_size, spec.target_layers)
+    return write_dflash_file(reader, path, shape, dflash_tensors(spec, _target_embeddings(reader), mask_id), mask_id)
 
 
 def _arch(reader: Any) -> str:
