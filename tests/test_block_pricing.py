@@ -81,3 +81,12 @@ def test_a_step_teaches_the_pass_curve_its_pass_and_the_replay_its_own_cost() ->
     assert policy.replay_overhead == pytest.approx(policy.config.weight_hit * (1.8 - CURVE[2]))
     assert policy.draft_seconds_per_pass == pytest.approx(0.3 + policy.config.weight_hit * 0.2)
     assert policy.draft_seconds_per_token == 0.0
+
+
+def test_a_replay_from_the_start_does_not_price_every_later_block() -> None:
+    """The first long rejection on a hybrid replays the whole context (no state copy yet): a
+    one-off, learnt as at most a pass over the verified block."""
+    policy = AdaptiveDraftLength(CostCurve(CURVE), 0.0, max_gamma=15, replays_beyond=4)
+    replayed_all = Step(drafted=15, accepted=0, draft_seconds=0.3, verify_seconds=CURVE[15] + 60, rollback_seconds=60)
+    policy.observe(replayed_all)
+    assert policy.replay_overhead == pytest.approx(policy.config.weight_hit * CURVE[15])

@@ -298,8 +298,11 @@ class AdaptiveDraftLength:
         # The pass alone teaches the cost curve; what a hybrid's replay took is learnt apart.
         self.costs.update(drafted + 1, step.verify_seconds - step.rollback_seconds, step.depth)
         if self.replays_beyond is not None and drafted - accepted > self.replays_beyond:
-            beyond = (step.rollback_seconds - self.costs.verify(accepted + 1, step.depth)) / self.costs.scale
-            self.replay_overhead += self.config.weight_hit * (max(0.0, beyond) - self.replay_overhead)
+            beyond = step.rollback_seconds - self.costs.verify(accepted + 1, step.depth)
+            # A replay from the state copy re-evaluates at most the verified block; one that took
+            # longer replayed from the start (before the first copy was taken), which does not recur.
+            beyond = min(max(0.0, beyond), self.costs.verify(drafted + 1, step.depth)) / self.costs.scale
+            self.replay_overhead += self.config.weight_hit * (beyond - self.replay_overhead)
         if not step.lookup and step.support <= 0:
             self._model_drafting = drafted > 0
         if drafted == 0:
