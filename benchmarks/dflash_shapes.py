@@ -155,7 +155,7 @@ def ours(target: Path, drafter: Path, options: dict[str, Any], gamma: int | str)
 def theirs(bin_dir: Path, target: Path, drafter: Path, threads: int) -> str:
     cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(drafter)]
     cmd += ["--spec-type", "draft-dflash", "--spec-draft-n-max", str(BLOCK - 1), "--spec-draft-p-min", "0"]
-    cmd += ["-p", PROMPT + " again", "-n", "64", "--temp", "0", "-t", str(threads), "-c", "1024", "-no-cnv"]
+    cmd += ["-p", PROMPT + " again", "-n", "64", "--temp", "0", "-t", str(threads), "-c", "1024"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     text = out.stdout + out.stderr
     decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
