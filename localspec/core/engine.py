@@ -150,13 +150,14 @@ class Engine:
                 tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
                 t1 = self.clock()
                 n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
+                t_kept = self.clock()
                 self.target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
                 t2 = self.clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
                 self._commit_drafters(ctx, proposal.source, n_acc, req.stats)
                 emitted = self._emit(new, rows, req)
-                step = self._record(ctx, proposal, len(tokens), n_acc, emitted, past, (t0, t1, t2), req)
+                step = self._record(ctx, proposal, len(tokens), n_acc, emitted, past, (t0, t1, t_kept, t2), req)
                 if step.tokens:
                     yield step
                 if req.stats.finish_reason:
@@ -257,12 +258,12 @@ class Engine:
         n_acc: int,
         emitted: list[int],
         past: int,
-        times: tuple[float, float, float],
+        times: tuple[float, float, float, float],
         req: _Request,
     ) -> Step:
         """The step's bookkeeping: its Step in the stats, the policy's evidence (a free guess's
         unverified part scored once the text is known) and the running totals."""
-        t0, t1, t2 = times
+        t0, t1, t_kept, t2 = times
         step = Step(
             drafted=verified,
             accepted=n_acc,
@@ -275,6 +276,7 @@ class Engine:
             gamma=proposal.gamma,
             tokens=tuple(emitted),
             forced=proposal.source is Source.GRAMMAR,
+            rollback_seconds=t2 - t_kept,
         )
         req.stats.record_step(step)
         if req.shadow is None:

@@ -65,6 +65,9 @@ class Capabilities:
     # The backend's verify_block applies the acceptance rule where its logits are (a GPU),
     # so the engine calls that instead of eval_block and localspec.core.acceptance.
     verifies: bool = False
+    # A model with recurrent state (a hybrid) takes back up to this many rejected tokens from
+    # its snapshots; rejecting more replays the kept ones (None: every rollback is free).
+    replays_beyond: int | None = None
 
     # extra is what a cost curve depends on (threads, build, device...), the calibration
     # cache's key; the keys read above the backends are read through these typed views.

@@ -24,6 +24,8 @@ class Step:
     gamma: int = 0  # the draft length the policy chose (drafted can fall short of it)
     tokens: tuple[int, ...] = ()  # what the step emitted (an end of generation is not emitted)
     forced: bool = False  # the draft was what the request's grammar forces (jump-forward)
+    # Of verify_seconds: taking the rejected tokens back (a hybrid's replay of the kept ones).
+    rollback_seconds: float = 0.0
 
     @property
     def n_from_draft(self) -> int:
