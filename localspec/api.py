@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
-from localspec.core.backend_loader import kind_of, load_backend
+from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
 from localspec.core.errors import InvalidRequestError
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, SelfDrafting
+from localspec.drafters import BlockDrafter
 from localspec.drafters.memory import NgramMemory
 from localspec.runtime import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, sampling_config
 
@@ -62,10 +63,22 @@ def load(
         raise InvalidRequestError(
             f"the {opts.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
+    _check_dflash(opts)
     pair = pair_id(opts.model, opts.draft_model, opts.backend)
     if pair is not None:
         return _load_files(_pair_files(pair, opts, registry), on_progress)
     return _load_files(opts, on_progress)
+
+
+def _check_dflash(opts: LoadOptions) -> None:
+    """Refuse a DFlash request that cannot run, before a load that can take minutes."""
+    if opts.strategy != "dflash":
+        return
+    if not kind_of(opts.backend).dflash:
+        runs = ", ".join(b for b in BACKENDS if kind_of(b).dflash)
+        raise InvalidRequestError(
+            f"the {opts.backend} backend does not run DFlash drafters", f"use --backend {runs} for --strategy dflash"
+        )
 
 
 def load_pair(name: str, *, registry: Registry | None = None, **options: Any) -> Runtime:
@@ -109,6 +122,17 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
         if strategy == "mtp" and draft_model is not None and is_assistant(draft_model):
             strategy = "draft"  # the model's MTP assistant, a file of its own (Gemma 4's)
         self_draft = selfdraft.parse(strategy)
+        if strategy == "dflash":
+            block = _dflash_drafter(target, draft_model, on_progress)
+            runtime = Runtime(
+                target,
+                strategy=strategy,
+                draft_tokens=opts.draft_tokens,
+                calibrate=opts.calibrate,
+                memory=NgramMemory() if opts.memory else None,
+                drafter=block,
+            )
+            return runtime
         if self_draft is not None:
             if draft_model is not None:
                 raise InvalidRequestError(f"strategy {strategy!r} drafts with the target itself; drop --draft-model")
@@ -139,6 +163,20 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
             draft.close()
         target.close()
         raise
+
+
+def _dflash_drafter(target: Backend, path: str | None, on_progress: Announce | None) -> BlockDrafter:
+    """The DFlash drafter in `path`, reading `target`'s layers (strategy dflash)."""
+    if path is None:
+        raise InvalidRequestError(
+            "strategy 'dflash' needs a DFlash drafter", "pass its GGUF with --draft-model PATH (or draft_model=)"
+        )
+    attach = getattr(target, "dflash_drafter", None)
+    if attach is None:
+        raise InvalidRequestError(f"the {target.info.backend} backend does not run DFlash drafters")
+    with announced(f"loading the DFlash drafter {os.path.basename(path)}", on_progress):
+        drafter: BlockDrafter = attach(path)
+    return drafter
 
 
 def is_assistant(path: str) -> bool:

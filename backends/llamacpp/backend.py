@@ -41,6 +41,8 @@ from localspec.core.sampling import Distribution, SamplingConfig
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
+from .dflash import DFlashDrafter, load_dflash_model
+from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
 from .gpu import auto_gpu_layers, gpu_device
@@ -58,7 +60,7 @@ from .library import (
     note_default_kernels,
     use_exact_kernels,
 )
-from .mtp import MtpHead, TargetStates
+from .mtp import MtpHead
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 from .tree import BRANCHES, TreePass
 
@@ -123,14 +125,14 @@ class LlamaCppBackend:
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
-        self._states: TargetStates | None = None  # hidden states an MTP head reads (mtp_head)
-        self._heads: list[MtpHead] = []
+        self._states: HiddenRows | None = None  # hidden states an MTP head reads (mtp_head)
+        self._captures: dict[tuple[int, ...], HiddenRows] = {}  # layer inputs drafters read (layer_features)
+        self._heads: list[MtpHead | DFlashDrafter] = []  # drafters reading this context, closed before it
         if rpc:
             rpc_entry_points.limit_waits(rpc)
             # The output layer sits on another machine there; its argmax stays the host's (untried).
             self._greedy.refused = True
         max_block = self._make_batch(ctx, max_block)
-        self._trees = None if stateful else TreePass(ctx, self._mem, max_block)  # a state per sequence: no trees
         self._tokens: list[int] = []
         # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)
         # that lands after llama_decode filled the cache but before the tokens were recorded.
@@ -204,6 +206,8 @@ class LlamaCppBackend:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
+        # Trees (tree.py) where the cache is cells; a recurrent state per sequence takes none.
+        self._trees = None if self._recurrent is not None else TreePass(ctx, self._mem, max_block)
         return max_block
 
     def _describe(
@@ -244,6 +248,7 @@ class LlamaCppBackend:
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
             branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
             repasses_branch=True,  # keep_branch
+            replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
         )
 
     def _live(self) -> None:
@@ -368,8 +373,8 @@ class LlamaCppBackend:
             raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
         if self._recurrent is not None:
             self._recurrent.after_decode(n)
-        if self._states is not None:
-            self._states.record(past, n)
+        for kept in self._recorded():
+            kept.record(past, n)
         self._tokens.extend(tokens)
         self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
@@ -409,7 +414,7 @@ class LlamaCppBackend:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
         # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
-        if cfg.greedy and self._states is None and not self._splits(len(tokens)) and self._greedy.attach():
+        if cfg.greedy and not self._recorded() and not self._splits(len(tokens)) and self._greedy.attach():
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:
@@ -426,7 +431,7 @@ class LlamaCppBackend:
         """localspec.core.protocol.TreeBackend: one pass, every branch a sequence (tree.py)."""
         self._live()
         trees, n, past = self._trees, len(tokens), len(self._tokens)
-        if trees is None or self._states is not None:
+        if trees is None or self._recorded():  # rows kept per position follow one chain
             raise InvalidRequestError(f"{self.info.name} verifies chains only", "draft without branches")
         self._check_tree(tokens, parents)
         if self._greedy.attached:  # this pass's logits are wanted
@@ -567,8 +572,9 @@ class LlamaCppBackend:
                 f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",
                 "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
             )
-        self._heads.append(MtpHead(self, self._model, self._ctx, self._target_states()))
-        return self._heads[-1]
+        head = MtpHead(self, self._model, self._ctx, self._target_states())
+        self._heads.append(head)
+        return head
 
     def assistant_head(self, path: str) -> MtpHead:
         """A Gemma 4 assistant GGUF (architecture gemma4-assistant) drafting for this target."""
@@ -599,14 +605,43 @@ class LlamaCppBackend:
         self._heads.append(head)
         return head
 
-    def _target_states(self) -> TargetStates:
+    def _target_states(self) -> HiddenRows:
         if self._states is None:
             self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
             self.capabilities = replace(self.capabilities, branches=1)  # a head reads one chain's states
             width = int(llama.llama_model_n_embd_out(self._model))
-            self._states = TargetStates(self._ctx, self.info.n_ctx, width)
+            self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
             self.rollback(0)  # positions decoded before now have no states: decode them again
         return self._states
+
+    def dflash_drafter(self, path: str) -> DFlashDrafter:
+        """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
+        self._live()
+        model = load_dflash_model(path, self._options["gpu_layers"])
+        drafter = DFlashDrafter(self, self._ctx, model, path, int(self.capabilities.extra.get("threads", "1")))
+        self._heads.append(drafter)
+        return drafter
+
+    def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
+        """The inputs of layers `ids` at every cached position, for a drafter (an EAGLE-3 head,
+        a DFlash drafter) made for a target `width` wide; refused with what fits when this
+        target cannot give them (features.check_capture)."""
+        self._live()
+        n_embd = int(llama.llama_model_n_embd(self._model))
+        check_capture(
+            TargetShape(self.info.name, self.info.architecture, self.info.n_layers, n_embd), drafter, kind, ids, width
+        )
+        key = tuple(ids)
+        if key not in self._captures:
+            self._greedy.detach()  # as for an MTP head's states
+            self.capabilities = replace(self.capabilities, branches=1)  # a drafter reads one chain's rows
+            self._captures[key] = layer_inputs(self._ctx, self.info.n_ctx, key, n_embd)
+            self.rollback(0)  # positions decoded before now have no rows: decode them again
+        return self._captures[key]
+
+    def _recorded(self) -> list[HiddenRows]:
+        """Every set of rows kept as this context decodes."""
+        return [*([self._states] if self._states is not None else []), *self._captures.values()]
 
     def _can_skip_layers(self, kind: str) -> None:
         if kind == "layerskip" and self._recurrent is not None:

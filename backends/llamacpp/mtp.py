@@ -30,27 +30,14 @@ from llama_cpp import llama_cpp_ext as ext
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Backend, Capabilities, HeadOfTarget, Logits, LogitsMode
 
-
-class TargetStates:
-    """The target's last hidden states, one row per cached position, kept on the host as the
-    target decodes (llama.cpp hands them out per batch only)."""
-
-    def __init__(self, ctx: Any, n_ctx: int, width: int) -> None:
-        self._ctx, self.width = ctx, width
-        self.rows = np.zeros((n_ctx, width), dtype=np.float32)
-        ext.llama_set_embeddings_nextn(ctx, True, False)  # a row for every token of a batch
-
-    def record(self, past: int, n: int) -> None:
-        ptr = ext.llama_get_embeddings_nextn(self._ctx)
-        if ptr:
-            self.rows[past : past + n] = np.ctypeslib.as_array(ptr, shape=(n, self.width))
+from .features import HiddenRows
 
 
 class MtpHead(HeadOfTarget):
     """The target's MTP block, drafting for it (see the module doc)."""
 
     def __init__(
-        self, target: Backend, model: Any, target_ctx: Any, states: TargetStates, assistant: bool = False
+        self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: bool = False
     ) -> None:
         self._target, self._states = target, states
         self._model = model if assistant else None  # an assistant file's own model, freed on close

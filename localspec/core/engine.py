@@ -163,6 +163,7 @@ class Engine:
                     t1 = self.clock()
                     tokens, nxt, rows, tree = self._verify_tree(ctx, proposal, req)
                     n_acc = len(tokens)
+                t_kept = self.clock()
                 self.target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
                 t2 = self.clock()
                 new = [*tokens[:n_acc], nxt]
@@ -170,7 +171,7 @@ class Engine:
                 self._commit_drafters(ctx, proposal.source, tree[1] if tree[0] else n_acc, req.stats)
                 emitted = self._emit(new, rows, req)
                 verified = len(tokens) if proposal.parents is None else len(proposal.tokens)
-                step = self._record(ctx, proposal, verified, n_acc, emitted, past, (t0, t1, t2), req, tree)
+                step = self._record(ctx, proposal, verified, n_acc, emitted, past, (t0, t1, t_kept, t2), req, tree)
                 if step.tokens:
                     yield step
                 if req.stats.finish_reason:
@@ -305,13 +306,13 @@ class Engine:
         n_acc: int,
         emitted: list[int],
         past: int,
-        times: tuple[float, float, float],
+        times: tuple[float, float, float, float],
         req: _Request,
         tree: tuple[int, int] = (0, 0),
     ) -> Step:
         """The step's bookkeeping: its Step in the stats, the policy's evidence (a free guess's
         unverified part scored once the text is known) and the running totals."""
-        t0, t1, t2 = times
+        t0, t1, t_kept, t2 = times
         step = Step(
             drafted=verified,
             accepted=n_acc,
@@ -326,6 +327,7 @@ class Engine:
             forced=proposal.source is Source.GRAMMAR,
             chain=tree[0],
             chain_kept=tree[1],
+            rollback_seconds=t2 - t_kept,
         )
         req.stats.record_step(step)
         if req.shadow is None and not tree[0]:  # a tree's kept path need not be its guess's

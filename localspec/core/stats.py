@@ -29,6 +29,8 @@ class Step:
     # the chain's tokens were kept, which is what the chain's acceptance estimates learn.
     chain: int = 0
     chain_kept: int = 0
+    # Of verify_seconds: taking the rejected tokens back (a hybrid's replay of the kept ones).
+    rollback_seconds: float = 0.0
 
     @property
     def n_from_draft(self) -> int:

@@ -27,6 +27,9 @@ FIXED_DRAFT_TOKENS = 4  # what a fixed-length engine gets for a pair whose draft
 # An MTP head's drafts lose acceptance faster with depth: llama.cpp's and SGLang's MTP
 # examples draft 3 (vLLM's docs start from 1).
 FIXED_MTP_DRAFT_TOKENS = 3
+# A DFlash drafter proposes its trained block (16: anchor and 15 guesses) in one pass: the
+# engines' DFlash examples verify all 15.
+FIXED_DFLASH_DRAFT_TOKENS = 15
 # The n-gram sizes vLLM tries, longest first: localspec also copies the longest earlier match.
 PROMPT_LOOKUP_MAX = 5
 PROMPT_LOOKUP_MIN = 2
@@ -78,8 +81,8 @@ def export_pair(
     ggufs: GgufResolver | None = None,
 ) -> Export:
     """The command serving `pair` on `engine` with speculation. strategy (default: the
-    pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram" or
-    "mtp"; ggufs finds the pulled GGUF files for llama-server."""
+    pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram",
+    "mtp" or "dflash"; ggufs finds the pulled GGUF files for llama-server."""
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
     notes: list[str] = []
@@ -92,6 +95,9 @@ def export_pair(
         if method == "mtp":
             assistant = _sidecar_path(pair, target) or drafter
             return Export(engine, _llama_server_mtp(target, assistant, k), tuple(notes))
+        if method == "dflash":
+            assert drafter is not None  # a dflash pair has a drafter (registry)
+            return Export(engine, _llama_server_dflash(target, drafter, k), tuple(notes))
         return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
     assistant_repo = _assistant_repo(pair) if method == "mtp" and _has_assistant(pair) else None
     if method == "mtp" and _has_assistant(pair) and (engine != "vllm" or assistant_repo is None):
@@ -102,11 +108,18 @@ def export_pair(
             + f"; {engine} gets n-gram lookup instead"
         )
         method = "ngram"
-    k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
+    if method == "dflash" and engine == "sglang":
+        notes.append("SGLang's DFLASH verifies the drafter's whole trained block; localspec only the part that pays")
+        k = 0  # SGLang takes no draft length for DFLASH
+    else:
+        k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
     target_repo = _torch_repo(pair.target, engine)
-    drafter_repo = _torch_repo(pair.drafter, engine) if method == "draft" and pair.drafter else None
-    if drafter_repo:
+    drafter_repo = _torch_repo(pair.drafter, engine) if method in ("draft", "dflash") and pair.drafter else None
+    if drafter_repo and method == "draft":
         notes += _vocab_refusal(engine, target_repo, drafter_repo)
+    if method == "dflash":
+        assert drafter_repo is not None
+        return Export(engine, _dflash(engine, target_repo, drafter_repo, k), tuple(notes))
     if engine == "vllm":
         return Export(engine, _vllm(target_repo, method, drafter_repo or assistant_repo, k), tuple(notes))
     if method == "mtp":
@@ -117,7 +130,8 @@ def export_pair(
 
 
 def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
-    chosen = strategy or ("mtp" if pair.mtp is not None else pair.strategy)
+    mtp_first = pair.mtp is not None and pair.strategy != "dflash"  # a DFlash pair keeps its drafter
+    chosen = strategy or ("mtp" if mtp_first else pair.strategy)
     if chosen == "auto":
         chosen = "draft" if pair.drafter is not None else "ngram"
     if chosen == "draft" and pair.drafter is None:
@@ -129,6 +143,10 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
         )
     if chosen.startswith("mtp"):
         return "mtp"
+    if chosen == "dflash" and pair.strategy != "dflash":
+        raise ExportError(f"pair {pair.id!r} has no DFlash drafter", "export it with its strategy, or --strategy ngram")
+    if chosen == "dflash":
+        return "dflash"
     if chosen not in ("draft", "ngram"):
         notes.append(f"no engine has localspec's {chosen!r}: exported as n-gram lookup instead")
         chosen = "ngram"
@@ -138,7 +156,7 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
 def _fixed_draft_tokens(pair: Pair, engine: str, method: str, notes: list[str]) -> int:
     if pair.draft_tokens != "auto":
         return pair.draft_tokens
-    fixed = FIXED_MTP_DRAFT_TOKENS if method == "mtp" else FIXED_DRAFT_TOKENS
+    fixed = {"mtp": FIXED_MTP_DRAFT_TOKENS, "dflash": FIXED_DFLASH_DRAFT_TOKENS}.get(method, FIXED_DRAFT_TOKENS)
     notes.append(
         f"localspec adapts the draft length to the machine and the text; {engine} takes a fixed one: "
         f"{fixed} (change it with --draft-tokens)"
@@ -220,6 +238,24 @@ def _sglang(target: str, drafter: str | None, k: int) -> tuple[str, ...]:
         argv += ["--speculative-num-draft-tokens", str(k + 1)]
     else:
         argv += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k)]
+    return tuple(argv)
+
+
+def _dflash(engine: str, target: str, drafter: str, k: int) -> tuple[str, ...]:
+    """vLLM's dflash method, or SGLang's DFLASH algorithm (its block size comes from the
+    drafter's config, so SGLang takes no draft length)."""
+    if engine == "vllm":
+        config = {"method": "dflash", "model": drafter, "num_speculative_tokens": k}
+        return ("vllm", "serve", target, "--host", HOST, "--speculative-config", json.dumps(config))
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--host", HOST]
+    argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
+    return tuple(argv)
+
+
+def _llama_server_dflash(target: Path, drafter: Path, k: int) -> tuple[str, ...]:
+    argv = ["llama-server", "-m", str(target), "--host", HOST, "-md", str(drafter)]
+    argv += ["--spec-type", "draft-dflash", "--spec-draft-n-max", str(k)]
+    argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
     return tuple(argv)
 
 

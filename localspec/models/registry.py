@@ -467,10 +467,10 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
     strategy = _str(entry, "strategy", path, where)
     if strategy not in STRATEGIES and not SELF_DRAFTING_STRATEGY.match(strategy):
         raise _fail(path, where, "strategy", f"expected one of {EVERY_STRATEGY}, got {strategy!r}")
-    if strategy == "draft" and drafter is None:
-        raise _fail(path, where, "drafter", "missing: strategy 'draft' needs a drafter model")
+    if strategy in ("draft", "dflash") and drafter is None:
+        raise _fail(path, where, "drafter", f"missing: strategy {strategy!r} needs a drafter model")
     # mtp takes a drafter where the model's MTP head ships as a model of its own (Gemma 4's assistant).
-    if strategy not in ("auto", "draft", "mtp") and drafter is not None:
+    if strategy not in ("auto", "draft", "mtp", "dflash") and drafter is not None:
         raise _fail(path, where, "drafter", f"strategy {strategy!r} does not use a drafter; remove it or use 'draft'")
     aliases = entry.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) and _ID.match(a) for a in aliases):
