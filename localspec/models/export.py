@@ -78,12 +78,14 @@ def export_pair(
     ggufs: GgufResolver | None = None,
 ) -> Export:
     """The command serving `pair` on `engine` with speculation. strategy (default: the
-    pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram" or
-    "mtp"; ggufs finds the pulled GGUF files for llama-server."""
+    pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram",
+    "mtp" or "eagle3"; ggufs finds the pulled GGUF files for llama-server."""
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
     notes: list[str] = []
     method = _method(pair, strategy, notes)
+    if method == "eagle3":
+        return _export_eagle3(pair, engine, draft_tokens, ggufs, notes)
     if engine == "llama-server":
         target, drafter = (ggufs or _pulled_ggufs)(pair)
         if method == "draft" and drafter is not None and _is_assistant_file(drafter):
@@ -129,7 +131,7 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
         )
     if chosen.startswith("mtp"):
         return "mtp"
-    if chosen not in ("draft", "ngram"):
+    if chosen not in ("draft", "ngram", "eagle3"):
         notes.append(f"no engine has localspec's {chosen!r}: exported as n-gram lookup instead")
         chosen = "ngram"
     return chosen
@@ -138,7 +140,7 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
 def _fixed_draft_tokens(pair: Pair, engine: str, method: str, notes: list[str]) -> int:
     if pair.draft_tokens != "auto":
         return pair.draft_tokens
-    fixed = FIXED_MTP_DRAFT_TOKENS if method == "mtp" else FIXED_DRAFT_TOKENS
+    fixed = FIXED_MTP_DRAFT_TOKENS if method in ("mtp", "eagle3") else FIXED_DRAFT_TOKENS  # one-block heads
     notes.append(
         f"localspec adapts the draft length to the machine and the text; {engine} takes a fixed one: "
         f"{fixed} (change it with --draft-tokens)"
@@ -262,6 +264,58 @@ def _llama_server(target: Path, drafter: Path | None, k: int) -> tuple[str, ...]
         argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(PROMPT_LOOKUP_MAX)]
         argv += ["--spec-ngram-simple-size-m", str(k)]
     return tuple(argv)
+
+
+def _export_eagle3(
+    pair: Pair, engine: str, draft_tokens: int | None, ggufs: GgufResolver | None, notes: list[str]
+) -> Export:
+    """EAGLE-3: the head (the pair's drafter, or models.toml's `<target id>-eagle3`) reads the
+    target's hidden layers; each engine's own EAGLE-3, one chain of k tokens."""
+    head = _eagle3_head(pair)
+    k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, "eagle3", notes)
+    if engine == "llama-server":
+        target, drafter = (ggufs or _pulled_ggufs)(pair)
+        gguf = drafter if pair.drafter is head and drafter is not None else target.with_name(f"eagle3-{target.name}")
+        if gguf is not drafter:  # llama.cpp's name for a head beside its target (common/download.cpp)
+            source = head.safetensors.repo if isinstance(head.safetensors, HubArtifact) else head.name
+            notes.append(
+                f"no GGUF of {head.name} is in models.toml: convert it with llama.cpp's convert_hf_to_gguf.py "
+                f"{source} --target-model-dir <{pair.target.name} checkpoint> --outfile {gguf}"
+            )
+        argv = ["llama-server", "-m", str(target), "--host", HOST, "-md", str(gguf), "--spec-type", "draft-eagle3"]
+        argv += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
+        return Export(engine, tuple(argv), tuple(notes))
+    target_repo, head_repo = _torch_repo(pair.target, engine), _torch_repo(head, engine)
+    if engine == "vllm":
+        config = {"method": "eagle3", "model": head_repo, "num_speculative_tokens": k}
+        return Export(
+            engine,
+            ("vllm", "serve", target_repo, "--host", HOST, "--speculative-config", json.dumps(config)),
+            tuple(notes),
+        )
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target_repo, "--host", HOST]
+    argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head_repo]
+    argv += [
+        "--speculative-num-steps",
+        str(k),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(k + 1),
+    ]
+    return Export(engine, tuple(argv), tuple(notes))
+
+
+def _eagle3_head(pair: Pair) -> Model:
+    from localspec.models.registry import load_registry
+
+    head = pair.drafter if pair.strategy == "eagle3" else load_registry().models.get(f"{pair.target.id}-eagle3")
+    if head is None:
+        raise ExportError(
+            f"pair {pair.id!r} has no EAGLE-3 head in models.toml (a model {pair.target.id}-eagle3, or its drafter)",
+            "export it with --strategy ngram" + (" or draft" if pair.drafter is not None else ""),
+        )
+    return head
 
 
 def _pulled_ggufs(pair: Pair) -> tuple[Path, Path | None]:
