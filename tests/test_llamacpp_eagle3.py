@@ -49,7 +49,7 @@ def opened() -> Iterator[Callable[[Path], LlamaCppBackend]]:
     backends: list[LlamaCppBackend] = []
 
     def load(path: Path) -> LlamaCppBackend:
-        backends.append(LlamaCppBackend(str(path), n_ctx=256))
+        backends.append(LlamaCppBackend(str(path), n_ctx=256, threads=1))  # tiny: one thread never waits on another
         return backends[-1]
 
     yield load
@@ -128,14 +128,19 @@ def test_the_agreement_check_reads_the_head_with_the_targets_layers(files, opene
 
 def test_strategy_eagle3_loads_the_head_given_as_the_drafter(files) -> None:
     runtime = localspec.load(
-        model=str(files["target"]), draft_model=str(files["head"]), strategy="eagle3", n_ctx=256, calibrate=False
+        model=str(files["target"]),
+        draft_model=str(files["head"]),
+        strategy="eagle3",
+        n_ctx=256,
+        threads=1,
+        calibrate=False,
     )
     with runtime:
         assert runtime.label == "eagle3" and runtime.draft is not None
         assert runtime.draft.info.architecture == "eagle3" and runtime.draft.info.n_layers == 1
         result = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
         assert result.stats.strategy == "eagle3"
-    with localspec.load(model=str(files["target"]), strategy="none", n_ctx=256) as plain:
+    with localspec.load(model=str(files["target"]), strategy="none", n_ctx=256, threads=1) as plain:
         assert plain.generate(prompt=PROMPT, max_tokens=30, temperature=0).tokens == result.tokens
 
 
