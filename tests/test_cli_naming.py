@@ -49,3 +49,15 @@ def test_the_default_model_has_one_name_everywhere(tmp_path: Path) -> None:
     assert names == {"smollm2-135m"}
     assert ChatSettings().model_label() == "smollm2-135m"
     assert canonical_name(str(tmp_path / "mine.gguf")) == "mine.gguf"
+
+
+def test_serve_names_the_model_as_every_other_command_does(tmp_path: Path) -> None:
+    from localspec.cli.serve import _served_id
+
+    default_file = str(tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    draft = str(tmp_path / "tiny-drafter.gguf")
+    assert _served_id(None, None) == _served_id(default_file, None) == "smollm2-135m"
+    assert _served_id("default", None) == "smollm2-135m"
+    assert _served_id(None, draft) == "smollm2-135m+tiny-drafter"
+    assert _served_id(str(tmp_path / "mine.gguf"), None) == "mine"
+

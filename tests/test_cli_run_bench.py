@@ -141,6 +141,7 @@ def test_bench_sweep_on_a_backend_without_derived_files_says_what_to_do(capsys) 
 def test_doctor_prints_the_device_and_the_verify_cost_curve(default_model_in_home: Path, capsys) -> None:
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
+    assert "model        smollm2-135m (SmolLM2" in out  # the one name every command shows
     assert "bandwidth" in out and "GB/s" in out
     assert "measured ms" in out and "predicted ms" in out and "after 512" in out
     assert "graph rebuild" in out
@@ -201,6 +202,7 @@ def test_doctor_refresh_measures_the_model_again(
 
     assert main(["doctor", "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
+    assert first["model"] == "smollm2-135m"
     measured: list[object] = []
     real_measure = calibrate.measure
     monkeypatch.setattr(calibrate, "measure", lambda *args: measured.append(args) or real_measure(*args))

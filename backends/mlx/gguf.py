@@ -24,6 +24,7 @@ from mlx.nn.layers.quantized import quantize
 from localspec.core.errors import ModelLoadError
 from localspec.core.gguf_header import check_gguf, read_header
 
+from ..gguf_hparams import read_hparams
 from ..tensor_names import GLOBAL_NAMES, LAYER_NAMES
 from .modules import eval_parameters
 
@@ -77,39 +78,33 @@ def check_architecture(meta: Mapping[str, Any], path: str) -> str:
 def config_from_metadata(meta: Mapping[str, Any], weights: Mapping[str, mx.array], path: str) -> dict[str, Any]:
     """The mlx-lm config.json a Hugging Face checkpoint of this GGUF would have."""
     arch = check_architecture(meta, path)
-    if meta.get(f"{arch}.expert_count"):
+    hp = read_hparams(meta)
+    if hp.expert_count:
         raise ModelLoadError(
             f"{path} is a mixture-of-experts model, which the MLX backend does not read from GGUF",
             "convert the original model with `mlx_lm.convert`, or use --backend llamacpp",
         )
     module, traditional = ARCHITECTURES[arch]
-
-    def key(name: str, default: Any = None) -> Any:
-        return meta.get(f"{arch}.{name}", default)
-
-    heads = int(key("attention.head_count"))
-    hidden = int(key("embedding_length"))
     config: dict[str, Any] = {
         "model_type": module,
-        "hidden_size": hidden,
-        "num_hidden_layers": int(key("block_count")),
-        "intermediate_size": int(key("feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
-        "head_dim": int(key("attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "hidden_size": hp.hidden,
+        "num_hidden_layers": hp.n_layers,
+        "intermediate_size": hp.ffn,
+        "num_attention_heads": hp.n_heads,
+        "num_key_value_heads": hp.n_kv_heads,
+        "head_dim": hp.head_dim,
+        "rms_norm_eps": hp.norm_eps,
         "vocab_size": int(weights["model.embed_tokens.weight"].shape[0]),
-        "max_position_embeddings": int(key("context_length", 4096)),
-        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": hp.context_length,
+        "rope_theta": hp.rope_theta,
         "rope_traditional": traditional,
         "tie_word_embeddings": "lm_head.weight" not in weights,
     }
-    scaling = key("rope.scaling.type")
-    if scaling == "linear":
-        config["rope_scaling"] = {"type": "linear", "factor": float(key("rope.scaling.factor", 1.0))}
-    elif scaling not in (None, "none"):
+    if hp.rope_scaling == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": hp.rope_factor}
+    elif hp.rope_scaling != "none":
         raise ModelLoadError(
-            f"{path} uses {scaling} rope scaling, which the MLX backend does not read from GGUF",
+            f"{path} uses {hp.rope_scaling} rope scaling, which the MLX backend does not read from GGUF",
             "convert the original model with `mlx_lm.convert`, or use --backend llamacpp",
         )
     return config

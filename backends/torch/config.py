@@ -13,6 +13,8 @@ from typing import Any
 
 from localspec.core.errors import ModelLoadError
 
+from ..gguf_hparams import read_hparams
+
 # GGUF architecture name -> family module; Mistral GGUFs say "llama".
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "llama", "qwen3": "llama", "gemma3": "gemma3"}
 # Hugging Face model_type -> (family, GGUF-style architecture name)
@@ -66,41 +68,31 @@ def from_gguf(meta: Mapping[str, Any], vocab_size: int) -> ModelConfig:
             f"it runs {', '.join(sorted(GGUF_FAMILIES))}; use --backend llamacpp for this model",
         )
 
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"the GGUF has no {arch}.{name} key", "the file is incomplete; download it again")
-        return value
-
-    hidden, n_heads = int(key("embedding_length")), int(key("attention.head_count"))
-    n_layers = int(key("block_count"))
-    head_dim = int(key("attention.key_length", hidden // n_heads))
-    scaling = str(meta.get(f"{arch}.rope.scaling.type", "none"))
-    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    hp = read_hparams(meta)
     common: dict[str, Any] = dict(
         family=family,
         architecture=arch,
         vocab_size=vocab_size,
-        hidden=hidden,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=int(key("attention.head_count_kv", n_heads)),
-        head_dim=head_dim,
-        ffn=int(key("feed_forward_length")),
-        norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(key("rope.freq_base", 10_000.0)),
-        context_length=int(key("context_length")),
-        rope_scale=factor if scaling == "linear" else 1.0,
+        hidden=hp.hidden,
+        n_layers=hp.n_layers,
+        n_heads=hp.n_heads,
+        n_kv_heads=hp.n_kv_heads,
+        head_dim=hp.head_dim,
+        ffn=hp.ffn,
+        norm_eps=hp.norm_eps,
+        rope_theta=hp.rope_theta,
+        context_length=hp.context_length,
+        rope_scale=hp.rope_factor if hp.rope_scaling == "linear" else 1.0,
         final_softcap=float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
     )
     if family == "gemma3":
         window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
         pattern = meta.get(f"{arch}.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
         # llama.cpp's rule: the 27B scales by hidden/heads, the others by head_dim.
-        scale_dim = hidden // n_heads if n_layers == 62 else head_dim
+        scale_dim = hp.hidden // hp.n_heads if hp.n_layers == 62 else hp.head_dim
         common.update(
             sliding_window=window,
-            local_layers=_local_layers(pattern, n_layers) if window else (),
+            local_layers=_local_layers(pattern, hp.n_layers) if window else (),
             rope_theta_local=float(meta.get(f"{arch}.rope.freq_base_swa", 10_000.0)),
             attn_scale=1.0 / math.sqrt(scale_dim),
         )

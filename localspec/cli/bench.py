@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 from functools import partial
@@ -21,6 +20,7 @@ from localspec.core.errors import InvalidRequestError
 from localspec.core.progress import Steps, reporting
 from localspec.core.protocol import Backend
 from localspec.core.templates import render_chat
+from localspec.models.naming import canonical_name
 from localspec.tooling.bench import (
     MAX_REPEAT_FACTOR,
     BenchRow,
@@ -107,7 +107,7 @@ def handle(args: argparse.Namespace) -> int:
     options = load_options(args).backend_options()
     samples = [contention.sample()]
     with Steps("localspec bench") as progress:
-        progress.step(f"loading {os.path.basename(model)}")
+        progress.step(f"loading {canonical_name(model)}")
         target = load_backend(args.backend, model, **options, **split_options(args.backend, args.rpc))
         progress.step("preparing the drafters")
         with reporting(progress.detail):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import asdict
 from typing import Any
 
@@ -18,6 +17,7 @@ from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.exactness import Exactness
 from localspec.core.progress import Steps, reporting
+from localspec.models.naming import canonical_name
 
 
 def register(sub: Any) -> None:
@@ -49,7 +49,7 @@ def handle(args: argparse.Namespace) -> int:
         progress.step("measuring this machine (memory bandwidth, compute)")
         device = probe(refresh=args.refresh)
         before = contention.sample()
-        progress.step(f"loading {os.path.basename(model)}")
+        progress.step(f"loading {canonical_name(model)}")
         exact = bool(getattr(args, "exact", False))
         backend = load_backend(args.backend, model, **({"exact": True} if exact else {}))
         try:
@@ -75,7 +75,8 @@ def handle(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "device": asdict(device),
-                    "model": info.name,
+                    "model": canonical_name(model),
+                    "model_name": info.name,
                     "verify_ms": [t * 1e3 for t in curve],
                     "verify_ms_deep": [t * 1e3 for t in deep] if deep else None,
                     "deep_depth": cal.deep_depth if deep else None,
@@ -110,7 +111,8 @@ def handle(args: argparse.Namespace) -> int:
     print(f"greedy       {_bit_exact_line(exactness)}")
     if kind_of(args.backend).gpu_layers:
         print(f"llama.cpp    {_gpu_line(gpu)}")
-    print(f"model        {info.name} on {on}: {info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters")
+    size = f"{info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters"
+    print(f"model        {canonical_name(model)} ({info.name}) on {on}: {size}")
     print("")
     print("What one pass of the model over k tokens costs (verifying a draft of k-1 tokens takes one such pass):")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))

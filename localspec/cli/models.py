@@ -8,6 +8,7 @@ from typing import Any
 
 from localspec.core.choices import PULLABLE_BACKENDS
 from localspec.models.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry, sidecar_of
+from localspec.models.sizes import Size, human_bytes
 
 PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")
 
@@ -40,20 +41,6 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=handle_path)
 
 
-def human_size(n: int | None) -> str:
-    """Decimal units, as the hub shows them."""
-    if n is None:
-        return "?"
-    if n < 1000:
-        return f"{n} B"
-    value = n / 1000
-    for unit in ("kB", "MB", "GB"):
-        if value < 1000:
-            return f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
-
-
 def table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -76,13 +63,24 @@ def handle_list(args: argparse.Namespace) -> int:
                 p.drafter.name if p.drafter else "-",
                 p.strategy,
                 p.mtp or "-",
-                human_size(pair_size(p, args.backend)) if offered else "-",
+                _size_cell(pair_size(p, args.backend)) if offered else "-",
                 ("yes" if is_pulled(p, args.backend) else "no") if offered else "-",
                 ",".join(p.backends),
             ]
         )
     print("\n".join(table(rows)))
+    if any(r[5].startswith("~") for r in rows):
+        print("~ an estimate from the parameter count and quantization; `localspec pull PAIR --dry-run` asks the hub")
     return 0
+
+
+def _size_cell(size: Size | None) -> str:
+    return "?" if size is None else size.human()
+
+
+def _size_json(size: Size | None) -> dict[str, Any]:
+    """size: bytes, or None where nothing is known; size_estimated: from the parameter count."""
+    return {"size": None if size is None else size.bytes, "size_estimated": size is not None and not size.exact}
 
 
 def _pair_json(pair: Pair) -> dict[str, Any]:
@@ -99,7 +97,7 @@ def _pair_json(pair: Pair) -> dict[str, Any]:
         "strategy": pair.strategy,
         "mtp": pair.mtp,
         "draft_tokens": pair.draft_tokens,
-        "backends": {b: {"pulled": is_pulled(pair, b), "size": pair_size(pair, b)} for b in pair.backends},
+        "backends": {b: {"pulled": is_pulled(pair, b), **_size_json(pair_size(pair, b))} for b in pair.backends},
     }
 
 
@@ -161,7 +159,7 @@ def handle_rm(args: argparse.Namespace) -> int:
 
     removal = remove(args.pair, args.backend)
     for model, freed in removal.removed:
-        print(f"removed {model} ({human_size(freed)})")
+        print(f"removed {model} ({human_bytes(freed)})")
     for model, users in removal.kept:
         pairs = [u for u in users if " " not in u]  # pair ids; the rest are reasons in words
         if pairs:

@@ -4,9 +4,12 @@ progress on stderr, what was fetched on stdout."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localspec.core.choices import PULLABLE_BACKENDS
+
+if TYPE_CHECKING:
+    from localspec.models.pull import PulledFile
 
 
 def register(sub: Any) -> None:
@@ -35,8 +38,9 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.cli.models import human_size, table
+    from localspec.cli.models import table
     from localspec.models.pull import pull
+    from localspec.models.sizes import human_bytes
 
     result = pull(
         args.pair,
@@ -47,10 +51,13 @@ def handle(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         accept_hashes=args.accept_hash,
     )
-    rows = [[f.role, f.origin, f.name, human_size(f.size), "(already here)" if f.cached else ""] for f in result.files]
+    rows = [[f.role, f.origin, f.name, _size(f), "(already here)" if f.cached else ""] for f in result.files]
     n = sum(not f.cached for f in result.files)
-    fetched = f"{n} file{'s' if n != 1 else ''}, {human_size(result.bytes_to_fetch)}"
+    rough = "~" if any(f.estimated for f in result.files) else ""
+    fetched = f"{n} file{'s' if n != 1 else ''}, {rough}{human_bytes(result.bytes_to_fetch)}"
     name = f"{result.pair.id} ({result.backend})"
+    if result.offline:
+        fetched = f"{rough}{human_bytes(result.bytes_to_fetch)}"
     if n == 0:
         print(f"{name} is already pulled:")
     elif result.dry_run:
@@ -58,4 +65,15 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(f"pulled {name}: fetched {fetched}")
     print("\n".join("  " + line for line in table(rows)))
+    if result.offline:
+        print(
+            "the hub could not be reached: files and sizes are models.toml's (~ an estimate from the "
+            "parameter count and quantization); the pull itself needs the hub or a mirror (HF_ENDPOINT)"
+        )
     return 0
+
+
+def _size(f: PulledFile) -> str:
+    from localspec.models.sizes import human_bytes
+
+    return ("~" if f.estimated and f.size is not None else "") + human_bytes(f.size)

@@ -159,12 +159,13 @@ def _is_file(model: str | None) -> bool:
 
 
 def _served_id(model: str | None, draft_model: str | None) -> str:
-    """The model id clients name: the pair id, or the file's name for a GGUF file."""
-    if model is None:
-        return DEFAULT_PAIR if draft_model is None else f"default+{Path(draft_model).stem}"
-    if not _is_file(model):
+    """The model id clients name: the pair id (a pair's target file included, models.naming),
+    or the file's name for another GGUF file; with the drafter's file after a "+"."""
+    from localspec.models.naming import canonical_name
+
+    if model is not None and not _is_file(model):
         from localspec.models.registry import load_registry
 
         return load_registry().pair(model).id
-    name = Path(model).stem
+    name = canonical_name(model).removesuffix(".gguf")
     return name if draft_model is None else f"{name}+{Path(draft_model).stem}"

@@ -33,6 +33,7 @@ from localspec.models.registry import (
     load_registry,
     sidecar_of,
 )
+from localspec.models.sizes import estimate, human_bytes
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,28 @@ def _check_model(pair: Pair, model: Model, backend: str, settings: HubSettings) 
             hub.problem = f"{spec.name} is not in {artifact.repo}"
             continue
         findings.append(Finding(pair.id, backend, spec.name, *_compare(spec.size, spec.sha256, sibling)))
+    findings.extend(_estimate_findings(pair, model, backend, artifact, hub))
     return hub, findings
+
+
+# How far `list`'s estimate may stray from the real download before models.toml needs a fix.
+ESTIMATE_SLACK = 0.25
+
+
+def _estimate_findings(pair: Pair, model: Model, backend: str, artifact: HubArtifact, hub: _Hub) -> list[Finding]:
+    """The size `list` shows for an entry without pinned sizes, beside the hub's real one."""
+    guess = estimate(model, backend)
+    if guess is None or all(f.size for f in artifact.files) or hub.problem is not None:
+        return []
+    names = {n for f in artifact.files for n in (fnmatch.filter(hub.files, f.name) if f.is_pattern else [f.name])}
+    real = sum(int(hub.files[n].size or 0) for n in names if n in hub.files)
+    if real <= 0:
+        return []
+    close = abs(guess - real) <= ESTIMATE_SLACK * real
+    detail = f"estimated {human_bytes(guess)}, {human_bytes(real)} on the hub"
+    if not close:
+        detail += ": correct the model's params in models.toml, or pin the files' sizes"
+    return [Finding(pair.id, backend, f"{model.id} size", close, detail)]
 
 
 def _ask_hub(artifact: HubArtifact, settings: HubSettings) -> _Hub:

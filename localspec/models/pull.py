@@ -24,6 +24,7 @@ from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
 from localspec.models.hub import (
     FileBar,
     HubSettings,
+    HubUnreachableError,
     Plan,
     Progress,
     ReportingBar,
@@ -46,6 +47,7 @@ from localspec.models.registry import (
     sidecar_of,
     split_shards,
 )
+from localspec.models.sizes import Size, artifact_size, estimate
 from localspec.store import StoreError, data_dir, models_dir, write_atomic, write_json_atomic
 
 
@@ -66,6 +68,7 @@ class PulledFile:
     size: int | None
     cached: bool  # was already there before this pull
     path: Path | None  # None on a dry run
+    estimated: bool = False  # size from the parameter count (an offline dry run), not the hub
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class PullResult:
     backend: str
     dry_run: bool
     files: tuple[PulledFile, ...]
+    offline: bool = False  # a dry run the hub could not answer: files and sizes from models.toml
 
     @property
     def bytes_to_fetch(self) -> int:
@@ -121,6 +125,7 @@ def pull(
     accepted = frozenset(h.lower() for h in accept_hashes)
     announce = _announcer(progress, on_progress)
     files: list[PulledFile] = []
+    offline = False
     for role, model in _roles(pair):
         artifact = model.artifacts[backend]
         if isinstance(artifact, LocalArtifact):
@@ -133,9 +138,15 @@ def pull(
             files.append(_pull_pypi(role, model, artifact, dry_run, progress and on_progress is None))
         else:
             bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
-            files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar, accepted, announce))
+            try:
+                files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar, accepted, announce))
+            except HubUnreachableError:
+                if not dry_run:
+                    raise
+                offline = True
+                files.extend(_registry_files(role, model, backend, artifact))
     if dry_run:
-        return PullResult(pair, backend, dry_run, tuple(files))
+        return PullResult(pair, backend, dry_run, tuple(files), offline)
     if pair.drafter is not None:
         resolved = resolve_pair(pair.id, backend, reg)
         assert resolved.drafter is not None
@@ -180,20 +191,19 @@ def is_pulled(pair: Pair, backend: str) -> bool:
     return backend in pair.backends and all(_model_path(m, backend) is not None for m in pair.models)
 
 
-def pair_size(pair: Pair, backend: str) -> int | None:
-    """Bytes on disk when pulled, else the registry's sizes when it gives them all."""
-    total = 0
+def pair_size(pair: Pair, backend: str) -> Size | None:
+    """Bytes on disk when pulled, else models.toml's sizes, else an estimate (models.sizes)."""
+    total = Size(0, True)
     for model in pair.models:
         record = _read_record(model, backend)
-        artifact = model.artifacts[backend]
-        if record is not None:
-            total += sum(int(f["size"]) for f in record["files"])
-        elif isinstance(artifact, PyPIArtifact) and artifact.size:
-            total += artifact.size
-        elif isinstance(artifact, HubArtifact) and all(f.size for f in artifact.files):
-            total += sum(f.size or 0 for f in artifact.files)
-        else:
+        part = (
+            Size(sum(int(f["size"]) for f in record["files"]), True)
+            if record is not None
+            else artifact_size(model, backend, model.artifacts[backend])
+        )
+        if part is None:
             return None
+        total += part
     return total
 
 
@@ -361,6 +371,16 @@ def _pull_hub(
     files = [PulledFile(role, model.id, origin, f.name, p.stat().st_size, f.cached, p) for f, p in fetched]
     _write_record(model, backend, planned, files, settings)
     return files
+
+
+def _registry_files(role: str, model: Model, backend: str, artifact: HubArtifact) -> list[PulledFile]:
+    """What a dry run can say without the hub: models.toml's files with their pinned sizes, or
+    one row for the model's files with its estimated size (models.sizes)."""
+    origin = f"{artifact.repo}@{artifact.revision}"
+    if all(f.size for f in artifact.files):
+        return [PulledFile(role, model.id, origin, f.name, f.size, False, None) for f in artifact.files]
+    names = ", ".join(f.name for f in artifact.files)
+    return [PulledFile(role, model.id, origin, names, estimate(model, backend), False, None, estimated=True)]
 
 
 def _announcer(progress: bool, on_progress: Progress | None) -> Announce | None:

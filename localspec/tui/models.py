@@ -68,7 +68,8 @@ def missing_model(settings: ChatSettings) -> MissingModel | None:
 
 
 def missing_pair(settings: ChatSettings) -> MissingModel | None:
-    from localspec.models.pull import NotPulledError, pull, resolve_pair
+    from localspec.models.pull import NotPulledError, pair_size, pull, resolve_pair
+    from localspec.models.registry import load_registry
 
     pair_id = settings.load.model
     assert pair_id is not None
@@ -80,7 +81,9 @@ def missing_pair(settings: ChatSettings) -> MissingModel | None:
             progress(None, None, f"localspec pull {pair_id}: fetching and checking the files…")
             pull(pair_id, settings.load.backend, progress=False, on_progress=progress)
 
-        return MissingModel(f"{exc.message}. Pull it now? (the same as `localspec pull {pair_id}`)", fetch)
+        size = pair_size(load_registry().pair(pair_id), settings.load.backend)
+        weight = "" if size is None else f", {size.human()} to download"
+        return MissingModel(f"{exc.message}. Pull it now? (the same as `localspec pull {pair_id}`{weight})", fetch)
     except LocalspecError:
         return None  # an unknown pair or a broken registry: loading reports it with its fix
     return None
