@@ -73,3 +73,25 @@ def test_the_cli_takes_strategy_eagle3(capsys: pytest.CaptureFixture[str], tmp_p
     assert main(["export", "llama-3.1-8b", "--to", "vllm", "--strategy", "eagle3", "--draft-tokens", "2"]) == 0
     out = capsys.readouterr().out
     assert '"method": "eagle3"' in out and '"num_speculative_tokens": 2' in out
+
+
+def test_an_added_pair_with_an_eagle3_head_exports_as_draft_eagle3(tmp_path: Path) -> None:
+    from eagle3_support import HeadSpec, write_eagle3_gguf
+    from gguf_writer import Spec, write_gguf
+
+    from localspec.models.local_pairs import add_local_pair
+    from localspec.models.registry import load_registry, user_registry_file
+
+    spec = Spec("llama")
+    target = write_gguf(spec, tmp_path / "target.gguf")
+    head = write_eagle3_gguf(spec, HeadSpec(), tmp_path / "eagle3-target.gguf")
+    added = add_local_pair("e3", target, head)
+    assert added.strategy == "eagle3"
+    given = flags(export_pair(added, "llama-server").argv)
+    assert (given["-m"], given["-md"]) == (str(target), str(head))
+    assert {k: given[k] for k in LLAMA_SERVER_EAGLE3_FLAGS} == LLAMA_SERVER_EAGLE3_FLAGS
+    # An entry written before `add` knew EAGLE-3 heads (strategy draft) exports the same way.
+    user_registry_file().write_text(
+        user_registry_file().read_text().replace('strategy = "eagle3"', 'strategy = "draft"')
+    )
+    assert flags(export_pair(load_registry().pair("e3"), "llama-server").argv)["--spec-type"] == "draft-eagle3"

@@ -186,3 +186,12 @@ def test_strategy_eagle3_names_the_file_it_needs(files, capsys) -> None:
     assert code != 0 and "EAGLE-3 head" in err and "--draft-model" in err and "Traceback" not in err
     with pytest.raises(InvalidRequestError, match="is not an EAGLE-3 head"):
         localspec.load(model=str(files["target"]), draft_model=str(files["target"]), strategy="eagle3")
+
+
+def test_a_pair_added_with_its_head_loads_by_name_as_eagle3(files) -> None:
+    from localspec.models.local_pairs import add_local_pair
+
+    add_local_pair("e3", files["target"], files["head"])
+    with localspec.load("e3", n_ctx=256, threads=1, calibrate=False) as runtime:
+        assert runtime.label == "eagle3" and runtime.draft is not None
+        assert runtime.draft.info.architecture == "eagle3"

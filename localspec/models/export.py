@@ -90,7 +90,12 @@ def export_pair(
         target, drafter = (ggufs or _pulled_ggufs)(pair)
         if method == "draft" and drafter is not None and _is_assistant_file(drafter):
             method = "mtp"  # an assistant drafts only as MTP (an entry written before `add` knew it)
+        if method == "draft" and drafter is not None and _architecture(drafter) == "eagle3":
+            method = "eagle3"  # likewise an EAGLE-3 head (an entry written before `add` knew them)
         k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
+        if method == "eagle3":
+            assert drafter is not None
+            return Export(engine, _llama_server_eagle3(target, drafter, k), tuple(notes))
         if method == "mtp":
             assistant = _sidecar_path(pair, target) or drafter
             return Export(engine, _llama_server_mtp(target, assistant, k), tuple(notes))
@@ -174,6 +179,15 @@ def _assistant_repo(pair: Pair) -> str | None:
     model = pair.drafter or load_registry().models.get(f"{pair.target.id}-assistant")
     artifact = None if model is None else (model.artifacts.get("torch") or model.safetensors)
     return artifact.repo if isinstance(artifact, HubArtifact) else None
+
+
+def _architecture(path: Path) -> str | None:
+    from localspec.core.gguf_header import read_header
+
+    try:
+        return read_header(path).architecture if path.is_file() else None
+    except LocalspecError:
+        return None
 
 
 def _is_assistant_file(path: Path) -> bool:
@@ -269,41 +283,42 @@ def _llama_server(target: Path, drafter: Path | None, k: int) -> tuple[str, ...]
 def _export_eagle3(
     pair: Pair, engine: str, draft_tokens: int | None, ggufs: GgufResolver | None, notes: list[str]
 ) -> Export:
-    """EAGLE-3: the head (the pair's drafter, or models.toml's `<target id>-eagle3`) reads the
-    target's hidden layers; each engine's own EAGLE-3, one chain of k tokens."""
-    head = _eagle3_head(pair)
+    """EAGLE-3: the head (a GGUF drafter of architecture eagle3 for llama-server, else
+    models.toml's `<target id>-eagle3` checkpoint) reads the target's hidden layers; each
+    engine's own EAGLE-3, one chain of k tokens."""
     k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, "eagle3", notes)
     if engine == "llama-server":
         target, drafter = (ggufs or _pulled_ggufs)(pair)
-        gguf = drafter if pair.drafter is head and drafter is not None else target.with_name(f"eagle3-{target.name}")
-        if gguf is not drafter:  # llama.cpp's name for a head beside its target (common/download.cpp)
-            source = head.safetensors.repo if isinstance(head.safetensors, HubArtifact) else head.name
-            notes.append(
-                f"no GGUF of {head.name} is in models.toml: convert it with llama.cpp's convert_hf_to_gguf.py "
-                f"{source} --target-model-dir <{pair.target.name} checkpoint> --outfile {gguf}"
-            )
-        argv = ["llama-server", "-m", str(target), "--host", HOST, "-md", str(gguf), "--spec-type", "draft-eagle3"]
-        argv += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
-        return Export(engine, tuple(argv), tuple(notes))
-    target_repo, head_repo = _torch_repo(pair.target, engine), _torch_repo(head, engine)
+        head = drafter if drafter is not None and _architecture(drafter) == "eagle3" else None
+        return Export(engine, _llama_server_eagle3(target, head or _unconverted(pair, target, notes), k), tuple(notes))
+    target_repo, head_repo = _torch_repo(pair.target, engine), _torch_repo(_eagle3_head(pair), engine)
     if engine == "vllm":
         config = {"method": "eagle3", "model": head_repo, "num_speculative_tokens": k}
-        return Export(
-            engine,
-            ("vllm", "serve", target_repo, "--host", HOST, "--speculative-config", json.dumps(config)),
-            tuple(notes),
-        )
+        argv = ["vllm", "serve", target_repo, "--host", HOST, "--speculative-config", json.dumps(config)]
+        return Export(engine, tuple(argv), tuple(notes))
     argv = ["python", "-m", "sglang.launch_server", "--model-path", target_repo, "--host", HOST]
     argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head_repo]
-    argv += [
-        "--speculative-num-steps",
-        str(k),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(k + 1),
-    ]
+    argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+    argv += ["--speculative-num-draft-tokens", str(k + 1)]
     return Export(engine, tuple(argv), tuple(notes))
+
+
+def _llama_server_eagle3(target: Path, head: Path, k: int) -> tuple[str, ...]:
+    argv = ["llama-server", "-m", str(target), "--host", HOST, "-md", str(head), "--spec-type", "draft-eagle3"]
+    argv += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
+    return tuple(argv)
+
+
+def _unconverted(pair: Pair, target: Path, notes: list[str]) -> Path:
+    """Where the head's GGUF goes, beside the target as llama.cpp names it (eagle3-*.gguf,
+    common/download.cpp), with how to convert it in the notes."""
+    head, path = _eagle3_head(pair), target.with_name(f"eagle3-{target.name}")
+    source = head.safetensors.repo if isinstance(head.safetensors, HubArtifact) else head.name
+    notes.append(
+        f"no GGUF of {head.name} is in models.toml: convert it with llama.cpp's convert_hf_to_gguf.py "
+        f"{source} --target-model-dir <{pair.target.name} checkpoint> --outfile {path}"
+    )
+    return path
 
 
 def _eagle3_head(pair: Pair) -> Model:
