@@ -59,6 +59,7 @@ class ReferenceBackend:
         self._vocab = vocab_size
         self._a, self._b, self._bias = _tables(vocab_size, seed, sharpness, noise, noise_seed)
         self._tokens: list[int] = []
+        self._tree: tuple[int, list[int]] = (0, [])  # the last eval_tree's start and tokens
         self._closed = False
         n_params = self._a.size + self._b.size + self._bias.size
         self.info = ModelInfo(
@@ -72,7 +73,9 @@ class ReferenceBackend:
             n_params=n_params,
         )
         # A gather has no batch limit: any block that fits the context is one call.
-        self.capabilities = Capabilities(rollback=True, max_block=n_ctx, device="cpu", extra={"exact": "1"})
+        self.capabilities = Capabilities(
+            rollback=True, max_block=n_ctx, device="cpu", extra={"exact": "1"}, branches=n_ctx
+        )
         # Each position's logits are a table lookup: a block's are one-token passes' exactly.
         self.exactness = Exactness(None)
 
@@ -151,6 +154,23 @@ class ReferenceBackend:
         out: Logits = self._a[ids] + self._b[prev2] + self._bias
         return out
 
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> Logits:
+        """localspec.core.protocol.TreeBackend: a row's second-to-last token is its parent's."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        up = np.asarray(parents, dtype=np.int64).reshape(-1)
+        if ids.size == 0 or up.shape != ids.shape or up[0] != -1 or not _ordered(up):
+            raise InvalidRequestError("a tree needs one root (parent -1) first and every parent before its child")
+        past = len(self._tokens)
+        self.eval_block(tokens, "none")  # the checks, and the nodes held in the cache until keep_branch
+        prev2 = np.where(up >= 0, ids[np.maximum(up, 0)], self._tokens[past - 1] if past else BOS)
+        self._tree = (past, ids.tolist())
+        out: Logits = self._a[ids] + self._b[prev2] + self._bias
+        return out
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        past, nodes = self._tree
+        self._tokens[past:] = [nodes[i] for i in path]
+
     def rollback(self, n: int) -> None:
         if self._closed:
             raise InvalidRequestError("this reference backend was closed", "load a new one")
@@ -185,6 +205,11 @@ class ReferenceBackend:
                 f"the cache would hold {len(self._tokens) + ids.size} tokens but n_ctx is {self.info.n_ctx}",
                 "roll back first, or load the model with a larger n_ctx",
             )
+
+
+def _ordered(parents: npt.NDArray[np.int64]) -> bool:
+    """Every node but the root has a parent before it."""
+    return bool(np.all((parents[1:] >= 0) & (parents[1:] < np.arange(1, parents.size))))
 
 
 def _check_params(vocab_size: int, sharpness: float, n_ctx: int, noise: float) -> None:

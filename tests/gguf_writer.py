@@ -41,6 +41,8 @@ class Spec:
     half: bool = False  # matrices stored as F16 in the GGUF (norms stay F32, as llama.cpp wants)
     chat_template: str = CHATML
     n_ctx: int = N_CTX  # the trained context length, which caps a loader's n_ctx
+    mix: float = 1.0  # scales what each block adds to the residual: small, a model close to a bigram
+    head: float = 0.0  # > 0: an output head of its own (untied), of this standard deviation per row
 
 
 def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -89,11 +91,11 @@ def hf_weights(spec: Spec, vocab: int) -> dict[str, np.ndarray]:
             p + "self_attn.q_proj.weight": w(q, h, std=h**-0.5),
             p + "self_attn.k_proj.weight": w(kv, h, std=h**-0.5),
             p + "self_attn.v_proj.weight": w(kv, h, std=h**-0.5),
-            p + "self_attn.o_proj.weight": w(h, q, std=0.5 * q**-0.5),
+            p + "self_attn.o_proj.weight": w(h, q, std=spec.mix * 0.5 * q**-0.5),
             p + "post_attention_layernorm.weight": norm_center + w(h, std=0.1),
             p + "mlp.gate_proj.weight": w(spec.ffn, h, std=h**-0.5),
             p + "mlp.up_proj.weight": w(spec.ffn, h, std=h**-0.5),
-            p + "mlp.down_proj.weight": w(h, spec.ffn, std=0.5 * spec.ffn**-0.5),
+            p + "mlp.down_proj.weight": w(h, spec.ffn, std=spec.mix * 0.5 * spec.ffn**-0.5),
         }
         if spec.arch == "qwen2":
             out |= {p + f"self_attn.{x}_proj.bias": w(n, std=0.2) for x, n in (("q", q), ("k", kv), ("v", kv))}
@@ -104,6 +106,8 @@ def hf_weights(spec: Spec, vocab: int) -> dict[str, np.ndarray]:
                 p + "pre_feedforward_layernorm.weight": w(h, std=0.1),
                 p + "post_feedforward_layernorm.weight": w(h, std=0.1),
             }
+    if spec.head:  # drawn last: the weights above stay those of the same seed without it
+        out["lm_head.weight"] = w(vocab, h, std=spec.head)
     return out
 
 
@@ -133,6 +137,8 @@ def gguf_name(name: str, spec: Spec) -> str:
         return "token_embd.weight"
     if name == "model.norm.weight":
         return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
     _, _, layer, rest = name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
     if module == "post_attention_layernorm":
@@ -217,7 +223,7 @@ def write_hf_folder(spec: Spec, folder: Path, gguf_path: Path) -> Path:
         "rope_theta": 1_000_000.0 if gemma else 10_000.0,
         "max_position_embeddings": N_CTX,
         "vocab_size": len(vocab.texts),
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": not spec.head,
         "bos_token_id": vocab.bos,
         "eos_token_id": vocab.eos,
     }

@@ -15,23 +15,25 @@ from localspec.cli.main import main
 from localspec.models.registry import packaged_registry_file
 
 PACKAGED_LIST = """\
-PAIR                   TARGET                     DRAFTER                      STRATEGY  MTP  SIZE      PULLED  BACKENDS
-smollm2-135m           SmolLM2-135M-Instruct      -                            ngram     -    98.4 MB   no      llamacpp,mlx,torch
-smollm2-1.7b           SmolLM2-1.7B-Instruct      SmolLM2-135M-Instruct        draft     -    1.2 GB    no      llamacpp,mlx,torch
-qwen2.5-7b             Qwen2.5-7B-Instruct        Qwen2.5-0.5B-Instruct        draft     -    ~5.2 GB   no      llamacpp,mlx,torch
-qwen2.5-coder-7b       Qwen2.5-Coder-7B-Instruct  Qwen2.5-Coder-0.5B-Instruct  draft     -    ~5.3 GB   no      llamacpp,mlx,torch
-qwen3-8b               Qwen3-8B                   Qwen3-0.6B                   draft     -    ~5.7 GB   no      llamacpp,mlx,torch
-llama-3.2-3b           Llama-3.2-3B-Instruct      Llama-3.2-1B-Instruct        draft     -    ~2.7 GB   no      llamacpp,mlx,torch
-llama-3.1-8b           Llama-3.1-8B-Instruct      Llama-3.2-1B-Instruct        draft     -    ~5.6 GB   no      llamacpp,mlx,torch
-gemma-3-12b            gemma-3-12b-it             gemma-3-1b-it                draft     -    ~8.0 GB   no      llamacpp,mlx,torch
-qwen3.6-27b            Qwen3.6-27B                -                            mtp       yes  ~16.5 GB  no      llamacpp,mlx
-qwen3.6-35b-a3b        Qwen3.6-35B-A3B            -                            mtp       yes  ~21.4 GB  no      llamacpp,mlx
-qwen3.5-9b             Qwen3.5-9B                 -                            mtp       yes  ~5.5 GB   no      llamacpp
-gemma-4-e4b            gemma-4-E4B-it             -                            mtp       yes  ?         no      llamacpp,mlx
-gemma-4-12b            gemma-4-12B-it             -                            mtp       yes  ~7.5 GB   no      llamacpp,mlx
-gemma-4-e4b-assistant  gemma-4-E4B-it             gemma-4-E4B-it-assistant     mtp       yes  -         -       mlx
-gemma-4-12b-assistant  gemma-4-12B-it             gemma-4-12B-it-assistant     mtp       yes  -         -       mlx
-gemma-4-31b            gemma-4-31B-it             -                            mtp       yes  ~19.4 GB  no      llamacpp
+PAIR                   TARGET                     DRAFTER                      STRATEGY  MTP    SIZE      PULLED  BACKENDS
+smollm2-135m           SmolLM2-135M-Instruct      -                            ngram     -      98.4 MB   no      llamacpp,mlx,torch
+smollm2-1.7b           SmolLM2-1.7B-Instruct      SmolLM2-135M-Instruct        draft     -      1.2 GB    no      llamacpp,mlx,torch
+qwen2.5-7b             Qwen2.5-7B-Instruct        Qwen2.5-0.5B-Instruct        draft     -      ~5.2 GB   no      llamacpp,mlx,torch
+qwen2.5-coder-7b       Qwen2.5-Coder-7B-Instruct  Qwen2.5-Coder-0.5B-Instruct  draft     -      ~5.3 GB   no      llamacpp,mlx,torch
+qwen3-8b               Qwen3-8B                   Qwen3-0.6B                   draft     -      ~5.7 GB   no      llamacpp,mlx,torch
+llama-3.2-3b           Llama-3.2-3B-Instruct      Llama-3.2-1B-Instruct        draft     -      ~2.7 GB   no      llamacpp,mlx,torch
+llama-3.1-8b           Llama-3.1-8B-Instruct      Llama-3.2-1B-Instruct        draft     -      ~5.6 GB   no      llamacpp,mlx,torch
+gemma-3-12b            gemma-3-12b-it             gemma-3-1b-it                draft     -      ~8.0 GB   no      llamacpp,mlx,torch
+qwen3.6-27b            Qwen3.6-27B                -                            mtp       yes    ~16.5 GB  no      llamacpp,mlx
+qwen3.6-35b-a3b        Qwen3.6-35B-A3B            -                            mtp       yes    ~21.4 GB  no      llamacpp,mlx
+qwen3.5-9b             Qwen3.5-9B                 -                            mtp       yes    ~5.5 GB   no      llamacpp
+gemma-4-e4b            gemma-4-E4B-it             -                            mtp       yes    ?         no      llamacpp,mlx
+gemma-4-12b            gemma-4-12B-it             -                            mtp       yes    ~7.5 GB   no      llamacpp,mlx
+gemma-4-e4b-assistant  gemma-4-E4B-it             gemma-4-E4B-it-assistant     mtp       yes    -         -       mlx
+gemma-4-12b-assistant  gemma-4-12B-it             gemma-4-12B-it-assistant     mtp       yes    -         -       mlx
+gemma-4-31b            gemma-4-31B-it             -                            mtp       yes    ~19.4 GB  no      llamacpp
+qwen3.6-27b-dflash     Qwen3.6-27B                Qwen3.6-27B-DFlash           dflash    -      ~18.7 GB  no      llamacpp
+gemma-4-31b-dflash     gemma-4-31B-it             gemma-4-31B-it-DFlash        dflash    later  ~21.5 GB  no      llamacpp
 """  # noqa: E501 (a transcript: one table row per line)
 
 
@@ -71,12 +73,12 @@ def test_list_shows_every_pair_its_size_and_whether_it_is_pulled(cli: Cli) -> No
         0,
         PACKAGED_LIST
         + """\
-tiny                   Tiny-Target                Tiny-Drafter                 draft     -    ?         no      llamacpp,mlx
-tiny-solo              Tiny-Drafter               -                            ngram     -    17.5 kB   yes     llamacpp,mlx
-mismatched             Tiny-Target                Foreign-Drafter              draft     -    ?         no      llamacpp,mlx
-gated                  Gated-Target               -                            ngram     -    ?         no      llamacpp
-misnamed               Misnamed                   -                            ngram     -    ?         no      llamacpp
-ghost                  Ghost                      -                            ngram     -    ?         no      llamacpp
+tiny                   Tiny-Target                Tiny-Drafter                 draft     -      ?         no      llamacpp,mlx
+tiny-solo              Tiny-Drafter               -                            ngram     -      17.5 kB   yes     llamacpp,mlx
+mismatched             Tiny-Target                Foreign-Drafter              draft     -      ?         no      llamacpp,mlx
+gated                  Gated-Target               -                            ngram     -      ?         no      llamacpp
+misnamed               Misnamed                   -                            ngram     -      ?         no      llamacpp
+ghost                  Ghost                      -                            ngram     -      ?         no      llamacpp
 ~ an estimate from the parameter count and quantization; `localspec pull PAIR --dry-run` asks the hub
 """,  # noqa: E501 (a transcript)
         "",

@@ -60,4 +60,3 @@ def test_serve_names_the_model_as_every_other_command_does(tmp_path: Path) -> No
     assert _served_id("default", None) == "smollm2-135m"
     assert _served_id(None, draft) == "smollm2-135m+tiny-drafter"
     assert _served_id(str(tmp_path / "mine.gguf"), None) == "mine"
-

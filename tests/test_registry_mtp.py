@@ -43,35 +43,35 @@ REGISTRY = """
 name = "Hybrid"
 family = "tiny"
 license = "mit"
-params = "1M"
+params = "?"
 llamacpp = { repo = "test/hybrid-MTP-GGUF", revision = "main", files = ["hybrid.gguf"] }
 
 [models.hybrid-old]
 name = "Hybrid-Old"
 family = "tiny"
 license = "mit"
-params = "1M"
+params = "?"
 llamacpp = { repo = "test/hybrid-GGUF", revision = "main", files = ["hybrid.gguf"] }
 
 [models.gem]
 name = "Gem"
 family = "tiny"
 license = "mit"
-params = "1M"
+params = "?"
 llamacpp = { repo = "test/gem-GGUF", revision = "main", files = ["gem-Q4_K_M.gguf", "mtp-gem.gguf"] }
 
 [models.gem-wrong-size]
 name = "Gem-Wrong-Size"
 family = "tiny"
 license = "mit"
-params = "1M"
+params = "?"
 llamacpp = { repo = "test/gem-GGUF", revision = "main", files = ["gem-Q4_K_M.gguf", "mtp-gem-big.gguf"] }
 
 [models.gem-split]
 name = "Gem-Split"
 family = "tiny"
 license = "mit"
-params = "1M"
+params = "?"
 llamacpp = { repo = "test/gem-split-GGUF", revision = "main", files = ["gem-00001-of-00002.gguf", "mtp-gem.gguf"] }
 
 [pairs.hybrid]
@@ -187,7 +187,7 @@ def test_registry_check_says_when_a_backend_cannot_run_a_pairs_strategy(
 ) -> None:
     temporary_localspec_home.mkdir(parents=True, exist_ok=True)
     user_registry_file().write_text(
-        '[models.hybrid-st]\nname = "H"\nfamily = "qwen3.5"\nlicense = "mit"\nparams = "1M"\n'
+        '[models.hybrid-st]\nname = "H"\nfamily = "qwen3.5"\nlicense = "mit"\nparams = "?"\n'
         f'torch = {{ path = "{tmp_path}" }}\n'
         '[pairs.hybrid-st]\ndescription = "d"\ntarget = "hybrid-st"\nstrategy = "mtp"\n'
     )

@@ -41,6 +41,9 @@ from localspec.core.sampling import Distribution, SamplingConfig
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
+from .dflash import DFlashDrafter, load_dflash_model
+from .eagle3 import load_eagle3_head
+from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
 from .gpu import auto_gpu_layers, gpu_device
@@ -58,8 +61,9 @@ from .library import (
     note_default_kernels,
     use_exact_kernels,
 )
-from .mtp import MtpHead, TargetStates
+from .mtp import MtpHead
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
+from .tree import BRANCHES, TreePass
 
 llama = library.llama  # imported there, with the message that says how to install it
 
@@ -122,8 +126,9 @@ class LlamaCppBackend:
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
-        self._states: TargetStates | None = None  # hidden states an MTP head reads (mtp_head)
-        self._heads: list[MtpHead] = []
+        self._states: HiddenRows | None = None  # hidden states an MTP head reads (mtp_head)
+        self._captures: dict[tuple[int, ...], HiddenRows] = {}  # layer inputs drafters read (layer_features)
+        self._heads: list[MtpHead | DFlashDrafter] = []  # drafters reading this context, closed before it
         if rpc:
             rpc_entry_points.limit_waits(rpc)
             # The output layer sits on another machine there; its argmax stays the host's (untried).
@@ -175,6 +180,10 @@ class LlamaCppBackend:
         # Exact: flash attention on the CPU splits a one-token pass over the KV cache once it
         # holds 512 cells (one partial sum per thread), which a block never does.
         cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
+        # One stream for every sequence: a tree's branches share the cells of the text before
+        # it (tree.py); with a single sequence this is the cache it always was.
+        cparams.kv_unified = snapshots is None
+        cparams.n_seq_max = BRANCHES if snapshots is None else 1
         if snapshots is not None:
             cparams.n_rs_seq = snapshots
             # The snapshots come from the last ubatch: a verify block must fit in one.
@@ -198,6 +207,8 @@ class LlamaCppBackend:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
+        # Trees (tree.py) where the cache is cells; a recurrent state per sequence takes none.
+        self._trees = None if self._recurrent is not None else TreePass(ctx, self._mem, max_block)
         return max_block
 
     def _describe(
@@ -236,6 +247,9 @@ class LlamaCppBackend:
             device="rpc" if rpc else ("gpu" if device else "cpu"),
             extra=extra,
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
+            branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
+            repasses_branch=True,  # keep_branch
+            replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
         )
 
     def _live(self) -> None:
@@ -360,8 +374,8 @@ class LlamaCppBackend:
             raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
         if self._recurrent is not None:
             self._recurrent.after_decode(n)
-        if self._states is not None:
-            self._states.record(past, n)
+        for kept in self._recorded():
+            kept.record(past, n)
         self._tokens.extend(tokens)
         self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
@@ -401,7 +415,7 @@ class LlamaCppBackend:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
         # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
-        if cfg.greedy and self._states is None and not self._splits(len(tokens)) and self._greedy.attach():
+        if cfg.greedy and not self._recorded() and not self._splits(len(tokens)) and self._greedy.attach():
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:
@@ -414,10 +428,69 @@ class LlamaCppBackend:
             return accept_greedy(tokens[1:], logits)
         return accept_rejection_sampling(tokens[1:], draft_dists, logits, cfg, rng)
 
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> Logits:
+        """localspec.core.protocol.TreeBackend: one pass, every branch a sequence (tree.py)."""
+        self._live()
+        trees, n, past = self._trees, len(tokens), len(self._tokens)
+        if trees is None or self._recorded():  # rows kept per position follow one chain
+            raise InvalidRequestError(f"{self.info.name} verifies chains only", "draft without branches")
+        self._check_tree(tokens, parents)
+        if self._greedy.attached:  # this pass's logits are wanted
+            self._greedy.detach()
+        if self._unrecorded:
+            self.rollback(past)
+        depth = [0] * n
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+        trees.begin(past, parents)
+        self._unrecorded, self._in_flight = True, n
+        step = self._max_rows if self._splits(n) else n  # exact kernels: in pieces, as eval_block
+        rows = []
+        for start in range(0, n, step):
+            part = range(start, min(n, start + step))
+            if (rc := trees.decode(tokens, [past + d for d in depth], part)) != 0:
+                self.rollback(past)
+                raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
+            out = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(part), self._n_vocab))
+            rows.append(out if step == n else out.copy())
+        self._tokens.append(int(tokens[0]))  # the root; keep_branch records the rest
+        trees.nodes = [int(t) for t in tokens]
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> None:
+        n = len(tokens)
+        if not 0 < n <= self.capabilities.max_block or len(self._tokens) + n > self.info.n_ctx:
+            raise InvalidRequestError(f"a tree of {n} tokens does not fit the batch or the context")
+        if len(parents) != n or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise InvalidRequestError("a tree needs one root (parent -1) first and every parent before its child")
+        if any(not 0 <= t < self._n_vocab for t in tokens):
+            raise InvalidRequestError(f"a tree token is outside {self.info.name}'s vocabulary of {self._n_vocab}")
+        assert self._trees is not None
+        if self._trees.branches(parents) > BRANCHES:
+            raise InvalidRequestError(f"a tree of more than {BRANCHES} branches", "verify fewer branches")
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        assert self._trees is not None and self._trees.open, "keep_branch follows eval_tree"
+        trees = self._trees
+        past = trees.keep(path)
+        kept = [trees.nodes[i] for i in path]
+        # A path off sequence 0 sits in cells after the other branches' holes, where the next
+        # tokens would land before it; flash attention sums cells in their order, so that cache
+        # rounds unlike a clean pass's. Its part off sequence 0 is evaluated again, in order.
+        off = next((k for k, node in enumerate(path) if trees.seqs[node][0] != 0), len(path))
+        self._tokens[past:] = kept[:off]
+        self._unrecorded = off < len(path)
+        if off < len(path):
+            self.rollback(past + off)
+            self.eval_block(kept[off:], "none")
+
     def rollback(self, n: int) -> None:
         self._live()
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        if self._trees is not None and self._trees.open:  # a tree left without keep_branch
+            self._trees.abandon()
+            n = min(n, len(self._tokens))
         if 0 < n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
             return  # the cache holds exactly the record (see _unrecorded): nothing to drop
         if self._recurrent is not None:
@@ -449,6 +522,8 @@ class LlamaCppBackend:
         for head in self._heads:  # their contexts read this model and this context
             head.close()
         llama.llama_batch_free(self._batch)
+        if self._trees is not None:
+            self._trees.free()
         llama.llama_free(self._ctx)
         self._greedy.free()
         llama.llama_model_free(self._model)
@@ -498,8 +573,9 @@ class LlamaCppBackend:
                 f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",
                 "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
             )
-        self._heads.append(MtpHead(self, self._model, self._ctx, self._target_states()))
-        return self._heads[-1]
+        head = MtpHead(self, self._model, self._ctx, self._target_states())
+        self._heads.append(head)
+        return head
 
     def assistant_head(self, path: str) -> MtpHead:
         """A Gemma 4 assistant GGUF (architecture gemma4-assistant) drafting for this target."""
@@ -530,13 +606,53 @@ class LlamaCppBackend:
         self._heads.append(head)
         return head
 
-    def _target_states(self) -> TargetStates:
+    def eagle3_head(self, path: str) -> MtpHead:
+        """An EAGLE-3 head GGUF (architecture eagle3) drafting for this target (strategy eagle3)."""
+        self._live()
+        check_gguf(path)
+        mparams, _ = _model_params((), self._options["gpu_layers"])
+        n_embd = int(llama.llama_model_n_embd(self._model))
+        head = load_eagle3_head(self, self._ctx, n_embd, self.layer_features, mparams, path)
+        self._heads.append(head)
+        return head
+
+    def _target_states(self) -> HiddenRows:
         if self._states is None:
             self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
+            self.capabilities = replace(self.capabilities, branches=1)  # a head reads one chain's states
             width = int(llama.llama_model_n_embd_out(self._model))
-            self._states = TargetStates(self._ctx, self.info.n_ctx, width)
+            self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
             self.rollback(0)  # positions decoded before now have no states: decode them again
         return self._states
+
+    def dflash_drafter(self, path: str) -> DFlashDrafter:
+        """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
+        self._live()
+        model = load_dflash_model(path, self._options["gpu_layers"])
+        drafter = DFlashDrafter(self, self._ctx, model, path, int(self.capabilities.extra.get("threads", "1")))
+        self._heads.append(drafter)
+        return drafter
+
+    def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
+        """The inputs of layers `ids` at every cached position, for a drafter (an EAGLE-3 head,
+        a DFlash drafter) made for a target `width` wide; refused with what fits when this
+        target cannot give them (features.check_capture)."""
+        self._live()
+        n_embd = int(llama.llama_model_n_embd(self._model))
+        check_capture(
+            TargetShape(self.info.name, self.info.architecture, self.info.n_layers, n_embd), drafter, kind, ids, width
+        )
+        key = tuple(ids)
+        if key not in self._captures:
+            self._greedy.detach()  # as for an MTP head's states
+            self.capabilities = replace(self.capabilities, branches=1)  # a drafter reads one chain's rows
+            self._captures[key] = layer_inputs(self._ctx, self.info.n_ctx, key, n_embd)
+            self.rollback(0)  # positions decoded before now have no rows: decode them again
+        return self._captures[key]
+
+    def _recorded(self) -> list[HiddenRows]:
+        """Every set of rows kept as this context decodes."""
+        return [*([self._states] if self._states is not None else []), *self._captures.values()]
 
     def _can_skip_layers(self, kind: str) -> None:
         if kind == "layerskip" and self._recurrent is not None:

@@ -30,38 +30,31 @@ from llama_cpp import llama_cpp_ext as ext
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Backend, Capabilities, HeadOfTarget, Logits, LogitsMode
 
+from .features import HiddenRows
 
-class TargetStates:
-    """The target's last hidden states, one row per cached position, kept on the host as the
-    target decodes (llama.cpp hands them out per batch only)."""
 
-    def __init__(self, ctx: Any, n_ctx: int, width: int) -> None:
-        self._ctx, self.width = ctx, width
-        self.rows = np.zeros((n_ctx, width), dtype=np.float32)
-        ext.llama_set_embeddings_nextn(ctx, True, False)  # a row for every token of a batch
-
-    def record(self, past: int, n: int) -> None:
-        ptr = ext.llama_get_embeddings_nextn(self._ctx)
-        if ptr:
-            self.rows[past : past + n] = np.ctypeslib.as_array(ptr, shape=(n, self.width))
+def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int) -> Any:
+    """A context for a drafter that reads its target's context (ctx_other), as large as the
+    target's; NULL when llama.cpp cannot make it."""
+    cparams = llama.llama_context_default_params()
+    cparams.n_ctx = target.info.n_ctx
+    cparams.n_batch = cparams.n_ubatch = target.capabilities.max_block
+    threads = int(target.capabilities.extra.get("threads", "1"))
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.ctx_type = ctx_type
+    cparams.ctx_other = target_ctx
+    return llama.llama_init_from_model(model, cparams)
 
 
 class MtpHead(HeadOfTarget):
     """The target's MTP block, drafting for it (see the module doc)."""
 
     def __init__(
-        self, target: Backend, model: Any, target_ctx: Any, states: TargetStates, assistant: bool = False
+        self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: bool = False
     ) -> None:
         self._target, self._states = target, states
         self._model = model if assistant else None  # an assistant file's own model, freed on close
-        cparams = llama.llama_context_default_params()
-        cparams.n_ctx = target.info.n_ctx
-        cparams.n_batch = cparams.n_ubatch = target.capabilities.max_block
-        threads = int(target.capabilities.extra.get("threads", "1"))
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP
-        cparams.ctx_other = target_ctx
-        ctx = llama.llama_init_from_model(model, cparams)
+        ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_MTP)
         if not ctx:
             raise ModelLoadError(f"llama.cpp could not open the MTP head of {target.info.name}")
         self._ctx = ctx
@@ -69,6 +62,7 @@ class MtpHead(HeadOfTarget):
         # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
         # guess goes to the target's next position, and nothing is ever removed from it.
         self.shared = assistant
+        self.shift = 0  # a token at position q is read at the head's cache position q - shift
         ext.llama_set_embeddings_nextn(ctx, True, True)  # a row for each output only
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = states.width
@@ -89,6 +83,10 @@ class MtpHead(HeadOfTarget):
         )
 
     # -- drafting ---------------------------------------------------------------------------
+
+    def _states_for(self, qs: list[int]) -> list[tuple[np.ndarray, bool]]:
+        """The state each of these positions is read with, and whether it is the target's."""
+        return [self._state_before(q) for q in qs]
 
     def _state_before(self, q: int) -> tuple[np.ndarray, bool]:
         """The hidden state x_q is read with (h_{q-1}), and whether it is the target's."""
@@ -128,11 +126,11 @@ class MtpHead(HeadOfTarget):
         Keeps the outputs' states, and writes their logits into the rows `into` holds for them."""
         llama.llama_batch_ext_clear(self._batch)
         states: list[np.ndarray] = []  # kept alive until the pass has read them
-        for q, token, output in entries:
+        read = self._states_for([q for q, _, _ in entries])
+        for (q, token, output), (state, exact) in zip(entries, read, strict=True):
             idx = llama.llama_batch_ext_add_token(self._batch, 0, token)
-            position = llama.llama_pos(q if at is None else at)
+            position = llama.llama_pos(q - self.shift if at is None else at)
             llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
-            state, exact = self._state_before(q)
             states.append(np.ascontiguousarray(state, dtype=np.float32))
             embd = llama.llama_embd(states[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
             llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
@@ -140,7 +138,7 @@ class MtpHead(HeadOfTarget):
             llama.llama_batch_ext_set_output_logits(self._batch, idx, output)
         rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
-            raise InvalidRequestError(f"the MTP head's pass failed with code {rc} at position {entries[0][0]}")
+            raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {entries[0][0]}")
         for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch
             if output:
                 state_ptr = ext.llama_get_embeddings_nextn_ith(self._ctx, k)
@@ -160,7 +158,7 @@ class MtpHead(HeadOfTarget):
         # Positions read with the head's own state that the target has decoded since are read
         # again with the target's state: from the first of them on.
         again = next((q for q in sorted(self._guessed) if q < len(kept) and self._known(q - 1)), len(kept))
-        llama.llama_memory_seq_rm(self._mem, 0, again, -1)
+        llama.llama_memory_seq_rm(self._mem, 0, max(again - self.shift, 0), -1)
         del self._tokens[again:]
         self._guessed = {q for q in self._guessed if q < again}
         self._own = {q: h for q, h in self._own.items() if q < again}

@@ -10,12 +10,13 @@ import sys
 from functools import partial
 from typing import Any
 
-from localspec.api import derive_drafter
+from localspec.api import derive_drafter, head_kind, load_drafter
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.cli.options import load_options, model_files
 from localspec.control import contention, selfdraft
 from localspec.control.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.core.backend_loader import load_backend
+from localspec.core.choices import FEATURE_DRAFTERS
 from localspec.core.errors import InvalidRequestError
 from localspec.core.progress import Steps, reporting
 from localspec.core.protocol import Backend
@@ -47,7 +48,7 @@ def register(sub: Any) -> None:
         "--strategy",
         "-s",
         action="append",
-        help="strategy to compare with plain decoding: ngram, draft, qspec[:TYPE], layerskip[:L] "
+        help="strategy to compare with plain decoding: ngram, draft, eagle3, qspec[:TYPE], layerskip[:L] "
         "(repeatable; default: ngram, plus draft when --draft-model is given); qspec:all and "
         "layerskip:all measure every candidate the automatic choice considers",
     )
@@ -189,6 +190,11 @@ def contenders_for(
 def contender(strategy: str, target: Backend, args: argparse.Namespace, options: dict[str, Any]) -> Contender:
     if strategy in ("none", "ngram"):
         return Contender(strategy, strategy)
+    kind = head_kind(args.draft_model) if args.draft_model and strategy in ("draft", *FEATURE_DRAFTERS) else None
+    if kind is not None:  # a head that reads the target's layers: it lives in the target's memory
+        return Contender(kind, "draft", load_drafter(target, args.draft_model, args.backend, options))
+    if strategy in FEATURE_DRAFTERS:
+        raise InvalidRequestError(f"strategy {strategy!r} needs its head's GGUF", "add --draft-model PATH")
     if strategy == "draft":
         return Contender("draft", "draft", open_draft=partial(load_backend, args.backend, args.draft_model, **options))
     parsed = selfdraft.parse(strategy)

@@ -21,8 +21,8 @@ def register(sub: Any) -> None:
     p.add_argument("--to", required=True, choices=ENGINES, help="the serving engine")
     p.add_argument(
         "--strategy",
-        choices=["draft", "ngram", "mtp"],
-        help="default: the pair's, or mtp where the target ships an MTP assistant",
+        choices=["draft", "ngram", "mtp", "dflash", "eagle3"],
+        help="default: the pair's (a DFlash pair's is dflash), or mtp where the target ships an MTP assistant",
     )
     p.add_argument("--draft-tokens", type=int, metavar="N", help="draft length (default: the pair's, or 4; 3 for MTP)")
     p.set_defaults(handler=handle)

@@ -47,16 +47,34 @@ def model_policy(
     )
 
 
+def block_policy(curve: CostCurve, pass_seconds: float, config: ControlConfig = DEFAULT) -> AdaptiveDraftLength:
+    """The adaptive policy of a runtime with a block drafter (DFlash): one pass per draft,
+    whatever part of its block is verified, with n-gram lookup beside it. Its acceptance
+    starts from the bare prior and is learnt per position of the block."""
+    return AdaptiveDraftLength(
+        curve,
+        0.0,
+        max_gamma=config.max_draft,
+        draft_seconds_per_pass=pass_seconds,
+        margin=config.model_draft_margin,
+        lookup_seconds_per_token=config.ngram_seconds_per_token,
+        lookup_margin=config.ngram_margin,
+        config=config,
+    )
+
+
 def make_policy(
     target: Backend,
     draft: Backend | None,
     draft_tokens: DraftTokens,
     calibrate: bool = True,
     config: ControlConfig = DEFAULT,
+    block_pass_seconds: float | None = None,
 ) -> DraftLengthPolicy:
-    """The policy for `target` drafted for by `draft` (None: n-gram lookup). draft_tokens: a
-    fixed draft length (0: plain decoding) or "auto"; calibrate=False: no cost curve, so a
-    fixed config.uncalibrated_draft."""
+    """The policy for `target` drafted for by `draft` (None: n-gram lookup, or a block drafter
+    whose pass takes block_pass_seconds). draft_tokens: a fixed draft length (0: plain
+    decoding) or "auto"; calibrate=False: no cost curve, so a fixed config.uncalibrated_draft.
+    On a hybrid target every choice prices the replay a long rejection costs."""
     if draft_tokens != "auto":
         return FixedDraftLength(draft_tokens)
     if not calibrate:
@@ -64,6 +82,16 @@ def make_policy(
     # No pass is timed before the first token: the curve starts from what is known (see
     # starting_calibration) and learns from the passes decoding makes anyway.
     curve = starting_calibration(target).cost_curve(config)
+    policy = _drafted_policy(curve, target, draft, block_pass_seconds, config)
+    policy.replays_beyond = target.capabilities.replays_beyond
+    return policy
+
+
+def _drafted_policy(
+    curve: CostCurve, target: Backend, draft: Backend | None, block_pass_seconds: float | None, config: ControlConfig
+) -> AdaptiveDraftLength:
+    if block_pass_seconds is not None:
+        return block_policy(curve, block_pass_seconds, config)
     if draft is None:
         return ngram_policy(curve, config)
     # A model drafter starts from the pair's measured top-1 agreement (see calibrate.py).

@@ -93,6 +93,15 @@ class AdaptiveDraftLength:
     # hits and trials, with the measured agreement as the prior, keeps one cluster from
     # switching it off for good.
     prior_weight: float = DEFAULT.prior_weight
+    # A block drafter (DFlash) pays one pass for its block whatever part of it is verified:
+    # that pass's seconds, charged once for any γ > 0 and learnt in place of the per-token
+    # cost (0: a drafter priced per token).
+    draft_seconds_per_pass: float = 0.0
+    # A hybrid target (Capabilities.replays_beyond): rejecting more than this many tokens
+    # replays the kept ones, priced as a pass over them plus replay_overhead (restoring the
+    # state copy), learnt from the steps that replayed. None: every rollback is free.
+    replays_beyond: int | None = None
+    replay_overhead: float = 0.0
     config: ControlConfig = field(default=DEFAULT, repr=False)
     alpha: list[float] = field(default_factory=list)  # per position, drafts of unknown support
     # by_support[level - 1]: the same per support level of a free drafter's guessed tokens.
@@ -149,8 +158,23 @@ class AdaptiveDraftLength:
         return total
 
     def rate(self, gamma: int, support: int = 0, depth: int = 0) -> float:
-        cost = gamma * self.draft_seconds_per_token * self.costs.scale + self.costs.verify(gamma + 1, depth)
+        drafting = gamma * self.draft_seconds_per_token + (self.draft_seconds_per_pass if gamma else 0.0)
+        replay = self.replay_seconds(self.chain(gamma, support), depth)
+        cost = drafting * self.costs.scale + self.costs.verify(gamma + 1, depth) + replay
         return self.expected_tokens(gamma, support) / cost
+
+    def replay_seconds(self, chain: Sequence[float], depth: int = 0) -> float:
+        """What taking back a draft with acceptance chain `chain` costs on average: on a hybrid,
+        a replay of the k+1 kept tokens whenever more than replays_beyond of the γ are rejected
+        (k accepted with probability α_1..α_k·(1 - α_k+1)); nothing elsewhere."""
+        if self.replays_beyond is None:
+            return 0.0
+        total, run, gamma = 0.0, 1.0, len(chain)
+        overhead = self.replay_overhead * self.costs.scale
+        for k in range(gamma - self.replays_beyond):  # k accepted leaves γ - k > replays_beyond rejected
+            total += run * (1.0 - chain[k]) * (overhead + self.costs.verify(k + 1, depth))
+            run *= chain[k]
+        return total
 
     def would_draft(self, depth: int = 0) -> bool:
         """Whether a model draft would pay at this depth; reads the estimates, changes nothing."""
@@ -248,7 +272,8 @@ class AdaptiveDraftLength:
         # that time alone, and only to start drafting: a drafter cheap next to the target's
         # step (a GPU's small model) is not held off gains of a few per cent, and one drafting
         # near break-even is not stopped by noise in its estimate that it could not start back from.
-        model = support <= 0 and per_token > 0.0
+        per_pass = self.draft_seconds_per_pass * self.costs.scale if support <= 0 else 0.0
+        model = support <= 0 and (per_token > 0.0 or per_pass > 0.0)
         bar = plain if model else plain * (1.0 + margin)
         charged = 1.0 + (margin if model and not self._model_drafting else 0.0)
         best, best_rate, best_charged = 0, plain, plain
@@ -259,17 +284,26 @@ class AdaptiveDraftLength:
         for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            price = catch_up + self.costs.verify(g + 1, depth)
-            r = expected / (price + g * draft_cost)
+            price = catch_up + self.costs.verify(g + 1, depth) + self.replay_seconds(alpha[:g], depth)
+            drafting = g * draft_cost + per_pass
+            r = expected / (price + drafting)
             self._weighed.append((g, r))
-            charged_rate = expected / (price + g * draft_cost * charged)
+            charged_rate = expected / (price + drafting * charged)
             if charged_rate > bar and charged_rate > best_charged:
                 best, best_rate, best_charged = g, r, charged_rate
         return best, best_rate
 
     def observe(self, step: Step) -> None:
-        drafted, accepted = step.drafted, step.accepted
-        self.costs.update(drafted + 1, step.verify_seconds, step.depth)
+        # A tree's pass is priced by all its nodes; its chain's tokens teach the estimates.
+        drafted, accepted = (step.chain, step.chain_kept) if step.chain else (step.drafted, step.accepted)
+        # The pass alone teaches the cost curve; what a hybrid's replay took is learnt apart.
+        self.costs.update(step.drafted + 1, step.verify_seconds - step.rollback_seconds, step.depth)
+        if self.replays_beyond is not None and drafted - accepted > self.replays_beyond:
+            beyond = step.rollback_seconds - self.costs.verify(accepted + 1, step.depth)
+            # A replay from the state copy re-evaluates at most the verified block; one that took
+            # longer replayed from the start (before the first copy was taken), which does not recur.
+            beyond = min(max(0.0, beyond), self.costs.verify(drafted + 1, step.depth)) / self.costs.scale
+            self.replay_overhead += self.config.weight_hit * (beyond - self.replay_overhead)
         if not step.lookup and step.support <= 0:
             self._model_drafting = drafted > 0
         if drafted == 0:
@@ -277,7 +311,10 @@ class AdaptiveDraftLength:
             return
         # The catch-up is not a cost of each drafted token: take it out before learning that.
         # Costs are kept in the units of the load-time measurement (divided by the drift).
-        if not step.lookup:
+        if not step.lookup and self.draft_seconds_per_pass > 0.0:
+            per_pass = step.draft_seconds / self.costs.scale
+            self.draft_seconds_per_pass += self.config.weight_hit * (per_pass - self.draft_seconds_per_pass)
+        elif not step.lookup:
             scale = self.costs.scale
             per_token = max(0.0, step.draft_seconds / scale - step.backlog * self.catch_up_seconds_per_token) / drafted
             self.draft_seconds_per_token += self.config.weight_hit * (per_token - self.draft_seconds_per_token)

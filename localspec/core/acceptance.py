@@ -58,16 +58,21 @@ def accept_rejection_sampling(
 
 
 def _sample_residual(p: Distribution, q: Distribution, rng: np.random.Generator) -> int:
+    return residual(p, q).sample(rng)
+
+
+def residual(p: Distribution, q: Distribution) -> Distribution:
+    """norm(max(0, p - q)): what a token rejected against q is drawn from instead."""
     ids = np.union1d(p.ids, q.ids)
     pd = np.zeros(ids.size)
     qd = np.zeros(ids.size)
     pd[np.searchsorted(ids, p.ids)] = p.probs
     qd[np.searchsorted(ids, q.ids)] = q.probs
-    residual = np.maximum(pd - qd, 0.0)
-    total = residual.sum()
+    rest = np.maximum(pd - qd, 0.0)
+    total = rest.sum()
     if total <= 1e-12:  # p == q up to rounding: any rejection was a float artefact
-        return p.sample(rng)
-    return Distribution(ids, residual / total).sample(rng)
+        return p
+    return Distribution(ids, rest / total)
 
 
 def accept_seeded(

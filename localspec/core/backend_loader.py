@@ -20,6 +20,7 @@ class BackendKind:
     module: str  # where its load() lives, imported only when a model is loaded
     gguf: bool = False  # a model is one GGUF file (the first shard of a split one), else a folder
     mtp: bool = False  # runs a model's own MTP head and the Gemma 4 assistant
+    dflash: bool = False  # runs DFlash block drafters (strategy dflash)
     gpu_layers: bool = False  # splits a model's layers between a GPU and the CPU (--gpu-layers)
     exact: bool = False  # can take the kernels of one-token passes for every block (--exact)
     specs: bool = False  # a "model" is a spec built in memory: never a file, never a pair
@@ -29,7 +30,13 @@ class BackendKind:
 KINDS = {
     # llama.cpp is a package of several modules; its Backend lives in backend.py.
     "llamacpp": BackendKind(
-        "localspec.backends.llamacpp.backend", gguf=True, mtp=True, gpu_layers=True, exact=True, default_model=True
+        "localspec.backends.llamacpp.backend",
+        gguf=True,
+        mtp=True,
+        dflash=True,
+        gpu_layers=True,
+        exact=True,
+        default_model=True,
     ),
     "torch": BackendKind("localspec.backends.torch"),
     "mlx": BackendKind("localspec.backends.mlx", mtp=True),

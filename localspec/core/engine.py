@@ -19,12 +19,15 @@ from localspec.core.protocol import (
     Drafter,
     DraftLengthPolicy,
     Logits,
+    TreeBackend,
+    TreeShaper,
     Verifier,
     common_prefix,
     eval_chunked,
 )
 from localspec.core.sampling import SamplingConfig, shape
 from localspec.core.stats import Stats, Step
+from localspec.core.tree import accept_tree, branch_heads, grow
 
 # A free drafter guesses this far ahead before γ is chosen; what no step verifies is scored
 # later as free evidence (see Shadow).
@@ -64,6 +67,9 @@ class Engine:
         # computed (see _exact_keep), so an answer does not depend on what came before it.
         self.exact_prefix = False
         self._canonical: list[int] = []  # the cached prompt prefix evaluated in fresh blocks
+        # Set (localspec.control.trees) to verify a drafter's branches beside its chain where
+        # they pay, on a target that takes a tree in one pass; None: chains only.
+        self.trees: TreeShaper | None = None
 
     def generate(
         self,
@@ -146,17 +152,26 @@ class Engine:
         try:
             while (limit := self._limit(req)) is not None:
                 past, t0 = self.target.n_past, self.clock()
-                proposal = self._propose(ctx, limit, req)
-                tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
-                t1 = self.clock()
-                n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
+                proposal, tree = self._propose(ctx, limit, req), (0, 0)
+                if proposal.branches and self.trees is not None:
+                    proposal = self._widen(proposal, req)
+                if proposal.parents is None:
+                    tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
+                    t1 = self.clock()
+                    n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
+                else:
+                    t1 = self.clock()
+                    tokens, nxt, rows, tree = self._verify_tree(ctx, proposal, req)
+                    n_acc = len(tokens)
+                t_kept = self.clock()
                 self.target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
                 t2 = self.clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
-                self._commit_drafters(ctx, proposal.source, n_acc, req.stats)
+                self._commit_drafters(ctx, proposal.source, tree[1] if tree[0] else n_acc, req.stats)
                 emitted = self._emit(new, rows, req)
-                step = self._record(ctx, proposal, len(tokens), n_acc, emitted, past, (t0, t1, t2), req)
+                verified = len(tokens) if proposal.parents is None else len(proposal.tokens)
+                step = self._record(ctx, proposal, verified, n_acc, emitted, past, (t0, t1, t_kept, t2), req, tree)
                 if step.tokens:
                     yield step
                 if req.stats.finish_reason:
@@ -227,6 +242,40 @@ class Engine:
         q = dists[refused] if refused is not None and dists else None
         return (*accept_rejection_sampling(tokens, dists, logits, cfg, rng, q), logits)
 
+    def _widen(self, proposal: Proposal, req: _Request) -> Proposal:
+        """The chain with the branches the tree shaper finds worth their nodes, where the target
+        takes a tree and the request reads nothing but the target's law (no grammar, penalties
+        or logprobs, whose rows follow one chain)."""
+        cfg, target = req.cfg, self.target
+        plain = not cfg.shapes_logits and cfg.logprobs is None and cfg.constraint is None
+        if not plain or target.capabilities.branches < 2 or not isinstance(target, TreeBackend):
+            return proposal
+        if any(not 0 <= t < target.info.n_vocab for t in proposal.tokens):
+            return proposal
+        assert self.trees is not None
+        chosen = self.trees.shape(len(proposal.tokens), proposal.support, proposal.branches, target.n_past)
+        room = target.capabilities.max_block - 1 - len(proposal.tokens)
+        fits = [b for b in chosen[: target.capabilities.branches - 1] if (room := room - len(b[1])) >= 0]
+        return grow(proposal, [b for b in fits if all(0 <= t < target.info.n_vocab for t in b[1])])
+
+    def _verify_tree(
+        self, ctx: list[int], proposal: Proposal, req: _Request
+    ) -> tuple[list[int], int, Logits, tuple[int, int]]:
+        """One target pass over the pending token and a tree of guesses: the accepted path's
+        tokens, the token the target adds after them, the pass's rows (localspec.core.tree) and
+        the chain's length and tokens kept; the cache then holds the path, as a chain would."""
+        assert proposal.parents is not None and self.trees is not None
+        target = self.target
+        assert isinstance(target, TreeBackend)
+        parents = [-1, *(p + 1 for p in proposal.parents)]
+        logits = target.eval_tree([ctx[-1], *proposal.tokens], parents)
+        path, nxt = accept_tree(proposal, logits, req.cfg, req.rng, len(ctx))
+        target.keep_branch([0, *(i + 1 for i in path)])
+        chain, heads = branch_heads(proposal.parents)
+        self.trees.observe_tree(chain, heads, path)
+        kept = sum(1 for node in path if node < chain)
+        return [proposal.tokens[i] for i in path], nxt, logits, (chain, kept)
+
     def _commit_drafters(self, ctx: list[int], source: Source, n_acc: int, stats: Stats) -> None:
         """Tell the drafters what the target kept: each counts as accepted only its own tokens."""
         self.drafter.commit(ctx, n_acc if source in (Source.MODEL, Source.FREE) else 0)
@@ -257,12 +306,13 @@ class Engine:
         n_acc: int,
         emitted: list[int],
         past: int,
-        times: tuple[float, float, float],
+        times: tuple[float, float, float, float],
         req: _Request,
+        tree: tuple[int, int] = (0, 0),
     ) -> Step:
         """The step's bookkeeping: its Step in the stats, the policy's evidence (a free guess's
         unverified part scored once the text is known) and the running totals."""
-        t0, t1, t2 = times
+        t0, t1, t_kept, t2 = times
         step = Step(
             drafted=verified,
             accepted=n_acc,
@@ -275,9 +325,12 @@ class Engine:
             gamma=proposal.gamma,
             tokens=tuple(emitted),
             forced=proposal.source is Source.GRAMMAR,
+            chain=tree[0],
+            chain_kept=tree[1],
+            rollback_seconds=t2 - t_kept,
         )
         req.stats.record_step(step)
-        if req.shadow is None:
+        if req.shadow is None and not tree[0]:  # a tree's kept path need not be its guess's
             req.shadow = _shadow_of(proposal, verified, n_acc, len(ctx) - n_acc - 1)
         if proposal.source is not Source.GRAMMAR:  # a forced step says nothing of the drafter
             req.policy.observe(step)

@@ -25,8 +25,8 @@ class Source(enum.Enum):
 @dataclass(frozen=True)
 class Proposal:
     """A chain of guesses: token i is a guess for the position after token i-1. A tree of
-    guesses (EAGLE-2, DFlash) would add each token's parent here; the engine's verify and
-    accept steps read only tokens, dists and source."""
+    guesses (EAGLE-2, DFlash) also has each token's parent (localspec.core.tree.grow); a
+    chain has none, so the engine's chain path reads nothing more than it did."""
 
     tokens: list[int]
     dists: list[Distribution] | None  # one per token, None for a guess without probabilities
@@ -37,12 +37,20 @@ class Proposal:
     # A free drafter's whole guess made this step (longer than what was verified, or passed
     # over for the model's): what no step verifies is scored later as free evidence.
     guess: Draft | None = None
+    # A tree: parents[i] is the index of token i's parent, -1 for a child of the pending
+    # token; parents come before their children. None: a chain (parents[i] == i - 1).
+    parents: tuple[int, ...] | None = None
+    # What the drafter offered beside its chain (Draft.branches) within the first gamma
+    # positions, for the engine to grow a tree from where that pays.
+    branches: tuple[tuple[int, list[int]], ...] = ()
 
     @classmethod
     def of(cls, draft: Draft, gamma: int, source: Source, backlog: int = 0, guess: Draft | None = None) -> Proposal:
         """The first gamma tokens of a drafter's draft."""
         dists = draft.dists[:gamma] if draft.dists is not None else None
-        return cls(draft.tokens[:gamma], dists, source, draft.support, gamma, backlog, guess)
+        # A branch reaches no deeper than the chain may: γ is the step's limit on tokens kept.
+        offered = tuple((d, b[: gamma - d]) for d, b in draft.branches if d < gamma) if draft.branches else ()
+        return cls(draft.tokens[:gamma], dists, source, draft.support, gamma, backlog, guess, branches=offered)
 
     @classmethod
     def forced(cls, tokens: list[int]) -> Proposal:

@@ -65,6 +65,15 @@ class Capabilities:
     # The backend's verify_block applies the acceptance rule where its logits are (a GPU),
     # so the engine calls that instead of eval_block and localspec.core.acceptance.
     verifies: bool = False
+    # Most branches one verify pass takes (TreeBackend): 1 verifies chains only (a recurrent
+    # model's state cannot follow several branches at once).
+    branches: int = 1
+    # A kept path off the tree's first branch is evaluated again, in the cache's order
+    # (llama.cpp: flash attention sums cells in their order): a pass the tree pricing charges.
+    repasses_branch: bool = False
+    # A model with recurrent state (a hybrid) takes back up to this many rejected tokens from
+    # its snapshots; rejecting more replays the kept ones (None: every rollback is free).
+    replays_beyond: int | None = None
 
     # extra is what a cost curve depends on (threads, build, device...), the calibration
     # cache's key; the keys read above the backends are read through these typed views.
@@ -219,6 +228,22 @@ class Verifier(Protocol):
 
 
 @runtime_checkable
+class TreeBackend(Protocol):
+    """A backend that verifies a tree of guesses in one pass (Capabilities.branches > 1)."""
+
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> Logits:
+        """One pass over a tree: tokens[0] continues the cache (parents[0] == -1), every other
+        token continues its parent (parents[i] < i). Returns every row's logits, each as
+        eval_block of its root path would give it. The cache holds the tree until keep_branch."""
+        ...
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        """After eval_tree: keep the nodes of one root path (indices, path[0] == 0), so the
+        cache holds what eval_block of their tokens would have left, and nothing of the rest."""
+        ...
+
+
+@runtime_checkable
 class SelfDrafting(Protocol):
     """A backend that derives a drafter from its own model (strategies qspec[:X] and
     layerskip[:L], see localspec.control.selfdraft): every backend but the reference one."""
@@ -261,6 +286,9 @@ class Draft:
     # draft-length policy keeps separate acceptance statistics per support level, because a
     # guess backed by a 20-token match is right far more often than one backed by 2 tokens.
     support: int = 0
+    # Other guesses beside the chain, for a tree (localspec.core.tree): (depth, tokens), a
+    # branch whose first token is another candidate for tokens[depth]. None: a chain only.
+    branches: list[tuple[int, list[int]]] | None = None
 
 
 class Drafter(Protocol):
@@ -315,6 +343,21 @@ class Decision:
         ]
         why = f"best γ={self.best}, {self.adjustment} -> γ={self.chosen}" if self.adjustment else f"γ={self.chosen}"
         return "\n".join([f"draft length ({self.source}): {why}", *lines])
+
+
+class TreeShaper(Protocol):
+    """Which of a drafter's branches a step verifies beside its chain (localspec.control.trees)."""
+
+    def shape(
+        self, chain: int, support: int, offered: Sequence[tuple[int, Sequence[int]]], depth: int
+    ) -> list[tuple[int, list[int]]]:
+        """The branches worth their nodes for a chain of `chain` tokens (none: verify the chain)."""
+        ...
+
+    def observe_tree(self, chain: int, heads: Sequence[tuple[int, int]], path: Sequence[int]) -> None:
+        """A tree step's outcome: the chain's length, each branch's (depth, first node) in node
+        order, and the accepted path's nodes (the chain's are 0..chain-1)."""
+        ...
 
 
 class DraftLengthPolicy(Protocol):

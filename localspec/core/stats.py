@@ -24,6 +24,13 @@ class Step:
     gamma: int = 0  # the draft length the policy chose (drafted can fall short of it)
     tokens: tuple[int, ...] = ()  # what the step emitted (an end of generation is not emitted)
     forced: bool = False  # the draft was what the request's grammar forces (jump-forward)
+    # A tree (localspec.core.tree): drafted counts all its guessed tokens, accepted the kept
+    # path's; chain is its chain's length (0: the step was a chain) and chain_kept how many of
+    # the chain's tokens were kept, which is what the chain's acceptance estimates learn.
+    chain: int = 0
+    chain_kept: int = 0
+    # Of verify_seconds: taking the rejected tokens back (a hybrid's replay of the kept ones).
+    rollback_seconds: float = 0.0
 
     @property
     def n_from_draft(self) -> int:

@@ -36,6 +36,10 @@ class ModelDrafter:
         # Set when the context holds a token this drafter's vocabulary lacks (a target with a
         # larger vocabulary): drafting stops for the rest of the request, with this notice.
         self.off_notice: str | None = None
+        # For a tree (localspec.core.tree): the first positions that also offer their second
+        # most likely token, a branch tried where the drafted one is rejected.
+        self.branching = 0
+        self._agreed = 0  # the context length the cache agreed with at the last draft
 
     def _readable(self, tokens: Sequence[int]) -> bool:
         if self.off_notice is None:
@@ -53,6 +57,7 @@ class ModelDrafter:
             return
         keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
         self.backend.rollback(keep)
+        self._agreed = keep
         if warm:
             eval_chunked(self.backend, context[keep:-1], "none")
 
@@ -62,8 +67,10 @@ class ModelDrafter:
         if n <= 0 or not self._readable(context[past:]):
             return Draft()
         row = eval_chunked(self.backend, context[past:], "last")[-1]
+        self._agreed = len(context)
         tokens: list[int] = []
         dists: list[Distribution] = []
+        branches: list[tuple[int, list[int]]] = []
         for i in range(n):
             if cfg.shapes_logits:
                 # q shaped as p is (the grammar, logit_bias, penalties over this draft: q need only be
@@ -81,10 +88,12 @@ class ModelDrafter:
             tokens.append(tok)
             if dist is not None:
                 dists.append(dist)
+            if i < self.branching:
+                branches.append((i, [_runner_up(row, tok, dist)]))
             if i == n - 1 or self._unsure(row, tok, dist):
                 break
             row = self.backend.eval_block([tok], "last")[-1]
-        return Draft(tokens, None if cfg.greedy else dists)
+        return Draft(tokens, None if cfg.greedy else dists, branches=branches or None)
 
     def _unsure(self, row: npt.NDArray[np.floating], tok: int, dist: Distribution | None) -> bool:
         if self.min_confidence <= 0:
@@ -101,8 +110,22 @@ class ModelDrafter:
         return max(0, len(context) - 1 - self.backend.n_past)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
-        # context = committed text; what the drafter cached beyond its accepted part goes.
-        self.backend.rollback(min(self.backend.n_past, len(context) - 1))
+        # context = committed text; what the drafter cached beyond its accepted part goes. A
+        # tree's path may leave the drafted chain for a branch: only the chain's kept tokens
+        # (n_accepted) agree with the text.
+        keep = min(self.backend.n_past, len(context) - 1, self._agreed + n_accepted)
+        self.backend.rollback(keep)
+        self._agreed = keep
 
     def close(self) -> None:
         self.backend.close()
+
+
+def _runner_up(row: npt.NDArray[np.floating], tok: int, dist: Distribution | None) -> int:
+    """The most likely token other than the drafted one: a fixed guess, so a point mass to
+    the acceptance rule whatever the drafted token's law was."""
+    if dist is not None and dist.ids.size > 1:
+        two = np.argpartition(dist.probs, -2)[-2:]  # the two likeliest, in no order: no sort of the vocabulary
+        return int(dist.ids[two[1]] if dist.ids[two[0]] == tok else dist.ids[two[0]])
+    top = np.argpartition(row, -2)[-2:]
+    return int(top[1] if top[0] == tok else top[0])

@@ -51,6 +51,9 @@ class NgramDrafter:
         # Append-only per request, so each step costs O(new tokens), not O(context).
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0
+        # For a tree (localspec.core.tree), when above 0: also offer the best-matched earlier
+        # continuation that starts with another token (benchmarks/second_candidates.py).
+        self.branching = 0
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         self._index = {}
@@ -89,18 +92,32 @@ class NgramDrafter:
             return Draft()
         best, support = found[-1], 0
         for pos in reversed(found[-CANDIDATES:]):
-            m = self.min_ngram
+            m = self.min_ngram  # _support, inline: this loop is a step's host time
             while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
                 m += 1
             if m > support:
                 best, support = pos, m
-        # A source that runs into the end of the text is a repeating pattern ("1212", a
-        # loop of lines): the copy goes on through the tokens it has just guessed, as an
-        # LZ77 copy may overlap its own output. Small models fall into such loops often.
-        tokens = list(context[best : best + n])
-        while len(tokens) < n:
-            tokens.append(tokens[len(tokens) - (size - best)])
-        return Draft(tokens=tokens, support=support)
+        tokens = _continuation(context, best, n)
+        branches = self._second(context, found, tokens[0], n) if self.branching else None
+        return Draft(tokens=tokens, support=support, branches=branches)
+
+    def _support(self, context: Sequence[int], pos: int) -> int:
+        """How far back the text before position `pos` matches the text's end."""
+        size, m = len(context), self.min_ngram
+        while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
+            m += 1
+        return m
+
+    def _second(
+        self, context: Sequence[int], found: list[int], first: int, n: int
+    ) -> list[tuple[int, list[int]]] | None:
+        """A branch at depth 0: the best-matched earlier continuation (the most recent on a
+        tie) whose first token differs from the guess's."""
+        best, support = -1, 0
+        for pos in reversed(found[-CANDIDATES:]):
+            if context[pos] != first and (m := self._support(context, pos)) > support:
+                best, support = pos, m
+        return [(0, _continuation(context, best, n))] if best >= 0 else None
 
     def backlog(self, context: Sequence[int]) -> int:
         return 0
@@ -110,3 +127,13 @@ class NgramDrafter:
 
     def close(self) -> None:
         pass
+
+
+def _continuation(context: Sequence[int], at: int, n: int) -> list[int]:
+    """n tokens copied from position `at` on. A source that runs into the end of the text is
+    a repeating pattern ("1212", a loop of lines): the copy goes on through the tokens it has
+    just guessed, as an LZ77 copy may overlap its own output. Small models loop so often."""
+    tokens = list(context[at : at + n])
+    while len(tokens) < n:
+        tokens.append(tokens[len(tokens) - (len(context) - at)])
+    return tokens

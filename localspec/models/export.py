@@ -27,6 +27,9 @@ FIXED_DRAFT_TOKENS = 4  # what a fixed-length engine gets for a pair whose draft
 # An MTP head's drafts lose acceptance faster with depth: llama.cpp's and SGLang's MTP
 # examples draft 3 (vLLM's docs start from 1).
 FIXED_MTP_DRAFT_TOKENS = 3
+# A DFlash drafter proposes its trained block (16: anchor and 15 guesses) in one pass: the
+# engines' DFlash examples verify all 15.
+FIXED_DFLASH_DRAFT_TOKENS = 15
 # The n-gram sizes vLLM tries, longest first: localspec also copies the longest earlier match.
 PROMPT_LOOKUP_MAX = 5
 PROMPT_LOOKUP_MIN = 2
@@ -78,20 +81,30 @@ def export_pair(
     ggufs: GgufResolver | None = None,
 ) -> Export:
     """The command serving `pair` on `engine` with speculation. strategy (default: the
-    pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram" or
-    "mtp"; ggufs finds the pulled GGUF files for llama-server."""
+    pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram",
+    "mtp", "dflash" or "eagle3"; ggufs finds the pulled GGUF files for llama-server."""
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
     notes: list[str] = []
     method = _method(pair, strategy, notes)
+    if method == "eagle3":
+        return _export_eagle3(pair, engine, draft_tokens, ggufs, notes)
     if engine == "llama-server":
         target, drafter = (ggufs or _pulled_ggufs)(pair)
         if method == "draft" and drafter is not None and _is_assistant_file(drafter):
             method = "mtp"  # an assistant drafts only as MTP (an entry written before `add` knew it)
+        if method == "draft" and drafter is not None and _architecture(drafter) == "eagle3":
+            method = "eagle3"  # likewise an EAGLE-3 head (an entry written before `add` knew them)
         k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
+        if method == "eagle3":
+            assert drafter is not None
+            return Export(engine, _llama_server_eagle3(target, drafter, k), tuple(notes))
         if method == "mtp":
             assistant = _sidecar_path(pair, target) or drafter
             return Export(engine, _llama_server_mtp(target, assistant, k), tuple(notes))
+        if method == "dflash":
+            assert drafter is not None  # a dflash pair has a drafter (registry)
+            return Export(engine, _llama_server_dflash(target, drafter, k), tuple(notes))
         return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
     assistant_repo = _assistant_repo(pair) if method == "mtp" and _has_assistant(pair) else None
     if method == "mtp" and _has_assistant(pair) and (engine != "vllm" or assistant_repo is None):
@@ -102,11 +115,18 @@ def export_pair(
             + f"; {engine} gets n-gram lookup instead"
         )
         method = "ngram"
-    k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
+    if method == "dflash" and engine == "sglang":
+        notes.append("SGLang's DFLASH verifies the drafter's whole trained block; localspec only the part that pays")
+        k = 0  # SGLang takes no draft length for DFLASH
+    else:
+        k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
     target_repo = _torch_repo(pair.target, engine)
-    drafter_repo = _torch_repo(pair.drafter, engine) if method == "draft" and pair.drafter else None
-    if drafter_repo:
+    drafter_repo = _torch_repo(pair.drafter, engine) if method in ("draft", "dflash") and pair.drafter else None
+    if drafter_repo and method == "draft":
         notes += _vocab_refusal(engine, target_repo, drafter_repo)
+    if method == "dflash":
+        assert drafter_repo is not None
+        return Export(engine, _dflash(engine, target_repo, drafter_repo, k), tuple(notes))
     if engine == "vllm":
         return Export(engine, _vllm(target_repo, method, drafter_repo or assistant_repo, k), tuple(notes))
     if method == "mtp":
@@ -117,7 +137,8 @@ def export_pair(
 
 
 def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
-    chosen = strategy or ("mtp" if pair.mtp is not None else pair.strategy)
+    mtp_first = pair.mtp is not None and pair.strategy != "dflash"  # a DFlash pair keeps its drafter
+    chosen = strategy or ("mtp" if mtp_first else pair.strategy)
     if chosen == "auto":
         chosen = "draft" if pair.drafter is not None else "ngram"
     if chosen == "draft" and pair.drafter is None:
@@ -129,7 +150,11 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
         )
     if chosen.startswith("mtp"):
         return "mtp"
-    if chosen not in ("draft", "ngram"):
+    if chosen == "dflash" and pair.strategy != "dflash":
+        raise ExportError(f"pair {pair.id!r} has no DFlash drafter", "export it with its strategy, or --strategy ngram")
+    if chosen == "dflash":
+        return "dflash"
+    if chosen not in ("draft", "ngram", "eagle3"):
         notes.append(f"no engine has localspec's {chosen!r}: exported as n-gram lookup instead")
         chosen = "ngram"
     return chosen
@@ -138,7 +163,9 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
 def _fixed_draft_tokens(pair: Pair, engine: str, method: str, notes: list[str]) -> int:
     if pair.draft_tokens != "auto":
         return pair.draft_tokens
-    fixed = FIXED_MTP_DRAFT_TOKENS if method == "mtp" else FIXED_DRAFT_TOKENS
+    fixed = {"mtp": FIXED_MTP_DRAFT_TOKENS, "eagle3": FIXED_MTP_DRAFT_TOKENS, "dflash": FIXED_DFLASH_DRAFT_TOKENS}.get(
+        method, FIXED_DRAFT_TOKENS
+    )  # EAGLE-3 and MTP: one-block heads
     notes.append(
         f"localspec adapts the draft length to the machine and the text; {engine} takes a fixed one: "
         f"{fixed} (change it with --draft-tokens)"
@@ -172,6 +199,15 @@ def _assistant_repo(pair: Pair) -> str | None:
     model = pair.drafter or load_registry().models.get(f"{pair.target.id}-assistant")
     artifact = None if model is None else (model.artifacts.get("torch") or model.safetensors)
     return artifact.repo if isinstance(artifact, HubArtifact) else None
+
+
+def _architecture(path: Path) -> str | None:
+    from localspec.core.gguf_header import read_header
+
+    try:
+        return read_header(path).architecture if path.is_file() else None
+    except LocalspecError:
+        return None
 
 
 def _is_assistant_file(path: Path) -> bool:
@@ -223,6 +259,24 @@ def _sglang(target: str, drafter: str | None, k: int) -> tuple[str, ...]:
     return tuple(argv)
 
 
+def _dflash(engine: str, target: str, drafter: str, k: int) -> tuple[str, ...]:
+    """vLLM's dflash method, or SGLang's DFLASH algorithm (its block size comes from the
+    drafter's config, so SGLang takes no draft length)."""
+    if engine == "vllm":
+        config = {"method": "dflash", "model": drafter, "num_speculative_tokens": k}
+        return ("vllm", "serve", target, "--host", HOST, "--speculative-config", json.dumps(config))
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--host", HOST]
+    argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
+    return tuple(argv)
+
+
+def _llama_server_dflash(target: Path, drafter: Path, k: int) -> tuple[str, ...]:
+    argv = ["llama-server", "-m", str(target), "--host", HOST, "-md", str(drafter)]
+    argv += ["--spec-type", "draft-dflash", "--spec-draft-n-max", str(k)]
+    argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
+    return tuple(argv)
+
+
 def _sglang_mtp(target: str, k: int) -> tuple[str, ...]:
     # SGLang runs a model's built-in MTP layers as EAGLE with no draft model path (NEXTN is
     # its older alias): k steps of one chain, k + 1 tokens verified.
@@ -262,6 +316,59 @@ def _llama_server(target: Path, drafter: Path | None, k: int) -> tuple[str, ...]
         argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(PROMPT_LOOKUP_MAX)]
         argv += ["--spec-ngram-simple-size-m", str(k)]
     return tuple(argv)
+
+
+def _export_eagle3(
+    pair: Pair, engine: str, draft_tokens: int | None, ggufs: GgufResolver | None, notes: list[str]
+) -> Export:
+    """EAGLE-3: the head (a GGUF drafter of architecture eagle3 for llama-server, else
+    models.toml's `<target id>-eagle3` checkpoint) reads the target's hidden layers; each
+    engine's own EAGLE-3, one chain of k tokens."""
+    k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, "eagle3", notes)
+    if engine == "llama-server":
+        target, drafter = (ggufs or _pulled_ggufs)(pair)
+        head = drafter if drafter is not None and _architecture(drafter) == "eagle3" else None
+        return Export(engine, _llama_server_eagle3(target, head or _unconverted(pair, target, notes), k), tuple(notes))
+    target_repo, head_repo = _torch_repo(pair.target, engine), _torch_repo(_eagle3_head(pair), engine)
+    if engine == "vllm":
+        config = {"method": "eagle3", "model": head_repo, "num_speculative_tokens": k}
+        argv = ["vllm", "serve", target_repo, "--host", HOST, "--speculative-config", json.dumps(config)]
+        return Export(engine, tuple(argv), tuple(notes))
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target_repo, "--host", HOST]
+    argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head_repo]
+    argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+    argv += ["--speculative-num-draft-tokens", str(k + 1)]
+    return Export(engine, tuple(argv), tuple(notes))
+
+
+def _llama_server_eagle3(target: Path, head: Path, k: int) -> tuple[str, ...]:
+    argv = ["llama-server", "-m", str(target), "--host", HOST, "-md", str(head), "--spec-type", "draft-eagle3"]
+    argv += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
+    return tuple(argv)
+
+
+def _unconverted(pair: Pair, target: Path, notes: list[str]) -> Path:
+    """Where the head's GGUF goes, beside the target as llama.cpp names it (eagle3-*.gguf,
+    common/download.cpp), with how to convert it in the notes."""
+    head, path = _eagle3_head(pair), target.with_name(f"eagle3-{target.name}")
+    source = head.safetensors.repo if isinstance(head.safetensors, HubArtifact) else head.name
+    notes.append(
+        f"no GGUF of {head.name} is in models.toml: convert it with llama.cpp's convert_hf_to_gguf.py "
+        f"{source} --target-model-dir <{pair.target.name} checkpoint> --outfile {path}"
+    )
+    return path
+
+
+def _eagle3_head(pair: Pair) -> Model:
+    from localspec.models.registry import load_registry
+
+    head = pair.drafter if pair.strategy == "eagle3" else load_registry().models.get(f"{pair.target.id}-eagle3")
+    if head is None:
+        raise ExportError(
+            f"pair {pair.id!r} has no EAGLE-3 head in models.toml (a model {pair.target.id}-eagle3, or its drafter)",
+            "export it with --strategy ngram" + (" or draft" if pair.drafter is not None else ""),
+        )
+    return head
 
 
 def _pulled_ggufs(pair: Pair) -> tuple[Path, Path | None]:

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from localspec.core.choices import DraftTokens
+from localspec.core.choices import FEATURE_DRAFTERS, DraftTokens
 from localspec.core.errors import InvalidRequestError, PairMismatchError
 from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.models.pairing import vocab_mismatch
@@ -81,11 +81,15 @@ def _mismatch(target: Path, drafter: Path) -> str | None:
 
 def _strategy(files: dict[str, Path]) -> str:
     """mtp for a target drafted by its own MTP head (nextn layers in its GGUF) or by an MTP
-    assistant, which no other strategy runs; else draft with a drafter, n-gram lookup without."""
+    assistant, which no other strategy runs; eagle3 for an EAGLE-3 head; else draft with a
+    drafter, n-gram lookup without."""
     from localspec.core.gguf_header import read_header
 
     if "drafter" in files:
-        return "mtp" if read_header(files["drafter"]).is_assistant else "draft"
+        drafter = read_header(files["drafter"])
+        if drafter.architecture in FEATURE_DRAFTERS:  # a head that reads the target's layers (eagle3)
+            return drafter.architecture
+        return "mtp" if drafter.is_assistant else "draft"
     return "mtp" if read_header(files["target"]).nextn_layers > 0 else "ngram"
 
 

@@ -1,0 +1,252 @@
+"""A DFlash drafter (z-lab's block-diffusion drafter; llama.cpp's `dflash` architecture).
+
+It reads the inputs of a few of its target's layers (its GGUF's target_layers), fused by its
+`fc` layer and written into its own KV cache as keys and values at the target's positions
+("injected"), and proposes a whole block in one non-causal pass over [anchor, mask, mask,
+...]: the anchor is the target's last token, each mask position's logits guess one token
+further. These are the calls llama.cpp's own draft-dflash uses (common/speculative.cpp):
+embedding batches through llama_process to inject, a token batch for the block, non-causal
+attention, the target's embeddings and head shared through ctx_other where the drafter
+ships none.
+
+A Drafter of its own rather than a Backend under ModelDrafter: a model drafter guesses a token,
+reads it back and guesses the next, while a block comes from one pass whatever its length. So
+the controller prices it as one pass (AdaptiveDraftLength.draft_seconds_per_pass) and chooses
+how much of the block to verify from the measured acceptance at each position: the pass always
+runs at the trained block size, and a block is cut short where the rest would not pay.
+
+The cache holds injected features for the committed text only: positions are injected just
+before a block is drafted, once the target has kept their tokens, and the block's own keys
+and values are dropped after its pass. Nothing a verify pass rejected ever reaches it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from localspec.core.errors import InvalidRequestError, ModelLoadError
+from localspec.core.gguf_header import check_gguf, diagnose_gguf
+from localspec.core.protocol import Draft, ModelInfo, common_prefix
+from localspec.core.sampling import Distribution, SamplingConfig, process, shape
+
+from . import library
+from .features import HiddenRows, target_layer_ids
+
+llama = library.llama
+
+# The block llama.cpp assumes where the GGUF names none (common/speculative.cpp).
+DEFAULT_BLOCK = 16
+
+
+class FeatureTarget(Protocol):
+    """What a DFlash drafter needs of its target (LlamaCppBackend)."""
+
+    info: ModelInfo
+
+    def cached_tokens(self) -> Sequence[int]: ...
+
+    def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows: ...
+
+
+def load_dflash_model(path: str, gpu_layers: int) -> Any:
+    """The drafter's llama_model, refused with a clear message when it is not a DFlash GGUF."""
+    check_gguf(path)
+    mparams = llama.llama_model_default_params()
+    mparams.n_gpu_layers = gpu_layers
+    model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
+    if not model:
+        raise ModelLoadError(
+            f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
+            "download the DFlash drafter again, or draft with --strategy ngram",
+        )
+    arch = ctypes.create_string_buffer(64)
+    llama.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
+    if arch.value != b"dflash":
+        llama.llama_model_free(model)
+        raise InvalidRequestError(
+            f"{os.path.basename(path)} is not a DFlash drafter (its architecture is {arch.value.decode()!r})",
+            "give a DFlash GGUF (architecture dflash) with --strategy dflash, or use it with --strategy draft",
+        )
+    return model
+
+
+class DFlashDrafter:
+    """A DFlash drafter reading its target's layers (see the module doc)."""
+
+    name = "dflash"
+
+    def __init__(self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int) -> None:
+        self._target, self._model = target, model
+        self.file = os.path.basename(path)
+        self._closed = True  # until the context exists
+        try:
+            self._check_vocab(target)
+            width = int(llama.llama_model_n_embd(model))
+            self._features = target.layer_features(target_layer_ids(model), width, self.file, "DFlash drafter")
+            self.block = self._block_size()
+            self._mask = int(llama.llama_vocab_mask(llama.llama_model_get_vocab(model)))
+            if self._mask < 0:
+                raise ModelLoadError(f"{self.file} has no mask token (tokenizer.ggml.mask_token_id)", _REFIT)
+            self._ctx = self._context(target, target_ctx, threads)
+        except BaseException:
+            llama.llama_model_free(model)
+            raise
+        self._closed = False
+        self._mem = llama.llama_get_memory(self._ctx)
+        self._batch = llama.llama_batch_ext_init(self._ctx)
+        self._n_vocab = target.info.n_vocab
+        self._tokens: list[int] = []  # the tokens whose target features the cache holds, by position
+        self.size_bytes = int(llama.llama_model_size(model))
+        self.pass_seconds = self._time_pass()  # one block pass on this machine: what the controller starts from
+
+    def _check_vocab(self, target: FeatureTarget) -> None:
+        n_vocab = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(self._model)))
+        if n_vocab != target.info.n_vocab:
+            raise ModelLoadError(
+                f"{self.file} has a vocabulary of {n_vocab} tokens, {target.info.name} one of {target.info.n_vocab}: "
+                "it was made for another model",
+                _REFIT,
+            )
+
+    def _block_size(self) -> int:
+        buf = ctypes.create_string_buffer(32)
+        if llama.llama_model_meta_val_str(self._model, b"dflash.block_size", buf, len(buf)) >= 0:
+            return max(2, int(buf.value or DEFAULT_BLOCK))
+        return DEFAULT_BLOCK
+
+    def _context(self, target: FeatureTarget, target_ctx: Any, threads: int) -> Any:
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = target.info.n_ctx
+        cparams.n_batch = cparams.n_ubatch = max(self.block, 64)
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.ctx_other = target_ctx  # the target's embeddings and head, where the drafter ships none
+        ctx = llama.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            raise ModelLoadError(f"llama.cpp could not open a context for {self.file}", _REFIT)
+        llama.llama_set_causal_attn(ctx, False)  # a block reads itself whole
+        return ctx
+
+    def _time_pass(self) -> float:
+        """Seconds of one block pass at position 0 (the first pass builds the graph: not timed)."""
+        self._pass(self._mask, 0, self.block - 1)
+        t0 = time.perf_counter()
+        self._pass(self._mask, 0, self.block - 1)
+        return time.perf_counter() - t0
+
+    # -- the cache: the target's features at committed positions ----------------------------
+
+    def _rollback(self, n: int) -> None:
+        if n < len(self._tokens):
+            llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+            del self._tokens[n:]
+
+    def _inject(self, upto: int) -> None:
+        """Write the target's features at positions len(self._tokens)..upto into the cache."""
+        cached = self._target.cached_tokens()
+        start, upto = len(self._tokens), min(upto, len(cached))
+        step = int(llama.llama_n_ubatch(self._ctx))
+        for at in range(start, upto, step):
+            end = min(at + step, upto)
+            rows = np.ascontiguousarray(self._features.rows[at:end])
+            llama.llama_batch_ext_clear(self._batch)
+            for k in range(end - at):
+                row = rows[k].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                idx = llama.llama_batch_ext_add_embd(self._batch, 0, llama.llama_embd(row, 1, rows.shape[1]))
+                position = llama.llama_pos(at + k)
+                llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
+            self._process(f"injecting the target's features at position {at}")
+            self._tokens.extend(int(t) for t in cached[at:end])
+
+    def _pass(self, anchor: int, at: int, wanted: int) -> np.ndarray:
+        """One block pass with the anchor at position `at`: the logits of the first `wanted`
+        mask positions (the guesses for at+1..at+wanted). The block leaves the cache after it."""
+        size = min(self.block, self._target.info.n_ctx - at)
+        llama.llama_batch_ext_clear(self._batch)
+        for k in range(size):
+            idx = llama.llama_batch_ext_add_token(self._batch, 0, anchor if k == 0 else self._mask)
+            position = llama.llama_pos(at + k)
+            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
+            # Every row, as llama.cpp's draft-dflash asks: the dflash graph computes the head
+            # for the whole block and hands back its first rows, whichever were flagged.
+            llama.llama_batch_ext_set_output_logits(self._batch, idx, True)
+        try:
+            self._process(f"the block pass at position {at}")
+        finally:
+            llama.llama_memory_seq_rm(self._mem, 0, at, -1)
+        ptr = llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[1 : 1 + wanted]
+
+    def _process(self, what: str) -> None:
+        rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise InvalidRequestError(f"{self.file}: {what} failed with code {rc}")
+
+    # -- the Drafter protocol ----------------------------------------------------------------
+
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
+        self._live()
+        self._rollback(min(common_prefix(self._tokens, context), len(context) - 1))
+        if warm:
+            self._inject(len(context) - 1)
+
+    def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+        self._live()
+        at = len(context) - 1  # the anchor: the target's last token, which it has not evaluated yet
+        n = min(n, self.block - 1, self._target.info.n_ctx - at - 1)
+        if n <= 0:
+            return Draft()
+        self._rollback(min(common_prefix(self._tokens, context), at))
+        self._inject(at)
+        rows = self._pass(int(context[-1]), at, n)
+        return _read_block(rows, context, cfg, rng)
+
+    def backlog(self, context: Sequence[int]) -> int:
+        # Injecting is one cheap pass over the fused features, paid within the draft's time.
+        return 0
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        self._rollback(len(context) - 1)  # the cache never runs ahead of the committed text
+
+    def _live(self) -> None:
+        if self._closed:
+            raise InvalidRequestError(f"the DFlash drafter {self.file} was closed", "load the model again")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llama.llama_batch_ext_free(self._batch)
+        llama.llama_free(self._ctx)
+        llama.llama_model_free(self._model)
+
+
+_REFIT = "use the DFlash drafter made for this target (its pair in models.toml), or --strategy ngram"
+
+
+def _read_block(rows: np.ndarray, context: Sequence[int], cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+    """The block's guesses: each mask position's argmax, or a draw from its law shaped as the
+    target's is (so the rejection rule's q is the law each token was drawn from). Positions
+    are read independently: one pass gives them all, each conditioned only on the context."""
+    tokens: list[int] = []
+    dists: list[Distribution] = []
+    for i, raw in enumerate(rows):
+        row = shape(raw[None], cfg, (), tokens, start=len(tokens))[0] if cfg.shapes_logits else raw
+        if cfg.shapes_logits and not np.isfinite(row.max()):
+            break  # the grammar allows nothing more
+        dist = None if cfg.greedy else process(row, cfg)
+        if dist is None:
+            tok = int(np.argmax(row))
+        elif cfg.seed is not None:  # the target's own noise (accept_seeded)
+            tok = dist.keyed_sample(cfg.seed, len(context) + i)
+        else:
+            tok = dist.sample(rng)
+        tokens.append(tok)
+        if dist is not None:
+            dists.append(dist)
+    return Draft(tokens, None if cfg.greedy else dists)

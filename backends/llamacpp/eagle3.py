@@ -1,0 +1,206 @@
+"""An EAGLE-3 head drafting for its target on llama.cpp (strategy eagle3, a GGUF of architecture eagle3).
+
+The head is one decoder block in a file of its own (converted by llama.cpp's
+convert_hf_to_gguf.py with --target-model-dir). It reads the inputs of three of its target's
+layers (low, middle, high: the GGUF's eagle3.target_layers, captured by features.py),
+concatenated and projected to its own width by its fc layer, which llama.cpp runs as an
+ENCODE pass on the head's context: g_q. Its decoder reads token x_{q+1} with g_q at cache
+position q and predicts x_{q+2}; its own pre-norm output there stands in for g at positions
+the target has not decoded, which is how it drafts ahead (the convention of
+common/speculative.cpp's draft-eagle3). It borrows the target's token embeddings and output
+head where its file has none (through ctx_other), and a head with a smaller draft vocabulary
+maps it onto the target's with its d2t table inside llama.cpp's graph (the rest gets -inf).
+
+Eagle3Head is an MtpHead with two differences: a token is read one cache position before its
+own (MtpHead.shift), and a target state is encoded before it is read. As with an MTP head, a
+position read with the head's own state is read again with the target's once the target has
+decoded it, so its cache holds what a clean pass would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import llama_cpp as llama
+import numpy as np
+from llama_cpp import llama_cpp_ext as ext
+
+from localspec.core.errors import InvalidRequestError, ModelLoadError
+from localspec.core.gguf_header import GGUFHeader, diagnose_gguf, read_header
+from localspec.core.protocol import Backend, Capabilities
+
+from .features import HiddenRows, target_layer_ids
+from .mtp import MtpHead, head_context
+
+ARCHITECTURE = "eagle3"
+KIND = "EAGLE-3 head"
+
+# (layer ids, the target width they were made for, the head's file, its kind) -> the rows
+Features = Callable[[Sequence[int], int, str, str], HiddenRows]
+
+
+class Eagle3Head(MtpHead):
+    """An EAGLE-3 head drafting for its target (see the module doc)."""
+
+    def __init__(
+        self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, path: str, borrows_output: bool
+    ) -> None:
+        self._target, self._states, self._model = target, features, model
+        ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
+        if not ctx:
+            llama.llama_model_free(model)
+            raise ModelLoadError(f"llama.cpp could not open a context for the {KIND} {os.path.basename(path)}")
+        self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
+        self.shared, self.shift = False, 1
+        ext.llama_set_embeddings_nextn(ctx, True, True)  # the pre-norm state of each output (and of the fc)
+        self._batch = llama.llama_batch_ext_init(ctx)
+        self._features = llama.llama_batch_ext_init(ctx)  # the encoder's batch
+        self._ubatch = int(llama.llama_n_ubatch(ctx))
+        self._width = int(llama.llama_model_n_embd(model))
+        self._vocab = target.info.n_vocab
+        self._tokens: list[int] = []
+        self._own: dict[int, np.ndarray] = {}
+        self._guessed: set[int] = set()
+        self._closed = False
+        size, params = _cost(target, model, borrows_output)
+        self.info = replace(
+            target.info,
+            name=os.path.basename(path),
+            path=os.path.abspath(path),
+            architecture=ARCHITECTURE,
+            size_bytes=size,
+            n_params=params,
+            n_layers=1,
+        )
+        extra = {**target.capabilities.extra, "self_draft": ARCHITECTURE}
+        self.capabilities = Capabilities(
+            rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
+        )
+
+    def _pass(self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray]) -> None:
+        # x_0 is read with nothing (no g_{-1}): it predicts nothing, a flat row, and is never drafted from.
+        if entries and entries[0][0] == 0:
+            if 0 in into:
+                into[0][:] = 0.0
+            entries = entries[1:]
+        if entries:
+            super()._pass(entries, at, into)
+
+    def _states_for(self, qs: list[int]) -> list[tuple[np.ndarray, bool]]:
+        """g_{q-1} for each token q: encoded from the target's layers where it decoded q-1 (or
+        where the head kept no state of its own there), else the head's own state."""
+        known = [self._known(q - 1) for q in qs]
+        encoded = [q - 1 for q, k in zip(qs, known, strict=True) if k or q - 1 not in self._own]
+        g = dict(zip(encoded, self._encode(self._states.rows[encoded]), strict=True)) if encoded else {}
+        own = self._own
+        return [
+            (g[q - 1], True) if k else (own[q - 1] if q - 1 in own else g[q - 1], False)
+            for q, k in zip(qs, known, strict=True)
+        ]
+
+    def _encode(self, rows: np.ndarray) -> np.ndarray:
+        """The head's fc over the target's concatenated layer inputs: one ENCODE pass per ubatch."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        out = np.empty((len(rows), self._width), dtype=np.float32)
+        for start in range(0, len(rows), self._ubatch):
+            chunk = rows[start : start + self._ubatch]
+            llama.llama_batch_ext_clear(self._features)
+            # The fc reads no position, but the batch's must follow the cache's, as llama.cpp's own loop numbers them.
+            after = int(llama.llama_memory_seq_pos_max(self._mem, 0)) + 1
+            for i, row in enumerate(chunk):
+                embd = llama.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
+                idx = llama.llama_batch_ext_add_embd(self._features, 0, embd)
+                position = llama.llama_pos(after + i)
+                llama.llama_batch_ext_set_pos(self._features, idx, ctypes.byref(position))
+                llama.llama_batch_ext_set_output_embd(self._features, idx, True)
+            rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_ENCODE, self._features)
+            if rc != 0:
+                raise InvalidRequestError(f"the {KIND} {self.info.name}'s fc pass failed with code {rc}")
+            g = ext.llama_get_embeddings_nextn(self._ctx)
+            out[start : start + len(chunk)] = np.ctypeslib.as_array(g, shape=(len(chunk), self._width))
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            llama.llama_batch_ext_free(self._features)
+        super().close()
+
+
+def _cost(target: Backend, model: Any, borrows_output: bool) -> tuple[int, int]:
+    """The head's bytes and parameters read per pass, with the target's output head where it
+    borrows it (a pass of the head reads it as a pass of the target does)."""
+    size, params = int(llama.llama_model_size(model)), int(llama.llama_model_n_params(model))
+    if borrows_output:
+        head = target.info.n_vocab * int(llama.llama_model_n_embd(model))
+        params += head
+        size += int(head * target.info.size_bytes / max(target.info.n_params, 1))
+    return size, params
+
+
+@dataclass(frozen=True)
+class HeadFile:
+    """What an EAGLE-3 GGUF's header says it needs of its target."""
+
+    layer_ids: tuple[int, ...]  # the target layers whose inputs it reads
+    target_width: int  # the target's hidden size it was made for
+    borrows_output: bool  # no output head of its own: it uses the target's
+
+
+def check_head_file(header: GGUFHeader, target: Backend, n_embd: int) -> HeadFile:
+    """Refuse a file that is not an EAGLE-3 head for this target's tokenizer and width, before
+    llama.cpp loads it."""
+    name = os.path.basename(header.path)
+    fits = f"use the {KIND} made for {target.info.name} (its pair in models.toml), or --strategy ngram"
+    if header.architecture != ARCHITECTURE:
+        raise InvalidRequestError(
+            f"{name} is not an {KIND} (its architecture is {header.architecture}, not eagle3)",
+            f"give the eagle3 GGUF made for {target.info.name} with --draft-model, "
+            "or --strategy draft for a draft model of its own",
+        )
+    meta = header.meta
+    vocab = len(meta.get("tokenizer.ggml.tokens") or ())
+    if vocab != target.info.n_vocab:
+        raise ModelLoadError(
+            f"{name} was made for a tokenizer of {vocab} tokens, {target.info.name}'s has {target.info.n_vocab}", fits
+        )
+    width = int(meta.get(f"{ARCHITECTURE}.embedding_length", 0))
+    own = {t.name for t in header.tensors}
+    borrowed = [
+        what
+        for what, t in (("token embeddings", "token_embd.weight"), ("output head", "output.weight"))
+        if t not in own
+    ]
+    if borrowed and width != n_embd:
+        raise ModelLoadError(
+            f"{name} is {width} wide and borrows {target.info.name}'s {' and '.join(borrowed)}, "
+            f"which are {n_embd} wide",
+            fits,
+        )
+    ids = meta.get(f"{ARCHITECTURE}.target_layers") or []
+    return HeadFile(
+        tuple(int(i) for i in ids), int(meta.get(f"{ARCHITECTURE}.target_hidden_size", 0)), "output head" in borrowed
+    )
+
+
+def load_eagle3_head(
+    target: Backend, target_ctx: Any, n_embd: int, features: Features, mparams: Any, path: str
+) -> Eagle3Head:
+    """The EAGLE-3 head in `path`, checked against its target before llama.cpp reads it."""
+    head = check_head_file(read_header(path), target, n_embd)
+    rows = features(
+        head.layer_ids, head.target_width, os.path.basename(path), KIND
+    )  # refuses layers or widths that do not fit
+    model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
+    if not model:
+        raise ModelLoadError(
+            f"llama.cpp could not load the {KIND} {path}: {diagnose_gguf(path)}",
+            "convert it again with llama.cpp's convert_hf_to_gguf.py --target-model-dir, or --strategy ngram",
+        )
+    if target_layer_ids(model) != head.layer_ids:  # what llama.cpp read is what was checked
+        llama.llama_model_free(model)
+        raise ModelLoadError(f"llama.cpp read other target layers from {path} than its header names")
+    return Eagle3Head(target, model, target_ctx, rows, path, head.borrows_output)

@@ -1,0 +1,126 @@
+"""What verifying trees would buy, replayed (localspec.control.replay) on recorded answers: the
+n-gram drafter also offers its second continuation, and the engine verifies it beside the
+chain where the tree pricing (trees.py) finds it pays on the machine's cost curve, or always
+(the tree's whole gain, bought at any price). A tree pass of n nodes costs what the curve says
+a pass of n tokens costs: the same rows with another mask (benchmarks/tree_replay.py
+measures that on the real model). Greedy answers only, as in the chain replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+
+from localspec.control.calibrate import Calibration
+from localspec.control.factory import ngram_policy
+from localspec.control.replay import Clock, ReplayTarget, Truth
+from localspec.control.trees import TreePricing
+from localspec.core.engine import Engine
+from localspec.core.protocol import Backend, Capabilities
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats
+from localspec.drafters.ngram import NgramDrafter
+
+
+class TreeReplayTarget(ReplayTarget):
+    """A replay target that takes trees: every node's choice is the recorded token after its
+    depth (the acceptance never passes a node off the recorded text, so no row below one is read)."""
+
+    def __init__(self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int, repass: bool = False) -> None:
+        super().__init__(text, truth, clock, n_vocab)
+        self.capabilities = Capabilities(
+            rollback=True, max_block=512, device="cpu", branches=16, repasses_branch=repass
+        )
+        self._open: tuple[int, list[int]] = (0, [])
+        self._parents: list[int] = []
+
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        past = len(self._tokens)
+        self.clock.simulated += self.truth.seconds(len(tokens), past, self.last)
+        self.last = len(tokens)
+        out = np.zeros((len(tokens), self.n_vocab), dtype=np.float32)
+        depth = [0] * len(tokens)
+        for row in range(1, len(tokens)):
+            depth[row] = depth[parents[row]] + 1
+        for row in range(len(tokens)):
+            nxt = past + depth[row] + 1
+            out[row, self.text[nxt] if nxt < len(self.text) else 0] = 1.0
+        self._tokens.append(tokens[0])
+        self._open, self._parents = (past, list(tokens)), list(parents)
+        return out
+
+    def keep_branch(self, path: Sequence[int]) -> None:
+        past, nodes = self._open
+        self._tokens[past:] = [nodes[i] for i in path]
+        # A backend that evaluates a kept path's part off the chain again (llama.cpp's
+        # keep_branch) pays a pass of that many tokens more.
+        chain = next((i for i in range(1, len(self._parents)) if self._parents[i] != i - 1), len(self._parents))
+        off = sum(1 for node in path if node >= chain)
+        if off and self.capabilities.repasses_branch:
+            self.clock.simulated += self.truth.seconds(off, past + len(path) - off, self.last)
+            self.last = off
+
+
+class CountedPricing(TreePricing):
+    """TreePricing that counts its tree steps and the steps a branch was taken."""
+
+    trees: int = 0
+    taken: int = 0
+
+    def observe_tree(self, chain: int, heads: Sequence[tuple[int, int]], path: Sequence[int]) -> None:
+        self.trees += 1
+        self.taken += any(node >= chain for node in path)
+        super().observe_tree(chain, heads, path)
+
+
+class EveryBranch(CountedPricing):
+    """Verifies every branch offered: what trees buy whatever they cost."""
+
+    def shape(
+        self, chain: int, support: int, offered: Sequence[tuple[int, Sequence[int]]], depth: int
+    ) -> list[tuple[int, list[int]]]:
+        room, out = self.most_nodes() - chain, []
+        for d, branch in offered:
+            out.append((d, list(branch[: max(room, 0)])))
+            room -= len(out[-1][1])
+        return [b for b in out if b[1]]
+
+
+@dataclass(frozen=True)
+class TreeRun:
+    seconds: float
+    steps: int
+    trees: int  # steps that verified a tree
+    taken: int  # steps whose kept path went through a branch
+
+
+def replay_tree(
+    prompt: list[int],
+    answer: list[int],
+    calibration: Calibration,
+    n_vocab: int,
+    mode: str = "priced",
+    repass: bool = False,
+) -> TreeRun:
+    """Simulated seconds of n-gram drafting under the adaptive policy: mode "chain" (no
+    trees), "priced" (TreePricing decides per step) or "always" (every branch verified).
+    The policy learns on a curve of its own, the clock keeps the calibration's. repass: the
+    target evaluates a kept branch again (llama.cpp), which the clock and the pricing charge."""
+    clock, truth = Clock(), Truth.of(calibration)
+    target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab, repass)
+    drafter = NgramDrafter()
+    drafter.branching = int(mode != "chain")
+    engine = Engine(cast(Backend, target), drafter, free_drafter=True, clock=clock)
+    policy = ngram_policy(calibration.cost_curve())
+    pricing = (EveryBranch if mode == "always" else CountedPricing)(policy, repass=repass)
+    engine.trees = pricing if mode != "chain" else None
+    stats, produced = Stats(), list[int]()
+    cfg = SamplingConfig(temperature=0.0)
+    for step in engine.generate(prompt, len(answer), cfg, policy, stats, np.random.default_rng(0)):
+        produced.extend(step.tokens)
+    if produced != answer:
+        raise AssertionError("the tree replay diverged from the recorded answer")
+    return TreeRun(stats.decode_seconds, stats.verify_steps, pricing.trees, pricing.taken)

@@ -1,0 +1,129 @@
+"""Which branches a step verifies beside its chain: a tree is priced by its node count on the
+policy's cost curve (a tree pass over n nodes costs what a chain pass over n tokens does:
+the same rows, another mask), against the tokens its branches are expected to add.
+
+A branch at depth d adds tokens only where the chain reaches d and its token there is wrong:
+
+    gain(branch) = Π_{i<d} α_i · (1 - α_d) · β_d · (1 + Σ_{j≥1} Π_{i≤j} α_{d+i})
+
+with α the policy's acceptance chain and β_d the measured share of tried branches at depth d
+whose first token the target took (learnt here from every tree step). Branches are taken in
+order of gain per node while the predicted rate, tokens over the pass's price, beats the
+chain's by `margin`. On a CPU a pass costs more with every row, so a branch rarely pays
+there; on a GPU, where a pass of 20 rows costs about what one of 2 does, most do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from localspec.control.policy import AdaptiveDraftLength
+from localspec.core.engine import Engine
+
+# Depths past the last one share its estimate; a branch deep in a chain is seldom tried.
+DEPTHS = 4
+# The first positions of a draft whose runner-up a draft model offers as a branch.
+BRANCHING = 2
+
+
+@dataclass
+class TreePricing:
+    """localspec.core.protocol.TreeShaper over an adaptive draft-length policy."""
+
+    policy: AdaptiveDraftLength
+    prior: float = 0.3  # β before evidence: how often a second guess is right where the first was not
+    prior_weight: float = 4.0  # observations the prior is worth
+    margin: float = 0.02  # a tree must beat its chain's predicted rate by this share
+    max_nodes: int = 22  # the most guessed tokens one tree holds (DDTree's largest)
+    memory: float = 100.0  # observations the estimates remember
+    # The backend evaluates a kept branch again (Capabilities.repasses_branch): each branch
+    # also costs, where it is taken, a pass over its tokens.
+    repass: bool = False
+    hits: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
+    trials: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
+
+    def most_nodes(self) -> int:
+        """The largest tree priced: max_nodes, within the pass sizes the curve measured (past
+        them it is extrapolated, which a chain never needs)."""
+        return min(self.max_nodes, len(self.policy.costs.verify_seconds) - 1)
+
+    def beta(self, depth: int) -> float:
+        i = min(depth, DEPTHS - 1)
+        return (self.prior * self.prior_weight + self.hits[i]) / (self.prior_weight + self.trials[i])
+
+    def shape(
+        self, chain: int, support: int, offered: Sequence[tuple[int, Sequence[int]]], depth: int
+    ) -> list[tuple[int, list[int]]]:
+        alpha = self.policy.chain(chain, support)
+        reach = [1.0]
+        for a in alpha:
+            reach.append(reach[-1] * a)
+        candidates = []
+        for d, branch in offered:
+            if d >= chain or not branch:
+                continue
+            tokens, gain = self._trim(d, list(branch), alpha, reach)
+            taken = reach[d] * (1.0 - alpha[d]) * self.beta(d)
+            extra = taken * self.policy.costs.verify(len(tokens), depth) if self.repass else 0.0
+            candidates.append((gain / len(tokens), d, tokens, gain, extra))
+        expected, nodes, repass = self.policy.expected_tokens(chain, support), chain, 0.0
+        rate = expected / self.policy.costs.verify(nodes + 1, depth)
+        chosen: list[tuple[int, list[int]]] = []
+        for _, d, tokens, gain, extra in sorted(candidates, key=lambda c: -c[0]):
+            if nodes + len(tokens) > self.most_nodes():
+                continue
+            wider = (expected + gain) / (self.policy.costs.verify(nodes + len(tokens) + 1, depth) + repass + extra)
+            if wider > rate * (1.0 + self.margin):
+                chosen.append((d, tokens))
+                expected, nodes, rate, repass = expected + gain, nodes + len(tokens), wider, repass + extra
+        return chosen
+
+    def _trim(self, d: int, branch: list[int], alpha: list[float], reach: list[float]) -> tuple[list[int], float]:
+        """The branch cut where its next token is less likely right than wrong, and its gain."""
+        head = reach[d] * (1.0 - alpha[d]) * self.beta(d)
+        gain, run, keep = head, head, 1
+        for j in range(1, len(branch)):
+            a = alpha[min(d + j, len(alpha) - 1)]
+            if a < 0.5:
+                break
+            run *= a
+            gain, keep = gain + run, j + 1
+        return branch[:keep], gain
+
+    def observe_tree(self, chain: int, heads: Sequence[tuple[int, int]], path: Sequence[int]) -> None:
+        # A branch at depth d was tried only where the chain's tokens before d were kept and
+        # the one at d was not; siblings are tried in node order until one is kept.
+        reached = sum(1 for node in path if node < chain)
+        keep = 1.0 - 1.0 / self.memory
+        for d, node in heads:
+            if d != reached:
+                continue
+            hit = len(path) > reached and path[reached] == node
+            i = min(d, DEPTHS - 1)
+            self.hits[i] = self.hits[i] * keep + hit
+            self.trials[i] = self.trials[i] * keep + 1.0
+            if hit:
+                return
+
+    def pays(self) -> bool:
+        """Whether a branch beside a model draft's first token would pay on this curve at the
+        policy's prior (α 0.5) and this β: where not (a CPU), drafters spare the work of
+        offering branches."""
+        probe = AdaptiveDraftLength(self.policy.costs, 0.0, max_gamma=4, prior=0.5, config=self.policy.config)
+        trial = TreePricing(probe, self.prior, self.prior_weight, self.margin, repass=self.repass)
+        return bool(trial.shape(4, 0, [(0, [0])], 0))
+
+
+def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | None:
+    """Let the engine verify its drafters' branches where a tree can pay on this machine's
+    cost curve (a target that takes trees, a curve flat enough); None: chains only."""
+    capabilities = engine.target.capabilities
+    pricing = TreePricing(policy, repass=capabilities.repasses_branch)
+    if capabilities.branches < 2 or not pricing.pays():
+        return None
+    engine.trees = pricing
+    for drafter in (engine.drafter, engine.lookup):
+        if hasattr(drafter, "branching"):  # the drafters that can offer branches (model, ngram)
+            setattr(drafter, "branching", BRANCHING)  # noqa: B010 - not every Drafter has it
+    return pricing

@@ -1,0 +1,197 @@
+"""An EAGLE-3 head drafting for its target on llama.cpp (strategy eagle3, backends/llamacpp/eagle3.py).
+
+The heads the tests write (eagle3_support.py) guess a near-bigram target's next token from
+the token alone, so they are often right and sometimes wrong: the output must stay exactly
+the target's either way, and the head's cache must hold what a clean pass over the accepted
+text would (its states re-read through fc from the target's layers once verified)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
+
+from eagle3_support import HeadSpec, write_eagle3_gguf
+from gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
+from head_support import assert_agreement_is_measured_as_it_drafts
+from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
+
+import localspec
+from localspec.api import Runtime
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.cli.main import main
+from localspec.core.errors import InvalidRequestError, ModelLoadError
+from localspec.core.sampling import SamplingConfig
+
+TARGET = Spec("llama", mix=0.02, head=1.0)  # close to a bigram model, with an output head of its own
+TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261, 40, 41]
+PROMPT = "the world and the world and the"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("eagle3")
+    return {
+        "target": write_gguf(TARGET, folder / "target.gguf"),
+        "head": write_eagle3_gguf(TARGET, HeadSpec(), folder / "eagle3-target.gguf"),
+        # g weighs as much as the token: what the head reads from the target shows in its logits
+        "heavy": write_eagle3_gguf(TARGET, HeadSpec(fc=3.0), folder / "eagle3-heavy.gguf"),
+        "d2t": write_eagle3_gguf(TARGET, HeadSpec(draft_vocab=200), folder / "eagle3-d2t.gguf"),
+    }
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[[Path], LlamaCppBackend]]:
+    backends: list[LlamaCppBackend] = []
+
+    def load(path: Path) -> LlamaCppBackend:
+        backends.append(LlamaCppBackend(str(path), n_ctx=256, threads=1))  # tiny: one thread never waits on another
+        return backends[-1]
+
+    yield load
+    for backend in backends:
+        backend.close()
+
+
+def test_the_head_reads_drafted_positions_again_with_the_targets_states_once_verified(files, opened) -> None:
+    # A clean pass: the target decodes the text, the head reads it with the target's layers.
+    target = opened(files["target"])
+    head = target.eagle3_head(str(files["heavy"]))
+    target.eval_block(TEXT, "none")
+    clean = head.eval_block(TEXT, "all").copy()
+
+    # The same text reached through a draft: 3 guesses on the head's own states, a verify
+    # pass that keeps them all, and the head rolled back to the accepted text, moving on.
+    target = opened(files["target"])
+    head = target.eagle3_head(str(files["heavy"]))
+    m = 8
+    target.eval_block(TEXT[:m], "none")
+    head.eval_block(TEXT[: m + 1], "last")
+    drafted = [head.eval_block([token], "last").copy() for token in TEXT[m + 1 : m + 3]]
+    target.eval_block(TEXT[m : m + 4], "all")
+    head.rollback(m + 3)
+    target.eval_block(TEXT[m + 4 :], "none")
+    rest = head.eval_block(TEXT[m + 3 :], "all")
+    np.testing.assert_allclose(rest, clean[m + 3 :], atol=1e-4)
+    # and the guesses were made from its own states, not the target's (which it could not have had)
+    assert not np.allclose(drafted[-1][-1], clean[m + 2], atol=1e-3)
+
+
+@pytest.mark.parametrize(("head", "gamma"), [("head", 1), ("head", 3), ("d2t", 3)])
+def test_greedy_eagle3_drafting_reproduces_plain_decoding(files, opened, head: str, gamma: int) -> None:
+    target = opened(files["target"])
+    plain = Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    drafter = target.eagle3_head(str(files[head]))
+    runtime = Runtime(target, drafter, strategy="draft", draft_tokens=gamma, calibrate=False, label="eagle3")
+    spec = runtime.generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    assert spec.tokens == plain.tokens
+    drafted = spec.stats.drafted - spec.stats.lookup_drafted
+    accepted = spec.stats.accepted - spec.stats.lookup_accepted
+    assert drafted > accepted > drafted / 4, (drafted, accepted)  # often right, and some guesses cut
+
+
+def test_a_smaller_draft_vocabulary_maps_onto_the_targets(files, opened) -> None:
+    from eagle3_support import head_tensors
+    from gguf_writer import bpe_vocab
+
+    target = opened(files["target"])
+    head = target.eagle3_head(str(files["d2t"]))
+    target.eval_block(TEXT, "none")
+    rows = head.eval_block(TEXT, "all")[1:]  # x_0 alone guesses nothing
+    mapped = head_tensors(TARGET, HeadSpec(draft_vocab=200), len(bpe_vocab()[0]))["d2t"]
+    assert np.isfinite(rows[:, mapped]).all()
+    assert np.isneginf(np.delete(rows, mapped, axis=1)).all()  # tokens the head cannot name
+
+
+def test_eagle3_sampling_follows_the_targets_law(files, opened) -> None:
+    target = opened(files["target"])
+    runtime = Runtime(target, target.eagle3_head(str(files["head"])), strategy="draft", draft_tokens=2, calibrate=False)
+    start = runtime.prompt_tokens(PROMPT)
+    prompt = start + Runtime(target, strategy="none").generate(prompt=start, max_tokens=30, temperature=0).tokens
+    law = exact_first_two(target, prompt, SamplingConfig(**SAMPLING))
+    samples = sample_first_two(runtime, prompt, n=600)
+    assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
+    assert samples.whole_drafts > 0, "no draft was ever kept whole: the acceptance path went untested"
+    p = chi_square_p_value(samples.counts, law)
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
+
+
+def test_the_agreement_check_reads_the_head_with_the_targets_layers(files, opened) -> None:
+    target = opened(files["target"])
+    tokens = target.tokenize(PROMPT * 2, add_special=True, parse_special=False)
+    assert_agreement_is_measured_as_it_drafts(target, target.eagle3_head(str(files["head"])), tokens)
+
+
+def test_strategy_eagle3_loads_the_head_given_as_the_drafter(files) -> None:
+    runtime = localspec.load(
+        model=str(files["target"]),
+        draft_model=str(files["head"]),
+        strategy="eagle3",
+        n_ctx=256,
+        threads=1,
+        calibrate=False,
+    )
+    with runtime:
+        assert runtime.label == "eagle3" and runtime.draft is not None
+        assert runtime.draft.info.architecture == "eagle3" and runtime.draft.info.n_layers == 1
+        result = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
+        assert result.stats.strategy == "eagle3"
+    with localspec.load(model=str(files["target"]), strategy="none", n_ctx=256, threads=1) as plain:
+        assert plain.generate(prompt=PROMPT, max_tokens=30, temperature=0).tokens == result.tokens
+
+
+def test_a_hybrid_target_feeds_its_head_across_recurrent_rollback(tmp_path: Path, opened) -> None:
+    hybrid = HybridSpec()
+    target_path = write_qwen35_gguf(hybrid, tmp_path / "qwen35.gguf")
+    head_path = write_eagle3_gguf(hybrid, HeadSpec(layer_ids=(0, 1, 3)), tmp_path / "eagle3-qwen35.gguf")
+    target = opened(target_path)
+    plain = Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    runtime = Runtime(target, target.eagle3_head(str(head_path)), strategy="draft", draft_tokens=3, calibrate=False)
+    spec = runtime.generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.drafted - spec.stats.lookup_drafted > 0
+
+
+@pytest.mark.parametrize(
+    ("head", "said"),
+    [
+        (HeadSpec(layer_ids=(1, 3, 7)), "reads layer 3 of its target, but target.gguf has layers 0-2"),
+        (HeadSpec(target_width=96), "reads hidden states 96 wide, but target.gguf's are 64"),
+    ],
+)
+def test_a_head_made_for_another_target_is_refused_with_what_to_use(
+    files, tmp_path: Path, capsys, head: HeadSpec, said: str
+) -> None:
+    path = write_eagle3_gguf(TARGET, head, tmp_path / "eagle3-other.gguf")
+    argv = ["run", "-m", str(files["target"]), "--draft-model", str(path), "--strategy", "eagle3", "-t", "0", "hi"]
+    code = main([*argv, "--max-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code != 0 and said in err and "made for target.gguf" in err and "Traceback" not in err
+    model = LlamaCppBackend(str(files["target"]), n_ctx=64)
+    try:
+        with pytest.raises(ModelLoadError):
+            model.eagle3_head(str(path))
+        assert model.eval_block(TEXT[:3], "last").shape[0] == 1  # the target lives on
+    finally:
+        model.close()
+
+
+def test_strategy_eagle3_names_the_file_it_needs(files, capsys) -> None:
+    code = main(["run", "-m", str(files["target"]), "--strategy", "eagle3", "--max-tokens", "4", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "EAGLE-3 head" in err and "--draft-model" in err and "Traceback" not in err
+    with pytest.raises(InvalidRequestError, match="is not an EAGLE-3 head"):
+        localspec.load(model=str(files["target"]), draft_model=str(files["target"]), strategy="eagle3")
+
+
+def test_a_pair_added_with_its_head_loads_by_name_as_eagle3(files) -> None:
+    from localspec.models.local_pairs import add_local_pair
+
+    add_local_pair("e3", files["target"], files["head"])
+    with localspec.load("e3", n_ctx=256, threads=1, calibrate=False) as runtime:
+        assert runtime.label == "eagle3" and runtime.draft is not None
+        assert runtime.draft.info.architecture == "eagle3"
