@@ -10,7 +10,10 @@ documentation spells them.
 - SGLang: docs.sglang.io advanced_features/speculative_decoding ("Multi Token Prediction")
   and basic_usage/deepseek ("Multi-token Prediction"): `--speculative-algorithm EAGLE
   --speculative-num-steps N --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1`
-  with no draft model path; NEXTN is the older alias of EAGLE.
+  with no draft model path; NEXTN is the older alias of EAGLE. Gemma 4's assistant: SGLang's
+  Gemma 4 cookbook and sgl-project/sglang#24436 (`--speculative-algorithm NEXTN` with the
+  assistant as `--speculative-draft-model-path`, promoted to FROZEN_KV_MTP; topk 1,
+  num-draft-tokens = num-steps + 1).
 - llama-server: llama.cpp common/arg.cpp (`--spec-type`, `--spec-draft-model`/-md,
   `--spec-draft-n-max`), common/speculative.cpp ("draft-mtp") and docs/speculative.md, in the
   tree vendored by llama-cpp-python 0.3.36 (tools/server/README.md lists `--spec-type
@@ -109,10 +112,12 @@ def test_vllm_takes_the_gemma_assistant_as_the_mtp_methods_model(name: str, targ
     assert config == {"method": "mtp", "model": assistant, "num_speculative_tokens": 3}
 
 
-def test_sglang_gets_ngram_for_a_gemma_assistant_with_where_it_is_exported() -> None:
-    out = export_pair(pair("gemma-4-12b"), "sglang")
-    assert any("exported for --to llama-server or --to vllm only" in note for note in out.notes)
-    assert flags(out.argv)["--speculative-algorithm"] == "NGRAM"
+def test_sglang_takes_the_gemma_assistant_as_the_draft_model_of_nextn() -> None:
+    given = flags(export_pair(pair("gemma-4-12b"), "sglang").argv)
+    assert given["--speculative-algorithm"] == "NEXTN"  # promoted by SGLang to FROZEN_KV_MTP
+    assert given["--speculative-draft-model-path"] == "google/gemma-4-12B-it-assistant"
+    steps = int(given["--speculative-num-steps"])
+    assert (given["--speculative-eagle-topk"], int(given["--speculative-num-draft-tokens"])) == ("1", steps + 1)
 
 
 def test_an_added_gemma4_pair_exports_its_assistant_as_draft_mtp(tmp_path: Path) -> None:

@@ -107,8 +107,8 @@ def export_pair(
             return Export(engine, _llama_server_dflash(target, drafter, k), tuple(notes))
         return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
     assistant_repo = _assistant_repo(pair) if method == "mtp" and _has_assistant(pair) else None
-    if method == "mtp" and _has_assistant(pair) and (engine != "vllm" or assistant_repo is None):
-        where = "--to llama-server" if assistant_repo is None else "--to llama-server or --to vllm"
+    if method == "mtp" and _has_assistant(pair) and assistant_repo is None:
+        where = "--to llama-server"
         notes.append(
             f"the MTP assistant of {pair.target.name} is exported for {where} only"
             + (" (models.toml gives no safetensors repo for it)" if assistant_repo is None else "")
@@ -130,7 +130,7 @@ def export_pair(
     if engine == "vllm":
         return Export(engine, _vllm(target_repo, method, drafter_repo or assistant_repo, k), tuple(notes))
     if method == "mtp":
-        return Export(engine, _sglang_mtp(target_repo, k), tuple(notes))
+        return Export(engine, _sglang_mtp(target_repo, k, assistant_repo), tuple(notes))
     if method == "ngram":
         notes.append("SGLang runs NGRAM speculation on CUDA GPUs only")
     return Export(engine, _sglang(target_repo, drafter_repo, k), tuple(notes))
@@ -277,11 +277,17 @@ def _llama_server_dflash(target: Path, drafter: Path, k: int) -> tuple[str, ...]
     return tuple(argv)
 
 
-def _sglang_mtp(target: str, k: int) -> tuple[str, ...]:
+def _sglang_mtp(target: str, k: int, assistant: str | None = None) -> tuple[str, ...]:
     # SGLang runs a model's built-in MTP layers as EAGLE with no draft model path (NEXTN is
-    # its older alias): k steps of one chain, k + 1 tokens verified.
+    # its older alias): k steps of one chain, k + 1 tokens verified. Gemma 4's assistant is
+    # given as the draft model under NEXTN, which SGLang promotes to its FROZEN_KV_MTP
+    # algorithm when the path is a Gemma4AssistantForCausalLM.
     argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--host", HOST]
-    argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+    if assistant is not None:
+        argv += ["--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", assistant]
+    else:
+        argv += ["--speculative-algorithm", "EAGLE"]
+    argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
     argv += ["--speculative-num-draft-tokens", str(k + 1)]
     return tuple(argv)
 
