@@ -38,6 +38,7 @@ from localspec.core.gguf_header import (
 )
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.sampling import Distribution, SamplingConfig
+from localspec.core.tree import depths
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
@@ -128,6 +129,7 @@ class LlamaCppBackend:
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
         self._states: HiddenRows | None = None  # hidden states an MTP head reads (mtp_head)
         self._captures: dict[tuple[int, ...], HiddenRows] = {}  # layer inputs drafters read (layer_features)
+        self._recorded: list[HiddenRows] = []  # both of the above: every set of rows kept as this context decodes
         self._heads: list[MtpHead | DFlashDrafter] = []  # drafters reading this context, closed before it
         if rpc:
             rpc_entry_points.limit_waits(rpc)
@@ -374,7 +376,7 @@ class LlamaCppBackend:
             raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
         if self._recurrent is not None:
             self._recurrent.after_decode(n)
-        for kept in self._recorded():
+        for kept in self._recorded:
             kept.record(past, n)
         self._tokens.extend(tokens)
         self._unrecorded = False
@@ -415,7 +417,7 @@ class LlamaCppBackend:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
         # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
-        if cfg.greedy and not self._recorded() and not self._splits(len(tokens)) and self._greedy.attach():
+        if cfg.greedy and not self._recorded and not self._splits(len(tokens)) and self._greedy.attach():
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:
@@ -432,16 +434,14 @@ class LlamaCppBackend:
         """localspec.core.protocol.TreeBackend: one pass, every branch a sequence (tree.py)."""
         self._live()
         trees, n, past = self._trees, len(tokens), len(self._tokens)
-        if trees is None or self._recorded():  # rows kept per position follow one chain
+        if trees is None or self._recorded:  # rows kept per position follow one chain
             raise InvalidRequestError(f"{self.info.name} verifies chains only", "draft without branches")
         self._check_tree(tokens, parents)
         if self._greedy.attached:  # this pass's logits are wanted
             self._greedy.detach()
         if self._unrecorded:
             self.rollback(past)
-        depth = [0] * n
-        for i in range(1, n):
-            depth[i] = depth[parents[i]] + 1
+        depth = depths(parents)
         trees.begin(past, parents)
         self._unrecorded, self._in_flight = True, n
         step = self._max_rows if self._splits(n) else n  # exact kernels: in pieces, as eval_block
@@ -622,6 +622,7 @@ class LlamaCppBackend:
             self.capabilities = replace(self.capabilities, branches=1)  # a head reads one chain's states
             width = int(llama.llama_model_n_embd_out(self._model))
             self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
+            self._recorded.append(self._states)
             self.rollback(0)  # positions decoded before now have no states: decode them again
         return self._states
 
@@ -647,12 +648,9 @@ class LlamaCppBackend:
             self._greedy.detach()  # as for an MTP head's states
             self.capabilities = replace(self.capabilities, branches=1)  # a drafter reads one chain's rows
             self._captures[key] = layer_inputs(self._ctx, self.info.n_ctx, key, n_embd)
+            self._recorded.append(self._captures[key])
             self.rollback(0)  # positions decoded before now have no rows: decode them again
         return self._captures[key]
-
-    def _recorded(self) -> list[HiddenRows]:
-        """Every set of rows kept as this context decodes."""
-        return [*([self._states] if self._states is not None else []), *self._captures.values()]
 
     def _can_skip_layers(self, kind: str) -> None:
         if kind == "layerskip" and self._recurrent is not None:

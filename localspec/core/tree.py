@@ -82,7 +82,8 @@ def branch_heads(parents: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
 
 
 def depths(parents: Sequence[int]) -> list[int]:
-    """Each node's depth below the pending token (0: its children)."""
+    """Each node's depth: 0 where its parent is -1 (the pending token's children in a
+    Proposal; the root itself in a backend's tree, whose row 0 is the pending token)."""
     out: list[int] = []
     for parent in parents:
         out.append(0 if parent < 0 else out[parent] + 1)
