@@ -18,24 +18,13 @@ import json
 from pathlib import Path
 
 import pytest
+from test_export import flags, pair
 
 from localspec.cli.main import main
 from localspec.models.export import ExportError, export_pair
-from localspec.models.registry import HubArtifact, Pair, load_registry
+from localspec.models.registry import HubArtifact, Pair
 
 PAIRS = {"qwen3.6-27b-dflash": "z-lab/Qwen3.6-27B-DFlash", "gemma-4-31b-dflash": "z-lab/gemma-4-31B-it-DFlash"}
-
-
-def pair(name: str) -> Pair:
-    return load_registry().pair(name)
-
-
-def flags(argv: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for i, arg in enumerate(argv):
-        if arg.startswith("-"):
-            out[arg] = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
-    return out
 
 
 def pulled(p: Pair) -> tuple[Path, Path | None]:

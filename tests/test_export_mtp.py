@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_export import flags, pair
 
 from localspec.cli.main import main
 from localspec.models.export import ExportError, export_pair
@@ -46,18 +47,6 @@ LLAMA_SERVER_MTP_FLAGS = {
     "--spec-draft-n-min": "0",
     "--spec-draft-p-min": "0.0",
 }
-
-
-def pair(name: str) -> Pair:
-    return load_registry().pair(name)
-
-
-def flags(argv: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for i, arg in enumerate(argv):
-        if arg.startswith("-"):
-            out[arg] = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
-    return out
 
 
 def pulled(p: Pair) -> tuple[Path, Path | None]:
