@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf_writer import add_decoder_header
 
 HEAD_DIM = 16
 
@@ -137,15 +138,9 @@ def write_dflash_file(
 
     arch = "dflash"
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(int(_fields(reader, "")[f"{_arch(reader)}.context_length"].contents()))
-    writer.add_embedding_length(shape.width)
-    writer.add_block_count(shape.layers)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
+    n_ctx = int(_fields(reader, "")[f"{_arch(reader)}.context_length"].contents())
+    dims = (shape.width, shape.layers, shape.ffn, shape.heads, shape.kv_heads, shape.head_dim)
+    add_decoder_header(writer, n_ctx, *dims)
     writer.add_rope_freq_base(shape.rope_base)
     writer.add_uint32(f"{arch}.block_size", shape.block_size)
     writer.add_array(f"{arch}.target_layers", list(shape.target_layers))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf_writer import N_CTX, HybridSpec, Spec, bpe_vocab, hf_weights, qwen35_tensors
+from gguf_writer import N_CTX, HybridSpec, Spec, add_decoder_header, bpe_vocab, hf_weights, qwen35_tensors
 
 ATTEND_SELF = 4.0  # the scale of queries and keys: a token's own score well above the others'
 
@@ -79,15 +79,7 @@ def write_eagle3_gguf(target: Spec | HybridSpec, head: HeadSpec, path: Path) -> 
 
     arch = "eagle3"
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(N_CTX)
-    writer.add_embedding_length(target.hidden)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(head.ffn)
-    writer.add_head_count(head.heads)
-    writer.add_head_count_kv(head.heads)
-    writer.add_key_length(head.head_dim)
-    writer.add_value_length(head.head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
+    add_decoder_header(writer, N_CTX, target.hidden, 1, head.ffn, head.heads, head.heads, head.head_dim)
     writer.add_rope_freq_base(10_000.0)
     writer.add_array(f"{arch}.target_layers", list(head.layer_ids))
     writer.add_uint32(f"{arch}.target_hidden_size", head.target_width or target.hidden)

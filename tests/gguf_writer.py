@@ -148,19 +148,26 @@ def gguf_name(name: str, spec: Spec) -> str:
     return f"blk.{layer}.{short}.{kind}"
 
 
+def add_decoder_header(
+    writer: Any, n_ctx: int, hidden: int, blocks: int, ffn: int, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """The decoder keys every tiny model here writes alike (llama.cpp's loader requires them)."""
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+
+
 def write_gguf(spec: Spec, path: Path) -> Path:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), spec.arch)
-    writer.add_context_length(spec.n_ctx)
-    writer.add_embedding_length(spec.hidden)
-    writer.add_block_count(spec.layers)
-    writer.add_feed_forward_length(spec.ffn)
-    writer.add_head_count(spec.heads)
-    writer.add_head_count_kv(spec.kv_heads)
-    writer.add_key_length(spec.head_dim)
-    writer.add_value_length(spec.head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
+    add_decoder_header(writer, spec.n_ctx, spec.hidden, spec.layers, spec.ffn, spec.heads, spec.kv_heads, spec.head_dim)
     writer.add_chat_template(spec.chat_template)
     if spec.arch == "gemma3":
         tokens, types, scores = spm_vocab()
@@ -373,15 +380,8 @@ def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
 
     arch = "qwen35"
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(spec.n_ctx)
-    writer.add_embedding_length(spec.hidden)
-    writer.add_block_count(spec.layers + spec.nextn)
-    writer.add_feed_forward_length(spec.ffn)
-    writer.add_head_count(spec.heads)
-    writer.add_head_count_kv(spec.kv_heads)
-    writer.add_key_length(spec.head_dim)
-    writer.add_value_length(spec.head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
+    blocks = spec.layers + spec.nextn
+    add_decoder_header(writer, spec.n_ctx, spec.hidden, blocks, spec.ffn, spec.heads, spec.kv_heads, spec.head_dim)
     writer.add_rope_freq_base(10_000.0)
     writer.add_rope_dimension_count(spec.head_dim // 2)
     writer.add_array(f"{arch}.rope.dimension_sections", [2, 1, 1, 0])

@@ -117,10 +117,8 @@ class LlamaCppBackend:
         stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
         if stateful:  # a verify block stays one ubatch (see RecurrentRollback)
             self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads, stateful=True)
-        ctx = self._make_context(
-            path, model, n_ctx, threads, max_block, exact, recurrent_snapshots if stateful else None
-        )
-        self._ctx = ctx
+        snapshots = recurrent_snapshots if stateful else None
+        self._ctx = ctx = self._make_context(path, model, n_ctx, threads, max_block, exact, snapshots)
         self._mem = llama.llama_get_memory(ctx)
         self._greedy = DeviceGreedy(ctx)
         self._picks = False  # set by verify_block around its pass (see eval_block)
@@ -129,7 +127,7 @@ class LlamaCppBackend:
         self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
         self._states: HiddenRows | None = None  # hidden states an MTP head reads (mtp_head)
         self._captures: dict[tuple[int, ...], HiddenRows] = {}  # layer inputs drafters read (layer_features)
-        self._recorded: list[HiddenRows] = []  # both of the above: every set of rows kept as this context decodes
+        self._recorded: list[HiddenRows] = []  # both of the above, each added once: the rows eval_block keeps
         self._heads: list[MtpHead | DFlashDrafter] = []  # drafters reading this context, closed before it
         if rpc:
             rpc_entry_points.limit_waits(rpc)
