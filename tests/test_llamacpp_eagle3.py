@@ -133,8 +133,7 @@ def test_strategy_eagle3_loads_the_head_given_as_the_drafter(files) -> None:
         strategy="eagle3",
         n_ctx=256,
         threads=1,
-        calibrate=False,
-    )
+    )  # as a user runs it: the draft length chosen per step from this machine's calibrated costs
     with runtime:
         assert runtime.label == "eagle3" and runtime.draft is not None
         assert runtime.draft.info.architecture == "eagle3" and runtime.draft.info.n_layers == 1
