@@ -448,7 +448,9 @@ class LlamaCppBackend:
             part = range(start, min(n, start + step))
             if (rc := trees.decode(tokens, [past + d for d in depth], part)) != 0:
                 self.rollback(past)
-                raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
+                raise InvalidRequestError(
+                    f"llama_decode failed with code {rc} at position {past}", "draft without branches"
+                )
             out = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(part), self._n_vocab))
             rows.append(out if step == n else out.copy())
         self._tokens.append(int(tokens[0]))  # the root; keep_branch records the rest
@@ -458,7 +460,9 @@ class LlamaCppBackend:
     def _check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> None:
         n = len(tokens)
         if not 0 < n <= self.capabilities.max_block or len(self._tokens) + n > self.info.n_ctx:
-            raise InvalidRequestError(f"a tree of {n} tokens does not fit the batch or the context")
+            raise InvalidRequestError(
+                f"a tree of {n} tokens does not fit the batch or the context", "verify fewer nodes, or a chain"
+            )
         if len(parents) != n or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
             raise InvalidRequestError("a tree needs one root (parent -1) first and every parent before its child")
         if any(not 0 <= t < self._n_vocab for t in tokens):

@@ -185,7 +185,7 @@ class DFlashDrafter:
     def _process(self, what: str) -> None:
         rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
-            raise InvalidRequestError(f"{self.file}: {what} failed with code {rc}")
+            raise InvalidRequestError(f"{self.file}: {what} failed with code {rc}", "draft with --strategy ngram")
 
     # -- the Drafter protocol ----------------------------------------------------------------
 

@@ -53,7 +53,10 @@ class Eagle3Head(MtpHead):
         ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
         if not ctx:
             llama.llama_model_free(model)
-            raise ModelLoadError(f"llama.cpp could not open a context for the {KIND} {os.path.basename(path)}")
+            raise ModelLoadError(
+                f"llama.cpp could not open a context for the {KIND} {os.path.basename(path)}",
+                "free memory (a smaller --ctx), or draft with --strategy ngram",
+            )
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
         self.shared, self.shift = False, 1
         ext.llama_set_embeddings_nextn(ctx, True, True)  # the pre-norm state of each output (and of the fc)
@@ -119,7 +122,9 @@ class Eagle3Head(MtpHead):
                 llama.llama_batch_ext_set_output_embd(self._features, idx, True)
             rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_ENCODE, self._features)
             if rc != 0:
-                raise InvalidRequestError(f"the {KIND} {self.info.name}'s fc pass failed with code {rc}")
+                raise InvalidRequestError(
+                    f"the {KIND} {self.info.name}'s fc pass failed with code {rc}", "draft with --strategy ngram"
+                )
             g = ext.llama_get_embeddings_nextn(self._ctx)
             out[start : start + len(chunk)] = np.ctypeslib.as_array(g, shape=(len(chunk), self._width))
         return out
@@ -202,5 +207,8 @@ def load_eagle3_head(
         )
     if target_layer_ids(model) != head.layer_ids:  # what llama.cpp read is what was checked
         llama.llama_model_free(model)
-        raise ModelLoadError(f"llama.cpp read other target layers from {path} than its header names")
+        raise ModelLoadError(
+            f"llama.cpp read other target layers from {path} than its header names",
+            "convert the head again with llama.cpp's convert_hf_to_gguf.py, or draft with --strategy ngram",
+        )
     return Eagle3Head(target, model, target_ctx, rows, path, head.borrows_output)
