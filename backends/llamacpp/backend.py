@@ -432,7 +432,7 @@ class LlamaCppBackend:
         """localspec.core.protocol.TreeBackend: one pass, every branch a sequence (tree.py)."""
         self._live()
         trees, n, past = self._trees, len(tokens), len(self._tokens)
-        if trees is None or self._recorded:  # rows kept per position follow one chain
+        if trees is None:
             raise InvalidRequestError(f"{self.info.name} verifies chains only", "draft without branches")
         self._check_tree(tokens, parents)
         if self._greedy.attached:  # this pass's logits are wanted
@@ -451,6 +451,8 @@ class LlamaCppBackend:
                 raise InvalidRequestError(
                     f"llama_decode failed with code {rc} at position {past}", "draft without branches"
                 )
+            for kept in self._recorded:  # node rows at past + node until keep_branch gathers the path's
+                kept.record(past + start, len(part))
             out = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(part), self._n_vocab))
             rows.append(out if step == n else out.copy())
         self._tokens.append(int(tokens[0]))  # the root; keep_branch records the rest
@@ -481,6 +483,8 @@ class LlamaCppBackend:
         # rounds unlike a clean pass's. Its part off sequence 0 is evaluated again, in order.
         off = next((k for k, node in enumerate(path) if trees.seqs[node][0] != 0), len(path))
         self._tokens[past:] = kept[:off]
+        for rows in self._recorded:  # the path's rows at its positions, as a chain pass leaves them
+            rows.keep_path(past, path[:off])
         self._unrecorded = off < len(path)
         if off < len(path):
             self.rollback(past + off)
@@ -604,6 +608,10 @@ class LlamaCppBackend:
                 "use the assistant of the same size (E4B with E4B, 12B with 12B, 31B with 31B)",
             )
         head = MtpHead(self, model, self._ctx, self._target_states(), assistant=True)
+        # It reads this context's KV cache as it drafts. Its trees keep plain decoding's
+        # greedy output, but the tests' assistant never has a runner-up taken when sampling,
+        # so the sampled path after a taken branch is unexercised: chains only until it is.
+        self.capabilities = replace(self.capabilities, branches=1)
         head.info = replace(head.info, name=os.path.basename(path), size_bytes=int(llama.llama_model_size(model)))
         self._heads.append(head)
         return head
@@ -621,7 +629,6 @@ class LlamaCppBackend:
     def _target_states(self) -> HiddenRows:
         if self._states is None:
             self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
-            self.capabilities = replace(self.capabilities, branches=1)  # a head reads one chain's states
             width = int(llama.llama_model_n_embd_out(self._model))
             self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
             self._recorded.append(self._states)
@@ -648,7 +655,6 @@ class LlamaCppBackend:
         key = tuple(ids)
         if key not in self._captures:
             self._greedy.detach()  # as for an MTP head's states
-            self.capabilities = replace(self.capabilities, branches=1)  # a drafter reads one chain's rows
             self._captures[key] = layer_inputs(self._ctx, self.info.n_ctx, key, n_embd)
             self._recorded.append(self._captures[key])
             self.rollback(0)  # positions decoded before now have no rows: decode them again
