@@ -34,7 +34,7 @@ class TreeReplayTarget(ReplayTarget):
     ) -> None:
         super().__init__(text, truth, clock, n_vocab)
         self.capabilities = Capabilities(
-            rollback=True, max_block=512, device="cpu", branches=16, repasses_branch=repass, folds_branch=fold
+            max_block=512, device="cpu", branches=16, repasses_branch=repass, folds_branch=fold
         )
         self._open: tuple[int, list[int]] = (0, [])
         self._parents: list[int] = []
