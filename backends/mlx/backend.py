@@ -33,6 +33,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.records import check_block, check_open, check_rollback
 
 from ..vocab import Vocab
 from .modules import (
@@ -198,8 +199,7 @@ class MlxBackend:
     # -- text -------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        if self._closed:
-            raise InvalidRequestError("this MLX backend was closed", "load the model again")
+        check_open(self._closed, self.info.name)
         return self.vocab.encode(text, add_special=add_special, parse_special=parse_special)
 
     def token_bytes(self, token: int) -> bytes:
@@ -211,22 +211,13 @@ class MlxBackend:
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        if self._closed:
-            raise InvalidRequestError("this MLX backend was closed", "load the model again")
-        if logits not in ("all", "last", "none"):
-            raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
-        n = len(tokens)
-        if n > self.capabilities.max_block:
-            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
-        if len(self._tokens) + n > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+        check_open(self._closed, self.info.name)
+        info, n = self.info, len(tokens)
+        limit, past = self.capabilities.max_block, len(self._tokens)
+        check_block(info.name, tokens, logits, past=past, n_ctx=info.n_ctx, max_block=limit, n_vocab=self._n_vocab)
         if n == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         ids = np.asarray(tokens, dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= self._n_vocab:
-            raise InvalidRequestError(
-                f"token ids must be in [0, {self._n_vocab}), got {int(ids.min())}..{int(ids.max())}"
-            )
         self._resync()
         past = len(self._tokens)
         # Short blocks (verify blocks, drafts) leave a mark per position where the model can.
@@ -269,10 +260,8 @@ class MlxBackend:
                 c.trim(max(0, int(getattr(c, "offset", n)) - n))
 
     def rollback(self, n: int) -> None:
-        if self._closed:
-            raise InvalidRequestError("this MLX backend was closed", "load the model again")
-        if n < 0:
-            raise InvalidRequestError(f"cannot keep {n} tokens")
+        check_open(self._closed, self.info.name)
+        check_rollback(n)
         self._resync()
         drop = len(self._tokens) - n
         if drop <= 0:

@@ -19,6 +19,7 @@ from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import check_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.records import check_block, check_open, check_rollback
 from localspec.core.sampling import Distribution, SamplingConfig
 
 from ..vocab import Vocab, from_folder, from_gguf
@@ -393,18 +394,11 @@ class TorchBackend:
             return verify.accept(tokens[1:], draft_dists, self._evaluate(tokens, "all"), cfg, rng)
 
     def _check(self, tokens: Sequence[int], logits: str) -> None:
-        n = len(tokens)
-        if self._closed:
-            raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
-        if logits not in ("all", "last", "none"):
-            raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
-        if n > self.capabilities.max_block:
-            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
-        self._sync()
-        if len(self._tokens) + n > self.info.n_ctx:  # an early-exit view starts past its host's tokens
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        if any(not 0 <= t < self._n_vocab for t in tokens):
-            raise InvalidRequestError(f"token ids must lie in [0, {self._n_vocab})")
+        check_open(self._closed, self.info.name)
+        self._sync()  # an early-exit view starts past its host's tokens
+        info, limit = self.info, self.capabilities.max_block
+        past = len(self._tokens)
+        check_block(info.name, tokens, logits, past=past, n_ctx=info.n_ctx, max_block=limit, n_vocab=self._n_vocab)
 
     def _evaluate(self, tokens: Sequence[int], logits: str) -> torch.Tensor:
         """The block's logits as a tensor on the model's device ([0, 0] for "none")."""
@@ -470,8 +464,8 @@ class TorchBackend:
     def rollback(self, n: int) -> None:
         # The cache rows past n stay allocated and are overwritten by the next block, so rows
         # a Ctrl+C left unrecorded are overwritten too: nothing needs clearing.
-        if self._closed:
-            raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
+        check_open(self._closed, self.info.name)
+        check_rollback(n)
         self._sync()
         if self._host is not None and n < self._host.n_past:
             self._host.rollback(n)  # those rows are shared: forgetting them is for both

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from localspec.core.errors import BackendClosedError, InvalidRequestError
-
 if TYPE_CHECKING:
     from localspec.core.sampling import Distribution, SamplingConfig
     from localspec.core.stats import Step
@@ -151,62 +149,6 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class HeadOfTarget:
-    """What a drafter that runs inside its target (an MTP head) answers with the target's
-    tokenizer, and the record of the tokens it holds itself. Subclasses set _target."""
-
-    _target: Backend
-    _tokens: list[int]
-    _closed: bool
-    info: ModelInfo
-    # True for a head that reads the target's KV cache and keeps none of its own (Gemma 4's
-    # assistant): it reads a token only at the target's next position, never below it.
-    shared: bool = False
-
-    @property
-    def n_past(self) -> int:
-        return len(self._tokens)
-
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._target.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._target.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._target.detokenize(tokens)
-
-    def vocab_identity(self) -> VocabIdentity:
-        return self._target.vocab_identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._target.end_of_generation()
-
-    def chat_template(self) -> str | None:
-        return self._target.chat_template()
-
-    def special_texts(self) -> dict[str, str]:
-        return self._target.special_texts()
-
-    def _admit(self, tokens: Sequence[int]) -> int:
-        """Record a block of tokens the head is about to read; returns how many it held before."""
-        if self._closed:
-            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
-        past = len(self._tokens)
-        if past + len(tokens) > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        self._tokens.extend(int(t) for t in tokens)
-        return past
-
-    def _known(self, position: int) -> bool:
-        """Whether the target has decoded this position with the token this head holds there."""
-        cached = self._target.cached_tokens()
-        return 0 <= position < len(cached) and cached[position] == self._tokens[position]
 
 
 @runtime_checkable
