@@ -26,7 +26,7 @@ from localspec.control.calibrate import Calibration
 from localspec.control.costs import CostCurve
 from localspec.control.factory import model_policy
 from localspec.core.engine import Engine
-from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, ModelInfo
+from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, DraftPrices, ModelInfo
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.drafters import common_prefix
@@ -143,6 +143,9 @@ class Traced:
 
     def explain(self) -> Decision | None:
         return self.inner.explain()
+
+    def prices(self) -> DraftPrices | None:
+        return self.inner.prices()
 
     def observe(self, step: Step) -> None:
         support, gamma, _ = self.steps[-1]

@@ -287,6 +287,16 @@ class Decision:
         return "\n".join([f"draft length ({self.source}): {why}", *lines])
 
 
+@dataclass(frozen=True)
+class DraftPrices:
+    """What a policy prices a step with now (its cost curve as learnt so far), for saying why a
+    drafter drafts or sits idle."""
+
+    step: float  # seconds of a plain step: a verify pass over one token
+    pair: float  # a verify pass over two tokens, in plain steps
+    draft: float  # the draft model guessing one token, in plain steps
+
+
 class TreeShaper(Protocol):
     """Which of a drafter's branches a step verifies beside its chain (localspec.control.trees)."""
 
@@ -332,6 +342,10 @@ class DraftLengthPolicy(Protocol):
 
     def explain(self) -> Decision | None:
         """The candidates weighed for the last choice and what decided it (None: none yet)."""
+        ...
+
+    def prices(self) -> DraftPrices | None:
+        """The prices the policy weighs a draft with now (None: a fixed length prices nothing)."""
         ...
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
