@@ -32,7 +32,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, TextFromVocab
 from localspec.core.records import check_block, check_open, check_rollback
 
 from ..vocab import Vocab
@@ -120,8 +120,10 @@ class Forward:
         return mx.tanh(out / cap) * cap if cap else out
 
 
-class MlxBackend:
+class MlxBackend(TextFromVocab):
     """An mlx-lm model, its tokenizer and a KV cache of its own."""
+
+    vocab: Vocab
 
     def __init__(
         self,
@@ -184,29 +186,11 @@ class MlxBackend:
     def cached_tokens(self) -> Sequence[int]:
         return self._tokens
 
-    def vocab_identity(self) -> VocabIdentity:
-        return self.vocab.identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self.vocab.eog
-
-    def chat_template(self) -> str | None:
-        return self.vocab.chat_template
-
-    def special_texts(self) -> dict[str, str]:
-        return self.vocab.special_texts()
-
-    # -- text -------------------------------------------------------------------------------
+    # -- text (TextFromVocab answers the rest from self.vocab) --------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         check_open(self._closed, self.info.name)
-        return self.vocab.encode(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.vocab.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.vocab.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     # -- evaluation -------------------------------------------------------------------------
 

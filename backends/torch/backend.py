@@ -18,7 +18,7 @@ from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import check_gguf, read_header
-from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, TextFromVocab
 from localspec.core.records import check_block, check_open, check_rollback
 from localspec.core.sampling import Distribution, SamplingConfig
 
@@ -105,7 +105,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class TorchBackend:
+class TorchBackend(TextFromVocab):
     """One model with its own static KV cache, on the CPU or a CUDA GPU.
 
     Options: n_ctx (capped at the model's training length), threads (CPU; default one per
@@ -155,7 +155,7 @@ class TorchBackend:
         self.model, n_params, n_bytes = self._build(source, n_ctx)
         self.cache = KVCache(config.n_layers, config.n_kv_heads, n_ctx, config.head_dim, self._dtype, self._device)
         self._positions = torch.arange(n_ctx, device=self._device)
-        self._vocab = source.vocab
+        self.vocab = source.vocab
         self._n_vocab = self.model.output.out_features
         self._tokens: list[int] = []
         self._closed = False
@@ -332,29 +332,6 @@ class TorchBackend:
     def cached_tokens(self) -> Sequence[int]:
         self._sync()
         return self._tokens
-
-    def vocab_identity(self) -> VocabIdentity:
-        return self._vocab.identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._vocab.eog
-
-    def chat_template(self) -> str | None:
-        return self._vocab.chat_template
-
-    def special_texts(self) -> dict[str, str]:
-        return self._vocab.special_texts()
-
-    # -- text -------------------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._vocab.encode(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._vocab.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     # -- evaluation -------------------------------------------------------------------------
 

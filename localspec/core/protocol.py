@@ -100,21 +100,8 @@ def blocks_exact(backend: Backend) -> bool:
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """One loaded model with its own cache. Positions are counted in tokens from 0."""
-
-    info: ModelInfo
-    capabilities: Capabilities
-
-    @property
-    def n_past(self) -> int:
-        """How many tokens the cache holds."""
-        ...
-
-    def cached_tokens(self) -> Sequence[int]:
-        """The tokens the cache holds, in order. The cache's own record, so every user of a
-        backend (engines, drafters, calibration) sees the truth and reuses shared prefixes."""
-        ...
+class Vocabulary(Protocol):
+    """A model's tokenizer and the texts that come with it, in llama.cpp's terms."""
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
 
@@ -136,6 +123,52 @@ class Backend(Protocol):
 
     def special_texts(self) -> dict[str, str]:
         """bos_token / eos_token texts, as chat templates expect them."""
+        ...
+
+
+class TextFromVocab:
+    """A Backend's text methods answered by its `vocab`: the tokenizer it built itself (torch,
+    MLX) or its target's (a head that runs inside the target)."""
+
+    vocab: Vocabulary
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab.token_bytes(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.vocab.detokenize(tokens)
+
+    def vocab_identity(self) -> VocabIdentity:
+        return self.vocab.vocab_identity()
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self.vocab.end_of_generation()
+
+    def chat_template(self) -> str | None:
+        return self.vocab.chat_template()
+
+    def special_texts(self) -> dict[str, str]:
+        return self.vocab.special_texts()
+
+
+@runtime_checkable
+class Backend(Vocabulary, Protocol):
+    """One loaded model with its own cache. Positions are counted in tokens from 0."""
+
+    info: ModelInfo
+    capabilities: Capabilities
+
+    @property
+    def n_past(self) -> int:
+        """How many tokens the cache holds."""
+        ...
+
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens the cache holds, in order. The cache's own record, so every user of a
+        backend (engines, drafters, calibration) sees the truth and reuses shared prefixes."""
         ...
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:

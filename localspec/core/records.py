@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.core.errors import BackendClosedError, InvalidRequestError
-from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, TextFromVocab
 
 LOGITS_MODES = ("all", "last", "none")
 State = TypeVar("State")  # a hidden state as the head's framework holds it
@@ -77,9 +77,9 @@ def check_rollback(n: int) -> None:
         raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
 
 
-class HeadOfTarget(Generic[State]):
-    """What a drafter that runs inside its target (an MTP head) answers with the target's
-    tokenizer, and the record of the tokens it holds itself.
+class HeadOfTarget(TextFromVocab, Generic[State]):
+    """A drafter that runs inside its target (an MTP head): the target's tokenizer is its vocab,
+    and it keeps the record of the tokens it holds itself.
 
     A head reads a token x_q with the state before it: the target's where the target has
     decoded q-1 with the same token, else the head's own (_own), which is how it drafts ahead.
@@ -95,6 +95,7 @@ class HeadOfTarget(Generic[State]):
 
     def __init__(self, target: Backend) -> None:
         self._target = target
+        self.vocab = target
         self._tokens: list[int] = []
         self._own: dict[int, State] = {}  # position -> the head's own hidden state there
         self._guessed: set[int] = set()  # positions read with the head's own state
@@ -106,27 +107,6 @@ class HeadOfTarget(Generic[State]):
 
     def cached_tokens(self) -> Sequence[int]:
         return self._tokens
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._target.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._target.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._target.detokenize(tokens)
-
-    def vocab_identity(self) -> VocabIdentity:
-        return self._target.vocab_identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._target.end_of_generation()
-
-    def chat_template(self) -> str | None:
-        return self._target.chat_template()
-
-    def special_texts(self) -> dict[str, str]:
-        return self._target.special_texts()
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         raise NotImplementedError
