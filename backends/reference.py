@@ -74,9 +74,7 @@ class ReferenceBackend:
             n_params=n_params,
         )
         # A gather has no batch limit: any block that fits the context is one call.
-        self.capabilities = Capabilities(
-            rollback=True, max_block=n_ctx, device="cpu", extra={"exact": "1"}, branches=n_ctx
-        )
+        self.capabilities = Capabilities(max_block=n_ctx, device="cpu", extra={"exact": "1"}, branches=n_ctx)
         # Each position's logits are a table lookup: a block's are one-token passes' exactly.
         self.exactness = Exactness(None)
 

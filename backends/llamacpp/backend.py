@@ -243,7 +243,6 @@ class LlamaCppBackend:
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
         self.capabilities = Capabilities(
-            rollback=True,
             max_block=max_block,
             device="rpc" if rpc else ("gpu" if device else "cpu"),
             extra=extra,

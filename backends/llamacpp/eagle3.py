@@ -79,7 +79,7 @@ class Eagle3Head(MtpHead):
         )
         extra = {**target.capabilities.extra, "self_draft": ARCHITECTURE}
         self.capabilities = Capabilities(
-            rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
+            max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
         )
 
     def _pass(self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray]) -> None:

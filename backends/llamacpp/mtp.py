@@ -77,7 +77,7 @@ class MtpHead(HeadOfTarget[np.ndarray]):
         self.info = replace(target.info, name=f"{target.info.name} [mtp]", size_bytes=size, n_params=params)
         extra = {**target.capabilities.extra, "self_draft": "mtp"}
         self.capabilities = Capabilities(
-            rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
+            max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
         )
 
     # -- drafting ---------------------------------------------------------------------------

@@ -189,7 +189,6 @@ class MlxAssistantHead(HeadOfTarget[mx.array]):
         params = info.n_params * size // max(info.size_bytes, 1)
         self.info = replace(info, name=name, size_bytes=size, n_params=params, n_layers=len(module.layers))
         self.capabilities = Capabilities(
-            rollback=True,
             max_block=target.capabilities.max_block,
             device=target.capabilities.device,
             extra={**target.capabilities.extra, "self_draft": "mtp"},

@@ -165,7 +165,7 @@ class MlxBackend(TextFromVocab):
             n_params=parameter_count(model, forward.unused()),
             n_layers=forward.n_layers,
         )
-        self.capabilities = Capabilities(rollback=True, max_block=max_block, device=extras["device"], extra=extras)
+        self.capabilities = Capabilities(max_block=max_block, device=extras["device"], extra=extras)
 
     def _probe_vocab(self) -> int:
         model = self.forward.model

@@ -138,7 +138,6 @@ class MlxMtpHead(HeadOfTarget[mx.array]):
             info, name=f"{info.name} [mtp]", size_bytes=info.size_bytes // layers, n_params=info.n_params // layers
         )
         self.capabilities = Capabilities(
-            rollback=True,
             max_block=target.capabilities.max_block,
             device=target.capabilities.device,
             extra={**target.capabilities.extra, "self_draft": "mtp"},

@@ -207,9 +207,7 @@ class TorchBackend(TextFromVocab):
             n_layers=config.n_layers,
         )
         verifies = self._device.type == "cuda" if verify_on_device is None else verify_on_device
-        self.capabilities = Capabilities(
-            rollback=True, max_block=max_block, device=self._device.type, extra=extra, verifies=verifies
-        )
+        self.capabilities = Capabilities(max_block=max_block, device=self._device.type, extra=extra, verifies=verifies)
 
     def _graphed(self) -> GraphedSteps:
         from .cuda import GraphedSteps

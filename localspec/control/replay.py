@@ -84,7 +84,7 @@ class ReplayTarget:
         self.n_vocab = n_vocab
         self._tokens: list[int] = []
         self.info = ModelInfo("replay", "replay", "replay", "replay", 1 << 16, n_vocab, 0, 0, 0)
-        self.capabilities = Capabilities(rollback=True, max_block=512, device="cpu")
+        self.capabilities = Capabilities(max_block=512, device="cpu")
 
     @property
     def n_past(self) -> int:

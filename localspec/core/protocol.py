@@ -56,7 +56,6 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Capabilities:
-    rollback: bool = True  # can drop the cache tail (recurrent models cannot)
     max_block: int = 512  # most tokens one eval_block call takes
     device: str = "cpu"
     extra: dict[str, str] = field(default_factory=dict)
