@@ -23,6 +23,7 @@ from typing import Any, cast
 import numpy as np
 
 from localspec.control.calibrate import Calibration
+from localspec.control.config import DEFAULT
 from localspec.control.costs import CostCurve
 from localspec.control.factory import model_policy, ngram_policy
 from localspec.core.engine import Engine
@@ -377,7 +378,7 @@ def score(
     n_vocab: int,
     policy: Callable[[], DraftLengthPolicy],
     max_fixed: int = 8,
-    max_draft: int = 15,
+    max_draft: int = DEFAULT.max_draft,
 ) -> Score:
     """Every answer replayed with a fresh policy(), beside the fixed lengths and the ceiling."""
     plain = adaptive = best = top = 0.0
