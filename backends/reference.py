@@ -136,10 +136,7 @@ class ReferenceBackend:
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         check_open(self._closed, self.info.name)
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        info, limit = self.info, self.capabilities.max_block
-        check_block(
-            info.name, ids, logits, past=len(self._tokens), n_ctx=info.n_ctx, max_block=limit, n_vocab=self._vocab
-        )
+        check_block(ids, logits, self.info, self.capabilities, len(self._tokens))
         # Row i continues ids[i]; its second-to-last token is ids[i-1], or the cache's tail.
         prev2 = np.empty_like(ids)
         if ids.size:

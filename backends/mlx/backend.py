@@ -196,9 +196,8 @@ class MlxBackend(TextFromVocab):
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         check_open(self._closed, self.info.name)
-        info, n = self.info, len(tokens)
-        limit, past = self.capabilities.max_block, len(self._tokens)
-        check_block(info.name, tokens, logits, past=past, n_ctx=info.n_ctx, max_block=limit, n_vocab=self._n_vocab)
+        check_block(tokens, logits, self.info, self.capabilities, len(self._tokens))
+        n = len(tokens)
         if n == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         ids = np.asarray(tokens, dtype=np.int64)

@@ -371,9 +371,7 @@ class TorchBackend(TextFromVocab):
     def _check(self, tokens: Sequence[int], logits: str) -> None:
         check_open(self._closed, self.info.name)
         self._sync()  # an early-exit view starts past its host's tokens
-        info, limit = self.info, self.capabilities.max_block
-        past = len(self._tokens)
-        check_block(info.name, tokens, logits, past=past, n_ctx=info.n_ctx, max_block=limit, n_vocab=self._n_vocab)
+        check_block(tokens, logits, self.info, self.capabilities, len(self._tokens))
 
     def _evaluate(self, tokens: Sequence[int], logits: str) -> torch.Tensor:
         """The block's logits as a tensor on the model's device ([0, 0] for "none")."""

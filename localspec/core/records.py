@@ -52,24 +52,17 @@ def check_ids(tokens: Sequence[int] | npt.NDArray[np.int64], name: str, n_vocab:
 
 
 def check_block(
-    name: str,
-    tokens: Sequence[int] | npt.NDArray[np.int64],
-    logits: str,
-    *,
-    past: int,
-    n_ctx: int,
-    max_block: int,
-    n_vocab: int,
+    tokens: Sequence[int] | npt.NDArray[np.int64], logits: str, info: ModelInfo, capabilities: Capabilities, past: int
 ) -> None:
     """Refuse a block eval_block cannot take, before anything is evaluated or recorded:
     past is how many tokens the cache holds already."""
     if logits not in LOGITS_MODES:
         raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
-    if len(tokens) > max_block:
-        raise block_too_long(len(tokens), max_block)
-    if past + len(tokens) > n_ctx:
-        raise context_full(n_ctx)
-    check_ids(tokens, name, n_vocab)
+    if len(tokens) > capabilities.max_block:
+        raise block_too_long(len(tokens), capabilities.max_block)
+    if past + len(tokens) > info.n_ctx:
+        raise context_full(info.n_ctx)
+    check_ids(tokens, info.name, info.n_vocab)
 
 
 def check_rollback(n: int) -> None:
@@ -119,9 +112,8 @@ class HeadOfTarget(TextFromVocab, Generic[State]):
         """Check and record a block of tokens the head is about to read; returns how many it
         held before."""
         check_open(self._closed, self.info.name)
-        past, info = len(self._tokens), self.info
-        limit = self.capabilities.max_block
-        check_block(info.name, tokens, logits, past=past, n_ctx=info.n_ctx, max_block=limit, n_vocab=info.n_vocab)
+        past = len(self._tokens)
+        check_block(tokens, logits, self.info, self.capabilities, past)
         self._tokens.extend(int(t) for t in tokens)
         return past
 
