@@ -23,10 +23,11 @@ from typing import Any, cast
 import numpy as np
 
 from localspec.control.calibrate import Calibration
+from localspec.control.config import DEFAULT
 from localspec.control.costs import CostCurve
 from localspec.control.factory import model_policy, ngram_policy
 from localspec.core.engine import Engine
-from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, ModelInfo
+from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, DraftPrices, ModelInfo
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.drafters import common_prefix
@@ -84,7 +85,7 @@ class ReplayTarget:
         self.n_vocab = n_vocab
         self._tokens: list[int] = []
         self.info = ModelInfo("replay", "replay", "replay", "replay", 1 << 16, n_vocab, 0, 0, 0)
-        self.capabilities = Capabilities(rollback=True, max_block=512, device="cpu")
+        self.capabilities = Capabilities(max_block=512, device="cpu")
 
     @property
     def n_past(self) -> int:
@@ -144,6 +145,9 @@ class Traced:
 
     def explain(self) -> Decision | None:
         return self.inner.explain()
+
+    def prices(self) -> DraftPrices | None:
+        return self.inner.prices()
 
     def observe(self, step: Step) -> None:
         support, gamma, _ = self.steps[-1]
@@ -374,7 +378,7 @@ def score(
     n_vocab: int,
     policy: Callable[[], DraftLengthPolicy],
     max_fixed: int = 8,
-    max_draft: int = 15,
+    max_draft: int = DEFAULT.max_draft,
 ) -> Score:
     """Every answer replayed with a fresh policy(), beside the fixed lengths and the ceiling."""
     plain = adaptive = best = top = 0.0
