@@ -34,13 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dflash_shapes import BLOCK, drafter_costs, projection
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]  # the writers live beside the tests
-
-from dflash_shapes import BLOCK, drafter_costs, projection  # noqa: E402
-from dflash_support import DFlashShape, add_dflash_header  # noqa: E402
-from gguf_writer import HybridSpec, add_qwen35_header  # noqa: E402
+from localspec.testing.dflash_support import DFlashShape, add_dflash_header
+from localspec.testing.gguf_writer import HybridSpec, add_qwen35_header
 
 SPEC = HybridSpec(
     layers=32, interval=4, hidden=4096, heads=16, kv_heads=4, head_dim=256, ffn=12288,

@@ -19,9 +19,6 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from dflash_support import DFlashSpec, write_dflash_gguf
-from eagle3_support import HeadSpec, write_eagle3_gguf
-from gguf_writer import Spec, write_gguf
 from scipy.stats import chisquare
 from test_llamacpp_tree import END, GREEDY, SAMPLED, exact_first_two, generate
 from test_tree import EveryBranch
@@ -30,6 +27,9 @@ from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.core.engine import Engine
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
+from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+from localspec.testing.gguf_writer import Spec, write_gguf
 
 pytestmark = pytest.mark.model
 
