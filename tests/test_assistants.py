@@ -67,5 +67,6 @@ def test_at_the_default_draft_length_the_assistant_is_calibrated_and_output_stay
         model=str(target), draft_model=str(assistant), backend=backend, n_ctx=256, threads=1
     ) as runtime:
         assert runtime.label == "mtp" and runtime.draft is not None  # as users run it
-        assert runtime.generate(prompt=PROMPT, max_tokens=40, temperature=0).tokens == expected.tokens
+        # Before a request: a loaded host's drift can mark the cached timings stale after one.
         assert_calibrated_as_users_run_it(runtime.target, runtime.draft, runtime.policy)
+        assert runtime.generate(prompt=PROMPT, max_tokens=40, temperature=0).tokens == expected.tokens
