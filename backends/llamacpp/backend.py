@@ -204,6 +204,13 @@ class LlamaCppBackend:
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(max_block,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(max_block,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_block,))
+        # The same arrays as memoryviews, for a plain step's three writes: numpy's item writes
+        # touch more code, which costs after a pass has emptied the caches (host_time.py).
+        self._tok1, self._pos1 = self._tok.data.cast("B").cast("i"), self._pos.data.cast("B").cast("i")
+        self._out1 = self._out.data.cast("B").cast("b")
+        # What a pass that brings no rows back returns: one empty array, never written.
+        self._no_rows = np.empty((0, self._n_vocab), dtype=np.float32)
+        self._no_rows.flags.writeable = False
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
@@ -322,9 +329,9 @@ class LlamaCppBackend:
         return list(buf[:n])
 
     def token_bytes(self, token: int) -> bytes:
-        self._live()
         piece = self._pieces.get(token)  # a vocabulary does not change: each piece is asked for once
         if piece is None:
+            self._live()
             piece = self._pieces[token] = self._piece(token)
         return piece
 
@@ -342,7 +349,8 @@ class LlamaCppBackend:
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        self._live()
+        if self._closed:  # checked inline here and in rollback: every call a step makes costs
+            self._live()
         picks = self._picks  # verify_block's pass: the argmax is taken in the graph, no logits come back
         n = len(tokens)
         if logits == "all" and self._splits(n):  # a verify block, in one-token kernels
@@ -350,15 +358,15 @@ class LlamaCppBackend:
             return np.concatenate([self.eval_block(tokens[i : i + step], "all").copy() for i in range(0, n, step)])
         if n > self.capabilities.max_block:
             raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
-        if len(self._tokens) + n > self.info.n_ctx:
+        past = len(self._tokens)
+        if past + n > self.info.n_ctx:
             raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
         if n == 0:
-            return np.empty((0, self._n_vocab), dtype=np.float32)
-        if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: numpy's calls cost more than they do
-            self._tok[0], self._pos[0], self._out[0] = tokens[0], len(self._tokens), logits != "none"
+            return self._no_rows
+        if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: a memoryview's writes cost least
+            self._tok1[0], self._pos1[0], self._out1[0] = tokens[0], past, logits != "none"
         else:
             self._fill(tokens, logits)
-        past = len(self._tokens)
         if self._greedy.attached and logits != "none" and not picks:  # this pass's logits are wanted
             self._greedy.detach()
         if self._unrecorded:
@@ -380,7 +388,7 @@ class LlamaCppBackend:
         self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
         if rows == 0 or picks:
-            return np.empty((0, self._n_vocab), dtype=np.float32)
+            return self._no_rows
         ptr = llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
 
@@ -415,14 +423,15 @@ class LlamaCppBackend:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
         # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
-        if cfg.greedy and not self._recorded and not self._splits(len(tokens)) and self._greedy.attach():
+        greedy = self._greedy
+        if cfg.greedy and not self._recorded and not self._splits(len(tokens)) and (greedy.attached or greedy.attach()):
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:
                 self.eval_block(tokens, "all")
             finally:
                 self._picks = False
-            return accept_picks(tokens[1:], self._greedy.picks(len(tokens)))
+            return accept_picks(tokens[1:], greedy.picks(len(tokens)))
         logits = self.eval_block(tokens, "all")
         if cfg.greedy:
             return accept_greedy(tokens[1:], logits)
@@ -487,7 +496,8 @@ class LlamaCppBackend:
             self.eval_block(kept[off:], "none")
 
     def rollback(self, n: int) -> None:
-        self._live()
+        if self._closed:
+            self._live()
         if n < 0:
             raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
         if self._trees is not None and self._trees.open:  # a tree left without keep_branch
