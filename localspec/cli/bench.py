@@ -235,8 +235,14 @@ def add_peer_figures(
     theirs = run_llama_bench(bin_dir, model, 128, args.threads)
     if theirs is None or not rows:
         return None
-    ours = statistics.fmean(dict((r.prompt, r.plain_tokens_per_s) for r in rows).values())
-    depth = round(
-        statistics.fmean(len(target.tokenize(t, add_special=True, parse_special=True)) for t in texts.values())
-    )
-    return VsLlamaBench(ours, theirs, run_llama_bench(bin_dir, model, 128, args.threads, depth), depth)
+    plain = dict((r.prompt, r) for r in rows).values()
+    ours = statistics.fmean(r.plain_tokens_per_s for r in plain)
+    lengths = {p: len(target.tokenize(t, add_special=True, parse_special=True)) for p, t in texts.items()}
+    depth = round(statistics.fmean(lengths.values()))
+    at_depth = run_llama_bench(bin_dir, model, 128, args.threads, depth)
+    # Like for like: the passes of plain decoding's runs against llama-bench's over the same positions.
+    like_depth = round(statistics.fmean(lengths[r.prompt] - 1 for r in plain))
+    passes = round(statistics.fmean(r.plain_passes / (2 * r.repeats) for r in plain if r.repeats))
+    like = run_llama_bench(bin_dir, model, passes, args.threads, like_depth) if passes else None
+    ours_passes = statistics.fmean(r.plain_passes_per_s for r in plain)
+    return VsLlamaBench(ours, theirs, at_depth, depth, ours_passes, like, like_depth, passes)
