@@ -353,7 +353,7 @@ class LlamaCppBackend:
             self._live()
         picks = self._picks  # verify_block's pass: the argmax is taken in the graph, no logits come back
         n = len(tokens)
-        if logits == "all" and self._splits(n):  # a verify block, in one-token kernels
+        if logits == "all" and n > 1 and self._splits(n):  # a verify block, in one-token kernels
             step = self._max_rows
             return np.concatenate([self.eval_block(tokens[i : i + step], "all").copy() for i in range(0, n, step)])
         if n > self.capabilities.max_block:
@@ -422,16 +422,18 @@ class LlamaCppBackend:
     ) -> tuple[int, int]:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
-        # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
-        greedy = self._greedy
-        if cfg.greedy and not self._recorded and not self._splits(len(tokens)) and (greedy.attached or greedy.attach()):
+        # A block split into pieces (kernels.py) has its rows over several passes: the host's rule
+        # (a one-token pass never splits: no call to ask).
+        greedy, n = self._greedy, len(tokens)
+        whole = n == 1 or not self._splits(n)
+        if cfg.greedy and not self._recorded and whole and (greedy.attached or greedy.attach()):
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:
                 self.eval_block(tokens, "all")
             finally:
                 self._picks = False
-            return accept_picks(tokens[1:], greedy.picks(len(tokens)))
+            return accept_picks(tokens[1:], greedy.picks(n))
         logits = self.eval_block(tokens, "all")
         if cfg.greedy:
             return accept_greedy(tokens[1:], logits)
