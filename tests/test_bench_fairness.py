@@ -105,7 +105,7 @@ def test_plain_decoding_counts_the_pass_that_ends_an_answer_as_llama_bench_does(
 def test_the_summary_compares_passes_with_llama_bench_over_the_same_positions() -> None:
     row = BenchRow("a", "ngram", 50.0, 60.0, 1.2, 0.5, 1.5, 2.0, 10, 10, 100.0)
     summary = format_summary([row], VsLlamaBench(50.0, 52.0, 55.0, 100, 51.0, 60.0, 99, 150))
-    assert "vs llama-bench -d 99 -n 150 (the same positions) 60.0 tok/s: 0.85x" in summary
+    assert "vs llama-bench at each prompt's positions (mean -d 99 -n 150) 60.0 tok/s: 0.85x" in summary
     assert "plain decoding 51.0 passes/s" in summary
 
 

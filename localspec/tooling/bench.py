@@ -279,10 +279,10 @@ def geometric_mean(values: Sequence[float]) -> float:
 class VsLlamaBench:
     """Plain decoding against llama-bench's generation test, from an empty context (the
     issue's `-n 128`) and at the prompts' mean length (`-d`), where attention costs the same.
-    Like for like: passes a second against llama-bench over the same positions, from the
-    first answer token's pass (the prompt's last token, at -d `like_depth`) over the runs'
-    mean count of passes (-n `like_passes`): a pass costs more the deeper it runs, and an
-    answer of 160 tokens runs deeper than tg128."""
+    Like for like: passes a second against llama-bench over the same positions, prompt by
+    prompt (-d its length less one, where the first answer token's pass runs; -n its runs'
+    passes), both as means over the prompts (like_depth, like_passes: the runs' means): a pass
+    costs more the deeper it runs, and steps up where the cache's cells in use pass 256."""
 
     ours: float
     empty: float
@@ -333,8 +333,8 @@ def format_summary(
         if v.like:
             lines.append(
                 f"like for like: plain decoding {v.ours_passes:.1f} passes/s (every pass a token, an end of text's "
-                f"too, as tg counts) vs llama-bench -d {v.like_depth} -n {v.like_passes} (the same positions) "
-                f"{v.like:.1f} tok/s: {v.ours_passes / v.like:.2f}x"
+                f"too, as tg counts) vs llama-bench at each prompt's positions (mean -d {v.like_depth} "
+                f"-n {v.like_passes}) {v.like:.1f} tok/s: {v.ours_passes / v.like:.2f}x"
             )
     if busy is not None:
         lines.append(f"warning: {unreliable_note(busy)}")
