@@ -24,25 +24,20 @@ import argparse
 import re
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hybrid_costs import DEPTH, model_file, pass_costs
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]  # the writers live beside the tests
-
-from dflash_support import DFlashShape, write_dflash_file  # noqa: E402
-from hybrid_costs import DEPTH, model_file, pass_costs  # noqa: E402
-
-from localspec.api import Runtime  # noqa: E402
-from localspec.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
-from localspec.backends.llamacpp.copies import quantize  # noqa: E402
-from localspec.control.costs import CostCurve  # noqa: E402
-from localspec.control.hardware import physical_cores  # noqa: E402
-from localspec.control.policy import AdaptiveDraftLength  # noqa: E402
+from localspec.api import Runtime
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.backends.llamacpp.copies import quantize
+from localspec.control.costs import CostCurve
+from localspec.control.hardware import physical_cores
+from localspec.control.policy import AdaptiveDraftLength
+from localspec.testing.dflash_support import DFlashShape, write_dflash_file
 
 SHAPE = "qwen3.5-0.8b"
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 1024, 8, 2, 128, 3584

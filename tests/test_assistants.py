@@ -20,7 +20,7 @@ def write_pair(backend: str, folder: Path) -> tuple[Path, Path]:
     """The tiny target and an assistant that agrees with it often, as the backend reads them."""
     if backend == "llamacpp":
         pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
-        from gguf_writer import Gemma4Spec, write_gemma4_pair
+        from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair
 
         return write_gemma4_pair(Gemma4Spec(echo=True, seed=1, head_scale=8.0), folder)
     pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip install 'localspec[mlx]'")

@@ -17,7 +17,6 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-from gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 from scipy.stats import chisquare
 from test_tree import EveryBranch
 
@@ -31,6 +30,7 @@ from localspec.core.stats import Stats
 from localspec.core.tree import root_path
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
+from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
 pytestmark = pytest.mark.model
 

@@ -40,6 +40,7 @@ from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, M
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import depths
+from localspec.drafters import cannot_attach
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
@@ -245,7 +246,6 @@ class LlamaCppBackend:
         if self._plan.max_rows:  # verify blocks in pieces: another cost curve
             extra["verify_rows"] = str(self._plan.max_rows)
         self._max_rows = self._plan.max_rows or max_block
-        self.exactness = self._plan.exactness  # whether greedy answers are plain decoding's (core.exactness)
         device = gpu_device() if gpu_layers and not rpc else None
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
@@ -257,6 +257,7 @@ class LlamaCppBackend:
             branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
             repasses_branch=True,  # keep_branch
             replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
+            exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
 
     def _live(self) -> None:
@@ -626,6 +627,18 @@ class LlamaCppBackend:
         head = load_eagle3_head(self, self._ctx, n_embd, self.layer_features, mparams, path)
         self._heads.append(head)
         return head
+
+    def attach_head(self, kind: str, path: str) -> MtpHead:
+        """DrafterHost: a Gemma 4 assistant ("assistant") or an EAGLE-3 head ("eagle3") from its GGUF."""
+        if kind == "assistant":
+            return self.assistant_head(path)
+        if kind == "eagle3":
+            return self.eagle3_head(path)
+        raise cannot_attach(kind, path, self.info.backend)
+
+    def attach_block_drafter(self, path: str) -> DFlashDrafter:
+        """DrafterHost: the DFlash drafter in `path`."""
+        return self.dflash_drafter(path)
 
     def _target_states(self) -> HiddenRows:
         if self._states is None:

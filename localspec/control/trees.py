@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.engine import Engine
+from localspec.core.protocol import Branching
 
 # Depths past the last one share its estimate; a branch deep in a chain is seldom tried.
 DEPTHS = 4
@@ -124,6 +125,6 @@ def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | N
         return None
     engine.trees = pricing
     for drafter in (engine.drafter, engine.lookup):
-        if hasattr(drafter, "branching"):  # the drafters that can offer branches (model, ngram)
-            setattr(drafter, "branching", BRANCHING)  # noqa: B010 - not every Drafter has it
+        if isinstance(drafter, Branching):  # the drafters that can offer branches (model, ngram)
+            drafter.branching = BRANCHING
     return pricing

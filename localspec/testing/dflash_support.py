@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf_writer import add_decoder_header
+
+from localspec.testing.gguf_writer import add_decoder_header
 
 HEAD_DIM = 16
 
