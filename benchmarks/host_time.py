@@ -1,6 +1,7 @@
 """The host's time per plain decoding step: everything a step spends outside llama.cpp's
-llama_decode, split into its parts, beside a bare loop that only calls llama_decode and reads
-the argmax (the least any Python loop can spend, and what llama-bench's tg test does in C).
+llama_decode, split into its parts, beside bare loops that only call llama_decode and read
+the argmax, numpy's over the row or the one llama.cpp's graph took (the least any Python loop
+can spend; llama-bench's tg test does the passes in C and reads nothing).
 
 Each part's own time (children excluded) is measured with perf_counter around it; the main
 thread's CPU time (thread_time) is measured beside it, since on a shared host the wall clock
@@ -140,13 +141,21 @@ def instrument(clock: Clock, runtime: Runtime, parts: bool = True) -> Callable[[
     return restore
 
 
-def bare_loop(target: Any, prompt: list[int], n_tokens: int) -> tuple[int, int, float, float, float, float]:
-    """llama_decode one token at a time and np.argmax over its row, nothing else: tokens,
-    steps, wall, main-thread CPU, and the same two inside llama_decode."""
+def bare_loop(
+    target: Any, prompt: list[int], n_tokens: int, in_graph: bool = False
+) -> tuple[int, int, float, float, float, float]:
+    """llama_decode one token at a time and the argmax of its row, nothing else: numpy's over
+    the row, or (in_graph) the id llama.cpp's graph took (greedy.py). Returns tokens, steps,
+    wall, main-thread CPU, and the same two inside llama_decode."""
     target.rollback(0)
     target.eval_block(prompt[:-1], "none")
     backend = target
     batch, ctx, n_vocab = backend._batch, backend._ctx, backend.info.n_vocab
+    if in_graph:
+        backend._greedy.attach()
+    else:
+        backend._greedy.detach()
+    get = llama_cpp.llama_get_sampled_token_ith
     backend._out[0] = 1
     backend._tok[0] = prompt[-1]
     past = len(prompt) - 1
@@ -159,8 +168,11 @@ def bare_loop(target: Any, prompt: list[int], n_tokens: int) -> tuple[int, int, 
         llama_cpp.llama_decode(ctx, batch)
         decode_w += time.perf_counter() - d0
         decode_c += time.thread_time() - e0
-        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n_vocab,))
-        backend._tok[0] = int(np.argmax(row))
+        if in_graph:
+            backend._tok[0] = get(ctx, 0)
+        else:
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n_vocab,))
+            backend._tok[0] = int(np.argmax(row))
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     llama_cpp.llama_memory_seq_rm(backend._mem, 0, 0, -1)
     backend._tokens.clear()
@@ -212,11 +224,12 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
     # argmax over the logits row (as before greedy.py), and the former with its parts timed.
     variants = {"device argmax": Clock(), "host argmax": Clock(), "parts": Clock()}
     totals = {name: [0, 0, 0.0, 0.0] for name in variants}  # steps, tokens, wall, cpu
-    bare = [0, 0, 0.0, 0.0, 0.0, 0.0]
+    bares = {"bare loop": [0, 0, 0.0, 0.0, 0.0, 0.0], "bare loop in graph": [0, 0, 0.0, 0.0, 0.0, 0.0]}
     loads = [os.getloadavg()[0]]
     for _ in range(args.repeats):  # interleaved, so drift in machine speed hits all alike
-        for i, v in enumerate(bare_loop(target, prompt, args.tokens)):
-            bare[i] += v
+        for name, bare in bares.items():
+            for i, v in enumerate(bare_loop(target, prompt, args.tokens, name == "bare loop in graph")):
+                bare[i] += v
         for name, clock in variants.items():
             target._greedy.refused = name == "host argmax"  # type: ignore[attr-defined]
             target._greedy.detach()  # type: ignore[attr-defined]
@@ -232,7 +245,6 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
     info = target.info
     runtime.close()
     parts_steps = totals["parts"][0]
-    bare_n, bare_steps, bare_w, bare_c, bare_dw, bare_dc = bare
     report: dict[str, Any] = {
         "model": info.name,
         "n_vocab": info.n_vocab,
@@ -243,13 +255,14 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
         "load_1min": [round(x, 2) for x in loads],
         "parts_ms_per_step": {k: variants["parts"].wall[k] / parts_steps * 1e3 for k in PARTS},
         "parts_cpu_ms_per_step": {k: variants["parts"].cpu[k] / parts_steps * 1e3 for k in PARTS},
-        "bare loop": {
+    }
+    for name, (bare_n, bare_steps, bare_w, bare_c, bare_dw, bare_dc) in bares.items():
+        report[name] = {
             "tokens_per_s": bare_n / bare_w,
             "host_ms_per_step": (bare_w - bare_dw) / bare_steps * 1e3,
             "host_cpu_ms_per_step": (bare_c - bare_dc) / bare_steps * 1e3,
             "decode_ms_per_step": bare_dw / bare_steps * 1e3,
-        },
-    }
+        }
     for name in ("device argmax", "host argmax"):
         steps, tokens, wall, cpu = totals[name]
         clock = variants[name]
@@ -280,10 +293,11 @@ def print_report(r: dict[str, Any], as_json: bool) -> None:
     print()
     head = f"{'tok/s':>8} {'host wall ms':>13} {'host cpu ms':>12} {'decode ms':>10}"
     print(f"{'loop (untimed but for llama_decode)':<34} {head}")
-    for name in ("bare loop", "device argmax", "host argmax"):
+    for name in ("bare loop", "bare loop in graph", "device argmax", "host argmax"):
         v = r[name]
         label = {
             "bare loop": "bare loop (llama_decode + argmax)",
+            "bare loop in graph": "bare loop, the graph's argmax",
             "device argmax": "plain decoding",
             "host argmax": "plain, host argmax (as before)",
         }[name]

@@ -177,7 +177,11 @@ class Runtime:
             else None
         )
         self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
-        self._cond = threading.Condition()
+        # One lock, taken by its C methods where a step passes (the Condition's own are Python
+        # calls), and a count of the threads waiting on it, so a step notifies only when one does.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0
         self._owner: _Turn | None = None  # the request holding the runtime
         self._closed = False
         # The cost curve of the policy built here (one set from outside is not remembered).
@@ -427,7 +431,7 @@ class Runtime:
                 if owner.thread == me and owner.busy is None:
                     self._end(owner)  # this thread left its own stream unfinished: it cannot be reading it
                 else:
-                    self._cond.wait()
+                    self._wait()
             self._check_open()
             turn = self._owner = _Turn(me, events, busy=me if events is None else None)
             return turn
@@ -435,7 +439,7 @@ class Runtime:
     def _next(self, turn: _Turn) -> Event:
         """A stream's next event; the turn ends with the Finished event, an error or Ctrl+C."""
         me = threading.get_ident()
-        with self._cond:
+        with self._lock:
             if turn.over or turn.events is None:
                 raise StopIteration
             if turn.busy is not None:
@@ -449,17 +453,25 @@ class Runtime:
             if isinstance(event, Finished):
                 events.close()  # runs the request's bookkeeping now, not at the caller's next call
         except BaseException:  # StopIteration, an error or KeyboardInterrupt: the generator is done
-            with self._cond:
+            with self._lock:
                 turn.busy = None
                 self._finish(turn)
             raise
-        with self._cond:
+        with self._lock:
             turn.busy = None
             if isinstance(event, Finished):
                 self._finish(turn)
-            else:
+            elif self._waiting:  # a close() from another thread waits for this step
                 self._cond.notify_all()
         return event
+
+    def _wait(self) -> None:
+        """Wait for the runtime's state to change (the lock held)."""
+        self._waiting += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._waiting -= 1
 
     def _end(self, turn: _Turn) -> None:
         """End a turn from outside it: after the step another thread has in flight, close its
@@ -471,7 +483,7 @@ class Runtime:
                     raise InvalidRequestError(
                         "a stream cannot be closed from inside its own step", "close it once the event is returned"
                     )
-                self._cond.wait()
+                self._wait()
             if turn.over:
                 return
             turn.over = True  # first: a stream freed during the close below must not close it again

@@ -84,6 +84,31 @@ def test_the_summary_gives_geometric_means_against_plain_and_each_peer() -> None
     assert "llama-lookup (γ=8)" in table and "1.25x" in table
 
 
+class SilentTarget(ReferenceBackend):
+    """Every token ends the answer: each run is one pass that emits nothing."""
+
+    def end_of_generation(self) -> frozenset[int]:
+        return frozenset(range(self.info.n_vocab))
+
+
+def test_plain_decoding_counts_the_pass_that_ends_an_answer_as_llama_bench_does(
+    temporary_localspec_home: Path,
+) -> None:
+    target = load_reference("reference:seed=3")
+    target.__class__ = SilentTarget
+    (row,) = bench(target, [Contender("none", "none")], SUITE[:1], max_tokens=12, repeats=2)
+    # Two repeats, plain decoding before and after each: four runs of one pass and no token.
+    assert (row.plain_tokens, row.plain_passes, row.repeats) == (0, 4, 2)
+    assert row.plain_passes_per_s > 0 and row.plain_tokens_per_s == 0
+
+
+def test_the_summary_compares_passes_with_llama_bench_over_the_same_positions() -> None:
+    row = BenchRow("a", "ngram", 50.0, 60.0, 1.2, 0.5, 1.5, 2.0, 10, 10, 100.0)
+    summary = format_summary([row], VsLlamaBench(50.0, 52.0, 55.0, 100, 51.0, 60.0, 99, 150))
+    assert "vs llama-bench at each prompt's positions (mean -d 99 -n 150) 60.0 tok/s: 0.85x" in summary
+    assert "plain decoding 51.0 passes/s" in summary
+
+
 def test_llama_bench_is_read_from_its_json(tmp_path: Path) -> None:
     fake = tmp_path / "llama-bench"
     fake.write_text(

@@ -40,3 +40,21 @@ def test_flush_returns_what_was_held() -> None:
     a.push(byte_tokens("xS"))
     assert a.flush() == "S"
     assert a.text == "xS"
+
+
+def test_a_character_split_across_steps_of_several_tokens_comes_out_once_whole() -> None:
+    a = assembler()
+    raw = byte_tokens("a€b")  # € is three bytes
+    assert a.push(raw[:2]) == "a"
+    assert a.push(raw[2:4]) == "€"
+    assert a.push(()) == ""
+    assert a.push(raw[4:]) == "b"
+    assert a.text == "a€b"
+
+
+def test_bytes_that_are_no_character_become_one_replacement_each_and_a_cut_one_is_dropped() -> None:
+    a = assembler()
+    assert a.push([0xFF, ord("x")]) == "\ufffdx"
+    assert a.push([0xE2, 0x82]) == ""  # the first two bytes of €: held, then cut by the end
+    assert a.flush() == ""
+    assert a.text == "\ufffdx"

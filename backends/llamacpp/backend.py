@@ -206,6 +206,13 @@ class LlamaCppBackend:
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(max_block,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(max_block,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_block,))
+        # The same arrays as memoryviews, for a plain step's three writes: numpy's item writes
+        # touch more code, which costs after a pass has emptied the caches (host_time.py).
+        self._tok1, self._pos1 = self._tok.data.cast("B").cast("i"), self._pos.data.cast("B").cast("i")
+        self._out1 = self._out.data.cast("B").cast("b")
+        # What a pass that brings no rows back returns: one empty array, never written.
+        self._no_rows = np.empty((0, self._n_vocab), dtype=np.float32)
+        self._no_rows.flags.writeable = False
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
@@ -327,9 +334,9 @@ class LlamaCppBackend:
         return list(buf[:n])
 
     def token_bytes(self, token: int) -> bytes:
-        self._live()
         piece = self._pieces.get(token)  # a vocabulary does not change: each piece is asked for once
         if piece is None:
+            self._live()
             piece = self._pieces[token] = self._piece(token)
         return piece
 
@@ -347,25 +354,26 @@ class LlamaCppBackend:
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        self._live()
+        if self._closed:  # checked inline here and in rollback: every call a step makes costs
+            self._live()
         if self._deferred:  # a kept branch's tokens go first (keep_branch)
             return self._fold(tokens, logits)
         picks = self._picks  # verify_block's pass: the argmax is taken in the graph, no logits come back
         n = len(tokens)
-        if logits == "all" and self._splits(n):  # a verify block, in one-token kernels
+        if logits == "all" and n > 1 and self._splits(n):  # a verify block, in one-token kernels
             step = self._max_rows
             return np.concatenate([self.eval_block(tokens[i : i + step], "all").copy() for i in range(0, n, step)])
         if n > self.capabilities.max_block:
             raise block_too_long(n, self.capabilities.max_block)
-        if len(self._tokens) + n > self.info.n_ctx:
+        past = len(self._tokens)
+        if past + n > self.info.n_ctx:
             raise context_full(self.info.n_ctx)
         if n == 0:
-            return np.empty((0, self._n_vocab), dtype=np.float32)
-        if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: numpy's calls cost more than they do
-            self._tok[0], self._pos[0], self._out[0] = tokens[0], len(self._tokens), logits != "none"
+            return self._no_rows
+        if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: a memoryview's writes cost least
+            self._tok1[0], self._pos1[0], self._out1[0] = tokens[0], past, logits != "none"
         else:
             self._fill(tokens, logits)
-        past = len(self._tokens)
         if self._greedy.attached and logits != "none" and not picks:  # this pass's logits are wanted
             self._greedy.detach()
         if self._unrecorded:
@@ -387,7 +395,7 @@ class LlamaCppBackend:
         self._unrecorded = False
         rows = n if logits == "all" else (1 if logits == "last" else 0)
         if rows == 0 or picks:
-            return np.empty((0, self._n_vocab), dtype=np.float32)
+            return self._no_rows
         ptr = llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
 
@@ -418,16 +426,18 @@ class LlamaCppBackend:
     ) -> tuple[int, int]:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
-        # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
-        device = not self._recorded and not self._deferred and not self._splits(len(tokens))
-        if cfg.greedy and device and self._greedy.attach():
+        # A block split into pieces (kernels.py) has its rows over several passes: the host's rule
+        # (a one-token pass never splits: no call to ask).
+        greedy, n = self._greedy, len(tokens)
+        whole = n == 1 or not self._splits(n)
+        if cfg.greedy and not self._recorded and not self._deferred and whole and (greedy.attached or greedy.attach()):
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:
                 self.eval_block(tokens, "all")
             finally:
                 self._picks = False
-            return accept_picks(tokens[1:], self._greedy.picks(len(tokens)))
+            return accept_picks(tokens[1:], greedy.picks(n))
         logits = self.eval_block(tokens, "all")
         if cfg.greedy:
             return accept_greedy(tokens[1:], logits)
@@ -529,8 +539,10 @@ class LlamaCppBackend:
         return rows[len(prefix) :] if logits == "all" else rows
 
     def rollback(self, n: int) -> None:
-        self._live()
-        check_rollback(n)
+        if self._closed:
+            self._live()
+        if n < 0:  # (asked here: check_rollback's call would cost every step)
+            check_rollback(n)
         if self._trees is not None and self._trees.open:  # a tree left without keep_branch
             self._trees.abandon()
             n = min(n, len(self._tokens))

@@ -46,8 +46,8 @@ class DeviceGreedy:
 
     def picks(self, n: int) -> list[int]:
         """The argmax of each of the last pass's first n rows."""
-        get = llama.llama_get_sampled_token_ith
-        return [int(get(self._ctx, i)) for i in range(n)]
+        get = llama.llama_get_sampled_token_ith  # its restype makes each id a Python int
+        return [get(self._ctx, 0)] if n == 1 else [get(self._ctx, i) for i in range(n)]
 
     def free(self) -> None:
         """Free the sampler once detached, or once the context it was attached to is freed."""

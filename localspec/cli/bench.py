@@ -234,8 +234,17 @@ def add_peer_figures(
     theirs = run_llama_bench(bin_dir, model, 128, args.threads)
     if theirs is None or not rows:
         return None
-    ours = statistics.fmean(dict((r.prompt, r.plain_tokens_per_s) for r in rows).values())
-    depth = round(
-        statistics.fmean(len(target.tokenize(t, add_special=True, parse_special=True)) for t in texts.values())
-    )
-    return VsLlamaBench(ours, theirs, run_llama_bench(bin_dir, model, 128, args.threads, depth), depth)
+    plain = list(dict((r.prompt, r) for r in rows).values())
+    ours = statistics.fmean(r.plain_tokens_per_s for r in plain)
+    lengths = {p: len(target.tokenize(t, add_special=True, parse_special=True)) for p, t in texts.items()}
+    depth = round(statistics.fmean(lengths.values()))
+    at_depth = run_llama_bench(bin_dir, model, 128, args.threads, depth)
+    # Like for like, prompt by prompt: the same passes over the same positions (a pass's cost
+    # steps up where the cache's cells in use pass a multiple of 256, so one mean depth is not).
+    like_runs = [(lengths[r.prompt] - 1, round(r.plain_passes / (2 * r.repeats))) for r in plain if r.repeats]
+    theirs_like = [x for d, n in like_runs if n and (x := run_llama_bench(bin_dir, model, n, args.threads, d))]
+    like = statistics.fmean(theirs_like) if theirs_like else None
+    ours_passes = statistics.fmean(r.plain_passes_per_s for r in plain)
+    like_depth = round(statistics.fmean(d for d, _ in like_runs)) if like_runs else 0
+    passes = round(statistics.fmean(n for _, n in like_runs)) if like_runs else 0
+    return VsLlamaBench(ours, theirs, at_depth, depth, ours_passes, like, like_depth, passes)

@@ -35,6 +35,10 @@ FREE_GUESS_TOKENS = 16
 
 Clock = Callable[[], float]  # seconds from any fixed start
 
+# A step with no guess (γ 0, nothing to catch up on): one shared value, as nothing changes a
+# proposal's lists (the engine and the backends copy what they keep).
+NO_GUESS = Proposal([], None, Source.MODEL)
+
 
 class Engine:
     """Runs requests for one target and one drafter. The caches outlive requests, so a new
@@ -102,7 +106,9 @@ class Engine:
             return
         before = cfg.repeat_window(prompt, len(prompt))  # the prompt's tail a repeat penalty reaches
         eog = self.target.end_of_generation()
-        req = _Request(cfg, policy, stats, rng, stop, max_tokens, len(prompt), before, eog)
+        forced = getattr(cfg.constraint, "forced", None)
+        numpy_rule = cfg.shapes_logits or cfg.logprobs is not None or (cfg.seed is not None and not cfg.greedy)
+        req = _Request(cfg, policy, stats, rng, cancelled, max_tokens, len(prompt), before, eog, forced, numpy_rule)
         yield from self._decode(list(prompt), req)
 
     def _prefill(self, prompt: Sequence[int], stats: Stats, warm_drafter: bool, stop: Callable[[], bool]) -> bool:
@@ -147,25 +153,27 @@ class Engine:
 
     def _decode(self, ctx: list[int], req: _Request) -> Iterator[Step]:
         """Draft, verify, accept, roll back the rest, record; until an end of text, max_tokens,
-        a full context or a cancel."""
-        req.t_start = self.clock()
+        a full context or a cancel. A plain step (no guess) runs this same loop; its host time
+        is mostly cache misses after the pass, so each call a step makes costs (host_time.py)."""
+        target, clock = self.target, self.clock
+        req.t_start = clock()
         try:
-            while (limit := self._limit(req)) is not None:
-                past, t0 = self.target.n_past, self.clock()
-                proposal, tree = self._propose(ctx, limit, req), (0, 0)
+            while (limit := self._limit(req, past := target.n_past)) is not None:
+                t0 = clock()
+                proposal, tree = self._propose(ctx, limit, req, past), (0, 0)
                 if proposal.branches and self.trees is not None:
                     proposal = self._widen(proposal, req)
                 if proposal.parents is None:
                     tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
-                    t1 = self.clock()
+                    t1 = clock()
                     n_acc, nxt, rows = self._verify(ctx, tokens, proposal, refused, req)
                 else:
-                    t1 = self.clock()
+                    t1 = clock()
                     tokens, nxt, rows, tree = self._verify_tree(ctx, proposal, req)
                     n_acc = len(tokens)
-                t_kept = self.clock()
-                self.target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
-                t2 = self.clock()
+                t_kept = clock()
+                target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
+                t2 = clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
                 self._commit_drafters(ctx, proposal.source, tree[1] if tree[0] else n_acc, req.stats)
@@ -179,28 +187,27 @@ class Engine:
         finally:
             req.stats.decode_seconds = self.clock() - req.t_start
 
-    def _limit(self, req: _Request) -> int | None:
-        """The most tokens the next step may draft, or None (the finish reason set) when the
-        request is over."""
+    def _limit(self, req: _Request, past: int) -> int | None:
+        """The most tokens the next step may draft behind `past` cached tokens, or None (the
+        finish reason set) when the request is over."""
         if req.produced >= req.max_tokens:
             req.stats.finish_reason = "max_tokens"
             return None
-        if req.stop():
+        if req.cancelled is not None and req.cancelled():
             req.stats.finish_reason = "cancelled"
             return None
-        past = self.target.n_past
         room = self.target.info.n_ctx - past - 1  # positions left after the pending token
         if room < 0:
             req.stats.finish_reason = "context_full"
             return None
         return min(room, req.max_tokens - req.produced - 1, self.target.capabilities.max_block - 1)
 
-    def _propose(self, ctx: list[int], limit: int, req: _Request) -> Proposal:
+    def _propose(self, ctx: list[int], limit: int, req: _Request, past: int) -> Proposal:
         """The step's guess: what the grammar forces, else the free drafter's, the lookup's
         or the draft model's, as long as the policy chooses."""
-        if forced := _forced(req.cfg, limit):
+        if req.forced is not None and limit > 0 and (forced := req.forced()[:limit]):
             return Proposal.forced(forced)
-        past, policy = self.target.n_past, req.policy
+        policy = req.policy
         if self.free_drafter:
             free = self._guess(self.drafter, ctx, limit, req)
             gamma = policy.choose(len(free.tokens), free.support, depth=past)
@@ -213,6 +220,8 @@ class Engine:
             gamma, from_lookup = policy.choose_source(len(guess.tokens), guess.support, limit, backlog, past)
             if from_lookup:
                 return Proposal.of(guess, gamma, Source.LOOKUP, 0, guess)
+        if gamma == 0 and guess is None and backlog == 0:
+            return NO_GUESS
         draft = self.drafter.propose(ctx, gamma, req.cfg, req.rng) if gamma > 0 else Draft()
         return Proposal.of(draft, gamma, Source.MODEL, backlog, guess)
 
@@ -229,9 +238,7 @@ class Engine:
         shapes them (None where a verifying backend kept them). refused: where the draft was
         cut at an id the target may not evaluate (admissible)."""
         cfg, rng, dists = req.cfg, req.rng, proposal.dists
-        wants_rows = cfg.shapes_logits or cfg.logprobs is not None
-        numpy_rule = refused is not None or wants_rows or (cfg.seed is not None and not cfg.greedy)
-        if self.verifier is not None and not numpy_rule:  # a refused id and a seed take the numpy rule
+        if self.verifier is not None and refused is None and not req.numpy_rule:  # a refused id takes it too
             return (*self.verifier.verify_block([ctx[-1], *tokens], dists, cfg, rng), None)
         generated = ctx[req.prompt_len :] if cfg.shapes_logits else ()  # penalties count them
         logits = shape(self.target.eval_block([ctx[-1], *tokens], "all"), cfg, generated, tokens, req.before)
@@ -279,7 +286,8 @@ class Engine:
     def _commit_drafters(self, ctx: list[int], source: Source, n_acc: int, stats: Stats) -> None:
         """Tell the drafters what the target kept: each counts as accepted only its own tokens."""
         self.drafter.commit(ctx, n_acc if source in (Source.MODEL, Source.FREE) else 0)
-        self._note_drafter_off(stats)
+        if getattr(self.drafter, "off_notice", None):  # only a drafter that switched off has one
+            self._note_drafter_off(stats)
         if self.lookup is not None:
             self.lookup.commit(ctx, n_acc if source is Source.LOOKUP else 0)
 
@@ -330,7 +338,7 @@ class Engine:
             rollback_seconds=t2 - t_kept,
         )
         req.stats.record_step(step)
-        if req.shadow is None and not tree[0]:  # a tree's kept path need not be its guess's
+        if req.shadow is None and proposal.guess is not None and not tree[0]:  # a tree's path need not be its guess's
             req.shadow = _shadow_of(proposal, verified, n_acc, len(ctx) - n_acc - 1)
         if proposal.source is not Source.GRAMMAR:  # a forced step says nothing of the drafter
             req.policy.observe(step)
@@ -350,11 +358,16 @@ class _Request:
     policy: DraftLengthPolicy
     stats: Stats
     rng: np.random.Generator
-    stop: Callable[[], bool]
+    cancelled: Callable[[], bool] | None
     max_tokens: int
     prompt_len: int
     before: Sequence[int]  # the prompt's tail a repeat penalty reaches
     eog: frozenset[int]  # the target's ends of a turn
+    # What the request's settings decide once rather than each step: the grammar's forced
+    # tokens (None without a grammar that knows them), and whether the rows must reach the
+    # host (penalties, bias, a grammar's mask, logprobs, a seeded sample: the numpy rule).
+    forced: Callable[[], list[int]] | None = None
+    numpy_rule: bool = False
     produced: int = 0
     shadow: Shadow | None = None
     t_start: float = 0.0
@@ -366,16 +379,6 @@ def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
             f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}",
             "shorten the prompt or start a new conversation, or load the model with a larger n_ctx",
         )
-
-
-def _forced(cfg: SamplingConfig, limit: int) -> list[int]:
-    """The tokens the request's grammar forces next, at most limit (none without a grammar
-    that knows them)."""
-    forced = getattr(cfg.constraint, "forced", None)
-    if forced is None or limit <= 0:
-        return []
-    tokens: list[int] = forced()
-    return tokens[:limit]
 
 
 def _shadow_of(proposal: Proposal, verified: int, n_acc: int, at: int) -> Shadow | None:

@@ -69,6 +69,8 @@ def admissible(tokens: list[int], n_vocab: int, constraint: TokenConstraint | No
     was). A drafter's vocabulary may be larger (padding slack): an id the target has no row
     for is a draft token the target rejects, never a block to evaluate; so is a token outside
     the request's grammar."""
+    if not tokens:  # a plain step's: nothing to check
+        return tokens, None
     refused = next((i for i, t in enumerate(tokens) if not 0 <= t < n_vocab), None)
     if constraint is not None:
         kept = tokens[:refused]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """One verify step, recorded once by the engine: Stats adds it up, the draft-length policy
-    learns acceptance and costs from it, and the stream's events carry it."""
+    learns acceptance and costs from it, and the stream's events carry it. A named tuple, as
+    immutable as a frozen dataclass and made in a third of its time, once a step (host_time.py)."""
 
     drafted: int
     accepted: int

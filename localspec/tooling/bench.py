@@ -70,6 +70,11 @@ class BenchRow:
     # sampled); see Stats.bit_exact.
     bit_exact: bool | None = None
     inexact_reason: str = ""
+    # Plain decoding's passes (one a token, and one more where an answer ends at an end of
+    # text, which is not emitted), all its runs together, and their rate: llama-bench's tg
+    # counts every pass as a token.
+    plain_passes: int = 0
+    plain_passes_per_s: float = 0.0
 
     @property
     def contradicted(self) -> bool:
@@ -223,6 +228,8 @@ def bench(
                     repeats=r,
                     bit_exact=m.bit_exact,
                     inexact_reason=m.inexact_reason,
+                    plain_passes=base.merged.verify_steps,
+                    plain_passes_per_s=base.merged.verify_steps / base.seconds if base.seconds > 0 else 0.0,
                 )
             )
     return rows
@@ -271,12 +278,20 @@ def geometric_mean(values: Sequence[float]) -> float:
 @dataclass(frozen=True)
 class VsLlamaBench:
     """Plain decoding against llama-bench's generation test, from an empty context (the
-    issue's `-n 128`) and at the prompts' mean length (`-d`), where attention costs the same."""
+    issue's `-n 128`) and at the prompts' mean length (`-d`), where attention costs the same.
+    Like for like: passes a second against llama-bench over the same positions, prompt by
+    prompt (-d its length less one, where the first answer token's pass runs; -n its runs'
+    passes), both as means over the prompts (like_depth, like_passes: the runs' means): a pass
+    costs more the deeper it runs, and steps up where the cache's cells in use pass 256."""
 
     ours: float
     empty: float
     at_depth: float | None = None
     depth: int = 0
+    ours_passes: float = 0.0  # plain decoding's passes a second, mean over the prompts
+    like: float | None = None  # llama-bench -d like_depth -n like_passes
+    like_depth: int = 0
+    like_passes: int = 0
 
 
 def format_summary(
@@ -315,6 +330,12 @@ def format_summary(
         if v.at_depth:
             line += f"; at the prompts' mean length (-d {v.depth}) {v.at_depth:.1f} tok/s: {v.ours / v.at_depth:.2f}x"
         lines.append(line)
+        if v.like:
+            lines.append(
+                f"like for like: plain decoding {v.ours_passes:.1f} passes/s (every pass a token, an end of text's "
+                f"too, as tg counts) vs llama-bench at each prompt's positions (mean -d {v.like_depth} "
+                f"-n {v.like_passes}) {v.like:.1f} tok/s: {v.ours_passes / v.like:.2f}x"
+            )
     if busy is not None:
         lines.append(f"warning: {unreliable_note(busy)}")
     if any(r.contradicted for r in rows):
