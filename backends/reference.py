@@ -26,6 +26,7 @@ import numpy.typing as npt
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import Exactness
 from localspec.core.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.records import check_block, check_ids, check_open, check_rollback
 from localspec.core.sampling import SamplingConfig, one_hot, process
 
 BOS, EOS, END_OF_TURN = 0, 1, 2
@@ -73,9 +74,7 @@ class ReferenceBackend:
             n_params=n_params,
         )
         # A gather has no batch limit: any block that fits the context is one call.
-        self.capabilities = Capabilities(
-            rollback=True, max_block=n_ctx, device="cpu", extra={"exact": "1"}, branches=n_ctx
-        )
+        self.capabilities = Capabilities(max_block=n_ctx, device="cpu", extra={"exact": "1"}, branches=n_ctx)
         # Each position's logits are a table lookup: a block's are one-token passes' exactly.
         self.exactness = Exactness(None)
 
@@ -113,11 +112,11 @@ class ReferenceBackend:
         return [BOS, *ids] if add_special else ids
 
     def token_bytes(self, token: int) -> bytes:
-        self._check_ids([token])
+        check_ids([token], self.info.name, self._vocab)
         return b"" if token < N_SPECIAL else bytes([token - N_SPECIAL])
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        self._check_ids(tokens)
+        check_ids(tokens, self.info.name, self._vocab)
         data = bytes(t - N_SPECIAL for t in tokens if t >= N_SPECIAL)
         return data.decode("utf-8", errors="replace")
 
@@ -135,12 +134,9 @@ class ReferenceBackend:
         return {"bos_token": "", "eos_token": ""}
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        if self._closed:
-            raise InvalidRequestError("this reference backend was closed", "load a new one")
-        if logits not in ("all", "last", "none"):
-            raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+        check_open(self._closed, self.info.name)
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        self._check_block(ids)
+        check_block(ids, logits, self.info, self.capabilities, len(self._tokens))
         # Row i continues ids[i]; its second-to-last token is ids[i-1], or the cache's tail.
         prev2 = np.empty_like(ids)
         if ids.size:
@@ -172,39 +168,13 @@ class ReferenceBackend:
         self._tokens[past:] = [nodes[i] for i in path]
 
     def rollback(self, n: int) -> None:
-        if self._closed:
-            raise InvalidRequestError("this reference backend was closed", "load a new one")
-        if n < 0:
-            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        check_open(self._closed, self.info.name)
+        check_rollback(n)
         del self._tokens[n:]
 
     def close(self) -> None:
         self._tokens.clear()
         self._closed = True
-
-    # -- checks ----------------------------------------------------------------------------
-
-    def _check_ids(self, tokens: Sequence[int] | npt.NDArray[np.int64]) -> None:
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._vocab):
-            bad = int(ids[(ids < 0) | (ids >= self._vocab)][0])
-            raise InvalidRequestError(
-                f"token id {bad} is outside this model's vocabulary of {self._vocab}",
-                "tokenize with the same model that evaluates",
-            )
-
-    def _check_block(self, ids: npt.NDArray[np.int64]) -> None:
-        self._check_ids(ids)
-        if ids.size > self.capabilities.max_block:
-            raise InvalidRequestError(
-                f"a block of {ids.size} tokens exceeds this backend's max_block of {self.capabilities.max_block}",
-                "split the block into chunks of at most max_block tokens",
-            )
-        if len(self._tokens) + ids.size > self.info.n_ctx:
-            raise InvalidRequestError(
-                f"the cache would hold {len(self._tokens) + ids.size} tokens but n_ctx is {self.info.n_ctx}",
-                "roll back first, or load the model with a larger n_ctx",
-            )
 
 
 def _ordered(parents: npt.NDArray[np.int64]) -> bool:

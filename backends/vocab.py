@@ -104,7 +104,8 @@ def piece(text: str, kind: int, spm: bool) -> bytes:
 
 @dataclass
 class Vocab:
-    """A tokenizer plus what the Backend protocol asks of it, in llama.cpp's terms."""
+    """A tokenizer plus what the Backend protocol asks of it, in llama.cpp's terms
+    (core.protocol.Vocabulary: the torch and MLX backends answer their text methods with it)."""
 
     tokenizer: Tokenizer
     kind: str  # "bpe" (byte-level) or "spm" (▁ for spaces, <0xNN> byte tokens)
@@ -113,10 +114,10 @@ class Vocab:
     bos: int | None
     eos: int | None
     eog: frozenset[int]
-    chat_template: str | None
+    template: str | None  # the chat template
     _identity: VocabIdentity | None = field(default=None, repr=False)
 
-    def encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         # encode_special_tokens=True reads control tokens as plain text, like llama.cpp's
         # parse_special=False; user-defined tokens are matched either way, as there.
         self.tokenizer.encode_special_tokens = not parse_special
@@ -126,11 +127,20 @@ class Vocab:
     def token_bytes(self, token: int) -> bytes:
         return self.pieces[token] if 0 <= token < len(self.pieces) else b""
 
-    def identity(self) -> VocabIdentity:
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def vocab_identity(self) -> VocabIdentity:
         if self._identity is None:
             texts = tuple(t.encode() for t in self.texts)
             self._identity = VocabIdentity(self.kind, len(texts), self.bos, self.eos, texts)
         return self._identity
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self.eog
+
+    def chat_template(self) -> str | None:
+        return self.template
 
     def special_texts(self) -> dict[str, str]:
         def text(i: int | None) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from localspec.control.calibrate import note_drift, remember_learnt
-from localspec.control.factory import make_policy
-from localspec.control.policy import AdaptiveDraftLength
+from localspec.control.costs import CostCurve
+from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.trees import attach_trees
 from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
@@ -181,7 +181,7 @@ class Runtime:
         self._owner: _Turn | None = None  # the request holding the runtime
         self._closed = False
         # The cost curve of the policy built here (one set from outside is not remembered).
-        self._costs: Any = None
+        self._costs: CostCurve | None = None
         self._drift_noted = False
         self._grammars: Grammars | None = None  # the target's grammar tokenizer, built on first use
 
@@ -191,10 +191,11 @@ class Runtime:
             draft_tokens, calibrate = self._policy_options
             fixed = 0 if self.strategy == "none" else draft_tokens
             block = self._block.pass_seconds if self._block is not None else None
-            self._policy = make_policy(self.target, self.draft, fixed, calibrate, block_pass_seconds=block)
-            self._costs = self._policy.costs if isinstance(self._policy, AdaptiveDraftLength) else None
-            if isinstance(self._policy, AdaptiveDraftLength):  # trees where this machine's curve says they pay
-                attach_trees(self.engine, self._policy)
+            priced = priced_policy(self.target, self.draft, fixed, calibrate, block_pass_seconds=block)
+            self._policy = priced if priced is not None else fixed_policy(fixed)
+            self._costs = priced.costs if priced is not None else None
+            if priced is not None:  # trees where this machine's curve says they pay
+                attach_trees(self.engine, priced)
         return self._policy
 
     @policy.setter
@@ -491,17 +492,14 @@ class Runtime:
     def idle_drafter_note(self, stats: Stats) -> str | None:
         """Why a draft model drafted nothing in a request, in the costs the controller weighed
         (None where it drafted, or no model drafts)."""
-        policy = self._policy
+        prices = self._policy.prices() if self._policy is not None else None
         by_model = stats.drafted - stats.lookup_drafted
-        if by_model or self.draft is None or not isinstance(policy, AdaptiveDraftLength):
+        if by_model or self.draft is None or prices is None:
             return None
-        step = policy.costs.verify(1)
-        block = policy.costs.verify(2) / step
-        drafted = policy.draft_seconds_per_token * policy.costs.scale / step
         return (
             f"the {self.label} drafter drafted nothing, so this answer was decoded plainly (as fast as without "
-            f"a drafter): here checking 2 tokens in one pass costs {block:.2f} single-token steps and guessing "
-            f"a token costs {drafted:.2f} of a step, so at how often its guesses were right no draft length "
+            f"a drafter): here checking 2 tokens in one pass costs {prices.pair:.2f} single-token steps and guessing "
+            f"a token costs {prices.draft:.2f} of a step, so at how often its guesses were right no draft length "
             "pays; a busy machine makes passes look dearer (`localspec doctor` shows the cost curve)"
         )
 

@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
 from gguf_writer import Gemma4Spec, HybridSpec, write_gemma4_pair, write_qwen35_gguf
-from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
@@ -40,25 +39,6 @@ def test_the_assistant_drafts_for_its_target_and_greedy_output_stays_the_targets
         spec = runtime.generate(prompt=PROMPT, max_tokens=60, temperature=0)
     assert spec.tokens == expected.tokens
     assert spec.stats.drafted > spec.stats.accepted > 0
-
-
-def test_the_agreement_check_reads_the_assistant_at_the_targets_next_position(pair) -> None:
-    target, assistant = pair
-    runtime = localspec.load(model=str(target), draft_model=str(assistant), n_ctx=256, draft_tokens=3, calibrate=False)
-    with runtime:
-        assert runtime.draft is not None
-        tokens = runtime.prompt_tokens(PROMPT * 2)[:24]
-        assert_agreement_is_measured_as_it_drafts(runtime.target, runtime.draft, tokens)
-
-
-def test_at_the_default_draft_length_the_assistant_is_calibrated_and_output_stays_the_targets(pair) -> None:
-    target, assistant = pair
-    with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
-        expected = plain.generate(prompt=PROMPT, max_tokens=40, temperature=0)
-    with localspec.load(model=str(target), draft_model=str(assistant), n_ctx=256) as runtime:  # as users run it
-        assert runtime.label == "mtp" and runtime.draft is not None
-        assert runtime.generate(prompt=PROMPT, max_tokens=40, temperature=0).tokens == expected.tokens
-        assert_calibrated_as_users_run_it(runtime.target, runtime.draft, runtime.policy)
 
 
 def test_the_cli_runs_a_gemma4_pair_at_the_default_draft_length(pair, capsys) -> None:

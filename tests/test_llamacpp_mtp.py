@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
 from gguf_writer import HybridSpec, write_qwen35_gguf
-from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it
+from head_support import assert_calibrated_as_users_run_it
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
@@ -26,7 +25,6 @@ from localspec.cli.main import main
 from localspec.core.errors import InvalidRequestError
 from localspec.core.sampling import SamplingConfig
 
-TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261, 40, 41]
 LOOPING = "the world and the world and the"
 
 
@@ -48,39 +46,6 @@ def opened() -> Iterator[Callable[..., LlamaCppBackend]]:
         backend.close()
 
 
-def test_the_head_reads_drafted_positions_again_with_the_targets_states_once_verified(with_head, opened) -> None:
-    # A clean pass: the target decodes the text, the head reads it with the target's states.
-    target = opened(with_head)
-    head = target.mtp_head()
-    target.eval_block(TEXT, "none")
-    clean = head.eval_block(TEXT, "all").copy()
-
-    # The same text reached through a draft: the head guesses 3 tokens on its own states, the
-    # target verifies them, and the head is rolled back to the accepted ones and moves on.
-    target = opened(with_head)
-    head = target.mtp_head()
-    m = 8
-    target.eval_block(TEXT[:m], "none")
-    head.eval_block(TEXT[: m + 1], "last")
-    for token in TEXT[m + 1 : m + 3]:
-        head.eval_block([token], "last")
-    target.eval_block(TEXT[m : m + 4], "all")  # the verify pass
-    head.rollback(m + 3)  # all three drafts kept
-    target.eval_block(TEXT[m + 4 :], "none")  # and the target goes on to the end
-    rest = head.eval_block(TEXT[m + 3 :], "all")
-    np.testing.assert_allclose(rest, clean[m + 3 :], atol=1e-4)
-
-
-@pytest.mark.parametrize("gamma", [1, 3])
-def test_greedy_mtp_drafting_reproduces_plain_decoding(with_head, opened, gamma: int) -> None:
-    target = opened(with_head)
-    plain = Runtime(target, strategy="none").generate(prompt=LOOPING, max_tokens=60, temperature=0)
-    runtime = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=gamma, calibrate=False)
-    spec = runtime.generate(prompt=LOOPING, max_tokens=60, temperature=0)
-    assert spec.tokens == plain.tokens
-    assert spec.stats.drafted > spec.stats.accepted > 0
-
-
 def test_mtp_sampling_follows_the_targets_law(with_head, opened) -> None:
     target = opened(with_head)
     runtime = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=2, calibrate=False)
@@ -91,13 +56,6 @@ def test_mtp_sampling_follows_the_targets_law(with_head, opened) -> None:
     assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
     p = chi_square_p_value(samples.counts, law)
     assert p > P_FLOOR, worst_cells(samples.counts, law)
-
-
-def test_the_agreement_check_reads_the_head_with_the_targets_states(with_head, opened) -> None:
-    target = opened(with_head)
-    assert_agreement_is_measured_as_it_drafts(
-        target, target.mtp_head(), target.tokenize(LOOPING * 2, add_special=True, parse_special=False)
-    )
 
 
 def test_auto_drafts_with_the_head_a_gguf_ships(with_head) -> None:

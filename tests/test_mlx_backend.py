@@ -443,7 +443,6 @@ def test_a_recurrent_model_rolls_back_to_where_a_clean_pass_over_the_kept_tokens
 
     model = tiny_mamba()
     rolled, clean = backend(), backend()
-    assert rolled.capabilities.rollback
     rolled.eval_block([BOS, 3, 4, 5, 6], "none")
     rolled.eval_block([7, 8, 9], "none")  # a draft, two of its tokens rejected
     rolled.rollback(6)

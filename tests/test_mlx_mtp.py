@@ -20,12 +20,12 @@ mx = pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip inst
 pytest.importorskip("mlx_lm.models.qwen3_5", reason="qwen3_5 needs mlx-lm 0.31 or later")
 
 import mlx.nn as nn  # noqa: E402
-from head_support import assert_agreement_is_measured_as_it_drafts, assert_calibrated_as_users_run_it  # noqa: E402
+from head_support import assert_calibrated_as_users_run_it  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import qwen3_5_moe  # noqa: E402
 from mlx_lm.utils import quantize_model, save_config  # noqa: E402
 from test_mlx_backend import N_RUNS, TOP5, Outcome, chi_square_pvalue, exact_law, first_two  # noqa: E402
-from test_mlx_hybrid import HYBRID_TEXT_CONFIG, PROMPT, TEXT, lookup_prompt, save_folder, tiny_hybrid  # noqa: E402
+from test_mlx_hybrid import HYBRID_TEXT_CONFIG, PROMPT, lookup_prompt, save_folder, tiny_hybrid  # noqa: E402
 
 from localspec import api  # noqa: E402
 from localspec.api import Runtime  # noqa: E402
@@ -60,41 +60,6 @@ def opened(folder: Path) -> MlxBackend:
     return backend
 
 
-def test_the_head_reads_drafted_positions_again_with_the_targets_states_once_verified(with_head: Path) -> None:
-    # A clean pass: the target decodes the text, the head reads it with the target's states.
-    target = opened(with_head)
-    head = target.mtp_head()
-    target.eval_block(TEXT, "none")
-    clean = head.eval_block(TEXT, "all").copy()
-    # The same text reached through a draft: the head guesses 2 tokens on its own states, the
-    # target verifies them, and the head is rolled back to the accepted ones and moves on.
-    target = opened(with_head)
-    head = target.mtp_head()
-    m = 6
-    target.eval_block(TEXT[:m], "none")
-    head.eval_block(TEXT[: m + 1], "last")
-    for token in TEXT[m + 1 : m + 3]:
-        head.eval_block([token], "last")
-    target.eval_block(TEXT[m : m + 4], "all")  # the verify pass
-    target.rollback(m + 3)
-    head.rollback(m + 3)  # both drafts kept
-    target.eval_block(TEXT[m + 3 :], "none")  # and the target goes on to the end
-    rest = head.eval_block(TEXT[m + 3 :], "all")
-    np.testing.assert_allclose(rest, clean[m + 3 :], atol=1e-5)
-
-
-@pytest.mark.parametrize("gamma", [1, 3])
-def test_greedy_mtp_drafting_reproduces_plain_decoding(with_head: Path, gamma: int) -> None:
-    target = opened(with_head)
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=60, temperature=0)
-    head = target.make_self_drafter("mtp", None)
-    assert head.capabilities.extra["self_draft"] == "mtp"
-    runtime = Runtime(target, head, strategy="draft", draft_tokens=gamma, calibrate=False)
-    spec = runtime.generate(prompt=PROMPT, max_tokens=60, temperature=0)
-    assert spec.tokens == plain.tokens
-    assert spec.stats.drafted > spec.stats.accepted > 0
-
-
 def test_mtp_sampling_follows_the_targets_law(with_head: Path) -> None:
     target = opened(with_head)
     prompt = lookup_prompt(target)
@@ -115,11 +80,6 @@ def test_a_folder_without_mtp_weights_is_refused_with_what_to_use(tmp_path: Path
     with pytest.raises(InvalidRequestError, match="no MTP head") as refused:
         target.make_self_drafter("mtp", None)
     assert refused.value.hint is not None and "MTP" in refused.value.hint
-
-
-def test_the_agreement_check_reads_the_head_with_the_targets_states(with_head: Path) -> None:
-    target = opened(with_head)
-    assert_agreement_is_measured_as_it_drafts(target, target.mtp_head(), TEXT * 2)
 
 
 # -- auto, MoE and quantized heads ------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_exact_probs_is_the_processed_target_row() -> None:
 def test_a_block_past_n_ctx_is_refused_and_leaves_the_cache_alone() -> None:
     backend = ReferenceBackend(n_ctx=8)
     backend.eval_block(TEXT[:6], "none")
-    with pytest.raises(InvalidRequestError, match="n_ctx"):
+    with pytest.raises(InvalidRequestError, match="context of 8 tokens is full"):
         backend.eval_block(TEXT[6:9], "last")
     assert backend.n_past == 6
 

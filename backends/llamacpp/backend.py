@@ -37,6 +37,7 @@ from localspec.core.gguf_header import (
     load_failure_hint,
 )
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import depths
 
@@ -242,7 +243,6 @@ class LlamaCppBackend:
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
         self.capabilities = Capabilities(
-            rollback=True,
             max_block=max_block,
             device="rpc" if rpc else ("gpu" if device else "cpu"),
             extra=extra,
@@ -349,9 +349,9 @@ class LlamaCppBackend:
             step = self._max_rows
             return np.concatenate([self.eval_block(tokens[i : i + step], "all").copy() for i in range(0, n, step)])
         if n > self.capabilities.max_block:
-            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
+            raise block_too_long(n, self.capabilities.max_block)
         if len(self._tokens) + n > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
+            raise context_full(self.info.n_ctx)
         if n == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: numpy's calls cost more than they do
@@ -393,10 +393,7 @@ class LlamaCppBackend:
         self._tok[:n] = tokens
         if int(self._tok[:n].min()) < 0 or int(self._tok[:n].max()) >= self._n_vocab:
             bad = next(int(t) for t in tokens if not 0 <= t < self._n_vocab)
-            raise InvalidRequestError(
-                f"token id {bad} is outside {self.info.name}'s vocabulary of {self._n_vocab}",
-                "tokenize with the model that evaluates, or use a drafter with the target's tokenizer",
-            )
+            raise outside_vocabulary(bad, self.info.name, self._n_vocab)
         past = len(self._tokens)
         self._pos[:n] = np.arange(past, past + n)
         self._out[:n] = 0
@@ -488,8 +485,7 @@ class LlamaCppBackend:
 
     def rollback(self, n: int) -> None:
         self._live()
-        if n < 0:
-            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
+        check_rollback(n)
         if self._trees is not None and self._trees.open:  # a tree left without keep_branch
             self._trees.abandon()
             n = min(n, len(self._tokens))

@@ -32,6 +32,7 @@ from llama_cpp import llama_cpp_ext as ext
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import GGUFHeader, diagnose_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities
+from localspec.core.records import HeadOfTarget
 
 from .features import HiddenRows, target_layer_ids
 from .mtp import MtpHead, head_context
@@ -49,7 +50,8 @@ class Eagle3Head(MtpHead):
     def __init__(
         self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, path: str, borrows_output: bool
     ) -> None:
-        self._target, self._states, self._model = target, features, model
+        HeadOfTarget.__init__(self, target)  # not MtpHead's: an EAGLE-3 head is a model of its own
+        self._states, self._model = features, model
         ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
         if not ctx:
             llama.llama_model_free(model)
@@ -65,10 +67,6 @@ class Eagle3Head(MtpHead):
         self._ubatch = int(llama.llama_n_ubatch(ctx))
         self._width = int(llama.llama_model_n_embd(model))
         self._vocab = target.info.n_vocab
-        self._tokens: list[int] = []
-        self._own: dict[int, np.ndarray] = {}
-        self._guessed: set[int] = set()
-        self._closed = False
         size, params = _cost(target, model, borrows_output)
         self.info = replace(
             target.info,
@@ -81,7 +79,7 @@ class Eagle3Head(MtpHead):
         )
         extra = {**target.capabilities.extra, "self_draft": ARCHITECTURE}
         self.capabilities = Capabilities(
-            rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
+            max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
         )
 
     def _pass(self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray]) -> None:

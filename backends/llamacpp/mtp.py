@@ -28,7 +28,8 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as ext
 
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.protocol import Backend, Capabilities, HeadOfTarget, Logits, LogitsMode
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode
+from localspec.core.records import HeadOfTarget
 
 from .features import HiddenRows
 
@@ -46,13 +47,14 @@ def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int) ->
     return llama.llama_init_from_model(model, cparams)
 
 
-class MtpHead(HeadOfTarget):
+class MtpHead(HeadOfTarget[np.ndarray]):
     """The target's MTP block, drafting for it (see the module doc)."""
 
     def __init__(
         self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: bool = False
     ) -> None:
-        self._target, self._states = target, states
+        super().__init__(target)
+        self._states = states
         self._model = model if assistant else None  # an assistant file's own model, freed on close
         ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_MTP)
         if not ctx:
@@ -67,10 +69,6 @@ class MtpHead(HeadOfTarget):
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = states.width
         self._vocab = target.info.n_vocab
-        self._tokens: list[int] = []
-        self._own: dict[int, np.ndarray] = {}  # position -> the head's own hidden state there
-        self._guessed: set[int] = set()  # positions read with the head's own state, not the target's
-        self._closed = False
         layers = max(target.info.n_layers, 1)
         if assistant:  # a file of its own: priced by its own size (calibrate.prior_calibration)
             size, params = int(llama.llama_model_size(model)), int(llama.llama_model_n_params(model))
@@ -79,7 +77,7 @@ class MtpHead(HeadOfTarget):
         self.info = replace(target.info, name=f"{target.info.name} [mtp]", size_bytes=size, n_params=params)
         extra = {**target.capabilities.extra, "self_draft": "mtp"}
         self.capabilities = Capabilities(
-            rollback=True, max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
+            max_block=target.capabilities.max_block, device=target.capabilities.device, extra=extra
         )
 
     # -- drafting ---------------------------------------------------------------------------
@@ -100,7 +98,7 @@ class MtpHead(HeadOfTarget):
         return own, False
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        n, past = len(tokens), self._admit(tokens)
+        n, past = len(tokens), self._admit(tokens, logits)
         if n == 0:
             return np.empty((0, self._vocab), dtype=np.float32)
         frontier = len(self._target.cached_tokens())  # beyond it, drafts need the head's own states
@@ -146,24 +144,8 @@ class MtpHead(HeadOfTarget):
             if q in into:
                 into[q][:] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,))
 
-    def rollback(self, n: int) -> None:
-        if n < 0:
-            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
-        kept = self._tokens[:n]
-        if self.shared:  # no cache of its own: what it read lives in the target's
-            del self._tokens[n:]
-            self._guessed = {q for q in self._guessed if q < n}
-            self._own = {q: h for q, h in self._own.items() if q < n}
-            return
-        # Positions read with the head's own state that the target has decoded since are read
-        # again with the target's state: from the first of them on.
-        again = next((q for q in sorted(self._guessed) if q < len(kept) and self._known(q - 1)), len(kept))
-        llama.llama_memory_seq_rm(self._mem, 0, max(again - self.shift, 0), -1)
-        del self._tokens[again:]
-        self._guessed = {q for q in self._guessed if q < again}
-        self._own = {q: h for q, h in self._own.items() if q < again}
-        if again < len(kept):
-            self.eval_block(kept[again:], "none")
+    def _forget(self, position: int) -> None:
+        llama.llama_memory_seq_rm(self._mem, 0, max(position - self.shift, 0), -1)
 
     def close(self) -> None:
         if self._closed:

@@ -46,7 +46,8 @@ from mlx.nn.layers.normalization import RMSNorm
 from mlx_lm.models.cache import RotatingKVCache
 
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
+from localspec.core.protocol import Capabilities, Logits, LogitsMode
+from localspec.core.records import HeadOfTarget
 
 from .modules import eval_parameters, parameter_bytes, quantize_like, text_model
 
@@ -170,27 +171,24 @@ def _weights(folder: str) -> dict[str, mx.array]:
     return weights
 
 
-class MlxAssistantHead(HeadOfTarget):
+class MlxAssistantHead(HeadOfTarget[mx.array]):
     """A Gemma 4 assistant as a Backend, so ModelDrafter drafts with it (see the module doc)."""
 
     _target: MlxTarget
     shared = True
 
     def __init__(self, target: MlxTarget, module: Gemma4Assistant, name: str) -> None:
-        self._target, self._module = target, module
+        super().__init__(target)
+        self._module = module
         inner = text_model(target.model).model
         self._embed, self._scale = inner.embed_tokens, float(inner.embed_scale)
         self._window = int(text_model(target.model).args.sliding_window)
         self._sources = self._cache_sources(inner, name)
         self._states = target.hidden_states()
-        self._tokens: list[int] = []
-        self._own: dict[int, mx.array] = {}  # position -> the assistant's h' after reading it
-        self._closed = False
         size, info = parameter_bytes(module), target.info  # priced by its own size (calibrate.prior_calibration)
         params = info.n_params * size // max(info.size_bytes, 1)
         self.info = replace(info, name=name, size_bytes=size, n_params=params, n_layers=len(module.layers))
         self.capabilities = Capabilities(
-            rollback=True,
             max_block=target.capabilities.max_block,
             device=target.capabilities.device,
             extra={**target.capabilities.extra, "self_draft": "mtp"},
@@ -251,7 +249,7 @@ class MlxAssistantHead(HeadOfTarget):
         return own
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        n, past = len(tokens), self._admit(tokens)
+        n, past = len(tokens), self._admit(tokens, logits)
         frontier = len(self._target.cached_tokens())
         picked = list(range(n)) if logits == "all" else ([n - 1] if logits == "last" and n else [])
         rows: dict[int, mx.array] = {}
@@ -274,12 +272,6 @@ class MlxAssistantHead(HeadOfTarget):
         self._own[q] = state[0, 0].astype(mx.float32)
         out: mx.array = logits[0, 0]
         return out
-
-    def rollback(self, n: int) -> None:
-        if n < 0:
-            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
-        del self._tokens[n:]  # no cache of its own: what it read lives in the target's
-        self._own = {q: h for q, h in self._own.items() if q < n}
 
     def close(self) -> None:
         self._closed = True

@@ -32,7 +32,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, TextFromVocab
+from localspec.core.records import check_block, check_open, check_rollback
 
 from ..vocab import Vocab
 from .modules import (
@@ -119,8 +120,10 @@ class Forward:
         return mx.tanh(out / cap) * cap if cap else out
 
 
-class MlxBackend:
+class MlxBackend(TextFromVocab):
     """An mlx-lm model, its tokenizer and a KV cache of its own."""
+
+    vocab: Vocab
 
     def __init__(
         self,
@@ -162,7 +165,7 @@ class MlxBackend:
             n_params=parameter_count(model, forward.unused()),
             n_layers=forward.n_layers,
         )
-        self.capabilities = Capabilities(rollback=True, max_block=max_block, device=extras["device"], extra=extras)
+        self.capabilities = Capabilities(max_block=max_block, device=extras["device"], extra=extras)
 
     def _probe_vocab(self) -> int:
         model = self.forward.model
@@ -183,50 +186,21 @@ class MlxBackend:
     def cached_tokens(self) -> Sequence[int]:
         return self._tokens
 
-    def vocab_identity(self) -> VocabIdentity:
-        return self.vocab.identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self.vocab.eog
-
-    def chat_template(self) -> str | None:
-        return self.vocab.chat_template
-
-    def special_texts(self) -> dict[str, str]:
-        return self.vocab.special_texts()
-
-    # -- text -------------------------------------------------------------------------------
+    # -- text (TextFromVocab answers the rest from self.vocab) --------------------------------
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        if self._closed:
-            raise InvalidRequestError("this MLX backend was closed", "load the model again")
-        return self.vocab.encode(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.vocab.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.vocab.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        check_open(self._closed, self.info.name)
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        if self._closed:
-            raise InvalidRequestError("this MLX backend was closed", "load the model again")
-        if logits not in ("all", "last", "none"):
-            raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
+        check_open(self._closed, self.info.name)
+        check_block(tokens, logits, self.info, self.capabilities, len(self._tokens))
         n = len(tokens)
-        if n > self.capabilities.max_block:
-            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
-        if len(self._tokens) + n > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
         if n == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
         ids = np.asarray(tokens, dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= self._n_vocab:
-            raise InvalidRequestError(
-                f"token ids must be in [0, {self._n_vocab}), got {int(ids.min())}..{int(ids.max())}"
-            )
         self._resync()
         past = len(self._tokens)
         # Short blocks (verify blocks, drafts) leave a mark per position where the model can.
@@ -269,10 +243,8 @@ class MlxBackend:
                 c.trim(max(0, int(getattr(c, "offset", n)) - n))
 
     def rollback(self, n: int) -> None:
-        if self._closed:
-            raise InvalidRequestError("this MLX backend was closed", "load the model again")
-        if n < 0:
-            raise InvalidRequestError(f"cannot keep {n} tokens")
+        check_open(self._closed, self.info.name)
+        check_rollback(n)
         self._resync()
         drop = len(self._tokens) - n
         if drop <= 0:

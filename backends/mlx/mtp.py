@@ -31,8 +31,8 @@ from mlx.nn.layers.normalization import RMSNorm
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Capabilities, HeadOfTarget, Logits, LogitsMode
+from localspec.core.protocol import Capabilities, Logits, LogitsMode
+from localspec.core.records import HeadOfTarget
 
 from .modules import text_model
 
@@ -121,27 +121,23 @@ def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
-class MlxMtpHead(HeadOfTarget):
+class MlxMtpHead(HeadOfTarget[mx.array]):
     """The target's MTP block as a Backend, so ModelDrafter drafts with it (see the module doc)."""
 
     _target: MlxTarget
 
     def __init__(self, target: MlxTarget, block: MtpBlock) -> None:
-        self._target, self._block = target, block
+        super().__init__(target)
+        self._block = block
         self._states = target.hidden_states()
         self._embed = text_model(target.model).model.embed_tokens
         self._cache = KVCache()  # type: ignore[no-untyped-call]
-        self._tokens: list[int] = []
-        self._own: dict[int, mx.array] = {}  # position -> the head's own hidden state there
-        self._guessed: set[int] = set()  # positions read with the head's own state
-        self._closed = False
         layers = max(target.info.n_layers, 1)
         info = target.info  # one block of the target's, priced as such (calibrate.prior_calibration)
         self.info = replace(
             info, name=f"{info.name} [mtp]", size_bytes=info.size_bytes // layers, n_params=info.n_params // layers
         )
         self.capabilities = Capabilities(
-            rollback=True,
             max_block=target.capabilities.max_block,
             device=target.capabilities.device,
             extra={**target.capabilities.extra, "self_draft": "mtp"},
@@ -162,7 +158,7 @@ class MlxMtpHead(HeadOfTarget):
         return own
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        n, past = len(tokens), self._admit(tokens)
+        n, past = len(tokens), self._admit(tokens, logits)
         frontier = len(self._target.cached_tokens())
         rows: list[mx.array] = []
         k = 0
@@ -188,19 +184,8 @@ class MlxMtpHead(HeadOfTarget):
             self._own[start + k] = out[k]
         return out
 
-    def rollback(self, n: int) -> None:
-        if n < 0:
-            raise InvalidRequestError(f"rollback needs a token count of 0 or more, got {n}")
-        kept = self._tokens[:n]
-        # Positions read with the head's own state that the target has decoded since are read
-        # again with the target's state: from the first of them on.
-        again = next((q for q in sorted(self._guessed) if q < len(kept) and self._known(q - 1)), len(kept))
-        self._cache.trim(self._cache.offset - again)  # type: ignore[no-untyped-call]
-        del self._tokens[again:]
-        self._guessed = {q for q in self._guessed if q < again}
-        self._own = {q: h for q, h in self._own.items() if q < again}
-        if again < len(kept):
-            self.eval_block(kept[again:], "none")
+    def _forget(self, position: int) -> None:
+        self._cache.trim(self._cache.offset - position)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         self._closed = True

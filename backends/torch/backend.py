@@ -18,7 +18,8 @@ from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import check_gguf, read_header
-from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, TextFromVocab
+from localspec.core.records import check_block, check_open, check_rollback
 from localspec.core.sampling import Distribution, SamplingConfig
 
 from ..vocab import Vocab, from_folder, from_gguf
@@ -104,7 +105,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class TorchBackend:
+class TorchBackend(TextFromVocab):
     """One model with its own static KV cache, on the CPU or a CUDA GPU.
 
     Options: n_ctx (capped at the model's training length), threads (CPU; default one per
@@ -154,7 +155,7 @@ class TorchBackend:
         self.model, n_params, n_bytes = self._build(source, n_ctx)
         self.cache = KVCache(config.n_layers, config.n_kv_heads, n_ctx, config.head_dim, self._dtype, self._device)
         self._positions = torch.arange(n_ctx, device=self._device)
-        self._vocab = source.vocab
+        self.vocab = source.vocab
         self._n_vocab = self.model.output.out_features
         self._tokens: list[int] = []
         self._closed = False
@@ -206,9 +207,7 @@ class TorchBackend:
             n_layers=config.n_layers,
         )
         verifies = self._device.type == "cuda" if verify_on_device is None else verify_on_device
-        self.capabilities = Capabilities(
-            rollback=True, max_block=max_block, device=self._device.type, extra=extra, verifies=verifies
-        )
+        self.capabilities = Capabilities(max_block=max_block, device=self._device.type, extra=extra, verifies=verifies)
 
     def _graphed(self) -> GraphedSteps:
         from .cuda import GraphedSteps
@@ -332,29 +331,6 @@ class TorchBackend:
         self._sync()
         return self._tokens
 
-    def vocab_identity(self) -> VocabIdentity:
-        return self._vocab.identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._vocab.eog
-
-    def chat_template(self) -> str | None:
-        return self._vocab.chat_template
-
-    def special_texts(self) -> dict[str, str]:
-        return self._vocab.special_texts()
-
-    # -- text -------------------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._vocab.encode(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._vocab.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
-
     # -- evaluation -------------------------------------------------------------------------
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
@@ -393,18 +369,9 @@ class TorchBackend:
             return verify.accept(tokens[1:], draft_dists, self._evaluate(tokens, "all"), cfg, rng)
 
     def _check(self, tokens: Sequence[int], logits: str) -> None:
-        n = len(tokens)
-        if self._closed:
-            raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
-        if logits not in ("all", "last", "none"):
-            raise InvalidRequestError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
-        if n > self.capabilities.max_block:
-            raise InvalidRequestError(f"a block of {n} tokens exceeds the batch of {self.capabilities.max_block}")
-        self._sync()
-        if len(self._tokens) + n > self.info.n_ctx:  # an early-exit view starts past its host's tokens
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        if any(not 0 <= t < self._n_vocab for t in tokens):
-            raise InvalidRequestError(f"token ids must lie in [0, {self._n_vocab})")
+        check_open(self._closed, self.info.name)
+        self._sync()  # an early-exit view starts past its host's tokens
+        check_block(tokens, logits, self.info, self.capabilities, len(self._tokens))
 
     def _evaluate(self, tokens: Sequence[int], logits: str) -> torch.Tensor:
         """The block's logits as a tensor on the model's device ([0, 0] for "none")."""
@@ -470,8 +437,8 @@ class TorchBackend:
     def rollback(self, n: int) -> None:
         # The cache rows past n stay allocated and are overwritten by the next block, so rows
         # a Ctrl+C left unrecorded are overwritten too: nothing needs clearing.
-        if self._closed:
-            raise InvalidRequestError(f"{self.info.name} was closed", "load the model again")
+        check_open(self._closed, self.info.name)
+        check_rollback(n)
         self._sync()
         if self._host is not None and n < self._host.n_past:
             self._host.rollback(n)  # those rows are shared: forgetting them is for both

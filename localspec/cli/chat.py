@@ -14,6 +14,7 @@ from localspec.cli.options import (
     load_options,
     sampling,
 )
+from localspec.core.backend_loader import kind_of
 from localspec.core.choices import STRATEGY_HELP
 from localspec.core.errors import LocalspecError
 from localspec.core.options import LoadOptions
@@ -67,7 +68,7 @@ def with_remembered(args: argparse.Namespace, load: LoadOptions, saved: dict[str
     """The load options and temperature, each from the command line where it was given (not
     left at its default), else as the last chat left it."""
     changes = {}
-    if load.model is None and load.draft_model is None and load.backend == "llamacpp":
+    if load.model is None and load.draft_model is None and kind_of(load.backend).gguf:  # the chat remembers GGUF files
         changes = {k: saved[k] for k in ("model", "draft_model") if saved.get(k) is not None}
     for name, default in (("strategy", "auto"), ("draft_tokens", "auto")):
         if getattr(load, name) == default and name in saved:

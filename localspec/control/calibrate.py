@@ -26,7 +26,8 @@ from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve
 from localspec.control.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
 from localspec.core.progress import report
-from localspec.core.protocol import Backend, HeadOfTarget, eval_chunked
+from localspec.core.protocol import Backend, eval_chunked
+from localspec.core.records import HeadOfTarget
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters import common_prefix
 from localspec.drafters.model import ModelDrafter

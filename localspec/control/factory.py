@@ -9,7 +9,7 @@ from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve
 from localspec.control.policy import AdaptiveDraftLength, FixedDraftLength
 from localspec.core.choices import DraftTokens
-from localspec.core.protocol import Backend, DraftLengthPolicy
+from localspec.core.protocol import Backend
 
 
 def ngram_policy(curve: CostCurve, config: ControlConfig = DEFAULT) -> AdaptiveDraftLength:
@@ -63,22 +63,25 @@ def block_policy(curve: CostCurve, pass_seconds: float, config: ControlConfig = 
     )
 
 
-def make_policy(
+def fixed_policy(draft_tokens: DraftTokens, config: ControlConfig = DEFAULT) -> FixedDraftLength:
+    """The length the caller fixed, or config.uncalibrated_draft for "auto" without a cost curve."""
+    return FixedDraftLength(config.uncalibrated_draft if draft_tokens == "auto" else draft_tokens)
+
+
+def priced_policy(
     target: Backend,
     draft: Backend | None,
     draft_tokens: DraftTokens,
     calibrate: bool = True,
     config: ControlConfig = DEFAULT,
     block_pass_seconds: float | None = None,
-) -> DraftLengthPolicy:
+) -> AdaptiveDraftLength | None:
     """The policy for `target` drafted for by `draft` (None: n-gram lookup, or a block drafter
-    whose pass takes block_pass_seconds). draft_tokens: a fixed draft length (0: plain
-    decoding) or "auto"; calibrate=False: no cost curve, so a fixed config.uncalibrated_draft.
-    On a hybrid target every choice prices the replay a long rejection costs."""
-    if draft_tokens != "auto":
-        return FixedDraftLength(draft_tokens)
-    if not calibrate:
-        return FixedDraftLength(config.uncalibrated_draft)
+    whose pass takes block_pass_seconds), pricing draft lengths on a cost curve; None where the
+    caller fixed the length or asked for no curve (calibrate=False): then fixed_policy. On a
+    hybrid target every choice prices the replay a long rejection costs."""
+    if draft_tokens != "auto" or not calibrate:
+        return None
     # No pass is timed before the first token: the curve starts from what is known (see
     # starting_calibration) and learns from the passes decoding makes anyway.
     curve = starting_calibration(target).cost_curve(config)

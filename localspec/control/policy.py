@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve
-from localspec.core.protocol import Decision
+from localspec.core.protocol import Decision, DraftPrices
 from localspec.core.stats import Step
 
 
@@ -65,6 +65,9 @@ class FixedDraftLength:
     def explain(self) -> Decision | None:
         return Decision("fixed", (), self.gamma, self.gamma, "a fixed draft length, cut at the step's limit")
 
+    def prices(self) -> DraftPrices | None:
+        return None
+
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:
         pass
 
@@ -73,7 +76,7 @@ class FixedDraftLength:
 class AdaptiveDraftLength:
     costs: CostCurve
     draft_seconds_per_token: float
-    # The role's settings below are what factory.make_policy fills in from the config; a
+    # The role's settings below are what factory.priced_policy fills in from the config; a
     # bare policy (tests, `doctor`) takes these defaults.
     max_gamma: int = DEFAULT.max_draft
     prior: float = DEFAULT.unknown_prior  # for drafts of unknown support
@@ -185,6 +188,10 @@ class AdaptiveDraftLength:
         gamma, self._declined = self._probe(best, limit, support)
         self._note("draft", best, gamma, self.margin)
         return gamma
+
+    def prices(self) -> DraftPrices:
+        step = self.costs.verify(1)
+        return DraftPrices(step, self.costs.verify(2) / step, self.draft_seconds_per_token * self.costs.scale / step)
 
     def explain(self) -> Decision | None:
         if not self._weighed:

@@ -23,13 +23,15 @@ from typing import Any, cast
 import numpy as np
 
 from localspec.control.calibrate import Calibration
+from localspec.control.config import DEFAULT
 from localspec.control.costs import CostCurve
-from localspec.control.factory import model_policy
+from localspec.control.factory import model_policy, ngram_policy
 from localspec.core.engine import Engine
-from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, ModelInfo
+from localspec.core.protocol import Backend, Capabilities, Decision, DraftLengthPolicy, DraftPrices, ModelInfo
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.drafters import common_prefix
+from localspec.drafters.memory import NgramMemory
 from localspec.drafters.ngram import NgramDrafter
 
 
@@ -83,7 +85,7 @@ class ReplayTarget:
         self.n_vocab = n_vocab
         self._tokens: list[int] = []
         self.info = ModelInfo("replay", "replay", "replay", "replay", 1 << 16, n_vocab, 0, 0, 0)
-        self.capabilities = Capabilities(rollback=True, max_block=512, device="cpu")
+        self.capabilities = Capabilities(max_block=512, device="cpu")
 
     @property
     def n_past(self) -> int:
@@ -144,6 +146,9 @@ class Traced:
     def explain(self) -> Decision | None:
         return self.inner.explain()
 
+    def prices(self) -> DraftPrices | None:
+        return self.inner.prices()
+
     def observe(self, step: Step) -> None:
         support, gamma, _ = self.steps[-1]
         self.steps[-1] = (support, gamma, step.accepted)
@@ -162,13 +167,15 @@ def replay(
     trace: bool = False,
     sampled: bool = False,
     real_time: bool = False,
+    drafter: NgramDrafter | None = None,
 ) -> float:
-    """Simulated seconds to decode the whole answer with n-gram drafting under `policy`;
-    trace prints support:drafted/accepted per step."""
+    """Simulated seconds to decode the whole answer with n-gram drafting under `policy`
+    (`drafter`: one with a memory of earlier requests); trace prints support:drafted/accepted
+    per step."""
     clock = Clock(real_time)
     target = ReplayTarget(prompt + answer, truth, clock, n_vocab)
     # The engine reads only the methods ReplayTarget has (its loop, not the whole protocol).
-    engine = Engine(cast(Backend, target), NgramDrafter(), free_drafter=True, clock=clock)
+    engine = Engine(cast(Backend, target), drafter or NgramDrafter(), free_drafter=True, clock=clock)
     stats, produced, traced = Stats(), list[int](), Traced(policy, sampled)
     cfg = SamplingConfig(temperature=0.0)
     for step in engine.generate(prompt, len(answer), cfg, traced, stats, np.random.default_rng(0)):
@@ -230,14 +237,19 @@ def ceiling(prompt: list[int], answer: list[int], truth: Truth, guesses: Sequenc
 class LookupCache:
     """llama-lookup's drafter as its source reads (common/ngram-cache.cpp), for comparison:
     counts of what followed every 1- to 4-gram; a draft extends token by token with the most
-    frequent follower of the longest n-gram whose counts pass its "lax" thresholds."""
+    frequent follower of the longest n-gram whose counts pass its "lax" thresholds, and, given
+    a dynamic cache (`-lcd`: the counts of earlier runs' texts), of the longest whose counts
+    there pass its "strict" ones."""
 
     MIN_SAMPLES = (2, 2, 1, 1)  # per n-gram size 1..4
     MIN_PERCENT = (66, 50, 50, 50)
+    STRICT_SAMPLES = (4, 3, 2, 2)
+    STRICT_PERCENT = (75, 66, 66, 66)
 
-    def __init__(self, tokens: Sequence[int]) -> None:
+    def __init__(self, tokens: Sequence[int], dynamic: LookupCache | None = None) -> None:
         self.counts: dict[tuple[int, ...], Counter[int]] = defaultdict(Counter)
         self.tokens: list[int] = []
+        self.dynamic = dynamic
         self.add(tokens)
 
     def add(self, tokens: Sequence[int]) -> None:
@@ -248,29 +260,41 @@ class LookupCache:
                 if end - n >= 0:
                     self.counts[tuple(self.tokens[end - n : end])][token] += 1
 
+    def merge(self, other: LookupCache) -> None:
+        """Take another run's counts (llama-lookup saving its context into the dynamic cache)."""
+        for key, followers in other.counts.items():
+            self.counts[key].update(followers)
+
+    def follower(self, text: Sequence[int], samples: Sequence[int], percent: Sequence[int]) -> int | None:
+        for n in range(4, 0, -1):
+            followers = self.counts.get(tuple(text[-n:])) if len(text) >= n else None
+            if not followers:
+                continue
+            total = sum(followers.values())
+            token, count = followers.most_common(1)[0]
+            if total >= samples[n - 1] and 100 * count >= percent[n - 1] * total:
+                return token
+        return None
+
     def draft(self, n_draft: int) -> list[int]:
         out: list[int] = []
         while len(out) < n_draft:
             text = self.tokens + out
-            guess = None
-            for n in range(4, 0, -1):
-                followers = self.counts.get(tuple(text[-n:])) if len(text) >= n else None
-                if not followers:
-                    continue
-                total = sum(followers.values())
-                token, count = followers.most_common(1)[0]
-                if total >= self.MIN_SAMPLES[n - 1] and 100 * count >= self.MIN_PERCENT[n - 1] * total:
-                    guess = token
-                    break
+            guess = self.follower(text, self.MIN_SAMPLES, self.MIN_PERCENT)
+            if guess is None and self.dynamic is not None:
+                guess = self.dynamic.follower(text, self.STRICT_SAMPLES, self.STRICT_PERCENT)
             if guess is None:
                 break
             out.append(guess)
         return out
 
 
-def replay_lookup(prompt: list[int], answer: list[int], truth: Truth, n_draft: int) -> float:
-    """Simulated seconds of llama-lookup's loop (a fixed draft of up to n_draft tokens)."""
-    cache, done, seconds, last = LookupCache(prompt), 0, 0.0, 0
+def replay_lookup(
+    prompt: list[int], answer: list[int], truth: Truth, n_draft: int, dynamic: LookupCache | None = None
+) -> float:
+    """Simulated seconds of llama-lookup's loop (a fixed draft of up to n_draft tokens); with
+    `dynamic`, its -lcd cache, which takes this run's counts at the end as llama-lookup saves it."""
+    cache, done, seconds, last = LookupCache(prompt, dynamic), 0, 0.0, 0
     while done < len(answer):
         guess = cache.draft(min(n_draft, len(answer) - done - 1))
         accepted = common_prefix(guess, answer[done:])
@@ -278,6 +302,41 @@ def replay_lookup(prompt: list[int], answer: list[int], truth: Truth, n_draft: i
         last = len(guess) + 1
         cache.add(answer[done : done + accepted + 1])
         done += accepted + 1
+    if dynamic is not None:
+        dynamic.merge(cache)
+    return seconds
+
+
+def replay_session(
+    requests: Sequence[Mapping[str, Sequence[int]]], cal: Calibration, n_vocab: int, gammas: Sequence[int] = (4, 8)
+) -> dict[str, float]:
+    """A session of related requests (benchmarks/memory_replay.py) replayed in order: simulated
+    seconds per column (plain, n-gram with and without the memory of the session's earlier
+    requests, llama-lookup at each γ with and without its -lcd cache) over every request but
+    the first, which nothing can be recalled for. One policy per column, as one runtime serves
+    a session."""
+    truth = Truth.of(cal)
+    # A curve of its own per policy: a policy learns its curve as it goes, the truth must not.
+    policies = {"ngram": ngram_policy(cal.cost_curve()), "ngram+memory": ngram_policy(cal.cost_curve())}
+    memory = NgramMemory()
+    dynamic = {g: LookupCache([]) for g in gammas}
+    seconds: dict[str, float] = {}
+    for i, rec in enumerate(requests):
+        prompt, answer = list(rec["prompt"]), list(rec["answer"])
+        columns = {
+            "plain": truth.plain(prompt, answer),
+            "ngram": replay(prompt, answer, truth, n_vocab, policies["ngram"]),
+            "ngram+memory": replay(
+                prompt, answer, truth, n_vocab, policies["ngram+memory"], drafter=NgramDrafter(memory=memory)
+            ),
+        }
+        for g in gammas:
+            columns[f"lookup γ={g}"] = replay_lookup(prompt, answer, truth, g)
+            columns[f"lookup γ={g} -lcd"] = replay_lookup(prompt, answer, truth, g, dynamic[g])
+        memory.add(prompt + answer)
+        if i > 0:
+            for column, s in columns.items():
+                seconds[column] = seconds.get(column, 0.0) + s
     return seconds
 
 
@@ -319,7 +378,7 @@ def score(
     n_vocab: int,
     policy: Callable[[], DraftLengthPolicy],
     max_fixed: int = 8,
-    max_draft: int = 15,
+    max_draft: int = DEFAULT.max_draft,
 ) -> Score:
     """Every answer replayed with a fresh policy(), beside the fixed lengths and the ceiling."""
     plain = adaptive = best = top = 0.0

@@ -31,9 +31,7 @@ class TreeReplayTarget(ReplayTarget):
 
     def __init__(self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int, repass: bool = False) -> None:
         super().__init__(text, truth, clock, n_vocab)
-        self.capabilities = Capabilities(
-            rollback=True, max_block=512, device="cpu", branches=16, repasses_branch=repass
-        )
+        self.capabilities = Capabilities(max_block=512, device="cpu", branches=16, repasses_branch=repass)
         self._open: tuple[int, list[int]] = (0, [])
         self._parents: list[int] = []
 

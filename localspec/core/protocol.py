@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from localspec.core.errors import BackendClosedError, InvalidRequestError
-
 if TYPE_CHECKING:
     from localspec.core.sampling import Distribution, SamplingConfig
     from localspec.core.stats import Step
@@ -58,7 +56,6 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class Capabilities:
-    rollback: bool = True  # can drop the cache tail (recurrent models cannot)
     max_block: int = 512  # most tokens one eval_block call takes
     device: str = "cpu"
     extra: dict[str, str] = field(default_factory=dict)
@@ -102,21 +99,8 @@ def blocks_exact(backend: Backend) -> bool:
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """One loaded model with its own cache. Positions are counted in tokens from 0."""
-
-    info: ModelInfo
-    capabilities: Capabilities
-
-    @property
-    def n_past(self) -> int:
-        """How many tokens the cache holds."""
-        ...
-
-    def cached_tokens(self) -> Sequence[int]:
-        """The tokens the cache holds, in order. The cache's own record, so every user of a
-        backend (engines, drafters, calibration) sees the truth and reuses shared prefixes."""
-        ...
+class Vocabulary(Protocol):
+    """A model's tokenizer and the texts that come with it, in llama.cpp's terms."""
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
 
@@ -140,6 +124,52 @@ class Backend(Protocol):
         """bos_token / eos_token texts, as chat templates expect them."""
         ...
 
+
+class TextFromVocab:
+    """A Backend's text methods answered by its `vocab`: the tokenizer it built itself (torch,
+    MLX) or its target's (a head that runs inside the target)."""
+
+    vocab: Vocabulary
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab.token_bytes(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.vocab.detokenize(tokens)
+
+    def vocab_identity(self) -> VocabIdentity:
+        return self.vocab.vocab_identity()
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self.vocab.end_of_generation()
+
+    def chat_template(self) -> str | None:
+        return self.vocab.chat_template()
+
+    def special_texts(self) -> dict[str, str]:
+        return self.vocab.special_texts()
+
+
+@runtime_checkable
+class Backend(Vocabulary, Protocol):
+    """One loaded model with its own cache. Positions are counted in tokens from 0."""
+
+    info: ModelInfo
+    capabilities: Capabilities
+
+    @property
+    def n_past(self) -> int:
+        """How many tokens the cache holds."""
+        ...
+
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens the cache holds, in order. The cache's own record, so every user of a
+        backend (engines, drafters, calibration) sees the truth and reuses shared prefixes."""
+        ...
+
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         """Append tokens to the cache and return logits, shape (n, vocab) for "all",
         (1, vocab) for "last", (0, vocab) for "none". The array may be a view that the
@@ -151,62 +181,6 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class HeadOfTarget:
-    """What a drafter that runs inside its target (an MTP head) answers with the target's
-    tokenizer, and the record of the tokens it holds itself. Subclasses set _target."""
-
-    _target: Backend
-    _tokens: list[int]
-    _closed: bool
-    info: ModelInfo
-    # True for a head that reads the target's KV cache and keeps none of its own (Gemma 4's
-    # assistant): it reads a token only at the target's next position, never below it.
-    shared: bool = False
-
-    @property
-    def n_past(self) -> int:
-        return len(self._tokens)
-
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._target.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._target.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._target.detokenize(tokens)
-
-    def vocab_identity(self) -> VocabIdentity:
-        return self._target.vocab_identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._target.end_of_generation()
-
-    def chat_template(self) -> str | None:
-        return self._target.chat_template()
-
-    def special_texts(self) -> dict[str, str]:
-        return self._target.special_texts()
-
-    def _admit(self, tokens: Sequence[int]) -> int:
-        """Record a block of tokens the head is about to read; returns how many it held before."""
-        if self._closed:
-            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
-        past = len(self._tokens)
-        if past + len(tokens) > self.info.n_ctx:
-            raise InvalidRequestError(f"the context of {self.info.n_ctx} tokens is full")
-        self._tokens.extend(int(t) for t in tokens)
-        return past
-
-    def _known(self, position: int) -> bool:
-        """Whether the target has decoded this position with the token this head holds there."""
-        cached = self._target.cached_tokens()
-        return 0 <= position < len(cached) and cached[position] == self._tokens[position]
 
 
 @runtime_checkable
@@ -345,6 +319,16 @@ class Decision:
         return "\n".join([f"draft length ({self.source}): {why}", *lines])
 
 
+@dataclass(frozen=True)
+class DraftPrices:
+    """What a policy prices a step with now (its cost curve as learnt so far), for saying why a
+    drafter drafts or sits idle."""
+
+    step: float  # seconds of a plain step: a verify pass over one token
+    pair: float  # a verify pass over two tokens, in plain steps
+    draft: float  # the draft model guessing one token, in plain steps
+
+
 class TreeShaper(Protocol):
     """Which of a drafter's branches a step verifies beside its chain (localspec.control.trees)."""
 
@@ -390,6 +374,10 @@ class DraftLengthPolicy(Protocol):
 
     def explain(self) -> Decision | None:
         """The candidates weighed for the last choice and what decided it (None: none yet)."""
+        ...
+
+    def prices(self) -> DraftPrices | None:
+        """The prices the policy weighs a draft with now (None: a fixed length prices nothing)."""
         ...
 
     def observe_shadow(self, drafted: int, accepted: int, support: int = 0, start: int = 0) -> None:

@@ -7,9 +7,11 @@ match extends furthest back (the most recent on a tie): a 1-token match picks fr
 places, a long match usually finds the very passage being copied. The match length is
 returned as the draft's support, which the draft-length policy turns into confidence.
 
-Given a memory of earlier requests, a passage recalled from it is guessed instead where it
-matches further back than anything in the request's own text (twice as far where that text
-has a real match).
+Given a memory of earlier requests, a passage recalled from it is guessed where the request's
+own text has no match, or where the passage repeats the text's end at length (a request asked
+again): an earlier answer to a like request shares its shape, not its values, so a memory that
+outbid the request's own text on any longer match lost to lookup without it
+(benchmarks/memory_replay.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from localspec.drafters.memory import KEY, NgramMemory
 # bound the work per step (a common token like "\n" occurs hundreds of times).
 MAX_SUPPORT = 32
 CANDIDATES = 64
+# A remembered passage that matches the text's end this many tokens back is a repeat (the same
+# request again, a regenerated answer) rather than an answer of the same shape.
+REPEAT = 16
 
 
 class NgramDrafter:
@@ -75,10 +80,8 @@ class NgramDrafter:
         recall = self.memory is not None and (not cfg.greedy or within is None or len(context) + n < within)
         if recall and self.memory is not None and draft.support < self.max_support:
             recalled = self.memory.recall(context, n, self.max_support)
-            # The request's own text is the likelier source (an earlier answer to a like
-            # request shares its shape, not its values): where it matches a real passage,
-            # the memory must match twice as far back to be preferred.
-            if recalled.support > (draft.support if draft.support < KEY else 2 * draft.support):
+            repeat = recalled.support + KEY - 1 >= REPEAT and recalled.support > 2 * draft.support
+            if recalled.tokens and (not draft.tokens or repeat):
                 return recalled
         return draft
 

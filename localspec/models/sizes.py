@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from localspec.core.backend_loader import kind_of
 from localspec.models.registry import Artifact, HubArtifact, LocalArtifact, Model, PyPIArtifact
 
 # Bits per weight of llama.cpp's quantization mixes and MLX's group-wise quantization (4 bits
@@ -82,7 +83,8 @@ def bits_per_weight(name: str, backend: str) -> float | None:
     m = _QUANT.search(name.lower())
     if m is not None:
         return BITS_PER_WEIGHT[m.group(0)]
-    return 16.0 if backend in ("torch", "mlx") else None
+    kind = kind_of(backend)
+    return 16.0 if not kind.gguf and not kind.specs else None  # a safetensors repo
 
 
 def estimate_bytes(params: str, name: str, backend: str) -> int | None:

@@ -624,9 +624,9 @@ def _title(text: str, width: int = 60) -> str:
 def _modelled_plain_step(runtime: Runtime) -> Callable[[], float | None]:
     """t_verify(1) as the controller's cost curve has it now, else from the calibration cache
     or the prior for a fixed draft length: nothing is timed before the first reply."""
-    costs = getattr(runtime.policy, "costs", None)
-    if costs is not None and hasattr(costs, "verify"):
-        return lambda: float(costs.verify(1))
+    policy = runtime.policy
+    if policy.prices() is not None:
+        return lambda: prices.step if (prices := policy.prices()) is not None else None
     if runtime.strategy == "none":
         return lambda: None
     try:

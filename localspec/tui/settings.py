@@ -9,6 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from localspec.core.backend_loader import kind_of
 from localspec.core.errors import InvalidRequestError
 from localspec.core.options import LOAD_FIELDS, LoadOptions
 from localspec.core.sampling import KNOBS, SamplingConfig
@@ -53,8 +54,8 @@ def parse_temperature(text: str) -> float:
 
 @lru_cache(maxsize=16)
 def _canonical(model: str | None, backend: str) -> str:
-    if backend == "reference":
-        return model or "reference"  # a reference model's spec is its name
+    if kind_of(backend).specs:
+        return model or backend  # a reference model's spec is its name
     from localspec.models.naming import canonical_name
 
     return canonical_name(model)
