@@ -24,8 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.core.errors import InvalidRequestError
-from localspec.core.exactness import Exactness
-from localspec.core.protocol import Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.protocol import Capabilities, Exactness, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.records import check_block, check_ids, check_open, check_rollback
 from localspec.core.sampling import SamplingConfig, one_hot, process
 
@@ -73,10 +72,11 @@ class ReferenceBackend:
             size_bytes=self._a.nbytes + self._b.nbytes + self._bias.nbytes,
             n_params=n_params,
         )
-        # A gather has no batch limit: any block that fits the context is one call.
-        self.capabilities = Capabilities(max_block=n_ctx, device="cpu", extra={"exact": "1"}, branches=n_ctx)
-        # Each position's logits are a table lookup: a block's are one-token passes' exactly.
-        self.exactness = Exactness(None)
+        # A gather has no batch limit: any block that fits the context is one call. Each
+        # position's logits are a table lookup: a block's are one-token passes' exactly.
+        self.capabilities = Capabilities(
+            max_block=n_ctx, device="cpu", extra={"exact": "1"}, branches=n_ctx, exactness=Exactness(None)
+        )
 
     # -- the model -------------------------------------------------------------------------
 

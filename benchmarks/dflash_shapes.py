@@ -24,25 +24,21 @@ import argparse
 import re
 import statistics
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hybrid_costs import DEPTH, model_file, pass_costs
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]  # the writers live beside the tests
-
-from dflash_support import DFlashShape, write_dflash_file  # noqa: E402
-from hybrid_costs import DEPTH, model_file, pass_costs  # noqa: E402
-
-from localspec.api import Runtime  # noqa: E402
-from localspec.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
-from localspec.backends.llamacpp.copies import quantize  # noqa: E402
-from localspec.control.costs import CostCurve  # noqa: E402
-from localspec.control.hardware import physical_cores  # noqa: E402
-from localspec.control.policy import AdaptiveDraftLength  # noqa: E402
+from localspec.api import Runtime
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.backends.llamacpp.copies import quantize
+from localspec.control.costs import CostCurve
+from localspec.control.hardware import physical_cores
+from localspec.control.policy import AdaptiveDraftLength
+from localspec.testing.dflash_support import DFlashShape, write_dflash_file
 
 SHAPE = "qwen3.5-0.8b"
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 1024, 8, 2, 128, 3584
@@ -95,29 +91,32 @@ def drafter_file(target_f16: Path, folder: Path, ftype: str) -> Path:
     return final
 
 
-def drafter_costs(model: LlamaCppBackend, drafter: Any, reps: int) -> tuple[float, float, float]:
-    """The block pass, injecting one position, injecting a block of 16 (seconds, medians)."""
+def drafter_costs(
+    model: LlamaCppBackend, drafter: Any, reps: int, clock: Callable[[], float] = time.perf_counter, depth: int = DEPTH
+) -> tuple[float, float, float]:
+    """The block pass, injecting one position, injecting a block of 16 (seconds on `clock`,
+    medians), behind `depth` tokens of context."""
     from localspec.core.sampling import SamplingConfig
 
     rng = np.random.default_rng(1)
-    context = rng.integers(300, 5000, DEPTH).tolist()
+    context = rng.integers(300, 5000, depth).tolist()
     model.rollback(0)
     model.eval_block(context[:-1], "none")
     drafter.start(context)
     greedy, gen = SamplingConfig(temperature=0), np.random.default_rng(0)
     passes, one, block = [], [], []
     for _ in range(reps + 1):
-        t0 = time.perf_counter()
+        t0 = clock()
         drafter.propose(context, BLOCK - 1, greedy, gen)
-        passes.append(time.perf_counter() - t0)
+        passes.append(clock() - t0)
     for _ in range(reps + 1):
         for size, runs in ((1, one), (16, block)):
             past = model.n_past
             tokens = rng.integers(300, 5000, size).tolist()
             model.eval_block(tokens, "none")
-            t0 = time.perf_counter()
+            t0 = clock()
             drafter._inject(model.n_past)
-            runs.append(time.perf_counter() - t0)
+            runs.append(clock() - t0)
             drafter._rollback(past)
             model.rollback(past)
     return statistics.median(passes[1:]), statistics.median(one[1:]), statistics.median(block[1:])

@@ -1,5 +1,5 @@
 """Whether localspec's EAGLE-3 head drafts what llama.cpp's own draft-eagle3 drafts: the tests'
-tiny target and heads (tests/eagle3_support.py: a near-bigram llama target, heads whose g
+tiny target and heads (localspec/testing/eagle3_support.py: a near-bigram llama target, heads whose g
 weighs little or much, one with a d2t draft vocabulary), greedy, the same prompt and fixed
 draft length through llama-speculative-simple and through localspec's loop; drafted and
 accepted tokens side by side. Agreement, not speed.
@@ -12,22 +12,17 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests")]
-
-from eagle3_support import HeadSpec, write_eagle3_gguf  # noqa: E402
-from gguf_writer import Spec, write_gguf  # noqa: E402
-
-from localspec.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
-from localspec.core.acceptance import accept_greedy  # noqa: E402
-from localspec.core.sampling import SamplingConfig  # noqa: E402
-from localspec.drafters.model import ModelDrafter  # noqa: E402
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.core.acceptance import accept_greedy
+from localspec.core.sampling import SamplingConfig
+from localspec.drafters.model import ModelDrafter
+from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+from localspec.testing.gguf_writer import Spec, write_gguf
 
 TARGET = Spec("llama", mix=0.02, head=1.0)
 HEADS = {

@@ -31,17 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
-
-from gguf_writer import add_bpe_vocab  # noqa: E402
-from projection import projection_rows  # noqa: E402
-
-from localspec.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
-from localspec.backends.llamacpp.copies import quantize  # noqa: E402
-from localspec.core.acceptance import accept_greedy  # noqa: E402
-from localspec.core.sampling import SamplingConfig  # noqa: E402
-from localspec.drafters.model import ModelDrafter  # noqa: E402
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.backends.llamacpp.copies import quantize
+from localspec.control.replay import projection_rows
+from localspec.core.acceptance import accept_greedy
+from localspec.core.sampling import SamplingConfig
+from localspec.drafters.model import ModelDrafter
+from localspec.testing.gguf_writer import add_bpe_vocab
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, DRAFT_VOCAB = 4096, 32, 8, 128, 14336, 128_256, 32_000
 FULL_LAYERS = 32

@@ -61,7 +61,7 @@ def llama_cpp_kernels() -> None:
     import localspec.backends.llamacpp.backend as backend_module
     from localspec.backends.llamacpp.kernels import KernelPlan
     from localspec.backends.llamacpp.library import extra_buffers
-    from localspec.core.exactness import UNKNOWN
+    from localspec.core.protocol import UNKNOWN
 
     def plan(path: str, exact: bool, *args: object, **kwargs: object) -> KernelPlan:
         return KernelPlan(extra_buffers() and not exact, None, UNKNOWN)

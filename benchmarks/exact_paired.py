@@ -35,7 +35,7 @@ def backend(path: str, threads: int, repack: bool, flash: str) -> Any:
     os.environ["LLAMA_ARG_FLASH_ATTN"] = flash
     import localspec.backends.llamacpp.backend as module
     from localspec.backends.llamacpp.kernels import KernelPlan
-    from localspec.core.exactness import UNKNOWN
+    from localspec.core.protocol import UNKNOWN
 
     module.kernels_for = lambda *a, **k: KernelPlan(repack, None, UNKNOWN)  # type: ignore[assignment]
     return module.LlamaCppBackend(path, n_ctx=1024, threads=threads)

@@ -3,12 +3,12 @@ section: Ctrl+C at random calls of prefill and decode (per backend, per strategy
 streams, and two threads abandoning streams. After every fault the runtime must answer a
 greedy prompt exactly as a fresh runtime does. Mutated GGUF headers (one row per kind of
 mutation) must each be read or refused with a ModelLoadError. Issue 33's hostile
-environments, one row each (tests/hostile_support.py, tests/rpc_faults.py): a pipe or device
+environments, one row each (localspec/testing/hostile_support.py, localspec/testing/rpc_faults.py): a pipe or device
 as the model, a stalling hub, forged Host/Origin headers against a live serve, a full or
 read-only disk, the chat quit during prefill, rpc-server's crafted message, idle clients and
-reachable binds. Issue 47's (tests/hostile_inputs_support.py): chat templates that loop without
+reachable binds. Issue 47's (localspec/testing/hostile_inputs_support.py): chat templates that loop without
 printing, hubs that trickle a byte at a time, symlink loops as models; and its schemas and tools
-against a live serve (tests/serve_faults.py).
+against a live serve (localspec/testing/serve_faults.py).
 
     python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
         [--gguf-cases 20000] [--hub-cases 6] [--chat-cases 10] [--rpc-crashes 8] [--rpc-idle 6]
@@ -27,10 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the shared harness lives beside the tests
-
-from fault_support import (  # noqa: E402
+from localspec.api import Runtime
+from localspec.backends.reference import ReferenceBackend
+from localspec.core.backend_loader import load_backend
+from localspec.testing.fault_support import (
     SHORT_PROMPT,
     Tally,
     abandoning_threads,
@@ -42,10 +42,6 @@ from fault_support import (  # noqa: E402
     reference_injector,
     torch_injector,
 )
-
-from backends.reference import ReferenceBackend  # noqa: E402
-from localspec.api import Runtime  # noqa: E402
-from localspec.core.backend_loader import load_backend  # noqa: E402
 
 
 def reference_rows(args: argparse.Namespace) -> list[Tally]:
@@ -94,9 +90,8 @@ def llamacpp_rows(args: argparse.Namespace) -> list[Tally]:
 
 def torch_rows(args: argparse.Namespace) -> list[Tally]:
     try:
-        from test_torch_tiny_models import Spec, write_gguf
-
-        from backends.torch.backend import TorchBackend
+        from localspec.backends.torch.backend import TorchBackend
+        from localspec.testing.gguf_writer import Spec, write_gguf
     except ImportError:
         return []
     path = str(write_gguf(Spec("llama"), Path(tempfile.mkdtemp()) / "tiny-llama.gguf"))
@@ -114,7 +109,7 @@ def pull_rows(args: argparse.Namespace) -> list[Tally]:
 
 
 def gguf_rows(args: argparse.Namespace) -> list[Tally]:
-    from gguf_fuzz import fuzz
+    from localspec.testing.gguf_fuzz import fuzz
 
     result = fuzz(range(args.gguf_cases))
     rows = []
@@ -133,33 +128,32 @@ def default_model(args: argparse.Namespace) -> str:
 
 
 def waits_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_support import pipes_and_devices, stalled_hubs
+    from localspec.testing.hostile_support import pipes_and_devices, stalled_hubs
 
     return [pipes_and_devices(default_model(args)), stalled_hubs(args.hub_cases, 10)]
 
 
 def rebinding_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_support import rebinding
+    from localspec.testing.hostile_support import rebinding
 
     return [rebinding()]
 
 
 def disk_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_support import disk_writes
+    from localspec.testing.hostile_support import disk_writes
 
     return [disk_writes()]
 
 
 def chat_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_support import abandoned_prompts
+    from localspec.testing.hostile_support import abandoned_prompts
 
     return [abandoned_prompts(args.chat_cases, 11)]
 
 
 def rpc_rows(args: argparse.Namespace) -> list[Tally]:
-    from rpc_faults import counted_cases
-
     from localspec.backends.llamacpp.rpc_server import rpc_available
+    from localspec.testing.rpc_faults import counted_cases
 
     if not rpc_available():
         print("(rpc: the installed llama-cpp-python has no RPC backend; skipped)", file=sys.stderr)
@@ -169,8 +163,8 @@ def rpc_rows(args: argparse.Namespace) -> list[Tally]:
 
 
 def served_cases(name: str, cases: list[Any]) -> Tally:
-    """Issue 47's hostile schemas or tool definitions against a live serve (tests/serve_faults.py)."""
-    from serve_faults import reference_server
+    """Issue 47's hostile schemas or tool definitions against a live serve (localspec/testing/serve_faults.py)."""
+    from localspec.testing.serve_faults import reference_server
 
     tally = Tally(name)
     with reference_server() as server:
@@ -182,30 +176,29 @@ def served_cases(name: str, cases: list[Any]) -> Tally:
 
 
 def schemas_rows(args: argparse.Namespace) -> list[Tally]:
-    from serve_faults import SCHEMA_CASES, SLOW_SCHEMA_CASES
+    from localspec.testing.serve_faults import SCHEMA_CASES, SLOW_SCHEMA_CASES
 
     return [served_cases("serve: impossible and odd response schemas", SCHEMA_CASES + SLOW_SCHEMA_CASES)]
 
 
 def tools_rows(args: argparse.Namespace) -> list[Tally]:
-    from serve_faults import TOOL_CASES
+    from localspec.testing.serve_faults import TOOL_CASES
 
     return [served_cases("serve: odd tool definitions and choices", TOOL_CASES)]
 
 
-# -- issue 47: templates that never end, hubs that trickle, symlink loops (tests/hostile_inputs_support.py)
+# -- issue 47: templates that never end, hubs that trickle, symlink loops (localspec/testing/hostile_inputs_support.py)
 
 
 def templates_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_inputs_support import looping_templates
+    from localspec.testing.hostile_inputs_support import looping_templates
 
     return [looping_templates(args.template_cases, 12, default_model(args))]
 
 
 def trickle_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_inputs_support import rpc_trickles, trickling_hubs
-
     from localspec.backends.llamacpp.rpc_server import rpc_available
+    from localspec.testing.hostile_inputs_support import rpc_trickles, trickling_hubs
 
     rows = [trickling_hubs(args.trickle_cases, 13)]
     if rpc_available():
@@ -214,7 +207,7 @@ def trickle_rows(args: argparse.Namespace) -> list[Tally]:
 
 
 def symlinks_rows(args: argparse.Namespace) -> list[Tally]:
-    from hostile_inputs_support import symlink_loops
+    from localspec.testing.hostile_inputs_support import symlink_loops
 
     return [symlink_loops(default_model(args))]
 

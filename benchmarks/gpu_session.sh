@@ -66,8 +66,7 @@ timeout 60 python3 -m localspec doctor --model "$D" --json >"$OUT/doctor_1b.json
 timeout 60 python3 benchmarks/replay_rules.py --doctor "$OUT/doctor_3b.json" --today
 python3 - "$OUT/doctor_3b.json" "$OUT/doctor_1b.json" <<'PY'
 import json, sys
-sys.path.insert(0, "benchmarks")
-from projection import projection_rows
+from localspec.control.replay import projection_rows
 target = [t / 1e3 for t in json.load(open(sys.argv[1]))["verify_ms"]]
 draft = json.load(open(sys.argv[2]))["verify_ms"][0] / 1e3
 print("t(k)/t(1):", " ".join(f"{t / target[0]:.2f}" for t in target[1:]))

@@ -37,12 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from projection import projection_rows
 
 from localspec.backends.torch import quantized, verify
 from localspec.backends.torch.cuda import GREEDY, GraphedSteps
 from localspec.backends.torch.layers import KVCache, Model, eager_block
 from localspec.backends.torch.shapes import SHAPES, random_model
+from localspec.control.replay import projection_rows
 
 PAIRS = {"llama-3.1-8b": "llama-3.2-1b", "qwen2.5-7b": "qwen2.5-0.5b"}
 KINDS = ("bf16", "int8", "int4")  # bf16 is float32 on a CPU (--tiny)

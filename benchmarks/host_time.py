@@ -10,7 +10,7 @@ also counts the time this process was not scheduled. llama_decode runs on the ca
     python benchmarks/host_time.py MODEL.gguf [--threads 1] [--tokens 256] [--repeats 3]
     python benchmarks/host_time.py --random-vocab 248320   # a random model of a real vocabulary's size
 
-The random model (tests/gguf_writer.py's qwen35 shape, 248,320 tokens as Qwen3.5's) is where
+The random model (localspec/testing/gguf_writer.py's qwen35 shape, 248,320 tokens as Qwen3.5's) is where
 the vocabulary-sized work of a step (reading a row of logits) dominates.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -39,10 +38,7 @@ from localspec.core.backend_loader import load_backend
 from localspec.core.stats import Stats
 from localspec.core.templates import render_chat
 from localspec.core.textstream import TextAssembler
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests")]  # the tiny-model writer lives beside the tests
-from gguf_writer import HybridSpec, write_qwen35_gguf  # noqa: E402
+from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
 DECODE = "llama_decode"
 PARTS = {

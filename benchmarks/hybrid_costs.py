@@ -33,15 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests")]  # the tiny-model writer lives beside the tests
-
-from gguf_writer import HybridSpec, write_qwen35_gguf  # noqa: E402
-from projection import projection_rows  # noqa: E402
-
-from localspec.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
-from localspec.backends.llamacpp.copies import quantize  # noqa: E402
-from localspec.control.hardware import physical_cores  # noqa: E402
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.backends.llamacpp.copies import quantize
+from localspec.control.hardware import physical_cores
+from localspec.control.replay import projection_rows
+from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
 # A Qwen3.5-0.8B-class layout: the family's head and state widths (its 27B's: head dim 256,
 # recurrent state 128, an attention block every 4th) at 0.8B's width and depth, and its vocabulary.

@@ -37,8 +37,6 @@ run --model "$F16" --draft-model "$Q4_0" -s draft --draft-tokens 4 -r 2 --json >
 run --model "$F16" --draft-model "$Q4_0" -s qspec:all -s layerskip:all -s draft -s ngram -r 2 --json --plot "$out/f16_selfdraft.png" >"$out/f16_selfdraft.json"
 localspec doctor --model "$F16" --json >"$out/doctor_f16.json"
 localspec doctor --model "$Q4_1" --json >"$out/doctor_q4_1.json"
-# Issue 2's yardstick and the per-step picture of the code edit.
-python benchmarks/bare_loop.py "$F16" --gamma 6 --repeats 3 >"$out/bare_loop.txt"
 # What a verify pass costs by block size, text length and thread count, and what a block-size change adds.
 python benchmarks/verify_costs.py "$F16" >"$out/verify_costs_f16.txt"
 python benchmarks/verify_costs.py "$Q4_1" >"$out/verify_costs_q4_1.txt"

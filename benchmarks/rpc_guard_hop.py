@@ -17,16 +17,12 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
+from rpc_bench import free_port, processes
 
-from rpc_bench import free_port, processes  # noqa: E402
-from rpc_faults import DEVICE_COUNT, get_tensor_request, reply, session  # noqa: E402
-
-from localspec.core.backend_loader import load_backend  # noqa: E402
-from localspec.core.protocol import Backend  # noqa: E402
+from localspec.core.backend_loader import load_backend
+from localspec.core.protocol import Backend
+from localspec.testing.rpc_faults import DEVICE_COUNT, get_tensor_request, reply, session
 
 PROMPT = "def fibonacci(n):\n    "
 

@@ -1,5 +1,5 @@
 """Which strategy runs on which architecture and backend: every cell tried for real on tiny
-random-weight GGUFs (tests/gguf_writer.py), greedy, against plain decoding on the same
+random-weight GGUFs (localspec/testing/gguf_writer.py), greedy, against plain decoding on the same
 backend. A cell reads `yes` (ran, same tokens as plain decoding), `refused: ...` (the
 message localspec gave, shortened), `–` (the model does not load there: see `none`), or
 `DIFFERS` (a bug). Prints the markdown table that BENCHMARKS.md shows; the tests of each
@@ -18,12 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from gguf_writer import Gemma4Spec, HybridSpec, Spec, write_gemma4_pair, write_gguf, write_qwen35_gguf
-
 import localspec
 from localspec.core.errors import LocalspecError
+from localspec.testing.gguf_writer import Gemma4Spec, HybridSpec, Spec, write_gemma4_pair, write_gguf, write_qwen35_gguf
 
 BACKENDS = ("llamacpp", "torch", "mlx")
 STRATEGIES = ("ngram", "draft", "qspec", "layerskip:2", "mtp")

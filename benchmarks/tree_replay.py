@@ -28,11 +28,19 @@ NODES = (4, 6, 8, 12, 16, 22)
 DEPTH = 512
 
 
-def replays(repass: bool) -> None:
-    """repass: the target evaluates a kept branch again (llama.cpp's keep_branch)."""
+TARGETS = {
+    (False, False): "a kept branch kept in place",
+    (True, False): "a kept branch evaluated again in a pass of its own (llama.cpp before)",
+    (True, True): "a kept branch evaluated again at the head of the next pass (llama.cpp, folded)",
+}
+
+
+def replays(repass: bool, fold: bool = False) -> None:
+    """repass: the target evaluates a kept branch again (llama.cpp's keep_branch); fold: with
+    the next pass rather than in one of its own."""
     answers = json.loads((DATA / "replay_answers.json").read_text())
     curves = json.loads((DATA / "replay_curves.json").read_text())
-    print(f"\n{'a kept branch evaluated again (llama.cpp)' if repass else 'a kept branch kept in place'}:")
+    print(f"\n{TARGETS[(repass, fold)]}:")
     print("curve | chains | priced trees | every branch | tree steps (priced) | branch taken")
     print("--- | --- | --- | --- | --- | ---")
     for name, report in curves.items():
@@ -44,7 +52,7 @@ def replays(repass: bool) -> None:
             trees = taken = steps = 0
             for rec in answers["answers"].values():
                 prompt, answer = list(rec["prompt"]), list(rec["answer"])
-                run = replay_tree(prompt, answer, cal, answers["n_vocab"], mode, repass)
+                run = replay_tree(prompt, answer, cal, answers["n_vocab"], mode, repass, fold)
                 plain, seconds = plain + truth.plain(prompt, answer), seconds + run.seconds
                 trees, taken, steps = trees + run.trees, taken + run.taken, steps + run.steps
             row.append((plain / seconds, trees, taken, steps))
@@ -103,6 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     replays(repass=False)
     replays(repass=True)
+    replays(repass=True, fold=True)
     if args.model:
         pass_costs(args.model, args.reps, args.threads)
 

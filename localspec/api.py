@@ -21,7 +21,7 @@ from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, SelfDrafting
-from localspec.drafters import BlockDrafter
+from localspec.drafters import BlockDrafter, DrafterHost, cannot_attach
 from localspec.drafters.memory import NgramMemory
 from localspec.runtime import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, sampling_config
 
@@ -176,12 +176,10 @@ def _dflash_drafter(target: Backend, path: str | None, on_progress: Announce | N
         raise InvalidRequestError(
             "strategy 'dflash' needs a DFlash drafter", "pass its GGUF with --draft-model PATH (or draft_model=)"
         )
-    attach = getattr(target, "dflash_drafter", None)
-    if attach is None:
-        raise InvalidRequestError(f"the {target.info.backend} backend does not run DFlash drafters")
+    if not isinstance(target, DrafterHost):
+        raise cannot_attach("dflash", path, target.info.backend)
     with announced(f"loading the DFlash drafter {os.path.basename(path)}", on_progress):
-        drafter: BlockDrafter = attach(path)
-    return drafter
+        return target.attach_block_drafter(path)
 
 
 def is_assistant(path: str) -> bool:
@@ -228,26 +226,12 @@ def load_drafter(target: Backend, path: str, backend: str, options: dict[str, An
     """A draft model from a file: a model of its own, an MTP assistant (Gemma 4's
     gemma4-assistant GGUF), which drafts from inside the target's context, or a head that
     reads the target's hidden layers (an EAGLE-3 GGUF)."""
-    kind = head_kind(path)
-    if kind is not None:
-        attach_head = getattr(target, f"{kind}_head", None)
-        if attach_head is None:
-            raise InvalidRequestError(
-                f"{os.path.basename(path)} is an {FEATURE_DRAFTERS[kind]}, which drafts on the llama.cpp backend only",
-                "use --backend llamacpp with its target's GGUF",
-            )
-        drafter: Backend = attach_head(path)
-        return drafter
-    if is_assistant(path):
-        attach = getattr(target, "assistant_head", None)
-        if not kind_of(backend).mtp or attach is None:
-            raise InvalidRequestError(
-                f"{os.path.basename(path)} is a Gemma 4 assistant, which drafts on the llama.cpp and MLX backends only",
-                "use --backend llamacpp with its GGUF, or --backend mlx with its MLX folder",
-            )
-        head: Backend = attach(path)
-        return head
-    return load_backend(backend, path, **options)
+    kind = head_kind(path) or ("assistant" if is_assistant(path) else None)
+    if kind is None:
+        return load_backend(backend, path, **options)
+    if not isinstance(target, DrafterHost):
+        raise cannot_attach(kind, path, target.info.backend)
+    return target.attach_head(kind, path)
 
 
 def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:

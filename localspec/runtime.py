@@ -372,7 +372,7 @@ class Runtime:
                 if text.stopped:
                     stats.finish_reason = "stop"
                     break
-            judge_exactness(stats, getattr(self.target, "exactness", None), cfg.greedy)
+            judge_exactness(stats, self.target.capabilities.exactness, cfg.greedy)
             tail = text.flush()
             if tail:
                 yield TextDelta(tail, (), (), None, stats)

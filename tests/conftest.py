@@ -122,7 +122,7 @@ def q4_drafter_backend(derived_models: DerivedModels) -> Iterator[Backend]:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[object], Path]:
     """The torch tests' tiny random models: spec -> the path of its GGUF, written once per module."""
-    from gguf_writer import write_gguf
+    from localspec.testing.gguf_writer import write_gguf
 
     folder = tmp_path_factory.mktemp("tiny-models")
     made: dict[object, Path] = {}

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, tiny_gguf
 
 import localspec.store as store
 from localspec.cli.main import main
 from localspec.models.registry import load_registry, user_registry_file
 from localspec.store import StoreError, write_atomic, write_json_atomic
+from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, tiny_gguf
 
 WRITE_ALL = store._write_all
 
@@ -219,10 +219,9 @@ def test_a_requantization_failure_is_explained_by_the_disk_it_did_not_fit(
 ) -> None:
     import shutil
 
-    from gguf_writer import Spec, write_gguf
-
     from localspec.backends.llamacpp.copies import quantize_failure_cause
     from localspec.core.gguf_check import quantized_bytes
+    from localspec.testing.gguf_writer import Spec, write_gguf
 
     source = write_gguf(Spec("llama"), tmp_path / "tiny.gguf")
     assert 0 < quantized_bytes(str(source), "Q8_0") < quantized_bytes(str(source), "F16")

@@ -1,5 +1,5 @@
 """The Backend protocol's promises, checked the same way on every backend that runs here: the
-reference model, and llama.cpp, torch and MLX on the tiny GGUFs of tests/gguf_writer.py."""
+reference model, and llama.cpp, torch and MLX on the tiny GGUFs of localspec/testing/gguf_writer.py."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_writer import Spec
 
 from localspec.backends.reference import ReferenceBackend
 from localspec.core.backend_loader import load_backend
 from localspec.core.errors import BackendUnavailableError, InvalidRequestError
 from localspec.core.protocol import Backend, LogitsMode
+from localspec.testing.gguf_writer import Spec
 
 TEXT_IDS = [5 + (i * 37) % 250 for i in range(400)]  # token ids valid in every tiny vocabulary
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import FakeHub, serve_test_pairs, sha256
 
 from localspec.cli.main import main
 from localspec.models.registry import packaged_registry_file
+from localspec.testing.fakehub import FakeHub, serve_test_pairs, sha256
 
 PACKAGED_LIST = """\
 PAIR                   TARGET                     DRAFTER                      STRATEGY  MTP    SIZE      PULLED  BACKENDS

@@ -76,11 +76,10 @@ def test_the_cli_takes_strategy_eagle3(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 def test_an_added_pair_with_an_eagle3_head_exports_as_draft_eagle3(tmp_path: Path) -> None:
-    from eagle3_support import HeadSpec, write_eagle3_gguf
-    from gguf_writer import Spec, write_gguf
-
     from localspec.models.local_pairs import add_local_pair
     from localspec.models.registry import load_registry, user_registry_file
+    from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+    from localspec.testing.gguf_writer import Spec, write_gguf
 
     spec = Spec("llama")
     target = write_gguf(spec, tmp_path / "target.gguf")

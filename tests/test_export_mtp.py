@@ -110,10 +110,9 @@ def test_sglang_takes_the_gemma_assistant_as_the_draft_model_of_nextn() -> None:
 
 
 def test_an_added_gemma4_pair_exports_its_assistant_as_draft_mtp(tmp_path: Path) -> None:
-    from gguf_writer import Gemma4Spec, write_gemma4_pair
-
     from localspec.models.local_pairs import add_local_pair
     from localspec.models.registry import user_registry_file
+    from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair
 
     target, assistant = write_gemma4_pair(Gemma4Spec(), tmp_path)
     added = add_local_pair("gem", target, assistant)

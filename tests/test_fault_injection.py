@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_support import (
+
+from backends.reference import ReferenceBackend
+from localspec.api import Runtime
+from localspec.core.protocol import Backend
+from localspec.testing.fault_support import (
     SHORT_PROMPT,
     Injector,
     Tally,
@@ -24,10 +28,6 @@ from fault_support import (
     reference_injector,
     torch_injector,
 )
-
-from backends.reference import ReferenceBackend
-from localspec.api import Runtime
-from localspec.core.protocol import Backend
 
 CASES = int(os.environ.get("LOCALSPEC_FAULT_CASES", "4"))
 
@@ -91,9 +91,8 @@ def test_llamacpp_survives_cancelled_and_abandoned_streams(
 
 def test_torch_survives_interrupts_in_prefill_and_decode(models: Callable[[object], Path]) -> None:
     pytest.importorskip("torch")
-    from gguf_writer import Spec
-
     from backends.torch.backend import TorchBackend
+    from localspec.testing.gguf_writer import Spec
 
     path = str(models(Spec("llama")))
 
@@ -113,7 +112,7 @@ def test_pulls_killed_mid_file_leave_nothing_and_a_rerun_finishes(tmp_path: Path
 def test_the_hostile_environment_drivers_hold_at_small_counts() -> None:
     # The rows benchmarks/fault_injection.py counts for issue 33 (each class has its own tests
     # too): a pipe or device as the model, forged Host/Origin headers, a full or read-only disk.
-    from hostile_support import disk_writes, pipes_and_devices, rebinding
+    from localspec.testing.hostile_support import disk_writes, pipes_and_devices, rebinding
 
     for tally in (pipes_and_devices(None), rebinding(), disk_writes()):
         assert_clean(tally)
@@ -122,7 +121,7 @@ def test_the_hostile_environment_drivers_hold_at_small_counts() -> None:
 def test_the_issue_47_drivers_hold_at_small_counts() -> None:
     # The rows benchmarks/fault_injection.py counts for issue 47 (each class has its own tests
     # too): a template that loops without printing, a trickling hub, symlink loops as models.
-    from hostile_inputs_support import looping_templates, symlink_loops, trickling_hubs
+    from localspec.testing.hostile_inputs_support import looping_templates, symlink_loops, trickling_hubs
 
     for tally in (looping_templates(1, 12), trickling_hubs(2, 13), symlink_loops(None)):
         assert_clean(tally)

@@ -7,10 +7,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from gguf_fuzz import KV, MUTATIONS, base_layout, encode, fuzz
 
 from localspec.core.errors import ModelLoadError
 from localspec.core.gguf_header import read_header
+from localspec.testing.gguf_fuzz import KV, MUTATIONS, base_layout, encode, fuzz
 
 CI_SEEDS = range(1400)  # 100 cases per mutation, about 3 s
 

@@ -57,7 +57,7 @@ def test_a_device_is_refused_before_it_is_read() -> None:
 
 
 def test_a_symlink_to_a_gguf_is_read(tmp_path: Path) -> None:
-    from gguf_writer import Spec, write_gguf
+    from localspec.testing.gguf_writer import Spec, write_gguf
 
     model = write_gguf(Spec("llama"), tmp_path / "tiny.gguf")
     link = tmp_path / "link.gguf"

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from gguf_writer import Spec, write_gguf
 
 import localspec.core.templates as templates
 from localspec.core.errors import InvalidRequestError
 from localspec.core.templates import render_chat
+from localspec.testing.gguf_writer import Spec, write_gguf
 
 CHILD_BOUND_SECONDS = 120  # a bound, not a timing: each refusal comes in a few seconds
 CHAT = [{"role": "user", "content": "hi"}]

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import TEST_REGISTRY, FakeHub, serve_test_pairs, trickling_endpoint
 
 from localspec.models.hub import PullError
 from localspec.models.pull import pull, resolve_pair
+from localspec.testing.fakehub import TEST_REGISTRY, FakeHub, serve_test_pairs, trickling_endpoint
 
 SHORT_TIMEOUT = "1"  # seconds, for both hub timeouts: the tests wait a few of them at most
 CHILD_BOUND_SECONDS = 90  # a bound, not a timing: the pull ends after a few timeouts

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from localspec.backends.llamacpp.kernels import FLASH_SPLIT_AFTER, SPLIT_BLOCKS_UP_TO, TILED_ROWS, kernel_plan
-from localspec.core.exactness import Exactness, judge
+from localspec.core.exactness import judge
+from localspec.core.protocol import Capabilities, Exactness
 from localspec.core.stats import Stats, Step
 
 Q4_1, Q8_0, Q4_K, Q5_0, Q6_K, F16, F32 = 3, 8, 12, 6, 14, 1, 0
@@ -88,7 +89,7 @@ def test_plain_decoding_and_sampling_are_judged_for_what_they_are() -> None:
     judge(sampled, Exactness(None), greedy=False)
     assert sampled.bit_exact is None and "distribution" in sampled.summary()
     unknown = _stats(10, 10, 4)
-    judge(unknown, None, greedy=True)  # a backend that does not say
+    judge(unknown, Capabilities().exactness, greedy=True)  # a backend that does not say
     assert unknown.bit_exact is False and "not known" in unknown.inexact_reason
     assert unknown.to_dict()["bit_exact"] is False
 

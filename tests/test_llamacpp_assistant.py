@@ -1,7 +1,7 @@
 """Gemma 4's MTP assistant drafting on llama.cpp: a separate gemma4-assistant GGUF that reads
 the target's KV cache and its last hidden state, so every guess goes to the target's next
 position and nothing is ever taken out of a cache of its own. The tests write a tiny gemma4
-target and its assistant (tests/gguf_writer.py)."""
+target and its assistant (localspec/testing/gguf_writer.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from gguf_writer import Gemma4Spec, HybridSpec, write_gemma4_pair, write_qwen35_gguf
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
 from localspec.api import Runtime
 from localspec.cli.main import main
 from localspec.core.sampling import SamplingConfig
+from localspec.testing.gguf_writer import Gemma4Spec, HybridSpec, write_gemma4_pair, write_qwen35_gguf
 
 PROMPT = "the world and the world and the"
 
@@ -93,10 +93,9 @@ def test_mtp_on_a_gemma4_target_without_its_assistant_points_to_draft_model(pair
 def test_a_pulled_gemma_pair_drafts_with_the_assistant_pulled_beside_its_target(
     pair, tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fakehub import FakeHub
-
     from localspec.api import load_pair
     from localspec.models.pull import pull, resolve_pair
+    from localspec.testing.fakehub import FakeHub
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -1,6 +1,6 @@
 """A DFlash drafter proposing blocks for its target on llama.cpp (strategy dflash).
 
-The drafters are tiny echoing ones (dflash_support.py): along a run of one token they are
+The drafters are tiny echoing ones (localspec/testing/dflash_support.py): along a run of one token they are
 right for the whole block, where it ends they are wrong from there on, so steps keep part of
 a block and roll the rest back. The targets are a dense llama and a hybrid qwen35, whose long
 rejections go beyond its snapshots and replay the kept tokens. Whatever is drafted, the
@@ -16,8 +16,6 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from dflash_support import DFlashSpec, write_dflash_gguf
-from gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
@@ -28,6 +26,8 @@ from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.errors import ModelLoadError
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Step
+from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
 PROMPT = "the world and the world and the"
 # Runs of one token with changes between them (dense), and a stretch of new tokens before a

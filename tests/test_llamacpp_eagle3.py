@@ -1,6 +1,6 @@
 """An EAGLE-3 head drafting for its target on llama.cpp (strategy eagle3, backends/llamacpp/eagle3.py).
 
-The heads the tests write (eagle3_support.py) guess a near-bigram target's next token from
+The heads the tests write (localspec/testing/eagle3_support.py) guess a near-bigram target's next token from
 the token alone, so they are often right and sometimes wrong: the output must stay exactly
 the target's either way, and the head's cache must hold what a clean pass over the accepted
 text would (its states re-read through fc from the target's layers once verified)."""
@@ -15,8 +15,6 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from eagle3_support import HeadSpec, write_eagle3_gguf
-from gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 from head_support import assert_agreement_is_measured_as_it_drafts
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
@@ -26,6 +24,8 @@ from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.sampling import SamplingConfig
+from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
 TARGET = Spec("llama", mix=0.02, head=1.0)  # close to a bigram model, with an output head of its own
 TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261, 40, 41]
@@ -95,8 +95,8 @@ def test_greedy_eagle3_drafting_reproduces_plain_decoding(files, opened, head: s
 
 
 def test_a_smaller_draft_vocabulary_maps_onto_the_targets(files, opened) -> None:
-    from eagle3_support import head_tensors
-    from gguf_writer import bpe_vocab
+    from localspec.testing.eagle3_support import head_tensors
+    from localspec.testing.gguf_writer import bpe_vocab
 
     target = opened(files["target"])
     head = target.eagle3_head(str(files["d2t"]))

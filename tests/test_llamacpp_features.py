@@ -12,10 +12,9 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
-
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.core.errors import ModelLoadError
+from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
 TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261, 40, 41]
 OTHER = [50, 51, 52, 260, 53]

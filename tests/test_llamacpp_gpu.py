@@ -10,11 +10,10 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from gguf_writer import Spec, write_gguf
-
 from localspec.backends.llamacpp import backend as llamacpp
 from localspec.backends.llamacpp.backend import GPU_RESERVE, GpuDevice, LlamaCppBackend, gpu_layers_that_fit
 from localspec.cli.main import main
+from localspec.testing.gguf_writer import Spec, write_gguf
 
 GiB = 1 << 30
 

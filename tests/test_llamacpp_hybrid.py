@@ -4,7 +4,7 @@ Recurrent state cannot be cut at a position, so a rejected draft is taken back t
 llama.cpp's per-token snapshots of the last decode, or a copy of the state plus a replay
 (backends/llamacpp/backend.py, RecurrentRollback). Each path must leave the model exactly where a
 clean decode of the kept tokens leaves it, and every strategy must stay lossless on top.
-The models are tiny random-weight qwen35 GGUFs the tests write (tests/gguf_writer.py).
+The models are tiny random-weight qwen35 GGUFs the tests write (localspec/testing/gguf_writer.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from gguf_writer import HybridSpec, write_qwen35_gguf
 from test_llamacpp_sampling import (
     P_FLOOR,
     SAMPLING,
@@ -32,6 +31,7 @@ from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.core.protocol import Backend
 from localspec.core.sampling import SamplingConfig
+from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
 TEXT = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261]
 LOOPING = "the world and the world and the"  # the tiny model's greedy text falls into loops

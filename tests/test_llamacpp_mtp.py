@@ -14,7 +14,6 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from gguf_writer import HybridSpec, write_qwen35_gguf
 from head_support import assert_calibrated_as_users_run_it
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
@@ -24,6 +23,7 @@ from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.core.errors import InvalidRequestError
 from localspec.core.sampling import SamplingConfig
+from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
 LOOPING = "the world and the world and the"
 
@@ -87,7 +87,7 @@ def test_mtp_on_a_gguf_without_the_head_is_refused_with_what_to_use(tmp_path: Pa
 
 def test_mtp_on_another_backend_names_the_one_that_runs_it(tmp_path: Path, capsys) -> None:
     pytest.importorskip("torch")
-    from gguf_writer import Spec, write_gguf
+    from localspec.testing.gguf_writer import Spec, write_gguf
 
     path = write_gguf(Spec("llama"), tmp_path / "llama.gguf")
     code = main(["run", "-m", str(path), "--backend", "torch", "--strategy", "mtp", "--max-tokens", "4", "hi"])

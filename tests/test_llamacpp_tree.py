@@ -17,7 +17,6 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-from gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 from scipy.stats import chisquare
 from test_tree import EveryBranch
 
@@ -31,6 +30,7 @@ from localspec.core.stats import Stats
 from localspec.core.tree import root_path
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
+from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
 pytestmark = pytest.mark.model
 
@@ -97,19 +97,53 @@ def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_clean_pass_would(
     target.keep_branch([0, 4, 5])  # a branch other than sequence 0's
     kept = [*PROMPT, 50, 51]
     assert list(target.cached_tokens()) == kept
-    # Sequence 0 holds exactly the kept text's positions; no other sequence holds any cell.
+    # Sequence 0 holds the text up to the branch (the branch's tokens wait for the next pass,
+    # which evaluates them first: folds_branch); no other sequence holds any cell.
     assert llama_cpp.llama_memory_seq_pos_min(target._mem, 0) == 0
-    assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) == len(kept) - 1
+    assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) == len(PROMPT) - 1
     assert all(llama_cpp.llama_memory_seq_pos_max(target._mem, s) == -1 for s in range(1, 6))
-    # The same cells in the same order as a clean pass: the next rows are the clean pass's, bit
-    # for bit (flash attention sums cells in their order: tree.py and keep_branch).
+    # The same cells in the same order as a clean pass over the same blocks: the next rows are
+    # its rows, bit for bit (flash attention sums cells in their order: tree.py and keep_branch).
     after = target.eval_block([60, 61], "all").copy()
-    np.testing.assert_array_equal(after, chain_rows(clean, kept, [60, 61]))
+    np.testing.assert_array_equal(after, chain_rows(clean, PROMPT, [50, 51, 60, 61])[-2:])
+    assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) == len(kept) + 1
+    kept += [60, 61]
     # A tree abandoned by a rollback leaves the cache as a chain's rollback does.
     target.eval_tree([62, 63, 64], [-1, 0, 0])
     target.rollback(len(kept))
     assert all(llama_cpp.llama_memory_seq_pos_max(target._mem, s) == -1 for s in range(1, 3))
     np.testing.assert_allclose(target.eval_block([60], "all"), chain_rows(clean, kept, [60]), atol=LOGIT_TOLERANCE)
+
+
+def test_a_kept_branch_folded_into_the_next_tree_and_rolled_back_leaves_a_clean_cache(
+    opened: dict[str, LlamaCppBackend],
+) -> None:
+    target, clean = opened["target"], opened["clean"]
+    target.rollback(0)
+    target.eval_block(PROMPT[:-1], "none")
+    target.eval_tree(TOKENS, PARENTS)
+    target.keep_branch([0, 4, 5])  # [50, 51] wait for the next pass
+    kept = [*PROMPT, 50, 51]
+    # The next tree takes them as its trunk: its nodes' rows are still their root paths'.
+    rows = target.eval_tree([60, 61, 62], [-1, 0, 0]).copy()
+    assert rows.shape[0] == 3
+    for node, path in enumerate([[60], [60, 61], [60, 62]]):
+        np.testing.assert_allclose(rows[node], chain_rows(clean, kept, path)[-1], atol=LOGIT_TOLERANCE)
+    target.keep_branch([0, 2])
+    assert list(target.cached_tokens()) == [*kept, 60, 62]
+    assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) == len(kept)  # 62 waits
+    target.rollback(len(kept) + 1)  # takes back a token the cache never held
+    assert list(target.cached_tokens()) == [*kept, 60]
+    np.testing.assert_allclose(
+        target.eval_block([61], "all"), chain_rows(clean, [*kept, 60], [61]), atol=LOGIT_TOLERANCE
+    )
+    # A rollback below the deferred tokens drops them and the cells after it.
+    target.eval_tree([60, 61, 62], [-1, 0, 0])
+    target.keep_branch([0, 2])
+    target.rollback(len(PROMPT))
+    assert list(target.cached_tokens()) == PROMPT
+    assert llama_cpp.llama_memory_seq_pos_max(target._mem, 0) == len(PROMPT) - 1
+    np.testing.assert_allclose(target.eval_block([50], "all"), chain_rows(clean, PROMPT, [50]), atol=LOGIT_TOLERANCE)
 
 
 def test_a_malformed_tree_is_refused_with_a_message(opened: dict[str, LlamaCppBackend]) -> None:

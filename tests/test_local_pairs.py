@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from fakehub import OTHER_TOKENS, TOKENS, tiny_gguf
 
 from localspec.api import load_pair
 from localspec.cli.main import main
@@ -15,6 +14,7 @@ from localspec.core.errors import ModelLoadError, PairMismatchError
 from localspec.models.local_pairs import add_local_pair
 from localspec.models.pull import is_pulled, pull, resolve_pair
 from localspec.models.registry import LocalArtifact, load_registry, user_registry_file
+from localspec.testing.fakehub import OTHER_TOKENS, TOKENS, tiny_gguf
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port: any request to the hub would fail
 
@@ -141,7 +141,7 @@ def test_run_pair_honours_the_pair_s_draft_length(
 
 
 def test_add_on_a_gguf_with_an_mtp_head_writes_strategy_mtp(tmp_path: Path) -> None:
-    from gguf_writer import HybridSpec, write_qwen35_gguf
+    from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
     target = write_qwen35_gguf(HybridSpec(nextn=1), tmp_path / "qwen35-mtp.gguf")
     pair = add_local_pair("headed", target)
@@ -152,7 +152,7 @@ def test_add_on_a_gguf_with_an_mtp_head_writes_strategy_mtp(tmp_path: Path) -> N
 
 
 def test_add_of_a_gemma4_target_and_its_assistant_writes_strategy_mtp(tmp_path: Path) -> None:
-    from gguf_writer import Gemma4Spec, write_gemma4_pair
+    from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair
 
     target, assistant = write_gemma4_pair(Gemma4Spec(), tmp_path)
     pair = add_local_pair("gem", target, assistant)
@@ -161,7 +161,7 @@ def test_add_of_a_gemma4_target_and_its_assistant_writes_strategy_mtp(tmp_path: 
 
 
 def test_add_refuses_an_assistant_made_for_another_width(tmp_path: Path) -> None:
-    from gguf_writer import Gemma4Spec, write_gemma4_pair
+    from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair
 
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     target, _ = write_gemma4_pair(Gemma4Spec(), tmp_path / "a")

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import TOKENS, FakeHub, tiny_gguf
 
 from localspec.cli.main import main
 from localspec.models.audit import ESTIMATE_SLACK, check_registry
 from localspec.models.registry import HubArtifact, PyPIArtifact, load_registry
 from localspec.models.sizes import estimate_bytes, param_count
+from localspec.testing.fakehub import TOKENS, FakeHub, tiny_gguf
 
 
 def test_parameter_counts_are_read_and_effective_counts_are_not_guessed() -> None:

@@ -48,7 +48,7 @@ def write_target(backend: str, folder: Path) -> Path:
     """The tiny target with its head, as the backend reads it."""
     if backend == "llamacpp":
         pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
-        from gguf_writer import HybridSpec, write_qwen35_gguf
+        from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
         return write_qwen35_gguf(HybridSpec(nextn=1, mtp_echo=1.0), folder / "qwen35-mtp.gguf")
     pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip install 'localspec[mlx]'")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from tui_support import reference
 
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters.memory import KEY, NgramMemory
 from localspec.drafters.ngram import REPEAT, NgramDrafter
+from localspec.testing.tui_support import reference
 
 GREEDY = SamplingConfig(temperature=0.0)
 

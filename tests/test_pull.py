@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, tiny_gguf
 
 import localspec.models.pull as pull_module
 from localspec.api import load_pair
@@ -18,6 +17,7 @@ from localspec.core.options import LoadOptions
 from localspec.models.hub import ChecksumMismatchError, PullError, SilentBar
 from localspec.models.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
 from localspec.models.registry import load_registry
+from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, tiny_gguf
 
 TARGET_REPO, TARGET_FILE = "test/tiny-target-GGUF", "tiny-target.gguf"
 

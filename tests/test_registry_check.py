@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf, tiny_gguf
 
 import localspec.models.remote_gguf
 from localspec.cli.main import main
 from localspec.models.audit import Finding, check_registry
+from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf, tiny_gguf
 
 TARGET_REPO, TARGET_FILE = "test/tiny-target-GGUF", "tiny-target.gguf"
 

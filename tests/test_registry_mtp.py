@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import TOKENS, FakeHub, split_gguf
 
 from localspec.cli.main import main
 from localspec.models.audit import Finding, check_registry
 from localspec.models.registry import HubArtifact, RegistryError, backend_refusal, load_registry, user_registry_file
+from localspec.testing.fakehub import TOKENS, FakeHub, split_gguf
 
 
 def header_gguf(arch: str, width: int, tokens: list[str] | None = TOKENS, **keys: int) -> bytes:

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import FakeHub, serve_test_pairs
 
 from localspec.cli.main import main
 from localspec.models.default_model import DEFAULT_MODEL
 from localspec.models.pull import pull, remove, resolve_pair
 from localspec.store import models_dir
+from localspec.testing.fakehub import FakeHub, serve_test_pairs
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rpc_faults import (
+
+from localspec.backends.llamacpp.rpc_server import MAX_RESTARTS, rpc_available
+from localspec.testing.rpc_faults import (
     HELLO,
     START_S,
     answers,
@@ -29,8 +31,6 @@ from rpc_faults import (
     start,
     still_served,
 )
-
-from localspec.backends.llamacpp.rpc_server import MAX_RESTARTS, rpc_available
 
 pytestmark = pytest.mark.skipif(not rpc_available(), reason="the installed llama-cpp-python has no RPC backend")
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gguf_writer import Spec
 
 import localspec
 from localspec.control import calibrate
 from localspec.control.policy import AdaptiveDraftLength
+from localspec.testing.gguf_writer import Spec
 
 # Close to a bigram model: a copy with blocks left out, or at fewer bits, mostly agrees.
 TARGET = Spec("llama", layers=4, mix=0.2)

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from serve_faults import SCHEMA_CASES, TOOL_CASES, Case, reference_server
 
 from localspec.api import Runtime, load
 from localspec.core.stats import Stats, Step
 from localspec.server import Catalog, LocalServer, Settings, local_only
 from localspec.server.schemas import speculation
 from localspec.server.tools import CallFilter, tool_request
+from localspec.testing.serve_faults import SCHEMA_CASES, TOOL_CASES, Case, reference_server
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")

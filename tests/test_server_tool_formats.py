@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from gguf_writer import CHATML, Spec
 
 from localspec.api import Runtime, load
 from localspec.core.templates import render_chat
 from localspec.server import LocalServer, Settings
 from localspec.server.tools import GEMMA4, HERMES, LLAMA3, ToolRequest, parse_tool_calls, tool_style
+from localspec.testing.gguf_writer import CHATML, Spec
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")

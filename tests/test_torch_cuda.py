@@ -14,7 +14,6 @@ same backend on the CPU in float32 (itself checked against llama.cpp in CI).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +45,7 @@ from localspec.core.sampling import SamplingConfig  # noqa: E402
 from localspec.core.templates import render_chat  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
+from localspec.testing.benchmarks import load_benchmark  # noqa: E402
 
 
 def on_gpu(path: Path, **options: object) -> TorchBackend:
@@ -295,8 +295,7 @@ def test_greedy_speculation_on_an_int4_target_verified_on_cuda_reproduces_plain_
 
 
 def test_the_gpu_shapes_benchmark_runs_the_real_shapes_on_cuda(capsys) -> None:
-    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-    import gpu_shapes
+    gpu_shapes = load_benchmark("gpu_shapes")
 
     gpu_shapes.main(["--reps", "3", "--kinds", "int4"])
     out = capsys.readouterr().out

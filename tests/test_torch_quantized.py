@@ -9,7 +9,6 @@ design card promises, computed from its shapes.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +17,14 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 gguf = pytest.importorskip("gguf")
 
-from gguf_writer import Spec  # noqa: E402
 from test_torch_tiny_models import SMALL, TEXT_IDS, tiny  # noqa: E402
 
 from localspec.backends.torch import converted, quantized  # noqa: E402
 from localspec.backends.torch.linear import Int4, Int8  # noqa: E402
 from localspec.backends.torch.quantized import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0  # noqa: E402
 from localspec.backends.torch.shapes import SHAPES  # noqa: E402
+from localspec.testing.benchmarks import load_benchmark  # noqa: E402
+from localspec.testing.gguf_writer import Spec  # noqa: E402
 
 GiB = 1 << 30
 # qtype -> (bytes per block, offsets of its float16 fields)
@@ -188,8 +188,7 @@ def test_the_default_q4_1_model_runs_as_int4_on_the_cpu_when_asked(smollm2_q4_1:
 
 
 def test_the_gpu_shapes_benchmark_runs_on_the_cpu_with_tiny_shapes(capsys, tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-    import gpu_shapes
+    gpu_shapes = load_benchmark("gpu_shapes")
 
     threads = torch.get_num_threads()
     try:

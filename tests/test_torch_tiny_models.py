@@ -1,6 +1,6 @@
 """The torch backend on tiny random models written by the test itself, one per family.
 
-Each family's model is written twice (tests/gguf_writer.py): as a GGUF and as a Hugging Face
+Each family's model is written twice (localspec/testing/gguf_writer.py): as a GGUF and as a Hugging Face
 folder. llama.cpp, reading the same GGUF, is the reference for the architecture and the
 SentencePiece tokenizer; the engine's own chi-square test checks that speculative sampling
 through this backend is exact.
@@ -19,7 +19,6 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 
-from gguf_writer import CHATML, N_CTX, Spec, write_hf_folder  # noqa: E402
 from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
 
 from localspec.api import Runtime  # noqa: E402
@@ -34,6 +33,7 @@ from localspec.core.sampling import SamplingConfig, one_hot, process  # noqa: E4
 from localspec.core.stats import Stats  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
+from localspec.testing.gguf_writer import CHATML, N_CTX, Spec, write_hf_folder  # noqa: E402
 
 
 def tiny(path: str, n_ctx: int = N_CTX, **options: object) -> TorchBackend:

@@ -31,9 +31,9 @@ from localspec.backends.reference import ReferenceBackend
 from localspec.core.engine import Engine
 from localspec.core.proposal import Proposal, Source
 from localspec.core.protocol import TreeBackend
-from localspec.core.sampling import SamplingConfig, process
+from localspec.core.sampling import Distribution, SamplingConfig, process
 from localspec.core.stats import Stats
-from localspec.core.tree import accept_tree, branch_heads, children, grow, root_path, top_k_branches
+from localspec.core.tree import accept_tree, alternatives, branch_heads, children, grow, root_path, top_k_branches
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
 
@@ -106,6 +106,15 @@ def test_a_block_drafters_top_k_becomes_branches_beside_its_chain() -> None:
     tree = grow(Proposal(chain, None, Source.MODEL, gamma=3), branches)
     assert tree.tokens == [10, 11, 12, 20, 21, 30]
     assert tree.parents == (-1, 0, 1, -1, -1, 0)
+
+
+def test_a_drafters_runner_ups_are_ranked_by_the_law_it_drew_from() -> None:
+    row = np.array([0.0, 3.0, 1.0, 2.0, -1.0], dtype=np.float32)
+    assert alternatives(row, 1, None, 2) == [3, 2]  # greedy: the raw row, the drafted token left out
+    assert alternatives(row, 4, None, 2) == [1, 3]
+    law = Distribution(np.array([2, 0, 3]), np.array([0.5, 0.3, 0.2]))  # top-3 of a sampled row
+    assert alternatives(row, 2, law, 5) == [0, 3]  # nothing outside the law, however high its logit
+    assert alternatives(row, 2, Distribution(np.array([2]), np.array([1.0])), 1) == []
 
 
 @pytest.mark.parametrize("seed", range(24))

@@ -10,12 +10,21 @@ from typing import Any
 import pytest
 from textual.command import CommandList
 from textual.widgets import Static
-from tui_support import REFERENCE, answered, ready, reference_runtime, replies, send, slow_runtime, wait_for
 
 from localspec.api import Runtime
 from localspec.core.errors import ModelLoadError
 from localspec.core.progress import Announce
 from localspec.core.sampling import SamplingConfig
+from localspec.testing.tui_support import (
+    REFERENCE,
+    answered,
+    ready,
+    reference_runtime,
+    replies,
+    send,
+    slow_runtime,
+    wait_for,
+)
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.history import History, StoredMessage
 from localspec.tui.models import MissingModel

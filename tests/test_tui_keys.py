@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from textual.widgets import Footer, Input
-from tui_support import REFERENCE, ready, reference_runtime, slow_runtime, wait_for
 
 from localspec.core.sampling import SamplingConfig
+from localspec.testing.tui_support import REFERENCE, ready, reference_runtime, slow_runtime, wait_for
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.screens import SettingsScreen
 

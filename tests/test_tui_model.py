@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tui_support import answered, ready, replies, send, wait_for
 
 from localspec.api import Runtime, load
 from localspec.core.progress import Announce
+from localspec.testing.tui_support import answered, ready, replies, send, wait_for
 from localspec.tui import ChatApp, ChatSettings
 
 pytestmark = pytest.mark.model

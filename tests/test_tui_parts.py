@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tui_support import reference
 
 from localspec.api import Finished, TextDelta
 from localspec.control.costs import CostCurve
@@ -14,6 +13,7 @@ from localspec.core.choices import parse_draft_tokens
 from localspec.core.errors import InvalidRequestError
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats, Step
+from localspec.testing.tui_support import reference
 from localspec.tui.attribution import DraftAttribution, drafted_share, flag_spans
 from localspec.tui.job import ReplyJob
 from localspec.tui.live_stats import LiveFigures, estimate_speedup, final_figures, format_figures

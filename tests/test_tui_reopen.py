@@ -5,11 +5,11 @@ line says otherwise. Driven headless with Pilot, as tests/test_tui_app.py does."
 from __future__ import annotations
 
 import pytest
-from tui_support import REFERENCE, ready, reference_runtime, wait_for
 
 from localspec.cli.chat import with_remembered
 from localspec.cli.main import build_parser
 from localspec.cli.options import load_options
+from localspec.testing.tui_support import REFERENCE, ready, reference_runtime, wait_for
 from localspec.tui import ChatApp
 from localspec.tui.history import History, StoredMessage
 from localspec.tui.settings import remembered

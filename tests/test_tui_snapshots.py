@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from tui_support import REFERENCE, ready, reference_runtime, wait_for
 
 from localspec.core.errors import ModelLoadError
+from localspec.testing.tui_support import REFERENCE, ready, reference_runtime, wait_for
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.history import History, StoredMessage, history_file
 from localspec.tui.screens import ConversationsScreen, LoadErrorScreen, SettingsScreen

@@ -5,9 +5,9 @@ back in the input. Driven headless with Pilot, as tests/test_tui_app.py does."""
 from __future__ import annotations
 
 import pytest
-from tui_support import REFERENCE, answered, ready, reference_runtime, send, slow_runtime, wait_for
 
 from localspec.core.sampling import SamplingConfig
+from localspec.testing.tui_support import REFERENCE, answered, ready, reference_runtime, send, slow_runtime, wait_for
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.history import History, StoredMessage
 from localspec.tui.screens import ConversationsScreen

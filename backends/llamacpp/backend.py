@@ -40,6 +40,7 @@ from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, M
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import depths
+from localspec.drafters import cannot_attach
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
@@ -210,6 +211,9 @@ class LlamaCppBackend:
             self._batch.seq_id[i][0] = 0
         # Trees (tree.py) where the cache is cells; a recurrent state per sequence takes none.
         self._trees = None if self._recurrent is not None else TreePass(ctx, self._mem, max_block)
+        # The end of self._tokens that the cache does not hold yet: a kept branch's tokens that
+        # the next pass evaluates first (keep_branch folds its second pass into the next).
+        self._deferred: list[int] = []
         return max_block
 
     def _describe(
@@ -238,7 +242,6 @@ class LlamaCppBackend:
         if self._plan.max_rows:  # verify blocks in pieces: another cost curve
             extra["verify_rows"] = str(self._plan.max_rows)
         self._max_rows = self._plan.max_rows or max_block
-        self.exactness = self._plan.exactness  # whether greedy answers are plain decoding's (core.exactness)
         device = gpu_device() if gpu_layers and not rpc else None
         if device is not None:  # another device, another cost curve
             extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
@@ -249,7 +252,9 @@ class LlamaCppBackend:
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
             branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
             repasses_branch=True,  # keep_branch
+            folds_branch=not self._plan.max_rows,  # keep_branch, until a drafter reads this context's rows
             replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
+            exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
 
     def _live(self) -> None:
@@ -343,6 +348,8 @@ class LlamaCppBackend:
 
     def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
         self._live()
+        if self._deferred:  # a kept branch's tokens go first (keep_branch)
+            return self._fold(tokens, logits)
         picks = self._picks  # verify_block's pass: the argmax is taken in the graph, no logits come back
         n = len(tokens)
         if logits == "all" and self._splits(n):  # a verify block, in one-token kernels
@@ -412,7 +419,8 @@ class LlamaCppBackend:
         """A greedy block's argmax per row comes from llama.cpp's graph (greedy.py), so no row of
         logits leaves it; where an MTP head reads this context, or when sampling, the host's rule."""
         # A block split into pieces (kernels.py) has its rows over several passes: the host's rule.
-        if cfg.greedy and not self._recorded and not self._splits(len(tokens)) and self._greedy.attach():
+        device = not self._recorded and not self._deferred and not self._splits(len(tokens))
+        if cfg.greedy and device and self._greedy.attach():
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:
@@ -429,13 +437,20 @@ class LlamaCppBackend:
         """localspec.core.protocol.TreeBackend: one pass, every branch a sequence (tree.py)."""
         self._live()
         trees, n, past = self._trees, len(tokens), len(self._tokens)
-        if trees is None or self._recorded:  # rows kept per position follow one chain
+        if trees is None:
             raise InvalidRequestError(f"{self.info.name} verifies chains only", "draft without branches")
         self._check_tree(tokens, parents)
         if self._greedy.attached:  # this pass's logits are wanted
             self._greedy.detach()
         if self._unrecorded:
             self.rollback(past)
+        prefix = self._take_deferred(n)  # a kept branch's tokens (keep_branch): the tree's trunk
+        if prefix:
+            k = len(prefix)
+            tokens = [*prefix, *tokens]
+            parents = [*range(-1, k - 1), *(p + k if p >= 0 else k - 1 for p in parents)]
+            n, past = len(tokens), len(self._tokens)
+        trees.trunk = len(prefix)
         depth = depths(parents)
         trees.begin(past, parents)
         self._unrecorded, self._in_flight = True, n
@@ -448,11 +463,14 @@ class LlamaCppBackend:
                 raise InvalidRequestError(
                     f"llama_decode failed with code {rc} at position {past}", "draft without branches"
                 )
+            for kept in self._recorded:  # node rows at past + node until keep_branch gathers the path's
+                kept.record(past + start, len(part))
             out = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(part), self._n_vocab))
             rows.append(out if step == n else out.copy())
-        self._tokens.append(int(tokens[0]))  # the root; keep_branch records the rest
+        self._tokens += tokens[: trees.trunk + 1]  # the root and its trunk; keep_branch records the rest
         trees.nodes = [int(t) for t in tokens]
-        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+        out = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        return out[trees.trunk :]
 
     def _check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> None:
         n = len(tokens)
@@ -471,17 +489,44 @@ class LlamaCppBackend:
     def keep_branch(self, path: Sequence[int]) -> None:
         assert self._trees is not None and self._trees.open, "keep_branch follows eval_tree"
         trees = self._trees
+        path = [*range(trees.trunk), *(node + trees.trunk for node in path)]
         past = trees.keep(path)
         kept = [trees.nodes[i] for i in path]
         # A path off sequence 0 sits in cells after the other branches' holes, where the next
         # tokens would land before it; flash attention sums cells in their order, so that cache
-        # rounds unlike a clean pass's. Its part off sequence 0 is evaluated again, in order.
+        # rounds unlike a clean pass's. Its part off sequence 0 is evaluated again, in order: at
+        # the head of the next pass (folds_branch), or at once where a drafter reads the rows.
         off = next((k for k, node in enumerate(path) if trees.seqs[node][0] != 0), len(path))
         self._tokens[past:] = kept[:off]
+        for rows in self._recorded:  # the path's rows at its positions, as a chain pass leaves them
+            rows.keep_path(past, path[:off])
         self._unrecorded = off < len(path)
         if off < len(path):
             self.rollback(past + off)
-            self.eval_block(kept[off:], "none")
+            if self.capabilities.folds_branch:
+                self._deferred = kept[off:]  # evaluated at the head of the next pass
+                self._tokens += self._deferred
+            else:
+                self.eval_block(kept[off:], "none")
+
+    def _take_deferred(self, n: int) -> list[int]:
+        """A kept branch's deferred tokens (keep_branch), out of the record, for a pass of n more
+        rows to evaluate first; where they do not fit beside them, evaluated now (none left)."""
+        deferred, self._deferred = self._deferred, []
+        del self._tokens[len(self._tokens) - len(deferred) :]
+        if deferred and (n == 0 or len(deferred) + n > self.capabilities.max_block):
+            self.eval_block(deferred, "none")
+            return []
+        return deferred
+
+    def _fold(self, tokens: Sequence[int], logits: LogitsMode) -> Logits:
+        """eval_block with a kept branch's deferred tokens first, in one pass: the rows asked
+        for are the caller's tokens' only."""
+        prefix = self._take_deferred(len(tokens))
+        if not prefix:
+            return self.eval_block(tokens, logits)
+        rows = self.eval_block([*prefix, *tokens], logits)
+        return rows[len(prefix) :] if logits == "all" else rows
 
     def rollback(self, n: int) -> None:
         self._live()
@@ -489,6 +534,13 @@ class LlamaCppBackend:
         if self._trees is not None and self._trees.open:  # a tree left without keep_branch
             self._trees.abandon()
             n = min(n, len(self._tokens))
+        if self._deferred:  # tokens the cache does not hold yet (keep_branch)
+            cells = len(self._tokens) - len(self._deferred)
+            if n >= cells:  # only the record goes back
+                del self._deferred[n - cells :]
+                del self._tokens[n:]
+                return
+            self._deferred = []
         if 0 < n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
             return  # the cache holds exactly the record (see _unrecorded): nothing to drop
         if self._recurrent is not None:
@@ -600,6 +652,10 @@ class LlamaCppBackend:
                 "use the assistant of the same size (E4B with E4B, 12B with 12B, 31B with 31B)",
             )
         head = MtpHead(self, model, self._ctx, self._target_states(), assistant=True)
+        # It reads this context's KV cache as it drafts. Its trees keep plain decoding's
+        # greedy output, but the tests' assistant never has a runner-up taken when sampling,
+        # so the sampled path after a taken branch is unexercised: chains only until it is.
+        self.capabilities = replace(self.capabilities, branches=1)
         head.info = replace(head.info, name=os.path.basename(path), size_bytes=int(llama.llama_model_size(model)))
         self._heads.append(head)
         return head
@@ -614,10 +670,22 @@ class LlamaCppBackend:
         self._heads.append(head)
         return head
 
+    def attach_head(self, kind: str, path: str) -> MtpHead:
+        """DrafterHost: a Gemma 4 assistant ("assistant") or an EAGLE-3 head ("eagle3") from its GGUF."""
+        if kind == "assistant":
+            return self.assistant_head(path)
+        if kind == "eagle3":
+            return self.eagle3_head(path)
+        raise cannot_attach(kind, path, self.info.backend)
+
+    def attach_block_drafter(self, path: str) -> DFlashDrafter:
+        """DrafterHost: the DFlash drafter in `path`."""
+        return self.dflash_drafter(path)
+
     def _target_states(self) -> HiddenRows:
         if self._states is None:
             self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
-            self.capabilities = replace(self.capabilities, branches=1)  # a head reads one chain's states
+            self.capabilities = replace(self.capabilities, folds_branch=False)  # it reads every kept row at once
             width = int(llama.llama_model_n_embd_out(self._model))
             self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
             self._recorded.append(self._states)
@@ -644,7 +712,7 @@ class LlamaCppBackend:
         key = tuple(ids)
         if key not in self._captures:
             self._greedy.detach()  # as for an MTP head's states
-            self.capabilities = replace(self.capabilities, branches=1)  # a drafter reads one chain's rows
+            self.capabilities = replace(self.capabilities, folds_branch=False)  # as for an MTP head
             self._captures[key] = layer_inputs(self._ctx, self.info.n_ctx, key, n_embd)
             self._recorded.append(self._captures[key])
             self.rollback(0)  # positions decoded before now have no rows: decode them again

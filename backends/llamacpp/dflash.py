@@ -34,6 +34,7 @@ from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import check_gguf, diagnose_gguf
 from localspec.core.protocol import Draft, ModelInfo, common_prefix
 from localspec.core.sampling import Distribution, SamplingConfig, process, shape
+from localspec.core.tree import alternatives, top_k_branches
 
 from . import library
 from .features import HiddenRows, target_layer_ids
@@ -42,6 +43,8 @@ llama = library.llama
 
 # The block llama.cpp assumes where the GGUF names none (common/speculative.cpp).
 DEFAULT_BLOCK = 16
+# Runner-ups a branching position offers (its top-k beside the drafted token).
+ALTERNATIVES = 1
 
 
 class FeatureTarget(Protocol):
@@ -102,6 +105,11 @@ class DFlashDrafter:
         self._batch = llama.llama_batch_ext_init(self._ctx)
         self._n_vocab = target.info.n_vocab
         self._tokens: list[int] = []  # the tokens whose target features the cache holds, by position
+        # For a tree (localspec.core.tree): the first positions of a block that also offer
+        # their runner-ups, `alternatives` each (the block's per-position top-k, as DDTree
+        # drafts), one-token branches that the tree pricing keeps where they pay.
+        self.branching = 0
+        self.alternatives = ALTERNATIVES
         self.size_bytes = int(llama.llama_model_size(model))
         self.pass_seconds = self._time_pass()  # one block pass on this machine: what the controller starts from
 
@@ -204,7 +212,7 @@ class DFlashDrafter:
         self._rollback(min(common_prefix(self._tokens, context), at))
         self._inject(at)
         rows = self._pass(int(context[-1]), at, n)
-        return _read_block(rows, context, cfg, rng)
+        return _read_block(rows, context, cfg, rng, (min(self.branching, n), self.alternatives))
 
     def backlog(self, context: Sequence[int]) -> int:
         # Injecting is one cheap pass over the fused features, paid within the draft's time.
@@ -229,12 +237,16 @@ class DFlashDrafter:
 _REFIT = "use the DFlash drafter made for this target (its pair in models.toml), or --strategy ngram"
 
 
-def _read_block(rows: np.ndarray, context: Sequence[int], cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+def _read_block(
+    rows: np.ndarray, context: Sequence[int], cfg: SamplingConfig, rng: np.random.Generator, top: tuple[int, int]
+) -> Draft:
     """The block's guesses: each mask position's argmax, or a draw from its law shaped as the
     target's is (so the rejection rule's q is the law each token was drawn from). Positions
-    are read independently: one pass gives them all, each conditioned only on the context."""
+    are read independently: one pass gives them all, each conditioned only on the context.
+    top: (positions, k): the first positions' k runner-ups, as one-token branches."""
     tokens: list[int] = []
     dists: list[Distribution] = []
+    tops: list[list[int]] = []
     for i, raw in enumerate(rows):
         row = shape(raw[None], cfg, (), tokens, start=len(tokens))[0] if cfg.shapes_logits else raw
         if cfg.shapes_logits and not np.isfinite(row.max()):
@@ -249,4 +261,6 @@ def _read_block(rows: np.ndarray, context: Sequence[int], cfg: SamplingConfig, r
         tokens.append(tok)
         if dist is not None:
             dists.append(dist)
-    return Draft(tokens, None if cfg.greedy else dists)
+        if i < top[0]:
+            tops.append(alternatives(row, tok, dist, top[1]))
+    return Draft(tokens, None if cfg.greedy else dists, branches=top_k_branches(tokens, tops) or None)

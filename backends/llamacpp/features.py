@@ -6,7 +6,9 @@ hands both out per decode only, for every token of the batch whatever its output
 (llama_context::extract_layer_inputs copies the whole layer input), so they are copied here
 as the target decodes. A row is written when its position is decoded and written again when
 it is decoded again: after a rollback to n, rows below n are still the ones a clean pass
-gives, and rows from n on are overwritten before anything reads them.
+gives, and rows from n on are overwritten before anything reads them. A tree pass (tree.py)
+writes its nodes' rows in node order and the kept root path's are then moved to the
+positions it holds (keep_path): each node's row is its root path's, as its logits are.
 
 The layer-input calls come from llama.cpp's staging header (src/llama-ext.h) and are exported
 as C++ symbols; they are bound here through the libllama that llama-cpp-python loaded, as
@@ -161,6 +163,12 @@ class HiddenRows:
             ptr = part()
             if ptr:
                 self.rows[past : past + n, k * w : (k + 1) * w] = np.ctypeslib.as_array(ptr, shape=(n, w))
+
+    def keep_path(self, past: int, path: Sequence[int]) -> None:
+        """After a tree pass recorded its nodes' rows at past + node: the rows of a kept root
+        path (node indices, path[0] == 0) at the positions past.. that it now holds."""
+        if list(path) != list(range(len(path))):
+            self.rows[past : past + len(path)] = self.rows[past + np.asarray(path, dtype=np.intp)]
 
 
 def last_hidden_states(ctx: Any, n_ctx: int, width: int) -> HiddenRows:

@@ -60,6 +60,7 @@ class TreePass:
         self.seqs: list[list[int]] = []  # each node's sequence ids
         self._past = 0
         self.nodes: list[int] = []  # the open tree's tokens (its owner records them)
+        self.trunk = 0  # nodes before the caller's root: deferred tokens of a kept branch (its owner's)
         self.open = False  # a tree is in the cache: other sequences than 0 hold cells
 
     def branches(self, parents: Sequence[int]) -> int:

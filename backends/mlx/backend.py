@@ -34,6 +34,7 @@ from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, TextFromVocab
 from localspec.core.records import check_block, check_open, check_rollback
+from localspec.drafters import BlockDrafter, cannot_attach
 
 from ..vocab import Vocab
 from .modules import (
@@ -331,6 +332,16 @@ class MlxBackend(TextFromVocab):
         from .assistant import load_assistant
 
         return load_assistant(path, self)
+
+    def attach_head(self, kind: str, path: str) -> Backend:
+        """DrafterHost: a Gemma 4 assistant's MLX folder; MLX runs no EAGLE-3 head."""
+        if kind != "assistant":
+            raise cannot_attach(kind, path, self.info.backend)
+        return self.assistant_head(path)
+
+    def attach_block_drafter(self, path: str) -> BlockDrafter:
+        """DrafterHost: refused, MLX runs no DFlash drafter."""
+        raise cannot_attach("dflash", path, self.info.backend)
 
     def hidden_states(self) -> np.ndarray:
         """Final-norm hidden states by position, kept from now on; the cache starts over, as

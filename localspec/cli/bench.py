@@ -19,7 +19,7 @@ from localspec.core.backend_loader import load_backend
 from localspec.core.choices import FEATURE_DRAFTERS
 from localspec.core.errors import InvalidRequestError
 from localspec.core.progress import Steps, reporting
-from localspec.core.protocol import Backend
+from localspec.core.protocol import Backend, DerivesFiles
 from localspec.core.templates import render_chat
 from localspec.models.naming import canonical_name
 from localspec.tooling.bench import (
@@ -175,15 +175,14 @@ def contenders_for(
         return [contender(strategy, target, args, options)]
     if kind not in selfdraft.KINDS:
         raise InvalidRequestError(f"only qspec and layerskip can sweep their candidates, not {kind!r}")
-    sweep = getattr(target, "derived_drafters", None)  # the GGUF drafters llama.cpp derives
-    if sweep is None:
+    if not isinstance(target, DerivesFiles):  # the GGUF drafters llama.cpp derives
         raise InvalidRequestError(
             f"{strategy} sweeps the GGUF drafters derived with llama.cpp; on {args.backend} name them one by one",
             f"e.g. -s {kind}:TYPE -s {kind}:TYPE",
         )
     return [
         Contender(f"{kind}:{label}", "draft", open_draft=partial(load_backend, args.backend, str(path), **options))
-        for label, path in sweep(kind)
+        for label, path in target.derived_drafters(kind)
     ]
 
 

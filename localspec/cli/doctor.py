@@ -15,8 +15,8 @@ from localspec.control.config import DEFAULT
 from localspec.control.hardware import predict_verify_seconds, probe
 from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
-from localspec.core.exactness import Exactness
 from localspec.core.progress import Steps, reporting
+from localspec.core.protocol import Exactness
 from localspec.models.naming import canonical_name
 
 
@@ -60,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
             info = backend.info
             on = backend.capabilities.device
             gpu = backend.capabilities.gpu
-            exactness = getattr(backend, "exactness", None)
+            exactness = backend.capabilities.exactness
         finally:
             backend.close()
         busy = contention.busiest([before, contention.sample()])
@@ -198,11 +198,10 @@ def _exact_line() -> str:
     return f"built with llamafile: --exact needs {EXACT_BUILD}"
 
 
-def _bit_exact_line(exactness: Exactness | None) -> str:
+def _bit_exact_line(exactness: Exactness) -> str:
     """What this model's greedy speculation is, by construction, with the default kernels."""
-    if exactness is None or exactness.cells == 0:
-        why = exactness.why if exactness else "this backend's kernels are not known to be batch-invariant"
-        return f"speculation may part from plain decoding at near-ties: {why} (--exact: bit for bit)"
+    if exactness.cells == 0:
+        return f"speculation may part from plain decoding at near-ties: {exactness.why} (--exact: bit for bit)"
     if exactness.cells is None:
         return "speculation gives plain decoding's output bit for bit at any length"
     return (

@@ -6,7 +6,7 @@ and every machine's curve in a second, without timing noise (benchmarks/replay_d
 the golden replays in tests/test_controller_replays.py).
 
 A draft model at a constant acceptance on a measured curve (a GPU's, say) is projected the
-same way, without answers: constant_acceptance.
+same way, without answers: constant_acceptance, and projection_rows for the benchmarks' tables.
 
 Greedy answers only: the engine accepts a guess where it equals the recorded token, which is
 what the real target would have chosen, so the replayed acceptance equals a real run's.
@@ -428,3 +428,17 @@ def constant_acceptance(target: Sequence[float], draft: float, alpha: float, ste
             tokens += expected_tokens(gamma, alpha)
             seconds += gamma * draft + target[gamma]
     return chosen.most_common(1)[0][0], tokens / seconds * target[0]
+
+
+def projection_rows(
+    target: list[float], draft: float, alphas: tuple[float, ...]
+) -> list[tuple[float, int, float, int, float]]:
+    """What a drafter would add on measured pass costs, per acceptance: (alpha, best fixed γ,
+    its speedup, the γ the controller settles on, the speedup of its choices)."""
+    rows = []
+    for alpha in alphas:
+        fixed = {g: fixed_speedup(target, draft, g, alpha) for g in range(len(target))}
+        best = max(fixed, key=lambda g: fixed[g])
+        chosen, reached = constant_acceptance(target, draft, alpha)
+        rows.append((alpha, best, fixed[best], chosen, reached))
+    return rows

@@ -29,13 +29,32 @@ class TreeReplayTarget(ReplayTarget):
     """A replay target that takes trees: every node's choice is the recorded token after its
     depth (the acceptance never passes a node off the recorded text, so no row below one is read)."""
 
-    def __init__(self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int, repass: bool = False) -> None:
+    def __init__(
+        self, text: Sequence[int], truth: Truth, clock: Clock, n_vocab: int, repass: bool = False, fold: bool = False
+    ) -> None:
         super().__init__(text, truth, clock, n_vocab)
-        self.capabilities = Capabilities(max_block=512, device="cpu", branches=16, repasses_branch=repass)
+        self.capabilities = Capabilities(
+            max_block=512, device="cpu", branches=16, repasses_branch=repass, folds_branch=fold
+        )
         self._open: tuple[int, list[int]] = (0, [])
         self._parents: list[int] = []
+        self._folded = 0  # a kept branch's tokens that the next pass evaluates first (fold)
+
+    def _charge_folded(self, rows: int) -> None:
+        """The rows a kept branch adds to this pass of `rows` (fold): the pass's price with them
+        less its price without."""
+        folded, self._folded = self._folded, 0
+        if folded:
+            past = len(self._tokens)
+            extra = self.truth.seconds(rows + folded, past, self.last) - self.truth.seconds(rows, past, self.last)
+            self.clock.simulated += max(extra, 0.0)
+
+    def eval_block(self, tokens: Sequence[int], logits: str = "all") -> np.ndarray:
+        self._charge_folded(len(tokens))
+        return super().eval_block(tokens, logits)
 
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        self._charge_folded(len(tokens))
         past = len(self._tokens)
         self.clock.simulated += self.truth.seconds(len(tokens), past, self.last)
         self.last = len(tokens)
@@ -54,10 +73,13 @@ class TreeReplayTarget(ReplayTarget):
         past, nodes = self._open
         self._tokens[past:] = [nodes[i] for i in path]
         # A backend that evaluates a kept path's part off the chain again (llama.cpp's
-        # keep_branch) pays a pass of that many tokens more.
+        # keep_branch) pays a pass of that many tokens more, or as many rows more in the next
+        # pass where it folds them into it.
         chain = next((i for i in range(1, len(self._parents)) if self._parents[i] != i - 1), len(self._parents))
         off = sum(1 for node in path if node >= chain)
-        if off and self.capabilities.repasses_branch:
+        if off and self.capabilities.folds_branch:
+            self._folded = off  # priced with the next pass
+        elif off and self.capabilities.repasses_branch:
             self.clock.simulated += self.truth.seconds(off, past + len(path) - off, self.last)
             self.last = off
 
@@ -102,18 +124,20 @@ def replay_tree(
     n_vocab: int,
     mode: str = "priced",
     repass: bool = False,
+    fold: bool = False,
 ) -> TreeRun:
     """Simulated seconds of n-gram drafting under the adaptive policy: mode "chain" (no
     trees), "priced" (TreePricing decides per step) or "always" (every branch verified).
     The policy learns on a curve of its own, the clock keeps the calibration's. repass: the
-    target evaluates a kept branch again (llama.cpp), which the clock and the pricing charge."""
+    target evaluates a kept branch again (llama.cpp), which the clock and the pricing charge;
+    fold: at the head of the next pass rather than in a pass of its own."""
     clock, truth = Clock(), Truth.of(calibration)
-    target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab, repass)
+    target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab, repass, fold)
     drafter = NgramDrafter()
     drafter.branching = int(mode != "chain")
     engine = Engine(cast(Backend, target), drafter, free_drafter=True, clock=clock)
     policy = ngram_policy(calibration.cost_curve())
-    pricing = (EveryBranch if mode == "always" else CountedPricing)(policy, repass=repass)
+    pricing = (EveryBranch if mode == "always" else CountedPricing)(policy, repass=repass, fold=fold)
     engine.trees = pricing if mode != "chain" else None
     stats, produced = Stats(), list[int]()
     cfg = SamplingConfig(temperature=0.0)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.engine import Engine
+from localspec.core.protocol import Branching
 
 # Depths past the last one share its estimate; a branch deep in a chain is seldom tried.
 DEPTHS = 4
@@ -38,8 +39,10 @@ class TreePricing:
     max_nodes: int = 22  # the most guessed tokens one tree holds (DDTree's largest)
     memory: float = 100.0  # observations the estimates remember
     # The backend evaluates a kept branch again (Capabilities.repasses_branch): each branch
-    # also costs, where it is taken, a pass over its tokens.
+    # also costs, where it is taken, a pass over its tokens, or with fold
+    # (Capabilities.folds_branch) as many rows more in the next pass.
     repass: bool = False
+    fold: bool = False
     hits: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
     trials: list[float] = field(default_factory=lambda: [0.0] * DEPTHS)
 
@@ -65,7 +68,7 @@ class TreePricing:
                 continue
             tokens, gain = self._trim(d, list(branch), alpha, reach)
             taken = reach[d] * (1.0 - alpha[d]) * self.beta(d)
-            extra = taken * self.policy.costs.verify(len(tokens), depth) if self.repass else 0.0
+            extra = taken * self._again(chain, len(tokens), depth) if self.repass else 0.0
             candidates.append((gain / len(tokens), d, tokens, gain, extra))
         expected, nodes, repass = self.policy.expected_tokens(chain, support), chain, 0.0
         rate = expected / self.policy.costs.verify(nodes + 1, depth)
@@ -78,6 +81,14 @@ class TreePricing:
                 chosen.append((d, tokens))
                 expected, nodes, rate, repass = expected + gain, nodes + len(tokens), wider, repass + extra
         return chosen
+
+    def _again(self, chain: int, n: int, depth: int) -> float:
+        """What evaluating a kept branch's n tokens again costs: a pass of its own, or with fold
+        the rows they add to the next pass (priced as one over this step's chain)."""
+        costs = self.policy.costs
+        if not self.fold:
+            return costs.verify(n, depth)
+        return max(costs.verify(chain + 1 + n, depth) - costs.verify(chain + 1, depth), 0.0)
 
     def _trim(self, d: int, branch: list[int], alpha: list[float], reach: list[float]) -> tuple[list[int], float]:
         """The branch cut where its next token is less likely right than wrong, and its gain."""
@@ -111,7 +122,7 @@ class TreePricing:
         policy's prior (α 0.5) and this β: where not (a CPU), drafters spare the work of
         offering branches."""
         probe = AdaptiveDraftLength(self.policy.costs, 0.0, max_gamma=4, prior=0.5, config=self.policy.config)
-        trial = TreePricing(probe, self.prior, self.prior_weight, self.margin, repass=self.repass)
+        trial = TreePricing(probe, self.prior, self.prior_weight, self.margin, repass=self.repass, fold=self.fold)
         return bool(trial.shape(4, 0, [(0, [0])], 0))
 
 
@@ -119,11 +130,11 @@ def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | N
     """Let the engine verify its drafters' branches where a tree can pay on this machine's
     cost curve (a target that takes trees, a curve flat enough); None: chains only."""
     capabilities = engine.target.capabilities
-    pricing = TreePricing(policy, repass=capabilities.repasses_branch)
+    pricing = TreePricing(policy, repass=capabilities.repasses_branch, fold=capabilities.folds_branch)
     if capabilities.branches < 2 or not pricing.pays():
         return None
     engine.trees = pricing
     for drafter in (engine.drafter, engine.lookup):
-        if hasattr(drafter, "branching"):  # the drafters that can offer branches (model, ngram)
-            setattr(drafter, "branching", BRANCHING)  # noqa: B010 - not every Drafter has it
+        if isinstance(drafter, Branching):  # the drafters that can offer branches (model, ngram, dflash)
+            drafter.branching = BRANCHING
     return pricing

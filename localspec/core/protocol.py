@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from localspec.core.sampling import Distribution, SamplingConfig
     from localspec.core.stats import Step
 
@@ -55,6 +57,21 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class Exactness:
+    """How far a backend's verify blocks are known to give one-token passes' logits (what
+    localspec.core.exactness judges each greedy request by)."""
+
+    # Greedy speculation is plain decoding bit for bit while the context holds at most this
+    # many tokens; None: at any length; 0: not known at all.
+    cells: int | None
+    why: str = ""  # what makes it inexact beyond `cells` (shown by run -v and bench)
+    rows: int | None = None  # verify blocks longer than this are not covered (None: any)
+
+
+UNKNOWN = Exactness(0, "this backend's kernels are not known to give a block the logits of one-token passes")
+
+
+@dataclass(frozen=True)
 class Capabilities:
     max_block: int = 512  # most tokens one eval_block call takes
     device: str = "cpu"
@@ -68,9 +85,15 @@ class Capabilities:
     # A kept path off the tree's first branch is evaluated again, in the cache's order
     # (llama.cpp: flash attention sums cells in their order): a pass the tree pricing charges.
     repasses_branch: bool = False
+    # ... and not in a pass of its own: at the head of the next pass (llama.cpp where no
+    # drafter reads the target's rows), which costs that pass those rows more.
+    folds_branch: bool = False
     # A model with recurrent state (a hybrid) takes back up to this many rejected tokens from
     # its snapshots; rejecting more replays the kept ones (None: every rollback is free).
     replays_beyond: int | None = None
+    # Whether greedy answers are plain decoding's bit for bit, from what the backend knows of
+    # its kernels (localspec.core.exactness): not known unless the backend says.
+    exactness: Exactness = UNKNOWN
 
     # extra is what a cost curve depends on (threads, build, device...), the calibration
     # cache's key; the keys read above the backends are read through these typed views.
@@ -228,6 +251,16 @@ class SelfDrafting(Protocol):
         ...
 
 
+@runtime_checkable
+class DerivesFiles(Protocol):
+    """A self-drafting backend whose derived drafters are model files of their own (llama.cpp's
+    GGUF copies), so that a sweep can list and open every candidate."""
+
+    def derived_drafters(self, kind: str) -> list[tuple[str, Path]]:
+        """Every candidate drafter of a kind ("qspec", "layerskip"): (label, file), derived once."""
+        ...
+
+
 def eval_chunked(
     backend: Backend,
     tokens: Sequence[int],
@@ -288,6 +321,14 @@ class Drafter(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Branching(Protocol):
+    """A drafter that can offer branches beside its chain for a tree (Draft.branches)."""
+
+    # The first positions that also offer another candidate token; 0: a chain only.
+    branching: int
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

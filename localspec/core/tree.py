@@ -65,6 +65,21 @@ def top_k_branches(chain: Sequence[int], top_k: Sequence[Sequence[int]]) -> list
     return [(d, [int(t)]) for d, cands in enumerate(top_k[: len(chain)]) for t in cands if t != chain[d]]
 
 
+def alternatives(row: npt.NDArray[np.floating], tok: int, dist: Distribution | None, k: int) -> list[int]:
+    """The k likeliest tokens other than tok, likeliest first: a drafter's runner-ups at a
+    position, each a fixed guess (a point mass to the acceptance rule whatever tok's law was).
+    Ranked by the law tok was drawn from where there is one (a token outside it the target
+    never keeps either), else by the raw row."""
+    scores, ids = (dist.probs, dist.ids) if dist is not None else (row, None)
+    m = min(k + 1, scores.size)
+    if m <= 0:
+        return []
+    top = np.argpartition(scores, -m)[-m:]  # the likeliest m, in no order: no sort of the vocabulary
+    ranked = top[np.argsort(-scores[top], kind="stable")]
+    cands = ids[ranked] if ids is not None else ranked
+    return [int(t) for t in cands if t != tok][:k]
+
+
 def children(parents: Sequence[int]) -> list[list[int]]:
     """Row r's children (row 0: the pending token, row i + 1: node i), in node order."""
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from localspec.core.protocol import Backend, eval_chunked
 from localspec.core.sampling import Distribution, SamplingConfig, process, shape
+from localspec.core.tree import alternatives
 from localspec.drafters import Draft, common_prefix
 
 # Like transformers' assistant_confidence_threshold (0.4), a little lower: a stop costs the
@@ -88,8 +89,8 @@ class ModelDrafter:
             tokens.append(tok)
             if dist is not None:
                 dists.append(dist)
-            if i < self.branching:
-                branches.append((i, [_runner_up(row, tok, dist)]))
+            if i < self.branching and (second := alternatives(row, tok, dist, 1)):
+                branches.append((i, second))
             if i == n - 1 or self._unsure(row, tok, dist):
                 break
             row = self.backend.eval_block([tok], "last")[-1]
@@ -119,13 +120,3 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.backend.close()
-
-
-def _runner_up(row: npt.NDArray[np.floating], tok: int, dist: Distribution | None) -> int:
-    """The most likely token other than the drafted one: a fixed guess, so a point mass to
-    the acceptance rule whatever the drafted token's law was."""
-    if dist is not None and dist.ids.size > 1:
-        two = np.argpartition(dist.probs, -2)[-2:]  # the two likeliest, in no order: no sort of the vocabulary
-        return int(dist.ids[two[1]] if dist.ids[two[0]] == tok else dist.ids[two[0]])
-    top = np.argpartition(row, -2)[-2:]
-    return int(top[1] if top[0] == tok else top[0])

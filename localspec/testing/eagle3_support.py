@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf_writer import N_CTX, HybridSpec, Spec, add_decoder_header, bpe_vocab, hf_weights, qwen35_tensors
+
+from localspec.testing.gguf_writer import (
+    N_CTX,
+    HybridSpec,
+    Spec,
+    add_decoder_header,
+    bpe_vocab,
+    hf_weights,
+    qwen35_tensors,
+)
 
 ATTEND_SELF = 4.0  # the scale of queries and keys: a token's own score well above the others'
 

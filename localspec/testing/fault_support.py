@@ -20,7 +20,7 @@ import numpy as np
 
 from localspec.api import Runtime
 
-GREEDY = {"temperature": 0}
+GREEDY: dict[str, Any] = {"temperature": 0}
 LONG_PROMPT = "A river starts in the hills, gathers rain and snow, and runs to the sea. " * 12
 CHECK_PROMPT = "Name three things a river carries."
 CHECK_TOKENS = 12
@@ -175,7 +175,7 @@ def abandoning_threads(rt: Runtime, expected: str, cases: int, seed: int, name: 
 
 
 def llamacpp_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractContextManager[None]:
-    import backends.llamacpp.backend as llamacpp
+    import localspec.backends.llamacpp.backend as llamacpp
 
     return patched(llamacpp.llama, "llama_decode", fire)
 
@@ -198,7 +198,7 @@ def mlx_injector(rt: Runtime, fire: Callable[[], bool]) -> contextlib.AbstractCo
 def killed_pulls(cases: int, seed: int, folder: Path, bound: float = 120.0) -> Tally:
     """`localspec pull` SIGKILLed at `cases` random offsets of a file (against the fake hub),
     then a normal pull: it must finish, verified, and leave no partial download behind."""
-    from fakehub import FakeHub, serve_test_pairs
+    from localspec.testing.fakehub import FakeHub, serve_test_pairs
 
     tally = Tally("pull: SIGKILL mid-file, then a re-run")
     home, cache = folder / "home", folder / "hub-cache"

@@ -1,4 +1,4 @@
-"""A GGUF header fuzzer: a valid tiny GGUF (tests/gguf_writer.py) taken apart into its fields,
+"""A GGUF header fuzzer: a valid tiny GGUF (localspec/testing/gguf_writer.py) taken apart into its fields,
 mutated (types, counts, lengths, alignment, nesting, versions, tensor descriptions, bytes) and
 written back, then opened the ways localspec opens a model. Every outcome must be a header
 or a ModelLoadError; any other exception, or a case slower than SLOW_CASE_SECONDS, is a
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf_writer import Spec, write_gguf
 
 from localspec.core.errors import LocalspecError
+from localspec.testing.gguf_writer import Spec, write_gguf
 
 SLOW_CASE_SECONDS = 2.0  # a bound, not a timing: a case takes about a millisecond
 STRING, ARRAY = 8, 9

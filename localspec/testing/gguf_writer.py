@@ -378,8 +378,22 @@ def add_bpe_vocab(writer: Any, size: int = 0) -> int:
 def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
     import gguf
 
+    writer = gguf.GGUFWriter(str(path), "qwen35")
+    vocab = add_qwen35_header(writer, spec)
+    for name, tensor in qwen35_tensors(spec, vocab).items():
+        half = spec.half and tensor.ndim == 2 and "ssm_conv1d" not in name  # llama.cpp never quantizes the conv
+        writer.add_tensor(name, np.ascontiguousarray(tensor.astype(np.float16) if half else tensor))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def add_qwen35_header(writer: Any, spec: HybridSpec) -> int:
+    """A qwen35 file's keys and tokenizer (also for benchmarks that write tensors one by one);
+    returns the vocabulary size."""
     arch = "qwen35"
-    writer = gguf.GGUFWriter(str(path), arch)
     blocks = spec.layers + spec.nextn
     add_decoder_header(writer, spec.n_ctx, spec.hidden, blocks, spec.ffn, spec.heads, spec.kv_heads, spec.head_dim)
     writer.add_rope_freq_base(10_000.0)
@@ -394,15 +408,7 @@ def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
     if spec.nextn:
         writer.add_uint32(f"{arch}.nextn_predict_layers", spec.nextn)
     writer.add_chat_template(CHATML)
-    vocab = add_bpe_vocab(writer, spec.vocab)
-    for name, tensor in qwen35_tensors(spec, vocab).items():
-        half = spec.half and tensor.ndim == 2 and "ssm_conv1d" not in name  # llama.cpp never quantizes the conv
-        writer.add_tensor(name, np.ascontiguousarray(tensor.astype(np.float16) if half else tensor))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return add_bpe_vocab(writer, spec.vocab)
 
 
 # -- Gemma 4 with its MTP assistant -----------------------------------------------------------

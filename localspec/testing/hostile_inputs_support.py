@@ -15,8 +15,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from fault_support import Tally
-from hostile_support import BOUND_S, bounded, environment, expect_refusal
+
+from localspec.testing.fault_support import Tally
+from localspec.testing.hostile_support import BOUND_S, bounded, environment, expect_refusal
 
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
@@ -62,7 +63,7 @@ def looping_templates(cases: int, seed: int, model: str | None = None) -> Tally:
         if error is not None or not finished or "hello" not in str(text):
             tally.failures.append(f"a real template failed: {error!r}")
     if model is not None:
-        from gguf_writer import Spec, write_gguf
+        from localspec.testing.gguf_writer import Spec, write_gguf
 
         path = write_gguf(Spec("llama", chat_template=_hostile_template(0, rng)), Path(tempfile.mkdtemp()) / "t.gguf")
         _cli_refusal(tally, ["run", "-m", str(path), "hi"], f"the chat template in {path} was stopped")
@@ -85,10 +86,9 @@ def _cli_refusal(tally: Tally, argv: list[str], words: str, cwd: Path | None = N
 def trickling_hubs(cases: int, seed: int) -> Tally:
     """A hub that sends a byte every 0.1-0.4 s, from its first byte (asked about a repo) or
     inside a file, ends the pull as a silent hub does and keeps nothing partial."""
-    from fakehub import FakeHub, serve_test_pairs, trickling_endpoint
-
     from localspec.models.hub import PullError
     from localspec.models.pull import pull
+    from localspec.testing.fakehub import FakeHub, serve_test_pairs, trickling_endpoint
 
     tally = Tally("waits: a hub that trickles (metadata, or mid-file)")
     rng = np.random.default_rng(seed)
@@ -151,7 +151,7 @@ def rpc_trickles(cases: int, seed: int, folder: Path) -> Tally:
     import struct
     import threading
 
-    from rpc_faults import START_S, answers, free_port, hello_only, start
+    from localspec.testing.rpc_faults import START_S, answers, free_port, hello_only, start
 
     tally = Tally("rpc-server: a client trickling into a huge message ahead of a real one")
     rng = np.random.default_rng(seed)

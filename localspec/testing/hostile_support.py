@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fault_support import Tally
+
+from localspec.testing.fault_support import Tally
 
 BOUND_S = 60.0  # a bound, not a timing: every case here ends in seconds when it works
 
@@ -126,10 +127,9 @@ def silent_endpoint() -> Iterator[str]:
 def stalled_hubs(cases: int, seed: int) -> Tally:
     """A hub that never answers ends a pull with what to do; a file that stalls at a random
     byte is fetched again after the download timeout and arrives whole."""
-    from fakehub import FakeHub, serve_test_pairs
-
     from localspec.models.hub import PullError
     from localspec.models.pull import pull, resolve_pair
+    from localspec.testing.fakehub import FakeHub, serve_test_pairs
 
     tally = Tally("waits: a hub that stalls (silent, or mid-file)")
     rng = np.random.default_rng(seed)
@@ -245,8 +245,6 @@ def disk_writes() -> Tally:
     """Each of the store's write paths on a full and on a read-only disk: the old file stays
     whole, no temporary is left, and the user gets a StoreError or a one-line notice, never a
     traceback."""
-    from fakehub import TOKENS, tiny_gguf
-
     from localspec.cli.main import main
     from localspec.models.registry import load_registry, user_registry_file
     from localspec.store import (
@@ -257,6 +255,7 @@ def disk_writes() -> Tally:
         write_atomic,
         write_json_atomic,
     )
+    from localspec.testing.fakehub import TOKENS, tiny_gguf
 
     tally = Tally("disk: full or read-only under every write of user data")
     for code, words in ((errno.ENOSPC, "disk full: free"), (errno.EROFS, "is read-only here")):
@@ -307,9 +306,8 @@ def disk_writes() -> Tally:
 def abandoned_prompts(cases: int, seed: int) -> Tally:
     """The chat quit at a random moment of a slow prefill keeps the prompt, marked unanswered
     (driven headless with Textual's Pilot, as tests/test_tui_unanswered.py does)."""
-    from tui_support import ready, send, slow_runtime, wait_for
-
     from localspec.core.sampling import SamplingConfig
+    from localspec.testing.tui_support import ready, send, slow_runtime, wait_for
     from localspec.tui import ChatApp, ChatSettings
     from localspec.tui.history import History, StoredMessage
 

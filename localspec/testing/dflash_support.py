@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf_writer import add_decoder_header
+
+from localspec.testing.gguf_writer import add_decoder_header
 
 HEAD_DIM = 16
 
@@ -136,8 +137,20 @@ def write_dflash_file(
     """A dflash GGUF with the target's tokenizer (`reader`: the target's GGUFReader) and these tensors."""
     import gguf
 
+    writer = gguf.GGUFWriter(str(path), "dflash")
+    add_dflash_header(reader, writer, shape, mask_id)
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, np.ascontiguousarray(tensor))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def add_dflash_header(reader: Any, writer: Any, shape: DFlashShape, mask_id: int) -> None:
+    """A dflash file's keys, with its target's tokenizer (`reader`: the target's GGUFReader)."""
     arch = "dflash"
-    writer = gguf.GGUFWriter(str(path), arch)
     n_ctx = int(_fields(reader, "")[f"{_arch(reader)}.context_length"].contents())
     dims = (shape.width, shape.layers, shape.ffn, shape.heads, shape.kv_heads, shape.head_dim)
     add_decoder_header(writer, n_ctx, *dims)
@@ -146,13 +159,6 @@ def write_dflash_file(
     writer.add_array(f"{arch}.target_layers", list(shape.target_layers))
     _copy_tokenizer(reader, writer)
     writer.add_mask_token_id(mask_id)
-    for name, tensor in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(tensor))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def write_dflash_gguf(target: Path, path: Path, spec: DFlashSpec = DFlashSpec(), mask_id: int = 0) -> Path:
