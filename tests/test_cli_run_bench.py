@@ -195,10 +195,9 @@ def test_min_seconds_repeats_a_short_prompt_more_within_a_bound() -> None:
 
 
 def test_doctor_refresh_measures_the_model_again(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gguf_writer import Spec, write_gguf
-
     from localspec.control import calibrate, hardware
     from localspec.store import calibration_file
+    from localspec.testing.gguf_writer import Spec, write_gguf
 
     # A tiny model: the cache and --refresh are the same for any GGUF, and it is timed twice.
     # The machine's own probe (seconds of bandwidth timing) is the doctor test's above.

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_writer import Spec, write_gguf
 from scipy.stats import chisquare
 from sources import AlternatingSources
 
@@ -36,6 +35,7 @@ from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.core.protocol import Backend
 from localspec.core.sampling import SamplingConfig, process
 from localspec.drafters.ngram import NgramDrafter
+from localspec.testing.gguf_writer import Spec, write_gguf
 
 pytestmark = pytest.mark.model
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gguf_writer import Spec, write_gguf
 
 from localspec.api import Runtime, load
 from localspec.backends.llamacpp import copies
 from localspec.backends.llamacpp.copies import QSPEC_TYPES
 from localspec.control.prompts import SUITE
 from localspec.core.errors import InvalidRequestError
+from localspec.testing.gguf_writer import Spec, write_gguf
 
 pytestmark = pytest.mark.model
 
