@@ -57,7 +57,8 @@ def opened() -> Iterator[Callable[..., LlamaCppBackend]]:
     backends: list[LlamaCppBackend] = []
 
     def load(path: Path, **options: object) -> LlamaCppBackend:
-        backends.append(LlamaCppBackend(str(path), n_ctx=256, **options))  # type: ignore[arg-type]
+        # One thread unless asked: a tiny model's pass is shorter than two threads' handshake.
+        backends.append(LlamaCppBackend(str(path), n_ctx=256, **{"threads": 1, **options}))  # type: ignore[arg-type]
         return backends[-1]
 
     yield load
