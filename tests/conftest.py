@@ -119,6 +119,24 @@ def q4_drafter_backend(derived_models: DerivedModels) -> Iterator[Backend]:
     backend.close()
 
 
+@pytest.fixture
+def opened() -> Iterator[Callable[..., Backend]]:
+    """Opens tiny llama.cpp models written by the tests (closed after the test): one thread
+    unless asked, since a tiny model's pass is shorter than two threads' handshake."""
+    from localspec.backends.llamacpp.backend import LlamaCppBackend
+
+    backends: list[Backend] = []
+
+    def load(path: Path, **options: object) -> LlamaCppBackend:
+        backend = LlamaCppBackend(str(path), **{"n_ctx": 256, "threads": 1, **options})  # type: ignore[arg-type]
+        backends.append(backend)
+        return backend
+
+    yield load
+    for backend in reversed(backends):
+        backend.close()
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[object], Path]:
     """The torch tests' tiny random models: spec -> the path of its GGUF, written once per module."""

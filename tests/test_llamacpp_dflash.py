@@ -8,7 +8,6 @@ output must stay exactly the target's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,19 +44,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pat
         "dense": (dense, write_dflash_gguf(dense, folder / "llama-dflash.gguf", DFlashSpec(target_layers=(1, 2)))),
         "hybrid": (hybrid, write_dflash_gguf(hybrid, folder / "qwen35-dflash.gguf", DFlashSpec(target_layers=(1, 3)))),
     }
-
-
-@pytest.fixture
-def opened() -> Iterator[Callable[[Path], LlamaCppBackend]]:
-    backends: list[LlamaCppBackend] = []
-
-    def load(path: Path) -> LlamaCppBackend:
-        backends.append(LlamaCppBackend(str(path), n_ctx=256, threads=1))
-        return backends[-1]
-
-    yield load
-    for backend in backends:
-        backend.close()
 
 
 def dflash_runtime(target: LlamaCppBackend, drafter: Path, gamma: int) -> Runtime:

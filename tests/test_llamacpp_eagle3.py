@@ -7,7 +7,6 @@ text would (its states re-read through fc from the target's layers once verified
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,19 +41,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "heavy": write_eagle3_gguf(TARGET, HeadSpec(fc=3.0), folder / "eagle3-heavy.gguf"),
         "d2t": write_eagle3_gguf(TARGET, HeadSpec(draft_vocab=200), folder / "eagle3-d2t.gguf"),
     }
-
-
-@pytest.fixture
-def opened() -> Iterator[Callable[[Path], LlamaCppBackend]]:
-    backends: list[LlamaCppBackend] = []
-
-    def load(path: Path) -> LlamaCppBackend:
-        backends.append(LlamaCppBackend(str(path), n_ctx=256, threads=1))  # tiny: one thread never waits on another
-        return backends[-1]
-
-    yield load
-    for backend in backends:
-        backend.close()
 
 
 def test_the_head_reads_drafted_positions_again_with_the_targets_states_once_verified(files, opened) -> None:

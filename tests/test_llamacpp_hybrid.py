@@ -9,7 +9,7 @@ The models are tiny random-weight qwen35 GGUFs the tests write (localspec/testin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -50,20 +50,6 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return made[spec]
 
     return get
-
-
-@pytest.fixture
-def opened() -> Iterator[Callable[..., LlamaCppBackend]]:
-    backends: list[LlamaCppBackend] = []
-
-    def load(path: Path, **options: object) -> LlamaCppBackend:
-        # One thread unless asked: a tiny model's pass is shorter than two threads' handshake.
-        backends.append(LlamaCppBackend(str(path), n_ctx=256, **{"threads": 1, **options}))  # type: ignore[arg-type]
-        return backends[-1]
-
-    yield load
-    for backend in backends:
-        backend.close()
 
 
 def clean_logits(load: Callable[..., LlamaCppBackend], path: Path, tokens: list[int], rows: int) -> np.ndarray:

@@ -7,7 +7,6 @@ stays exactly the target's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,19 +30,6 @@ LOOPING = "the world and the world and the"
 @pytest.fixture(scope="module")
 def with_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_qwen35_gguf(HybridSpec(nextn=1, mtp_echo=1.0), tmp_path_factory.mktemp("mtp") / "qwen35-mtp.gguf")
-
-
-@pytest.fixture
-def opened() -> Iterator[Callable[..., LlamaCppBackend]]:
-    backends: list[LlamaCppBackend] = []
-
-    def load(path: Path) -> LlamaCppBackend:
-        backends.append(LlamaCppBackend(str(path), n_ctx=256, threads=1))  # tiny: one thread is fastest
-        return backends[-1]
-
-    yield load
-    for backend in backends:
-        backend.close()
 
 
 def test_mtp_sampling_follows_the_targets_law(with_head, opened) -> None:

@@ -11,7 +11,6 @@ must stay plain decoding's (greedy) and the target's law (chi-square at T > 0)."
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -56,19 +55,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         # g weighs as much as the token: the head is often wrong at once, and its runner-up right
         "eagle3": write_eagle3_gguf(BIGRAM, HeadSpec(fc=3.0), folder / "eagle3.gguf"),
     }
-
-
-@pytest.fixture
-def opened() -> Iterator[Callable[[Path], LlamaCppBackend]]:
-    backends: list[LlamaCppBackend] = []
-
-    def load(path: Path) -> LlamaCppBackend:
-        backends.append(LlamaCppBackend(str(path), n_ctx=256, threads=1))
-        return backends[-1]
-
-    yield load
-    for backend in reversed(backends):
-        backend.close()
 
 
 def tree_engine(kind: str, files: dict[str, Path], target: LlamaCppBackend) -> tuple[Engine, EveryBranch]:
