@@ -486,7 +486,11 @@ class Guard:
             conn, now = self.last, time.monotonic()
             if conn is None:
                 return None
-            if conn.ended is not None and (conn.ended_by != "server" or now - conn.ended > _BLAME_WINDOW_S):
+            # A session its client or the guard closed had ended, whether or not the scheduler has
+            # marked it yet (its pumps finish first): the server died in nobody's session.
+            if conn.ended_by in ("client", "guard"):
+                return None
+            if conn.ended is not None and now - conn.ended > _BLAME_WINDOW_S:
                 return None
             crashes = self.crashes.get(conn.host, 0) + 1
             ban = min(self.crash_ban_s * 2 ** (crashes - 1), CRASH_BAN_MAX_S)
