@@ -128,7 +128,7 @@ class Engine:
         if stop():
             return False
         self.drafter.start(prompt, warm_drafter)
-        self._note_drafter_off(stats)
+        self._note_drafter_off(stats, getattr(self.drafter, "off_notice", None))
         if self.lookup is not None:
             self.lookup.start(prompt)
         stats.prefill_tokens = len(todo) + 1
@@ -145,9 +145,8 @@ class Engine:
         step = self.target.capabilities.max_block
         return min(keep, len(self._canonical) // step * step) // step * step
 
-    def _note_drafter_off(self, stats: Stats) -> None:
+    def _note_drafter_off(self, stats: Stats, notice: str | None) -> None:
         # A model drafter that met a token it cannot read sits out the rest of the request.
-        notice = getattr(self.drafter, "off_notice", None)
         if notice and notice not in stats.notices:
             stats.notices.append(notice)
 
@@ -286,8 +285,8 @@ class Engine:
     def _commit_drafters(self, ctx: list[int], source: Source, n_acc: int, stats: Stats) -> None:
         """Tell the drafters what the target kept: each counts as accepted only its own tokens."""
         self.drafter.commit(ctx, n_acc if source in (Source.MODEL, Source.FREE) else 0)
-        if getattr(self.drafter, "off_notice", None):  # only a drafter that switched off has one
-            self._note_drafter_off(stats)
+        if notice := getattr(self.drafter, "off_notice", None):  # only a drafter that switched off has one
+            self._note_drafter_off(stats, notice)
         if self.lookup is not None:
             self.lookup.commit(ctx, n_acc if source is Source.LOOKUP else 0)
 
