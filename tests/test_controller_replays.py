@@ -15,6 +15,7 @@ speedup, so a rule that moves no number here earns nothing on these machines.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -29,6 +30,7 @@ from localspec.control.replay import (
     calibration_from_doctor,
     constant_acceptance,
     fixed_speedup,
+    replay,
     replay_lookup,
     score,
 )
@@ -113,6 +115,56 @@ def test_the_replay_against_llama_lookups_drafter_is_pinned(name: str) -> None:
     ratios = tuple(lookup_seconds(name, n) / ours for n in (4, 8))
     assert min(ratios) > 1.0, f"{name}: behind llama-lookup's drafter ({ratios[0]:.3f}x, {ratios[1]:.3f}x)"
     assert ratios == pytest.approx(GOLDEN_LOOKUP[name], abs=0.0015)
+
+
+# A curve learnt in another hour (a busier one, every pass 1.6 times as dear; a quieter one,
+# 0.6 times) is where the next load starts: its level must not move the choices, only its
+# shape may. Replayed on the machine's own curve, with every size timed in that hour ("all")
+# or only the sizes today's host had timed in its stored Q4_1 entry ("today's"): at least
+# LEARNT_SHARE of what the machine's own curve reaches (the single step finds the level within
+# a few steps; the blocks follow it until their own passes are timed), and pinned.
+TODAYS_EVIDENCE = [32.0, 13.0, 4.0, 1.0, 7.0, 0.0, 4.0, 1.0, 32.0, 1.0, 3.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+LEARNT_SHARE = 0.975
+GOLDEN_LEARNT: dict[tuple[str, float, str], float] = {
+    ("smollm2-135m-q4_1", 0.6, "all"): 1.081,
+    ("smollm2-135m-q4_1", 1.6, "all"): 1.081,
+    ("smollm2-135m-q4_1", 0.6, "today's"): 1.078,
+    ("smollm2-135m-q4_1", 1.6, "today's"): 1.078,
+    ("smollm2-135m-f16", 0.6, "all"): 1.203,
+    ("smollm2-135m-f16", 1.6, "all"): 1.190,
+    ("smollm2-135m-f16", 0.6, "today's"): 1.186,
+    ("smollm2-135m-f16", 1.6, "today's"): 1.191,
+}
+
+
+def learnt_speedup(name: str, level: float, evidence: list[float]) -> float:
+    """Speedup over plain decoding, all answers together, of a runtime that starts from the
+    machine's curve at `level` times its prices, stored as learnt with this evidence per size."""
+    cal = calibration_from_doctor(CURVES[name])
+    deep = [t * level for t in cal.deep_verify_seconds] if cal.deep_verify_seconds else None
+    start = dataclasses.replace(
+        cal,
+        verify_seconds=[t * level for t in cal.verify_seconds],
+        deep_verify_seconds=deep,
+        source="learnt",
+        evidence=evidence,
+    )
+    truth, plain, ours = Truth.of(cal), 0.0, 0.0
+    for rec in ANSWERS["answers"].values():
+        prompt, answer = list(rec["prompt"]), list(rec["answer"])
+        plain += truth.plain(prompt, answer)
+        ours += replay(prompt, answer, truth, ANSWERS["n_vocab"], ngram_policy(start.cost_curve()))
+    return plain / ours
+
+
+@pytest.mark.parametrize(("name", "level", "timed"), sorted(GOLDEN_LEARNT))
+def test_a_curve_learnt_in_a_busier_or_a_quieter_hour_chooses_as_the_machines_own(
+    name: str, level: float, timed: str
+) -> None:
+    own = replayed(name).speedup(replayed(name).adaptive)
+    reached = learnt_speedup(name, level, [32.0] * 16 if timed == "all" else TODAYS_EVIDENCE)
+    assert reached >= LEARNT_SHARE * own, f"{name} learnt at {level}x: {reached:.3f}x against {own:.3f}x"
+    assert reached == pytest.approx(GOLDEN_LEARNT[(name, level, timed)], abs=0.0015)
 
 
 GPU: dict[str, Any] = json.loads((DATA / "gpu_curves.json").read_text())

@@ -192,3 +192,31 @@ def test_the_first_run_of_a_never_seen_gguf_times_no_calibration_pass(
     assert main(["run", "Say hi", "-m", str(smollm2_q4_1), "-t", "0", "-n", "16", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)["stats"]
     assert len(passes) == 1 + stats["verify_steps"]  # the prompt, then one pass per step
+
+
+def test_a_learnt_curve_prices_its_seldom_timed_sizes_from_the_sizes_it_timed() -> None:
+    # What today's 2-core host stored for the Q4_1 SmolLM2 (ms, k = 1..16): sizes 1, 2 and 9
+    # timed 32, 13 and 32 times, the rest a few times or never, and past 12 tokens the last
+    # local slope carried on at 13 ms a token, more than a whole single-token step.
+    stored = [10.08, 24.62, 29.26, 38.83, 40.35, 49.91, 53.71, 55.30]
+    stored += [52.34, 63.92, 73.90, 87.20, 101.1, 114.0, 127.1, 140.4]
+    evidence = [32.0, 13.0, 4.0, 1.0, 7.0, 0.0, 4.0, 1.0, 32.0, 1.0, 3.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    curve = CostCurve([t / 1e3 for t in stored], learning=True, evidence=evidence)
+    slope = (stored[8] - stored[1]) / 7
+    for k in (1, 2, 9):
+        assert curve.verify(k) == pytest.approx(stored[k - 1] / 1e3)
+    for k in (3, 5, 8):  # between timed sizes: on their line
+        assert curve.verify(k) == pytest.approx((stored[1] + slope * (k - 2)) / 1e3)
+    assert curve.verify(16) == pytest.approx((stored[8] + slope * 7) / 1e3)  # 80 ms, not 140
+    untimed = CostCurve([t / 1e3 for t in stored], learning=True, evidence=[32.0] + [0.0] * 15)
+    assert untimed.verify_seconds == [t / 1e3 for t in stored]  # fewer than two timed blocks: as stored
+
+
+def test_a_learnt_curve_follows_the_level_of_this_session_with_the_shape_it_stored() -> None:
+    # Learnt in a busier hour (every pass 1.6 times today's): the single steps of this session
+    # set the level, and blocks no pass has timed since load follow it, keeping their shape.
+    busy = CostCurve([1.6 * t / 1e3 for t in TRUE_MS], learning=True, evidence=[32.0] * 16)
+    for _ in range(20):
+        busy.update(1, true_seconds(1))
+    for k in (2, 5, 9, 16):
+        assert busy.verify(k) / busy.verify(1) == pytest.approx(TRUE_MS[k - 1] / TRUE_MS[0], rel=0.02)

@@ -48,6 +48,7 @@ class CostCurve:
     _updates: int = field(default=0, repr=False, compare=False)
     # Each size's last passes this session (ratios to the base curve), for the quantile.
     _windows: dict[int, deque[float]] = field(default_factory=dict, repr=False, compare=False)
+    _since_load: list[int] = field(default_factory=list, repr=False, compare=False)  # passes per size
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -57,6 +58,17 @@ class CostCurve:
             raise ValueError("the deep curve must be measured behind a longer context")
         self.corrections = self.corrections or [1.0] * len(self.verify_seconds)
         self.evidence = self.evidence or [0.0] * len(self.verify_seconds)
+        self._since_load = [0] * len(self.verify_seconds)
+        if self.learning:
+            # A learnt curve stores every size's price, the few passes behind a seldom drafted
+            # size (and the slope carried past the longest timed one) included: read back as
+            # they are, a load's noise in them would price long blocks as dear as their own
+            # steps. Only the sizes timed learnt_passes times are kept; the rest are drawn
+            # between them again.
+            trusted = [e >= self.config.learnt_passes for e in self.evidence]
+            self.verify_seconds = redrawn(self.verify_seconds, trusted)
+            if self.deep_seconds is not None:
+                self.deep_seconds = redrawn(self.deep_seconds, trusted)
 
     def base(self, k: int, depth: int = 0) -> float:
         """The curve as loaded, before any correction."""
@@ -82,11 +94,16 @@ class CostCurve:
         return self._effective[min(k, len(self.corrections)) - 1]
 
     def _correction(self, i: int) -> float:
-        learnt = self.config.learnt_passes
-        if self.evidence[i] >= learnt:
+        # Only sizes timed since load are neighbours: a size timed in earlier sessions has
+        # its shape in the base, not the machine's level now. Were it its own neighbour, a
+        # curve learnt on a busier hour would keep its blocks at that hour's prices while the
+        # single step, timed at every step, follows the quiet one, and would decline drafts
+        # that pay.
+        learnt, timed = self.config.learnt_passes, self._since_load
+        if self.evidence[i] >= learnt and timed[i]:
             return self.corrections[i]
-        below = next((j for j in range(i - 1, -1, -1) if self.evidence[j] > 0), None)
-        above = next((j for j in range(i + 1, len(self.evidence)) if self.evidence[j] > 0), None)
+        below = next((j for j in range(i - 1, -1, -1) if timed[j]), None)
+        above = next((j for j in range(i + 1, len(timed)) if timed[j]), None)
         if below is None:
             if above is None:
                 return self.corrections[i]  # its own passes, or 1.0 before any
@@ -96,7 +113,7 @@ class CostCurve:
         else:
             w = (i - below) / (above - below)
             near = self.corrections[below] + w * (self.corrections[above] - self.corrections[below])
-        if self.evidence[i] == 0:
+        if not timed[i]:
             return near
         # A few passes of this size: their figure, shrunk toward the neighbours'.
         own = self.evidence[i] / learnt
@@ -107,7 +124,7 @@ class CostCurve:
         below the last timed correction), since a prior's own slope may be the wrong part.
         A slope from the single-token step is not carried: a block takes other kernels than
         one token does (llama.cpp's CPU path), so that step says nothing about the blocks'."""
-        before = next((j for j in range(last - 1, -1, -1) if self.evidence[j] > 0), None)
+        before = next((j for j in range(last - 1, -1, -1) if self._since_load[j]), None)
         if before is None or before == 0:
             return self.corrections[last]
         t_last = self.base(last + 1) * self.corrections[last]
@@ -146,6 +163,11 @@ class CostCurve:
         cfg = self.config
         i = min(k, len(self.corrections)) - 1
         self._updates += 1
+        if not self._since_load[i]:
+            # Its first pass since load moves the price the size had until now (its
+            # neighbours'), not the level of an earlier session.
+            self.corrections[i] = self.correction(k)
+        self._since_load[i] += 1
         if self.evidence[i] < cfg.learnt_passes or self._updates % cfg.learnt_passes == 0:
             self._effective = None
         ratio = min(max(ratio, cfg.shape_clip[0]), cfg.shape_clip[1])
@@ -181,9 +203,9 @@ class CostCurve:
             self.verify_seconds[j] = shallow
             if self.deep_seconds is not None:
                 self.deep_seconds[j] = deep
-            self.corrections[j], self.evidence[j] = 1.0, 0.0
+            self.corrections[j], self.evidence[j], self._since_load[j] = 1.0, 0.0, 0
             self._windows.pop(j, None)  # timed against the old base
-        self.evidence[i] = float(self.config.learnt_passes)
+        self.evidence[i], self._since_load[i] = float(self.config.learnt_passes), 1
         self._effective = None
 
     def learnt(self) -> tuple[list[float], list[float] | None]:
@@ -198,6 +220,30 @@ class CostCurve:
     def long_run_drift(self) -> float:
         """Mean ratio of timed passes to the curve since load (1.0 before any)."""
         return self.ratio_sum / self.observed if self.observed else 1.0
+
+
+def redrawn(curve: Sequence[float], trusted: Sequence[bool]) -> list[float]:
+    """The curve with each block size not trusted drawn again: on the line through the trusted
+    block sizes around it, and past the last one on the slope from the first trusted block to
+    the last (one local slope is mostly its two ends' noise); sizes below the first trusted
+    block keep their price. Unchanged with fewer than two trusted block sizes. The single-token
+    step is not a point of the line: a block takes other kernels."""
+    points = [i for i in range(1, len(curve)) if trusted[i]]
+    if len(points) < 2:
+        return list(curve)
+    out = list(curve)
+    first, last = points[0], points[-1]
+    slope = (curve[last] - curve[first]) / (last - first)
+    for i in range(first + 1, len(curve)):
+        if trusted[i]:
+            continue
+        if i > last:
+            out[i] = curve[last] + slope * (i - last)
+        else:
+            below = max(j for j in points if j < i)
+            above = min(j for j in points if j > i)
+            out[i] = curve[below] + (i - below) / (above - below) * (curve[above] - curve[below])
+    return out
 
 
 def _extend(curve: Sequence[float], k: int) -> float:
