@@ -8,6 +8,11 @@ figure: what it measures is the drafting rule, not the machine (memory_bench.py 
 
     python benchmarks/memory_replay.py record MODEL.gguf -o ANSWERS.json [-n 160] [--threads 1]
     python benchmarks/memory_replay.py replay ANSWERS.json [--curve smollm2-135m-q4_1]
+        [--start CALIBRATION.json [--start-match Q4_1.gguf]]
+
+--start: the policies start from the learnt curve a calibration cache holds (a host's
+$LOCALSPEC_HOME/calibration.json, the first learnt entry whose key contains --start-match), as
+a runtime on that host does, while the passes cost what --curve says.
 
 Figures are over every request but each session's first, which nothing can be recalled for;
 one policy per session and column, as one runtime serves a session.
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from memory_bench import SESSIONS, load_sessions
 
-from localspec.control.replay import calibration_from_doctor, replay_session
+from localspec.control.replay import calibration_from_doctor, learnt_calibration, replay_session
 from localspec.tooling.bench import geometric_mean
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,15 +64,19 @@ def main() -> None:
     rep = sub.add_parser("replay")
     rep.add_argument("answers", type=Path)
     rep.add_argument("--curve", default="smollm2-135m-q4_1", help="a curve of tests/data/replay_curves.json")
+    rep.add_argument("--start", type=Path, help="a calibration cache whose learnt curve the policies start from")
+    rep.add_argument("--start-match", default="", help="a part of the learnt entry's key (the model file)")
     args = parser.parse_args()
     if args.command == "record":
         record(args.model, args.out, args.max_tokens, args.threads)
         return
     data = json.loads(args.answers.read_text(encoding="utf-8"))
     cal = calibration_from_doctor(json.loads(CURVES.read_text(encoding="utf-8"))[args.curve])
-    rows = {name: replay_session(reqs, cal, data["n_vocab"]) for name, reqs in data["sessions"].items()}
+    start = learnt_calibration(args.start, args.start_match) if args.start else None
+    rows = {name: replay_session(reqs, cal, data["n_vocab"], start=start) for name, reqs in data["sessions"].items()}
     columns = list(next(iter(rows.values())))
-    print(f"{data['model']} on the {args.curve} curve: speedup over plain decoding (simulated)")
+    begin = f", starting from the learnt curve in {args.start}" if args.start else ""
+    print(f"{data['model']} on the {args.curve} curve{begin}: speedup over plain decoding (simulated)")
     print("| session | " + " | ".join(columns[1:]) + " | memory / n-gram | memory / γ=4 -lcd | memory / γ=8 -lcd |")
     print("|---" * (len(columns) + 3) + "|")
     ratios: dict[str, list[float]] = {}

@@ -14,10 +14,12 @@ what the real target would have chosen, so the replayed acceptance equals a real
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -308,16 +310,20 @@ def replay_lookup(
 
 
 def replay_session(
-    requests: Sequence[Mapping[str, Sequence[int]]], cal: Calibration, n_vocab: int, gammas: Sequence[int] = (4, 8)
+    requests: Sequence[Mapping[str, Sequence[int]]],
+    cal: Calibration,
+    n_vocab: int,
+    gammas: Sequence[int] = (4, 8),
+    start: Calibration | None = None,
 ) -> dict[str, float]:
     """A session of related requests (benchmarks/memory_replay.py) replayed in order: simulated
     seconds per column (plain, n-gram with and without the memory of the session's earlier
     requests, llama-lookup at each γ with and without its -lcd cache) over every request but
     the first, which nothing can be recalled for. One policy per column, as one runtime serves
-    a session."""
-    truth = Truth.of(cal)
+    a session; `start`: the curve its policies start from (a learnt one), else the truth's."""
+    truth, begin = Truth.of(cal), start or cal
     # A curve of its own per policy: a policy learns its curve as it goes, the truth must not.
-    policies = {"ngram": ngram_policy(cal.cost_curve()), "ngram+memory": ngram_policy(cal.cost_curve())}
+    policies = {"ngram": ngram_policy(begin.cost_curve()), "ngram+memory": ngram_policy(begin.cost_curve())}
     memory = NgramMemory()
     dynamic = {g: LookupCache([]) for g in gammas}
     seconds: dict[str, float] = {}
@@ -338,6 +344,16 @@ def replay_session(
             for column, s in columns.items():
                 seconds[column] = seconds.get(column, 0.0) + s
     return seconds
+
+
+def learnt_calibration(path: Path, match: str = "") -> Calibration:
+    """The first learnt curve in a calibration cache file (LOCALSPEC_HOME's calibration.json)
+    whose key contains `match`: what a runtime on that machine starts from."""
+    for key, entry in json.loads(path.read_text(encoding="utf-8")).items():
+        cal = Calibration.from_json(entry) if key.startswith("learnt|") and match in key else None
+        if cal is not None:
+            return cal
+    raise ValueError(f"{path} holds no learnt curve whose key contains {match!r}")
 
 
 def calibration_from_doctor(report: Mapping[str, Any]) -> Calibration:
