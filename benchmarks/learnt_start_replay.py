@@ -1,0 +1,62 @@
+"""Recorded answers replayed on a measured cost curve twice: with the controller starting from
+that curve, and starting from the learnt curve a host's calibration cache holds, as a runtime
+on that host starts (a curve learnt in another hour: another level, and the noise of the sizes
+it timed seldom). n-gram's speedup over plain decoding, its worst answer, and llama-lookup's
+drafter (LookupCache) at γ=4 and γ=8 over ours, all answers together. No model runs.
+
+    python benchmarks/learnt_start_replay.py CALIBRATION.json [--answers ANSWERS.json]
+        [--curve smollm2-135m-q4_1 --match Q4_1.gguf]
+
+ANSWERS.json: tests/data/replay_answers.json (default) or one written by
+record_replay_answers.py; CALIBRATION.json: a $LOCALSPEC_HOME/calibration.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from localspec.control.calibrate import Calibration
+from localspec.control.factory import ngram_policy
+from localspec.control.replay import Truth, calibration_from_doctor, learnt_calibration, replay, replay_lookup
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+
+def row(answers: dict[str, Any], truth: Truth, start: Calibration) -> str:
+    plain = ours = 0.0
+    lookup = {4: 0.0, 8: 0.0}
+    worst = float("inf")
+    for rec in answers["answers"].values():
+        prompt, answer = list(rec["prompt"]), list(rec["answer"])
+        base = truth.plain(prompt, answer)
+        mine = replay(prompt, answer, truth, answers["n_vocab"], ngram_policy(start.cost_curve()))
+        plain, ours, worst = plain + base, ours + mine, min(worst, base / mine)
+        for g in lookup:
+            lookup[g] += replay_lookup(prompt, answer, truth, g)
+    return (
+        f"n-gram {plain / ours:.3f}x plain (worst answer {worst:.3f}x), "
+        f"vs llama-lookup γ=4 {lookup[4] / ours:.3f}x, γ=8 {lookup[8] / ours:.3f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("calibration", type=Path)
+    parser.add_argument("--answers", type=Path, default=DATA / "replay_answers.json")
+    parser.add_argument("--curve", default="smollm2-135m-q4_1", help="a curve of tests/data/replay_curves.json")
+    parser.add_argument("--match", default="Q4_1.gguf", help="a part of the learnt entry's key (the model file)")
+    args = parser.parse_args()
+    answers = json.loads(args.answers.read_text(encoding="utf-8"))
+    cal = calibration_from_doctor(json.loads((DATA / "replay_curves.json").read_text(encoding="utf-8"))[args.curve])
+    truth = Truth.of(cal)
+    print(f"{args.answers.name} on the {args.curve} curve")
+    print(f"  starting from it:           {row(answers, truth, cal)}")
+    learnt = learnt_calibration(args.calibration, args.match)
+    print(f"  starting from learnt {args.match}: {row(answers, truth, learnt)}")
+
+
+if __name__ == "__main__":
+    main()
