@@ -5,10 +5,11 @@ it timed seldom). n-gram's speedup over plain decoding, its worst answer, and ll
 drafter (LookupCache) at γ=4 and γ=8 over ours, all answers together. No model runs.
 
     python benchmarks/learnt_start_replay.py CALIBRATION.json [--answers ANSWERS.json]
-        [--curve smollm2-135m-q4_1 --match Q4_1.gguf]
+        [--curve smollm2-135m-q4_1 | --doctor DOCTOR.json] [--match Q4_1.gguf]
 
 ANSWERS.json: tests/data/replay_answers.json (default) or one written by
-record_replay_answers.py; CALIBRATION.json: a $LOCALSPEC_HOME/calibration.json.
+record_replay_answers.py; CALIBRATION.json: a $LOCALSPEC_HOME/calibration.json; DOCTOR.json: a
+`localspec doctor --refresh --json` report, whose curve replaces --curve's (today's host).
 """
 
 from __future__ import annotations
@@ -47,12 +48,17 @@ def main() -> None:
     parser.add_argument("calibration", type=Path)
     parser.add_argument("--answers", type=Path, default=DATA / "replay_answers.json")
     parser.add_argument("--curve", default="smollm2-135m-q4_1", help="a curve of tests/data/replay_curves.json")
+    parser.add_argument("--doctor", type=Path, help="a `localspec doctor --json` report: its curve is the truth")
     parser.add_argument("--match", default="Q4_1.gguf", help="a part of the learnt entry's key (the model file)")
     args = parser.parse_args()
     answers = json.loads(args.answers.read_text(encoding="utf-8"))
-    cal = calibration_from_doctor(json.loads((DATA / "replay_curves.json").read_text(encoding="utf-8"))[args.curve])
+    if args.doctor:
+        report, name = json.loads(args.doctor.read_text(encoding="utf-8")), str(args.doctor)
+    else:
+        report, name = json.loads((DATA / "replay_curves.json").read_text(encoding="utf-8"))[args.curve], args.curve
+    cal = calibration_from_doctor(report)
     truth = Truth.of(cal)
-    print(f"{args.answers.name} on the {args.curve} curve")
+    print(f"{args.answers.name} on the {name} curve")
     print(f"  starting from it:           {row(answers, truth, cal)}")
     learnt = learnt_calibration(args.calibration, args.match)
     print(f"  starting from learnt {args.match}: {row(answers, truth, learnt)}")

@@ -8,11 +8,12 @@ figure: what it measures is the drafting rule, not the machine (memory_bench.py 
 
     python benchmarks/memory_replay.py record MODEL.gguf -o ANSWERS.json [-n 160] [--threads 1]
     python benchmarks/memory_replay.py replay ANSWERS.json [--curve smollm2-135m-q4_1]
-        [--start CALIBRATION.json [--start-match Q4_1.gguf]]
+        [--start CALIBRATION.json [--start-match Q4_1.gguf]] [--doctor DOCTOR.json]
 
 --start: the policies start from the learnt curve a calibration cache holds (a host's
 $LOCALSPEC_HOME/calibration.json, the first learnt entry whose key contains --start-match), as
-a runtime on that host does, while the passes cost what --curve says.
+a runtime on that host does, while the passes cost what --curve says; --doctor: the curve of a
+`localspec doctor --refresh --json` report instead (today's host).
 
 Figures are over every request but each session's first, which nothing can be recalled for;
 one policy per session and column, as one runtime serves a session.
@@ -64,6 +65,7 @@ def main() -> None:
     rep = sub.add_parser("replay")
     rep.add_argument("answers", type=Path)
     rep.add_argument("--curve", default="smollm2-135m-q4_1", help="a curve of tests/data/replay_curves.json")
+    rep.add_argument("--doctor", type=Path, help="a `localspec doctor --json` report: its curve is the truth")
     rep.add_argument("--start", type=Path, help="a calibration cache whose learnt curve the policies start from")
     rep.add_argument("--start-match", default="", help="a part of the learnt entry's key (the model file)")
     args = parser.parse_args()
@@ -71,7 +73,11 @@ def main() -> None:
         record(args.model, args.out, args.max_tokens, args.threads)
         return
     data = json.loads(args.answers.read_text(encoding="utf-8"))
-    cal = calibration_from_doctor(json.loads(CURVES.read_text(encoding="utf-8"))[args.curve])
+    if args.doctor:
+        args.curve = str(args.doctor)
+        cal = calibration_from_doctor(json.loads(args.doctor.read_text(encoding="utf-8")))
+    else:
+        cal = calibration_from_doctor(json.loads(CURVES.read_text(encoding="utf-8"))[args.curve])
     start = learnt_calibration(args.start, args.start_match) if args.start else None
     rows = {name: replay_session(reqs, cal, data["n_vocab"], start=start) for name, reqs in data["sessions"].items()}
     columns = list(next(iter(rows.values())))
