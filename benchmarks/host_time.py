@@ -151,10 +151,11 @@ def bare_loop(
     target.eval_block(prompt[:-1], "none")
     backend = target
     batch, ctx, n_vocab = backend._batch, backend._ctx, backend.info.n_vocab
+    backend._greedy.detach()
     if in_graph:
+        backend._greedy.wanted = True
         backend._greedy.attach()
-    else:
-        backend._greedy.detach()
+        backend._greedy.wanted = False
     get = llama_cpp.llama_get_sampled_token_ith
     backend._out[0] = 1
     backend._tok[0] = prompt[-1]
@@ -220,8 +221,9 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
     text = render_chat(target.chat_template(), messages, target.special_texts())
     prompt = target.tokenize(text, add_special=False, parse_special=True)
     runtime.generate(prompt, max_tokens=8, temperature=0.0)  # warm-up: first-touch of the weights
-    # Plain decoding as it runs (the argmax in llama.cpp's graph), the same with the host's
-    # argmax over the logits row (as before greedy.py), and the former with its parts timed.
+    # Plain decoding as it runs on the CPU (the host's argmax over the logits row), the same with
+    # the argmax in llama.cpp's graph (greedy.py, as where the output layer is on a GPU), and the
+    # former with its parts timed.
     variants = {"device argmax": Clock(), "host argmax": Clock(), "parts": Clock()}
     totals = {name: [0, 0, 0.0, 0.0] for name in variants}  # steps, tokens, wall, cpu
     bares = {"bare loop": [0, 0, 0.0, 0.0, 0.0, 0.0], "bare loop in graph": [0, 0, 0.0, 0.0, 0.0, 0.0]}
@@ -231,7 +233,7 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
             for i, v in enumerate(bare_loop(target, prompt, args.tokens, name == "bare loop in graph")):
                 bare[i] += v
         for name, clock in variants.items():
-            target._greedy.refused = name == "host argmax"  # type: ignore[attr-defined]
+            target._greedy.wanted = name == "device argmax"  # type: ignore[attr-defined]
             target._greedy.detach()  # type: ignore[attr-defined]
             runtime.generate(prompt, max_tokens=0)  # the prompt into the cache, untimed
             restore = instrument(clock, runtime, name == "parts")
@@ -241,7 +243,7 @@ def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 restore()
         loads.append(os.getloadavg()[0])
-    target._greedy.refused = False  # type: ignore[attr-defined]
+    target._greedy.wanted = False  # type: ignore[attr-defined]
     info = target.info
     runtime.close()
     parts_steps = totals["parts"][0]
@@ -293,13 +295,13 @@ def print_report(r: dict[str, Any], as_json: bool) -> None:
     print()
     head = f"{'tok/s':>8} {'host wall ms':>13} {'host cpu ms':>12} {'decode ms':>10}"
     print(f"{'loop (untimed but for llama_decode)':<34} {head}")
-    for name in ("bare loop", "bare loop in graph", "device argmax", "host argmax"):
+    for name in ("bare loop", "bare loop in graph", "host argmax", "device argmax"):
         v = r[name]
         label = {
             "bare loop": "bare loop (llama_decode + argmax)",
             "bare loop in graph": "bare loop, the graph's argmax",
-            "device argmax": "plain decoding",
-            "host argmax": "plain, host argmax (as before)",
+            "host argmax": "plain decoding (host argmax)",
+            "device argmax": "plain, the graph's argmax",
         }[name]
         print(
             f"{label:<34} {v['tokens_per_s']:>8.1f} {v['host_ms_per_step']:>13.4f} "

@@ -445,6 +445,7 @@ class ModelGuesses:
     on the simulated clock, and catching up on tokens it sat out costs a batched pass's share."""
 
     name = "draft-model"
+    off_notice: str | None = None
 
     def __init__(self, text: Sequence[int], alpha: float, per_token: float, catch_up: float, clock: Any) -> None:
         self.text, self.per_token, self.catch_up, self.clock = list(text), per_token, catch_up, clock

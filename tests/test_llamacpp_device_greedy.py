@@ -1,8 +1,10 @@
 """Greedy blocks verified inside llama.cpp's graph (backends/llamacpp/greedy.py) pick the tokens
 the host's argmax picks over the same pass's logits, and a request that wants the logits still
-gets them."""
+gets them. The graph's argmax is for outputs on a GPU; these tests turn it on for the CPU's."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,6 +20,19 @@ GREEDY = SamplingConfig(temperature=0.0)
 PROMPT = "The three largest cities of France are"
 
 
+@pytest.fixture
+def in_graph(target_backend: Backend) -> Iterator[Backend]:
+    """The target with the graph's argmax wanted, as where its output layer is on a GPU."""
+    greedy = target_backend._greedy  # type: ignore[attr-defined]
+    assert not greedy.wanted  # the CPU's output row is the host's to read
+    greedy.wanted = True
+    try:
+        yield target_backend
+    finally:
+        greedy.detach()
+        greedy.wanted = False
+
+
 def verified_both_ways(backend: Backend, block: list[int]) -> tuple[tuple[int, int], tuple[int, int]]:
     """verify_block's answer, then the host's rule over eval_block's logits of the same pass."""
     past = backend.n_past
@@ -28,7 +43,8 @@ def verified_both_ways(backend: Backend, block: list[int]) -> tuple[tuple[int, i
     return on_device, on_host
 
 
-def test_a_greedy_block_takes_the_argmax_the_host_takes(target_backend: Backend) -> None:
+def test_a_greedy_block_takes_the_argmax_the_host_takes(in_graph: Backend) -> None:
+    target_backend = in_graph
     prompt = target_backend.tokenize(PROMPT, add_special=True, parse_special=False)
     target_backend.rollback(0)
     target_backend.eval_block(prompt[:-1], "none")
@@ -42,7 +58,8 @@ def test_a_greedy_block_takes_the_argmax_the_host_takes(target_backend: Backend)
     assert on_device == on_host == (4, said[4])
 
 
-def test_greedy_and_sampled_requests_take_turns_on_one_context(target_backend: Backend) -> None:
+def test_greedy_and_sampled_requests_take_turns_on_one_context(in_graph: Backend) -> None:
+    target_backend = in_graph
     runtime = Runtime(target_backend, strategy="none")
     first = runtime.generate(PROMPT, max_tokens=16, temperature=0.0).tokens
     assert target_backend._greedy.attached  # type: ignore[attr-defined]
@@ -54,3 +71,9 @@ def test_greedy_and_sampled_requests_take_turns_on_one_context(target_backend: B
     recorder = LogprobRecorder(2, target_backend.token_bytes)
     with_rows = runtime.generate(PROMPT, max_tokens=16, sampling=SamplingConfig(temperature=0.0, logprobs=recorder))
     assert with_rows.tokens == first and len(recorder.entries) == 16
+
+
+def test_on_the_cpu_greedy_requests_read_the_row_on_the_host(target_backend: Backend) -> None:
+    runtime = Runtime(target_backend, strategy="none")
+    runtime.generate(PROMPT, max_tokens=4, temperature=0.0)
+    assert not target_backend._greedy.attached  # type: ignore[attr-defined]

@@ -191,8 +191,8 @@ def test_greedy_speculative_output_equals_plain_decoding_up_to_near_ties(
     rt = runtime_from_empty_caches(target_backend, draft, "draft" if hybrid else config.strategy, config.gamma)
     if hybrid:
         assert isinstance(config.gamma, int)
-        # On this CPU the adaptive policy never drafts with the model (sections 1 and 6 of
-        # BENCHMARKS.md): hand the steps to the two sources in turn instead.
+        # On this CPU the adaptive policy never drafts with the model (BENCHMARKS.md §2, "Real
+        # model sizes on the CPU"): hand the steps to the two sources in turn instead.
         rt.engine.lookup, rt.policy = NgramDrafter(), AlternatingSources(config.gamma)
     spec = rt.generate(messages=messages_for(prompt_name), max_tokens=MAX_TOKENS, temperature=0)
     if config.strategy != "ngram" and config.gamma != "auto":

@@ -210,6 +210,7 @@ class AnswerKey:
     tiny random llama answers greedily in loops no real drafter would branch on."""
 
     name = "answer-key"
+    off_notice: str | None = None
 
     def __init__(self, prompt: Sequence[int], answer: Sequence[int], n_vocab: int) -> None:
         self.text, self.start_at, self.n_vocab, self.steps = [*prompt, *answer], len(prompt), n_vocab, 0

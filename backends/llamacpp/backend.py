@@ -49,7 +49,7 @@ from .eagle3 import load_eagle3_head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
-from .gpu import auto_gpu_layers, gpu_device
+from .gpu import auto_gpu_layers, gpu_device, output_on_gpu
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
 from .greedy import DeviceGreedy
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
@@ -122,7 +122,7 @@ class LlamaCppBackend:
         snapshots = recurrent_snapshots if stateful else None
         self._ctx = ctx = self._make_context(path, model, n_ctx, threads, max_block, exact, snapshots)
         self._mem = llama.llama_get_memory(ctx)
-        self._greedy = DeviceGreedy(ctx)
+        self._greedy = DeviceGreedy(ctx, wanted=output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))))
         self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
@@ -134,7 +134,7 @@ class LlamaCppBackend:
         if rpc:
             rpc_entry_points.limit_waits(rpc)
             # The output layer sits on another machine there; its argmax stays the host's (untried).
-            self._greedy.refused = True
+            self._greedy.wanted = False
         max_block = self._make_batch(ctx, max_block)
         self._tokens: list[int] = []
         # True while the cache may hold positions past self._tokens: an exception (Ctrl+C)

@@ -83,6 +83,7 @@ class DFlashDrafter:
     """A DFlash drafter reading its target's layers (see the module doc)."""
 
     name = "dflash"
+    off_notice: str | None = None
 
     def __init__(self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int) -> None:
         self._target, self._model = target, model

@@ -63,6 +63,12 @@ def gpu_layers_that_fit(n_layers: int, size_bytes: int, device: GpuDevice | None
     return max(0, n_layers * room // max(size_bytes, 1))
 
 
+def output_on_gpu(gpu_layers: int, n_layers: int) -> bool:
+    """Whether llama.cpp runs the output layer on this build's GPU: it does once every block is
+    there (a negative count asks for all of them)."""
+    return (gpu_layers < 0 or gpu_layers > n_layers) and gpu_device() is not None
+
+
 def auto_gpu_layers(path: str, device: GpuDevice | None) -> int:
     """gpu_layers_that_fit for a GGUF file; its header is read only where a GPU is there."""
     if device is None:

@@ -5,7 +5,11 @@ on the default model and up to 262,144 on others: reading it cold after a pass w
 plain step's host time (benchmarks/host_time.py).
 
 The argmax is the same rule as numpy's on the same logits (the first of equal maxima), over
-logits the added node does not change, so the tokens are the ones the host would pick."""
+logits the added node does not change, so the tokens are the ones the host would pick.
+
+It pays only where the output layer runs on a GPU, whose row would cross the bus. On the CPU
+ggml's argmax and the padded copy of the logits the sampler adds cost more than the host's
+numpy argmax over a row it already holds (benchmarks/host_time.py), so there it stays off."""
 
 from __future__ import annotations
 
@@ -22,15 +26,16 @@ class DeviceGreedy:
     Each attach or detach makes llama.cpp plan its compute buffers again (a few milliseconds),
     so it stays attached across greedy requests."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, wanted: bool) -> None:
         self._ctx = ctx
         self._chain: Any = None
         self.attached = False
+        self.wanted = wanted  # the output layer is on a GPU: the argmax saves the row's copy
         self.refused = False  # llama.cpp could not sample on this context's device (then never again)
 
     def attach(self) -> bool:
         """Whether the sampler is attached now (False where llama.cpp refused it)."""
-        if self.attached or self.refused:
+        if self.attached or self.refused or not self.wanted:
             return self.attached
         self.free()  # llama.cpp sets a chain up for the graph once: each attach takes a new one
         self._chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())

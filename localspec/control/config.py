@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localspec.core.protocol import MAX_DRAFT
+
 
 @dataclass(frozen=True)
 class ControlConfig:
@@ -40,7 +42,7 @@ class ControlConfig:
 
     # -- the policy's choice -------------------------------------------------------------
     # The longest draft: the calibration times passes of up to max_draft + 1 tokens.
-    max_draft: int = 15
+    max_draft: int = MAX_DRAFT
     # Seconds per token of an n-gram lookup: a dictionary probe, free next to any model pass.
     ngram_seconds_per_token: float = 2e-5
     # A lookup draft must beat plain decoding by this share: llama.cpp rebuilds its graph

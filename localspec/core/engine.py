@@ -14,6 +14,7 @@ from localspec.core.acceptance import accept_greedy, accept_rejection_sampling, 
 from localspec.core.errors import ContextFullError, InvalidRequestError
 from localspec.core.proposal import Proposal, Source, admissible
 from localspec.core.protocol import (
+    MAX_DRAFT,
     Backend,
     Draft,
     Drafter,
@@ -29,9 +30,9 @@ from localspec.core.sampling import SamplingConfig, shape
 from localspec.core.stats import Stats, Step
 from localspec.core.tree import accept_tree, branch_heads, grow
 
-# A free drafter guesses this far ahead before γ is chosen; what no step verifies is scored
-# later as free evidence (see Shadow).
-FREE_GUESS_TOKENS = 16
+# A free drafter guesses this far ahead before γ is chosen: the longest draft and one token
+# more; what no step verifies is scored later as free evidence (see Shadow).
+FREE_GUESS_TOKENS = MAX_DRAFT + 1
 
 Clock = Callable[[], float]  # seconds from any fixed start
 
@@ -128,7 +129,7 @@ class Engine:
         if stop():
             return False
         self.drafter.start(prompt, warm_drafter)
-        self._note_drafter_off(stats, getattr(self.drafter, "off_notice", None))
+        self._note_drafter_off(stats, self.drafter.off_notice)
         if self.lookup is not None:
             self.lookup.start(prompt)
         stats.prefill_tokens = len(todo) + 1
@@ -285,7 +286,7 @@ class Engine:
     def _commit_drafters(self, ctx: list[int], source: Source, n_acc: int, stats: Stats) -> None:
         """Tell the drafters what the target kept: each counts as accepted only its own tokens."""
         self.drafter.commit(ctx, n_acc if source in (Source.MODEL, Source.FREE) else 0)
-        if notice := getattr(self.drafter, "off_notice", None):  # only a drafter that switched off has one
+        if notice := self.drafter.off_notice:  # only a drafter that switched off has one
             self._note_drafter_off(stats, notice)
         if self.lookup is not None:
             self.lookup.commit(ctx, n_acc if source is Source.LOOKUP else 0)

@@ -282,6 +282,10 @@ def eval_chunked(
 
 # -- drafters and the draft-length policy ---------------------------------------------------
 
+# The longest draft a step verifies (ControlConfig.max_draft's default): the one place it is
+# set, so the calibration's longest pass and the engine's free guess follow it.
+MAX_DRAFT = 15
+
 
 @dataclass
 class Draft:
@@ -300,6 +304,9 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
+    # Why the drafter switched itself off for the rest of the request (a token beyond its
+    # vocabulary), for the user; None while it drafts. The engine records it once.
+    off_notice: str | None
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         """A new request begins with this committed context (its last token not yet evaluated).

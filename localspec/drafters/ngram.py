@@ -35,6 +35,7 @@ REPEAT = 16
 
 class NgramDrafter:
     name = "ngram"
+    off_notice: str | None = None  # a lookup never switches itself off
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from localspec.drafters import Draft
 
 class NoDrafter:
     name = "none"
+    off_notice: str | None = None
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         pass
