@@ -65,6 +65,7 @@ from .library import (
     use_exact_kernels,
 )
 from .mtp import MtpHead
+from .outputs import LogitsRows
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 from .tree import BRANCHES, TreePass
 
@@ -122,6 +123,7 @@ class LlamaCppBackend:
         snapshots = recurrent_snapshots if stateful else None
         self._ctx = ctx = self._make_context(path, model, n_ctx, threads, max_block, exact, snapshots)
         self._mem = llama.llama_get_memory(ctx)
+        self._logits = LogitsRows(ctx, self._n_vocab)
         self._greedy = DeviceGreedy(ctx, wanted=output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))))
         self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
@@ -396,8 +398,7 @@ class LlamaCppBackend:
         rows = n if logits == "all" else (1 if logits == "last" else 0)
         if rows == 0 or picks:
             return self._no_rows
-        ptr = llama.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+        return self._logits.rows(rows)
 
     def _splits(self, n: int) -> bool:
         """Whether a block of n rows with all logits is evaluated in pieces of one-token kernels."""
