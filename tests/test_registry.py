@@ -18,25 +18,14 @@ from localspec.models.registry import (
     packaged_registry_file,
     user_registry_file,
 )
+from localspec.testing.fakehub import model_toml, pair_toml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-MODEL = """
-[models.mine]
-name = "Mine"
-family = "qwen2.5"
-license = "mit"
-params = "1B"
-llamacpp = { repo = "me/mine-GGUF", revision = "main", files = ["mine.gguf"] }
-"""
-PAIR = """
-[pairs.my-pair]
-description = "mine, drafted by Qwen2.5 0.5B"
-target = "mine"
-drafter = "qwen2.5-0.5b-instruct"
-strategy = "draft"
-draft_tokens = 5
-"""
+MODEL = model_toml("mine", "me/mine-GGUF", ["mine.gguf"], "1B", family="qwen2.5")
+PAIR = pair_toml(
+    "my-pair", "mine, drafted by Qwen2.5 0.5B", "mine", "draft", drafter="qwen2.5-0.5b-instruct", draft_tokens=5
+)
 
 
 def write_user_file(text: str) -> Path:

@@ -4,7 +4,6 @@ read by range requests without the weights."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,47 +11,36 @@ import pytest
 import localspec.models.remote_gguf
 from localspec.cli.main import main
 from localspec.models.audit import Finding, check_registry
-from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf, tiny_gguf
+from localspec.testing.fakehub import (
+    TEST_REGISTRY,
+    TOKENS,
+    FakeHub,
+    model_toml,
+    pair_toml,
+    serve_test_pairs,
+    sha256,
+    split_gguf,
+    tiny_gguf,
+)
 
 TARGET_REPO, TARGET_FILE = "test/tiny-target-GGUF", "tiny-target.gguf"
 
-SPLIT_REGISTRY = """
-[models.split-target]
-name = "Split-Target"
-family = "tiny"
-license = "mit"
-params = "66K"
-llamacpp = { repo = "test/split-GGUF", revision = "main", files = ["split-target-00001-of-00003.gguf"] }
-
-[models.split-unsplit]
-name = "Split-Unsplit"
-family = "tiny"
-license = "mit"
-params = "66K"
-llamacpp = { repo = "test/split-GGUF", revision = "main", files = ["split-target.gguf"] }
-
-[pairs.split]
-description = "A split target"
-target = "split-target"
-drafter = "tiny-drafter"
-strategy = "draft"
-
-[pairs.split-unsplit]
-description = "A split file named as one"
-target = "split-unsplit"
-strategy = "ngram"
-"""
+SPLIT_REGISTRY = "".join(
+    [
+        model_toml("split-target", "test/split-GGUF", ["split-target-00001-of-00003.gguf"]),
+        model_toml("split-unsplit", "test/split-GGUF", ["split-target.gguf"]),
+        pair_toml("split", "A split target", "split-target", "draft", drafter="tiny-drafter"),
+        pair_toml("split-unsplit", "A split file named as one", "split-unsplit", "ngram"),
+    ]
+)
 
 
 @pytest.fixture
-def hub(tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    with FakeHub() as fake:
-        serve_test_pairs(fake, temporary_localspec_home)
-        fake.add("test/split-GGUF", split_gguf("split-target", TOKENS, 3))
-        (temporary_localspec_home / "models.toml").write_text(TEST_REGISTRY + SPLIT_REGISTRY)
-        yield fake
+def hub(fake_hub: FakeHub, temporary_localspec_home: Path) -> FakeHub:
+    serve_test_pairs(fake_hub, temporary_localspec_home)
+    fake_hub.add("test/split-GGUF", split_gguf("split-target", TOKENS, 3))
+    (temporary_localspec_home / "models.toml").write_text(TEST_REGISTRY + SPLIT_REGISTRY)
+    return fake_hub
 
 
 def problems(findings: list[Finding]) -> list[tuple[str, str]]:
@@ -177,20 +165,8 @@ def test_a_drafter_from_pypi_is_compared_from_its_file(
     hub.add("test/smol-GGUF", {"smol.gguf": smollm2_q4_1.read_bytes()})
     (temporary_localspec_home / "models.toml").write_text(
         TEST_REGISTRY
-        + """
-[models.smol]
-name = "Smol"
-family = "smollm2"
-license = "apache-2.0"
-params = "135M"
-llamacpp = { repo = "test/smol-GGUF", revision = "main", files = ["smol.gguf"] }
-
-[pairs.smol]
-description = "drafted by the embedded default"
-target = "smol"
-drafter = "smollm2-135m-instruct"
-strategy = "draft"
-"""
+        + model_toml("smol", "test/smol-GGUF", ["smol.gguf"], "135M", family="smollm2", license="apache-2.0")
+        + pair_toml("smol", "drafted by the embedded default", "smol", "draft", drafter="smollm2-135m-instruct")
     )
     findings = check_registry(["smol"], endpoint=hub.endpoint)
     assert problems(findings) == []

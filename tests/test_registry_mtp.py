@@ -4,8 +4,6 @@ an MTP head or a sidecar drafter from GGUF headers on the fake hub."""
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,109 +11,41 @@ import pytest
 from localspec.cli.main import main
 from localspec.models.audit import Finding, check_registry
 from localspec.models.registry import HubArtifact, RegistryError, backend_refusal, load_registry, user_registry_file
-from localspec.testing.fakehub import TOKENS, FakeHub, split_gguf
+from localspec.testing.fakehub import TOKENS, FakeHub, model_toml, pair_toml, split_gguf, tiny_gguf
 
 
 def header_gguf(arch: str, width: int, tokens: list[str] | None = TOKENS, **keys: int) -> bytes:
     """A GGUF with a tokenizer and architecture keys only (a header is all the check reads)."""
-    import gguf
-    import numpy as np
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.gguf"
-        writer = gguf.GGUFWriter(path, arch)
-        writer.add_uint32(f"{arch}.embedding_length", width)
-        for key, value in keys.items():
-            writer.add_uint32(f"{arch}.{key}", value)
-        if tokens is not None:
-            writer.add_tokenizer_model("gpt2")
-            writer.add_token_list(tokens)
-        writer.add_tensor("pad", np.zeros(4096, dtype=np.int8))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return path.read_bytes()
+    return tiny_gguf(tokens, padding=4096, arch=arch, embedding_length=width, **keys)
 
 
-REGISTRY = """
-[models.hybrid]
-name = "Hybrid"
-family = "tiny"
-license = "mit"
-params = "?"
-llamacpp = { repo = "test/hybrid-MTP-GGUF", revision = "main", files = ["hybrid.gguf"] }
-
-[models.hybrid-old]
-name = "Hybrid-Old"
-family = "tiny"
-license = "mit"
-params = "?"
-llamacpp = { repo = "test/hybrid-GGUF", revision = "main", files = ["hybrid.gguf"] }
-
-[models.gem]
-name = "Gem"
-family = "tiny"
-license = "mit"
-params = "?"
-llamacpp = { repo = "test/gem-GGUF", revision = "main", files = ["gem-Q4_K_M.gguf", "mtp-gem.gguf"] }
-
-[models.gem-wrong-size]
-name = "Gem-Wrong-Size"
-family = "tiny"
-license = "mit"
-params = "?"
-llamacpp = { repo = "test/gem-GGUF", revision = "main", files = ["gem-Q4_K_M.gguf", "mtp-gem-big.gguf"] }
-
-[models.gem-split]
-name = "Gem-Split"
-family = "tiny"
-license = "mit"
-params = "?"
-llamacpp = { repo = "test/gem-split-GGUF", revision = "main", files = ["gem-00001-of-00002.gguf", "mtp-gem.gguf"] }
-
-[pairs.hybrid]
-description = "drafted by its MTP head"
-target = "hybrid"
-strategy = "mtp"
-
-[pairs.hybrid-old]
-description = "a conversion without the head"
-target = "hybrid-old"
-strategy = "mtp"
-
-[pairs.gem]
-description = "with an assistant sidecar"
-target = "gem"
-strategy = "ngram"
-
-[pairs.gem-wrong-size]
-description = "with the sidecar of another size"
-target = "gem-wrong-size"
-strategy = "ngram"
-
-[pairs.gem-split]
-description = "split, with a sidecar"
-target = "gem-split"
-strategy = "ngram"
-"""
+REGISTRY = "".join(
+    [
+        model_toml("hybrid", "test/hybrid-MTP-GGUF", ["hybrid.gguf"], "?"),
+        model_toml("hybrid-old", "test/hybrid-GGUF", ["hybrid.gguf"], "?"),
+        model_toml("gem", "test/gem-GGUF", ["gem-Q4_K_M.gguf", "mtp-gem.gguf"], "?"),
+        model_toml("gem-wrong-size", "test/gem-GGUF", ["gem-Q4_K_M.gguf", "mtp-gem-big.gguf"], "?"),
+        model_toml("gem-split", "test/gem-split-GGUF", ["gem-00001-of-00002.gguf", "mtp-gem.gguf"], "?"),
+        pair_toml("hybrid", "drafted by its MTP head", "hybrid", "mtp"),
+        pair_toml("hybrid-old", "a conversion without the head", "hybrid-old", "mtp"),
+        pair_toml("gem", "with an assistant sidecar", "gem", "ngram"),
+        pair_toml("gem-wrong-size", "with the sidecar of another size", "gem-wrong-size", "ngram"),
+        pair_toml("gem-split", "split, with a sidecar", "gem-split", "ngram"),
+    ]
+)
 
 
 @pytest.fixture
-def hub(tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    with FakeHub() as fake:
-        fake.add("test/hybrid-MTP-GGUF", {"hybrid.gguf": header_gguf("qwen35", 64, nextn_predict_layers=1)})
-        fake.add("test/hybrid-GGUF", {"hybrid.gguf": header_gguf("qwen35", 64)})
-        sidecar = header_gguf("gemma4-assistant", 32, nextn_predict_layers=4, embedding_length_out=64)
-        big = header_gguf("gemma4-assistant", 32, nextn_predict_layers=4, embedding_length_out=128)
-        target = header_gguf("gemma4", 64)
-        fake.add("test/gem-GGUF", {"gem-Q4_K_M.gguf": target, "mtp-gem.gguf": sidecar, "mtp-gem-big.gguf": big})
-        fake.add("test/gem-split-GGUF", {**split_gguf("gem", TOKENS, 2), "mtp-gem.gguf": sidecar})
-        temporary_localspec_home.mkdir(parents=True, exist_ok=True)
-        (temporary_localspec_home / "models.toml").write_text(REGISTRY)
-        yield fake
+def hub(fake_hub: FakeHub, temporary_localspec_home: Path) -> FakeHub:
+    fake_hub.add("test/hybrid-MTP-GGUF", {"hybrid.gguf": header_gguf("qwen35", 64, nextn_predict_layers=1)})
+    fake_hub.add("test/hybrid-GGUF", {"hybrid.gguf": header_gguf("qwen35", 64)})
+    sidecar = header_gguf("gemma4-assistant", 32, nextn_predict_layers=4, embedding_length_out=64)
+    big = header_gguf("gemma4-assistant", 32, nextn_predict_layers=4, embedding_length_out=128)
+    target = header_gguf("gemma4", 64)
+    fake_hub.add("test/gem-GGUF", {"gem-Q4_K_M.gguf": target, "mtp-gem.gguf": sidecar, "mtp-gem-big.gguf": big})
+    fake_hub.add("test/gem-split-GGUF", {**split_gguf("gem", TOKENS, 2), "mtp-gem.gguf": sidecar})
+    (temporary_localspec_home / "models.toml").write_text(REGISTRY)
+    return fake_hub
 
 
 def mtp_findings(findings: list[Finding]) -> list[tuple[str, bool, str]]:

@@ -18,7 +18,10 @@ pytestmark = pytest.mark.model
 
 @pytest.mark.parametrize("strategy", ["qspec:Q4_0", "layerskip:20"])
 @pytest.mark.parametrize("gamma", [2, 5])
-def test_self_drafting_is_token_identical_to_plain_greedy_decoding(smollm2_q4_1: Path, strategy: str, gamma: int):
+def test_self_drafting_is_token_identical_to_plain_greedy_decoding(
+    smollm2_q4_1: Path, strategy: str, gamma: int, session_home: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(session_home))  # each draft length reuses the drafter's copy
     messages = SUITE[0].messages
     with load(str(smollm2_q4_1), strategy=strategy, draft_tokens=gamma, n_ctx=1024) as rt:
         plain = Runtime(rt.target, strategy="none", calibrate=False).generate(

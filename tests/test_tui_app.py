@@ -18,6 +18,7 @@ from localspec.core.sampling import SamplingConfig
 from localspec.testing.tui_support import (
     REFERENCE,
     answered,
+    paste,
     ready,
     reference_runtime,
     replies,
@@ -317,7 +318,7 @@ async def test_a_full_context_is_reported_with_what_to_do() -> None:
     app = reference_app(n_ctx=64)
     async with app.run_test(size=SIZE) as pilot:
         await ready(app)
-        await send(app, pilot, "x" * 80)
+        await paste(app, pilot, "x" * 80)
         await wait_for(lambda: app.transcript.query(ErrorMessage), what="the error")
         error = str(app.transcript.query(ErrorMessage).last().render())
         assert "context holds 64" in error and "Ctrl+N starts a new chat" in error

@@ -60,8 +60,9 @@ def test_a_file_that_is_not_a_database_is_set_aside_and_a_new_history_started() 
 
 def test_a_truncated_history_is_set_aside() -> None:
     history = History()
-    for i in range(200):
-        history.append(history.create(f"chat {i}", "m"), StoredMessage("user", "x" * 500))
+    # Few writes (each is a durable transaction) of long messages: a file as large as many.
+    for i in range(20):
+        history.append(history.create(f"chat {i}", "m"), StoredMessage("user", "x" * 5000))
     history.close()
     path = history_file()
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])

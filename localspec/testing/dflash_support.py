@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from localspec.testing.gguf_writer import add_decoder_header
+from localspec.testing.gguf_writer import add_decoder_header, write_out
 
 HEAD_DIM = 16
 
@@ -139,13 +139,7 @@ def write_dflash_file(
 
     writer = gguf.GGUFWriter(str(path), "dflash")
     add_dflash_header(reader, writer, shape, mask_id)
-    for name, tensor in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(tensor))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_out(writer, tensors, path)
 
 
 def add_dflash_header(reader: Any, writer: Any, shape: DFlashShape, mask_id: int) -> None:

@@ -22,10 +22,11 @@ from localspec.testing.gguf_writer import (
     N_CTX,
     HybridSpec,
     Spec,
+    add_bpe_vocab,
     add_decoder_header,
-    bpe_vocab,
     hf_weights,
     qwen35_tensors,
+    write_out,
 )
 
 ATTEND_SELF = 4.0  # the scale of queries and keys: a token's own score well above the others'
@@ -92,22 +93,5 @@ def write_eagle3_gguf(target: Spec | HybridSpec, head: HeadSpec, path: Path) -> 
     writer.add_rope_freq_base(10_000.0)
     writer.add_array(f"{arch}.target_layers", list(head.layer_ids))
     writer.add_uint32(f"{arch}.target_hidden_size", head.target_width or target.hidden)
-    tokens, types, merges = bpe_vocab()  # the target's tokenizer, as the converter copies it
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(False)
-    for name, tensor in head_tensors(target, head, len(tokens)).items():
-        if tensor.dtype == np.int64:
-            writer.add_tensor(name, tensor, raw_dtype=gguf.GGMLQuantizationType.I64)
-        else:
-            writer.add_tensor(name, tensor)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    vocab = add_bpe_vocab(writer, pre="smollm")  # the target's tokenizer, as the converter copies it
+    return write_out(writer, head_tensors(target, head, vocab), path)

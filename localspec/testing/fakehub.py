@@ -291,136 +291,109 @@ def trickling_endpoint(interval: float) -> Iterator[str]:
         server.close()
 
 
-def tiny_gguf(tokens: list[str], model: str = "gpt2", padding: int = 1 << 16) -> bytes:
-    """A small real GGUF file: a tokenizer and one tensor of `padding` bytes, so a download
-    of it can be cut mid-file."""
-    import gguf
+def tiny_gguf(
+    tokens: list[str] | None, model: str = "gpt2", padding: int = 1 << 16, arch: str = "llama", **keys: int
+) -> bytes:
+    """A small real GGUF file: a tokenizer (none for None), `{arch}.{key}` for each of `keys`
+    and one tensor of `padding` bytes, so a download of it can be cut mid-file."""
     import numpy as np
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.gguf"
-        writer = gguf.GGUFWriter(path, "llama")
-        writer.add_tokenizer_model(model)
-        writer.add_token_list(tokens)
-        writer.add_bos_token_id(0)
-        writer.add_eos_token_id(1)
-        writer.add_tensor("pad", np.zeros(padding, dtype=np.int8))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return path.read_bytes()
+    return _gguf_files("m", arch, tokens, model, keys, {"pad": np.zeros(padding, dtype=np.int8)})["m.gguf"]
 
 
 def split_gguf(stem: str, tokens: list[str], shards: int, padding: int = 1 << 12) -> dict[str, bytes]:
     """A GGUF written as llama.cpp's split files (one tensor per shard), by name."""
-    import gguf
     import numpy as np
 
+    pads = {f"pad{i}": np.zeros(padding, dtype=np.int8) for i in range(shards)}
+    return _gguf_files(stem, "llama", tokens, "gpt2", {}, pads, split=True)
+
+
+def _gguf_files(
+    stem: str,
+    arch: str,
+    tokens: list[str] | None,
+    model: str,
+    keys: dict[str, int],
+    tensors: dict[str, Any],
+    split: bool = False,
+) -> dict[str, bytes]:
+    import gguf
+
+    from localspec.testing.gguf_writer import write_out
+
     with tempfile.TemporaryDirectory() as tmp:
-        writer = gguf.GGUFWriter(Path(tmp) / f"{stem}.gguf", "llama", split_max_tensors=1)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_token_list(tokens)
-        writer.add_bos_token_id(0)
-        writer.add_eos_token_id(1)
-        for i in range(shards):
-            writer.add_tensor(f"pad{i}", np.zeros(padding, dtype=np.int8))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        path = Path(tmp) / f"{stem}.gguf"
+        writer = gguf.GGUFWriter(path, arch, split_max_tensors=1 if split else 0)
+        for key, value in keys.items():
+            writer.add_uint32(f"{arch}.{key}", value)
+        if tokens is not None:
+            writer.add_tokenizer_model(model)
+            writer.add_token_list(tokens)
+            writer.add_bos_token_id(0)
+            writer.add_eos_token_id(1)
+        write_out(writer, tensors, path)
         return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())}
 
 
 TOKENS = ["<s>", "</s>", *(f"tok{i}" for i in range(60))]
 OTHER_TOKENS = ["<s>", "</s>", *(f"word{i}" for i in range(60))]
 
+
+def model_toml(key: str, repo: str, files: list[str], params: str = "66K", mlx: str = "", **fields: str) -> str:
+    """A registry entry [models.KEY] (named KEY in title case) for these llama.cpp files on the
+    fake hub; `mlx` names a repo of MLX files; `fields` overrides family and license."""
+    entry = {"name": key.title(), "family": "tiny", "license": "mit", "params": params, **fields}
+    lines = [f"[models.{key}]", *(f"{k} = {json.dumps(v)}" for k, v in entry.items())]
+    lines.append(f'llamacpp = {{ repo = "{repo}", revision = "main", files = {json.dumps(files)} }}')
+    if mlx:
+        lines.append(f'mlx = {{ repo = "{mlx}", revision = "main", files = ["*.json", "*.safetensors"] }}')
+    return "\n".join(lines) + "\n\n"
+
+
+def pair_toml(key: str, description: str, target: str, strategy: str, **fields: object) -> str:
+    """A registry entry [pairs.KEY]; `fields`: drafter, draft_tokens, aliases."""
+    entry = {"description": description, "target": target, **fields, "strategy": strategy}
+    ordered = {
+        k: entry[k] for k in ("aliases", "description", "target", "drafter", "strategy", "draft_tokens") if k in entry
+    }
+    return "\n".join([f"[pairs.{key}]", *(f"{k} = {json.dumps(v)}" for k, v in ordered.items())]) + "\n\n"
+
+
 # A user models.toml of tiny pairs served by the fake hub; merged over the packaged registry.
-TEST_REGISTRY = """
-[models.tiny-target]
-name = "Tiny-Target"
-family = "tiny"
-license = "mit"
-params = "66K"
-llamacpp = { repo = "test/tiny-target-GGUF", revision = "main", files = ["tiny-target.gguf"] }
-mlx = { repo = "test/tiny-target-mlx", revision = "main", files = ["*.json", "*.safetensors"] }
-
-[models.tiny-drafter]
-name = "Tiny-Drafter"
-family = "tiny"
-license = "mit"
-params = "17K"
-llamacpp = { repo = "test/tiny-drafter-GGUF", revision = "main", files = ["tiny-drafter.gguf"] }
-mlx = { repo = "test/tiny-drafter-mlx", revision = "main", files = ["*.json", "*.safetensors"] }
-
-[models.foreign-drafter]
-name = "Foreign-Drafter"
-family = "foreign"
-license = "mit"
-params = "17K"
-llamacpp = { repo = "test/foreign-GGUF", revision = "main", files = ["foreign.gguf"] }
-mlx = { repo = "test/foreign-mlx", revision = "main", files = ["*.json", "*.safetensors"] }
-
-[models.gated-target]
-name = "Gated-Target"
-family = "tiny"
-license = "restricted"
-params = "66K"
-llamacpp = { repo = "test/gated-GGUF", revision = "main", files = ["gated.gguf"] }
-
-[models.misnamed]
-name = "Misnamed"
-family = "tiny"
-license = "mit"
-params = "66K"
-llamacpp = { repo = "test/tiny-target-GGUF", revision = "main", files = ["absent.gguf"] }
-
-[models.ghost]
-name = "Ghost"
-family = "tiny"
-license = "mit"
-params = "66K"
-llamacpp = { repo = "test/ghost-GGUF", revision = "main", files = ["ghost.gguf"] }
-
-[pairs.tiny]
-aliases = ["tiny-pair"]
-description = "A tiny target drafted by a tiny drafter"
-target = "tiny-target"
-drafter = "tiny-drafter"
-strategy = "draft"
-draft_tokens = 4
-
-[pairs.tiny-solo]
-description = "The tiny drafter alone"
-target = "tiny-drafter"
-strategy = "ngram"
-draft_tokens = "auto"
-
-[pairs.mismatched]
-description = "A drafter with another tokenizer"
-target = "tiny-target"
-drafter = "foreign-drafter"
-strategy = "draft"
-draft_tokens = 4
-
-[pairs.gated]
-description = "A gated repo"
-target = "gated-target"
-strategy = "ngram"
-draft_tokens = "auto"
-
-[pairs.misnamed]
-description = "A file the repo does not have"
-target = "misnamed"
-strategy = "ngram"
-draft_tokens = "auto"
-
-[pairs.ghost]
-description = "A repo the hub does not have"
-target = "ghost"
-strategy = "ngram"
-draft_tokens = "auto"
-"""
+TEST_REGISTRY = "".join(
+    [
+        model_toml("tiny-target", "test/tiny-target-GGUF", ["tiny-target.gguf"], mlx="test/tiny-target-mlx"),
+        model_toml("tiny-drafter", "test/tiny-drafter-GGUF", ["tiny-drafter.gguf"], "17K", mlx="test/tiny-drafter-mlx"),
+        model_toml(
+            "foreign-drafter", "test/foreign-GGUF", ["foreign.gguf"], "17K", mlx="test/foreign-mlx", family="foreign"
+        ),
+        model_toml("gated-target", "test/gated-GGUF", ["gated.gguf"], license="restricted"),
+        model_toml("misnamed", "test/tiny-target-GGUF", ["absent.gguf"]),
+        model_toml("ghost", "test/ghost-GGUF", ["ghost.gguf"]),
+        pair_toml(
+            "tiny",
+            "A tiny target drafted by a tiny drafter",
+            "tiny-target",
+            "draft",
+            aliases=["tiny-pair"],
+            drafter="tiny-drafter",
+            draft_tokens=4,
+        ),
+        pair_toml("tiny-solo", "The tiny drafter alone", "tiny-drafter", "ngram", draft_tokens="auto"),
+        pair_toml(
+            "mismatched",
+            "A drafter with another tokenizer",
+            "tiny-target",
+            "draft",
+            drafter="foreign-drafter",
+            draft_tokens=4,
+        ),
+        pair_toml("gated", "A gated repo", "gated-target", "ngram", draft_tokens="auto"),
+        pair_toml("misnamed", "A file the repo does not have", "misnamed", "ngram", draft_tokens="auto"),
+        pair_toml("ghost", "A repo the hub does not have", "ghost", "ngram", draft_tokens="auto"),
+    ]
+)
 
 
 def serve_test_pairs(hub: FakeHub, home: Path) -> None:

@@ -5,6 +5,7 @@ Hugging Face folder (config.json, safetensors, tokenizer.json), one per family."
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,24 +185,28 @@ def write_gguf(spec: Spec, path: Path) -> Path:
         writer.add_pad_token_id(0)
         writer.add_add_bos_token(True)
         writer.add_add_space_prefix(False)
+        vocab = len(tokens)
     else:
-        tokens, types, merges = bpe_vocab()
         writer.add_rope_freq_base(10_000.0)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("qwen2" if spec.arch == "qwen2" else "smollm")
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(merges)
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-        writer.add_add_bos_token(False)
-    for name, w in hf_weights(spec, len(tokens)).items():
+        vocab = add_bpe_vocab(writer, pre="qwen2" if spec.arch == "qwen2" else "smollm")
+    tensors: dict[str, np.ndarray] = {}
+    for name, w in hf_weights(spec, vocab).items():
         short = gguf_name(name, spec)
         if spec.arch == "llama" and short.endswith(("attn_q.weight", "attn_k.weight")):
             w = permute(w, spec.heads if "attn_q" in short else spec.kv_heads)
         if spec.arch == "gemma3" and short.endswith("norm.weight"):
             w = w + 1.0
-        writer.add_tensor(short, np.ascontiguousarray(w.astype(np.float16) if spec.half and w.ndim == 2 else w))
+        tensors[short] = w.astype(np.float16) if spec.half and w.ndim == 2 else w
+    return write_out(writer, tensors, path)
+
+
+def write_out(writer: Any, tensors: Mapping[str, np.ndarray], path: Path) -> Path:
+    """Adds these tensors (int64 ones as GGUF's I64) and writes the file: header, keys, data."""
+    import gguf
+
+    for name, tensor in tensors.items():
+        raw = gguf.GGMLQuantizationType.I64 if tensor.dtype == np.int64 else None
+        writer.add_tensor(name, np.ascontiguousarray(tensor), raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -359,13 +364,13 @@ def qwen35_tensors(spec: HybridSpec, vocab: int) -> dict[str, np.ndarray]:
     return out
 
 
-def add_bpe_vocab(writer: Any, size: int = 0) -> int:
-    """The tiny byte-level BPE vocabulary (Qwen-style pre-tokenizer), padded with control
-    tokens up to `size`; returns how many tokens it has."""
+def add_bpe_vocab(writer: Any, size: int = 0, pre: str = "qwen2") -> int:
+    """The tiny byte-level BPE vocabulary (with llama.cpp's pre-tokenizer `pre`), padded with
+    control tokens up to `size`; returns how many tokens it has."""
     tokens, types, merges = bpe_vocab()
     padding = max(0, size - len(tokens))
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens + [f"<|pad_{i}|>" for i in range(padding)])
     writer.add_token_types(types + [3] * padding)
     writer.add_token_merges(merges)
@@ -380,14 +385,11 @@ def write_qwen35_gguf(spec: HybridSpec, path: Path) -> Path:
 
     writer = gguf.GGUFWriter(str(path), "qwen35")
     vocab = add_qwen35_header(writer, spec)
+    tensors: dict[str, np.ndarray] = {}
     for name, tensor in qwen35_tensors(spec, vocab).items():
         half = spec.half and tensor.ndim == 2 and "ssm_conv1d" not in name  # llama.cpp never quantizes the conv
-        writer.add_tensor(name, np.ascontiguousarray(tensor.astype(np.float16) if half else tensor))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        tensors[name] = tensor.astype(np.float16) if half else tensor
+    return write_out(writer, tensors, path)
 
 
 def add_qwen35_header(writer: Any, spec: HybridSpec) -> int:
@@ -530,10 +532,5 @@ def write_gemma4_pair(spec: Gemma4Spec, folder: Path) -> tuple[Path, Path]:
             writer.add_feed_forward_length(spec.assistant_ffn)
             writer.add_uint32(f"{arch}.embedding_length_out", spec.hidden)
             writer.add_uint32(f"{arch}.nextn_predict_layers", 2)
-        for name, tensor in tensors.items():
-            writer.add_tensor(name, np.ascontiguousarray(tensor))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        write_out(writer, tensors, path)
     return paths

@@ -95,5 +95,16 @@ async def send(app: ChatApp, pilot: Any, text: str) -> None:
     await pilot.press("enter")
 
 
+async def paste(app: ChatApp, pilot: Any, text: str) -> None:
+    """Paste a prompt as a user would and press Enter: one event, where typing a long prompt
+    key by key takes a frame a key."""
+    from textual import events
+
+    app.prompt.focus()
+    app.post_message(events.Paste(text))  # the app hands it to the focused prompt
+    await pilot.pause()
+    await pilot.press("enter")
+
+
 async def answered(app: ChatApp, count: int = 1, timeout: float = 30.0) -> None:
     await wait_for(lambda: app.turn is None and len(replies(app)) >= count, timeout, what=f"{count} replies")
