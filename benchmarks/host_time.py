@@ -150,7 +150,7 @@ def bare_loop(
     target.rollback(0)
     target.eval_block(prompt[:-1], "none")
     backend = target
-    batch, ctx, n_vocab = backend._batch, backend._ctx, backend.info.n_vocab
+    batch, ctx, rows = backend._batch, backend._ctx, backend._logits
     backend._greedy.detach()
     if in_graph:
         backend._greedy.wanted = True
@@ -172,8 +172,7 @@ def bare_loop(
         if in_graph:
             backend._tok[0] = get(ctx, 0)
         else:
-            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n_vocab,))
-            backend._tok[0] = int(np.argmax(row))
+            backend._tok[0] = int(np.argmax(rows.rows(1)[0]))
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     llama_cpp.llama_memory_seq_rm(backend._mem, 0, 0, -1)
     backend._tokens.clear()
