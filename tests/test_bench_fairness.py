@@ -22,7 +22,7 @@ from localspec.tooling.bench import (
     format_table,
     geometric_mean,
 )
-from localspec.tooling.peers import run_llama_bench
+from localspec.tooling.peers import answer_after, run_llama_bench, same_answer
 
 OPEN: list[ReferenceBackend] = []
 
@@ -120,3 +120,23 @@ def test_llama_bench_is_read_from_its_json(tmp_path: Path) -> None:
     assert "-n 128 -d 300 -t 2" in (tmp_path / "args").read_text()  # the context depth of our prompts
     os.remove(fake)
     assert run_llama_bench(tmp_path, "model.gguf") is None  # a folder without llama-bench
+
+
+def test_a_peer_that_answers_another_text_is_marked_where_its_speed_is_compared() -> None:
+    prompt = "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n"
+    # llama-lookup's stdout (llama.cpp as vendored): the prompt's tokens echoed, then each kept token.
+    stdout = f"\n\n{prompt}1. Red\n2. Blue\n3. Green<|im_end|>\n\n\n"
+    theirs = answer_after(stdout, prompt)
+    assert theirs == "1. Red\n2. Blue\n3. Green<|im_end|>\n\n\n"
+    assert same_answer("1. Red\n2. Blue\n3. Green", theirs)  # an end of text's text after it
+    assert same_answer("1. Red\n2. Blue\n3. Green, and", theirs.replace("<|im_end|>", ""))  # a shorter limit
+    assert not same_answer("1. Red\n2. Green\n3. Blue", theirs)
+    assert answer_after("the prompt re-spelt", prompt) is None
+    same, other = (BenchRow(p, "ngram", 50.0, 60.0, 1.2, 0.5, 1.5, 2.0, 10, 10, 100.0) for p in ("same", "other"))
+    for row in (same, other):
+        row.add_peer("llama-lookup (γ=4)", 50.0, 10)
+    other.other_answers.append("llama-lookup (γ=4)")
+    summary = format_summary([same, other])
+    assert "note: llama-lookup (γ=4) answered another text than plain decoding on other:" in summary
+    lines = format_table([same, other]).splitlines()
+    assert lines[2].endswith("1.20x") and lines[3].endswith("1.20x*")

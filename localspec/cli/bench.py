@@ -33,7 +33,7 @@ from localspec.tooling.bench import (
     machine,
     rows_to_json,
 )
-from localspec.tooling.peers import LLAMA_BENCH, PROGRAMS, find_or_build, run_llama_bench, run_peer
+from localspec.tooling.peers import LLAMA_BENCH, PROGRAMS, find_or_build, run_llama_bench, run_peer, same_answer
 
 
 def register(sub: Any) -> None:
@@ -230,7 +230,10 @@ def add_peer_figures(
                 for _ in range(row.repeats or args.repeats)
             ]
             tokens = sum(r.tokens for r in results)
-            row.add_peer(f"{program} (γ={gamma})", tokens / sum(r.seconds for r in results), tokens)
+            label = f"{program} (γ={gamma})"
+            row.add_peer(label, tokens / sum(r.seconds for r in results), tokens)
+            if row.answer and any(r.text is not None and not same_answer(row.answer, r.text) for r in results):
+                row.other_answers.append(label)
     theirs = run_llama_bench(bin_dir, model, 128, args.threads)
     if theirs is None or not rows:
         return None

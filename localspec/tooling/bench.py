@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from localspec.api import Runtime
+from localspec.api import Completion, Runtime
 from localspec.control.contention import unreliable_note
 from localspec.control.hardware import physical_cores
 from localspec.control.prompts import BenchPrompt
@@ -75,6 +75,10 @@ class BenchRow:
     # counts every pass as a token.
     plain_passes: int = 0
     plain_passes_per_s: float = 0.0
+    # Plain decoding's answer (greedy: every run's), and the peers whose answer was another
+    # text: their speed is another answer's, not this one's.
+    answer: str = ""
+    other_answers: list[str] = field(default_factory=list)
 
     @property
     def contradicted(self) -> bool:
@@ -100,8 +104,11 @@ class _Tally:
     seconds: float = 0.0
     merged: Stats = field(default_factory=Stats)
     rates: list[float] = field(default_factory=list)  # one per repeat
+    answer: str = ""  # the first run's text
 
-    def add(self, stats: Stats) -> None:
+    def add(self, result: Completion) -> None:
+        stats = result.stats
+        self.answer = self.answer or result.text
         self.tokens += stats.generated_tokens
         self.seconds += stats.decode_seconds
         self.rates.append(stats.generated_tokens / stats.decode_seconds if stats.decode_seconds > 0 else 0.0)
@@ -187,6 +194,10 @@ def bench(
             if c.open_draft is None
         }
         tallies = {c.label: _Tally() for c in field_}
+        # The prompt from an empty cache, as a peer program's fresh process reads it: a prefix
+        # the last prompt left there was evaluated in other blocks, which can tip a near-tie
+        # (llama.cpp's logits depend on a block's size) and give another answer.
+        target.rollback(0)
         runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
         base = tallies["none"]
         r = 0
@@ -230,6 +241,7 @@ def bench(
                     inexact_reason=m.inexact_reason,
                     plain_passes=base.merged.verify_steps,
                     plain_passes_per_s=base.merged.verify_steps / base.seconds if base.seconds > 0 else 0.0,
+                    answer=base.answer,
                 )
             )
     return rows
@@ -241,14 +253,14 @@ def _timed(
     target: Backend,
     draft_tokens: DraftTokens,
     request: dict[str, Any],
-) -> Stats:
+) -> Completion:
     """One run of a column: on its runtime, or with its drafter opened for this run only."""
     if c.open_draft is None:
-        return runtimes[c.label].generate(**request).stats
+        return runtimes[c.label].generate(**request)
     draft = c.open_draft()
     try:
         runtime = Runtime(target, draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
-        return runtime.generate(**request).stats
+        return runtime.generate(**request)
     finally:
         draft.close()
 
@@ -336,6 +348,12 @@ def format_summary(
                 f"too, as tg counts) vs llama-bench at each prompt's positions (mean -d {v.like_depth} "
                 f"-n {v.like_passes}) {v.like:.1f} tok/s: {v.ours_passes / v.like:.2f}x"
             )
+    for program in dict.fromkeys(p for r in rows for p in r.other_answers):
+        prompts = ", ".join(r.prompt for r in rows if program in r.other_answers)
+        lines.append(
+            f"note: {program} answered another text than plain decoding on {prompts}: "
+            "there it is timed on another answer (marked * in the table)"
+        )
     if busy is not None:
         lines.append(f"warning: {unreliable_note(busy)}")
     if any(r.contradicted for r in rows):
@@ -377,7 +395,10 @@ def format_table(rows: Sequence[BenchRow]) -> str:
             + ((f" {r.lookup_share:>6.0%}" if r.lookup_share else f" {'-':>6}") if lookup else "")
             + f" {r.peak_rss_mb:>7.0f}"
             + "".join(
-                f" {p:<26} {r.peers[p]:>8.1f} {r.spec_tokens_per_s / r.peers[p]:>6.2f}x" if r.peers.get(p) else ""
+                f" {p:<26} {r.peers[p]:>8.1f} {r.spec_tokens_per_s / r.peers[p]:>6.2f}x"
+                + ("*" if p in r.other_answers else "")
+                if r.peers.get(p)
+                else ""
                 for p in peers
             )
         )

@@ -35,6 +35,23 @@ class PeerResult:
     seconds: float
     tokens_per_s: float
     acceptance_rate: float
+    # What the program printed after the prompt (its answer, an end of text's token text
+    # included); None where its output did not echo the prompt as given.
+    text: str | None = None
+
+
+def answer_after(stdout: str, prompt: str) -> str | None:
+    """A llama.cpp example's answer: its output echoes the prompt's tokens, then prints each
+    token it keeps."""
+    at = stdout.find(prompt)
+    return stdout[at + len(prompt) :] if at >= 0 else None
+
+
+def same_answer(ours: str, theirs: str) -> bool:
+    """Whether two greedy answers to one prompt are one text: one may stop earlier (a token
+    limit counted otherwise) or go on with an end of text's token text."""
+    a, b = ours.strip(), theirs.strip()
+    return b.startswith(a) or a.startswith(b)
 
 
 def peers_dir() -> Path:
@@ -138,6 +155,7 @@ def run_peer(
         float(speed.group(2)),
         float(speed.group(3)),
         float(accept.group(1)) / 100 if accept else 0.0,
+        answer_after(result.stdout, prompt),
     )
 
 
