@@ -431,7 +431,7 @@ class LlamaCppBackend:
         # (a one-token pass never splits: no call to ask).
         greedy, n = self._greedy, len(tokens)
         whole = n == 1 or not self._splits(n)
-        if cfg.greedy and not self._recorded and not self._deferred and whole and (greedy.attached or greedy.attach()):
+        if cfg.greedy and greedy.wanted and not self._recorded and not self._deferred and whole and greedy.attach():
             # A flag rather than an argument: eval_block stays what wrappers of it expect.
             self._picks = True
             try:

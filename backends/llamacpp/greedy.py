@@ -30,18 +30,19 @@ class DeviceGreedy:
         self._ctx = ctx
         self._chain: Any = None
         self.attached = False
-        self.wanted = wanted  # the output layer is on a GPU: the argmax saves the row's copy
-        self.refused = False  # llama.cpp could not sample on this context's device (then never again)
+        # The output layer is on a GPU, where the argmax saves the row's copy; False once
+        # llama.cpp refused to sample on this context's device.
+        self.wanted = wanted
 
     def attach(self) -> bool:
-        """Whether the sampler is attached now (False where llama.cpp refused it)."""
-        if self.attached or self.refused or not self.wanted:
+        """Whether the sampler is attached now (False where it is not wanted or llama.cpp refused it)."""
+        if self.attached or not self.wanted:
             return self.attached
         self.free()  # llama.cpp sets a chain up for the graph once: each attach takes a new one
         self._chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         llama.llama_sampler_chain_add(self._chain, llama.llama_sampler_init_greedy())
         self.attached = bool(llama.llama_set_sampler(self._ctx, _SEQ, self._chain))
-        self.refused = not self.attached
+        self.wanted = self.attached
         return self.attached
 
     def detach(self) -> None:
