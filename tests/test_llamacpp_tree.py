@@ -87,15 +87,21 @@ def test_each_node_gets_the_rows_of_a_chain_over_its_root_path(opened: dict[str,
         np.testing.assert_allclose(rows[node], chain_rows(clean, PROMPT[:-1], path)[-1], atol=LOGIT_TOLERANCE)
 
 
+def tree_with_a_branch_kept(target: LlamaCppBackend) -> list[int]:
+    """The prompt, one tree pass over it and the branch [50, 51] kept, a branch other than
+    sequence 0's (its tokens wait for the next pass: folds_branch); the text it keeps."""
+    target.rollback(0)
+    target.eval_block(PROMPT[:-1], "none")
+    target.eval_tree(TOKENS, PARENTS)
+    target.keep_branch([0, 4, 5])
+    return [*PROMPT, 50, 51]
+
+
 def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_clean_pass_would(
     opened: dict[str, LlamaCppBackend],
 ) -> None:
     target, clean = opened["target"], opened["clean"]
-    target.rollback(0)
-    target.eval_block(PROMPT[:-1], "none")
-    target.eval_tree(TOKENS, PARENTS)
-    target.keep_branch([0, 4, 5])  # a branch other than sequence 0's
-    kept = [*PROMPT, 50, 51]
+    kept = tree_with_a_branch_kept(target)
     assert list(target.cached_tokens()) == kept
     # Sequence 0 holds the text up to the branch (the branch's tokens wait for the next pass,
     # which evaluates them first: folds_branch); no other sequence holds any cell.
@@ -119,11 +125,7 @@ def test_a_kept_branch_folded_into_the_next_tree_and_rolled_back_leaves_a_clean_
     opened: dict[str, LlamaCppBackend],
 ) -> None:
     target, clean = opened["target"], opened["clean"]
-    target.rollback(0)
-    target.eval_block(PROMPT[:-1], "none")
-    target.eval_tree(TOKENS, PARENTS)
-    target.keep_branch([0, 4, 5])  # [50, 51] wait for the next pass
-    kept = [*PROMPT, 50, 51]
+    kept = tree_with_a_branch_kept(target)
     # The next tree takes them as its trunk: its nodes' rows are still their root paths'.
     rows = target.eval_tree([60, 61, 62], [-1, 0, 0]).copy()
     assert rows.shape[0] == 3
