@@ -12,7 +12,7 @@ vocabulary, untied head); the drafter a z-lab-style DFlash model at its width (5
 target's embeddings and head. Both are written tensor by tensor in F16 (about 18 GB for the
 target: nothing is held in memory but the tensor being written), then quantized.
 
-Measured as dflash_shapes.py does for the 0.8B class (§10 of BENCHMARKS.md): a verify pass
+Measured as dflash_shapes.py does for the 0.8B class (benchmarks/pages/drafters.md): a verify pass
 over k tokens that keeps one and takes the rest back (through the snapshots, a replay past
 them), the drafter's block pass and its injection against a target step, and the projected
 speedup at acceptances 0.5-0.9 (the block priced as one pass), the best fixed length against

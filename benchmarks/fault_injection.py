@@ -1,5 +1,5 @@
-"""The fault-injection suite at full counts, as a table for BENCHMARKS.md's reliability
-section: Ctrl+C at random calls of prefill and decode (per backend, per strategy), cancelled
+"""The fault-injection suite at full counts, as a table for benchmarks/pages/reliability.md's
+tables: Ctrl+C at random calls of prefill and decode (per backend, per strategy), cancelled
 streams, and two threads abandoning streams. After every fault the runtime must answer a
 greedy prompt exactly as a fresh runtime does. Mutated GGUF headers (one row per kind of
 mutation) must each be read or refused with a ModelLoadError. Issue 33's hostile

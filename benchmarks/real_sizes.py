@@ -14,7 +14,7 @@ adds time), the 1-minute load average beside each figure, and the curve again in
 `benchmarks/replay_drafters.py --curve` reads. "135m" measures the embedded SmolLM2-135M
 Q4_1 the same way (the draft model of the 1B's row).
 
-The second form prints the table of BENCHMARKS.md's "Real model sizes on the CPU": on each
+The second form prints the table of benchmarks/pages/sizes.md: on each
 curve, n-gram drafting replayed over the suite's and the wide set's recorded SmolLM2 answers
 (replay_drafters.py), and a draft model whose every token is right with probability 0.7
 (iid, the same draws for every policy) replayed through the real engine and controller.

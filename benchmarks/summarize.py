@@ -1,4 +1,4 @@
-"""Prints the bench JSON files of a results folder as Markdown tables for BENCHMARKS.md."""
+"""Prints the bench JSON files of a results folder as Markdown tables for the pages under benchmarks/pages/."""
 
 from __future__ import annotations
 

@@ -2,14 +2,14 @@
 random-weight GGUFs (localspec/testing/gguf_writer.py), greedy, against plain decoding on the same
 backend. A cell reads `yes` (ran, same tokens as plain decoding), `refused: ...` (the
 message localspec gave, shortened), `–` (the model does not load there: see `none`), or
-`DIFFERS` (a bug). Prints the markdown table that BENCHMARKS.md shows; the tests of each
+`DIFFERS` (a bug). Prints the markdown table that benchmarks/pages/support.md shows; the tests of each
 refusal and of each strategy's exactness are where the cells are kept true.
 
     python benchmarks/support_table.py > table.md   (about 2 minutes)
 
 The MLX column reads the same GGUF files; Qwen3.6's MTP head and Gemma 4's assistant run
 on MLX from MLX folders (mlx-community's *-MTP-* and *-assistant-* repos), which this
-table does not build: see BENCHMARKS.md §8.
+table does not build: see benchmarks/pages/mlx.md.
 """
 
 from __future__ import annotations
