@@ -51,6 +51,11 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
+def links_into_the_benchmarks(page: Path) -> list[str]:
+    """The broken links of a doc page that point at BENCHMARKS.md or under benchmarks/."""
+    return [b for b in broken_links(page) if "BENCHMARKS.md" in b or "benchmarks/" in b]
+
+
 def table_rows(page: Path) -> list[str]:
     rows = [line for line in page.read_text().splitlines() if line.startswith("|")]
     return [r for r in rows if not re.match(r"\|[-| ]+\|$", r) and not r.startswith("| claim")]
@@ -63,6 +68,12 @@ def test_the_summary_fits_in_200_lines() -> None:
 def test_every_relative_link_on_the_summary_and_the_topic_pages_resolves() -> None:
     broken = [b for page in documents() for b in broken_links(page)]
     assert broken == [], "fix or drop these links:\n" + "\n".join(broken)
+
+
+def test_the_docs_links_to_the_benchmarks_resolve() -> None:
+    docs = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = [b for page in docs for b in links_into_the_benchmarks(page)]
+    assert broken == [], "point these at a page under benchmarks/pages/:\n" + "\n".join(broken)
 
 
 def test_every_row_names_its_date_and_links_its_page_and_script() -> None:
