@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from localspec.core.stats import Stats
 
@@ -115,10 +116,10 @@ class ServerMetrics:
             return {model: replace(t, requests=Counter(t.requests)) for model, t in self._tallies.items()}
 
 
-@dataclass
-class _Collector:
-    metrics: ServerMetrics
-    queue: Queue
+class _Collector(Collector):
+    def __init__(self, metrics: ServerMetrics, queue: Queue) -> None:
+        self.metrics = metrics
+        self.queue = queue
 
     def collect(self) -> Iterator[Metric]:
         tallies = self.metrics.snapshot()
@@ -157,5 +158,5 @@ def _gauges(tallies: Mapping[str, Tally], queue: Mapping[str, tuple[int, int]]) 
 def exposition(metrics: ServerMetrics, queue: Queue) -> bytes:
     """The metrics in Prometheus' text format."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(metrics, queue))  # type: ignore[arg-type]
+    registry.register(_Collector(metrics, queue))
     return generate_latest(registry)

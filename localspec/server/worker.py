@@ -310,7 +310,6 @@ class Worker:
             try:
                 self._serve(job)
             finally:
-                self.metrics.ended(job.model, job.outcome, job.stats)
                 with self._cond:
                     self._running = None
                     self.served += 1
@@ -368,22 +367,31 @@ class Worker:
                         job.steps += 1
                     if job.cancelled.is_set():
                         break
-                    job.emit(event)
+                    if isinstance(event, Finished):
+                        self._end(job, "finished", event)
+                    else:
+                        job.emit(event)
         except (LocalspecError, ApiError) as exc:
-            job.outcome = "failed"
-            job.emit(exc)
+            self._end(job, "failed", exc)
             return
         except Exception as exc:  # a bug must end this request, not the generation thread
             log.exception("generation failed")
-            job.outcome = "failed"
-            job.emit(exc)
+            self._end(job, "failed", exc)
             return
         if job.cancelled.is_set():
-            job.outcome = "cancelled"
-            if self._stopping:
-                job.emit(shutting_down())
+            self._end(job, "cancelled", shutting_down() if self._stopping else None)
         else:
-            job.outcome = "finished"
+            self._end(job, "finished")
+
+    def _end(self, job: Job, outcome: str, item: Item | None = None) -> None:
+        """The job's outcome, counted in the metrics before its last event is sent (so a
+        client that reads /metrics after its answer finds it there); once per job."""
+        if job.outcome != "running":
+            return
+        job.outcome = outcome
+        self.metrics.ended(job.model, outcome, job.stats)
+        if item is not None:
+            job.emit(item)
 
     def _runtime_for(self, model: str) -> Runtime:
         """The runtime for `model`, loading that pulled pair in place of the current one
