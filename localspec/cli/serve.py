@@ -29,14 +29,16 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--api-key",
         default=os.environ.get("LOCALSPEC_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every route but /health (default: $LOCALSPEC_API_KEY)",
+        help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route; /health without it says "
+        "only whether the server lives (default: $LOCALSPEC_API_KEY)",
     )
     p.add_argument(
         "--cors-origin",
         action="append",
         default=[],
         metavar="ORIGIN",
-        help="a browser origin allowed to call the server (repeatable; default: none)",
+        help="a browser origin allowed to call the server, scheme://host[:port] (repeatable; default: none; "
+        "'*': every origin, with a warning)",
     )
     p.add_argument(
         "--allow-host",
@@ -82,9 +84,11 @@ def register(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from localspec.api import load
     from localspec.server import Catalog, LocalServer, Settings, local_only
+    from localspec.server.cors import CorsRule
 
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    cors = CorsRule.of(args.cors_origin)  # a value that is no origin is said before anything loads
     model = model_given(args)
     options = load_options(args).changed(model=model)
     served = _served_id(model, args.draft_model)
@@ -128,6 +132,8 @@ def handle(args: argparse.Namespace) -> int:
             f"warning: listening on {args.host} without an API key: anyone who can reach this machine can use it "
             "(set --api-key or LOCALSPEC_API_KEY)"
         )
+    if (warning := cors.warning()) is not None:
+        say(warning)
     if args.api_key and not args.api_key.isascii():
         say(
             "warning: the API key is not ASCII: it is compared as UTF-8, but some clients (the openai SDKs "

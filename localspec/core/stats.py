@@ -62,6 +62,8 @@ class Stats:
     # of `drafted`: those the forced steps put up (a forced token the target refuses is rare).
     forced: int = 0
     forced_drafted: int = 0
+    # Steps that verified a guessed draft (forced steps not counted): llama-server's "drafts".
+    drafted_steps: int = 0
     finish_reason: str = ""
     # What the user should know about this request (a drafter switched off, say).
     notices: list[str] = field(default_factory=list)
@@ -83,7 +85,12 @@ class Stats:
 
     @property
     def tokens_per_step(self) -> float:
-        return self.generated_tokens / self.verify_steps if self.verify_steps else 0.0
+        """Tokens a verify pass produced: its accepted draft and the target's own token. Counted
+        by pass, as llama-bench counts every pass a token, rather than by emitted text: the pass
+        that produces an end of text, or a token past a stop string, produced it all the same,
+        so plain decoding reads 1.00 (the emitted count read n/(n+1) for an answer ending in an
+        end of text)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -119,6 +126,8 @@ class Stats:
         if step.forced:
             self.forced += step.accepted
             self.forced_drafted += step.drafted
+        elif step.drafted:
+            self.drafted_steps += 1
         self.gamma_histogram[step.gamma] = self.gamma_histogram.get(step.gamma, 0) + 1
         for i in range(step.drafted):
             self.record_position(i, 1, 1 if i < step.accepted else 0)

@@ -1,11 +1,11 @@
 """The HTTP side: OpenAI's routes over the generation worker, with streaming as server-sent
-events, OpenAI error objects, an optional API key, CORS and one log line per request."""
+events, OpenAI error objects and /metrics; the layers before a route (the API key, CORS, the
+Host check, the log) are in server/middleware.py, server/cors.py and server/hosts.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -16,18 +16,18 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.api import Finished, TextDelta
 from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
 from localspec.core.sampling import LogprobRecorder, TokenLogprob
 from localspec.core.stats import Stats
 from localspec.server import schemas
+from localspec.server.cors import CorsRule, JsonCors
 from localspec.server.grammar import GrammarRequest
 from localspec.server.hosts import HostCheck, HostPolicy
+from localspec.server.metrics import CONTENT_TYPE_LATEST, exposition
+from localspec.server.middleware import BodyLimit, JsonBody, KeyCheck, RequestLog, error_response, key_given
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
 from localspec.server.tools import CallFilter, ToolRequest, parse_tool_calls, tool_request
 from localspec.server.worker import Item, Job, Worker, stream_kwargs
@@ -118,15 +118,26 @@ def _no_model(name: str, hint: str) -> ApiError:
 
 
 def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host: str = "127.0.0.1") -> FastAPI:
+    """The app; an InvalidRequestError for a --cors-origin that is no origin."""
+    cors = CorsRule.of(settings.cors_origins)
+    key = None if settings.api_key is None else settings.api_key.encode("utf-8")
     app = FastAPI(title="localspec", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
     api = APIRouter()
 
     @app.get("/health")
-    async def health() -> JSONResponse:
-        # 503 until the model is loaded, as llama-server answers: a launcher polls this.
+    async def health(request: Request) -> JSONResponse:
+        # 503 until the model is loaded, as llama-server answers: a launcher polls this. With
+        # a key set, only that much without it: which model runs and what waits is the key's.
         status = worker.status()
-        return JSONResponse(status, status_code=200 if status["status"] == "ok" else 503)
+        code = 200 if status["status"] == "ok" else 503
+        if key is not None and not key_given(request.scope["headers"], key):
+            return JSONResponse({"status": status["status"]}, status_code=code)
+        return JSONResponse(status, status_code=code)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(exposition(worker.metrics, worker.queue_by_model), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -202,17 +213,10 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
     app.add_middleware(JsonBody)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(KeyCheck, key=settings.api_key)
-    app.add_middleware(
-        JsonCors,
-        allow_origins=list(settings.cors_origins),
-        allow_methods=["GET", "POST"],
-        # Any request header: the openai SDKs send their own (x-stainless-*, openai-organization,
-        # ...), the origins are what --cors-origin limits, and llama-server allows them all too.
-        allow_headers=["*"],
-    )
+    app.add_middleware(JsonCors, rule=cors)
     # Before CORS: a rebinding page is its own origin, so only the names tell it apart.
     policy = HostPolicy.of(bound_host, settings.allowed_hosts)
-    app.add_middleware(HostCheck, policy=policy, cors_origins=list(settings.cors_origins))
+    app.add_middleware(HostCheck, policy=policy, cors=cors)
     app.add_middleware(RequestLog, write=settings.log)
     return app
 
@@ -225,33 +229,6 @@ def _model_card(model_id: str, catalog: Catalog, loaded: str) -> dict[str, Any]:
         "owned_by": "localspec",
         "loaded": model_id == loaded,
     }
-
-
-class KeyCheck:
-    """401 for a request without the API key on every route but /health, before its body is
-    read: whoever lacks the key learns nothing of how a body would be parsed. The header's raw
-    bytes are compared with the key's UTF-8, so a key that is not ASCII works from any client
-    that sends it as UTF-8."""
-
-    def __init__(self, app: ASGIApp, key: str | None) -> None:
-        self.app = app
-        self.key = None if key is None else key.encode("utf-8")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is not None and scope["type"] == "http" and scope["path"] != "/health":
-            given = next((v for k, v in scope["headers"] if k.lower() == b"authorization"), b"")
-            scheme, _, token = given.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                error = ApiError(
-                    401,
-                    "a valid API key is required: send the header 'Authorization: Bearer KEY'"
-                    if not given
-                    else "the API key is not valid",
-                    code="invalid_api_key",
-                )
-                await _error_response(error)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 # -- answers --------------------------------------------------------------------------------
@@ -574,130 +551,28 @@ def _prompt_param(request: Request) -> str:
     return "prompt" if request.url.path.endswith("/v1/completions") else "messages"
 
 
-def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, exc: Exception) -> Response:
-        return _error_response(_api_error(exc, _prompt_param(request)))
+        return error_response(_api_error(exc, _prompt_param(request)))
 
     async def invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {"msg": "invalid request", "loc": ()}
         if first.get("type") == "json_invalid":
             reason = dict(first.get("ctx") or {}).get("error", "")
-            return _error_response(ApiError(400, f"the body is not valid JSON ({reason}): send a JSON object"))
+            return error_response(ApiError(400, f"the body is not valid JSON ({reason}): send a JSON object"))
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         where = f"'{param}': " if param else ""
-        return _error_response(ApiError(400, f"{where}{first['msg']}", param=param, code="invalid_value"))
+        return error_response(ApiError(400, f"{where}{first['msg']}", param=param, code="invalid_value"))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         error = ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
-        return _error_response(error)
+        return error_response(error)
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(LocalspecError, api_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, api_error)
-
-
-# -- middleware -----------------------------------------------------------------------------
-
-
-class BodyLimit:
-    """413 for a request body over the limit, before any of it is parsed."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                error = ApiError(413, f"the request body is over {self.limit} bytes", code="body_too_large")
-                await _error_response(error)(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-        body: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-
-        async def replay() -> Message:
-            nonlocal body
-            if body is not None:
-                message, body = body, None
-                return message
-            return await receive()  # after the body: waits for the client to disconnect
-
-        await self.app(scope, replay, send)
-
-
-class JsonBody:
-    """Every POST body is read as JSON whatever its Content-Type says, as llama-server and
-    Ollama read it: `curl -d` sends form encoding, and some clients send text/plain."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
-            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        await self.app(scope, receive, send)
-
-
-class JsonCors(CORSMiddleware):
-    """Starlette's CORS, refusing a preflight with an OpenAI error object."""
-
-    def preflight_response(self, request_headers: Headers) -> Response:
-        response = super().preflight_response(request_headers)
-        if response.status_code != 400:
-            return response
-        origin = request_headers.get("origin")
-        reason = bytes(response.body).decode()
-        hint = "" if self.allow_origins else ": CORS is off; start the server with --cors-origin ORIGIN"
-        error = ApiError(400, f"{reason} (origin {origin!r}){hint}", code="cors_refused")
-        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-") or k == "vary"}
-        return JSONResponse(error.body(), status_code=400, headers=headers)
-
-
-class RequestLog:
-    """One line per request, written when its answer is complete."""
-
-    def __init__(self, app: ASGIApp, write: Callable[[str], None]) -> None:
-        self.app = app
-        self.write = write
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 0
-        state: dict[str, Any] = scope.setdefault("state", {})
-
-        async def sending(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            note = state.get("log_note", "")
-            seconds = time.perf_counter() - started
-            self.write(f"{scope['method']} {scope['path']} {status or '-'} {seconds:.2f}s {note}".rstrip())

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from localspec.server.cors import CorsRule
 from localspec.server.schemas import ApiError
 
 WILDCARD_BINDS = ("", "0.0.0.0", "::")
@@ -86,12 +87,13 @@ class HostPolicy:
 
 class HostCheck:
     """403 with an OpenAI error object for a request whose Host names a host not answered, or
-    a state-changing request whose Origin names one (and is not an allowed CORS origin)."""
+    a state-changing request whose Origin names one and is not allowed by the CORS rule (the
+    rule that answers the preflight, so a request is never refused after its preflight passed)."""
 
-    def __init__(self, app: ASGIApp, policy: HostPolicy, cors_origins: Sequence[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, policy: HostPolicy, cors: CorsRule) -> None:
         self.app = app
         self.policy = policy
-        self.cors_origins = frozenset(o.rstrip("/") for o in cors_origins)
+        self.cors = cors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -108,7 +110,7 @@ class HostCheck:
         if host is not None and not self.policy.allows(host_name(host)):
             return _refused(f"Host {host!r}", "reach it as localhost or 127.0.0.1")
         origin = headers.get("origin")
-        if origin is None or scope.get("method") not in STATE_CHANGING or origin.rstrip("/") in self.cors_origins:
+        if origin is None or scope.get("method") not in STATE_CHANGING or self.cors.allows(origin):
             return None
         if origin != "null" and self.policy.allows(host_name(urlsplit(origin).netloc)):
             return None

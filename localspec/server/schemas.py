@@ -83,7 +83,9 @@ PEER_FIELDS = frozenset(
 )
 # llama-server's names for fields that have an equivalent here: the equivalent's name.
 PEER_NAMES = {"n_predict": "max_tokens", "json_schema": "response_format"}
-MAX_CHOICES = 16  # n: choices are generated one after another
+# n: choices are generated one after another, so n multiplies a request's time; 4 is
+# llama-server's cap too (its --parallel default), and more is what a runaway client sends.
+MAX_CHOICES = 4
 WARNING_HEADER = "X-Localspec-Warning"
 
 
@@ -405,6 +407,7 @@ SUMMED = (
     "accepted",
     "forced",
     "forced_drafted",
+    "drafted_steps",
 )
 
 

@@ -13,11 +13,14 @@ from typing import Any
 
 from localspec.api import Finished, Prompt, Runtime, TextDelta
 from localspec.core.engine import check_fits
-from localspec.core.errors import ContextFullError, LocalspecError
+from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError
 from localspec.core.sampling import LogprobRecorder, SamplingConfig
+from localspec.core.stats import Stats
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
+from localspec.core.validate import clean_text
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest
+from localspec.server.metrics import ServerMetrics
 from localspec.server.schemas import ApiError
 from localspec.server.tools import ToolRequest, tool_style
 
@@ -69,6 +72,8 @@ class Job:
     steps_at_cancel: int | None = None
     outcome: str = "waiting"  # then running, finished, cancelled or failed
     finished: threading.Event = field(default_factory=threading.Event)
+    submitted: float = 0.0  # perf_counter when it was queued, for the metrics' queue time
+    stats: Stats | None = None  # its figures so far, once it generates
 
     def cancel(self) -> None:
         """Ask the generation to stop; it ends after the verify step in flight."""
@@ -104,6 +109,7 @@ class Worker:
             self._begun.set()
         self.history: deque[Job] = deque(maxlen=HISTORY)
         self.served = 0
+        self.metrics = ServerMetrics()
         self._fim: FimTokens | bool | None = False  # False: not looked up yet for this model
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -129,7 +135,9 @@ class Worker:
                 raise not_loaded(self.model_id, self.load_error)
             busy = self._running is not None or bool(self._waiting)
             if busy and len(self._waiting) >= self.max_queue:
+                self.metrics.ended(job.model, "refused")
                 raise QueueFullError(len(self._waiting), self._retry_after())
+            job.submitted = time.perf_counter()
             self._waiting.append(job)
             self._cond.notify_all()
 
@@ -139,6 +147,7 @@ class Worker:
             if job in self._waiting:
                 self._waiting.remove(job)
                 job.outcome = "cancelled"
+                self.metrics.ended(job.model, job.outcome)
                 job.finished.set()
                 self._cond.notify_all()
                 return
@@ -155,6 +164,18 @@ class Worker:
                 "waiting": len(self._waiting),
                 "served": self.served,
             }
+
+    def queue_by_model(self) -> dict[str, tuple[int, int]]:
+        """Per model: requests running (0 or 1) and waiting, for /metrics."""
+        with self._cond:
+            counts: dict[str, tuple[int, int]] = {}
+            for job in self._waiting:
+                running, waiting = counts.get(job.model, (0, 0))
+                counts[job.model] = (running, waiting + 1)
+            if self._running is not None:
+                running, waiting = counts.get(self._running.model, (0, 0))
+                counts[self._running.model] = (running + 1, waiting)
+            return counts
 
     def wait_until(self, condition: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
         """Block until condition(status()) holds, e.g. lambda s: not s["busy"]; False on timeout."""
@@ -178,8 +199,8 @@ class Worker:
             return self._tokenize(runtime, request)
 
     def _tokenize(self, runtime: Runtime, request: Mapping[str, Any]) -> Prompt:
-        """The request's prompt, checked and tokenized: text, user-given ids or a chat by the
-        runtime; a chat offered tools and a fill-in-the-middle request into ids made here."""
+        """The request's prompt, checked and tokenized: user-given ids or a chat by the runtime;
+        a raw text, a chat offered tools and a fill-in-the-middle request into ids made here."""
         sampling = request.get("sampling")
         n_vocab = runtime.target.info.n_vocab
         if isinstance(sampling, SamplingConfig) and any(t >= n_vocab for t, _ in sampling.logit_bias):
@@ -189,6 +210,8 @@ class Worker:
                 ids = self._tool_prompt(runtime, request["tools"], request["messages"])
             elif "fim" in request:
                 ids = self._fim_prompt(runtime, *request["fim"])
+            elif isinstance(request.get("prompt"), str):
+                ids = raw_prompt(runtime, request["prompt"])
             else:
                 return runtime.prepare(request.get("prompt"), request.get("messages"))
             check_fits(ids, runtime.target.info.n_ctx)
@@ -244,6 +267,7 @@ class Worker:
             self._stopping = True
             for job in self._waiting:
                 job.outcome = "cancelled"
+                self.metrics.ended(job.model, job.outcome)
                 job.emit(shutting_down())
                 job.finished.set()
             self._waiting.clear()
@@ -282,6 +306,7 @@ class Worker:
                 job.outcome = "running"
                 self._cond.notify_all()
             started = time.perf_counter()
+            self.metrics.started(job.model, started - job.submitted)
             try:
                 self._serve(job)
             finally:
@@ -304,6 +329,7 @@ class Worker:
                 self.load_error = exc
                 for job in self._waiting:
                     job.outcome = "failed"
+                    self.metrics.ended(job.model, job.outcome)
                     job.emit(not_loaded(self.model_id, exc))
                     job.finished.set()
                 self._waiting.clear()
@@ -336,26 +362,36 @@ class Worker:
             request["sampling"] = self._sampling(runtime, job, request["sampling"])
             with runtime.stream(prompt, **request) as events:
                 for event in events:
+                    job.stats = event.stats
                     if isinstance(event, TextDelta) and event.tokens:
                         job.steps += 1
                     if job.cancelled.is_set():
                         break
-                    job.emit(event)
+                    if isinstance(event, Finished):
+                        self._end(job, "finished", event)
+                    else:
+                        job.emit(event)
         except (LocalspecError, ApiError) as exc:
-            job.outcome = "failed"
-            job.emit(exc)
+            self._end(job, "failed", exc)
             return
         except Exception as exc:  # a bug must end this request, not the generation thread
             log.exception("generation failed")
-            job.outcome = "failed"
-            job.emit(exc)
+            self._end(job, "failed", exc)
             return
         if job.cancelled.is_set():
-            job.outcome = "cancelled"
-            if self._stopping:
-                job.emit(shutting_down())
+            self._end(job, "cancelled", shutting_down() if self._stopping else None)
         else:
-            job.outcome = "finished"
+            self._end(job, "finished")
+
+    def _end(self, job: Job, outcome: str, item: Item | None = None) -> None:
+        """The job's outcome, counted in the metrics before its last event is sent (so a
+        client that reads /metrics after its answer finds it there); once per job."""
+        if job.outcome != "running":
+            return
+        job.outcome = outcome
+        self.metrics.ended(job.model, outcome, job.stats)
+        if item is not None:
+            job.emit(item)
 
     def _runtime_for(self, model: str) -> Runtime:
         """The runtime for `model`, loading that pulled pair in place of the current one
@@ -376,6 +412,17 @@ class Worker:
                 self.runtime = self.loader(previous)  # keep serving what was served
                 raise
             return self.runtime
+
+
+def raw_prompt(runtime: Runtime, text: str) -> list[int]:
+    """A completion's prompt as llama-server reads it: control tokens written as text
+    (`<|im_start|>`, `<fim_prefix>`) become those tokens, since apps that apply their own
+    template send them so. Chat content never goes through here: a pasted `<|im_end|>` there
+    stays text (core/templates.chat_tokens)."""
+    text = clean_text(text)
+    if not text:
+        raise InvalidRequestError("the prompt is empty", "give some text to continue")
+    return runtime.target.tokenize(text, add_special=True, parse_special=True)
 
 
 def stream_kwargs(
