@@ -84,6 +84,27 @@ def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
     return mparams, rpc_entry_points.offload_to_servers(mparams, rpc)
 
 
+# llama.cpp pads every context to a multiple of 256 cells. Asked for fewer than BRANCHES it
+# also caps its batch there, below the one output per sequence it reserves: GGML_ASSERT.
+MIN_CONTEXT = 256
+
+
+def context_cells(n_ctx: int, n_ctx_train: int) -> int:
+    """The context asked of llama.cpp: n_ctx, at most what the model was trained on (memory for
+    a context it cannot use), at least MIN_CONTEXT (the smallest llama.cpp makes anyway)."""
+    return max(min(n_ctx, n_ctx_train or n_ctx), MIN_CONTEXT)
+
+
+def check_block_size(max_block: object) -> None:
+    """Refuse a batch that llama.cpp would abort the process on: each of the tree's BRANCHES
+    sequences reserves an output row in it."""
+    if isinstance(max_block, bool) or not isinstance(max_block, int) or max_block < BRANCHES:
+        raise InvalidRequestError(
+            f"max_block (llama.cpp's batch) must be a whole number of {BRANCHES} or more, got {max_block!r}",
+            "leave max_block out (512, the default)",
+        )
+
+
 class LlamaCppBackend:
     """One GGUF model with its own context (KV cache) on the CPU."""
 
@@ -99,6 +120,7 @@ class LlamaCppBackend:
         exact: bool = False,
     ) -> None:
         check_gguf(path)
+        check_block_size(max_block)
         init_library()
         if exact:
             use_exact_kernels()
@@ -170,7 +192,7 @@ class LlamaCppBackend:
         self, path: str, model: Any, n_ctx: int, threads: int, max_block: int, exact: bool, snapshots: int | None
     ) -> Any:
         """The model's context; snapshots: recurrent-state snapshots per decode (None: not a recurrent model)."""
-        n_ctx = min(n_ctx, int(llama.llama_model_n_ctx_train(model)) or n_ctx)
+        n_ctx = context_cells(n_ctx, int(llama.llama_model_n_ctx_train(model)))
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = max_block
