@@ -26,7 +26,7 @@ from localspec.core.sampling import KNOBS, SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
 from localspec.core.textstream import TextAssembler
-from localspec.core.validate import check_limits, clean_text
+from localspec.core.validate import chat_as_prompt, check_cancel, check_limits, clean_text
 from localspec.drafters import BlockDrafter, Drafter
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
@@ -221,7 +221,9 @@ class Runtime:
     def prompt_tokens(
         self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None
     ) -> list[int]:
-        """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens)."""
+        """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens),
+        or a chat given in messages' place."""
+        prompt, messages = chat_as_prompt(prompt, messages)
         if (prompt is None) == (messages is None):
             raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
         if messages is not None:
@@ -273,6 +275,7 @@ class Runtime:
         {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}) or
         json_schema (a JSON schema itself) constrain the answer to that JSON (see constraint())."""
         self._check_open()
+        check_cancel(cancel)
         cfg = sampling_config(sampling, knobs)
         constraint = self.constraint(response_format, json_schema)
         if constraint is not None:
@@ -544,6 +547,8 @@ def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -
     if sampling is not None and not isinstance(sampling, SamplingConfig):
         raise InvalidRequestError(f"sampling must be a SamplingConfig, got {sampling!r}")
     unknown = sorted(set(knobs) - set(KNOBS))
+    if "stream" in unknown:  # openai's and ollama's flag: here streaming is its own method
+        raise InvalidRequestError("generate() has no stream option", "call runtime.stream(...) for events as they come")
     if unknown:
         takes = ", ".join(
             ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", *sorted(KNOBS)]
