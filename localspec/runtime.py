@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from localspec.control.calibrate import note_drift, remember_learnt
+from localspec.control.contention import threads_notice
 from localspec.control.costs import CostCurve
 from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.trees import attach_trees
@@ -379,6 +380,8 @@ class Runtime:
                 if text.stopped:
                     stats.finish_reason = "stop"
                     break
+            if (busy := threads_notice(self.target.capabilities)) is not None and busy not in stats.notices:
+                stats.notices.append(busy)  # a busy machine, not the drafter, may be why this was slow
             judge_exactness(stats, self.target.capabilities.exactness, cfg.greedy)
             tail = text.flush()
             if tail:

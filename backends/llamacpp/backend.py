@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.llamacpp import rpc as rpc_entry_points
+from localspec.control.contention import busy_cores, default_threads
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
 from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
@@ -126,6 +127,7 @@ class LlamaCppBackend:
             use_exact_kernels()
         else:
             note_default_kernels()
+        threads = threads or default_threads(physical_cores(), os.cpu_count() or 1, busy_cores())  # contention.py
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
         if gpu_layers is None:  # None: every layer that fits on this build's GPU, if it has one
@@ -138,7 +140,6 @@ class LlamaCppBackend:
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
         self._vocab = llama.llama_model_get_vocab(model)
         self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
-        threads = threads or physical_cores()
         stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
         if stateful:  # a verify block stays one ubatch (see RecurrentRollback)
             self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads, stateful=True)

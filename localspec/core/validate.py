@@ -45,13 +45,14 @@ def check_ctx(n_ctx: object) -> int:
 
 
 def check_threads(threads: object) -> int | None:
-    """None or 0 mean "as many as the machine has physical cores"."""
+    """None or 0 mean "one per physical core that other programs leave free" (see
+    localspec.control.contention.default_threads)."""
     if threads is None or threads == 0:
         return None
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise InvalidRequestError(
             f"threads must be a whole number of 1 or more, got {threads!r}",
-            "leave --threads out (or give 0) to use every physical core",
+            "leave --threads out (or give 0) to use the physical cores other programs leave free",
         )
     return threads
 
