@@ -8,13 +8,14 @@ as the model, a stalling hub, forged Host/Origin headers against a live serve, a
 read-only disk, the chat quit during prefill, rpc-server's crafted message, idle clients and
 reachable binds. Issue 47's (localspec/testing/hostile_inputs_support.py): chat templates that loop without
 printing, hubs that trickle a byte at a time, symlink loops as models; and its schemas and tools
-against a live serve (localspec/testing/serve_faults.py).
+against a live serve (localspec/testing/serve_faults.py). Issue 56's sizes: n_ctx, max_block
+and threads swept, each value in a child process, served or refused but never aborted.
 
     python benchmarks/fault_injection.py [--cases 100] [--streams 100] [--threads 10] [--pull-kills 10]
         [--gguf-cases 20000] [--hub-cases 6] [--chat-cases 10] [--rpc-crashes 8] [--rpc-idle 6]
         [--template-cases 20] [--trickle-cases 6] [--model Q4_1.gguf] [--draft-model Q8_0.gguf]
         [--only reference|llamacpp|torch|pull|gguf|waits|rebinding|disk|chat|rpc|templates|trickle|symlinks
-                |schemas|tools]
+                |schemas|tools|sizes]
 
 Without --model the embedded default (SmolLM2-135M Q4_1) is used for llama.cpp.
 """
@@ -212,6 +213,46 @@ def symlinks_rows(args: argparse.Namespace) -> list[Tally]:
     return [symlink_loops(default_model(args))]
 
 
+# -- issue 56: sizes llama.cpp would abort on, each in a child process of its own
+
+SIZE_PROBE = """
+import sys
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.core.errors import LocalspecError
+path, option, value = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    backend = LlamaCppBackend(path, **{"n_ctx": 256, "threads": 1, option: value})
+    backend.eval_block(backend.tokenize("Hello there, how are you", add_special=True, parse_special=False), "last")
+except LocalspecError as exc:
+    print("refused:", exc.message)
+"""
+
+SIZES = {
+    "n_ctx": [*range(1, 65), 255, 257, 1 << 20],
+    "max_block": [-1, 0, 1, 8, 15, 16, 17, 4096],
+    "threads": [1, 2, 3, 16, 64, 512],
+}
+
+
+def sizes_rows(args: argparse.Namespace) -> list[Tally]:
+    """One row per option: each size must be served or refused with a LocalspecError, never
+    abort the process (GGML_ASSERT, SIGABRT) as n_ctx 1-15 and max_block 1-15 once did."""
+    import subprocess
+
+    model, rows = default_model(args), []
+    for option, values in SIZES.items():
+        tally = Tally(f"llama.cpp: {option} swept ({min(values)} to {max(values)}), served or refused")
+        for value in values:
+            tally.tried += 1
+            child = subprocess.run(
+                [sys.executable, "-c", SIZE_PROBE, model, option, str(value)], capture_output=True, text=True
+            )
+            if child.returncode != 0:
+                tally.failures.append(f"{option}={value}: exit {child.returncode}: {child.stderr.strip()[-200:]}")
+        rows.append(tally)
+    return rows
+
+
 ISSUE_47_SUITES = {
     "templates": templates_rows,
     "trickle": trickle_rows,
@@ -240,7 +281,7 @@ def main() -> None:
     parser.add_argument(
         "--trickle-cases", type=int, default=6, help="pulls from a hub, and rpc messages, a byte at a time"
     )
-    hostile = ["waits", "rebinding", "disk", "chat", "rpc", *ISSUE_47_SUITES]
+    hostile = ["waits", "rebinding", "disk", "chat", "rpc", *ISSUE_47_SUITES, "sizes"]
     parser.add_argument("--only", choices=["reference", "llamacpp", "torch", "pull", "gguf", *hostile], action="append")
     args = parser.parse_args()
     suites = {
@@ -255,6 +296,7 @@ def main() -> None:
         "chat": chat_rows,
         "rpc": rpc_rows,
         **ISSUE_47_SUITES,
+        "sizes": sizes_rows,
     }
     rows: list[Tally] = []
     print("| case | tried | failures |\n|---|---:|---:|", flush=True)

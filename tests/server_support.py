@@ -23,7 +23,10 @@ def serving(model: Path) -> Iterator[LocalServer]:
     def loader(model_id: str) -> Runtime:
         return load(str(model), n_ctx=TEST_N_CTX, calibrate=False)
 
-    with LocalServer(loader(MODEL), MODEL, loader, port=0, settings=Settings(log=lambda line: None)) as srv:
+    with (
+        loader(MODEL) as runtime,  # the server leaves a runtime it is given open
+        LocalServer(runtime, MODEL, loader, port=0, settings=Settings(log=lambda line: None)) as srv,
+    ):
         srv.start()
         yield srv
 

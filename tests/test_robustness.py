@@ -433,43 +433,6 @@ def test_sigterm_and_sighup_interrupt_a_command_like_ctrl_c() -> None:
             signal.signal(sig, handler)
 
 
-CHILD_PROBE = """
-import subprocess, sys, time
-from localspec.models.default_model import _die_with_parent
-child = subprocess.Popen(["sleep", "120"], preexec_fn=_die_with_parent())
-print(child.pid, flush=True)
-time.sleep(120)
-"""
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signals are a Linux feature")
-def test_a_download_child_does_not_outlive_a_killed_localspec() -> None:
-    import os
-    import signal
-    import subprocess
-    import time
-
-    parent = subprocess.Popen([sys.executable, "-c", CHILD_PROBE], stdout=subprocess.PIPE, text=True)
-    assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    deadline = time.monotonic() + THREAD_BOUND_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        try:
-            if "\nState:\tZ" in Path(f"/proc/{child}/status").read_text():
-                break  # ended, waiting for a reaper that is not ours
-        except OSError:
-            break  # reaped meanwhile
-        time.sleep(0.05)  # a condition polled with a bound, not a timed assertion
-    else:
-        pytest.fail("the download child outlived its parent")
-
-
 def test_a_killed_fetch_leaves_a_folder_the_next_fetch_sweeps(tmp_path: Path) -> None:
     import os
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.llamacpp import rpc as rpc_entry_points
+from localspec.control.contention import busy_cores, default_threads
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import best_drafter
 from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
@@ -84,6 +85,27 @@ def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
     return mparams, rpc_entry_points.offload_to_servers(mparams, rpc)
 
 
+# llama.cpp pads every context to a multiple of 256 cells. Asked for fewer than BRANCHES it
+# also caps its batch there, below the one output per sequence it reserves: GGML_ASSERT.
+MIN_CONTEXT = 256
+
+
+def context_cells(n_ctx: int, n_ctx_train: int) -> int:
+    """The context asked of llama.cpp: n_ctx, at most what the model was trained on (memory for
+    a context it cannot use), at least MIN_CONTEXT (the smallest llama.cpp makes anyway)."""
+    return max(min(n_ctx, n_ctx_train or n_ctx), MIN_CONTEXT)
+
+
+def check_block_size(max_block: object) -> None:
+    """Refuse a batch that llama.cpp would abort the process on: each of the tree's BRANCHES
+    sequences reserves an output row in it."""
+    if isinstance(max_block, bool) or not isinstance(max_block, int) or max_block < BRANCHES:
+        raise InvalidRequestError(
+            f"max_block (llama.cpp's batch) must be a whole number of {BRANCHES} or more, got {max_block!r}",
+            "leave max_block out (512, the default)",
+        )
+
+
 class LlamaCppBackend:
     """One GGUF model with its own context (KV cache) on the CPU."""
 
@@ -99,11 +121,13 @@ class LlamaCppBackend:
         exact: bool = False,
     ) -> None:
         check_gguf(path)
+        check_block_size(max_block)
         init_library()
         if exact:
             use_exact_kernels()
         else:
             note_default_kernels()
+        threads = threads or default_threads(physical_cores(), os.cpu_count() or 1, busy_cores())  # contention.py
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
         if gpu_layers is None:  # None: every layer that fits on this build's GPU, if it has one
@@ -116,7 +140,6 @@ class LlamaCppBackend:
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
         self._vocab = llama.llama_model_get_vocab(model)
         self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
-        threads = threads or physical_cores()
         stateful = bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
         if stateful:  # a verify block stays one ubatch (see RecurrentRollback)
             self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads, stateful=True)
@@ -170,7 +193,7 @@ class LlamaCppBackend:
         self, path: str, model: Any, n_ctx: int, threads: int, max_block: int, exact: bool, snapshots: int | None
     ) -> Any:
         """The model's context; snapshots: recurrent-state snapshots per decode (None: not a recurrent model)."""
-        n_ctx = min(n_ctx, int(llama.llama_model_n_ctx_train(model)) or n_ctx)
+        n_ctx = context_cells(n_ctx, int(llama.llama_model_n_ctx_train(model)))
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = max_block

@@ -110,6 +110,9 @@ def handle(args: argparse.Namespace) -> int:
     with Steps("localspec bench") as progress:
         progress.step(f"loading {canonical_name(model)}")
         target = load_backend(args.backend, model, **options, **split_options(args.backend, args.rpc))
+        if args.threads is None and "threads" in target.capabilities.extra:
+            # The drafters and the peers run as many threads as the target chose (contention.py).
+            args.threads = options["threads"] = int(target.capabilities.extra["threads"])
         progress.step("preparing the drafters")
         with reporting(progress.detail):
             contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]

@@ -61,6 +61,7 @@ def handle(args: argparse.Namespace) -> int:
             on = backend.capabilities.device
             gpu = backend.capabilities.gpu
             exactness = backend.capabilities.exactness
+            crowded = contention.threads_notice(backend.capabilities, "pass --threads 1")
         finally:
             backend.close()
         busy = contention.busiest([before, contention.sample()])
@@ -69,7 +70,7 @@ def handle(args: argparse.Namespace) -> int:
     ]
     decisions = {f"{a:.2f}": decide_static(curve, a, 0.0, DEFAULT.max_draft) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
     choices = {a: d.chosen for a, d in decisions.items()}
-    warnings = doctor_warnings(busy, cal.decode_seconds, curve[0], predicted[0])
+    warnings = doctor_warnings(busy, cal.decode_seconds, curve[0], predicted[0]) + ([crowded] if crowded else [])
     if args.json:
         print(
             json.dumps(

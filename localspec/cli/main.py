@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from localspec.cli.signals import interrupt_on_termination
-from localspec.core.errors import LocalspecError
+from localspec.core.errors import LocalspecError, cli_terms
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     interrupt_on_termination()
     try:
-        code: int = args.handler(args)
+        with cli_terms():  # fixes name this command line's flags, not load()'s arguments
+            code: int = args.handler(args)
         return code
     except LocalspecError as exc:
         print(f"localspec: error: {exc}", file=sys.stderr)

@@ -75,7 +75,9 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
         help="draft length: 'auto' adapts it to this machine and the text (default)",
     )
     p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
-    p.add_argument("--threads", type=threads_arg, help="CPU threads (default or 0: physical cores)")
+    p.add_argument(
+        "--threads", type=threads_arg, help="CPU threads (default or 0: the physical cores other programs leave free)"
+    )
     p.add_argument("--rpc", metavar="HOST:PORT[,HOST:PORT...]", help=RPC_HELP)
     p.add_argument(
         "--gpu-layers",

@@ -10,6 +10,7 @@ from typing import Any
 
 from localspec.api import Finished, TextDelta, load
 from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
+from localspec.control.contention import threads_notice
 from localspec.core.choices import STRATEGY_HELP
 from localspec.core.errors import InvalidRequestError
 from localspec.core.progress import Steps, announced
@@ -58,6 +59,8 @@ def handle(args: argparse.Namespace) -> int:
         runtime = load(load_options(args), on_progress=progress.say)
     finally:
         progress.close()
+    if (busy := threads_notice(runtime.target.capabilities, "pass --threads 1")) is not None:
+        print(f"localspec: note: {busy}", file=sys.stderr)
     if args.raw:
         request: dict[str, Any] = {"prompt": prompt}
     else:

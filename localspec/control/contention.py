@@ -9,6 +9,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from localspec.core.protocol import Capabilities
+
 # A spinning thread that gets less than this share of the wall clock is being crowded out.
 FAIR_SHARE = 0.75
 # Two timings of the same step further apart than this factor were disturbed.
@@ -64,3 +66,58 @@ def unreliable_note(why: str) -> str:
         f"the machine was busy while this was measured ({why}): these figures are unreliable; "
         "run it again when the machine is quiet"
     )
+
+
+# -- llama.cpp's thread count on a shared machine -----------------------------------------------
+#
+# llama.cpp's workers (OpenMP's, or its own pool) spin at every barrier of a pass until the
+# slowest arrives, so one worker that loses its core to another program stalls all of them: on
+# a busy 2-core machine two threads decoded at 4 tok/s where one thread made 56 (issue 56).
+# Hence the default takes only the cores other programs leave free, and a warning says when a
+# runtime's threads and everything else together want more cores than there are.
+
+BUSY_SAMPLE_SECONDS = 0.1  # how long the default's look at the machine takes, once per load
+
+
+def busy_cores(seconds: float = BUSY_SAMPLE_SECONDS) -> float:
+    """How many logical cores are busy over the next `seconds`, while this thread waits: what
+    other programs (and this one's other threads) keep running."""
+    import psutil
+
+    return float(psutil.cpu_percent(interval=seconds)) / 100 * (os.cpu_count() or 1)
+
+
+def default_threads(physical: int, logical: int, busy: float) -> int:
+    """llama.cpp's threads when none is asked for: one per physical core (hyper-threads share a
+    core's vector units), but no more than the logical cores `busy` leaves free; at least one."""
+    return max(1, min(physical, round(logical - busy)))
+
+
+def load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows has none: nothing to warn from
+        return 0.0
+
+
+def oversubscribed(threads: int) -> str | None:
+    """Why `threads` llama.cpp threads are too many now (the 1-minute load average, which counts
+    them, above the logical cores), or None: one thread has no barrier to wait at."""
+    cores, load = os.cpu_count() or 1, load_average()
+    if threads <= 1 or load <= cores:
+        return None
+    return (
+        f"the machine is oversubscribed (load {load:.1f} on {cores} cores, {threads} llama.cpp threads here): "
+        "its threads wait for each other whenever another program takes a core, which can make decoding "
+        "several times slower than one thread"
+    )
+
+
+def threads_notice(capabilities: Capabilities, fix: str = "load with threads=1") -> str | None:
+    """For a request's stats, or a command's note: the oversubscription of a model on this
+    machine's CPU, and the fix (the API's; a command passes its flag)."""
+    threads = capabilities.extra.get("threads", "")
+    if capabilities.device != "cpu" or not threads.isdigit():
+        return None
+    why = oversubscribed(int(threads))
+    return None if why is None else f"{why}; {fix} (or stop the other programs)"

@@ -25,7 +25,7 @@ class LoadOptions:
     strategy: str = "auto"
     draft_tokens: DraftTokens = "auto"
     n_ctx: int = 4096
-    threads: int | None = None  # None: one per physical core
+    threads: int | None = None  # None: one per physical core other programs leave free (contention.py)
     # llama.cpp rpc-servers ("HOST:PORT,...") the target is split over; the drafter stays here.
     rpc: str | Sequence[str] | None = None
     # n-gram lookup also searches this runtime's earlier requests (kept in this process only).

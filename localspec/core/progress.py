@@ -15,7 +15,30 @@ from typing import TextIO
 SLOW_SECONDS = 2.0
 DETAIL_SECONDS = 5.0  # Steps in a log: how often a step's progress may add a line
 
-# Called with what is going on ("loading model.gguf"), from a timer thread.
+
+class LoadProgress(str):
+    """What load()'s on_progress receives: the line a CLI prints ("fetching the default model
+    SmolLM2-135M-Instruct.Q4_1.gguf: 40 of 89 MiB"), as a str, with its parts: step (what is
+    going on), detail (how far it has got, "" when not said) and fraction (0 to 1, for a
+    progress bar; None while unknown). A str, so a callback that prints it needs no change."""
+
+    step: str
+    detail: str
+    fraction: float | None
+
+    def __new__(cls, step: str, detail: str = "", fraction: float | None = None) -> LoadProgress:
+        self = super().__new__(cls, f"{step}: {detail}" if step and detail else step or detail)
+        self.step, self.detail, self.fraction = step, detail, fraction
+        return self
+
+
+def fraction_of(text: str) -> float | None:
+    """The fraction done that a report carries (None for a plain string)."""
+    return text.fraction if isinstance(text, LoadProgress) else None
+
+
+# Called with what is going on (a LoadProgress, which is a str), from a timer thread for a
+# step's first line and from the loading thread for its details.
 Announce = Callable[[str], None]
 
 
@@ -23,11 +46,12 @@ Announce = Callable[[str], None]
 _reporter: ContextVar[Callable[[str], None] | None] = ContextVar("localspec_progress", default=None)
 
 
-def report(detail: str) -> None:
-    """Say how far the step under way has got; nothing when no one listens."""
+def report(detail: str, fraction: float | None = None) -> None:
+    """Say how far the step under way has got, and the fraction done if known; nothing when
+    no one listens."""
     listener = _reporter.get()
     if listener is not None:
-        listener(detail)
+        listener(LoadProgress("", detail, fraction) if fraction is not None else detail)
 
 
 def reporter() -> Callable[[str], None]:
@@ -51,14 +75,15 @@ def stage(what: str) -> Iterator[None]:
     """report(what) now; a report(detail) within the block is said as f"{what}, {detail}"."""
     outer = reporter()
     outer(what)
-    with reporting(lambda detail: outer(f"{what}, {detail}")):
+    with reporting(lambda detail: outer(LoadProgress("", f"{what}, {detail}", fraction_of(detail)))):
         yield
 
 
 @contextmanager
 def announced(what: str, announce: Announce | None, after: float = SLOW_SECONDS) -> Iterator[None]:
-    """Runs the block; calls announce(what) if it is still running `after` seconds in, and
-    then announce(f"{what}: {detail}") for each report(detail) the block makes."""
+    """Runs the block; calls announce(LoadProgress(what)) if it is still running `after`
+    seconds in, and then announce(LoadProgress(what, detail, fraction)) for each report the
+    block makes."""
     if announce is None:
         yield
         return
@@ -66,13 +91,17 @@ def announced(what: str, announce: Announce | None, after: float = SLOW_SECONDS)
 
     def show() -> None:
         shown.set()
-        announce(what)
+        announce(LoadProgress(what))
+
+    def tell(detail: str) -> None:
+        if shown.is_set():
+            announce(LoadProgress(what, str(detail), fraction_of(detail)))
 
     timer = threading.Timer(after, show)
     timer.daemon = True
     timer.start()
     try:
-        with reporting(lambda detail: announce(f"{what}: {detail}") if shown.is_set() else None):
+        with reporting(tell):
             yield
     finally:
         timer.cancel()

@@ -7,7 +7,9 @@ import os
 import select
 import stat
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -43,21 +45,31 @@ def check_ctx(n_ctx: object) -> int:
 
 
 def check_threads(threads: object) -> int | None:
-    """None or 0 mean "as many as the machine has physical cores"."""
+    """None or 0 mean "one per physical core that other programs leave free" (see
+    localspec.control.contention.default_threads)."""
     if threads is None or threads == 0:
         return None
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise InvalidRequestError(
             f"threads must be a whole number of 1 or more, got {threads!r}",
-            "leave --threads out (or give 0) to use every physical core",
+            "leave --threads out (or give 0) to use the physical cores other programs leave free",
         )
     return threads
 
 
+# max_tokens=None: no cap of its own, so the answer runs until it ends or the context is full.
+TO_THE_END = sys.maxsize
+
+
 def check_limits(max_tokens: object, stop: object) -> tuple[int, tuple[str, ...]]:
-    """A request's max_tokens and stop strings (one string, or a list of them)."""
+    """A request's max_tokens (None: to the end of the context) and stop strings (one string,
+    or a list of them)."""
+    if max_tokens is None:
+        max_tokens = TO_THE_END
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int | np.integer):
-        raise InvalidRequestError(f"max_tokens must be a whole number, got {max_tokens!r}")
+        raise InvalidRequestError(
+            f"max_tokens must be a whole number, got {max_tokens!r}", "or None: until the context is full"
+        )
     if max_tokens < 0:
         raise InvalidRequestError(f"max_tokens must be 0 or more, got {max_tokens}")
     if isinstance(stop, str):
@@ -65,6 +77,49 @@ def check_limits(max_tokens: object, stop: object) -> tuple[int, tuple[str, ...]
     if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
         raise InvalidRequestError(f"stop must be a list of strings, got {stop!r}")
     return int(max_tokens), tuple(stop)
+
+
+Chat = Sequence[Mapping[str, Any]]
+
+
+def chat_as_prompt(
+    prompt: str | Sequence[int] | Chat | None, messages: Chat | None
+) -> tuple[str | Sequence[int] | None, Chat | None]:
+    """(prompt, messages), with a chat given in prompt's place (generate([{"role": ...}]), as
+    other clients take it) moved to messages."""
+    if isinstance(prompt, list | tuple) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        if messages is not None:
+            raise InvalidRequestError("a chat was given twice: as the prompt and as messages=", "give it once")
+        return None, cast(Chat, prompt)
+    return cast("str | Sequence[int] | None", prompt), messages
+
+
+def check_cancel(cancel: object) -> None:
+    """A request's cancel: None or an Event (anything with is_set()). One already set when the
+    request starts ends it at once, with no text: a warning says so, since that is most often
+    an Event left set by the request before."""
+    if cancel is None:
+        return
+    if not callable(getattr(cancel, "is_set", None)):
+        raise InvalidRequestError(
+            f"cancel must be a threading.Event, got {type(cancel).__name__}", "pass cancel=threading.Event()"
+        )
+    if cancel.is_set():  # type: ignore[attr-defined]
+        warnings.warn(
+            "the cancel Event was already set when the request started, so it ends at once with no text "
+            "(finish_reason 'cancelled'); clear() it, or pass a new Event, for each request",
+            RuntimeWarning,
+            stacklevel=_outside_localspec(),
+        )
+
+
+def _outside_localspec() -> int:
+    """The stacklevel of the first caller outside this package: a warning names the app's line."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 2, sys._getframe(2)
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def read_stdin() -> str:

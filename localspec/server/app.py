@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,7 +48,9 @@ class Settings:
     cache_prompt: bool = False
     # False: no prefix is reused across requests, whatever a request asks (serve --no-prefix-cache).
     prefix_cache: bool = True
-    log: Callable[[str], None] = print
+    # Where request lines go: the logger "localspec.server" (an app's server writes nothing on
+    # its stdout or stderr); `localspec serve` passes its own, which prints.
+    log: Callable[[str], None] = logging.getLogger("localspec.server").info
 
 
 @dataclass

