@@ -349,6 +349,21 @@ def timer_floor() -> float:
     return clock.cpu["nothing"] / calls * 1e6
 
 
+def next_turn_start(turns: int = 5) -> dict[str, float]:
+    """A chat's next turn: the n-gram drafter's start() on a conversation of every recorded
+    prompt and answer, `turns` times over (about 20,000 tokens), after the turn before it."""
+    sessions, _ = recorded_sessions()
+    documents = [p + a for reqs in sessions.values() for p, a in reqs]
+    before = [t for _ in range(turns) for document in documents for t in document]
+    drafter = NgramDrafter()
+    t0 = time.thread_time()
+    drafter.start(before)
+    first = time.thread_time() - t0
+    t0 = time.thread_time()
+    drafter.start(before + documents[0])
+    return {"tokens": len(before), "first_start_ms": first * 1e3, "next_turn_start_ms": (time.thread_time() - t0) * 1e3}
+
+
 def measure_replayed_drafters(repeats: int) -> dict[str, Any]:
     """The n-gram drafter's host time a step, with and without a memory, on recorded answers."""
     cases, n_vocab = replay_cases()
@@ -367,6 +382,7 @@ def measure_replayed_drafters(repeats: int) -> dict[str, Any]:
         "mode": "replay",
         "repeats": repeats,
         "timer_floor_cpu_us": timer_floor(),
+        "start": next_turn_start(),
         "load_1min": [round(x, 2) for x in loads],
         "drafters": {name: record.summary() for name, record in records.items()},
     }
@@ -433,6 +449,11 @@ def print_drafters(r: dict[str, Any]) -> None:
     print(f"# each drafter's host time a step ({where}), x{r['repeats']}, 1-minute load {r['load_1min']}")
     if "timer_floor_cpu_us" in r:
         print(f"# the timers' own CPU time in one timed call: {r['timer_floor_cpu_us']:.2f} us (included below)")
+        st = r["start"]
+        print(
+            f"# n-gram start() on a {st['tokens']:,}-token conversation: {st['first_start_ms']:.2f} ms the first "
+            f"time, {st['next_turn_start_ms']:.2f} ms at its next turn (CPU)"
+        )
     print(f"{'drafter':<38} {'steps':>6} {'cpu us mean':>12} {'median':>8} {'p99':>8} {'wall us':>8} {'of Q4_1':>8}")
     for name, buckets in r["drafters"].items():
         for label, v in buckets.items():
