@@ -11,6 +11,19 @@ also counts the time this process was not scheduled. llama_decode runs on the ca
     python benchmarks/host_time.py MODEL.gguf [--threads 1] [--tokens 256] [--repeats 3]
     python benchmarks/host_time.py --random-vocab 248320   # a random model of a real vocabulary's size
 
+Each drafter's host time a step, split into steps where it guessed and steps where it did not:
+
+    python benchmarks/host_time.py --drafters-replay [--repeats 3]   # n-gram and the memory, no model
+    python benchmarks/host_time.py MODEL.gguf --drafters [--draft DRAFT.gguf] [--session product_yaml]
+
+--drafters-replay replays SmolLM2-135M's recorded greedy answers to the sessions of
+benchmarks/prompts_sessions.jsonl (tests/data/session_answers.json) through the real engine and
+n-gram drafter on a simulated clock, the memory holding each session's earlier requests as a
+runtime's does, plus two harder cases: a memory of 100,000 tokens and a copy-like answer whose
+every line repeats. --drafters runs a session of real requests through Runtime (plain, n-gram,
+n-gram with the memory, and the draft model given), timing the drafters' own calls, llama_decode
+excluded, so a draft model's figure is its host-side work.
+
 The random model (localspec/testing/gguf_writer.py's qwen35 shape, 248,320 tokens as Qwen3.5's) is where
 the vocabulary-sized work of a step (reading a row of logits) dominates.
 """
@@ -33,12 +46,17 @@ import numpy as np
 from localspec.api import Runtime
 from localspec.backends.llamacpp import backend as llamacpp_backend
 from localspec.backends.llamacpp.greedy import DeviceGreedy
+from localspec.control.factory import ngram_policy
 from localspec.control.prompts import SUITE
+from localspec.control.replay import Truth, calibration_from_doctor, replay
 from localspec.core import engine as engine_module
 from localspec.core.backend_loader import load_backend
+from localspec.core.protocol import Draft
 from localspec.core.stats import Stats
 from localspec.core.templates import render_chat
 from localspec.core.textstream import TextAssembler
+from localspec.drafters.memory import NgramMemory
+from localspec.drafters.ngram import NgramDrafter
 from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
 DECODE = "llama_decode"
@@ -195,6 +213,257 @@ def random_vocab_model(vocab: int, folder: Path) -> Path:
     return write_qwen35_gguf(spec, folder / f"random-{vocab}.gguf")
 
 
+ROOT = Path(__file__).resolve().parents[1]
+SESSION_ANSWERS = ROOT / "tests" / "data" / "session_answers.json"
+SUITE_ANSWERS = ROOT / "tests" / "data" / "replay_answers.json"
+REPLAY_CURVES = ROOT / "tests" / "data" / "replay_curves.json"
+SESSIONS = Path(__file__).with_name("prompts_sessions.jsonl")
+Q4_1_STEP_US = 1e6 / 190  # a plain step of the default model (SmolLM2-135M Q4_1) at 190 tok/s
+BIG_MEMORY = 100_000  # tokens: half the memory's capacity
+Requests = list[tuple[list[int], list[int]]]
+
+
+class DrafterSteps:
+    """The drafters' own host time per engine step (their calls' own time on the Clock, so
+    llama_decode excluded), filed under whether a guess came back in that step."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.guessed = False
+        self._seen = (0.0, 0.0)
+        self.steps: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+
+    def watch(self, drafter: Any, name: str) -> Callable[[], None]:
+        """Time one drafter's calls under `name`; returns what undoes it."""
+        for attr in ("propose", "commit", "backlog"):
+            setattr(drafter, attr, self.clock.wrap(name, getattr(drafter, attr)))
+        timed = drafter.propose
+
+        def noting(*args: Any, **kwargs: Any) -> Draft:
+            draft: Draft = timed(*args, **kwargs)
+            self.guessed |= bool(draft.tokens)
+            return draft
+
+        drafter.propose = noting
+
+        def undo() -> None:
+            for attr in ("propose", "commit", "backlog"):
+                delattr(drafter, attr)
+
+        return undo
+
+    def step(self) -> None:
+        """One engine step is over: its drafter time goes to its bucket."""
+        wall = sum(self.clock.wall[n] for n in ("drafter", "lookup"))
+        cpu = sum(self.clock.cpu[n] for n in ("drafter", "lookup"))
+        self.steps[self.guessed].append((wall - self._seen[0], cpu - self._seen[1]))
+        self._seen, self.guessed = (wall, cpu), False
+
+    def recording(self) -> Callable[[], None]:
+        """Close a step at every Stats.record_step (the engine records each step once)."""
+        record = Stats.record_step
+
+        def recorded(stats: Stats, step: Any) -> None:
+            record(stats, step)
+            self.step()
+
+        Stats.record_step = recorded  # type: ignore[method-assign,assignment]
+        return lambda: setattr(Stats, "record_step", record)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for guessed, label in ((False, "no guess"), (True, "guess")):
+            times = self.steps[guessed]
+            wall, cpu = (sorted(t[i] * 1e6 for t in times) for i in (0, 1))
+            out[label] = {
+                "steps": len(times),
+                "cpu_us_mean": sum(cpu) / len(cpu) if cpu else 0.0,
+                "cpu_us_median": cpu[len(cpu) // 2] if cpu else 0.0,
+                "cpu_us_p99": cpu[int(len(cpu) * 0.99)] if cpu else 0.0,
+                "wall_us_mean": sum(wall) / len(wall) if wall else 0.0,
+            }
+        return out
+
+
+def recorded_sessions() -> tuple[dict[str, Requests], int]:
+    data = json.loads(SESSION_ANSWERS.read_text())
+    sessions = {name: [(list(r["prompt"]), list(r["answer"])) for r in reqs] for name, reqs in data["sessions"].items()}
+    return sessions, int(data["n_vocab"])
+
+
+def big_memory() -> NgramMemory:
+    """A memory of BIG_MEMORY tokens: every recorded prompt and answer, over and over, so the
+    chat template's KEY-grams each have thousands of earlier places."""
+    sessions, _ = recorded_sessions()
+    suite = json.loads(SUITE_ANSWERS.read_text())["answers"].values()
+    documents = [p + a for reqs in sessions.values() for p, a in reqs]
+    documents += [list(r["prompt"]) + list(r["answer"]) for r in suite]
+    memory = NgramMemory()
+    while len(memory) < BIG_MEMORY:
+        for document in documents:
+            memory.add(document)
+    return memory
+
+
+def copy_like() -> Requests:
+    """An answer made of one line repeated with a changing value (a list, a CSV, a table): every
+    step's last token occurred at dozens of places that each match far back."""
+    line = [1241, 1002, 476, 7356, 1799, 0, 30, 198]
+    answer = [t if t else 33 + i % 10 for i in range(40) for t in line]
+    return [([1, 9690, 198, 4093, 198, 3725, *line[:5], 198], answer)]
+
+
+def replay_case(requests: Requests, memory: NgramMemory | None, n_vocab: int, record: DrafterSteps) -> None:
+    """Requests replayed in order on the Q4_1 curve, the memory (if any) taking each one after."""
+    cal = calibration_from_doctor(json.loads(REPLAY_CURVES.read_text())["smollm2-135m-q4_1"])
+    truth, policy = Truth.of(cal), ngram_policy(cal.cost_curve())
+    for prompt, answer in requests:
+        drafter = NgramDrafter(memory=memory)
+        undo = record.watch(drafter, "drafter")
+        replay(prompt, answer, truth, n_vocab, policy, drafter=drafter)
+        undo()
+        if memory is not None:
+            memory.add(prompt + answer)
+
+
+Case = list[tuple[Requests, Callable[[], NgramMemory | None]]]
+
+
+def replay_cases() -> tuple[dict[str, Case], int]:
+    sessions, n_vocab = recorded_sessions()
+    return {
+        "n-gram": [(reqs, lambda: None) for reqs in sessions.values()],
+        "n-gram + memory of the session": [(reqs, NgramMemory) for reqs in sessions.values()],
+        f"n-gram + memory of {BIG_MEMORY:,} tokens": [(reqs, big_memory) for reqs in sessions.values()],
+        "n-gram, copy-like answer": [(copy_like(), lambda: None)],
+    }, n_vocab
+
+
+def timer_floor() -> float:
+    """The Clock's own CPU time inside one timed call of a function that does nothing: a step
+    of the replay times two calls (propose, commit)."""
+    clock, calls = Clock(), 20_000
+    nothing = clock.wrap("nothing", lambda: None)
+    for _ in range(calls):
+        nothing()
+    return clock.cpu["nothing"] / calls * 1e6
+
+
+def next_turn_start(turns: int = 5) -> dict[str, float]:
+    """A chat's next turn: the n-gram drafter's start() on a conversation of every recorded
+    prompt and answer, `turns` times over (about 20,000 tokens), after the turn before it."""
+    sessions, _ = recorded_sessions()
+    documents = [p + a for reqs in sessions.values() for p, a in reqs]
+    before = [t for _ in range(turns) for document in documents for t in document]
+    drafter = NgramDrafter()
+    t0 = time.thread_time()
+    drafter.start(before)
+    first = time.thread_time() - t0
+    t0 = time.thread_time()
+    drafter.start(before + documents[0])
+    return {"tokens": len(before), "first_start_ms": first * 1e3, "next_turn_start_ms": (time.thread_time() - t0) * 1e3}
+
+
+def measure_replayed_drafters(repeats: int) -> dict[str, Any]:
+    """The n-gram drafter's host time a step, with and without a memory, on recorded answers."""
+    cases, n_vocab = replay_cases()
+    loads = [os.getloadavg()[0]]
+    records = {name: DrafterSteps(Clock()) for name in cases}
+    for _ in range(repeats):  # interleaved, so drift in machine speed hits all alike
+        for name, case in cases.items():
+            undo = records[name].recording()
+            try:
+                for requests, memory in case:
+                    replay_case(requests, memory(), n_vocab, records[name])
+            finally:
+                undo()
+        loads.append(os.getloadavg()[0])
+    return {
+        "mode": "replay",
+        "repeats": repeats,
+        "timer_floor_cpu_us": timer_floor(),
+        "start": next_turn_start(),
+        "load_1min": [round(x, 2) for x in loads],
+        "drafters": {name: record.summary() for name, record in records.items()},
+    }
+
+
+def session_prompts(session: str) -> list[str]:
+    rows = [json.loads(line) for line in SESSIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = [row["prompt"] for row in rows if row["session"] == session]
+    if not prompts:
+        raise SystemExit(
+            f"no session {session!r} in {SESSIONS.name}: pick one of {sorted({r['session'] for r in rows})}"
+        )
+    return prompts
+
+
+def measure_drafters(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Each drafter's host time a step in real requests: a session of related prompts, each
+    drafter's runtime answering them in turn (the memory filling as it goes)."""
+    target = load_backend("llamacpp", path, threads=args.threads)
+    runtimes = {
+        "none": Runtime(target, strategy="none"),
+        "n-gram": Runtime(target, strategy="ngram"),
+        "n-gram + memory": Runtime(target, strategy="ngram", memory=NgramMemory()),
+    }
+    if args.draft:
+        draft = load_backend("llamacpp", args.draft, threads=args.threads)
+        runtimes["draft model"] = Runtime(target, draft=draft, strategy="draft")
+    prompts = session_prompts(args.session)
+    records = {name: DrafterSteps(Clock()) for name in runtimes}
+    loads = [os.getloadavg()[0]]
+    for name, runtime in runtimes.items():
+        runtime.generate(prompts[0], max_tokens=8, temperature=0.0)  # warm-up: calibration, first touch
+        record = records[name]
+        undo = [instrument(record.clock, runtime, parts=False), record.recording()]
+        undo += [record.watch(d, n) for d, n in ((runtime.drafter, "drafter"), (runtime.engine.lookup, "lookup")) if d]
+        try:
+            for _ in range(args.repeats):
+                for prompt in prompts:
+                    runtime.generate(
+                        messages=[{"role": "user", "content": prompt}], max_tokens=args.tokens, temperature=0.0
+                    )
+        finally:
+            for u in reversed(undo):
+                u()
+        loads.append(os.getloadavg()[0])
+    info = target.info
+    for runtime in runtimes.values():
+        runtime.close()
+    return {
+        "mode": "runtime",
+        "model": info.name,
+        "draft": os.path.basename(args.draft) if args.draft else None,
+        "session": args.session,
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "load_1min": [round(x, 2) for x in loads],
+        "drafters": {name: record.summary() for name, record in records.items()},
+    }
+
+
+def print_drafters(r: dict[str, Any]) -> None:
+    where = f"{r['model']}, session {r['session']}" if r["mode"] == "runtime" else "recorded sessions, replayed"
+    print(f"# each drafter's host time a step ({where}), x{r['repeats']}, 1-minute load {r['load_1min']}")
+    if "timer_floor_cpu_us" in r:
+        print(f"# the timers' own CPU time in one timed call: {r['timer_floor_cpu_us']:.2f} us (included below)")
+        st = r["start"]
+        print(
+            f"# n-gram start() on a {st['tokens']:,}-token conversation: {st['first_start_ms']:.2f} ms the first "
+            f"time, {st['next_turn_start_ms']:.2f} ms at its next turn (CPU)"
+        )
+    print(f"{'drafter':<38} {'steps':>6} {'cpu us mean':>12} {'median':>8} {'p99':>8} {'wall us':>8} {'of Q4_1':>8}")
+    for name, buckets in r["drafters"].items():
+        for label, v in buckets.items():
+            share = 100 * v["cpu_us_mean"] / Q4_1_STEP_US
+            print(
+                f"{name + ', ' + label:<38} {v['steps']:>6} {v['cpu_us_mean']:>12.2f} {v['cpu_us_median']:>8.2f} "
+                f"{v['cpu_us_p99']:>8.2f} {v['wall_us_mean']:>8.2f} {share:>7.2f}%"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?")
@@ -204,11 +473,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt", default="chat", choices=[p.id for p in SUITE])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--drafters", action="store_true", help="each drafter's host time a step, in real requests")
+    ap.add_argument("--drafters-replay", action="store_true", help="n-gram and the memory's, replayed without a model")
+    ap.add_argument("--draft", help="with --drafters: a draft model GGUF to time too")
+    ap.add_argument("--session", default="product_yaml", help="with --drafters: the prompts_sessions.jsonl session")
     args = ap.parse_args()
+    if args.drafters_replay:
+        report = measure_replayed_drafters(args.repeats)
+        print(json.dumps(report, indent=1)) if args.json else print_drafters(report)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         path = str(random_vocab_model(args.random_vocab, Path(tmp))) if args.random_vocab else args.model
         if path is None:
             ap.error("give MODEL.gguf or --random-vocab N")
+        if args.drafters:
+            report = measure_drafters(path, args)
+            print(json.dumps(report, indent=1)) if args.json else print_drafters(report)
+            return
         report = measure(path, args)
     print_report(report, args.json)
 

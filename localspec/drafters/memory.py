@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from localspec.drafters import Draft, common_prefix
+from localspec.drafters import Draft
+from localspec.drafters.matching import longest_match
 
 # A recalled passage must match at least this many tokens before the context's end: in a
 # large memory a shorter match is a coincidence more often than a copy.
@@ -44,9 +45,9 @@ class NgramMemory:
         conversation: its prompt holds the last prompt and answer) adds only what is new."""
         tokens = list(tokens)
         with self._lock:
-            shared = common_prefix(self._last, tokens)
-            if self._last and shared == len(self._last):
-                self._append(tokens[shared:])
+            last = self._last
+            if last and tokens[: len(last)] == last:  # compared in C: a conversation is long
+                self._append(tokens[len(last) :])
             else:
                 if self._tokens:
                     self._append([_SEPARATOR])
@@ -70,10 +71,10 @@ class NgramMemory:
         self._tokens, self._index = [], {}
         self._append(keep[cut:])
 
-    def recall(self, context: Sequence[int], n: int, max_support: int) -> Draft:
+    def recall(self, context: Sequence[int], n: int, max_support: int, longer_than: int = 0) -> Draft:
         """Up to n tokens that followed the remembered passage matching the context's end
-        furthest back (at least KEY tokens; the newest on a tie), with the match's length
-        beyond KEY - 1 tokens as the draft's support."""
+        furthest back (at least KEY tokens and more than `longer_than`; the newest on a tie),
+        with the match's length beyond KEY - 1 tokens as the draft's support."""
         size = len(context)
         if size < KEY or n <= 0:
             return Draft()
@@ -81,15 +82,11 @@ class NgramMemory:
             found = self._index.get(tuple(context[size - KEY :]))
             if not found:
                 return Draft()
-            memory = self._tokens
-            best, support = found[-1], 0
-            for pos in reversed(found[-CANDIDATES:]):
-                m = KEY
-                while m < max_support and pos > m and memory[pos - m - 1] == context[size - m - 1]:
-                    m += 1
-                if m > support:
-                    best, support = pos, m
-            tokens = memory[best : best + n]
+            match = longest_match(self._tokens, context, found[-CANDIDATES:], KEY, max_support, longer_than)
+            if match is None:
+                return Draft()
+            best, support = match
+            tokens = self._tokens[best : best + n]
         if _SEPARATOR in tokens:
             tokens = tokens[: tokens.index(_SEPARATOR)]
         # Support counts the match beyond the KEY tokens every recalled passage has: the end

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from localspec.core.sampling import SamplingConfig
-from localspec.drafters import Draft
+from localspec.drafters import Draft, common_prefix
+from localspec.drafters.matching import longest_match
 from localspec.drafters.memory import KEY, NgramMemory
 
 # How far back a match is measured, and how many earlier occurrences are compared: both
@@ -53,26 +54,48 @@ class NgramDrafter:
         # any): past it a greedy request drafts from its own text only, so its blocks, and so its
         # text, do not depend on what earlier requests said (docs/serve.md, "Repeatable answers").
         self.recall_greedy_within = recall_greedy_within
-        # Positions right after every earlier occurrence of each min_ngram-gram, oldest first.
-        # Append-only per request, so each step costs O(new tokens), not O(context).
+        # Positions right after every earlier occurrence of each min_ngram-gram, oldest first, in
+        # the text indexed so far (_text). Append-only within a request, so a step costs O(new
+        # tokens), not O(context); the next request keeps what its prompt shares with this one.
         self._index: dict[tuple[int, ...], list[int]] = {}
-        self._indexed = 0
+        self._text: list[int] = []
+        # Index entries added and removed so far: the index's upkeep, which tests count per step.
+        self.upkeep = 0
         # For a tree (localspec.core.tree), when above 0: also offer the best-matched earlier
         # continuation that starts with another token (benchmarks/second_candidates.py).
         self.branching = 0
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
-        self._index = {}
-        self._indexed = 0
+        # The next turn of a conversation (or a request sharing a system prompt) re-indexes only
+        # what differs from the last text, not the whole conversation.
+        shared = _shared_prefix(self._text, context)
+        if shared < len(self._text) // 2:
+            self._index, self._text = {}, []
+        else:
+            self._forget_from(shared)
         self._extend(context)
 
     def _extend(self, context: Sequence[int]) -> None:
         # Register the n-gram ending just before every position e < len(context); the current
         # suffix (ending at len-1) is left out so that a lookup never finds itself.
-        n = self.min_ngram
-        for end in range(max(self._indexed, n), len(context)):
-            self._index.setdefault(tuple(context[end - n : end]), []).append(end)
-        self._indexed = max(self._indexed, len(context))
+        n, text, index = self.min_ngram, self._text, self._index
+        done = len(text)
+        text.extend(context[done:])
+        for end in range(max(done, n), len(text)):
+            index.setdefault(tuple(text[end - n : end]), []).append(end)
+        self.upkeep += max(0, len(text) - max(done, n))
+
+    def _forget_from(self, end: int) -> None:
+        """Unregister the positions from `end` on, newest first (each key's list is in order)."""
+        n, text, index = self.min_ngram, self._text, self._index
+        for e in range(len(text) - 1, max(end, n) - 1, -1):
+            key = tuple(text[e - n : e])
+            found = index[key]
+            found.pop()
+            if not found:
+                del index[key]
+        self.upkeep += max(0, len(text) - max(end, n))
+        del text[end:]
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         self._extend(context)
@@ -80,7 +103,10 @@ class NgramDrafter:
         within = self.recall_greedy_within
         recall = self.memory is not None and (not cfg.greedy or within is None or len(context) + n < within)
         if recall and self.memory is not None and draft.support < self.max_support:
-            recalled = self.memory.recall(context, n, self.max_support)
+            # Beside a guess of its own text, only a repeat can win: a match of REPEAT tokens and
+            # more than twice as long, so the memory searches for nothing shorter.
+            shorter = max(REPEAT, 2 * draft.support + KEY) - 1 if draft.tokens else 0
+            recalled = self.memory.recall(context, n, self.max_support, longer_than=shorter)
             repeat = recalled.support + KEY - 1 >= REPEAT and recalled.support > 2 * draft.support
             if recalled.tokens and (not draft.tokens or repeat):
                 return recalled
@@ -94,13 +120,9 @@ class NgramDrafter:
         found = self._index.get(tuple(context[size - self.min_ngram :]))
         if not found:
             return Draft()
-        best, support = found[-1], 0
-        for pos in reversed(found[-CANDIDATES:]):
-            m = self.min_ngram  # _support, inline: this loop is a step's host time
-            while m < self.max_support and pos > m and context[pos - m - 1] == context[size - m - 1]:
-                m += 1
-            if m > support:
-                best, support = pos, m
+        match = longest_match(context, context, found[-CANDIDATES:], self.min_ngram, self.max_support)
+        assert match is not None  # every candidate matches its min_ngram tokens
+        best, support = match
         tokens = _continuation(context, best, n)
         branches = self._second(context, found, tokens[0], n) if self.branching else None
         return Draft(tokens=tokens, support=support, branches=branches)
@@ -141,3 +163,11 @@ def _continuation(context: Sequence[int], at: int, n: int) -> list[int]:
     while len(tokens) < n:
         tokens.append(tokens[len(tokens) - (len(context) - at)])
     return tokens
+
+
+def _shared_prefix(indexed: list[int], context: Sequence[int]) -> int:
+    """How many first tokens of `context` the indexed text has: compared as whole lists first,
+    in C, since the next turn of a conversation usually extends the last text."""
+    n = min(len(indexed), len(context))
+    head = list(context[:n])
+    return n if head == indexed[:n] else common_prefix(indexed, head)
