@@ -11,7 +11,7 @@ from pathlib import Path
 from localspec.core.choices import FEATURE_DRAFTERS, DraftTokens
 from localspec.core.errors import InvalidRequestError, PairMismatchError
 from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
-from localspec.models.pairing import vocab_mismatch
+from localspec.core.protocol import vocab_mismatch
 from localspec.models.registry import Pair, load_registry, user_registry_file
 from localspec.store import write_atomic
 
