@@ -96,6 +96,7 @@ class Strategy:
     refusal: str = ""  # what a backend without that feature is told it cannot do
     exports_as: str = "ngram"  # the serving engines' method it is handed to them as (localspec export)
     option: str = ""  # what may follow a colon in its name: qspec:TYPE
+    peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
 
     @property
     def label(self) -> str:
@@ -229,8 +230,8 @@ _MTP_REFUSAL = "does not run MTP heads yet"
 _ROWS = (
     Strategy("auto", _auto, "chosen", drafter_file="may", exports_as="auto"),
     Strategy("none", _plain, "none"),
-    Strategy("ngram", _lookup, "lookup"),
-    Strategy("draft", _model, "file", drafter_file="must", exports_as="draft"),
+    Strategy("ngram", _lookup, "lookup", peer="llama-lookup"),
+    Strategy("draft", _model, "file", drafter_file="must", exports_as="draft", peer="llama-speculative-simple"),
     Strategy(
         "dflash",
         _block,
