@@ -205,7 +205,8 @@ def _drafting(row: Strategy, parts: Parts, draft: Backend, label: str) -> Plan:
 
 
 def _plan(row: Strategy, parts: Parts, drafter: Drafter, **more: Any) -> Plan:
-    label = parts.label or more.pop("label", None) or row.label
+    found = more.pop("label", None)  # an assistant's, a head's or a derived drafter's own
+    label = parts.label or found or row.label
     return Plan(
         row.name,
         parts.target,
