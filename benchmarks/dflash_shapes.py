@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from hybrid_costs import DEPTH, model_file, pass_costs
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.backends.llamacpp.copies import quantize
 from localspec.control.costs import CostCurve
@@ -144,7 +144,7 @@ def ours(target: Path, drafter: Path, options: dict[str, Any], gamma: int | str)
     """tok/s, verify steps, drafted, accepted over 64 greedy tokens."""
     model = LlamaCppBackend(str(target), **options)
     block = model.dflash_drafter(str(drafter))
-    runtime = Runtime(model, strategy="dflash", drafter=block, draft_tokens=gamma, calibrate=gamma == "auto")
+    runtime = runtime_for(model, strategy="dflash", block=block, draft_tokens=gamma, calibrate=gamma == "auto")
     runtime.generate(prompt=PROMPT, max_tokens=8, temperature=0)  # warm-up
     stats = runtime.generate(prompt=PROMPT + " again", max_tokens=64, temperature=0).stats
     runtime.close()
@@ -200,7 +200,7 @@ def main() -> None:
         rate, steps, drafted, accepted = ours(target, drafter, options, gamma)
         print(f"localspec --strategy dflash --draft-tokens {gamma}: {rate:.1f} tok/s, {steps} steps, "
               f"{drafted} drafted / {accepted} accepted")  # fmt: skip
-    plain = Runtime(LlamaCppBackend(str(target), **options), strategy="none")
+    plain = runtime_for(LlamaCppBackend(str(target), **options), strategy="none")
     plain.generate(prompt=PROMPT, max_tokens=8, temperature=0)
     stats = plain.generate(prompt=PROMPT + " again", max_tokens=64, temperature=0).stats
     plain.close()

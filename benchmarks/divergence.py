@@ -66,7 +66,7 @@ def child(
     target_path: str, drafter_path: str, tokens: int, n_prompts: int, lengths: list[str], exact: bool, kernels: str
 ) -> None:
     """One type in this process: plain answers, then each draft length's, compared."""
-    from localspec.api import Runtime
+    from localspec.api import Runtime, runtime_for
     from localspec.backends.llamacpp.backend import LlamaCppBackend
     from localspec.core.protocol import eval_chunked
 
@@ -76,7 +76,7 @@ def child(
         llama_cpp_kernels()
     target = LlamaCppBackend(target_path, n_ctx=2048, exact=exact)
     drafter = LlamaCppBackend(drafter_path, n_ctx=2048, exact=exact)
-    plain_rt = Runtime(target, strategy="none", calibrate=False)
+    plain_rt = runtime_for(target, strategy="none", calibrate=False)
     chats = prompts(n_prompts)
     ids = [list(plain_rt.prepare(messages=m).ids) for m in chats]
 
@@ -101,7 +101,7 @@ def child(
     out["contexts"] = [len(p) + len(a) for p, a in zip(ids, plain, strict=True)]  # past 256: flash attention splits
     for length in lengths:
         fixed = length != "auto"
-        rt = Runtime(target, drafter, "draft", int(length) if fixed else "auto", calibrate=not fixed)
+        rt = runtime_for(target, drafter, "draft", draft_tokens=int(length) if fixed else "auto", calibrate=not fixed)
         t0 = time.perf_counter()
         rows = []
         for prompt, mine in zip(ids, plain, strict=True):

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.backends.reference import ReferenceBackend
 from localspec.core.backend_loader import load_backend
 from localspec.testing.fault_support import (
@@ -47,7 +47,9 @@ from localspec.testing.fault_support import (
 
 def reference_rows(args: argparse.Namespace) -> list[Tally]:
     def rt(strategy: str) -> Runtime:
-        return Runtime(ReferenceBackend(seed=5, n_ctx=2048), None, strategy=strategy, draft_tokens=3, calibrate=False)
+        return runtime_for(
+            ReferenceBackend(seed=5, n_ctx=2048), None, strategy=strategy, draft_tokens=3, calibrate=False
+        )
 
     rows = []
     for strategy in ("none", "ngram"):
@@ -74,7 +76,7 @@ def llamacpp_rows(args: argparse.Namespace) -> list[Tally]:
 
     def rt(draft: str | None) -> Runtime:
         strategy = "draft" if draft else "ngram"
-        return Runtime(
+        return runtime_for(
             backend(model), backend(draft) if draft else None, strategy=strategy, draft_tokens=3, calibrate=False
         )  # type: ignore[arg-type]
 
@@ -98,7 +100,7 @@ def torch_rows(args: argparse.Namespace) -> list[Tally]:
     path = str(write_gguf(Spec("llama"), Path(tempfile.mkdtemp()) / "tiny-llama.gguf"))
 
     def rt() -> Runtime:
-        return Runtime(
+        return runtime_for(
             TorchBackend(path, n_ctx=256, threads=1), None, strategy="ngram", draft_tokens=3, calibrate=False
         )
 

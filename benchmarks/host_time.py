@@ -43,7 +43,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.backends.llamacpp import backend as llamacpp_backend
 from localspec.backends.llamacpp.greedy import DeviceGreedy
 from localspec.control.factory import ngram_policy
@@ -496,7 +496,7 @@ def main() -> None:
 
 def measure(path: str, args: argparse.Namespace) -> dict[str, Any]:
     target = load_backend("llamacpp", path, threads=args.threads)
-    runtime = Runtime(target, strategy="none")
+    runtime = runtime_for(target, strategy="none")
     messages = next(p for p in SUITE if p.id == args.prompt).messages
     text = render_chat(target.chat_template(), messages, target.special_texts())
     prompt = target.tokenize(text, add_special=False, parse_special=True)

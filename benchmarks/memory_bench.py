@@ -24,7 +24,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.core.backend_loader import load_backend
 from localspec.core.protocol import Backend
 from localspec.core.templates import render_chat
@@ -64,9 +64,9 @@ def run_session(
     target: Backend, model: str, prompts: list[str], args: argparse.Namespace, tally: Tally, counts: dict[str, int]
 ) -> None:
     runtimes = {
-        "plain": Runtime(target, strategy="none"),
-        "ngram": Runtime(target, strategy="ngram"),
-        "ngram+memory": Runtime(target, strategy="ngram", memory=NgramMemory()),
+        "plain": runtime_for(target, strategy="none"),
+        "ngram": runtime_for(target, strategy="ngram"),
+        "ngram+memory": runtime_for(target, strategy="ngram", memory=NgramMemory()),
     }
     template, specials = target.chat_template(), target.special_texts()
     with tempfile.TemporaryDirectory() as caches:
@@ -111,7 +111,7 @@ def main() -> None:
     if args.only:
         sessions = {name: prompts for name, prompts in sessions.items() if name in args.only}
     target = load_backend("llamacpp", args.model, n_ctx=4096, **({"threads": args.threads} if args.threads else {}))
-    Runtime(target, strategy="none").generate("Hello", max_tokens=8, temperature=0.0)  # warm caches
+    runtime_for(target, strategy="none").generate("Hello", max_tokens=8, temperature=0.0)  # warm caches
     peers = [peer_column(g, c) for g in args.gamma for c in (False, True)] if args.peers_bin else []
     columns = [*OURS, *peers]
     per_session: dict[str, Tally] = {}

@@ -35,11 +35,11 @@ CURVES = ROOT / "tests" / "data" / "replay_curves.json"
 
 
 def record(model: str, out: Path, max_tokens: int, threads: int) -> None:
-    from localspec.api import Runtime
+    from localspec.api import runtime_for
     from localspec.core.backend_loader import load_backend
 
     target = load_backend("llamacpp", model, n_ctx=4096, threads=threads)
-    runtime = Runtime(target, strategy="none")
+    runtime = runtime_for(target, strategy="none")
     sessions: dict[str, list[dict[str, list[int]]]] = {}
     for name, prompts in load_sessions(SESSIONS).items():
         sessions[name] = []

@@ -40,7 +40,7 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.backends.mlx import Forward, MlxBackend, load
 from localspec.backends.vocab import NORMAL, from_gguf
 from localspec.core.protocol import Backend
@@ -238,7 +238,7 @@ class Run:
 def decode(case: Case, prompt: list[int], tokens: int, draft_tokens: Any, mtp: bool) -> Run:
     case.target.rollback(0)
     head = case.head() if mtp else None
-    runtime = Runtime(case.target, head, strategy="draft" if mtp else "none", draft_tokens=draft_tokens)
+    runtime = runtime_for(case.target, head, strategy="draft" if mtp else "none", draft_tokens=draft_tokens)
     out = runtime.generate(prompt=prompt, max_tokens=tokens, temperature=0)
     stats = out.stats
     steps = sum(stats.gamma_histogram.values())

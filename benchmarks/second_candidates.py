@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.control.prompts import load_prompt_sets
 from localspec.core.backend_loader import load_backend
 from localspec.core.engine import FREE_GUESS_TOKENS
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--prompts", action="append", help="'suite' or a JSONL file (default: suite and the wide set)")
     parser.add_argument("--max-tokens", "-n", type=int, default=160)
     args = parser.parse_args()
-    runtime = Runtime(load_backend("llamacpp", args.model, n_ctx=4096), strategy="none")
+    runtime = runtime_for(load_backend("llamacpp", args.model, n_ctx=4096), strategy="none")
     positions = missed = rescued = guessed_right = alternative_right = 0
     for prompt in load_prompt_sets(args.prompts or ["suite", "benchmarks/prompts_wide.jsonl"]):
         context = runtime.prompt_tokens(messages=list(prompt.messages))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.control.prompts import SUITE, BenchPrompt
 from localspec.core.backend_loader import load_backend
 from localspec.drafters.memory import CAPACITY, NgramMemory
@@ -46,11 +46,11 @@ def main() -> None:
     args = parser.parse_args()
     target, draft = load_backend("llamacpp", args.model), load_backend("llamacpp", args.draft_model)
     prompt = next(p for p in SUITE if p.id == args.prompt)
-    documents = answered(Runtime(target, strategy="none"), [p for p in SUITE if p.id != args.prompt])
+    documents = answered(runtime_for(target, strategy="none"), [p for p in SUITE if p.id != args.prompt])
     runtimes = {
-        "none": Runtime(target, strategy="none"),
-        "ngram": Runtime(target, strategy="ngram"),
-        "draft": Runtime(target, draft, strategy="draft"),
+        "none": runtime_for(target, strategy="none"),
+        "ngram": runtime_for(target, strategy="ngram"),
+        "draft": runtime_for(target, draft, strategy="draft"),
     }
     names = ["none", "ngram", "ngram+memory", "draft"]
     outside: dict[str, list[float]] = {name: [] for name in names}
@@ -58,7 +58,7 @@ def main() -> None:
     drafted = dict.fromkeys(names, 0)
     for _ in range(args.repeats):
         # A fresh runtime each repeat: the memory as filled, without the answer it just added.
-        runtimes["ngram+memory"] = Runtime(target, strategy="ngram", memory=full_memory(documents))
+        runtimes["ngram+memory"] = runtime_for(target, strategy="ngram", memory=full_memory(documents))
         for name in names:  # interleaved, as the bench does
             runtime = runtimes[name]
             s = runtime.generate(messages=list(prompt.messages), max_tokens=160, temperature=0.0).stats

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.control.hardware import physical_cores
 from localspec.control.prompts import SUITE, BenchPrompt
 from localspec.core.backend_loader import load_backend
@@ -118,7 +118,7 @@ def self_drafted(backend: Backend, strategy: str) -> Runtime:
     if drafter is None:
         raise SystemExit(f"{strategy} is not a torch self-drafting strategy")
     label = drafter.capabilities.extra.get("self_draft", strategy)
-    return Runtime(backend, drafter, strategy="draft", label=label)
+    return runtime_for(backend, drafter, strategy="draft", label=label)
 
 
 def main() -> int:
@@ -171,14 +171,14 @@ def main() -> int:
     for strategy in strategies:
         t0 = time.perf_counter()
         runtimes[strategy] = (
-            Runtime(ours, strategy=strategy) if strategy in ("none", "ngram") else self_drafted(ours, strategy)
+            runtime_for(ours, strategy=strategy) if strategy in ("none", "ngram") else self_drafted(ours, strategy)
         )
         print(f"{strategy}: ready in {time.perf_counter() - t0:.1f} s ({runtimes[strategy].label})")
     if cuda and args.compile:
         t0 = time.perf_counter()
         compiled = load_backend("torch", args.model, **options, compile=True)
         for strategy in ("none", "ngram"):
-            runtimes[f"{strategy}+compile"] = Runtime(compiled, strategy=strategy)
+            runtimes[f"{strategy}+compile"] = runtime_for(compiled, strategy=strategy)
         print(f"compiled backend ready in {time.perf_counter() - t0:.1f} s")
 
     def hf_run(extra: dict[str, Any]) -> Callable[[list[int]], tuple[list[int], float]]:

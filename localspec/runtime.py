@@ -14,26 +14,19 @@ import numpy as np
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.contention import threads_notice
 from localspec.control.costs import CostCurve
-from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.trees import attach_trees
-from localspec.core.choices import EVERY_STRATEGY, STRATEGIES, DraftTokens
 from localspec.core.engine import Engine, check_fits
-from localspec.core.errors import BackendClosedError, InvalidRequestError, PairMismatchError
-from localspec.core.exactness import greedy_exact_within
+from localspec.core.errors import BackendClosedError, InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, json_schema_of
-from localspec.core.protocol import Backend, DraftLengthPolicy
+from localspec.core.protocol import DraftLengthPolicy
 from localspec.core.sampling import KNOBS, SamplingConfig
 from localspec.core.stats import Stats, Step
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
 from localspec.core.textstream import TextAssembler
 from localspec.core.validate import chat_as_prompt, check_cancel, check_limits, clean_text
-from localspec.drafters import BlockDrafter, Drafter
-from localspec.drafters.memory import NgramMemory
-from localspec.drafters.model import ModelDrafter
-from localspec.drafters.ngram import NgramDrafter
-from localspec.drafters.none import NoDrafter
-from localspec.models.pairing import vocab_mismatch
+from localspec.drafters import Drafter
+from localspec.strategies import Plan
 
 
 @dataclass(frozen=True)
@@ -124,60 +117,19 @@ class Runtime:
     other threads wait their turn; a new call in the thread of an unfinished stream ends that
     stream, and a Stream its caller drops is closed when it is freed."""
 
-    def __init__(
-        self,
-        target: Backend,
-        draft: Backend | None = None,
-        strategy: str = "auto",
-        draft_tokens: DraftTokens = "auto",
-        calibrate: bool = True,
-        label: str | None = None,
-        memory: NgramMemory | None = None,
-        drafter: BlockDrafter | None = None,
-    ) -> None:
-        """drafter: a block drafter (strategy dflash), which drafts without being a Backend."""
-        if strategy not in STRATEGIES:
-            raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {EVERY_STRATEGY}")
-        if strategy == "auto":
-            strategy = "draft" if draft is not None else "ngram"
-        if strategy == "dflash" and drafter is None:
-            raise InvalidRequestError(
-                "strategy 'dflash' needs a DFlash drafter", "pass its GGUF with --draft-model PATH (or draft_model=)"
-            )
-        if strategy == "draft" and draft is None:
-            raise InvalidRequestError(
-                "strategy 'draft' needs a draft model", "pass --draft-model PATH (or draft_model=)"
-            )
-        if draft is not None and strategy == "draft":
-            reason = vocab_mismatch(target.vocab_identity(), draft.vocab_identity())
-            if reason:
-                raise PairMismatchError(
-                    f"{draft.info.name} cannot draft for {target.info.name}: {reason}",
-                    "pick a drafter from the target's own family (same tokenizer), or use --strategy ngram",
-                )
-        if draft_tokens != "auto" and (not isinstance(draft_tokens, int) or draft_tokens < 0):
-            raise InvalidRequestError(f"draft_tokens must be 'auto' or a whole number >= 0, got {draft_tokens!r}")
-        self.target = target
-        self.draft = draft if strategy == "draft" else None
-        self.strategy = strategy
-        self.label = label or strategy  # what stats and UIs call it, e.g. "qspec:Q4_0"
+    def __init__(self, plan: Plan) -> None:
+        """plan: a strategy resolved for its target (localspec.strategies.resolve or plan)."""
+        self.plan = plan
+        self.target = plan.target
+        self.draft = plan.draft
+        self.label = plan.label
         # Earlier requests' text, which n-gram lookup searches beside the request's own.
-        self.memory = memory
-        self._block = drafter if strategy == "dflash" else None
-        self.drafter: Drafter = self._make_drafter()
+        self.memory = plan.memory
+        self.drafter: Drafter = plan.drafter
         # Built on first use, so a request that is refused (a prompt longer than the context)
         # is refused before a calibration it does not need.
         self._policy: DraftLengthPolicy | None = None
-        self._policy_options = (draft_tokens, calibrate)
-        # A draft model under the adaptive policy drafts beside n-gram lookup, taking whichever
-        # the policy predicts faster at each step; a fixed draft length uses the model alone.
-        adaptive = draft_tokens == "auto" and calibrate
-        lookup = (
-            NgramDrafter(memory=memory, recall_greedy_within=greedy_exact_within(target))
-            if (self.draft is not None or self._block is not None) and adaptive
-            else None
-        )
-        self.engine = Engine(target, self.drafter, free_drafter=strategy == "ngram", lookup=lookup)
+        self.engine = Engine(plan.target, plan.drafter, free_drafter=plan.free, lookup=plan.lookup)
         # One lock, taken by its C methods where a step passes (the Condition's own are Python
         # calls), and a count of the threads waiting on it, so a step notifies only when one does.
         self._lock = threading.RLock()
@@ -191,13 +143,14 @@ class Runtime:
         self._grammars: Grammars | None = None  # the target's grammar tokenizer, built on first use
 
     @property
+    def strategy(self) -> str:
+        """The strategy its plan was built by, "auto" resolved."""
+        return self.plan.strategy
+
+    @property
     def policy(self) -> DraftLengthPolicy:
         if self._policy is None:
-            draft_tokens, calibrate = self._policy_options
-            fixed = 0 if self.strategy == "none" else draft_tokens
-            block = self._block.pass_seconds if self._block is not None else None
-            priced = priced_policy(self.target, self.draft, fixed, calibrate, block_pass_seconds=block)
-            self._policy = priced if priced is not None else fixed_policy(fixed)
+            self._policy, priced = self.plan.policy()
             self._costs = priced.costs if priced is not None else None
             if priced is not None:  # trees where this machine's curve says they pay
                 attach_trees(self.engine, priced)
@@ -206,16 +159,6 @@ class Runtime:
     @policy.setter
     def policy(self, value: DraftLengthPolicy) -> None:
         self._policy = value
-
-    def _make_drafter(self) -> Drafter:
-        if self._block is not None:
-            return self._block
-        if self.strategy == "draft":
-            assert self.draft is not None
-            return ModelDrafter(self.draft)
-        if self.strategy == "ngram":
-            return NgramDrafter(memory=self.memory, recall_greedy_within=greedy_exact_within(self.target))
-        return NoDrafter()
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from localspec.api import Finished, Runtime, TextDelta
+from localspec.api import Finished, Runtime, TextDelta, runtime_for
 from localspec.backends.reference import ReferenceBackend
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend
@@ -33,7 +33,7 @@ GREEDY = SamplingConfig(temperature=0)
 
 
 def runtime(target: Backend, draft: Backend | None, strategy: str) -> Runtime:
-    made = Runtime(target, draft, strategy=strategy, draft_tokens=0 if strategy == "none" else 4, calibrate=False)
+    made = runtime_for(target, draft, strategy=strategy, draft_tokens=0 if strategy == "none" else 4, calibrate=False)
     made.engine.exact_prefix = True  # the same answer whatever the shared target cached before
     return made
 

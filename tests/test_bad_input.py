@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from localspec.api import Runtime, load
+from localspec.api import Runtime, load, runtime_for
 from localspec.core.backend_loader import load_backend
 from localspec.core.errors import (
     ContextFullError,
@@ -24,8 +24,7 @@ from localspec.core.errors import (
     ModelLoadError,
     PairMismatchError,
 )
-from localspec.core.protocol import Backend
-from localspec.models.pairing import vocab_mismatch
+from localspec.core.protocol import Backend, vocab_mismatch
 
 # llama.cpp rounds a context up to a multiple of 256; 256 itself avoids the rounding (see
 # test_a_context_smaller_than_one_batch_refuses_a_long_block_instead_of_aborting).
@@ -49,7 +48,7 @@ def small_drafter(derived_models: Any, load_model: Callable[..., Backend]) -> Ba
 
 @pytest.fixture
 def plain_runtime(target_backend: Backend) -> Runtime:
-    return Runtime(target_backend, None, strategy="none", calibrate=False)
+    return runtime_for(target_backend, None, strategy="none", calibrate=False)
 
 
 def load_error(path: Path) -> LocalspecError:
@@ -170,7 +169,7 @@ def test_a_drafter_with_another_tokenizer_is_refused_naming_both_models_and_the_
     foreign = load_model(write_tiny_llama_gguf(tmp_path / "tiny-random-llama.gguf"), n_ctx=256)
 
     with pytest.raises(PairMismatchError) as caught:
-        Runtime(target_backend, foreign, strategy="draft", calibrate=False)
+        runtime_for(target_backend, foreign, strategy="draft", calibrate=False)
 
     message = caught.value.message
     assert "tiny-random-llama.gguf" in message and target_backend.info.name in message
@@ -183,7 +182,7 @@ def test_the_reference_backend_cannot_draft_for_a_llama_target(target_backend: B
     reference = load_backend("reference", "reference")
 
     with pytest.raises(PairMismatchError, match="cannot draft for"):
-        Runtime(target_backend, reference, strategy="draft", calibrate=False)
+        runtime_for(target_backend, reference, strategy="draft", calibrate=False)
 
 
 @pytest.mark.model
@@ -213,14 +212,14 @@ def test_a_vocabulary_of_another_size_is_a_mismatch(target_backend: Backend) -> 
 @pytest.mark.model
 def test_an_unknown_strategy_is_refused_listing_the_choices(target_backend: Backend) -> None:
     with pytest.raises(InvalidRequestError, match="unknown strategy 'fastest'") as caught:
-        Runtime(target_backend, None, strategy="fastest", calibrate=False)
+        runtime_for(target_backend, None, strategy="fastest", calibrate=False)
     assert caught.value.hint and "ngram" in caught.value.hint and "draft" in caught.value.hint
 
 
 @pytest.mark.model
 def test_the_draft_strategy_without_a_draft_model_names_the_option(target_backend: Backend) -> None:
     with pytest.raises(InvalidRequestError, match="needs a draft model") as caught:
-        Runtime(target_backend, None, strategy="draft", calibrate=False)
+        runtime_for(target_backend, None, strategy="draft", calibrate=False)
     assert caught.value.hint and "--draft-model" in caught.value.hint
 
 
@@ -228,7 +227,7 @@ def test_the_draft_strategy_without_a_draft_model_names_the_option(target_backen
 @pytest.mark.parametrize("draft_tokens", [-1, 2.5, "many"])
 def test_a_bad_draft_length_is_refused(target_backend: Backend, draft_tokens: Any) -> None:
     with pytest.raises(InvalidRequestError, match="draft_tokens"):
-        Runtime(target_backend, None, strategy="ngram", draft_tokens=draft_tokens, calibrate=False)
+        runtime_for(target_backend, None, strategy="ngram", draft_tokens=draft_tokens, calibrate=False)
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -305,7 +304,7 @@ def counting_prompt(backend: Backend, max_tokens: int) -> str:
 
 @pytest.mark.model
 def test_a_prompt_longer_than_the_context_is_refused_as_context_full(small_target: Backend) -> None:
-    rt = Runtime(small_target, None, strategy="none", calibrate=False)
+    rt = runtime_for(small_target, None, strategy="none", calibrate=False)
     prompt = "word " * (small_target.info.n_ctx + 10)
 
     with pytest.raises(ContextFullError, match="the context holds") as caught:
@@ -320,7 +319,7 @@ def test_generation_that_fills_the_context_ends_with_context_full(
     small_target: Backend, small_drafter: Backend, strategy: str
 ) -> None:
     draft = small_drafter if strategy == "draft" else None
-    rt = Runtime(small_target, draft, strategy=strategy, draft_tokens=4, calibrate=False)
+    rt = runtime_for(small_target, draft, strategy=strategy, draft_tokens=4, calibrate=False)
     n_ctx = small_target.info.n_ctx
     prompt = counting_prompt(small_target, n_ctx - 12)
 
@@ -333,7 +332,7 @@ def test_generation_that_fills_the_context_ends_with_context_full(
 
 @pytest.mark.model
 def test_a_runtime_whose_context_filled_up_serves_the_next_request(small_target: Backend) -> None:
-    rt = Runtime(small_target, None, strategy="ngram", draft_tokens=3, calibrate=False)
+    rt = runtime_for(small_target, None, strategy="ngram", draft_tokens=3, calibrate=False)
     prompt = counting_prompt(small_target, small_target.info.n_ctx - 8)
     assert rt.generate(prompt, max_tokens=100, temperature=0).finish_reason == "context_full"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.backends.reference import load
 from localspec.control import calibrate
 from localspec.control.config import DEFAULT
@@ -33,7 +33,7 @@ def test_the_agreement_is_measured_once(temporary_localspec_home: Path, monkeypa
 
 def test_a_model_drafter_starts_from_the_measured_agreement(temporary_localspec_home: Path) -> None:
     target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
-    policy = Runtime(target, draft, strategy="draft").policy
+    policy = runtime_for(target, draft, strategy="draft").policy
     assert isinstance(policy, AdaptiveDraftLength)
     assert policy.prior == calibrate.pair_agreement(target, draft)
     assert policy.alpha[0] == policy.prior
@@ -41,16 +41,16 @@ def test_a_model_drafter_starts_from_the_measured_agreement(temporary_localspec_
 
 def test_an_adaptive_draft_model_drafts_beside_ngram_lookup(temporary_localspec_home: Path) -> None:
     target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
-    assert isinstance(Runtime(target, draft, strategy="draft").engine.lookup, NgramDrafter)
+    assert isinstance(runtime_for(target, draft, strategy="draft").engine.lookup, NgramDrafter)
     # A fixed draft length drafts with the model it was given, and n-gram alone needs no pair.
-    assert Runtime(target, draft, strategy="draft", draft_tokens=3).engine.lookup is None
-    assert Runtime(target, None, strategy="ngram").engine.lookup is None
+    assert runtime_for(target, draft, strategy="draft", draft_tokens=3).engine.lookup is None
+    assert runtime_for(target, None, strategy="ngram").engine.lookup is None
 
 
 def test_a_small_context_measures_on_what_fits(temporary_localspec_home: Path) -> None:
     target, draft = load("reference:seed=3", n_ctx=64), load("reference:seed=3,noise=0.3", n_ctx=64)
     assert 0.0 <= calibrate.pair_agreement(target, draft) <= 1.0
-    assert isinstance(Runtime(target, draft, strategy="draft").policy, AdaptiveDraftLength)
+    assert isinstance(runtime_for(target, draft, strategy="draft").policy, AdaptiveDraftLength)
 
 
 def test_the_cost_curve_is_measured_behind_a_short_and_a_long_text(temporary_localspec_home: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_draft_model_is_timed_as_the_engine_drives_it_once(
 def test_a_model_drafter_is_costed_at_its_measured_drafting_speed(temporary_localspec_home: Path) -> None:
     target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
     calibrate.drafting_seconds(draft)
-    policy = Runtime(target, draft, strategy="draft").policy
+    policy = runtime_for(target, draft, strategy="draft").policy
     assert isinstance(policy, AdaptiveDraftLength)
     assert policy.draft_seconds_per_token == calibrate.drafting_seconds(draft)
 
@@ -120,7 +120,7 @@ def test_an_untimed_draft_model_is_costed_from_its_curve_without_timing_it(
 ) -> None:
     target, draft = load("reference:seed=3"), load("reference:seed=3,noise=0.3")
     monkeypatch.setattr(calibrate.ModelDrafter, "propose", lambda *args: pytest.fail("timed before the first token"))
-    policy = Runtime(target, draft, strategy="draft").policy
+    policy = runtime_for(target, draft, strategy="draft").policy
     assert isinstance(policy, AdaptiveDraftLength)
     expected = calibrate.starting_calibration(draft).verify_seconds[0] * DEFAULT.drafting_overhead
     assert policy.draft_seconds_per_token == expected
@@ -145,7 +145,7 @@ def test_a_curve_far_from_the_machine_is_measured_again_at_the_next_load(
     fast["deep_verify_seconds"] = [t / 10 for t in cal.deep_verify_seconds]
     CALIBRATION.put(key, fast)
 
-    runtime = Runtime(target, strategy="ngram")
+    runtime = runtime_for(target, strategy="ngram")
     runtime.generate("Count: one two three", max_tokens=20, temperature=0.0)
     assert not _cache_entry(target).get("stale")  # too few passes to judge by
     runtime.generate("Count: one two three", max_tokens=120, temperature=0.0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.api import Runtime, TextDelta, load
+from localspec.api import TextDelta, load, runtime_for
 from localspec.backends.reference import ReferenceBackend
 from localspec.backends.reference import load as load_reference
 from localspec.control import calibrate
@@ -50,7 +50,7 @@ def test_a_never_seen_model_starts_from_a_prior_without_timing_a_pass(
 ) -> None:
     monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
     target = counting_target()
-    policy = Runtime(target, strategy="ngram").policy
+    policy = runtime_for(target, strategy="ngram").policy
     assert isinstance(policy, AdaptiveDraftLength) and policy.costs.learning
     assert target.passes == 0
 
@@ -60,7 +60,7 @@ def test_the_first_request_decodes_with_no_pass_but_the_prompts_and_the_steps(
 ) -> None:
     monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
     target = counting_target()
-    runtime = Runtime(target, strategy="ngram")
+    runtime = runtime_for(target, strategy="ngram")
     events = runtime.stream("one two three one two three one two", max_tokens=12, temperature=0.0)
     first = next(e for e in events if isinstance(e, TextDelta))
     assert first.tokens and target.passes == 2  # the prompt's prefill, then the first verify pass
@@ -116,11 +116,11 @@ def test_what_a_session_learnt_is_where_the_next_load_starts(
 ) -> None:
     monkeypatch.setattr(calibrate, "measure", lambda *args: pytest.fail("calibrated before the first token"))
     target = load_reference("reference:seed=3")
-    runtime = Runtime(target, strategy="ngram")
+    runtime = runtime_for(target, strategy="ngram")
     runtime.generate("x y z x y z x y z", max_tokens=40, temperature=0.0)
     learnt = calibrate.starting_calibration(target)
     assert learnt.source == "learnt" and learnt.evidence and sum(learnt.evidence) >= DEFAULT.learnt_evidence
-    again = Runtime(target, strategy="ngram").policy
+    again = runtime_for(target, strategy="ngram").policy
     assert isinstance(again, AdaptiveDraftLength) and again.costs.learning
     assert again.costs.verify_seconds == learnt.verify_seconds
 
@@ -131,7 +131,7 @@ def test_a_changed_machine_is_followed_and_stored(temporary_localspec_home: Path
     target = load_reference("reference:seed=3")
     fast = calibrate.Calibration([1e-7] * 16, 1e-7, None, source="learnt", evidence=[32.0] + [0.0] * 15)
     CALIBRATION.put(f"learnt|{calibrate.backend_key(target)}", fast.to_json())
-    runtime = Runtime(target, strategy="ngram")
+    runtime = runtime_for(target, strategy="ngram")
     runtime.generate("x y z x y z x y z", max_tokens=60, temperature=0.0)
     stored = calibrate.starting_calibration(target)
     assert stored.source == "learnt" and stored.verify_seconds[0] > 5e-7

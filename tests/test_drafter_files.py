@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from localspec.api import _dflash_drafter, load_drafter
+from localspec.api import load_drafter
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.backends.reference import ReferenceBackend
 from localspec.core.errors import InvalidRequestError
 from localspec.drafters import DrafterHost, cannot_attach
+from localspec.strategies import dflash_drafter
 from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
 from localspec.testing.gguf_writer import Gemma4Spec, Spec, write_gemma4_pair
 
@@ -43,7 +44,7 @@ def test_a_backend_that_runs_none_is_refused_with_the_backends_that_do(files: di
     ):
         load_drafter(target, str(files["assistant"]), "reference", {})
     with pytest.raises(InvalidRequestError, match="the reference backend does not run DFlash drafters"):
-        _dflash_drafter(target, str(files["eagle3"]), None)
+        dflash_drafter(target, str(files["eagle3"]), None)
 
 
 def test_each_refusal_says_what_to_use_instead() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from backends.reference import ReferenceBackend
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.core.protocol import Backend
 from localspec.testing.fault_support import (
     SHORT_PROMPT,
@@ -37,7 +37,7 @@ def assert_clean(tally: Tally) -> None:
 
 
 def reference_runtime(strategy: str = "ngram") -> Runtime:
-    return Runtime(ReferenceBackend(seed=5, n_ctx=2048), None, strategy=strategy, draft_tokens=3, calibrate=False)
+    return runtime_for(ReferenceBackend(seed=5, n_ctx=2048), None, strategy=strategy, draft_tokens=3, calibrate=False)
 
 
 @pytest.mark.parametrize("strategy", ["none", "ngram"])
@@ -54,7 +54,7 @@ def test_reference_survives_cancelled_and_abandoned_streams() -> None:
 
 def llamacpp_runtime(target: Backend, draft: Backend | None) -> Runtime:
     strategy = "draft" if draft is not None else "ngram"
-    return Runtime(target, draft, strategy=strategy, draft_tokens=3, calibrate=False)
+    return runtime_for(target, draft, strategy=strategy, draft_tokens=3, calibrate=False)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_torch_survives_interrupts_in_prefill_and_decode(models: Callable[[objec
 
     def runtime() -> Runtime:
         backend = TorchBackend(path, n_ctx=2048, threads=1)  # type: ignore[arg-type]
-        return Runtime(backend, None, strategy="ngram", draft_tokens=3, calibrate=False)
+        return runtime_for(backend, None, strategy="ngram", draft_tokens=3, calibrate=False)
 
     injector: Injector = torch_injector
     assert_clean(interrupts(runtime(), answer(runtime()), injector, CASES, 7, "torch", SHORT_PROMPT))

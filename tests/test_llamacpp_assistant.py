@@ -14,7 +14,7 @@ pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.cli.main import main
 from localspec.core.sampling import SamplingConfig
 from localspec.testing.gguf_writer import Gemma4Spec, HybridSpec, write_gemma4_pair, write_qwen35_gguf
@@ -55,7 +55,7 @@ def test_assistant_sampling_follows_the_targets_law(pair) -> None:
     )
     with runtime:
         start = runtime.prompt_tokens(PROMPT)
-        plain = Runtime(runtime.target, strategy="none")
+        plain = runtime_for(runtime.target, strategy="none")
         prompt = start + plain.generate(prompt=start, max_tokens=40, temperature=0).tokens
         law = exact_first_two(runtime.target, prompt, SamplingConfig(**SAMPLING))
         samples = sample_first_two(runtime, prompt, n=600)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.core.acceptance import accept_greedy
 from localspec.core.protocol import Backend
 from localspec.core.sampling import LogprobRecorder, SamplingConfig
@@ -51,7 +51,7 @@ def test_a_greedy_block_takes_the_argmax_the_host_takes(in_graph: Backend) -> No
     plain = verified_both_ways(target_backend, [prompt[-1]])
     assert plain[0] == plain[1]
     # A draft of what the model says next, then a wrong token: accepted as far as it agrees.
-    said = Runtime(target_backend, strategy="none").generate(PROMPT, max_tokens=6, temperature=0.0).tokens
+    said = runtime_for(target_backend, strategy="none").generate(PROMPT, max_tokens=6, temperature=0.0).tokens
     target_backend.rollback(len(prompt) - 1)
     block = [prompt[-1], *said[:4], (said[4] + 1) % target_backend.info.n_vocab]
     on_device, on_host = verified_both_ways(target_backend, block)
@@ -60,7 +60,7 @@ def test_a_greedy_block_takes_the_argmax_the_host_takes(in_graph: Backend) -> No
 
 def test_greedy_and_sampled_requests_take_turns_on_one_context(in_graph: Backend) -> None:
     target_backend = in_graph
-    runtime = Runtime(target_backend, strategy="none")
+    runtime = runtime_for(target_backend, strategy="none")
     first = runtime.generate(PROMPT, max_tokens=16, temperature=0.0).tokens
     assert target_backend._greedy.attached  # type: ignore[attr-defined]
     sampled = runtime.generate(PROMPT, max_tokens=8, temperature=0.8, seed=3)
@@ -74,6 +74,6 @@ def test_greedy_and_sampled_requests_take_turns_on_one_context(in_graph: Backend
 
 
 def test_on_the_cpu_greedy_requests_read_the_row_on_the_host(target_backend: Backend) -> None:
-    runtime = Runtime(target_backend, strategy="none")
+    runtime = runtime_for(target_backend, strategy="none")
     runtime.generate(PROMPT, max_tokens=4, temperature=0.0)
     assert not target_backend._greedy.attached  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
-from localspec.api import Runtime, TextDelta
+from localspec.api import Runtime, TextDelta, runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.control.policy import AdaptiveDraftLength
@@ -48,7 +48,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pat
 
 def dflash_runtime(target: LlamaCppBackend, drafter: Path, gamma: int) -> Runtime:
     block = target.dflash_drafter(str(drafter))
-    return Runtime(target, strategy="dflash", drafter=block, draft_tokens=gamma, calibrate=False)
+    return runtime_for(target, strategy="dflash", block=block, draft_tokens=gamma, calibrate=False)
 
 
 def steps_of(runtime: Runtime, max_tokens: int) -> tuple[list[int], list[Step]]:
@@ -67,7 +67,7 @@ def steps_of(runtime: Runtime, max_tokens: int) -> tuple[list[int], list[Step]]:
 def test_greedy_dflash_drafting_reproduces_plain_decoding(files, opened, kind: str, gamma: int) -> None:
     target_path, drafter = files[kind]
     target = opened(target_path)
-    plain = Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    plain = runtime_for(target, strategy="none").generate(prompt=PROMPT, max_tokens=60, temperature=0)
     spec = dflash_runtime(target, drafter, gamma).generate(prompt=PROMPT, max_tokens=60, temperature=0)
     assert spec.tokens == plain.tokens
     assert spec.stats.drafted > spec.stats.accepted > 0  # blocks kept and blocks cut
@@ -78,7 +78,7 @@ def test_a_long_rejected_block_on_a_hybrid_replays_and_stays_exact(files, opened
     target = opened(target_path)
     beyond = target.capabilities.replays_beyond
     assert beyond is not None and beyond < 15
-    plain = Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    plain = runtime_for(target, strategy="none").generate(prompt=PROMPT, max_tokens=40, temperature=0)
     tokens, steps = steps_of(dflash_runtime(target, drafter, 15), 40)
     assert tokens == plain.tokens
     assert any(s.drafted - s.accepted > beyond for s in steps), "no block was rejected past the snapshots"
@@ -92,7 +92,9 @@ def test_dflash_sampling_follows_the_targets_law(files, opened, kind: str, into_
     target = opened(target_path)
     runtime = dflash_runtime(target, drafter, 2)
     start = runtime.prompt_tokens(PROMPT)
-    prompt = start + Runtime(target, strategy="none").generate(prompt=start, max_tokens=into_run, temperature=0).tokens
+    prompt = (
+        start + runtime_for(target, strategy="none").generate(prompt=start, max_tokens=into_run, temperature=0).tokens
+    )
     law = exact_first_two(target, prompt, SamplingConfig(**SAMPLING))
     samples = sample_first_two(runtime, prompt, n=400)
     assert samples.cut_drafts > 0 and samples.whole_drafts > 0, samples.summary(law)
@@ -154,7 +156,7 @@ def test_a_drafter_of_another_width_is_refused(files, tmp_path: Path, opened) ->
     target = opened(files["dense"][0])
     with pytest.raises(ModelLoadError, match="32 wide"):
         target.dflash_drafter(str(narrow))
-    assert Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=4, temperature=0).tokens
+    assert runtime_for(target, strategy="none").generate(prompt=PROMPT, max_tokens=4, temperature=0).tokens
 
 
 def test_a_file_that_is_not_a_dflash_drafter_is_refused(files, capsys) -> None:

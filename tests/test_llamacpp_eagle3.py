@@ -18,7 +18,7 @@ from head_support import assert_agreement_is_measured_as_it_drafts
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.core.errors import InvalidRequestError, ModelLoadError
@@ -70,9 +70,9 @@ def test_the_head_reads_drafted_positions_again_with_the_targets_states_once_ver
 @pytest.mark.parametrize(("head", "gamma"), [("head", 1), ("head", 3), ("d2t", 3)])
 def test_greedy_eagle3_drafting_reproduces_plain_decoding(files, opened, head: str, gamma: int) -> None:
     target = opened(files["target"])
-    plain = Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    plain = runtime_for(target, strategy="none").generate(prompt=PROMPT, max_tokens=60, temperature=0)
     drafter = target.eagle3_head(str(files[head]))
-    runtime = Runtime(target, drafter, strategy="draft", draft_tokens=gamma, calibrate=False, label="eagle3")
+    runtime = runtime_for(target, drafter, strategy="draft", draft_tokens=gamma, calibrate=False, label="eagle3")
     spec = runtime.generate(prompt=PROMPT, max_tokens=60, temperature=0)
     assert spec.tokens == plain.tokens
     drafted = spec.stats.drafted - spec.stats.lookup_drafted
@@ -95,9 +95,11 @@ def test_a_smaller_draft_vocabulary_maps_onto_the_targets(files, opened) -> None
 
 def test_eagle3_sampling_follows_the_targets_law(files, opened) -> None:
     target = opened(files["target"])
-    runtime = Runtime(target, target.eagle3_head(str(files["head"])), strategy="draft", draft_tokens=2, calibrate=False)
+    runtime = runtime_for(
+        target, target.eagle3_head(str(files["head"])), strategy="draft", draft_tokens=2, calibrate=False
+    )
     start = runtime.prompt_tokens(PROMPT)
-    prompt = start + Runtime(target, strategy="none").generate(prompt=start, max_tokens=30, temperature=0).tokens
+    prompt = start + runtime_for(target, strategy="none").generate(prompt=start, max_tokens=30, temperature=0).tokens
     law = exact_first_two(target, prompt, SamplingConfig(**SAMPLING))
     samples = sample_first_two(runtime, prompt, n=600)
     assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
@@ -134,8 +136,8 @@ def test_a_hybrid_target_feeds_its_head_across_recurrent_rollback(tmp_path: Path
     target_path = write_qwen35_gguf(hybrid, tmp_path / "qwen35.gguf")
     head_path = write_eagle3_gguf(hybrid, HeadSpec(layer_ids=(0, 1, 3)), tmp_path / "eagle3-qwen35.gguf")
     target = opened(target_path)
-    plain = Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=40, temperature=0)
-    runtime = Runtime(target, target.eagle3_head(str(head_path)), strategy="draft", draft_tokens=3, calibrate=False)
+    plain = runtime_for(target, strategy="none").generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    runtime = runtime_for(target, target.eagle3_head(str(head_path)), strategy="draft", draft_tokens=3, calibrate=False)
     spec = runtime.generate(prompt=PROMPT, max_tokens=40, temperature=0)
     assert spec.tokens == plain.tokens
     assert spec.stats.drafted - spec.stats.lookup_drafted > 0

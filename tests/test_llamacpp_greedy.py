@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pytest
 from sources import AlternatingSources
 
-from localspec.api import Completion, Runtime
+from localspec.api import Completion, Runtime, runtime_for
 from localspec.core.protocol import Backend
 from localspec.drafters.ngram import NgramDrafter
 
@@ -116,7 +116,7 @@ def runtime_from_empty_caches(target: Backend, draft: Backend | None, strategy: 
     target.rollback(0)
     if draft is not None:
         draft.rollback(0)
-    return Runtime(target, draft, strategy=strategy, draft_tokens=gamma, calibrate=gamma == "auto")
+    return runtime_for(target, draft, strategy=strategy, draft_tokens=gamma, calibrate=gamma == "auto")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from test_llamacpp_sampling import (
     worst_cells,
 )
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.core.protocol import Backend
@@ -127,9 +127,9 @@ def test_greedy_speculation_on_a_hybrid_target_reproduces_plain_decoding(
     path = hybrid()
     write_qwen35_gguf(HybridSpec(noise=0.3), Path(str(path).replace(".gguf", "-drafter.gguf")))
     target = opened(path, recurrent_snapshots=snapshots)
-    plain = Runtime(target, strategy="none").generate(prompt=LOOPING, max_tokens=80, temperature=0)
+    plain = runtime_for(target, strategy="none").generate(prompt=LOOPING, max_tokens=80, temperature=0)
     drafter, strategy = drafters(path, opened, kind, target)
-    runtime = Runtime(target, drafter, strategy=strategy, draft_tokens=4, calibrate=False)
+    runtime = runtime_for(target, drafter, strategy=strategy, draft_tokens=4, calibrate=False)
     spec = runtime.generate(prompt=LOOPING, max_tokens=80, temperature=0)
     assert spec.tokens == plain.tokens
     assert spec.stats.accepted > 0 and spec.stats.drafted > spec.stats.accepted  # kept and cut
@@ -141,11 +141,11 @@ def test_speculative_sampling_on_a_hybrid_target_follows_the_targets_law(hybrid,
     write_qwen35_gguf(HybridSpec(noise=0.3), Path(str(path).replace(".gguf", "-drafter.gguf")))
     target = opened(path)
     drafter, strategy = drafters(path, opened, kind, target)
-    runtime = Runtime(target, drafter, strategy=strategy, draft_tokens=2, calibrate=False)
+    runtime = runtime_for(target, drafter, strategy=strategy, draft_tokens=2, calibrate=False)
     # The prompt ends inside the loop the model's greedy text falls into: lookup guesses it,
     # and the target at temperature 1 keeps the guess often but not always.
     start = runtime.prompt_tokens(LOOPING)
-    prompt = start + Runtime(target, strategy="none").generate(prompt=start, max_tokens=60, temperature=0).tokens
+    prompt = start + runtime_for(target, strategy="none").generate(prompt=start, max_tokens=60, temperature=0).tokens
     law = exact_first_two(target, prompt, SamplingConfig(**SAMPLING))
     samples = sample_first_two(runtime, prompt, n=600)
     assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"

@@ -17,7 +17,7 @@ from head_support import assert_calibrated_as_users_run_it
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.core.errors import InvalidRequestError
@@ -34,9 +34,9 @@ def with_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_mtp_sampling_follows_the_targets_law(with_head, opened) -> None:
     target = opened(with_head)
-    runtime = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=2, calibrate=False)
+    runtime = runtime_for(target, target.mtp_head(), strategy="draft", draft_tokens=2, calibrate=False)
     start = runtime.prompt_tokens(LOOPING)
-    prompt = start + Runtime(target, strategy="none").generate(prompt=start, max_tokens=60, temperature=0).tokens
+    prompt = start + runtime_for(target, strategy="none").generate(prompt=start, max_tokens=60, temperature=0).tokens
     law = exact_first_two(target, prompt, SamplingConfig(**SAMPLING))
     samples = sample_first_two(runtime, prompt, n=600)
     assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
@@ -86,11 +86,11 @@ def test_verbose_says_why_a_head_that_never_drafted_stayed_idle(with_head, opene
     from localspec.control.factory import model_policy
 
     target = opened(with_head)
-    runtime = Runtime(target, target.mtp_head(), strategy="draft", calibrate=False)
+    runtime = runtime_for(target, target.mtp_head(), strategy="draft", calibrate=False)
     runtime.policy = model_policy(CostCurve([0.010, 0.019, 0.027]), 0.008, agreement=0.2)
     result = runtime.generate(prompt=LOOPING, max_tokens=8, temperature=0)
     assert result.stats.drafted == result.stats.lookup_drafted  # the head itself stayed idle
     note = runtime.idle_drafter_note(result.stats)
     assert note is not None and "1.90 single-token steps" in note and "0.80 of a step" in note
-    busy = Runtime(target, target.mtp_head(), strategy="draft", draft_tokens=3, calibrate=False)
+    busy = runtime_for(target, target.mtp_head(), strategy="draft", draft_tokens=3, calibrate=False)
     assert busy.idle_drafter_note(busy.generate(prompt=LOOPING, max_tokens=8, temperature=0).stats) is None

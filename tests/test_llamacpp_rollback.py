@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from localspec.api import Completion, Runtime, TextDelta
+from localspec.api import Completion, TextDelta, runtime_for
 from localspec.core.protocol import Backend, LogitsMode
 
 pytestmark = pytest.mark.model
@@ -80,7 +80,7 @@ def assert_same_next_token_logits(cont: npt.NDArray[np.float32], fresh: npt.NDAr
 
 def generate_with_rejections(target: Backend, drafter: Backend) -> tuple[list[int], Completion]:
     empty_caches(target, drafter)
-    rt = Runtime(target, drafter, strategy="draft", draft_tokens=5, calibrate=False)
+    rt = runtime_for(target, drafter, strategy="draft", draft_tokens=5, calibrate=False)
     out = rt.generate(messages=GREETING, max_tokens=40, temperature=0.8, seed=3)
     assert out.stats.drafted > out.stats.accepted, "no draft was rejected: nothing was rolled back"
     return rt.prompt_tokens(messages=GREETING), out
@@ -127,7 +127,7 @@ def test_a_second_chat_turn_evaluates_only_its_new_tokens_in_target_and_drafter(
     target_backend: Backend, q4_drafter_backend: Backend
 ) -> None:
     drafter = CountingBackend(q4_drafter_backend)
-    rt = Runtime(target_backend, drafter, strategy="draft", draft_tokens=3, calibrate=False)  # type: ignore[arg-type]
+    rt = runtime_for(target_backend, drafter, strategy="draft", draft_tokens=3, calibrate=False)  # type: ignore[arg-type]
     first = rt.generate(messages=GREETING, max_tokens=24, temperature=0)
     turn2 = [*GREETING, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And dogs?"}]
     new_tokens = len(rt.prompt_tokens(messages=turn2)) - first.stats.prompt_tokens
@@ -146,9 +146,9 @@ def test_an_abandoned_stream_leaves_the_runtime_giving_the_same_greedy_output_as
     target_backend: Backend, q4_drafter_backend: Backend
 ) -> None:
     empty_caches(target_backend, q4_drafter_backend)
-    fresh = Runtime(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=3, calibrate=False)
+    fresh = runtime_for(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=3, calibrate=False)
     expected = fresh.generate(messages=GREETING, max_tokens=32, temperature=0)
-    rt = Runtime(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=3, calibrate=False)
+    rt = runtime_for(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=3, calibrate=False)
     stream = rt.stream(messages=GREETING, max_tokens=32, temperature=0)
     events = [next(stream), next(stream)]
     stream.close()
@@ -168,7 +168,7 @@ THREAD_PROMPTS = ("The capital of France is", "def fibonacci(n):")
 def test_two_threads_generating_at_once_both_get_their_serial_greedy_output(
     target_backend: Backend, q8_drafter_backend: Backend
 ) -> None:
-    rt = Runtime(target_backend, q8_drafter_backend, strategy="draft", draft_tokens=4, calibrate=False)
+    rt = runtime_for(target_backend, q8_drafter_backend, strategy="draft", draft_tokens=4, calibrate=False)
     serial = {p: rt.generate(p, max_tokens=24, temperature=0).tokens for p in THREAD_PROMPTS}
     results: dict[str, list[int]] = {}
     errors: list[BaseException] = []
@@ -195,7 +195,7 @@ def test_two_threads_generating_at_once_both_get_their_serial_greedy_output(
 def test_a_prompt_longer_than_one_batch_is_prefilled_in_target_and_drafter(
     target_backend: Backend, q4_drafter_backend: Backend
 ) -> None:
-    rt = Runtime(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=2, calibrate=False)
+    rt = runtime_for(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=2, calibrate=False)
     prompt = "one two three four five six seven eight nine ten " * 70
     prompt_tokens = rt.prompt_tokens(prompt)
     assert len(prompt_tokens) > target_backend.capabilities.max_block

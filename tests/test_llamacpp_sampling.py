@@ -30,7 +30,7 @@ import pytest
 from scipy.stats import chisquare
 from sources import AlternatingSources
 
-from localspec.api import Finished, Runtime, derive_drafter
+from localspec.api import Finished, Runtime, derive_drafter, runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.core.protocol import Backend
 from localspec.core.sampling import SamplingConfig, process
@@ -176,7 +176,7 @@ def test_draft_model_sampling_on_smollm2_matches_the_targets_joint_law_of_the_fi
     # runs (about 16 s) still see any cell of the law off by a third of its mass; the tiny
     # models below check every drafter's law at 1000 runs.
     prompt = "Once upon a time, in a small village, there lived a"
-    rt = Runtime(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=2, calibrate=False)
+    rt = runtime_for(target_backend, q4_drafter_backend, strategy="draft", draft_tokens=2, calibrate=False)
     samples = check_law(rt, target_backend, prompt, 400, "SmolLM2 draft-model sampling")
     assert samples.cut_drafts > 0, "no draft was ever rejected: the residual path went untested"
 
@@ -184,13 +184,13 @@ def test_draft_model_sampling_on_smollm2_matches_the_targets_joint_law_of_the_fi
 def test_draft_model_sampling_matches_the_targets_joint_law_of_the_first_two_tokens(
     tiny: dict[str, LlamaCppBackend],
 ) -> None:
-    rt = Runtime(tiny["target"], tiny["draft"], strategy="draft", draft_tokens=2, calibrate=False)
+    rt = runtime_for(tiny["target"], tiny["draft"], strategy="draft", draft_tokens=2, calibrate=False)
     samples = check_law(rt, tiny["target"], TINY_PROMPT, TINY_RUNS, "draft-model sampling")
     assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"
 
 
 def test_ngram_sampling_matches_the_targets_joint_law_of_the_first_two_tokens(tiny: dict[str, LlamaCppBackend]) -> None:
-    rt = Runtime(tiny["target"], None, strategy="ngram", draft_tokens=2, calibrate=False)
+    rt = runtime_for(tiny["target"], None, strategy="ngram", draft_tokens=2, calibrate=False)
     samples = check_law(rt, tiny["target"], TINY_PROMPT, TINY_RUNS, "n-gram sampling")
     assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"
 
@@ -198,7 +198,7 @@ def test_ngram_sampling_matches_the_targets_joint_law_of_the_first_two_tokens(ti
 def test_a_draft_model_beside_ngram_lookup_keeps_the_targets_joint_law(tiny: dict[str, LlamaCppBackend]) -> None:
     # The steps go to the lookup (one-hot guesses) and the drafter (its own law, after
     # catching up on what the lookup committed) in turn.
-    rt = Runtime(tiny["target"], tiny["draft"], strategy="draft", draft_tokens=2, calibrate=False)
+    rt = runtime_for(tiny["target"], tiny["draft"], strategy="draft", draft_tokens=2, calibrate=False)
     policy = AlternatingSources(2)
     rt.engine.lookup, rt.policy = NgramDrafter(), policy
     samples = check_law(rt, tiny["target"], TINY_PROMPT, TINY_RUNS, "lookup beside a draft model")
@@ -216,7 +216,7 @@ def test_self_drafting_matches_the_targets_joint_law_of_the_first_two_tokens(
     kind, _, option = strategy.partition(":")
     drafter = derive_drafter(tiny["target"], kind, option)
     try:
-        rt = Runtime(tiny["target"], drafter, strategy="draft", draft_tokens=2, calibrate=False)
+        rt = runtime_for(tiny["target"], drafter, strategy="draft", draft_tokens=2, calibrate=False)
         samples = check_law(rt, tiny["target"], TINY_PROMPT, TINY_RUNS, f"{strategy} sampling")
     finally:
         drafter.close()

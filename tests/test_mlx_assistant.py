@@ -39,7 +39,7 @@ from test_mlx_backend import (  # noqa: E402
 from test_mlx_hybrid import PROMPT, TEXT, save_folder, tiny_hybrid  # noqa: E402
 
 from localspec import api  # noqa: E402
-from localspec.api import Runtime  # noqa: E402
+from localspec.api import runtime_for  # noqa: E402
 from localspec.backends.mlx import MlxBackend, load  # noqa: E402
 from localspec.backends.mlx.assistant import Gemma4Assistant  # noqa: E402
 from localspec.core.engine import Engine  # noqa: E402
@@ -211,10 +211,10 @@ def test_greedy_assistant_drafting_reproduces_plain_decoding(
     target_folder: Path, assistant_folder: Path, gamma: int
 ) -> None:
     target = opened(target_folder)
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=60, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=60, temperature=0)
     head = target.assistant_head(str(assistant_folder))
     assert head.capabilities.extra["self_draft"] == "mtp"
-    spec = Runtime(target, head, strategy="draft", draft_tokens=gamma, calibrate=False).generate(
+    spec = runtime_for(target, head, strategy="draft", draft_tokens=gamma, calibrate=False).generate(
         prompt=PROMPT, max_tokens=60, temperature=0
     )
     assert spec.tokens == plain.tokens
@@ -262,7 +262,7 @@ def test_load_pairs_a_target_with_its_assistant_folder_as_mtp(target_folder: Pat
     ) as runtime:
         assert runtime.label == "mtp"
         spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
-    plain = Runtime(opened(target_folder), strategy="none", calibrate=False).generate(
+    plain = runtime_for(opened(target_folder), strategy="none", calibrate=False).generate(
         prompt=PROMPT, max_tokens=30, temperature=0
     )
     assert spec.tokens == plain.tokens
@@ -271,10 +271,10 @@ def test_load_pairs_a_target_with_its_assistant_folder_as_mtp(target_folder: Pat
 def test_a_4bit_assistant_loads_quantized_and_stays_exact(target_folder: Path, tmp_path: Path) -> None:
     folder = write_assistant(tmp_path / "assistant-4bit", assistant_config(), bits=4)
     target = opened(target_folder)
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=40, temperature=0)
     head = target.assistant_head(str(folder))
     assert any(isinstance(m, nn.QuantizedLinear) for _, m in head._module.named_modules())
-    spec = Runtime(target, head, strategy="draft", draft_tokens=2, calibrate=False).generate(
+    spec = runtime_for(target, head, strategy="draft", draft_tokens=2, calibrate=False).generate(
         prompt=PROMPT, max_tokens=40, temperature=0
     )
     assert spec.tokens == plain.tokens

@@ -34,7 +34,7 @@ pytest.importorskip("mlx_lm", reason="the MLX backend needs mlx-lm: pip install 
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models import llama, mamba  # noqa: E402
 
-from localspec.api import Completion, Runtime  # noqa: E402
+from localspec.api import Completion, runtime_for  # noqa: E402
 from localspec.backends.mlx import Forward, MlxBackend, load  # noqa: E402
 from localspec.backends.mlx.gguf import FrequencyRoPE, check_types  # noqa: E402
 from localspec.backends.vocab import CONTROL, NORMAL, from_gguf  # noqa: E402
@@ -151,7 +151,7 @@ GREEDY_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def plain_greedy(mlx_target: Backend) -> Completion:
-    return Runtime(mlx_target, None, strategy="none", calibrate=False).generate(
+    return runtime_for(mlx_target, None, strategy="none", calibrate=False).generate(
         prompt=GREEDY_PROMPT, max_tokens=GREEDY_TOKENS, temperature=0
     )
 
@@ -184,7 +184,7 @@ def test_greedy_speculation_emits_plain_decoding(
 ) -> None:
     draft = load(str(smollm2_gguf), n_ctx=N_CTX) if strategy == "draft" else None  # the same GGUF, loaded twice
     try:
-        rt = Runtime(mlx_target, draft, strategy=strategy, draft_tokens=3, calibrate=False)
+        rt = runtime_for(mlx_target, draft, strategy=strategy, draft_tokens=3, calibrate=False)
         spec = rt.generate(prompt=GREEDY_PROMPT, max_tokens=GREEDY_TOKENS, temperature=0)
     finally:
         if draft is not None:
@@ -325,13 +325,13 @@ def test_sampled_tokens_follow_the_target_law_with_a_self_drafter(kind: str, opt
 @pytest.mark.parametrize("strategy", ["qspec:4", "layerskip:2"])
 def test_self_drafters_reproduce_greedy_plain_decoding(strategy: str) -> None:
     target = tiny_backend(tiny_llama(seed=0))  # a greedy path the drafters partly miss
-    plain = Runtime(target, None, strategy="none", calibrate=False).generate(
+    plain = runtime_for(target, None, strategy="none", calibrate=False).generate(
         prompt="abcab", max_tokens=24, temperature=0
     )
     kind, _, option = strategy.partition(":")
     drafter = target.make_self_drafter(kind, option)
     assert drafter.capabilities.extra["self_draft"] == strategy
-    spec = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
+    spec = runtime_for(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
         prompt="abcab", max_tokens=24, temperature=0
     )
     assert spec.stats.drafted > spec.stats.accepted > 0
@@ -396,7 +396,7 @@ def test_a_runtime_loaded_in_one_thread_generates_in_another() -> None:
     # MLX streams are per thread (0.31.2+): the TUI and servers generate from worker threads.
     target = tiny_backend(tiny_llama(seed=0))
     drafter = target.make_self_drafter("layerskip", "2")
-    rt = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False)
+    rt = runtime_for(target, drafter, strategy="draft", draft_tokens=3, calibrate=False)
     here = rt.generate(prompt="abcab", max_tokens=12, temperature=0)
     there: list[Completion] = []
     worker = threading.Thread(target=lambda: there.append(rt.generate(prompt="abcab", max_tokens=12, temperature=0)))

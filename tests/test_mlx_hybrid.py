@@ -37,7 +37,7 @@ from test_mlx_backend import (  # noqa: E402
     tiny_vocab,
 )
 
-from localspec.api import Runtime  # noqa: E402
+from localspec.api import runtime_for  # noqa: E402
 from localspec.backends.mlx import Forward, MlxBackend, load  # noqa: E402
 from localspec.core.engine import Engine  # noqa: E402
 from localspec.core.protocol import Backend  # noqa: E402
@@ -252,11 +252,11 @@ def test_greedy_speculation_on_a_hybrid_folder_reproduces_plain_decoding(
 ) -> None:
     target = load(str(hybrid_folder), n_ctx=256)
     assert target.info.architecture == "qwen3_5"
-    plain = Runtime(target, None, strategy="none", calibrate=False).generate(
+    plain = runtime_for(target, None, strategy="none", calibrate=False).generate(
         prompt=PROMPT, max_tokens=60, temperature=0
     )
     drafter = load(str(drafter_folder), n_ctx=256) if strategy == "draft" else None
-    rt = Runtime(target, drafter, strategy=strategy, draft_tokens=4, calibrate=False)
+    rt = runtime_for(target, drafter, strategy=strategy, draft_tokens=4, calibrate=False)
     spec = rt.generate(prompt=PROMPT, max_tokens=60, temperature=0)
     assert spec.tokens == plain.tokens
     assert spec.stats.drafted > spec.stats.accepted > 0  # drafts both kept and cut

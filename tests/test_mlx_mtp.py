@@ -28,7 +28,7 @@ from test_mlx_backend import N_RUNS, TOP5, Outcome, chi_square_pvalue, exact_law
 from test_mlx_hybrid import HYBRID_TEXT_CONFIG, PROMPT, lookup_prompt, save_folder, tiny_hybrid  # noqa: E402
 
 from localspec import api  # noqa: E402
-from localspec.api import Runtime  # noqa: E402
+from localspec.api import runtime_for  # noqa: E402
 from localspec.backends.mlx import MlxBackend, load  # noqa: E402
 from localspec.backends.mlx.mtp import MlxMtpHead, MtpBlock  # noqa: E402
 from localspec.core.engine import Engine  # noqa: E402
@@ -92,7 +92,7 @@ def test_a_folder_that_keeps_its_head_says_so_and_auto_drafts_with_it(with_head:
         assert runtime.label == "mtp" and runtime.draft is not None
         assert_calibrated_as_users_run_it(runtime.target, runtime.draft, runtime.policy)
         spec = runtime.generate(prompt=PROMPT, max_tokens=30, temperature=0)
-    plain = Runtime(opened(with_head), strategy="none", calibrate=False).generate(
+    plain = runtime_for(opened(with_head), strategy="none", calibrate=False).generate(
         prompt=PROMPT, max_tokens=30, temperature=0
     )
     assert spec.tokens == plain.tokens
@@ -116,9 +116,9 @@ def save_with_config(model: nn.Module, config: dict[str, Any], folder: Path) -> 
 
 def greedy_identity(folder: Path) -> MlxBackend:
     target = opened(folder)
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(prompt=PROMPT, max_tokens=40, temperature=0)
     head = target.make_self_drafter("mtp", None)
-    spec = Runtime(target, head, strategy="draft", draft_tokens=3, calibrate=False).generate(
+    spec = runtime_for(target, head, strategy="draft", draft_tokens=3, calibrate=False).generate(
         prompt=PROMPT, max_tokens=40, temperature=0
     )
     assert spec.tokens == plain.tokens

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from head_support import assert_agreement_is_measured_as_it_drafts
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.core.protocol import Backend
 
 
@@ -119,10 +119,12 @@ def test_greedy_mtp_drafting_reproduces_plain_decoding(
     case: HeadCase, opened: Callable[[], Backend], gamma: int
 ) -> None:
     target = opened()
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt=case.prompt, max_tokens=60, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(
+        prompt=case.prompt, max_tokens=60, temperature=0
+    )
     head = target.make_self_drafter("mtp", None)  # type: ignore[attr-defined]
     assert head.capabilities.self_draft == "mtp"
-    runtime = Runtime(target, head, strategy="draft", draft_tokens=gamma, calibrate=False)
+    runtime = runtime_for(target, head, strategy="draft", draft_tokens=gamma, calibrate=False)
     spec = runtime.generate(prompt=case.prompt, max_tokens=60, temperature=0)
     assert spec.tokens == plain.tokens
     assert spec.stats.drafted > spec.stats.accepted > 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.api import Runtime, load
+from localspec.api import load, runtime_for
 from localspec.backends.llamacpp import copies
 from localspec.backends.llamacpp.copies import QSPEC_TYPES
 from localspec.control.prompts import SUITE
@@ -24,7 +24,7 @@ def test_self_drafting_is_token_identical_to_plain_greedy_decoding(
     monkeypatch.setenv("LOCALSPEC_HOME", str(session_home))  # each draft length reuses the drafter's copy
     messages = SUITE[0].messages
     with load(str(smollm2_q4_1), strategy=strategy, draft_tokens=gamma, n_ctx=1024) as rt:
-        plain = Runtime(rt.target, strategy="none", calibrate=False).generate(
+        plain = runtime_for(rt.target, strategy="none", calibrate=False).generate(
             messages=messages, max_tokens=40, temperature=0
         )
         spec = rt.generate(messages=messages, max_tokens=40, temperature=0)

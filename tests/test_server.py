@@ -16,7 +16,7 @@ import pytest
 from conftest import TEST_N_CTX
 from server_support import serve_process
 
-from localspec.api import Runtime, load
+from localspec.api import Runtime, load, runtime_for
 from localspec.core.protocol import Backend, VocabIdentity
 from localspec.server import Catalog, LocalServer, Settings, local_only
 from localspec.server.fim import FimTokens, find_fim_tokens
@@ -50,7 +50,7 @@ def client(server: LocalServer) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def python_api(target_backend: Backend) -> Runtime:
-    return Runtime(target_backend, calibrate=False)
+    return runtime_for(target_backend, calibrate=False)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from backends.reference import ReferenceBackend
-from localspec.api import Finished, Prompt, Runtime, Stream, TextDelta
+from localspec.api import Finished, Prompt, Runtime, Stream, TextDelta, runtime_for
 from localspec.core.errors import ContextFullError, InvalidRequestError
 
 GREEDY: dict[str, Any] = {"temperature": 0}
@@ -20,7 +20,7 @@ CHAT = [{"role": "user", "content": "Name three rivers."}]
 
 
 def reference_runtime(n_ctx: int = 512) -> Runtime:
-    return Runtime(ReferenceBackend(seed=3, n_ctx=n_ctx), None, strategy="none", calibrate=False)
+    return runtime_for(ReferenceBackend(seed=3, n_ctx=n_ctx), None, strategy="none", calibrate=False)
 
 
 def answer_from_another_thread(rt: Runtime) -> list[str]:
@@ -85,7 +85,7 @@ def test_a_new_call_in_the_same_thread_ends_that_threads_open_stream() -> None:
 
 def test_another_threads_close_waits_for_the_step_in_flight_then_ends_the_stream() -> None:
     backend = ReferenceBackend(seed=3, n_ctx=512)
-    rt = Runtime(backend, None, strategy="none", calibrate=False)
+    rt = runtime_for(backend, None, strategy="none", calibrate=False)
     expected = reference_runtime().generate("Hello", max_tokens=4, **GREEDY).text
     stream = rt.stream("Once upon a time", max_tokens=50, **GREEDY)
     next(stream)

@@ -1,5 +1,6 @@
-"""The code's shape, checked: no module imports itself back through others, and no function
-in the core or a backend needs a scroll (docs/architecture.md)."""
+"""The code's shape, checked: no module imports itself back through others, no function
+in the core or a backend needs a scroll, and no module but the strategy table compares a
+strategy's name (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import grimp
+
+from localspec.strategies import TABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,3 +71,55 @@ def test_no_module_imports_itself_back_through_others() -> None:
 
 def test_no_function_in_the_core_or_a_backend_needs_a_scroll() -> None:
     assert long_functions(("localspec/core", "backends"), 59) == []
+
+
+def _names_a_strategy(node: ast.expr) -> bool:
+    """A variable or attribute that holds a strategy's name: strategy, opts.strategy, strategies."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return "strateg" in name.lower()
+
+
+def _strategy_names(node: ast.expr) -> set[str]:
+    """The strategy names a literal spells: "ngram", or ("draft", "dflash", *FEATURE_DRAFTERS)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value.partition(":")[0]} & set(TABLE)
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return set().union(*(_strategy_names(e) for e in node.elts if not isinstance(e, ast.Starred)))
+    return set()
+
+
+def strategy_name_comparisons(folders: tuple[str, ...], table: str) -> list[str]:
+    """Comparisons of a strategy's name with a name spelled out (`strategy == "ngram"`,
+    `opts.strategy in ("draft", "dflash")`) outside the strategy table's module, as path:line."""
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative == table or relative.startswith("localspec/testing/"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Compare):
+                    continue
+                sides = [node.left, *node.comparators]
+                if any(_names_a_strategy(s) for s in sides) and any(_strategy_names(s) for s in sides):
+                    found.append(f"{relative}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_strategy_table_compares_a_strategy_name() -> None:
+    assert strategy_name_comparisons(("localspec", "backends"), "localspec/strategies.py") == []
+
+
+def test_the_strategy_rule_finds_the_comparisons_it_forbids(tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "m.py").write_text(
+        'if opts.strategy == "ngram" or strategy in ("draft", "eagle3") or "mtp:x" != strategies:\n    pass\n'
+        'if kind == "mtp" or strategy == "fastest":\n    pass\n'
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert strategy_name_comparisons(("pkg",), "") == [
+        "pkg/m.py:1 opts.strategy == 'ngram'",
+        "pkg/m.py:1 strategy in ('draft', 'eagle3')",
+        "pkg/m.py:1 'mtp:x' != strategies",
+    ]

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the torch backend tests need PyTorch: pip install 'localspec[torch]'")
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.backends.torch import TorchBackend
 from localspec.control.prompts import SUITE
 from localspec.core.backend_loader import load_backend
@@ -119,18 +119,18 @@ def test_rollback_then_new_tokens_equals_evaluating_the_new_text_fresh(torch_q4_
 
 def test_greedy_speculation_reproduces_plain_decoding(torch_q4_1: TorchBackend, derived_models) -> None:
     messages = SUITE[0].messages  # the code-editing prompt: n-gram drafts get accepted
-    plain = Runtime(torch_q4_1, strategy="none", calibrate=False).generate(
+    plain = runtime_for(torch_q4_1, strategy="none", calibrate=False).generate(
         messages=messages, max_tokens=48, temperature=0
     )
     drafter = load_torch(derived_models["Q8_0"])
     try:
         for runtime in (
-            Runtime(torch_q4_1, strategy="ngram", draft_tokens=4, calibrate=False),
-            Runtime(torch_q4_1, drafter, strategy="draft", draft_tokens=3, calibrate=False),
+            runtime_for(torch_q4_1, strategy="ngram", draft_tokens=4, calibrate=False),
+            runtime_for(torch_q4_1, drafter, strategy="draft", draft_tokens=3, calibrate=False),
             # layer-skip self-drafting: the target's first 20 blocks, sharing its weights
-            Runtime(torch_q4_1, torch_q4_1.early_exit(20), strategy="draft", draft_tokens=2, calibrate=False),
+            runtime_for(torch_q4_1, torch_q4_1.early_exit(20), strategy="draft", draft_tokens=2, calibrate=False),
             # QSpec-style self-drafting: an int8 copy of the target's matrices
-            Runtime(torch_q4_1, torch_q4_1.quantized(8), strategy="draft", draft_tokens=4, calibrate=False),
+            runtime_for(torch_q4_1, torch_q4_1.quantized(8), strategy="draft", draft_tokens=4, calibrate=False),
         ):
             spec = runtime.generate(messages=messages, max_tokens=48, temperature=0)
             assert spec.tokens == plain.tokens, runtime.strategy

@@ -37,7 +37,7 @@ from test_torch_tiny_models import (  # noqa: E402
     tiny,
 )
 
-from localspec.api import Runtime  # noqa: E402
+from localspec.api import runtime_for  # noqa: E402
 from localspec.backends.torch import TorchBackend  # noqa: E402
 from localspec.control.prompts import SUITE  # noqa: E402
 from localspec.core.engine import Engine  # noqa: E402
@@ -192,12 +192,12 @@ def chat_ids(backend: TorchBackend, messages: list[dict[str, str]]) -> list[int]
 @pytest.mark.parametrize("strategy", ["ngram", "layerskip:20", "qspec:int8", "qspec:int4"])
 def test_greedy_speculation_on_cuda_reproduces_plain_decoding(gpu_bf16: TorchBackend, strategy: str) -> None:
     messages = SUITE[0].messages  # the code edit: drafts get accepted
-    plain = Runtime(gpu_bf16, strategy="none", calibrate=False).generate(
+    plain = runtime_for(gpu_bf16, strategy="none", calibrate=False).generate(
         messages=messages, max_tokens=64, temperature=0
     )
     kind, _, option = strategy.partition(":")
     drafter = gpu_bf16.make_self_drafter(kind, option or None) if kind != "ngram" else None
-    runtime = Runtime(gpu_bf16, drafter, strategy="draft" if drafter else "ngram", draft_tokens=4, calibrate=False)
+    runtime = runtime_for(gpu_bf16, drafter, strategy="draft" if drafter else "ngram", draft_tokens=4, calibrate=False)
     spec = runtime.generate(messages=messages, max_tokens=64, temperature=0)
     assert spec.stats.accepted > 0
     at = first_divergence(spec.tokens, plain.tokens)
@@ -281,10 +281,12 @@ def test_greedy_speculation_on_an_int4_target_verified_on_cuda_reproduces_plain_
     target = on_gpu(smollm2, n_ctx=1024, weights="int4")
     assert target.capabilities.verifies
     messages = SUITE[0].messages
-    plain = Runtime(target, strategy="none", calibrate=False).generate(messages=messages, max_tokens=64, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(
+        messages=messages, max_tokens=64, temperature=0
+    )
     kind, _, option = strategy.partition(":")
     drafter = target.make_self_drafter(kind, option or None) if kind != "ngram" else None
-    runtime = Runtime(target, drafter, strategy="draft" if drafter else "ngram", draft_tokens=4, calibrate=False)
+    runtime = runtime_for(target, drafter, strategy="draft" if drafter else "ngram", draft_tokens=4, calibrate=False)
     spec = runtime.generate(messages=messages, max_tokens=64, temperature=0)
     assert spec.stats.accepted > 0
     at = first_divergence(spec.tokens, plain.tokens)

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch", reason="the torch backend tests need PyTorc
 
 from test_exactness import chi_square_pvalue, emitted, exact_joint, outcome, run_rng  # noqa: E402
 
-from localspec.api import Runtime  # noqa: E402
+from localspec.api import runtime_for  # noqa: E402
 from localspec.backends.torch import TorchBackend, linear, native  # noqa: E402
 from localspec.backends.torch.linear import Int4, Int8, Panels  # noqa: E402
 from localspec.cli.main import main  # noqa: E402
@@ -212,11 +212,11 @@ def test_greedy_speculation_with_a_torch_drafter_reproduces_plain_decoding(model
     target = tiny(str(models(SMALL)))
     draft = tiny(str(models(replace(SMALL, noise=0.3))))
     prompt = "the sand and the"
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt, max_tokens=40, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(prompt, max_tokens=40, temperature=0)
     for runtime in (
-        Runtime(target, draft, strategy="draft", draft_tokens=4, calibrate=False),
-        Runtime(target, target.early_exit(1), strategy="draft", draft_tokens=2, calibrate=False),
-        Runtime(target, strategy="ngram", draft_tokens=3, calibrate=False),
+        runtime_for(target, draft, strategy="draft", draft_tokens=4, calibrate=False),
+        runtime_for(target, target.early_exit(1), strategy="draft", draft_tokens=2, calibrate=False),
+        runtime_for(target, strategy="ngram", draft_tokens=3, calibrate=False),
     ):
         spec = runtime.generate(prompt, max_tokens=40, temperature=0)
         assert spec.tokens == plain.tokens
@@ -227,11 +227,11 @@ def test_greedy_speculation_with_a_torch_drafter_reproduces_plain_decoding(model
 def test_greedy_speculation_with_a_qspec_self_drafter_reproduces_plain_decoding(models, strategy: str) -> None:
     target = tiny(str(models(SMALL)))
     prompt = "the sand and the"
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt, max_tokens=40, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(prompt, max_tokens=40, temperature=0)
     kind, _, option = strategy.partition(":")
     drafter = target.make_self_drafter(kind, option or None)
     assert drafter is not None
-    spec = Runtime(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
+    spec = runtime_for(target, drafter, strategy="draft", draft_tokens=3, calibrate=False).generate(
         prompt, max_tokens=40, temperature=0
     )
     assert spec.tokens == plain.tokens
@@ -397,7 +397,7 @@ def test_an_early_exit_view_reads_the_targets_cache_and_never_writes_its_rows(mo
 def test_verify_resumes_from_the_early_exits_work_and_stays_exact(models, spec: Spec, monkeypatch) -> None:
     target = tiny(str(models(spec)))
     prompt = "the sand and the"
-    plain = Runtime(target, strategy="none", calibrate=False).generate(prompt, max_tokens=30, temperature=0)
+    plain = runtime_for(target, strategy="none", calibrate=False).generate(prompt, max_tokens=30, temperature=0)
     passes: list[tuple[int, int | None, int]] = []
     layers_from = target.model.layers_from
 
@@ -406,7 +406,7 @@ def test_verify_resumes_from_the_early_exits_work_and_stays_exact(models, spec: 
         return layers_from(x, block, cache, start, end)
 
     monkeypatch.setattr(target.model, "layers_from", spy)
-    runtime = Runtime(target, target.early_exit(2), strategy="draft", draft_tokens=3, calibrate=False)
+    runtime = runtime_for(target, target.early_exit(2), strategy="draft", draft_tokens=3, calibrate=False)
     spec_run = runtime.generate(prompt, max_tokens=30, temperature=0)
     assert spec_run.tokens == plain.tokens
     assert spec_run.stats.drafted > 0

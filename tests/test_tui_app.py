@@ -11,7 +11,7 @@ import pytest
 from textual.command import CommandList
 from textual.widgets import Static
 
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.core.errors import ModelLoadError
 from localspec.core.progress import Announce
 from localspec.core.sampling import SamplingConfig
@@ -390,7 +390,7 @@ async def test_saved_chats_are_remembered_for_lookup_once_the_model_is_ready() -
 
     def remembering(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
         target = load_backend("reference", "reference", n_ctx=settings.load.n_ctx)
-        return Runtime(target, None, strategy="ngram", memory=NgramMemory())
+        return runtime_for(target, None, strategy="ngram", memory=NgramMemory())
 
     app = ChatApp(remembering, REFERENCE.with_changes(strategy="ngram", draft_model=None))
     async with app.run_test(size=SIZE):

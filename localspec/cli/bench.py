@@ -13,7 +13,7 @@ from typing import Any
 from localspec.api import derive_drafter, head_kind, load_drafter
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.cli.options import load_options, model_files
-from localspec.control import contention, selfdraft
+from localspec.control import contention
 from localspec.control.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.core.backend_loader import load_backend
 from localspec.core.choices import FEATURE_DRAFTERS
@@ -22,6 +22,7 @@ from localspec.core.progress import Steps, reporting
 from localspec.core.protocol import Backend, DerivesFiles
 from localspec.core.templates import render_chat
 from localspec.models.naming import canonical_name
+from localspec.strategies import TABLE, named
 from localspec.tooling.bench import (
     MAX_REPEAT_FACTOR,
     BenchRow,
@@ -103,8 +104,9 @@ def handle(args: argparse.Namespace) -> int:
         )
     model, args.draft_model = model_files(args)
     strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
-    if "draft" in strategies and not args.draft_model:
-        raise InvalidRequestError("strategy 'draft' needs a draft model", "add --draft-model PATH")
+    needs_file = next((s for s in strategies if named(s)[0].source == "file"), None)
+    if needs_file is not None and not args.draft_model:
+        raise InvalidRequestError(f"strategy {needs_file!r} needs a draft model", "add --draft-model PATH")
     options = load_options(args).backend_options()
     samples = [contention.sample()]
     with Steps("localspec bench") as progress:
@@ -176,7 +178,7 @@ def contenders_for(
     kind, _, option = strategy.partition(":")
     if option != "all":
         return [contender(strategy, target, args, options)]
-    if kind not in selfdraft.KINDS:
+    if kind not in TABLE or TABLE[kind].source != "derived":
         raise InvalidRequestError(f"only qspec and layerskip can sweep their candidates, not {kind!r}")
     if not isinstance(target, DerivesFiles):  # the GGUF drafters llama.cpp derives
         raise InvalidRequestError(
@@ -190,21 +192,23 @@ def contenders_for(
 
 
 def contender(strategy: str, target: Backend, args: argparse.Namespace, options: dict[str, Any]) -> Contender:
-    if strategy in ("none", "ngram"):
+    """The column of a strategy, its drafter by the strategy table's row: none, lookup, a file
+    (a head in the target's memory, else a model opened for its runs) or derived from the target."""
+    row, option = named(strategy)
+    if row.source in ("none", "lookup"):
         return Contender(strategy, strategy)
-    kind = head_kind(args.draft_model) if args.draft_model and strategy in ("draft", *FEATURE_DRAFTERS) else None
+    if row.source not in ("file", "derived"):
+        choose = "choose from: ngram, draft, eagle3, qspec[:TYPE], layerskip[:L], mtp"
+        raise InvalidRequestError(f"bench does not run strategy {strategy!r}", choose)
+    kind = head_kind(args.draft_model) if args.draft_model and row.source == "file" else None
     if kind is not None:  # a head that reads the target's layers: it lives in the target's memory
         return Contender(kind, "draft", load_drafter(target, args.draft_model, args.backend, options))
-    if strategy in FEATURE_DRAFTERS:
+    if row.name in FEATURE_DRAFTERS:  # its head's GGUF was not given
         raise InvalidRequestError(f"strategy {strategy!r} needs its head's GGUF", "add --draft-model PATH")
-    if strategy == "draft":
-        return Contender("draft", "draft", open_draft=partial(load_backend, args.backend, args.draft_model, **options))
-    parsed = selfdraft.parse(strategy)
-    if parsed is None:
-        raise InvalidRequestError(
-            f"unknown strategy {strategy!r}", "choose from: ngram, draft, qspec[:TYPE], layerskip[:L]"
-        )
-    draft = derive_drafter(target, *parsed)
+    if row.source == "file":
+        opened = partial(load_backend, args.backend, args.draft_model, **options)
+        return Contender(row.label, row.name, open_draft=opened)
+    draft = derive_drafter(target, row.name, option)
     label = draft.capabilities.self_draft or strategy
     if draft.info.path == target.info.path:  # it lives in the target's memory
         return Contender(label, "draft", draft)
@@ -223,10 +227,10 @@ def add_peer_figures(
     template, special, source = target.chat_template(), target.special_texts(), target.info.path
     texts = {p.id: render_chat(template, p.messages, special, source=source) for p in prompts}
     for row in rows:
-        program = {"ngram": "llama-lookup", "draft": "llama-speculative-simple"}.get(row.strategy)
+        program = TABLE[row.strategy].peer if row.strategy in TABLE else None
         if program is None:
             continue
-        draft = args.draft_model if row.strategy == "draft" else None
+        draft = args.draft_model if TABLE[row.strategy].source == "file" else None
         for gamma in args.peer_draft_tokens or [4, 8]:
             results = [
                 run_peer(bin_dir, program, model, texts[row.prompt], args.max_tokens, gamma, draft, args.threads)

@@ -19,9 +19,9 @@ from typing import Any
 from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF, GGUFHeader, gguf_vocab_identity, vocab_identity
-from localspec.core.protocol import VocabIdentity
+from localspec.core.protocol import VocabIdentity, vocab_mismatch
 from localspec.models.hub import HubSettings, HubUnreachableError, hub_errors
-from localspec.models.pairing import tokenizer_json_identity, vocab_mismatch
+from localspec.models.pairing import tokenizer_json_identity
 from localspec.models.registry import (
     HubArtifact,
     LocalArtifact,

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from localspec.core.errors import LocalspecError
 from localspec.models.registry import HubArtifact, Model, Pair, sidecar_of
+from localspec.strategies import TABLE
 
 ENGINES = ("vllm", "sglang", "llama-server")
 HOST = "127.0.0.1"  # as localspec's own servers: reachable from this machine only
@@ -137,27 +138,32 @@ def export_pair(
 
 
 def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
-    mtp_first = pair.mtp is not None and pair.strategy != "dflash"  # a DFlash pair keeps its drafter
-    chosen = strategy or ("mtp" if mtp_first else pair.strategy)
-    if chosen == "auto":
-        chosen = "draft" if pair.drafter is not None else "ngram"
-    if chosen == "draft" and pair.drafter is None:
+    """The engines' method for the strategy asked for (default: the pair's, or the MTP
+    drafter a pair has unless it keeps a DFlash drafter), by the strategy table's row."""
+    kept = _exported_as(pair.strategy)
+    chosen = strategy or ("mtp" if pair.mtp is not None and kept != "dflash" else pair.strategy)
+    row = TABLE.get(chosen.partition(":")[0])
+    method = row.exports_as if row is not None else "ngram"
+    if method == "auto":
+        method = "draft" if pair.drafter is not None else "ngram"
+    if method == "draft" and pair.drafter is None:
         raise ExportError(f"pair {pair.id!r} has no drafter model", "export it with --strategy ngram")
-    if chosen.startswith("mtp") and pair.mtp is None:
+    if method == "mtp" and pair.mtp is None:
         raise ExportError(
             f"pair {pair.id!r} has no MTP drafter (strategy mtp, or an mtp-*.gguf beside its target)",
             "export it with --strategy ngram" + (" or draft" if pair.drafter is not None else ""),
         )
-    if chosen.startswith("mtp"):
-        return "mtp"
-    if chosen == "dflash" and pair.strategy != "dflash":
+    if method == "dflash" and kept != "dflash":
         raise ExportError(f"pair {pair.id!r} has no DFlash drafter", "export it with its strategy, or --strategy ngram")
-    if chosen == "dflash":
-        return "dflash"
-    if chosen not in ("draft", "ngram", "eagle3"):
+    if row is None or (method == "ngram" and row.source != "lookup" and not row.chooses):
         notes.append(f"no engine has localspec's {chosen!r}: exported as n-gram lookup instead")
-        chosen = "ngram"
-    return chosen
+    return method
+
+
+def _exported_as(strategy: str) -> str:
+    """What the engines run a strategy as (its row's exports_as)."""
+    row = TABLE.get(strategy.partition(":")[0])
+    return row.exports_as if row is not None else "ngram"
 
 
 def _fixed_draft_tokens(pair: Pair, engine: str, method: str, notes: list[str]) -> int:
@@ -368,7 +374,8 @@ def _unconverted(pair: Pair, target: Path, notes: list[str]) -> Path:
 def _eagle3_head(pair: Pair) -> Model:
     from localspec.models.registry import load_registry
 
-    head = pair.drafter if pair.strategy == "eagle3" else load_registry().models.get(f"{pair.target.id}-eagle3")
+    own = _exported_as(pair.strategy) == "eagle3"  # the pair's drafter is the head
+    head = pair.drafter if own else load_registry().models.get(f"{pair.target.id}-eagle3")
     if head is None:
         raise ExportError(
             f"pair {pair.id!r} has no EAGLE-3 head in models.toml (a model {pair.target.id}-eagle3, or its drafter)",

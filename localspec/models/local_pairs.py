@@ -11,9 +11,10 @@ from pathlib import Path
 from localspec.core.choices import FEATURE_DRAFTERS, DraftTokens
 from localspec.core.errors import InvalidRequestError, PairMismatchError
 from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
-from localspec.models.pairing import vocab_mismatch
+from localspec.core.protocol import vocab_mismatch
 from localspec.models.registry import Pair, load_registry, user_registry_file
 from localspec.store import write_atomic
+from localspec.strategies import TABLE
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _HEADER = "# Your own pairs and models, merged over localspec's (`localspec path registry`).\n"
@@ -97,7 +98,7 @@ def _pair_entry(
     name: str, ids: dict[str, str], files: dict[str, Path], strategy: str, draft_tokens: DraftTokens, description: str
 ) -> str:
     drafter = files.get("drafter")
-    alone = "by its own MTP head" if strategy == "mtp" else "alone"
+    alone = "by its own MTP head" if TABLE[strategy].exports_as == "mtp" else "alone"
     default = f"{files['target'].name} drafted by {drafter.name}" if drafter else f"{files['target'].name} {alone}"
     lines = [
         f"\n[pairs.{_quote(name)}]",

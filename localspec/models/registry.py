@@ -20,16 +20,15 @@ from typing import Any, Literal
 from localspec.core.backend_loader import kind_of
 from localspec.core.choices import (
     EVERY_STRATEGY,
-    FEATURE_DRAFTERS,
     PULLABLE_BACKENDS,
     SELF_DRAFTING_STRATEGY,
-    STRATEGIES,
     DraftTokens,
 )
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF
 from localspec.models.default_model import PyPIModel
 from localspec.store import data_dir, warn_if_others_can_write
+from localspec.strategies import TABLE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -472,12 +471,13 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
 
     drafter = model("drafter") if "drafter" in entry else None
     strategy = _str(entry, "strategy", path, where)
-    if strategy not in STRATEGIES and strategy not in FEATURE_DRAFTERS and not SELF_DRAFTING_STRATEGY.match(strategy):
+    row = TABLE.get(strategy.partition(":")[0])
+    if row is None or (":" in strategy and not (row.source == "derived" and SELF_DRAFTING_STRATEGY.match(strategy))):
         raise _fail(path, where, "strategy", f"expected one of {EVERY_STRATEGY}, got {strategy!r}")
-    if (strategy in ("draft", "dflash") or strategy in FEATURE_DRAFTERS) and drafter is None:
+    if row.drafter_file == "must" and drafter is None:
         raise _fail(path, where, "drafter", f"missing: strategy {strategy!r} needs a drafter model")
     # mtp takes a drafter where the model's MTP head ships as a model of its own (Gemma 4's assistant).
-    if strategy not in ("auto", "draft", "mtp", "dflash", *FEATURE_DRAFTERS) and drafter is not None:
+    if row.drafter_file == "never" and drafter is not None:
         raise _fail(path, where, "drafter", f"strategy {strategy!r} does not use a drafter; remove it or use 'draft'")
     aliases = entry.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) and _ID.match(a) for a in aliases):

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.core.backend_loader import load_backend
 from localspec.core.progress import Announce
 from localspec.core.sampling import SamplingConfig
@@ -30,13 +30,13 @@ def reference_runtime(settings: ChatSettings, on_progress: Announce | None = Non
     target = load_backend("reference", settings.load.model or "reference", n_ctx=settings.load.n_ctx)
     uses_drafter = settings.load.draft_model is not None and settings.load.strategy in ("draft", "auto")
     draft = load_backend("reference", settings.load.draft_model, n_ctx=settings.load.n_ctx) if uses_drafter else None  # type: ignore[arg-type]
-    return Runtime(target, draft, strategy=settings.load.strategy, draft_tokens=settings.load.draft_tokens)
+    return runtime_for(target, draft, strategy=settings.load.strategy, draft_tokens=settings.load.draft_tokens)
 
 
 def reference(strategy: str = "auto", draft_tokens: int | str = "auto", n_ctx: int = 2048, **kw: Any) -> Runtime:
     """A runtime on the reference model alone, for tests below the UI."""
     target = load_backend("reference", "reference", n_ctx=n_ctx)
-    return Runtime(target, None, strategy=strategy, draft_tokens=draft_tokens, **kw)  # type: ignore[arg-type]
+    return runtime_for(target, None, strategy=strategy, draft_tokens=draft_tokens, **kw)  # type: ignore[arg-type]
 
 
 class SlowBackend:
@@ -61,7 +61,7 @@ class SlowBackend:
 def slow_runtime(delay: float = 0.01) -> RuntimeLoader:
     def make(settings: ChatSettings, on_progress: Announce | None = None) -> Runtime:
         target = SlowBackend("reference", delay)
-        return Runtime(target, None, strategy="ngram", draft_tokens=4, calibrate=False)  # type: ignore[arg-type]
+        return runtime_for(target, None, strategy="ngram", draft_tokens=4, calibrate=False)  # type: ignore[arg-type]
 
     return make
 

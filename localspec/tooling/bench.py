@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from localspec.api import Completion, Runtime
+from localspec.api import Completion, Runtime, runtime_for
 from localspec.control.contention import unreliable_note
 from localspec.control.hardware import physical_cores
 from localspec.control.prompts import BenchPrompt
@@ -189,7 +189,7 @@ def bench(
     for prompt in prompts:
         # A fresh runtime per prompt: the controller must adapt within the request.
         runtimes = {
-            c.label: Runtime(target, c.draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
+            c.label: runtime_for(target, c.draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
             for c in field_
             if c.open_draft is None
         }
@@ -259,7 +259,7 @@ def _timed(
         return runtimes[c.label].generate(**request)
     draft = c.open_draft()
     try:
-        runtime = Runtime(target, draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
+        runtime = runtime_for(target, draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
         return runtime.generate(**request)
     finally:
         draft.close()

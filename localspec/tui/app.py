@@ -627,7 +627,7 @@ def _modelled_plain_step(runtime: Runtime) -> Callable[[], float | None]:
     policy = runtime.policy
     if policy.prices() is not None:
         return lambda: prices.step if (prices := policy.prices()) is not None else None
-    if runtime.strategy == "none":
+    if not runtime.plan.drafts:
         return lambda: None
     try:
         from localspec.control.calibrate import starting_calibration

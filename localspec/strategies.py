@@ -1,0 +1,379 @@
+"""Every decoding strategy, one row each (TABLE): how its drafter is built, which draft-length
+policy it runs under, what it needs of the backend and of --draft-model, and its label.
+
+resolve() turns a load's options and its loaded target into a Plan, once; plan() does the same
+from drafters a caller loaded itself. The Runtime takes the Plan and never sees the name, and
+nothing outside this module compares one. Adding a drafter is its module and one row here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from localspec.control.factory import fixed_policy, priced_policy
+from localspec.control.policy import AdaptiveDraftLength
+from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
+from localspec.core.choices import EVERY_STRATEGY, FEATURE_DRAFTERS, DraftTokens
+from localspec.core.errors import InvalidRequestError, PairMismatchError
+from localspec.core.exactness import greedy_exact_within
+from localspec.core.gguf_header import read_header
+from localspec.core.options import LoadOptions
+from localspec.core.progress import Announce, announced
+from localspec.core.protocol import Backend, Drafter, DraftLengthPolicy, SelfDrafting, vocab_mismatch
+from localspec.drafters import BlockDrafter, DrafterHost, cannot_attach
+from localspec.drafters.memory import NgramMemory
+from localspec.drafters.model import ModelDrafter
+from localspec.drafters.ngram import NgramDrafter
+from localspec.drafters.none import NoDrafter
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A strategy resolved for one target: the drafter each step asks, what the stats call
+    it, and what its draft-length policy is priced from. The Runtime is built from this."""
+
+    strategy: str  # the row that built it ("auto" resolved), e.g. "eagle3"
+    target: Backend
+    drafter: Drafter
+    label: str  # what stats and UIs call it, e.g. "qspec:Q4_0"
+    draft: Backend | None = None  # a draft model, priced by its own step cost
+    block_pass_seconds: float | None = None  # a block drafter's one pass (dflash)
+    lookup: NgramDrafter | None = None  # n-gram lookup beside a model, where the policy adapts
+    free: bool = False  # the drafter costs next to nothing to ask (lookup): the engine asks it freely
+    drafts: bool = True  # False: plain decoding, whatever draft length was asked for
+    draft_tokens: DraftTokens = "auto"
+    calibrate: bool = True
+    memory: NgramMemory | None = None  # earlier requests' text, which n-gram lookup searches
+
+    def policy(self) -> tuple[DraftLengthPolicy, AdaptiveDraftLength | None]:
+        """The draft-length policy, and the same when it prices lengths on a cost curve (None:
+        a fixed length). Pricing may calibrate this machine, so it is built when first needed."""
+        fixed = self.draft_tokens if self.drafts else 0
+        block = self.block_pass_seconds
+        priced = priced_policy(self.target, self.draft, fixed, self.calibrate, block_pass_seconds=block)
+        return (priced if priced is not None else fixed_policy(fixed)), priced
+
+    def close(self) -> None:
+        """Free the drafter (a draft model with it); the target stays open."""
+        self.drafter.close()
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a row builds its plan from: the loaded target, a drafter the caller loaded or the
+    file to load one from, and the caller's choices."""
+
+    target: Backend
+    option: str | None = None  # what followed the colon: "Q4_0" in qspec:Q4_0
+    draft: Backend | None = None  # a draft model the caller loaded
+    block: BlockDrafter | None = None  # a block drafter the caller loaded (dflash)
+    draft_model: str | None = None  # the drafter's file, loaded by the row that uses it
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    draft_tokens: DraftTokens = "auto"
+    calibrate: bool = True
+    memory: NgramMemory | None = None
+    label: str | None = None  # the caller's name for it, else the row's
+    on_progress: Announce | None = None
+
+
+Source = Literal["none", "lookup", "file", "derived", "block", "chosen"]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One row of TABLE: what the layers around the Runtime know of a strategy, so that none of
+    them compares its name."""
+
+    name: str
+    build: Callable[[Strategy, Parts], Plan]
+    source: Source  # where its drafter comes from: nothing, lookup, a file, the target, or a choice
+    drafter_file: Literal["never", "may", "must"] = "never"  # what it makes of --draft-model
+    backend: str | None = None  # the BackendKind feature a backend needs to run it
+    refusal: str = ""  # what a backend without that feature is told it cannot do
+    exports_as: str = "ngram"  # the serving engines' method it is handed to them as (localspec export)
+    option: str = ""  # what may follow a colon in its name: qspec:TYPE
+    peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    @property
+    def chooses(self) -> bool:
+        """Whether it leaves the choice to the model or the pair (auto)."""
+        return self.source == "chosen"
+
+    def check_backend(self, backend: str) -> None:
+        """Refuse a backend that cannot run it, before a load that can take minutes."""
+        if self.backend is not None and not getattr(kind_of(backend), self.backend):
+            runs = ", ".join(b for b in BACKENDS if getattr(kind_of(b), self.backend))
+            raise InvalidRequestError(
+                f"the {backend} backend {self.refusal}", f"use --backend {runs} for --strategy {self.name}"
+            )
+
+    def check(self, opts: LoadOptions) -> None:
+        """Refuse options it cannot run with (the backend, the drafter's file), before a load
+        that can take minutes."""
+        self.check_backend(opts.backend)
+        if self.name in FEATURE_DRAFTERS:
+            _check_head_file(self.name, opts.draft_model)
+
+
+# -- how each row's drafter is built --------------------------------------------------------
+
+
+def _plain(row: Strategy, parts: Parts) -> Plan:
+    return _plan(row, parts, NoDrafter(), drafts=False)
+
+
+def _lookup(row: Strategy, parts: Parts) -> Plan:
+    return _plan(row, parts, _ngram(parts), free=True)
+
+
+def _model(row: Strategy, parts: Parts) -> Plan:
+    """A draft model: the caller's, or its file's (a model of its own, an assistant or a head)."""
+    draft = parts.draft
+    if draft is None and parts.draft_model is not None:
+        with announced(f"loading the drafter {os.path.basename(parts.draft_model)}", parts.on_progress):
+            backend, options = parts.target.info.backend, dict(parts.backend_options)
+            draft = load_drafter(parts.target, parts.draft_model, backend, options)
+    if draft is None:
+        raise InvalidRequestError(
+            f"strategy {row.name!r} needs a draft model", "pass --draft-model PATH (or draft_model=)"
+        )
+    reason = vocab_mismatch(parts.target.vocab_identity(), draft.vocab_identity())
+    if reason:
+        if parts.draft is None:  # loaded here: nobody else holds it
+            draft.close()
+        raise PairMismatchError(
+            f"{draft.info.name} cannot draft for {parts.target.info.name}: {reason}",
+            "pick a drafter from the target's own family (same tokenizer), or use --strategy ngram",
+        )
+    kind = draft.capabilities.self_draft
+    return _drafting(row, parts, draft, kind if kind in _FILE_LABELS else row.label)  # an assistant or a head: its kind
+
+
+def _derived(row: Strategy, parts: Parts) -> Plan:
+    """A drafter the target's backend derives from the target itself (selfdraft)."""
+    if parts.draft is not None:
+        return _model(row, parts)
+    if parts.draft_model is not None:
+        if row.drafter_file == "may" and is_assistant(parts.draft_model):  # the model's MTP head, a file of its own
+            return _model(row, parts)
+        spelled = f"{row.name}:{parts.option}" if parts.option else row.name
+        raise InvalidRequestError(f"strategy {spelled!r} drafts with the target itself; drop --draft-model")
+    target = parts.target
+    deriving = f"deriving the {row.name} drafter from {target.info.name} (once per model and machine)"
+    with announced(deriving, parts.on_progress):
+        draft = derive_drafter(target, row.name, parts.option)
+    return _drafting(row, parts, draft, draft.capabilities.self_draft or row.label)
+
+
+def _block(row: Strategy, parts: Parts) -> Plan:
+    block = parts.block
+    if block is None and parts.draft_model is not None:
+        block = dflash_drafter(parts.target, parts.draft_model, parts.on_progress)
+    if block is None:
+        raise InvalidRequestError(
+            f"strategy {row.name!r} needs a DFlash drafter", "pass its GGUF with --draft-model PATH (or draft_model=)"
+        )
+    lookup = _ngram(parts) if _adaptive(parts) else None
+    return _plan(row, parts, block, block_pass_seconds=block.pass_seconds, lookup=lookup)
+
+
+def _auto(row: Strategy, parts: Parts) -> Plan:
+    """The model's own MTP head where it has one and no drafter is given; the drafter given;
+    else n-gram lookup."""
+    if parts.draft is not None or parts.block is not None or parts.draft_model is not None:
+        chosen = TABLE["dflash" if parts.block is not None else "draft"]
+    elif parts.target.capabilities.mtp_layers:
+        chosen = TABLE["mtp"]
+    else:
+        chosen = TABLE["ngram"]
+    return chosen.build(chosen, parts)
+
+
+def _drafting(row: Strategy, parts: Parts, draft: Backend, label: str) -> Plan:
+    """A draft model's plan: under the adaptive policy it drafts beside n-gram lookup, taking
+    whichever the policy predicts faster at each step; a fixed draft length uses the model alone."""
+    lookup = _ngram(parts) if _adaptive(parts) else None
+    return _plan(row, parts, ModelDrafter(draft), draft=draft, label=label, lookup=lookup)
+
+
+def _plan(row: Strategy, parts: Parts, drafter: Drafter, **more: Any) -> Plan:
+    found = more.pop("label", None)  # an assistant's, a head's or a derived drafter's own
+    label = parts.label or found or row.label
+    return Plan(
+        row.name,
+        parts.target,
+        drafter,
+        label,
+        draft_tokens=parts.draft_tokens,
+        calibrate=parts.calibrate,
+        memory=parts.memory,
+        **more,
+    )
+
+
+def _ngram(parts: Parts) -> NgramDrafter:
+    return NgramDrafter(memory=parts.memory, recall_greedy_within=greedy_exact_within(parts.target))
+
+
+def _adaptive(parts: Parts) -> bool:
+    return parts.draft_tokens == "auto" and parts.calibrate
+
+
+_MTP_REFUSAL = "does not run MTP heads yet"
+_ROWS = (
+    Strategy("auto", _auto, "chosen", drafter_file="may", exports_as="auto"),
+    Strategy("none", _plain, "none"),
+    Strategy("ngram", _lookup, "lookup", peer="llama-lookup"),
+    Strategy("draft", _model, "file", drafter_file="must", exports_as="draft", peer="llama-speculative-simple"),
+    Strategy(
+        "dflash",
+        _block,
+        "block",
+        drafter_file="must",
+        backend="dflash",
+        refusal="does not run DFlash drafters",
+        exports_as="dflash",
+    ),
+    Strategy("eagle3", _model, "file", drafter_file="must", exports_as="eagle3"),
+    Strategy("qspec", _derived, "derived", option="TYPE"),
+    Strategy("layerskip", _derived, "derived", option="L"),
+    # The model's own MTP head, or its assistant (Gemma 4's), a file of its own.
+    Strategy("mtp", _derived, "derived", drafter_file="may", backend="mtp", refusal=_MTP_REFUSAL, exports_as="mtp"),
+)
+TABLE = {row.name: row for row in _ROWS}
+# Drafters in files that name their own kind (capabilities.self_draft): they label the plan.
+_FILE_LABELS = ("mtp", *FEATURE_DRAFTERS)
+
+
+def named(strategy: str) -> tuple[Strategy, str | None]:
+    """The row of a strategy as a user spells it ("qspec:Q4_0": qspec's, with "Q4_0"); an
+    unknown one is refused with the choices named."""
+    name, colon, option = strategy.partition(":")
+    row = TABLE.get(name)
+    if row is None or (colon and row.source != "derived"):
+        raise InvalidRequestError(f"unknown strategy {strategy!r}", f"choose one of: {EVERY_STRATEGY}")
+    return row, option or None
+
+
+def check(opts: LoadOptions) -> Strategy:
+    """The row of opts.strategy, with what it needs of the backend and the drafter's file
+    checked before a load that can take minutes."""
+    row, _ = named(opts.strategy)
+    row.check(opts)
+    return row
+
+
+def resolve(opts: LoadOptions, target: Backend, on_progress: Announce | None = None) -> Plan:
+    """The plan of a load: opts.strategy's row builds its drafter for `target`, loading
+    opts.draft_model where it drafts with one."""
+    row, option = named(opts.strategy)
+    parts = Parts(
+        target,
+        option,
+        draft_model=opts.draft_model,
+        backend_options=opts.backend_options(),
+        draft_tokens=opts.draft_tokens,
+        calibrate=opts.calibrate,
+        memory=NgramMemory() if opts.memory else None,
+        on_progress=on_progress,
+    )
+    return _built(row, parts)
+
+
+def plan(target: Backend, draft: Backend | None = None, strategy: str = "auto", **choices: Any) -> Plan:
+    """The plan of drafters a caller loaded itself (a draft model, or a block drafter as
+    block=); choices are Parts' fields: draft_tokens, calibrate, memory, label."""
+    row, option = named(strategy)
+    return _built(row, Parts(target, option, draft, **choices))
+
+
+def _built(row: Strategy, parts: Parts) -> Plan:
+    draft_tokens = parts.draft_tokens
+    if draft_tokens != "auto" and (not isinstance(draft_tokens, int) or draft_tokens < 0):
+        raise InvalidRequestError(f"draft_tokens must be 'auto' or a whole number >= 0, got {draft_tokens!r}")
+    return row.build(row, parts)
+
+
+# -- drafters in files of their own, and drafters derived from the target ---------------------
+
+
+def load_drafter(target: Backend, path: str, backend: str, options: dict[str, Any]) -> Backend:
+    """A draft model from a file: a model of its own, an MTP assistant (Gemma 4's
+    gemma4-assistant GGUF), which drafts from inside the target's context, or a head that
+    reads the target's hidden layers (an EAGLE-3 GGUF)."""
+    kind = head_kind(path) or ("assistant" if is_assistant(path) else None)
+    if kind is None:
+        return load_backend(backend, path, **options)
+    if not isinstance(target, DrafterHost):
+        raise cannot_attach(kind, path, target.info.backend)
+    return target.attach_head(kind, path)
+
+
+def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
+    """The self-drafter of strategy f"{kind}:{option}" (see localspec.control.selfdraft), made by the
+    target's own backend; its label is capabilities.self_draft."""
+    if not isinstance(target, SelfDrafting):
+        raise InvalidRequestError(
+            f"the {target.info.backend} backend cannot derive a drafter from its model", "use --strategy ngram or draft"
+        )
+    row = TABLE[kind]
+    if row.backend is not None and not getattr(kind_of(target.info.backend), row.backend):
+        raise InvalidRequestError(
+            f"the {target.info.backend} backend {row.refusal}", f"use --backend llamacpp for --strategy {kind}"
+        )
+    return target.make_self_drafter(kind, option)
+
+
+def dflash_drafter(target: Backend, path: str, on_progress: Announce | None = None) -> BlockDrafter:
+    """The DFlash drafter in `path`, reading `target`'s layers (strategy dflash)."""
+    if not isinstance(target, DrafterHost):
+        raise cannot_attach("dflash", path, target.info.backend)
+    with announced(f"loading the DFlash drafter {os.path.basename(path)}", on_progress):
+        return target.attach_block_drafter(path)
+
+
+def is_assistant(path: str) -> bool:
+    """Whether a drafter is an MTP assistant: Gemma 4's gemma4-assistant GGUF, or an MLX
+    folder whose config.json names gemma4_assistant; any other drafter is not."""
+    if os.path.isdir(path):  # read here, not through the MLX backend, which a machine may lack
+        try:
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as file:
+                config = json.load(file)
+        except (OSError, ValueError):
+            return False
+        names = {config.get("model_type"), *(config.get("architectures") or [])} if isinstance(config, dict) else set()
+        return bool(names & {"gemma4_assistant", "gemma4_unified_assistant", "Gemma4AssistantForCausalLM"})
+    if not (path.endswith(".gguf") and os.path.isfile(path)):
+        return False
+    return read_header(path).is_assistant
+
+
+def head_kind(path: str) -> str | None:
+    """The strategy of a drafter GGUF that reads its target's hidden layers ("eagle3"), else None."""
+    if not (path.endswith(".gguf") and os.path.isfile(path)):
+        return None
+    architecture = read_header(path).architecture
+    return architecture if architecture in FEATURE_DRAFTERS else None
+
+
+def _check_head_file(strategy: str, draft_model: str | None) -> None:
+    """A strategy whose drafter reads the target's layers needs that head's GGUF as draft_model."""
+    name = FEATURE_DRAFTERS[strategy]
+    if draft_model is None:
+        raise InvalidRequestError(
+            f"strategy {strategy!r} drafts with an {name}, a GGUF of its own",
+            f"give it with --draft-model ({strategy}-<model>.gguf, made for the target), or load a pair that has one",
+        )
+    if head_kind(draft_model) != strategy:
+        raise InvalidRequestError(
+            f"{os.path.basename(draft_model)} is not an {name} GGUF (architecture {strategy})",
+            f"give the {strategy} GGUF made for the target, or --strategy draft for a draft model of its own",
+        )
