@@ -110,10 +110,8 @@ class Strategy:
     def check_backend(self, backend: str) -> None:
         """Refuse a backend that cannot run it, before a load that can take minutes."""
         if self.backend is not None and not getattr(kind_of(backend), self.backend):
-            runs = ", ".join(b for b in BACKENDS if getattr(kind_of(b), self.backend))
-            raise InvalidRequestError(
-                f"the {backend} backend {self.refusal}", f"use --backend {runs} for --strategy {self.name}"
-            )
+            runs = " or ".join(f"--backend {b}" for b in BACKENDS if getattr(kind_of(b), self.backend))
+            raise InvalidRequestError(f"the {backend} backend {self.refusal}", f"use {runs} for --strategy {self.name}")
 
     def check(self, opts: LoadOptions) -> None:
         """Refuse options it cannot run with (the backend, the drafter's file), before a load

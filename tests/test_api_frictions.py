@@ -45,13 +45,13 @@ def test_every_error_type_is_importable_from_localspec_itself(name: str) -> None
 def test_a_load_error_names_loads_arguments_for_a_python_caller() -> None:
     with pytest.raises(localspec.InvalidRequestError) as refused:
         load("reference:seed=0", backend="reference", strategy="mtp")
-    assert refused.value.hint == 'use backend="llamacpp" for strategy="mtp"'
+    assert refused.value.hint == 'use backend="llamacpp" or backend="mlx" for strategy="mtp"'
     assert str(refused.value).endswith(refused.value.hint)
 
 
 def test_the_same_error_names_the_flags_on_the_command_line(capsys) -> None:
     code = main(["run", "--backend", "reference", "-m", "reference:seed=0", "--strategy", "mtp", "hi"])
-    assert code == 2 and "use --backend llamacpp for --strategy mtp" in capsys.readouterr().err
+    assert code == 2 and "use --backend llamacpp or --backend mlx for --strategy mtp" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

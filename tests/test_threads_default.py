@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.api import Runtime
+from localspec.api import runtime_for
 from localspec.cli.main import main
 from localspec.control import contention
 from localspec.control.contention import default_threads, oversubscribed
@@ -75,7 +75,7 @@ def two_threads(smollm2_q4_1: Path) -> Iterator[Backend]:
 def test_a_request_on_an_oversubscribed_machine_says_so_in_its_stats(
     two_threads: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runtime = Runtime(two_threads, None, strategy="none", calibrate=False)
+    runtime = runtime_for(two_threads, None, strategy="none", calibrate=False)
     monkeypatch.setattr(contention, "load_average", lambda: CORES + 3.0)
     crowded = runtime.generate("Hello", max_tokens=2, temperature=0).stats.notices
     monkeypatch.setattr(contention, "load_average", lambda: 0.0)

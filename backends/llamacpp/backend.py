@@ -123,10 +123,7 @@ class LlamaCppBackend:
         check_gguf(path)
         check_block_size(max_block)
         init_library()
-        if exact:
-            use_exact_kernels()
-        else:
-            note_default_kernels()
+        use_exact_kernels() if exact else note_default_kernels()
         threads = threads or default_threads(physical_cores(), os.cpu_count() or 1, busy_cores())  # contention.py
         # What a derived drafter is loaded with: this machine's options, never the RPC split.
         self._options: dict[str, Any] = {"n_ctx": n_ctx, "threads": threads, "max_block": max_block}
