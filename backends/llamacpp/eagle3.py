@@ -47,6 +47,11 @@ Features = Callable[[Sequence[int], int, str, str], HiddenRows]
 class Eagle3Head(MtpHead):
     """An EAGLE-3 head drafting for its target (see the module doc)."""
 
+    # llama.cpp's eagle3 graph computes the logits of every token of a pass and hands back its
+    # first rows, however many were flagged: flagging every row (as llama.cpp's draft-dflash
+    # does for its block) makes row k token k, at no cost beyond copying them.
+    every_row = True
+
     def __init__(
         self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, path: str, borrows_output: bool
     ) -> None:
