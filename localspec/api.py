@@ -16,7 +16,7 @@ from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.control import selfdraft
 from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
 from localspec.core.choices import FEATURE_DRAFTERS
-from localspec.core.errors import InvalidRequestError
+from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
@@ -213,6 +213,12 @@ def _head_strategy(strategy: str, draft_model: str | None) -> str:
         raise InvalidRequestError(
             f"strategy {strategy!r} drafts with an {name}, a GGUF of its own",
             f"give it with --draft-model ({strategy}-<model>.gguf, made for the target), or load a pair that has one",
+        )
+    if not os.path.exists(draft_model):  # before its kind is read: a missing file is not a file of another kind
+        raise ModelLoadError(
+            f"no such file: {draft_model}",
+            f"check the path of the {name} ({strategy}-<model>.gguf, made for the target), "
+            "or draft with --strategy ngram",
         )
     if head_kind(draft_model) != strategy:
         raise InvalidRequestError(

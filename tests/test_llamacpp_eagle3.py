@@ -191,10 +191,25 @@ def test_a_hybrid_target_feeds_its_head_across_recurrent_rollback(tmp_path: Path
     assert spec.stats.drafted - spec.stats.lookup_drafted > 0
 
 
+@pytest.mark.parametrize(("spec", "ids"), [(TARGET, (0, 1, 3)), (HybridSpec(), (0, 1, 4))])
+def test_a_head_that_reads_the_targets_final_hidden_state_drafts_for_it(
+    tmp_path: Path, opened, spec: Spec | HybridSpec, ids: tuple[int, ...]
+) -> None:
+    # Layer n_layers: the final hidden state, which llama.cpp's draft-eagle3 accepts too.
+    write = write_gguf if isinstance(spec, Spec) else write_qwen35_gguf
+    target = opened(write(spec, tmp_path / "target.gguf"))  # type: ignore[operator]
+    head = target.eagle3_head(str(write_eagle3_gguf(spec, HeadSpec(layer_ids=ids), tmp_path / "eagle3-final.gguf")))
+    plain = Runtime(target, strategy="none").generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    spec_run = Runtime(target, head, strategy="draft", draft_tokens=3, calibrate=False)
+    result = spec_run.generate(prompt=PROMPT, max_tokens=40, temperature=0)
+    assert result.tokens == plain.tokens
+    assert result.stats.accepted - result.stats.lookup_accepted > 0
+
+
 @pytest.mark.parametrize(
     ("head", "said"),
     [
-        (HeadSpec(layer_ids=(1, 3, 7)), "reads layer 3 of its target, but target.gguf has layers 0-2"),
+        (HeadSpec(layer_ids=(1, 3, 7)), "reads layer 7 of its target, but target.gguf has layers 0-2"),
         (HeadSpec(target_width=96), "reads hidden states 96 wide, but target.gguf's are 64"),
     ],
 )
@@ -221,6 +236,24 @@ def test_strategy_eagle3_names_the_file_it_needs(files, capsys) -> None:
     assert code != 0 and "EAGLE-3 head" in err and "--draft-model" in err and "Traceback" not in err
     with pytest.raises(InvalidRequestError, match="is not an EAGLE-3 head"):
         localspec.load(model=str(files["target"]), draft_model=str(files["target"]), strategy="eagle3")
+
+
+def test_a_head_path_that_does_not_exist_is_named_as_missing_not_as_another_kind(files, tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "eagle3-missing.gguf"
+    code = main(["run", "-m", str(files["target"]), "--draft-model", str(missing), "--strategy", "eagle3", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and f"no such file: {missing}" in err and "check the path" in err
+    assert "not an EAGLE-3 head" not in err and "Traceback" not in err
+    with pytest.raises(ModelLoadError, match="no such file") as refused:
+        localspec.load(model=str(files["target"]), draft_model=str(missing), strategy="eagle3")
+    assert refused.value.hint
+    model = LlamaCppBackend(str(files["target"]), n_ctx=64)
+    try:  # the backend's own call says the same, with a hint for a head (not the default model's)
+        with pytest.raises(ModelLoadError, match="no such file") as refused:
+            model.eagle3_head(str(missing))
+        assert "EAGLE-3 head made for target.gguf" in (refused.value.hint or "")
+    finally:
+        model.close()
 
 
 def test_a_pair_added_with_its_head_loads_by_name_as_eagle3(files) -> None:

@@ -676,7 +676,6 @@ class LlamaCppBackend:
     def eagle3_head(self, path: str) -> MtpHead:
         """An EAGLE-3 head GGUF (architecture eagle3) drafting for this target (strategy eagle3)."""
         self._live()
-        check_gguf(path)
         mparams, _ = _model_params((), self._options["gpu_layers"])
         n_embd = int(llama.llama_model_n_embd(self._model))
         head = load_eagle3_head(self, self._ctx, n_embd, self.layer_features, mparams, path)
