@@ -43,8 +43,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "heavy": write_eagle3_gguf(TARGET, HeadSpec(fc=3.0), folder / "eagle3-heavy.gguf"),
         # g weighs about as much as the token: right at the first position about half the time
         "middle": write_eagle3_gguf(TARGET, HeadSpec(fc=1.0), folder / "eagle3-middle.gguf"),
-        # no g at all: its guess at the first position is a function of the token it reads
-        "token_only": write_eagle3_gguf(TARGET, HeadSpec(fc=0.0), folder / "eagle3-token-only.gguf"),
+        # g reaches nothing: its guess is a function of the token it reads, at every position
+        "token_only": write_eagle3_gguf(TARGET, HeadSpec(reads_g=False), folder / "eagle3-token-only.gguf"),
         "d2t": write_eagle3_gguf(TARGET, HeadSpec(draft_vocab=200), folder / "eagle3-d2t.gguf"),
     }
 
@@ -81,16 +81,16 @@ def test_a_read_of_several_tokens_gives_the_row_of_the_token_asked_for(files, op
 
 
 def test_each_draft_starts_from_the_last_accepted_token_not_the_first_of_its_read(files, opened) -> None:
-    # The token-only head on a near-bigram target: right at the first position nearly always,
-    # mostly wrong after it. Draft lengths 1 and 3 in turn: whole drafts and cut ones, each
-    # followed by a read of the kept tokens and the target's next token in one pass.
+    # The token-only head on a near-bigram target: right nearly everywhere the target follows
+    # its bigram, so drafts are kept whole (the head then reads the last drafted token and the
+    # target's next one in one pass) and sometimes cut. Draft lengths 1 and 3 in turn.
     target = opened(files["target"])
     drafter = ModelDrafter(target.eagle3_head(str(files["token_only"])), min_confidence=0)
     context = target.tokenize(PROMPT, add_special=True, parse_special=False)
     target.eval_block(context[:-1], "none")
     drafter.start(context)
     firsts: list[tuple[int, int]] = []  # (context length, first drafted token)
-    after: list[str] = []  # what the draft before each was: "whole", "cut" (some kept) or "none kept"
+    after: list[str] = []  # what the draft before each became: "whole", "cut" (some kept) or "none kept"
     last = "none kept"
     for step in range(40):
         draft = drafter.propose(context, 1 + 2 * (step % 2), SamplingConfig(temperature=0.0), np.random.default_rng(0))
@@ -114,7 +114,8 @@ def test_each_draft_starts_from_the_last_accepted_token_not_the_first_of_its_rea
     accepted = sum(context[n] == first for n, first in firsts)
     agreed = sum(context[n] == int(np.argmax(rows[n - 1])) for n, _ in firsts)
     assert accepted == agreed > len(firsts) * 3 // 4
-    assert {"whole", "cut"} <= set(after), "no draft was kept whole, or none in part, and read again"
+    assert after.count("whole") > len(after) // 2, after  # mostly kept whole: the row read after them counts
+    assert len(set(after)) > 1, "no draft was ever rejected: the head's rollback went untested"
 
 
 @pytest.mark.parametrize(("head", "gamma"), [("middle", 1), ("head", 3), ("d2t", 3)])
