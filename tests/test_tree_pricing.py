@@ -18,8 +18,9 @@ from localspec.control.costs import CostCurve
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import Truth, calibration_from_doctor
 from localspec.control.tree_replay import TreeRun, replay_tree
-from localspec.control.trees import TreePricing, attach_trees
+from localspec.control.trees import AskedTree, TreePricing, ask_for_trees, attach_trees
 from localspec.core.engine import Engine
+from localspec.core.errors import InvalidRequestError
 from localspec.drafters.ngram import NgramDrafter
 
 DATA = Path(__file__).parent / "data"
@@ -122,3 +123,23 @@ def test_a_runtime_verifies_trees_only_where_its_curve_lets_them_pay(curve: str,
     chains = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
     chains.target.capabilities = dataclasses.replace(chains.target.capabilities, branches=1)
     assert attach_trees(chains, policy) is None and chains.trees is None
+
+
+def test_a_tree_asked_for_verifies_every_branch_offered_at_its_first_positions() -> None:
+    asked = AskedTree(positions=2, max_nodes=8)
+    offered = [(0, [7, 8]), (1, [5]), (2, [6]), (1, [9, 10, 11])]
+    # Depth 2 is past the positions asked for; the last branch would pass the 8 nodes.
+    assert asked.shape(4, 0, offered, 0) == [(0, [7, 8]), (1, [5])]
+    assert asked.shape(1, 0, offered, 0) == [(0, [7, 8])]  # no branch beside a chain it outgrows
+
+
+def test_a_tree_asked_for_is_verified_even_where_the_curve_would_choose_chains() -> None:
+    engine = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
+    asked = ask_for_trees(engine, positions=3)
+    assert engine.trees is asked and engine.drafter.branching == 3
+    cpu = ngram_policy(CostCurve([t / 1e3 for t in CURVES[CPU]["verify_ms"]]))
+    assert attach_trees(engine, cpu) is None and engine.trees is asked  # the controller leaves it
+    chains = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
+    chains.target.capabilities = dataclasses.replace(chains.target.capabilities, branches=1)
+    with pytest.raises(InvalidRequestError, match="verifies chains only"):
+        ask_for_trees(chains)
