@@ -71,8 +71,10 @@ class Counts:
 
 
 def ours(target_path: Path, head_path: Path, prompt: str, n_max: int, p_min: float) -> tuple[int, int]:
-    """(drafted, accepted) of localspec's loop, run as llama-speculative-simple runs: the last
-    prompt token goes with the first draft, n_max drafts a step, capped near N_PREDICT."""
+    """(drafted, accepted) of localspec's loop, run and counted as llama-speculative-simple runs
+    draft-eagle3: the last prompt token goes with the first draft; n_max drafts a step, cut to
+    what N_PREDICT leaves (but where it leaves none, the example's cap of 0 reads as no cap,
+    and n_max are drafted)."""
     target = LlamaCppBackend(str(target_path), n_ctx=256, threads=1)
     drafter = ModelDrafter(target.eagle3_head(str(head_path)), min_confidence=p_min)
     cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
@@ -80,9 +82,9 @@ def ours(target_path: Path, head_path: Path, prompt: str, n_max: int, p_min: flo
     target.eval_block(ctx[:-1], "none")
     drafter.start(ctx)
     drafted = accepted = predicted = 0
-    while predicted <= N_PREDICT:  # its stopping rule and its cap on the last drafts
-        n = max(0, min(n_max, N_PREDICT - predicted - 1))
-        draft = drafter.propose(ctx, n, cfg, rng).tokens if n else []
+    while predicted <= N_PREDICT:  # its stopping rule
+        cap = N_PREDICT - predicted - 1
+        draft = drafter.propose(ctx, min(n_max, cap) if cap > 0 else n_max, cfg, rng).tokens
         past = target.n_past
         kept, bonus = accept_greedy(draft, target.eval_block([ctx[-1], *draft], "all"))
         drafted, accepted, predicted = drafted + len(draft), accepted + kept, predicted + kept + 1
@@ -97,11 +99,13 @@ def theirs(bin_dir: Path, target_path: Path, head_path: Path, prompt: str, n_max
     cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target_path), "-md", str(head_path)]
     cmd += ["--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min)]
     cmd += ["-p", prompt, "-n", str(N_PREDICT), "--temp", "0", "-t", "1", "-c", "256"]
-    # The random text is bytes, not UTF-8: decode it leniently.
-    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=True).stderr
-    drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", out), re.search(r"n_accept\s*=\s*(\d+)", out)
-    assert drafted and accepted, out[-2000:]
-    return int(drafted.group(1)), int(accepted.group(1))
+    for _ in range(3):  # llama.cpp's log thread may lose the last lines when the program exits
+        # The random text is bytes, not UTF-8: decode it leniently.
+        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=True).stderr
+        drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", out), re.search(r"n_accept\s*=\s*(\d+)", out)
+        if drafted and accepted:
+            return int(drafted.group(1)), int(accepted.group(1))
+    raise RuntimeError(f"llama-speculative-simple printed no counts:\n{out[-2000:]}")
 
 
 def compare(bin_dir: Path, folder: Path, target_name: str) -> None:
