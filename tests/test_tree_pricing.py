@@ -17,7 +17,7 @@ from localspec.backends.reference import ReferenceBackend
 from localspec.control.costs import CostCurve
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import Truth, calibration_from_doctor
-from localspec.control.tree_replay import TreeRun, replay_tree
+from localspec.control.tree_replay import HeadModel, TreeRun, replay_head_tree, replay_tree
 from localspec.control.trees import AskedTree, TreePricing, ask_for_trees, attach_trees
 from localspec.core.engine import Engine
 from localspec.core.errors import InvalidRequestError
@@ -30,6 +30,8 @@ CPU, GPU = "smollm2-135m-q4_1", "gpu-h200-llama-3.1-8b-bf16"
 # The trees' speedup on the H200 curve over all answers (benchmarks/tree_replay.py prints it).
 GOLDEN_GPU_TREES = 1.655
 GOLDEN_GPU_FOLDED = 1.653  # the same where a kept branch is evaluated again with the next pass
+# A simulated head's top-2 trees (HeadModel's defaults) on the H200 curve, and its chains.
+GOLDEN_HEAD_TREES, GOLDEN_HEAD_CHAINS = 2.123, 1.868
 
 
 @functools.cache
@@ -79,6 +81,34 @@ def test_where_a_kept_branch_rides_on_the_next_pass_trees_pay_almost_as_if_kept_
     assert trees >= 100 and taken >= 20
     assert priced == pytest.approx(GOLDEN_GPU_FOLDED, abs=0.0015)
     assert replayed(GPU, "chain")[0] < priced <= replayed(GPU, "priced")[0]
+
+
+@functools.cache
+def head_replayed(name: str, mode: str, fold: bool) -> tuple[float, int, int]:
+    """replayed() with a simulated head's top-2 (tree_replay.GuessingHead) instead of n-gram lookup."""
+    cal = calibration_from_doctor(CURVES[name])
+    truth = Truth.of(cal)
+    plain = seconds = 0.0
+    trees = taken = 0
+    for rec in ANSWERS["answers"].values():
+        prompt, answer = list(rec["prompt"]), list(rec["answer"])
+        run = replay_head_tree(prompt, answer, cal, ANSWERS["n_vocab"], HeadModel(), mode, True, fold)
+        plain, seconds = plain + truth.plain(prompt, answer), seconds + run.seconds
+        trees, taken = trees + run.trees, taken + run.taken
+    return plain / seconds, trees, taken
+
+
+def test_trees_from_a_head_reading_the_target_pay_on_a_gpus_curve_once_a_kept_branch_rides_the_next_pass() -> None:
+    # An EAGLE-3 head's runner-ups: charged a pass of their own for a kept branch (as llama.cpp
+    # did where a drafter read its layers) they never pay; folded into the next pass they do.
+    chain, _, _ = head_replayed(GPU, "chain", True)
+    alone, alone_trees, _ = head_replayed(GPU, "priced", False)
+    folded, trees, taken = head_replayed(GPU, "priced", True)
+    assert alone_trees == 0 and alone == pytest.approx(chain)
+    assert trees >= 100 and taken >= 20
+    assert folded > chain * 1.1
+    assert (folded, chain) == pytest.approx((GOLDEN_HEAD_TREES, GOLDEN_HEAD_CHAINS), abs=0.0015)
+    assert head_replayed(CPU, "priced", True)[1] == 0  # this CPU's curve: chains
 
 
 def pricing(curve_ms: list[float], alpha: float) -> TreePricing:
