@@ -403,13 +403,13 @@ def measure_drafters(path: str, args: argparse.Namespace) -> dict[str, Any]:
     drafter's runtime answering them in turn (the memory filling as it goes)."""
     target = load_backend("llamacpp", path, threads=args.threads)
     runtimes = {
-        "none": Runtime(target, strategy="none"),
-        "n-gram": Runtime(target, strategy="ngram"),
-        "n-gram + memory": Runtime(target, strategy="ngram", memory=NgramMemory()),
+        "none": runtime_for(target, strategy="none"),
+        "n-gram": runtime_for(target, strategy="ngram"),
+        "n-gram + memory": runtime_for(target, strategy="ngram", memory=NgramMemory()),
     }
     if args.draft:
         draft = load_backend("llamacpp", args.draft, threads=args.threads)
-        runtimes["draft model"] = Runtime(target, draft=draft, strategy="draft")
+        runtimes["draft model"] = runtime_for(target, draft, strategy="draft")
     prompts = session_prompts(args.session)
     records = {name: DrafterSteps(Clock()) for name in runtimes}
     loads = [os.getloadavg()[0]]

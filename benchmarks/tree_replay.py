@@ -5,6 +5,13 @@ branch verified; then, with a model, the pass costs on this CPU of trees of 4-22
 chains of as many tokens (the tree pricing's assumption: a pass costs by its node count).
 
     python benchmarks/tree_replay.py [MODEL.gguf] [--reps 30] [--threads 1]
+    python benchmarks/tree_replay.py --heads   # a simulated head's top-2 (an EAGLE-3 head's) instead
+
+--heads replays a head that reads the target's layers (tree_replay.GuessingHead, HeadModel's
+defaults: right 60 % of the time until its first miss, its runner-up right 40 % of the times
+it misses, a guess 5 % of a target step) with chains only, with trees priced where a kept
+branch costs a pass of its own (llama.cpp before #58 wherever a drafter read its layers), with
+trees priced where it rides on the next pass, and with every branch verified.
 
 Pass costs: each size's chain block and tree pass are timed alternately behind the same
 context (512 tokens), so load drifts alike on both; the ratio of medians is the figure. The
@@ -21,7 +28,7 @@ import time
 from pathlib import Path
 
 from localspec.control.replay import Truth, calibration_from_doctor
-from localspec.control.tree_replay import replay_tree
+from localspec.control.tree_replay import HeadModel, replay_head_tree, replay_tree
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 NODES = (4, 6, 8, 12, 16, 22)
@@ -58,6 +65,29 @@ def replays(repass: bool, fold: bool = False) -> None:
             row.append((plain / seconds, trees, taken, steps))
         (chain, *_), (priced, trees, taken, steps), (every, *_) = row
         print(f"{name} | {chain:.3f}x | {priced:.3f}x | {every:.3f}x | {trees}/{steps} | {taken}")
+
+
+def head_replays() -> None:
+    answers = json.loads((DATA / "replay_answers.json").read_text())
+    curves = json.loads((DATA / "replay_curves.json").read_text())
+    print(f"\na simulated head's top-2 ({HeadModel()}):")
+    print("curve | chains | priced, a pass of its own | priced, folded | every branch | tree steps (folded) | taken")
+    print("--- | --- | --- | --- | --- | --- | ---")
+    for name, report in curves.items():
+        cal = calibration_from_doctor(report)
+        truth = Truth.of(cal)
+        row = []
+        for mode, fold in (("chain", True), ("priced", False), ("priced", True), ("always", True)):
+            plain = seconds = 0.0
+            trees = taken = steps = 0
+            for rec in answers["answers"].values():
+                prompt, answer = list(rec["prompt"]), list(rec["answer"])
+                run = replay_head_tree(prompt, answer, cal, answers["n_vocab"], HeadModel(), mode, True, fold)
+                plain, seconds = plain + truth.plain(prompt, answer), seconds + run.seconds
+                trees, taken, steps = trees + run.trees, taken + run.taken, steps + run.steps
+            row.append((plain / seconds, trees, taken, steps))
+        (chain, *_), (alone, *_), (folded, trees, taken, steps), (every, *_) = row
+        print(f"{name} | {chain:.3f}x | {alone:.3f}x | {folded:.3f}x | {every:.3f}x | {trees}/{steps} | {taken}")
 
 
 def tree_of(nodes: int) -> list[int]:
@@ -108,7 +138,11 @@ def main() -> None:
     parser.add_argument("model", nargs="?", help="a GGUF for the pass costs (none: the replays only)")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--heads", action="store_true", help="replay a simulated head's top-2 trees only")
     args = parser.parse_args()
+    if args.heads:
+        head_replays()
+        return
     replays(repass=False)
     replays(repass=True)
     replays(repass=True, fold=True)

@@ -18,7 +18,7 @@ from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
 from localspec.core.choices import EVERY_STRATEGY, FEATURE_DRAFTERS, DraftTokens
-from localspec.core.errors import InvalidRequestError, PairMismatchError
+from localspec.core.errors import InvalidRequestError, ModelLoadError, PairMismatchError
 from localspec.core.exactness import greedy_exact_within
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
@@ -369,6 +369,12 @@ def _check_head_file(strategy: str, draft_model: str | None) -> None:
         raise InvalidRequestError(
             f"strategy {strategy!r} drafts with an {name}, a GGUF of its own",
             f"give it with --draft-model ({strategy}-<model>.gguf, made for the target), or load a pair that has one",
+        )
+    if not os.path.exists(draft_model):  # before its kind is read: a missing file is not a file of another kind
+        raise ModelLoadError(
+            f"no such file: {draft_model}",
+            f"check the path of the {name} ({strategy}-<model>.gguf, made for the target), "
+            "or draft with --strategy ngram",
         )
     if head_kind(draft_model) != strategy:
         raise InvalidRequestError(

@@ -46,3 +46,28 @@ def assert_calibrated_as_users_run_it(target: Backend, head: Backend, policy: ob
     # Priced by its own size (calibrate.prior_calibration), not as a pass of the whole target.
     assert head.info.size_bytes < target.info.size_bytes and head.info.n_params < target.info.n_params
     assert policy.draft_seconds_per_token == calibrate.starting_drafting_seconds(head)
+
+
+def assert_each_row_is_the_token_asked_for(
+    target: Backend, head: Backend, text: Sequence[int], frontier: int, atol: float
+) -> None:
+    """A head reading several tokens in one pass and asked for the last row only, as it reads
+    again what a verify pass kept together with the token after it, gives that token's row
+    (not the batch's first), and drafts on from that token's state.
+
+    The reference asks for every row of the same text: what it gives does not depend on which
+    rows llama.cpp hands back first. The target holds text[:frontier]: the last token read is
+    one it has not decoded, so the token drafted after it is read with the head's own state."""
+    target.eval_block(text[:frontier], "none")
+    clean = head.eval_block(text[: frontier + 1], "all").copy()
+    drafted = head.eval_block(text[frontier + 1 : frontier + 2], "last").copy()
+    target.rollback(0)
+    head.rollback(0)
+    target.eval_block(text[:frontier], "none")
+    head.eval_block(text[: frontier - 2], "none")
+    last = head.eval_block(text[frontier - 2 : frontier + 1], "last")[-1].copy()
+    np.testing.assert_allclose(last, clean[-1], atol=atol, err_msg="the last row read is another token's")
+    again = head.eval_block(text[frontier + 1 : frontier + 2], "last")
+    np.testing.assert_allclose(again, drafted, atol=atol, err_msg="the state drafted from is another token's")
+    target.rollback(0)
+    head.rollback(0)

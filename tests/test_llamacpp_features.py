@@ -92,7 +92,7 @@ def test_turning_capture_on_decodes_the_cached_positions_again(models, opened) -
 @pytest.mark.parametrize(
     ("path", "ids", "width", "said"),
     [
-        ("llama", (1, 3, 7), 64, "reads layer 3 of its target, but llama.gguf has layers 0-2"),
+        ("llama", (1, 3, 7), 64, "reads layer 7 of its target, but llama.gguf has layers 0-2 and its final hidden"),
         ("llama", (0, 1, 2), 4096, "reads hidden states 4096 wide, but llama.gguf's are 64"),
         ("llama", (), 64, "names no layers of its target"),
         ("gemma3", (0, 1, 2), 64, "cannot hand out the hidden layers of gemma3.gguf (gemma3)"),
@@ -107,3 +107,33 @@ def test_a_drafter_the_target_cannot_feed_is_refused_before_llama_cpp_aborts(
     assert said in refused.value.message and refused.value.hint
     target.eval_block(TEXT[:3], "last")  # and the target decodes on, capture off
     assert target.n_past == 3
+
+
+def test_an_eagle3_head_reads_layer_n_layers_as_the_targets_final_hidden_state(models, opened) -> None:
+    # As llama.cpp's draft-eagle3: layer n_layer is the state the MTP heads read (its nextn output).
+    target = opened(models["qwen35"])
+    rows = target.layer_features((0, 1, 4), 64, "head.gguf", "EAGLE-3 head")
+    target.eval_block(TEXT, "none")
+    final = rows.rows[: len(TEXT), 128:].copy()
+    assert np.abs(final).max() > 0 and not np.allclose(final, rows.rows[: len(TEXT), 64:128])
+    target.rollback(0)
+    for token in TEXT:  # one token a pass: the same rows, each its own token's
+        target.eval_block([token], "last")
+    np.testing.assert_allclose(rows.rows[: len(TEXT), 128:], final, atol=1e-3)  # a batch sums otherwise
+
+
+def test_where_llama_cpp_hands_out_no_final_state_the_head_reads_zeros_as_draft_eagle3_does(models, opened) -> None:
+    # llama.cpp's llama graph has no final-state output: draft-eagle3 reads a buffer nothing fills.
+    target = opened(models["llama"])
+    rows = target.layer_features((0, 1, 3), 64, "head.gguf", "EAGLE-3 head")
+    target.eval_block(TEXT, "none")
+    assert np.abs(rows.rows[: len(TEXT), 64:128]).max() > 0
+    assert not rows.rows[: len(TEXT), 128:].any()
+
+
+def test_a_dflash_drafter_cannot_read_the_final_state_llama_cpp_would_not_give_it(models, opened) -> None:
+    # llama.cpp's draft-dflash asks for the input of layer n_layer, which these graphs do not build.
+    target = opened(models["qwen35"])
+    with pytest.raises(ModelLoadError) as refused:
+        target.layer_features((0, 1, 4), 64, "dflash.gguf", "DFlash drafter")
+    assert "reads layer 4 of its target, but qwen35.gguf has layers 0-3:" in refused.value.message

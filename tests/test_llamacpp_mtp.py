@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
-from head_support import assert_calibrated_as_users_run_it
+from head_support import assert_calibrated_as_users_run_it, assert_each_row_is_the_token_asked_for
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 import localspec
@@ -30,6 +30,14 @@ LOOPING = "the world and the world and the"
 @pytest.fixture(scope="module")
 def with_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_qwen35_gguf(HybridSpec(nextn=1, mtp_echo=1.0), tmp_path_factory.mktemp("mtp") / "qwen35-mtp.gguf")
+
+
+def test_a_read_of_several_tokens_drafts_on_from_the_state_of_the_token_asked_for(tmp_path: Path, opened) -> None:
+    # A random MTP block (not the echo head): its guesses depend on the state it drafts from.
+    # Qwen3.5's MTP graph computes its states for every token before it picks the output rows.
+    target = opened(write_qwen35_gguf(HybridSpec(nextn=1), tmp_path / "qwen35-mtp-random.gguf"))
+    text = [119, 260, 35, 122, 114, 117, 111, 103, 263, 113, 103, 261, 40, 41]
+    assert_each_row_is_the_token_asked_for(target, target.mtp_head(), text, 9, atol=1e-4)
 
 
 def test_mtp_sampling_follows_the_targets_law(with_head, opened) -> None:

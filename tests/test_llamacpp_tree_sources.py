@@ -10,6 +10,7 @@ must stay plain decoding's (greedy) and the target's law (chi-square at T > 0)."
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +23,11 @@ from scipy.stats import chisquare
 from test_llamacpp_tree import END, GREEDY, SAMPLED, exact_first_two, generate
 from test_tree import EveryBranch
 
+from localspec.api import runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.control.costs import CostCurve
+from localspec.control.factory import model_policy
+from localspec.control.trees import ask_for_trees, attach_trees
 from localspec.core.engine import Engine
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
@@ -134,3 +139,34 @@ def test_sampled_trees_of_drafters_reading_the_target_follow_its_law(
     observed = [counts[c] for c in cells] + [RUNS - sum(counts[c] for c in cells)]
     expected = [law[c] * RUNS for c in cells] + [RUNS * (1 - sum(law[c] for c in cells))]
     assert chisquare(observed, np.array(expected) * RUNS / sum(expected)).pvalue > 1e-3
+
+
+def h200_curve() -> CostCurve:
+    curves = json.loads((Path(__file__).parent / "data" / "replay_curves.json").read_text())
+    return CostCurve([t / 1e3 for t in curves["gpu-h200-llama-3.1-8b-bf16"]["verify_ms"]])
+
+
+@pytest.mark.parametrize(("kind", "target_file"), [("dflash", "dense"), ("eagle3", "bigram")])
+def test_a_drafter_reading_the_target_leaves_a_kept_branch_to_the_next_pass_so_trees_pay_on_a_gpu(
+    files, opened, kind: str, target_file: str
+) -> None:
+    # The kept path's rows come from the tree pass (keep_branch), so what the tree left off
+    # the first sequence is evaluated again with the next pass, not in a pass of its own: on
+    # an H200's curve a few rows more cost little, and trees from these drafters pay there.
+    target = opened(files[target_file])
+    engine = tree_engine(kind, files, target)[0]
+    engine.trees = None
+    assert target.capabilities.repasses_branch and target.capabilities.folds_branch
+    curve = h200_curve()
+    assert attach_trees(engine, model_policy(curve, 0.05 * curve.verify(1, 0), 0.6)) is not None
+    assert engine.drafter.branching  # type: ignore[attr-defined]
+
+
+def test_a_tree_asked_for_runs_where_the_controller_would_draft_chains(files, opened) -> None:
+    target = opened(files["bigram"])
+    plain = runtime_for(target, strategy="none").generate(prompt=START["eagle3"], max_tokens=40, temperature=0)
+    head = target.eagle3_head(str(files["eagle3"]))
+    runtime = runtime_for(target, head, strategy="draft", draft_tokens=3, calibrate=False)
+    asked = ask_for_trees(runtime.engine, positions=2)
+    assert runtime.generate(prompt=START["eagle3"], max_tokens=40, temperature=0).tokens == plain.tokens
+    assert asked.steps > 5 and asked.taken > 0, (asked.steps, asked.taken)

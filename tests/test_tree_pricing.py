@@ -17,9 +17,10 @@ from localspec.backends.reference import ReferenceBackend
 from localspec.control.costs import CostCurve
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import Truth, calibration_from_doctor
-from localspec.control.tree_replay import TreeRun, replay_tree
-from localspec.control.trees import TreePricing, attach_trees
+from localspec.control.tree_replay import HeadModel, TreeRun, replay_head_tree, replay_tree
+from localspec.control.trees import AskedTree, TreePricing, ask_for_trees, attach_trees
 from localspec.core.engine import Engine
+from localspec.core.errors import InvalidRequestError
 from localspec.drafters.ngram import NgramDrafter
 
 DATA = Path(__file__).parent / "data"
@@ -29,6 +30,8 @@ CPU, GPU = "smollm2-135m-q4_1", "gpu-h200-llama-3.1-8b-bf16"
 # The trees' speedup on the H200 curve over all answers (benchmarks/tree_replay.py prints it).
 GOLDEN_GPU_TREES = 1.655
 GOLDEN_GPU_FOLDED = 1.653  # the same where a kept branch is evaluated again with the next pass
+# A simulated head's top-2 trees (HeadModel's defaults) on the H200 curve, and its chains.
+GOLDEN_HEAD_TREES, GOLDEN_HEAD_CHAINS = 2.123, 1.868
 
 
 @functools.cache
@@ -80,6 +83,34 @@ def test_where_a_kept_branch_rides_on_the_next_pass_trees_pay_almost_as_if_kept_
     assert replayed(GPU, "chain")[0] < priced <= replayed(GPU, "priced")[0]
 
 
+@functools.cache
+def head_replayed(name: str, mode: str, fold: bool) -> tuple[float, int, int]:
+    """replayed() with a simulated head's top-2 (tree_replay.GuessingHead) instead of n-gram lookup."""
+    cal = calibration_from_doctor(CURVES[name])
+    truth = Truth.of(cal)
+    plain = seconds = 0.0
+    trees = taken = 0
+    for rec in ANSWERS["answers"].values():
+        prompt, answer = list(rec["prompt"]), list(rec["answer"])
+        run = replay_head_tree(prompt, answer, cal, ANSWERS["n_vocab"], HeadModel(), mode, True, fold)
+        plain, seconds = plain + truth.plain(prompt, answer), seconds + run.seconds
+        trees, taken = trees + run.trees, taken + run.taken
+    return plain / seconds, trees, taken
+
+
+def test_trees_from_a_head_reading_the_target_pay_on_a_gpus_curve_once_a_kept_branch_rides_the_next_pass() -> None:
+    # An EAGLE-3 head's runner-ups: charged a pass of their own for a kept branch (as llama.cpp
+    # did where a drafter read its layers) they never pay; folded into the next pass they do.
+    chain, _, _ = head_replayed(GPU, "chain", True)
+    alone, alone_trees, _ = head_replayed(GPU, "priced", False)
+    folded, trees, taken = head_replayed(GPU, "priced", True)
+    assert alone_trees == 0 and alone == pytest.approx(chain)
+    assert trees >= 100 and taken >= 20
+    assert folded > chain * 1.1
+    assert (folded, chain) == pytest.approx((GOLDEN_HEAD_TREES, GOLDEN_HEAD_CHAINS), abs=0.0015)
+    assert head_replayed(CPU, "priced", True)[1] == 0  # this CPU's curve: chains
+
+
 def pricing(curve_ms: list[float], alpha: float) -> TreePricing:
     policy = ngram_policy(CostCurve([t / 1e3 for t in curve_ms]))
     policy.alpha = [alpha] * len(policy.alpha)
@@ -122,3 +153,23 @@ def test_a_runtime_verifies_trees_only_where_its_curve_lets_them_pay(curve: str,
     chains = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
     chains.target.capabilities = dataclasses.replace(chains.target.capabilities, branches=1)
     assert attach_trees(chains, policy) is None and chains.trees is None
+
+
+def test_a_tree_asked_for_verifies_every_branch_offered_at_its_first_positions() -> None:
+    asked = AskedTree(positions=2, max_nodes=8)
+    offered = [(0, [7, 8]), (1, [5]), (2, [6]), (1, [9, 10, 11])]
+    # Depth 2 is past the positions asked for; the last branch would pass the 8 nodes.
+    assert asked.shape(4, 0, offered, 0) == [(0, [7, 8]), (1, [5])]
+    assert asked.shape(1, 0, offered, 0) == [(0, [7, 8])]  # no branch beside a chain it outgrows
+
+
+def test_a_tree_asked_for_is_verified_even_where_the_curve_would_choose_chains() -> None:
+    engine = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
+    asked = ask_for_trees(engine, positions=3)
+    assert engine.trees is asked and engine.drafter.branching == 3
+    cpu = ngram_policy(CostCurve([t / 1e3 for t in CURVES[CPU]["verify_ms"]]))
+    assert attach_trees(engine, cpu) is None and engine.trees is asked  # the controller leaves it
+    chains = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
+    chains.target.capabilities = dataclasses.replace(chains.target.capabilities, branches=1)
+    with pytest.raises(InvalidRequestError, match="verifies chains only"):
+        ask_for_trees(chains)

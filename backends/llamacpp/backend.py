@@ -281,7 +281,7 @@ class LlamaCppBackend:
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
             branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
             repasses_branch=True,  # keep_branch
-            folds_branch=not self._plan.max_rows,  # keep_branch, until a drafter reads this context's rows
+            folds_branch=not self._plan.max_rows,  # keep_branch (split kernels evaluate it at once)
             replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
             exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
@@ -526,11 +526,13 @@ class LlamaCppBackend:
         # A path off sequence 0 sits in cells after the other branches' holes, where the next
         # tokens would land before it; flash attention sums cells in their order, so that cache
         # rounds unlike a clean pass's. Its part off sequence 0 is evaluated again, in order: at
-        # the head of the next pass (folds_branch), or at once where a drafter reads the rows.
+        # the head of the next pass (folds_branch), or at once where kernels split passes.
         off = next((k for k, node in enumerate(path) if trees.seqs[node][0] != 0), len(path))
         self._tokens[past:] = kept[:off]
-        for rows in self._recorded:  # the path's rows at its positions, as a chain pass leaves them
-            rows.keep_path(past, path[:off])
+        # The whole path's rows at its positions, as a chain pass leaves them (each node's row
+        # is its root path's): a drafter reads them before the next pass evaluates the rest.
+        for rows in self._recorded:
+            rows.keep_path(past, path)
         self._unrecorded = off < len(path)
         if off < len(path):
             self.rollback(past + off)
@@ -696,7 +698,6 @@ class LlamaCppBackend:
     def eagle3_head(self, path: str) -> MtpHead:
         """An EAGLE-3 head GGUF (architecture eagle3) drafting for this target (strategy eagle3)."""
         self._live()
-        check_gguf(path)
         mparams, _ = _model_params((), self._options["gpu_layers"])
         n_embd = int(llama.llama_model_n_embd(self._model))
         head = load_eagle3_head(self, self._ctx, n_embd, self.layer_features, mparams, path)
@@ -718,7 +719,6 @@ class LlamaCppBackend:
     def _target_states(self) -> HiddenRows:
         if self._states is None:
             self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
-            self.capabilities = replace(self.capabilities, folds_branch=False)  # it reads every kept row at once
             width = int(llama.llama_model_n_embd_out(self._model))
             self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
             self._recorded.append(self._states)
@@ -745,7 +745,6 @@ class LlamaCppBackend:
         key = tuple(ids)
         if key not in self._captures:
             self._greedy.detach()  # as for an MTP head's states
-            self.capabilities = replace(self.capabilities, folds_branch=False)  # as for an MTP head
             self._captures[key] = layer_inputs(self._ctx, self.info.n_ctx, key, n_embd)
             self._recorded.append(self._captures[key])
             self.rollback(0)  # positions decoded before now have no rows: decode them again

@@ -30,15 +30,15 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as ext
 
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import GGUFHeader, diagnose_gguf, read_header
+from localspec.core.gguf_header import GGUFHeader, check_gguf, diagnose_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities
 from localspec.core.records import HeadOfTarget
 
-from .features import HiddenRows, target_layer_ids
+from .features import EAGLE3_KIND, HiddenRows, target_layer_ids
 from .mtp import MtpHead, head_context
 
 ARCHITECTURE = "eagle3"
-KIND = "EAGLE-3 head"
+KIND = EAGLE3_KIND
 
 # (layer ids, the target width they were made for, the head's file, its kind) -> the rows
 Features = Callable[[Sequence[int], int, str, str], HiddenRows]
@@ -46,6 +46,11 @@ Features = Callable[[Sequence[int], int, str, str], HiddenRows]
 
 class Eagle3Head(MtpHead):
     """An EAGLE-3 head drafting for its target (see the module doc)."""
+
+    # llama.cpp's eagle3 graph computes the logits of every token of a pass and hands back its
+    # first rows, however many were flagged: flagging every row (as llama.cpp's draft-dflash
+    # does for its block) makes row k token k, at no cost beyond copying them.
+    every_row = True
 
     def __init__(
         self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, path: str, borrows_output: bool
@@ -193,6 +198,13 @@ def load_eagle3_head(
     target: Backend, target_ctx: Any, n_embd: int, features: Features, mparams: Any, path: str
 ) -> Eagle3Head:
     """The EAGLE-3 head in `path`, checked against its target before llama.cpp reads it."""
+    if not os.path.exists(path):
+        raise ModelLoadError(
+            f"no such file: {path}",
+            f"check the path of the {KIND} made for {target.info.name} (its pair in models.toml), "
+            "or draft with --strategy ngram",
+        )
+    check_gguf(path)
     head = check_head_file(read_header(path), target, n_embd)
     rows = features(
         head.layer_ids, head.target_width, os.path.basename(path), KIND

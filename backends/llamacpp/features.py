@@ -1,7 +1,9 @@
 """The target's hidden states that drafters read, kept on the host one row per cached position.
 
 An MTP head reads the target's last hidden state; an EAGLE-3 head and a DFlash drafter read
-the inputs of a few of its layers (their GGUF's target_layer_ids), concatenated. llama.cpp
+the inputs of a few of its layers (their GGUF's target_layer_ids), concatenated. An EAGLE-3
+head may name layer n_layers, one past the last: the target's final hidden state, which
+llama.cpp's draft-eagle3 reads as the MTP heads' state (llama_get_embeddings_nextn). llama.cpp
 hands both out per decode only, for every token of the batch whatever its output flag
 (llama_context::extract_layer_inputs copies the whole layer input), so they are copied here
 as the target decodes. A row is written when its position is decoded and written again when
@@ -55,6 +57,17 @@ CAPTURING_ARCHITECTURES = frozenset(
         "qwen4exp",
     }
 )
+
+# The architectures whose llama.cpp graph hands out its final hidden state (res->t_h_nextn in
+# the main graph of src/models/*.cpp). Elsewhere llama.cpp's draft-eagle3 reads a buffer that
+# nothing fills for layer n_layers; localspec reads zeros there, the same head's arithmetic.
+FINAL_STATE_ARCHITECTURES = frozenset(
+    {"bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "mimo2", "nemotron_h", "qwen35", "qwen35moe", "qwen3next"}
+)
+
+# The drafter that may read the final hidden state (as layer n_layers): llama.cpp's
+# draft-dflash asks for that layer's input instead, which few graphs give.
+EAGLE3_KIND = "EAGLE-3 head"
 
 _FLOATS = ctypes.POINTER(ctypes.c_float)
 
@@ -131,11 +144,13 @@ def check_capture(target: TargetShape, drafter: str, kind: str, ids: Sequence[in
             f"which the {kind} {drafter} reads",
             "use --strategy ngram, or a draft model (--draft-model)",
         )
-    beyond = [i for i in ids if not 0 <= i < target.n_layers]
+    last = target.n_layers if kind == EAGLE3_KIND else target.n_layers - 1  # n_layers: the final state
+    beyond = [i for i in ids if not 0 <= i <= last]
     if beyond:
+        final = f" and its final hidden state (layer {last})" if last == target.n_layers else ""
         raise ModelLoadError(
-            f"{drafter} reads layer {beyond[0]} of its target, but {target.name} has layers 0-{target.n_layers - 1}: "
-            "it was made for a deeper model",
+            f"{drafter} reads layer {beyond[0]} of its target, but {target.name} has layers 0-{target.n_layers - 1}"
+            f"{final}: it was made for a deeper model",
             fits,
         )
     if width != target.n_embd:
@@ -179,8 +194,29 @@ def last_hidden_states(ctx: Any, n_ctx: int, width: int) -> HiddenRows:
 
 def layer_inputs(ctx: Any, n_ctx: int, ids: Sequence[int], n_embd: int) -> HiddenRows:
     """The rows an EAGLE-3 or DFlash drafter reads: the inputs of layers `ids`, concatenated
-    in that order (n_embd * len(ids) wide). Check the ids with check_capture first."""
+    in that order (n_embd * len(ids) wide), layer n_layers being the final hidden state.
+    Check the ids with check_capture first."""
     calls = layer_calls()
+    model = _binding.llama_get_model(ctx)
+    n_layers = int(_binding.llama_model_n_layer(model))
+    parts: list[Callable[[], Any]] = []
     for layer in ids:
-        calls.set_layer_inp(ctx, layer, True)
-    return HiddenRows(n_ctx, [partial(calls.get_layer_inp, ctx, layer) for layer in ids], n_embd)
+        if layer < n_layers:
+            calls.set_layer_inp(ctx, layer, True)
+            parts.append(partial(calls.get_layer_inp, ctx, layer))
+        elif _architecture(model) in FINAL_STATE_ARCHITECTURES:
+            ext.llama_set_embeddings_nextn(ctx, True, False)  # a row for every token, as last_hidden_states
+            parts.append(partial(ext.llama_get_embeddings_nextn, ctx))
+        else:
+            parts.append(_nothing)  # rows stay zero (see FINAL_STATE_ARCHITECTURES)
+    return HiddenRows(n_ctx, parts, n_embd)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _architecture(model: Any) -> str:
+    buf = ctypes.create_string_buffer(64)
+    _binding.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
+    return buf.value.decode()

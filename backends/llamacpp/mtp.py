@@ -50,6 +50,10 @@ def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int) ->
 class MtpHead(HeadOfTarget[np.ndarray]):
     """The target's MTP block, drafting for it (see the module doc)."""
 
+    # Whether the head's graph computes its output for every token of a pass, so that a pass
+    # costs the same whichever rows are outputs (EAGLE-3's; see _pass).
+    every_row = False
+
     def __init__(
         self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: bool = False
     ) -> None:
@@ -121,11 +125,27 @@ class MtpHead(HeadOfTarget[np.ndarray]):
     def _pass(self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray]) -> None:
         """One pass over (position, token, output?) entries, each read with the state before it;
         `at`: the position a shared-cache head writes every token to (its target's next one).
-        Keeps the outputs' states, and writes their logits into the rows `into` holds for them."""
+        Keeps the outputs' states, and writes their logits into the rows `into` holds for them.
+
+        llama.cpp hands back a pass's first rows where a graph computes them for every token
+        (Qwen3.5's MTP states, EAGLE-3's logits), whichever rows were flagged; so every row of
+        a pass is an output, or none is. The outputs are always the last entries (the tokens
+        the target has not decoded, or the one asked for): the rest go in a pass of their own,
+        unless the graph computes every row anyway (every_row)."""
+        split = 0 if self.every_row else next((i for i, (_, _, out) in enumerate(entries) if out), len(entries))
+        if split:
+            self._run(entries[:split], at, into, outputs=False)
+        if split < len(entries):
+            self._run(entries[split:], at, into, outputs=True)
+
+    def _run(
+        self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray], outputs: bool
+    ) -> None:
+        """One llama.cpp pass over the entries, every row an output or none (see _pass)."""
         llama.llama_batch_ext_clear(self._batch)
         states: list[np.ndarray] = []  # kept alive until the pass has read them
         read = self._states_for([q for q, _, _ in entries])
-        for (q, token, output), (state, exact) in zip(entries, read, strict=True):
+        for (q, token, _), (state, exact) in zip(entries, read, strict=True):
             idx = llama.llama_batch_ext_add_token(self._batch, 0, token)
             position = llama.llama_pos(q - self.shift if at is None else at)
             llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
@@ -133,7 +153,7 @@ class MtpHead(HeadOfTarget[np.ndarray]):
             embd = llama.llama_embd(states[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
             llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
             (self._guessed.discard if exact else self._guessed.add)(q)
-            llama.llama_batch_ext_set_output_logits(self._batch, idx, output)
+            llama.llama_batch_ext_set_output_logits(self._batch, idx, outputs)
         rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
             raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {entries[0][0]}")

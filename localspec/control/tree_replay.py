@@ -4,6 +4,11 @@ chain where the tree pricing (trees.py) finds it pays on the machine's cost curv
 (the tree's whole gain, bought at any price). A tree pass of n nodes costs what the curve says
 a pass of n tokens costs: the same rows with another mask (benchmarks/tree_replay.py
 measures that on the real model). Greedy answers only, as in the chain replay.
+
+A drafter that reads the target's layers (an EAGLE-3 head's top-2, a DFlash block's top-k) is
+replayed as GuessingHead: right with a set probability per guess, its runner-up right with
+another where it misses, each guess costing it a set share of a target step
+(replay_head_tree).
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ from typing import cast
 import numpy as np
 
 from localspec.control.calibrate import Calibration
-from localspec.control.factory import ngram_policy
+from localspec.control.factory import model_policy, ngram_policy
 from localspec.control.replay import Clock, ReplayTarget, Truth
 from localspec.control.trees import TreePricing
 from localspec.core.engine import Engine
-from localspec.core.protocol import Backend, Capabilities
+from localspec.core.protocol import Backend, Capabilities, Draft
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats
 from localspec.drafters.ngram import NgramDrafter
@@ -145,4 +150,89 @@ def replay_tree(
         produced.extend(step.tokens)
     if produced != answer:
         raise AssertionError("the tree replay diverged from the recorded answer")
+    return TreeRun(stats.decode_seconds, stats.verify_steps, pricing.trees, pricing.taken)
+
+
+@dataclass(frozen=True)
+class HeadModel:
+    """What a simulated head guesses: each guess is the recorded token with probability
+    `alpha` until its first miss, a miss's runner-up (a branch where branching) is the
+    recorded token with probability `beta`, and a guess costs `cost` of a target step."""
+
+    alpha: float = 0.6
+    beta: float = 0.4
+    cost: float = 0.05
+
+
+class GuessingHead:
+    """A head drafting on a recorded answer (HeadModel), offering its runner-up at its first
+    `branching` positions as ModelDrafter does for an EAGLE-3 head."""
+
+    name = "draft"
+    off_notice: str | None = None
+
+    def __init__(self, text: Sequence[int], model: HeadModel, seconds: float, clock: Clock, n_vocab: int) -> None:
+        self.text, self.model, self.seconds, self.clock, self.n_vocab = list(text), model, seconds, clock, n_vocab
+        self.branching = 0
+        self.seed = 0
+
+    def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+        at, on = len(context), True
+        tokens: list[int] = []
+        branches: list[tuple[int, list[int]]] = []
+        for i in range(max(0, min(n, len(self.text) - at))):
+            truth = self.text[at + i]
+            # Drawn per position, so a replay with branches guesses what one without does.
+            first, second = np.random.default_rng((self.seed, at + i)).random(2)
+            right = on and first < self.model.alpha
+            tokens.append(truth if right else (truth + 1) % self.n_vocab)
+            if i < self.branching:  # the runner-up: the recorded token where the guess missed, sometimes
+                runner_up = on and not right and second < self.model.beta
+                branches.append((i, [truth if runner_up else (truth + 2) % self.n_vocab]))
+            on = right
+        self.clock.simulated += self.seconds * len(tokens)
+        return Draft(tokens, branches=branches or None)
+
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
+        return None
+
+    def backlog(self, context: Sequence[int]) -> int:
+        return 0
+
+    def commit(self, context: Sequence[int], n_accepted: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def replay_head_tree(
+    prompt: list[int],
+    answer: list[int],
+    calibration: Calibration,
+    n_vocab: int,
+    head: HeadModel,
+    mode: str = "priced",
+    repass: bool = True,
+    fold: bool = True,
+) -> TreeRun:
+    """replay_tree with a simulated head (GuessingHead) instead of the n-gram drafter, priced
+    as a model drafter of that agreement and cost. repass and fold: as llama.cpp's target
+    (fold where a kept branch's rows come from the tree pass; without fold, as it was where a
+    drafter read the target's layers, a pass of its own)."""
+    clock, truth = Clock(), Truth.of(calibration)
+    target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab, repass, fold)
+    step = truth.seconds(1, len(prompt), 1)
+    drafter = GuessingHead(prompt + answer, head, head.cost * step, clock, n_vocab)
+    drafter.branching = 2 * int(mode != "chain")
+    engine = Engine(cast(Backend, target), drafter, clock=clock)
+    policy = model_policy(calibration.cost_curve(), head.cost * step, head.alpha)
+    pricing = (EveryBranch if mode == "always" else CountedPricing)(policy, repass=repass, fold=fold)
+    engine.trees = pricing if mode != "chain" else None
+    stats, produced = Stats(), list[int]()
+    cfg = SamplingConfig(temperature=0.0)
+    for step_ in engine.generate(prompt, len(answer), cfg, policy, stats, np.random.default_rng(0)):
+        produced.extend(step_.tokens)
+    if produced != answer:
+        raise AssertionError("the head tree replay diverged from the recorded answer")
     return TreeRun(stats.decode_seconds, stats.verify_steps, pricing.trees, pricing.taken)

@@ -11,15 +11,24 @@ whose first token the target took (learnt here from every tree step). Branches a
 order of gain per node while the predicted rate, tokens over the pass's price, beats the
 chain's by `margin`. On a CPU a pass costs more with every row, so a branch rarely pays
 there; on a GPU, where a pass of 20 rows costs about what one of 2 does, most do.
+
+A kept branch off the tree's first sequence is evaluated again on llama.cpp (repass), at the
+head of the next pass (fold): its price is the rows it adds there, also where a drafter reads
+the target's layers (the kept path's rows come from the tree pass itself).
+
+For experiments and tests a tree can be asked for instead of priced (ask_for_trees): every
+branch the drafters offer at their first few positions, whatever the curve says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.engine import Engine
+from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Branching
 
 # Depths past the last one share its estimate; a branch deep in a chain is seldom tried.
@@ -128,7 +137,10 @@ class TreePricing:
 
 def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | None:
     """Let the engine verify its drafters' branches where a tree can pay on this machine's
-    cost curve (a target that takes trees, a curve flat enough); None: chains only."""
+    cost curve (a target that takes trees, a curve flat enough); None: chains only, or a tree
+    asked for (ask_for_trees), which stays."""
+    if isinstance(engine.trees, AskedTree):
+        return None
     capabilities = engine.target.capabilities
     pricing = TreePricing(policy, repass=capabilities.repasses_branch, fold=capabilities.folds_branch)
     if capabilities.branches < 2 or not pricing.pays():
@@ -138,3 +150,63 @@ def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | N
         if isinstance(drafter, Branching):  # the drafters that can offer branches (model, ngram, dflash)
             drafter.branching = BRANCHING
     return pricing
+
+
+@runtime_checkable
+class OffersAlternatives(Protocol):
+    """A drafter offering several runner-ups at a branching position (DFlash's top-k)."""
+
+    alternatives: int
+
+
+@dataclass
+class AskedTree:
+    """localspec.core.protocol.TreeShaper for a tree asked for, not priced (ask_for_trees):
+    every branch the drafters offer at their first `positions` draft positions is verified
+    beside the chain, up to `max_nodes` guessed tokens, whatever the cost curve says."""
+
+    positions: int = BRANCHING
+    max_nodes: int = 22
+    steps: int = 0  # tree steps verified
+    taken: int = 0  # of them, steps whose kept path went through a branch
+
+    def shape(
+        self, chain: int, support: int, offered: Sequence[tuple[int, Sequence[int]]], depth: int
+    ) -> list[tuple[int, list[int]]]:
+        chosen: list[tuple[int, list[int]]] = []
+        nodes = chain
+        for d, branch in offered:
+            if d < min(chain, self.positions) and branch and nodes + len(branch) <= self.max_nodes:
+                chosen.append((d, list(branch)))
+                nodes += len(branch)
+        return chosen
+
+    def observe_tree(self, chain: int, heads: Sequence[tuple[int, int]], path: Sequence[int]) -> None:
+        self.steps += 1
+        self.taken += any(node >= chain for node in path)
+
+
+def ask_for_trees(engine: Engine, positions: int = BRANCHING, alternatives: int = 1) -> AskedTree:
+    """Verify a tree of this shape at every step, whatever the cost curve says (experiments
+    and tests; by default the controller decides, attach_trees): the drafters offer their
+    runner-ups at the first `positions` draft positions, `alternatives` each where a drafter
+    offers several (a DFlash block's top-k; a draft model or an EAGLE-3 head offers one, an
+    n-gram lookup its second continuation). Usage: ask_for_trees(runtime.engine, 2)."""
+    target = engine.target
+    if target.capabilities.branches < 2:
+        raise InvalidRequestError(
+            f"{target.info.name} verifies chains only (a recurrent model's state follows one branch)",
+            "draft chains (the default), or ask for trees on a target without recurrent layers",
+        )
+    if positions < 1 or alternatives < 1:
+        raise InvalidRequestError(
+            f"a tree needs 1 position and 1 alternative or more, got {positions} and {alternatives}",
+            "ask for positions=1 or more (the first draft positions offering runner-ups)",
+        )
+    engine.trees = asked = AskedTree(positions)
+    for drafter in (engine.drafter, engine.lookup):
+        if isinstance(drafter, Branching):
+            drafter.branching = positions
+        if isinstance(drafter, OffersAlternatives):
+            drafter.alternatives = alternatives
+    return asked

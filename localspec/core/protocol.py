@@ -106,8 +106,8 @@ class Capabilities:
     # A kept path off the tree's first branch is evaluated again, in the cache's order
     # (llama.cpp: flash attention sums cells in their order): a pass the tree pricing charges.
     repasses_branch: bool = False
-    # ... and not in a pass of its own: at the head of the next pass (llama.cpp where no
-    # drafter reads the target's rows), which costs that pass those rows more.
+    # ... and not in a pass of its own: at the head of the next pass (llama.cpp, unless its
+    # kernels split passes), which costs that pass those rows more.
     folds_branch: bool = False
     # A model with recurrent state (a hybrid) takes back up to this many rejected tokens from
     # its snapshots; rejecting more replays the kept ones (None: every rollback is free).

@@ -38,6 +38,10 @@ class HeadSpec:
     target_width: int = 0  # 0: the target's hidden size
     fc: float = 0.05  # the size of g against the token's embedding: larger, the context weighs more
     draft_vocab: int = 0  # > 0: an output head of its own over that many tokens, mapped by d2t
+    # False: g reaches nothing (a zero hidden_norm, and norm_before_residual so the residual
+    # takes the normed g): the head guesses from its input token alone, at every position of
+    # a draft, so whole drafts are kept as often as the target follows its bigram.
+    reads_g: bool = True
     heads: int = 4
     head_dim: int = 16
     ffn: int = 32
@@ -66,7 +70,7 @@ def head_tensors(target: Spec | HybridSpec, head: HeadSpec, vocab: int) -> dict[
         "fc.weight": rng.normal(0, head.fc * (len(head.layer_ids) * width) ** -0.5, (h, len(head.layer_ids) * width)),
         "output_norm.weight": norm,  # the target's, as its own final norm
         "blk.0.attn_norm.weight": np.ones(h),
-        "blk.0.attn_norm_2.weight": np.ones(h),
+        "blk.0.attn_norm_2.weight": np.ones(h) if head.reads_g else np.zeros(h),
         "blk.0.attn_q.weight": ATTEND_SELF * pick,
         "blk.0.attn_k.weight": ATTEND_SELF * pick,
         "blk.0.attn_v.weight": pick,
@@ -93,5 +97,7 @@ def write_eagle3_gguf(target: Spec | HybridSpec, head: HeadSpec, path: Path) -> 
     writer.add_rope_freq_base(10_000.0)
     writer.add_array(f"{arch}.target_layers", list(head.layer_ids))
     writer.add_uint32(f"{arch}.target_hidden_size", head.target_width or target.hidden)
+    if not head.reads_g:
+        writer.add_bool(f"{arch}.norm_before_residual", True)
     vocab = add_bpe_vocab(writer, pre="smollm")  # the target's tokenizer, as the converter copies it
     return write_out(writer, head_tensors(target, head, vocab), path)
