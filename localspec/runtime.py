@@ -16,7 +16,7 @@ from localspec.control.contention import threads_notice
 from localspec.control.costs import CostCurve
 from localspec.control.trees import attach_trees
 from localspec.core.engine import Engine, check_fits
-from localspec.core.errors import BackendClosedError, InvalidRequestError
+from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, json_schema_of
 from localspec.core.protocol import DraftLengthPolicy
@@ -27,6 +27,7 @@ from localspec.core.textstream import TextAssembler
 from localspec.core.validate import chat_as_prompt, check_cancel, check_limits, clean_text
 from localspec.drafters import Drafter
 from localspec.strategies import Plan
+from localspec.turns import CANCELLED, AsyncStream, Turn, Turns, TurnStream
 
 
 @dataclass(frozen=True)
@@ -69,53 +70,18 @@ class Prompt:
     ids: tuple[int, ...]
 
 
-@dataclass(eq=False)
-class _Turn:
-    """A request holding the runtime: the thread that last used it, its events (None for
-    remember()) and the thread inside it now. The runtime refers to this, never to the Stream
-    around it, so a Stream its caller drops is freed at once, and freeing it ends the turn."""
-
-    thread: int
-    events: Generator[Event, None, None] | None = None
-    busy: int | None = None  # the thread inside next() or remember(): the turn ends after it
-    over: bool = False
-
-
-class Stream:
-    """One request's events: TextDelta as text becomes final, then one Finished. It holds the
-    runtime from stream() until it ends: read to its Finished event, close()d, left by a `with`
-    block, or dropped by its caller (CPython frees it at once, and that closes it)."""
-
-    def __init__(self, runtime: Runtime, turn: _Turn) -> None:
-        self._runtime = runtime
-        self._turn = turn
-
-    def __iter__(self) -> Stream:
-        return self
-
-    def __next__(self) -> Event:
-        return self._runtime._next(self._turn)
-
-    def close(self) -> None:
-        """End the request and release the runtime; when another thread is reading the stream,
-        after the step in flight. Closing twice is harmless."""
-        self._runtime._end(self._turn)
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not self._turn.over:
-            self.close()
+class Stream(TurnStream[Event]):
+    """One request's events: TextDelta as text becomes final, then one Finished, however it
+    ends. It holds the runtime from stream() until it ends: read to its Finished event,
+    close()d from any thread, left by a `with` block, or dropped by its caller (CPython frees
+    it at once, and that closes it). localspec.turns says who waits for whom."""
 
 
 class Runtime:
-    """A loaded target with its drafter. One request at a time, under one lock: calls from
-    other threads wait their turn; a new call in the thread of an unfinished stream ends that
-    stream, and a Stream its caller drops is closed when it is freed."""
+    """A loaded target with its drafter. One request at a time (localspec.turns): calls wait
+    their turn in the order they came, for at most their timeout=; a new call in the thread
+    of an unfinished stream ends that stream (its Finished says "preempted"), and a Stream its
+    caller drops is closed when it is freed. astream()/agenerate() are the same for asyncio."""
 
     def __init__(self, plan: Plan) -> None:
         """plan: a strategy resolved for its target (localspec.strategies.resolve or plan)."""
@@ -130,13 +96,7 @@ class Runtime:
         # is refused before a calibration it does not need.
         self._policy: DraftLengthPolicy | None = None
         self.engine = Engine(plan.target, plan.drafter, free_drafter=plan.free, lookup=plan.lookup)
-        # One lock, taken by its C methods where a step passes (the Condition's own are Python
-        # calls), and a count of the threads waiting on it, so a step notifies only when one does.
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
-        self._waiting = 0
-        self._owner: _Turn | None = None  # the request holding the runtime
-        self._closed = False
+        self._turns: Turns[Event] = Turns(last=_is_finished)  # who holds the runtime, who waits
         # The cost curve of the policy built here (one set from outside is not remembered).
         self._costs: CostCurve | None = None
         self._drift_noted = False
@@ -208,34 +168,25 @@ class Runtime:
         sampling: SamplingConfig | None = None,
         response_format: Mapping[str, Any] | None = None,
         json_schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
         **knobs: Any,
     ) -> Stream:
         """A Stream of TextDelta events as text becomes final, then one Finished event. It
-        takes the runtime now (waiting while another thread's request runs) and keeps it until
-        it ends: close() it, or use `with`, to stop early. Setting `cancel` ends the request at
-        the next prompt chunk or verify step (finish reason "cancelled"), so another thread can
-        stop even a long prompt evaluation. sampling defaults to SamplingConfig(); knobs
+        takes the runtime now (waiting in line while another request holds it, at most
+        `timeout` seconds, then RuntimeBusyError) and keeps it until it ends: close() it, from
+        any thread, or use `with`, to stop early. Setting `cancel` ends the request at the next
+        prompt chunk or verify step (finish reason "cancelled"), so another thread can stop
+        even a long prompt evaluation. sampling defaults to SamplingConfig(); knobs
         (temperature=0, seed=1...) change its fields. response_format (OpenAI's shapes:
         {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}) or
         json_schema (a JSON schema itself) constrain the answer to that JSON (see constraint())."""
-        self._check_open()
         check_cancel(cancel)
-        cfg = sampling_config(sampling, knobs)
-        constraint = self.constraint(response_format, json_schema)
-        if constraint is not None:
-            if cfg.constraint is not None:
-                raise InvalidRequestError("give response_format/json_schema or sampling.constraint, not both")
-            cfg = replace(cfg, constraint=constraint)
-        max_tokens, stop = check_limits(max_tokens, stop)
-        if isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
-            if messages is not None:
-                raise InvalidRequestError("give either prompt= or messages=, not both")
-            tokens = list(prompt.ids)
-            check_fits(tokens, self.target.info.n_ctx)
-        else:
-            tokens = list(self.prepare(prompt, messages).ids)
-        events = self._run(tokens, max_tokens, cfg, stop, cancel)
-        return Stream(self, self._take(events))
+        request = Request(
+            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+        )
+        turn: Turn[Event] = Turn()
+        self._start(request, turn)
+        return Stream(self._turns, turn)
 
     def generate(
         self,
@@ -248,27 +199,97 @@ class Runtime:
         sampling: SamplingConfig | None = None,
         response_format: Mapping[str, Any] | None = None,
         json_schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
         **knobs: Any,
     ) -> Completion:
         """stream()'s answer in one piece."""
-        tokens: list[int] = []
-        with self.stream(
-            prompt,
-            messages=messages,
-            max_tokens=max_tokens,
-            stop=stop,
-            cancel=cancel,
-            sampling=sampling,
-            response_format=response_format,
-            json_schema=json_schema,
-            **knobs,
-        ) as events:
+        check_cancel(cancel)
+        request = Request(
+            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+        )
+        turn: Turn[Event] = Turn()
+        self._start(request, turn)
+        answer = _Answer()
+        with Stream(self._turns, turn) as events:
             for event in events:
-                if isinstance(event, TextDelta):
-                    tokens.extend(event.tokens)
-                else:
-                    return Completion(event.text, tokens, event.stats, event.finish_reason)
+                if (done := answer.add(event)) is not None:
+                    return done
         raise AssertionError("a stream always ends with a Finished event")
+
+    def astream(
+        self,
+        prompt: str | Sequence[int] | Prompt | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+        sampling: SamplingConfig | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        **knobs: Any,
+    ) -> AsyncStream[Event]:
+        """stream() for asyncio: `async for event in runtime.astream(...)`. The request is
+        checked, waits its turn and runs in a thread of its own, so the event loop is never
+        blocked, even while another request holds the runtime; errors are raised where the
+        events are read. Cancelling the task that reads it (or `aclose()`, or leaving
+        `async with runtime.astream(...) as events:`) stops the request without waiting."""
+        check_cancel(cancel)
+        request = Request(
+            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+        )
+        return AsyncStream(self._turns, lambda turn: self._start(request, turn))
+
+    async def agenerate(
+        self,
+        prompt: str | Sequence[int] | Prompt | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+        sampling: SamplingConfig | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        **knobs: Any,
+    ) -> Completion:
+        """generate() for asyncio: `await runtime.agenerate(...)`; cancelling the awaiting task
+        stops the request (see astream())."""
+        check_cancel(cancel)
+        request = Request(
+            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+        )
+        answer = _Answer()
+        async with AsyncStream(self._turns, lambda turn: self._start(request, turn)) as events:
+            async for event in events:
+                if (done := answer.add(event)) is not None:
+                    return done
+        raise AssertionError("a stream always ends with a Finished event")
+
+    def _start(self, request: Request, turn: Turn[Event]) -> None:
+        """Check and tokenize a request, give the turn its events and take the runtime for it."""
+        self._turns.check_open()
+        cfg = sampling_config(request.sampling, request.knobs)
+        constraint = self.constraint(request.response_format, request.json_schema)
+        if constraint is not None:
+            if cfg.constraint is not None:
+                raise InvalidRequestError("give response_format/json_schema or sampling.constraint, not both")
+            cfg = replace(cfg, constraint=constraint)
+        max_tokens, stop = check_limits(request.max_tokens, request.stop)
+        if request.timeout is not None and not (isinstance(request.timeout, (int, float)) and request.timeout >= 0):
+            raise InvalidRequestError(f"timeout must be seconds >= 0 or None, got {request.timeout!r}")
+        prompt = request.prompt
+        if isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
+            if request.messages is not None:
+                raise InvalidRequestError("give either prompt= or messages=, not both")
+            tokens = list(prompt.ids)
+            check_fits(tokens, self.target.info.n_ctx)
+        else:
+            tokens = list(self.prepare(prompt, request.messages).ids)
+        turn.events = self._run(tokens, max_tokens, cfg, stop, _Stopping(turn, request.cancel))
+        self._turns.take(turn, request.timeout)
 
     @property
     def grammars(self) -> Grammars:
@@ -304,16 +325,18 @@ class Runtime:
         max_tokens: int,
         cfg: SamplingConfig,
         stop: Sequence[str],
-        cancel: threading.Event | None,
+        stopping: _Stopping,
     ) -> Generator[Event, None, None]:
+        stats = Stats(strategy=self.label)
+        if stopping():  # stopped before it began: the policy (maybe a calibration) is not worth building
+            stats.prompt_tokens = len(tokens)
+            yield Finished("", stats, stopping.reason(CANCELLED))
+            return
         said = list(tokens)  # the prompt, then the answer: what the memory keeps
         try:
             rng = np.random.default_rng(cfg.seed)
-            stats = Stats(strategy=self.label)
             text = TextAssembler(self.target.token_bytes, stop)
-            steps = self.engine.generate(
-                tokens, max_tokens, cfg, self.policy, stats, rng, cancel.is_set if cancel is not None else None
-            )
+            steps = self.engine.generate(tokens, max_tokens, cfg, self.policy, stats, rng, stopping)
             for step in steps:
                 said.extend(step.tokens)
                 delta = text.push(step.tokens)
@@ -331,6 +354,8 @@ class Runtime:
                 yield TextDelta(tail, (), (), None, stats)
             if stats.finish_reason == "stop" and _dead_end(cfg, stats.generated_tokens):
                 stats.finish_reason = GRAMMAR_DEAD_END  # the grammar allowed nothing more: not a stop
+            if stats.finish_reason == CANCELLED:
+                stats.finish_reason = stopping.reason(CANCELLED)  # "preempted" says who stopped it
             yield Finished(text.text, stats, stats.finish_reason)
         finally:
             if self.memory is not None:
@@ -352,103 +377,25 @@ class Runtime:
         thread can feed many between another's requests."""
         if self.memory is None:
             return
-        turn = self._take(None)  # refuses a closed runtime
+        turn: Turn[Event] = Turn()
+        self._turns.take(turn)  # refuses a closed runtime
         try:
             self.memory.add(self.prompt_tokens(prompt, messages))
         finally:
-            with self._cond:
-                turn.busy = None
-                self._finish(turn)
+            self._turns.release(turn)
 
-    # -- one request at a time --------------------------------------------------------------
+    # -- one request at a time (localspec.turns) ----------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosedError("this runtime was closed", "load the model again with localspec.load()")
+    @property
+    def busy(self) -> bool:
+        """Whether a request holds the runtime or waits for it: a call now would wait its turn
+        (a UI can grey out its button, or pass timeout=)."""
+        return self._turns.busy
 
-    def _take(self, events: Generator[Event, None, None] | None) -> _Turn:
-        """Wait for the runtime and hold it: a stream's events, or remember() (events None,
-        busy until it returns)."""
-        me = threading.get_ident()
-        with self._cond:
-            while (owner := self._owner) is not None:
-                if owner.busy == me:
-                    raise InvalidRequestError(
-                        "a request cannot start inside another one in the same thread",
-                        "finish or close the running stream first, or start the request from another thread",
-                    )
-                if owner.thread == me and owner.busy is None:
-                    self._end(owner)  # this thread left its own stream unfinished: it cannot be reading it
-                else:
-                    self._wait()
-            self._check_open()
-            turn = self._owner = _Turn(me, events, busy=me if events is None else None)
-            return turn
-
-    def _next(self, turn: _Turn) -> Event:
-        """A stream's next event; the turn ends with the Finished event, an error or Ctrl+C."""
-        me = threading.get_ident()
-        with self._lock:
-            if turn.over or turn.events is None:
-                raise StopIteration
-            if turn.busy is not None:
-                raise InvalidRequestError(
-                    "this stream is already being read by another thread", "read a stream from one thread at a time"
-                )
-            turn.busy = turn.thread = me
-            events = turn.events
-        try:
-            event = next(events)
-            if isinstance(event, Finished):
-                events.close()  # runs the request's bookkeeping now, not at the caller's next call
-        except BaseException:  # StopIteration, an error or KeyboardInterrupt: the generator is done
-            with self._lock:
-                turn.busy = None
-                self._finish(turn)
-            raise
-        with self._lock:
-            turn.busy = None
-            if isinstance(event, Finished):
-                self._finish(turn)
-            elif self._waiting:  # a close() from another thread waits for this step
-                self._cond.notify_all()
-        return event
-
-    def _wait(self) -> None:
-        """Wait for the runtime's state to change (the lock held)."""
-        self._waiting += 1
-        try:
-            self._cond.wait()
-        finally:
-            self._waiting -= 1
-
-    def _end(self, turn: _Turn) -> None:
-        """End a turn from outside it: after the step another thread has in flight, close its
-        events (the request's bookkeeping runs) and release the runtime."""
-        me = threading.get_ident()
-        with self._cond:
-            while turn.busy is not None and not turn.over:
-                if turn.busy == me:
-                    raise InvalidRequestError(
-                        "a stream cannot be closed from inside its own step", "close it once the event is returned"
-                    )
-                self._wait()
-            if turn.over:
-                return
-            turn.over = True  # first: a stream freed during the close below must not close it again
-            try:
-                if turn.events is not None:
-                    turn.events.close()
-            finally:
-                self._finish(turn)
-
-    def _finish(self, turn: _Turn) -> None:
-        """Release the runtime from a turn that is over (self._cond held)."""
-        turn.over = True
-        turn.events = None  # frees the request's frames now
-        if self._owner is turn:
-            self._owner = None
-        self._cond.notify_all()
+    @property
+    def waiting(self) -> int:
+        """How many requests wait in line behind the one running."""
+        return self._turns.waiting
 
     def idle_drafter_note(self, stats: Stats) -> str | None:
         """Why a draft model drafted nothing in a request, in the costs the controller weighed
@@ -465,14 +412,11 @@ class Runtime:
         )
 
     def close(self) -> None:
-        """Free the models. A stream still open is ended first (one running in another
-        thread after its step in flight), so no model is freed under a thread that uses it."""
-        with self._cond:
-            if self._closed:
-                return
-            while (owner := self._owner) is not None:
-                self._end(owner)
-            self._closed = True
+        """Stop and free the models, from any thread. A request running is stopped within its
+        step in flight (its reader gets Finished("cancelled")), requests waiting raise
+        BackendClosedError, and so does any later call; no model is freed under a thread using it."""
+        if not self._turns.close():
+            return
         self.drafter.close()
         self.target.close()
 
@@ -481,6 +425,54 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call's arguments, as stream(), generate(), astream() and agenerate() take them."""
+
+    prompt: str | Sequence[int] | Prompt | None
+    messages: Sequence[Mapping[str, Any]] | None
+    max_tokens: int
+    stop: Sequence[str]
+    cancel: threading.Event | None
+    sampling: SamplingConfig | None
+    response_format: Mapping[str, Any] | None
+    json_schema: Mapping[str, Any] | None
+    timeout: float | None
+    knobs: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class _Stopping:
+    """What the engine polls between prompt chunks and steps: the request was halted
+    (close(), a new call in its thread) or its cancel Event was set."""
+
+    turn: Turn[Event]
+    cancel: threading.Event | None
+
+    def __call__(self) -> bool:
+        return self.turn.stopping() or (self.cancel is not None and self.cancel.is_set())
+
+    def reason(self, default: str) -> str:
+        return self.turn.halted or default
+
+
+class _Answer:
+    """A stream's events gathered into a Completion."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def add(self, event: Event) -> Completion | None:
+        if isinstance(event, TextDelta):
+            self.tokens.extend(event.tokens)
+            return None
+        return Completion(event.text, self.tokens, event.stats, event.finish_reason)
+
+
+def _is_finished(event: Event) -> bool:
+    return isinstance(event, Finished)
 
 
 def _dead_end(cfg: SamplingConfig, generated: int) -> bool:
@@ -497,7 +489,7 @@ def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -
         raise InvalidRequestError("generate() has no stream option", "call runtime.stream(...) for events as they come")
     if unknown:
         takes = ", ".join(
-            ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", *sorted(KNOBS)]
+            ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", "timeout", *sorted(KNOBS)]
         )
         raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
     return replace(sampling or SamplingConfig(), **knobs)

@@ -42,6 +42,10 @@ class BackendClosedError(InvalidRequestError):
     """A model or runtime used after close(): its memory is gone, so the call is refused."""
 
 
+class RuntimeBusyError(LocalspecError):
+    """A request that waited its timeout= for a runtime another request still held."""
+
+
 # Each CLI flag a fix may name, and the load() argument that does the same. A fix that names
 # both already ("--draft-model PATH (or draft_model=)") keeps the argument alone.
 _API_TERMS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
