@@ -1,5 +1,6 @@
 """Who holds a Runtime: an explicit Stream with close(), a `with` block and one lock, no
-garbage collector (issue 31). Reference backend: only the ownership is under test."""
+garbage collector (issue 31); every stream ends with one Finished, however it ends (issue 56).
+Reference backend: only the ownership is under test."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def test_close_releases_a_stream_its_caller_still_holds() -> None:
         gc.enable()
 
     assert answers == [expected]
+    last = next(stream)
+    assert isinstance(last, Finished) and last.finish_reason == "cancelled"
     with pytest.raises(StopIteration):
         next(stream)
 
@@ -58,6 +61,7 @@ def test_leaving_a_with_block_releases_the_runtime() -> None:
     kept = stream  # still referenced: only the block ended it
 
     assert isinstance(first, TextDelta) and answer_from_another_thread(rt)
+    assert [(type(e), e.finish_reason) for e in kept if isinstance(e, Finished)] == [(Finished, "cancelled")]
     assert list(kept) == []
 
 
@@ -72,15 +76,16 @@ def test_the_finished_event_releases_the_runtime_before_the_caller_lets_go() -> 
     assert list(stream) == []
 
 
-def test_a_new_call_in_the_same_thread_ends_that_threads_open_stream() -> None:
+def test_a_new_call_in_the_same_thread_ends_that_threads_open_stream_with_a_finished_that_says_so() -> None:
     rt = reference_runtime()
     expected = reference_runtime().generate("Hello", max_tokens=4, **GREEDY).text
     first = rt.stream("Once upon a time", max_tokens=50, **GREEDY)
-    next(first)
+    read = next(first)
 
     assert rt.generate("Hello", max_tokens=4, **GREEDY).text == expected
-    with pytest.raises(StopIteration):
-        next(first)
+    rest = list(first)
+    assert len(rest) == 1 and isinstance(rest[0], Finished) and isinstance(read, TextDelta)
+    assert rest[0].finish_reason == "preempted" and rest[0].text == read.text  # not cut silently
 
 
 def test_another_threads_close_waits_for_the_step_in_flight_then_ends_the_stream() -> None:
@@ -111,7 +116,8 @@ def test_another_threads_close_waits_for_the_step_in_flight_then_ends_the_stream
 
     assert not reader.is_alive() and not closer.is_alive()
     assert len(got) == 1 and isinstance(got[0], TextDelta)  # the step in flight was not torn
-    assert list(stream) == []
+    rest = list(stream)
+    assert len(rest) == 1 and isinstance(rest[0], Finished) and rest[0].finish_reason == "cancelled"
     assert rt.generate("Hello", max_tokens=4, **GREEDY).text == expected
 
 
