@@ -282,23 +282,49 @@ class DerivesFiles(Protocol):
         ...
 
 
+# A prompt goes into a CPU backend in pieces of about this many tokens, and a cancel is seen
+# between pieces: a 3,000-token prompt is left within one piece's time, not one max_block's
+# (issue 56). 64 rows is the least that keeps every piece on llama.cpp's block kernels.
+PREFILL_PIECE = 64
+# llama.cpp's flash attention sums a block of fewer rows another way (kernels.py), so a piece
+# never falls under this where a whole block would not: pieces then give whole blocks' bits.
+BLOCK_KERNEL_ROWS = 64
+
+
+def prefill_pieces(n: int, capabilities: Capabilities) -> list[int]:
+    """The sizes eval_chunked feeds n tokens in: max_block's blocks from position 0, each cut
+    (on a CPU) into PREFILL_PIECE-row pieces whose last takes the rest, so no piece is under
+    BLOCK_KERNEL_ROWS unless its whole block is. A device keeps whole blocks: it wants them."""
+    step = capabilities.max_block
+    piece = step if capabilities.device != "cpu" else max(PREFILL_PIECE, BLOCK_KERNEL_ROWS)
+    sizes: list[int] = []
+    for start in range(0, n, step):
+        block = min(step, n - start)
+        cuts = max(1, block // piece)
+        sizes += [piece] * (cuts - 1) + [block - piece * (cuts - 1)]
+    return sizes
+
+
 def eval_chunked(
     backend: Backend,
     tokens: Sequence[int],
     logits: Literal["last", "none"],
     stop: Callable[[], bool] | None = None,
 ) -> Logits:
-    """eval_block over any number of tokens, in pieces the backend accepts; logits (if asked)
-    are those of the last piece. stop is asked before each piece: once it says so the rest is
-    left out and no rows come back, so a long prompt can be abandoned within one piece."""
-    step = backend.capabilities.max_block
-    tail = (len(tokens) - 1) // step * step if tokens else 0
-    for start in range(0, tail + 1, step):
+    """eval_block over any number of tokens, in pieces the backend accepts (prefill_pieces);
+    logits (if asked) are those of the last piece. stop is asked before each piece: once it
+    says so the rest is left out and no rows come back, so a long prompt can be abandoned
+    within one piece."""
+    sizes = prefill_pieces(len(tokens), backend.capabilities) or [0]
+    start = 0
+    for size in sizes[:-1]:
         if stop is not None and stop():
             return np.empty((0, backend.info.n_vocab), dtype=np.float32)
-        if start < tail:
-            backend.eval_block(tokens[start : start + step], "none")
-    return backend.eval_block(tokens[tail:], logits)
+        backend.eval_block(tokens[start : start + size], "none")
+        start += size
+    if stop is not None and stop():
+        return np.empty((0, backend.info.n_vocab), dtype=np.float32)
+    return backend.eval_block(tokens[start:], logits)
 
 
 # -- drafters and the draft-length policy ---------------------------------------------------
