@@ -52,7 +52,10 @@ class TimedPieces:
             return out
 
         backend.eval_block = timed  # type: ignore[method-assign]
-        self.restore = lambda: setattr(backend, "eval_block", real)
+        self._backend, self._real = backend, real
+
+    def restore(self) -> None:
+        self._backend.eval_block = self._real  # type: ignore[method-assign]
 
 
 def test_closing_a_3000_token_prompt_from_another_thread_stops_it_within_one_piece(long_backend: Backend) -> None:
