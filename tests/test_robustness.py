@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from backends.reference import ReferenceBackend
-from localspec.api import Runtime, TextDelta, runtime_for
+from localspec.api import Finished, Runtime, TextDelta, runtime_for
 from localspec.cli.main import main
 from localspec.control.policy import FixedDraftLength
 from localspec.core.engine import Engine
@@ -217,6 +217,8 @@ def test_closing_a_runtime_ends_a_stream_another_thread_left_suspended() -> None
     closer = run_in_thread(rt.close)
 
     assert not closer.is_alive()
+    last = next(kept[0])  # the stream still ends with its Finished, saying why
+    assert isinstance(last, Finished) and last.finish_reason == "cancelled"
     with pytest.raises(StopIteration):
         next(kept[0])
 
