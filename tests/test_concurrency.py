@@ -48,7 +48,7 @@ def in_another_thread(call: Callable[[], object]) -> object:
     def run() -> None:
         try:
             out.append(call())
-        except BaseException as error:  # noqa: BLE001 - handed back to the test
+        except BaseException as error:
             out.append(error)
 
     thread = threading.Thread(target=run)
