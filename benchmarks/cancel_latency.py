@@ -77,7 +77,7 @@ def prefill_rate(backend: Backend, prompt: list[int], pieces: bool) -> float:
     backend.rollback(0)
     t0 = time.perf_counter()
     if pieces:
-        eval_chunked(backend, prompt, "none")
+        eval_chunked(backend, prompt, "none", stop=lambda: False)  # a stop: pieces
     else:
         step = backend.capabilities.max_block
         for start in range(0, len(prompt), step):

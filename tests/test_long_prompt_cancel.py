@@ -1,6 +1,7 @@
 """A long prompt is cancellable within one piece (issue 56): prefill goes into llama.cpp in
-pieces of about 64 tokens, a close() from another thread is seen between two of them, and the
-pieces give the whole blocks' bits (so the answer is what it was before pieces)."""
+pieces of 64 tokens at first (then as many as take PIECE_SECONDS), a close() from another
+thread is seen between two of them, and the pieces give the whole blocks' bits (so the answer
+is what it was before pieces)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from localspec.api import Finished, Runtime
-from localspec.core.protocol import BLOCK_KERNEL_ROWS, Backend, eval_chunked, prefill_pieces
+from localspec.core.protocol import BLOCK_KERNEL_ROWS, Backend, eval_chunked
 
 pytestmark = pytest.mark.model
 BOUND_SECONDS = 300  # a bound, not a timing: 3,000 tokens of prefill on a loaded CI machine
@@ -80,7 +81,7 @@ def test_closing_a_3000_token_prompt_from_another_thread_stops_it_within_one_pie
     last = got[0]
     assert isinstance(last, Finished) and last.finish_reason == "cancelled" and last.stats.generated_tokens == 0
     assert len(pieces.sizes) - in_at_close <= 1  # the piece in flight, none after it
-    assert max(pieces.sizes) < 2 * BLOCK_KERNEL_ROWS
+    assert pieces.sizes[0] == BLOCK_KERNEL_ROWS and all(size % BLOCK_KERNEL_ROWS == 0 for size in pieces.sizes)
     took = pieces.ended[-1] - asked
     piece = float(np.median(np.diff(pieces.ended)))
     print(f"close() to the last piece's end: {took * 1000:.0f} ms; a piece: {piece * 1000:.0f} ms")
@@ -92,15 +93,19 @@ def test_prefill_in_pieces_gives_the_whole_blocks_bits(long_backend: Backend, n:
     1065: the prompt ends with a block of 40 rows, one piece, as whole blocks end it too."""
     prompt = long_prompt(long_backend, n)
     rows = []
+    sizes: list[int] = []
     for pieces in (False, True):
         long_backend.rollback(0)
         if pieces:
-            eval_chunked(long_backend, prompt[:-1], "none")
+            timed = TimedPieces(long_backend, after=0)
+            eval_chunked(long_backend, prompt[:-1], "none", stop=lambda: False)
+            timed.restore()
+            sizes = timed.sizes
         else:
             step = long_backend.capabilities.max_block
             for start in range(0, n - 1, step):
                 long_backend.eval_block(prompt[start : min(start + step, n - 1)], "none")
         rows.append(np.array(long_backend.eval_block(prompt[-1:], "last")[-1]))
 
-    assert len(prefill_pieces(n - 1, long_backend.capabilities)) > (n - 1) // long_backend.capabilities.max_block + 1
+    assert sizes[0] == BLOCK_KERNEL_ROWS and len(sizes) > (n - 1) // long_backend.capabilities.max_block + 1
     assert np.array_equal(rows[0], rows[1])

@@ -8,6 +8,7 @@ behind it in localspec.backends and are imported only when a user asks for them.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -282,27 +283,14 @@ class DerivesFiles(Protocol):
         ...
 
 
-# A prompt goes into a CPU backend in pieces of about this many tokens, and a cancel is seen
-# between pieces: a 3,000-token prompt is left within one piece's time, not one max_block's
-# (issue 56). 64 rows is the least that keeps every piece on llama.cpp's block kernels.
-PREFILL_PIECE = 64
-# llama.cpp's flash attention sums a block of fewer rows another way (kernels.py), so a piece
-# never falls under this where a whole block would not: pieces then give whole blocks' bits.
+# A prompt that can be stopped goes into a CPU backend in pieces that take about this long,
+# so a cancel waits for one of them at most (issue 56); a faster machine gets larger pieces,
+# which read the weights fewer times.
+PIECE_SECONDS = 0.05
+# llama.cpp's flash attention sums a block of fewer rows another way (kernels.py), so pieces
+# are multiples of this and none falls under it where a whole block would not: pieces then
+# give whole blocks' bits.
 BLOCK_KERNEL_ROWS = 64
-
-
-def prefill_pieces(n: int, capabilities: Capabilities) -> list[int]:
-    """The sizes eval_chunked feeds n tokens in: max_block's blocks from position 0, each cut
-    (on a CPU) into PREFILL_PIECE-row pieces whose last takes the rest, so no piece is under
-    BLOCK_KERNEL_ROWS unless its whole block is. A device keeps whole blocks: it wants them."""
-    step = capabilities.max_block
-    piece = step if capabilities.device != "cpu" else max(PREFILL_PIECE, BLOCK_KERNEL_ROWS)
-    sizes: list[int] = []
-    for start in range(0, n, step):
-        block = min(step, n - start)
-        cuts = max(1, block // piece)
-        sizes += [piece] * (cuts - 1) + [block - piece * (cuts - 1)]
-    return sizes
 
 
 def eval_chunked(
@@ -311,20 +299,27 @@ def eval_chunked(
     logits: Literal["last", "none"],
     stop: Callable[[], bool] | None = None,
 ) -> Logits:
-    """eval_block over any number of tokens, in pieces the backend accepts (prefill_pieces);
+    """eval_block over any number of tokens, in max_block's blocks from the first token;
     logits (if asked) are those of the last piece. stop is asked before each piece: once it
-    says so the rest is left out and no rows come back, so a long prompt can be abandoned
-    within one piece."""
-    sizes = prefill_pieces(len(tokens), backend.capabilities) or [0]
+    says so the rest is left out and no rows come back. With a stop, a CPU backend's blocks
+    go in pieces of PIECE_SECONDS (64 rows first), so a long prompt is abandoned within one."""
+    step = backend.capabilities.max_block
+    cut = stop is not None and backend.capabilities.device == "cpu"
+    piece = BLOCK_KERNEL_ROWS if cut else step
     start = 0
-    for size in sizes[:-1]:
+    while True:
         if stop is not None and stop():
             return np.empty((0, backend.info.n_vocab), dtype=np.float32)
+        left = min(step - start % step, len(tokens) - start)  # rows left in this block
+        size = left if left < piece + BLOCK_KERNEL_ROWS else piece
+        if start + size >= len(tokens):
+            return backend.eval_block(tokens[start:], logits)
+        t0 = time.perf_counter()
         backend.eval_block(tokens[start : start + size], "none")
         start += size
-    if stop is not None and stop():
-        return np.empty((0, backend.info.n_vocab), dtype=np.float32)
-    return backend.eval_block(tokens[start:], logits)
+        if cut:
+            rows = int(size / max(time.perf_counter() - t0, 1e-6) * PIECE_SECONDS)
+            piece = min(max(rows // BLOCK_KERNEL_ROWS, 1) * BLOCK_KERNEL_ROWS, step)
 
 
 # -- drafters and the draft-length policy ---------------------------------------------------
