@@ -278,3 +278,24 @@ async def test_astream_raises_where_its_events_are_read() -> None:
     holder.close()
     with pytest.raises(Exception, match="unknown option"):
         await rt.agenerate("Hi", tempreature=0)
+
+
+@pytest.mark.asyncio
+async def test_cancelling_a_task_that_waits_for_the_runtime_takes_it_out_of_the_line() -> None:
+    rt, _ = reference_runtime()
+    holder = rt.stream("Once upon a time", max_tokens=50, **GREEDY)
+    next(holder)
+    order: list[str] = []
+    waiting = asyncio.create_task(rt.agenerate("Hello", max_tokens=4, cancel=Notes("cancelled one", order)))
+    deadline = time.monotonic() + BOUND_SECONDS
+    while rt.waiting == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+    assert rt.waiting == 1
+
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert rt.waiting == 0  # out of the line at once, not when the runtime frees
+    holder.close()
+    assert (await rt.agenerate("Hello", max_tokens=4, cancel=Notes("next", order), **GREEDY)).text == expected_hello()
+    assert order == ["next"]  # the cancelled request never ran
