@@ -56,8 +56,9 @@ class Turns(Generic[E]):
     def __init__(self, last: Callable[[E], bool]) -> None:
         self._last = last
         # Held only to read or change the state below, never during a step, so busy and
-        # halt() answer at once from a UI thread.
-        self._cond = threading.Condition(threading.Lock())
+        # halt() answer at once from a UI thread; reentrant, as the collector may free (and so
+        # close) a dropped stream inside any allocation, this lock held or not.
+        self._cond = threading.Condition(threading.RLock())
         self._queue: deque[Turn[E]] = deque()  # waiting requests, first come first served
         self._owner: Turn[E] | None = None
         self._closing = False
