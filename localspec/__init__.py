@@ -14,6 +14,7 @@ from localspec.core.errors import (
     LocalspecError,
     ModelLoadError,
     PairMismatchError,
+    RuntimeBusyError,
 )
 from localspec.core.options import LoadOptions
 from localspec.core.progress import LoadProgress
@@ -37,6 +38,7 @@ __all__ = [
     "Prompt",
     "PullError",
     "Runtime",
+    "RuntimeBusyError",
     "SamplingConfig",
     "Stats",
     "Stream",

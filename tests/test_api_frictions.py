@@ -35,6 +35,7 @@ def runtime() -> Iterator[Runtime]:
         "BackendClosedError",
         "NotPulledError",
         "PullError",
+        "RuntimeBusyError",
     ],
 )
 def test_every_error_type_is_importable_from_localspec_itself(name: str) -> None:

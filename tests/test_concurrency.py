@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from backends.reference import ReferenceBackend
-from localspec.api import Event, Finished, Runtime, TextDelta
+from localspec.api import Event, Finished, Runtime, TextDelta, runtime_for
 from localspec.core.errors import BackendClosedError, RuntimeBusyError
 
 GREEDY: dict[str, Any] = {"temperature": 0}
@@ -24,7 +24,7 @@ LONG = 1500  # tokens: an answer that is still running when the test stops it
 
 def reference_runtime(n_ctx: int = 2048) -> tuple[Runtime, ReferenceBackend]:
     backend = ReferenceBackend(seed=3, n_ctx=n_ctx)
-    return Runtime(backend, None, strategy="none", calibrate=False), backend
+    return runtime_for(backend, None, strategy="none", calibrate=False), backend
 
 
 def expected_hello() -> str:
@@ -79,18 +79,22 @@ def steps_after(events: Sequence[Event], seen: int) -> int:
     return sum(1 for e in events[seen:] if isinstance(e, TextDelta) and e.step is not None)
 
 
-class Notes(threading.Event):
-    """A cancel event that never cancels: its first poll (inside the request, once it holds
-    the runtime) notes `name`."""
+def passes_by_thread(backend: ReferenceBackend) -> list[threading.Thread]:
+    """The thread behind each target pass from now on: a request runs in the thread that
+    reads it (generate()'s caller, an astream's own thread)."""
+    threads: list[threading.Thread] = []
+    real = backend.eval_block
 
-    def __init__(self, name: str, order: list[str]) -> None:
-        super().__init__()
-        self.name, self.order = name, order
+    def noted(tokens: Sequence[int], logits: Any = "all") -> Any:
+        threads.append(threading.current_thread())
+        return real(tokens, logits)
 
-    def is_set(self) -> bool:
-        if self.name not in self.order:
-            self.order.append(self.name)
-        return False
+    backend.eval_block = noted  # type: ignore[method-assign]
+    return threads
+
+
+def in_order_of_first_pass(threads: list[threading.Thread]) -> list[str]:
+    return [thread.name for thread in dict.fromkeys(threads)]
 
 
 # -- close() means stop ---------------------------------------------------------------------
@@ -142,13 +146,13 @@ def test_runtime_close_from_another_thread_stops_the_reader_and_refuses_the_wait
 
 
 def test_requests_get_the_runtime_in_the_order_they_asked() -> None:
-    rt, _ = reference_runtime()
+    rt, backend = reference_runtime()
     holder = rt.stream("Once upon a time", max_tokens=50, **GREEDY)
     next(holder)
-    order: list[str] = []
+    passes = passes_by_thread(backend)
     askers = []
     for name in "abcd":
-        ask = threading.Thread(target=rt.generate, args=("Hi",), kwargs={"max_tokens": 2, "cancel": Notes(name, order)})
+        ask = threading.Thread(target=rt.generate, args=("Hi",), kwargs={"max_tokens": 2}, name=name)
         ask.start()
         askers.append(ask)
         assert wait_until(lambda: rt.waiting == len(askers))
@@ -157,7 +161,7 @@ def test_requests_get_the_runtime_in_the_order_they_asked() -> None:
     for ask in askers:
         ask.join(BOUND_SECONDS)
 
-    assert order == list("abcd")
+    assert in_order_of_first_pass(passes) == list("abcd")
     assert not rt.busy and rt.waiting == 0
 
 
@@ -213,8 +217,7 @@ async def test_cancelling_the_reading_task_stops_the_request_and_a_follow_up_run
     with pytest.raises(asyncio.CancelledError):
         await task
     at_cancel = len(passes)
-    order: list[str] = []
-    follow_up = await rt.agenerate("Hello", max_tokens=4, cancel=Notes("follow-up", order), **GREEDY)
+    follow_up = await rt.agenerate("Hello", max_tokens=4, **GREEDY)
 
     assert follow_up.text == expected_hello()
     assert not any(isinstance(e, Finished) for e in got)
@@ -282,11 +285,11 @@ async def test_astream_raises_where_its_events_are_read() -> None:
 
 @pytest.mark.asyncio
 async def test_cancelling_a_task_that_waits_for_the_runtime_takes_it_out_of_the_line() -> None:
-    rt, _ = reference_runtime()
+    rt, backend = reference_runtime()
     holder = rt.stream("Once upon a time", max_tokens=50, **GREEDY)
     next(holder)
-    order: list[str] = []
-    waiting = asyncio.create_task(rt.agenerate("Hello", max_tokens=4, cancel=Notes("cancelled one", order)))
+    passes = passes_by_thread(backend)
+    waiting = asyncio.create_task(rt.agenerate("Hello", max_tokens=4))
     deadline = time.monotonic() + BOUND_SECONDS
     while rt.waiting == 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.001)
@@ -297,5 +300,5 @@ async def test_cancelling_a_task_that_waits_for_the_runtime_takes_it_out_of_the_
         await waiting
     assert rt.waiting == 0  # out of the line at once, not when the runtime frees
     holder.close()
-    assert (await rt.agenerate("Hello", max_tokens=4, cancel=Notes("next", order), **GREEDY)).text == expected_hello()
-    assert order == ["next"]  # the cancelled request never ran
+    assert (await rt.agenerate("Hello", max_tokens=4, **GREEDY)).text == expected_hello()
+    assert len(set(passes)) == 1  # one request's thread made every pass: the cancelled one never ran

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from localspec.api import Runtime
+from localspec.api import Runtime, runtime_for
 from localspec.core.protocol import Backend
 
 pytestmark = pytest.mark.model
@@ -33,7 +33,7 @@ def example(name: str) -> ModuleType:
 @pytest.fixture
 def rt(target_backend: Backend) -> Runtime:
     """The default model as load() runs it (n-gram lookup); closing it is the session's job."""
-    return Runtime(target_backend, strategy="ngram", calibrate=False)
+    return runtime_for(target_backend, strategy="ngram", calibrate=False)
 
 
 @pytest.mark.asyncio

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from localspec.api import Finished, Runtime
+from localspec.api import Finished, runtime_for
 from localspec.core.protocol import BLOCK_KERNEL_ROWS, Backend, eval_chunked
 
 pytestmark = pytest.mark.model
@@ -60,7 +60,7 @@ class TimedPieces:
 
 
 def test_closing_a_3000_token_prompt_from_another_thread_stops_it_within_one_piece(long_backend: Backend) -> None:
-    rt = Runtime(long_backend, strategy="none", calibrate=False)
+    rt = runtime_for(long_backend, strategy="none", calibrate=False)
     prompt = long_prompt(long_backend, 3000)
     long_backend.rollback(0)
     stream = rt.stream(prompt, max_tokens=8, temperature=0)
