@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from localspec.backends.llamacpp.kernels import FLASH_SPLIT_AFTER, SPLIT_BLOCKS_UP_TO, TILED_ROWS, kernel_plan
+from localspec.backends.llamacpp.kernels import (
+    FLASH_SPLIT_AFTER,
+    FLASH_TILED_ROWS,
+    SPLIT_BLOCKS_UP_TO,
+    TILED_ROWS,
+    kernel_plan,
+)
 from localspec.core.exactness import judge
 from localspec.core.protocol import Capabilities, Exactness
 from localspec.core.stats import Stats, Step
@@ -33,8 +39,8 @@ def test_k_quants_load_unrepacked_and_verify_in_pieces_below_the_tiled_kernel() 
     plan = kernel_plan({Q4_K, Q6_K, Q5_0, Q8_0}, **CPU)
     assert not plan.repack and plan.max_rows == TILED_ROWS - 1
     # What is left is flash attention's split, past 256 tokens of context.
-    assert plan.exactness == Exactness(FLASH_SPLIT_AFTER, plan.exactness.why, SPLIT_BLOCKS_UP_TO)
-    assert "flash attention" in plan.exactness.why
+    known = plan.exactness
+    assert (known.cells, known.rows) == (FLASH_SPLIT_AFTER, SPLIT_BLOCKS_UP_TO) and "flash attention" in known.why
 
 
 def test_legacy_quants_keep_their_kernels() -> None:
@@ -59,6 +65,37 @@ def test_without_llamafile_and_flash_attention_every_length_is_exact() -> None:
     assert kernel_plan({Q4_1}, **CPU | {"threads": 1}).exactness.cells is None  # one thread never splits
     exact = kernel_plan({Q4_K, F16}, **CPU | {"llamafile": False, "exact": True})
     assert not exact.repack and exact.max_rows is None and exact.exactness == Exactness(None)
+
+
+@pytest.mark.parametrize(
+    ("types", "switches", "rows", "kernel"),
+    [
+        ({Q4_1, Q8_0}, {}, FLASH_TILED_ROWS - 1, "flash attention's tiled kernel"),
+        ({Q4_K, Q6_K, Q8_0}, {}, TILED_ROWS - 1, "tiled K-quant matmul"),
+        ({F16, F32}, {}, 1, "tinyBLAS"),
+        ({Q4_1}, {"flash": False}, 1, "tinyBLAS"),  # attention's products of 2+ rows
+        ({Q4_1}, {"flash": False, "llamafile": False}, None, ""),
+        ({Q4_K, F16}, {"exact": True, "llamafile": False}, None, ""),
+        ({Q4_1}, {"offloaded": True}, 0, "device kernels"),
+    ],
+)
+def test_the_plan_says_up_to_which_prompt_block_a_fresh_evaluation_sums_as_one_token_passes(
+    types: set[int], switches: dict[str, Any], rows: int | None, kernel: str
+) -> None:
+    # The row counts measured on AVX2 and AVX-512 (VNNI, BF16) builds alike (tests/test_host_kinds.py).
+    known = kernel_plan(types, **CPU | switches).exactness
+    assert known.prompt_rows == rows and kernel in known.prompt_why
+
+
+def test_a_prefix_reused_from_decode_steps_is_judged_against_the_fresh_evaluations_block() -> None:
+    known = Exactness(256, "flash attention splits", prompt_rows=63, prompt_why="flash attention's tiled kernel")
+    reused = Stats(strategy="none", prompt_tokens=120, generated_tokens=20, reused_tokens=50, reused_fresh_rows=119)
+    judge(reused, known, greedy=True)
+    assert reused.bit_exact is False and "reused 50 cached tokens" in reused.inexact_reason
+    assert "flash attention's tiled kernel" in reused.inexact_reason
+    short = Stats(strategy="none", prompt_tokens=40, generated_tokens=20, reused_tokens=10, reused_fresh_rows=39)
+    judge(short, known, greedy=True)
+    assert short.bit_exact is True  # a fresh block of 39 rows sums as the decode steps did
 
 
 def _stats(prompt: int, generated: int, gamma: int) -> Stats:

@@ -1,13 +1,16 @@
 """Which of llama.cpp's CPU kernels a model runs with, chosen so a verify block gets the
 logits of one-token passes wherever that is cheap, and what stays inexact otherwise.
 
-Four CPU kernels sum a block's rows in another order than a one-token pass (BENCHMARKS.md
-"Bit for bit"): ggml's tiled K-quant matmul (8+ rows), repacked K-quant weights (4+ rows),
-flash attention's split over the cache (one query past 256 cells, 2+ threads) and
-llamafile's tinyBLAS (2+ rows of F16/F32 products). By default a model whose file has
-K-quant tensors loads them unrepacked and verifies a block of 8+ tokens in pieces of 7, so
-prefill keeps the tiled kernel and every verify block sums as plain decoding does; what is
-left is said in an Exactness. `--exact` turns all four off (use_exact_kernels).
+Five CPU kernels sum a block's rows in another order than a one-token pass
+(benchmarks/pages/exactness.md): ggml's tiled K-quant matmul (8+ rows), repacked K-quant
+weights (4+ rows), llamafile's tinyBLAS (2+ rows of F16/F32 products), flash attention's
+tiled kernel (64+ query rows) and its split over the cache (one query past 256 cells, 2+
+threads). Each switches at the same row count on AVX2 and AVX-512 (VNNI, BF16) builds; only
+which near-ties tip differs between them. By default a model whose file has K-quant tensors
+loads them unrepacked and verifies a block of 8+ tokens in pieces of 7, so prefill keeps the
+tiled kernel and every verify block sums as plain decoding does; what is left is said in an
+Exactness, prompt blocks included (a cached prefix reused from decode steps against a fresh
+prefill). `--exact` turns all of them off (use_exact_kernels).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ FLOAT_TYPES = frozenset({0, 1, 30})
 # (prefill, agreement measurements) keep the fast kernels. Flash attention's own tiled path
 # starts at 64 query rows too.
 SPLIT_BLOCKS_UP_TO = 64
+# Flash attention's CPU kernel takes a block of this many query rows or more in tiles, in F32
+# where a one-token pass rounds the query and the weighted sum to F16 (ggml-cpu ops.cpp).
+FLASH_TILED_ROWS = 64
 # llama.cpp pads the cache view to 256 cells; flash attention splits a single query over a
 # view of 512+ cells, so a one-token pass splits once the context passes 256 tokens.
 FLASH_SPLIT_AFTER = 256
@@ -64,10 +70,11 @@ def kernel_plan(
     stateful: a recurrent or hybrid model, whose verify block must stay one ubatch."""
     if offloaded:
         why = "a GPU or RPC split runs llama.cpp's device kernels, not checked for this"
-        return KernelPlan(repack, None, Exactness(0, why))
+        return KernelPlan(repack, None, Exactness(0, why, prompt_rows=0, prompt_why=why))
     if exact:
         return KernelPlan(False, None, Exactness(None))
     types = set(tensor_types)
+    prompt_rows, prompt_why = prompt_block_limit(types, llamafile=llamafile, flash=flash)
     limits: list[tuple[int, str]] = []  # (context length it holds to, why)
     if repack and types & REPACKED_PARTING:
         if repack_forced:
@@ -87,10 +94,24 @@ def kernel_plan(
     elif not flash and llamafile:
         limits.append((0, "with flash attention off, llamafile's tinyBLAS takes attention of 2+ rows"))
     rows = SPLIT_BLOCKS_UP_TO if max_rows else None
-    if not limits:
-        return KernelPlan(repack, max_rows, Exactness(None, rows=rows))
-    cells, why = min(limits)
-    return KernelPlan(repack, max_rows, Exactness(cells, why, rows))
+    cells, why = min(limits) if limits else (None, "")
+    return KernelPlan(repack, max_rows, Exactness(cells, why, rows, prompt_rows, prompt_why))
+
+
+def prompt_block_limit(types: set[int], *, llamafile: bool, flash: bool) -> tuple[int | None, str]:
+    """The most rows a block (a prompt's, evaluated whole) may have and still give one-token
+    passes' logits, with the kernel that takes over past it; (None, "") where none does. A
+    repacked K-quant is never kept by default (kernel_plan), so it is not weighed here."""
+    limits: list[tuple[int, str]] = []
+    if flash:
+        limits.append(
+            (FLASH_TILED_ROWS - 1, f"flash attention's tiled kernel takes blocks of {FLASH_TILED_ROWS}+ tokens")
+        )
+    if types & TILED_TYPES:
+        limits.append((TILED_ROWS - 1, f"ggml's tiled K-quant matmul takes blocks of {TILED_ROWS}+ tokens"))
+    if llamafile and (types & FLOAT_TYPES or not flash):
+        limits.append((1, "llamafile's tinyBLAS takes products of 2+ rows"))
+    return min(limits) if limits else (None, "")
 
 
 def kernels_for(path: str, exact: bool, offloaded: bool, threads: int | None, stateful: bool = False) -> KernelPlan:

@@ -120,6 +120,9 @@ class Engine:
         keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
         exact = self._exact_keep(prompt, keep)
         keep = exact if self.exact_prefix else keep
+        if keep > exact:  # the fresh evaluation's block from `exact` would have computed these
+            stats.reused_tokens = keep - exact
+            stats.reused_fresh_rows = min(self.target.capabilities.max_block, len(prompt) - 1 - exact)
         self.target.rollback(keep)
         todo = list(prompt[keep:-1])
         eval_chunked(self.target, todo, "none", stop)

@@ -19,6 +19,13 @@ def judge(stats: Stats, known: Exactness, greedy: bool) -> None:
     if not greedy:
         stats.bit_exact, stats.inexact_reason = None, ""
         return
+    if known.prompt_rows is not None and stats.reused_fresh_rows > known.prompt_rows:
+        stats.bit_exact = False
+        stats.inexact_reason = (
+            f"reused {stats.reused_tokens} cached tokens that earlier passes evaluated in smaller blocks than "
+            f"a fresh evaluation's {stats.reused_fresh_rows} ({known.prompt_why})"
+        )
+        return
     reached = stats.prompt_tokens + stats.generated_tokens
     block = max(stats.gamma_histogram, default=0) + 1
     if known.rows is not None and block > known.rows and stats.drafted:

@@ -88,9 +88,15 @@ class Exactness:
     cells: int | None
     why: str = ""  # what makes it inexact beyond `cells` (shown by run -v and bench)
     rows: int | None = None  # verify blocks longer than this are not covered (None: any)
+    # A block of more tokens than this (a prompt's) takes other kernels than one-token passes
+    # (None: a block of any size does not), so a cached prefix that earlier answers evaluated a
+    # few tokens a pass can part from a fresh evaluation of the same text; prompt_why says which.
+    prompt_rows: int | None = None
+    prompt_why: str = ""
 
 
-UNKNOWN = Exactness(0, "this backend's kernels are not known to give a block the logits of one-token passes")
+_UNKNOWN_WHY = "this backend's kernels are not known to give a block the logits of one-token passes"
+UNKNOWN = Exactness(0, _UNKNOWN_WHY, prompt_rows=0, prompt_why=_UNKNOWN_WHY)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ class Stats:
     strategy: str = "none"
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually evaluated (the rest came from the cache)
+    # Reused cached tokens that a fresh evaluation would have computed in other blocks (a
+    # request that asked to reuse any prefix), and the rows of the fresh evaluation's block
+    # over them: what exactness.judge weighs against the backend's Exactness.prompt_rows.
+    reused_tokens: int = 0
+    reused_fresh_rows: int = 0
     prefill_seconds: float = 0.0
     generated_tokens: int = 0
     decode_seconds: float = 0.0

@@ -428,6 +428,7 @@ def speculation(stats: Stats) -> dict[str, Any]:
         "prompt_tokens_evaluated": stats.prefill_tokens,
         # Greedy: plain decoding's answer bit for bit by construction (null when sampled).
         "bit_exact": stats.bit_exact,
+        "inexact_reason": stats.inexact_reason or None,  # why bit_exact is false
     }
 
 
