@@ -73,6 +73,23 @@ def note_default_kernels() -> None:
     _passes_ran = True
 
 
+def cpu_kernels() -> str:
+    """The instruction set this process's CPU kernels were built for (a CPU variant swapped in
+    through LD_LIBRARY_PATH included), named as host kinds are: AVX-512 (VNNI, BF16), AVX2..."""
+    info = (llama.llama_print_system_info() or b"").decode()
+    if "AVX512 = 1" in info:
+        extras = [
+            label
+            for key, label in (("AVX512_VNNI", "VNNI"), ("AVX512_BF16", "BF16"), ("AMX_INT8", "AMX"))
+            if f"{key} = 1" in info
+        ]
+        return "AVX-512" + (f" ({', '.join(extras)})" if extras else "")
+    for key, label in (("AVX2", "AVX2"), ("AVX", "AVX"), ("NEON", "NEON")):
+        if f"{key} = 1" in info:
+            return label
+    return "generic (no SIMD)"
+
+
 def batch_invariant_build() -> bool:
     """Whether this llama.cpp can give a block the logits of one-token passes: not with
     llamafile's tinyBLAS, which takes products of 2+ rows (attention without flash attention)

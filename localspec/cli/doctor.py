@@ -12,7 +12,7 @@ from localspec.cli.options import MODEL_HELP, model_files
 from localspec.control import contention
 from localspec.control.calibrate import calibrated
 from localspec.control.config import DEFAULT
-from localspec.control.hardware import predict_verify_seconds, probe
+from localspec.control.hardware import host_kind, predict_verify_seconds, probe
 from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.progress import Steps, reporting
@@ -88,6 +88,7 @@ def handle(args: argparse.Namespace) -> int:
                     "predicted_ms": [t * 1e3 for t in predicted],
                     "gamma_for_acceptance": choices,
                     "llamacpp_rpc": rpc_available(),
+                    "host_kind": host_kind(),
                     "warnings": warnings,
                 },
                 indent=1,
@@ -98,7 +99,7 @@ def handle(args: argparse.Namespace) -> int:
         f"CPU          {device.cpu} ({device.machine}), {device.physical_cores} physical / "
         f"{device.logical_cores} logical cores, {device.memory_gib:.0f} GiB"
     )
-    print(f"SIMD         {' '.join(device.simd) or 'none detected'}")
+    print(f"SIMD         {' '.join(device.simd) or 'none detected'} (host kind {host_kind()})")
     print(f"bandwidth    {device.bandwidth_gbs:.1f} GB/s read ({device.physical_cores} threads)")
     print(f"compute      {device.gflops:.0f} GFLOP/s float32 matmul")
     for a in device.accelerators:
@@ -110,6 +111,7 @@ def handle(args: argparse.Namespace) -> int:
     print(f"llama.cpp    {_rpc_line()}")
     print(f"llama.cpp    {_exact_line()}")
     print(f"greedy       {_bit_exact_line(exactness)}")
+    print(f"reuse        {_reuse_line(exactness)}")
     if kind_of(args.backend).gpu_layers:
         print(f"llama.cpp    {_gpu_line(gpu)}")
     size = f"{info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters"
@@ -192,11 +194,12 @@ def _gpu_line(gpu: str | None) -> str:
 
 
 def _exact_line() -> str:
-    from localspec.backends.llamacpp.library import EXACT_BUILD, batch_invariant_build
+    from localspec.backends.llamacpp.library import EXACT_BUILD, batch_invariant_build, cpu_kernels
 
+    kernels = f"CPU kernels for {cpu_kernels()}"
     if batch_invariant_build():
-        return "built without llamafile: --exact gives plain decoding's greedy output bit for bit"
-    return f"built with llamafile: --exact needs {EXACT_BUILD}"
+        return f"{kernels}, built without llamafile: --exact gives plain decoding's greedy output bit for bit"
+    return f"{kernels}, built with llamafile: --exact needs {EXACT_BUILD}"
 
 
 def _bit_exact_line(exactness: Exactness) -> str:
@@ -208,6 +211,17 @@ def _bit_exact_line(exactness: Exactness) -> str:
     return (
         f"speculation gives plain decoding's output bit for bit up to {exactness.cells} tokens of context; "
         f"past that {exactness.why} (--exact: at any length)"
+    )
+
+
+def _reuse_line(exactness: Exactness) -> str:
+    """Whether a prefix cached from earlier answers gives a fresh evaluation's logits."""
+    if exactness.prompt_rows is None:
+        return "a cached prefix reused from earlier answers gives a fresh evaluation's output bit for bit"
+    return (
+        f"a cached prefix reused from earlier answers may part at near-ties from a fresh evaluation that takes "
+        f"a block of more than {exactness.prompt_rows} tokens: {exactness.prompt_why} (serve reuses only a "
+        "fresh evaluation's own blocks unless a request sends cache_prompt: true)"
     )
 
 

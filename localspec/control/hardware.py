@@ -45,7 +45,9 @@ class DeviceProbe:
         return next((a for a in self.accelerators if a.kind == kind), None)
 
 
-def _cpu_name_and_flags() -> tuple[str, tuple[str, ...]]:
+@cache
+def _cpu_info() -> tuple[str, frozenset[str]]:
+    """The CPU's name and every feature flag it reports."""
     name, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as fh:
@@ -58,7 +60,33 @@ def _cpu_name_and_flags() -> tuple[str, tuple[str, ...]]:
         pass  # not Linux: the name from platform is what we have
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         flags.add("neon")
+    return name, frozenset(flags)
+
+
+def _cpu_name_and_flags() -> tuple[str, tuple[str, ...]]:
+    name, flags = _cpu_info()
     return name, tuple(f for f in SIMD_FLAGS if f in flags)
+
+
+def cpu_flags() -> frozenset[str]:
+    return _cpu_info()[1]
+
+
+def host_kind() -> str:
+    """The host kind figures and exactness claims name: the widest vector extension and the
+    features that change which kernels llama.cpp's CPU build takes (VNNI, BF16, AMX)."""
+    flags = cpu_flags()
+    if "avx512f" in flags:
+        extras = [
+            label
+            for flag, label in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"), ("amx_tile", "AMX"))
+            if flag in flags
+        ]
+        return "AVX-512" + (f" ({', '.join(extras)})" if extras else "")
+    for flag, label in (("avx2", "AVX2"), ("avx", "AVX"), ("neon", "NEON"), ("asimd", "NEON")):
+        if flag in flags:
+            return label
+    return platform.machine() or "unknown"
 
 
 def measure_bandwidth(threads: int, mib_per_thread: int = 256, repeats: int = 3) -> float:

@@ -69,7 +69,7 @@ def find_or_build(bin_dir: str | Path | None = None, build: bool = False, progra
             f"llama.cpp's programs {', '.join(programs)} are not in {folder}",
             "add --build-peers to build them from llama-cpp-python's source (about 10 minutes on 2 cores)",
         )
-    source = _fetch_source(peers_dir())
+    source = fetch_source(peers_dir())
     build_dir = peers_dir() / "build"
     flags = [
         "-DLLAMA_BUILD_EXAMPLES=ON",
@@ -84,7 +84,7 @@ def find_or_build(bin_dir: str | Path | None = None, build: bool = False, progra
     return build_dir / "bin"
 
 
-def _fetch_source(dest: Path) -> Path:
+def fetch_source(dest: Path) -> Path:
     source = dest / "llama.cpp"
     if (source / "CMakeLists.txt").exists():
         return source
