@@ -91,11 +91,12 @@ def test_a_prefix_reused_from_decode_steps_is_judged_against_the_fresh_evaluatio
     known = Exactness(256, "flash attention splits", prompt_rows=63, prompt_why="flash attention's tiled kernel")
     reused = Stats(strategy="none", prompt_tokens=120, generated_tokens=20, reused_tokens=50, reused_fresh_rows=119)
     judge(reused, known, greedy=True)
-    assert reused.bit_exact is False and "reused 50 cached tokens" in reused.inexact_reason
-    assert "flash attention's tiled kernel" in reused.inexact_reason
+    assert reused.fresh_exact is False and "reused 50 cached tokens" in reused.fresh_inexact_reason
+    assert "flash attention's tiled kernel" in reused.fresh_inexact_reason
+    assert reused.bit_exact is True  # still plain decoding's answer on that cache
     short = Stats(strategy="none", prompt_tokens=40, generated_tokens=20, reused_tokens=10, reused_fresh_rows=39)
     judge(short, known, greedy=True)
-    assert short.bit_exact is True  # a fresh block of 39 rows sums as the decode steps did
+    assert short.fresh_exact is True  # a fresh block of 39 rows sums as the decode steps did
 
 
 def _stats(prompt: int, generated: int, gamma: int) -> Stats:

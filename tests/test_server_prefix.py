@@ -92,13 +92,13 @@ def test_cache_prompt_true_reuses_the_previous_answers_cache_and_says_it_may_par
     assert answer(client, FIRST) == first
     reused, figures = reply(client, conversation(first), extra_body={"cache_prompt": True})
     prompt_tokens = figures["prompt_tokens_evaluated"]
-    assert figures["bit_exact"] is False and "flash attention's tiled kernel" in figures["inexact_reason"]
+    assert figures["fresh_exact"] is False and "flash attention's tiled kernel" in figures["fresh_inexact_reason"]
     assert answer(client, FIRST) == first
     again, figures = reply(client, conversation(first), extra_body={"cache_prompt": True})
     assert again == reused and figures["prompt_tokens_evaluated"] == prompt_tokens
     assert answer(client, FIRST) == first
     again, figures = reply(client, conversation(first))  # a fresh evaluation again
-    assert again == expected and figures["bit_exact"] is True
+    assert again == expected and figures["fresh_exact"] is None  # nothing reused beyond its own blocks
     assert figures["prompt_tokens_evaluated"] > prompt_tokens  # the reuse did skip work
 
 

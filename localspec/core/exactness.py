@@ -19,13 +19,8 @@ def judge(stats: Stats, known: Exactness, greedy: bool) -> None:
     if not greedy:
         stats.bit_exact, stats.inexact_reason = None, ""
         return
-    if known.prompt_rows is not None and stats.reused_fresh_rows > known.prompt_rows:
-        stats.bit_exact = False
-        stats.inexact_reason = (
-            f"reused {stats.reused_tokens} cached tokens that earlier passes evaluated in smaller blocks than "
-            f"a fresh evaluation's {stats.reused_fresh_rows} ({known.prompt_why})"
-        )
-        return
+    if stats.reused_tokens:
+        _judge_reuse(stats, known)
     reached = stats.prompt_tokens + stats.generated_tokens
     block = max(stats.gamma_histogram, default=0) + 1
     if known.rows is not None and block > known.rows and stats.drafted:
@@ -34,6 +29,19 @@ def judge(stats: Stats, known: Exactness, greedy: bool) -> None:
         stats.bit_exact, stats.inexact_reason = True, ""
     else:
         stats.bit_exact, stats.inexact_reason = False, known.why
+
+
+def _judge_reuse(stats: Stats, known: Exactness) -> None:
+    """A cached prefix that earlier passes computed in other blocks than a fresh evaluation
+    would gives its answer only where the backend's kernels sum both block sizes alike."""
+    if known.prompt_rows is None or stats.reused_fresh_rows <= known.prompt_rows:
+        stats.fresh_exact, stats.fresh_inexact_reason = True, ""
+        return
+    stats.fresh_exact = False
+    stats.fresh_inexact_reason = (
+        f"reused {stats.reused_tokens} cached tokens that earlier passes evaluated in smaller blocks than a fresh "
+        f"evaluation's {stats.reused_fresh_rows} ({known.prompt_why})"
+    )
 
 
 def greedy_exact_within(backend: Backend) -> int | None:

@@ -48,6 +48,10 @@ class Stats:
     # over them: what exactness.judge weighs against the backend's Exactness.prompt_rows.
     reused_tokens: int = 0
     reused_fresh_rows: int = 0
+    # Greedy, with such a reuse: whether the answer is a fresh evaluation's by construction
+    # (None: nothing reused beyond a fresh evaluation's blocks, or sampled), and why not.
+    fresh_exact: bool | None = None
+    fresh_inexact_reason: str = ""
     prefill_seconds: float = 0.0
     generated_tokens: int = 0
     decode_seconds: float = 0.0
@@ -166,7 +170,7 @@ class Stats:
             f"prompt tokens evaluated) | strategy {self.strategy}: {self.accepted}/{self.drafted} drafts "
             f"accepted ({self.acceptance_rate:.0%}), {self.tokens_per_step:.2f} tokens/step, "
             f"mean draft length {self.mean_gamma:.2f}{self._lookup_note()} | draft {self.draft_seconds:.2f}s, "
-            f"verify {self.verify_seconds:.2f}s | finish: {self.finish_reason}{self._exact_note()}"
+            f"verify {self.verify_seconds:.2f}s | finish: {self.finish_reason}{self._exact_note()}{self._fresh_note()}"
         )
 
     def _exact_note(self) -> str:
@@ -175,6 +179,11 @@ class Stats:
         if self.bit_exact:
             return " | bit-exact: plain decoding's greedy output by construction"
         return f" | not bit-exact by construction: {self.inexact_reason} (--exact makes it so)"
+
+    def _fresh_note(self) -> str:
+        if self.fresh_exact is False:
+            return f" | may part from a fresh evaluation: {self.fresh_inexact_reason}"
+        return ""
 
     def _lookup_note(self) -> str:
         if not self.lookup_drafted:

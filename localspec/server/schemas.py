@@ -429,6 +429,10 @@ def speculation(stats: Stats) -> dict[str, Any]:
         # Greedy: plain decoding's answer bit for bit by construction (null when sampled).
         "bit_exact": stats.bit_exact,
         "inexact_reason": stats.inexact_reason or None,  # why bit_exact is false
+        # A prefix reused beyond a fresh evaluation's blocks (cache_prompt: true): whether the answer
+        # is still a fresh evaluation's by construction (null when nothing was so reused).
+        "fresh_exact": stats.fresh_exact,
+        "fresh_inexact_reason": stats.fresh_inexact_reason or None,
     }
 
 
