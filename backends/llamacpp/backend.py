@@ -140,7 +140,7 @@ class LlamaCppBackend:
         if stateful:  # a verify block stays one ubatch (see RecurrentRollback)
             self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads, stateful=True)
         snapshots = recurrent_snapshots if stateful else None
-        self._ctx = ctx = self._make_context(path, model, n_ctx, threads, max_block, exact, snapshots)
+        self._ctx = ctx = self._make_context(path, model, snapshots)
         self._mem = llama.llama_get_memory(ctx)
         self._logits = LogitsRows(ctx, self._n_vocab)
         self._greedy = DeviceGreedy(ctx, wanted=output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))))
@@ -185,11 +185,12 @@ class LlamaCppBackend:
             raise assistant_alone(path)
         return model
 
-    def _make_context(
-        self, path: str, model: Any, n_ctx: int, threads: int, max_block: int, exact: bool, snapshots: int | None
-    ) -> Any:
-        """The model's context; snapshots: recurrent-state snapshots per decode (None: not a recurrent model)."""
-        n_ctx = context_cells(n_ctx, int(llama.llama_model_n_ctx_train(model)))
+    def _make_context(self, path: str, model: Any, snapshots: int | None) -> Any:
+        """The model's context, as the load options ask; snapshots: recurrent-state snapshots per
+        decode (None: not a recurrent model)."""
+        options = self._options
+        threads, max_block, exact = options["threads"], options["max_block"], bool(options.get("exact"))
+        n_ctx = context_cells(options["n_ctx"], int(llama.llama_model_n_ctx_train(model)))
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = max_block

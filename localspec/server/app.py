@@ -485,7 +485,7 @@ async def _sse(
                 finished = True
                 break
             finished = False
-            async for event in _choice_events(reply, index, job, events, usage_none, keepalive, done):
+            async for event in _choice_events(reply, index, (job, events), usage_none, keepalive, done):
                 yield event
             finished = True
             if len(done) <= index:  # it failed: the error was sent
@@ -506,13 +506,14 @@ async def _sse(
 async def _choice_events(
     reply: Reply,
     index: int,
-    job: Job,
-    events: asyncio.Queue[Item],
+    submitted: tuple[Job, asyncio.Queue[Item]],
     usage_none: Mapping[str, Any],
     keepalive: float,
     done: list[Stats],
 ) -> AsyncIterator[bytes]:
-    """One choice's events; its stats are appended to `done` once it finished."""
+    """One choice's events, from its job and the queue it feeds (_submit); its stats are
+    appended to `done` once it finished."""
+    job, events = submitted
     calls = None if reply.tools is None else CallFilter(reply.tools.names)
     stream = ChoiceStream(reply, index, LogprobFeed(job.recorder), calls)
     first = True
