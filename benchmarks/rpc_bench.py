@@ -29,7 +29,7 @@ from pathlib import Path
 from localspec.backends.llamacpp.rpc_server import RpcServerError, probe
 from localspec.control.prompts import SUITE
 from localspec.core.backend_loader import load_backend
-from localspec.tooling.bench import BenchRow, Contender, bench
+from localspec.tooling.bench import BenchPlan, BenchRow, Contender, bench
 
 PROXY = Path(__file__).with_name("latency_proxy.py")
 START_S = 60.0
@@ -104,7 +104,7 @@ def run_at(rtt_ms: float, servers: Sequence[int], args: argparse.Namespace) -> l
                 drafts.append(load_backend("llamacpp", args.draft_model, **options))
                 contenders.append(Contender("draft", "draft", drafts[-1]))
             prompts = [p for p in SUITE if p.id in args.prompts]
-            return bench(target, contenders, prompts, max_tokens=args.max_tokens, repeats=args.repeats)
+            return bench(target, contenders, prompts, BenchPlan(max_tokens=args.max_tokens, repeats=args.repeats))
         finally:
             for backend in [*drafts, target]:
                 backend.close()

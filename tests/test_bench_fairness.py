@@ -14,6 +14,7 @@ from localspec.backends.reference import load as load_reference
 from localspec.control.prompts import SUITE
 from localspec.core.protocol import Logits, LogitsMode
 from localspec.tooling.bench import (
+    BenchPlan,
     BenchRow,
     Contender,
     VsLlamaBench,
@@ -55,7 +56,7 @@ def test_no_drafter_is_open_while_plain_decoding_or_ngram_is_timed(temporary_loc
     target.__class__ = WatchedTarget
     target.seen = []  # type: ignore[attr-defined]
     contenders = [Contender("ngram", "ngram"), Contender("draft", "draft", open_draft=open_drafter)]
-    rows = bench(target, contenders, SUITE[:1], max_tokens=12, repeats=2)
+    rows = bench(target, contenders, SUITE[:1], BenchPlan(max_tokens=12, repeats=2))
     assert [r.strategy for r in rows] == ["ngram", "draft"]
     assert not OPEN  # every drafter was closed after its run
     seen = target.seen  # type: ignore[attr-defined]
@@ -96,7 +97,7 @@ def test_plain_decoding_counts_the_pass_that_ends_an_answer_as_llama_bench_does(
 ) -> None:
     target = load_reference("reference:seed=3")
     target.__class__ = SilentTarget
-    (row,) = bench(target, [Contender("none", "none")], SUITE[:1], max_tokens=12, repeats=2)
+    (row,) = bench(target, [Contender("none", "none")], SUITE[:1], BenchPlan(max_tokens=12, repeats=2))
     # Two repeats, plain decoding before and after each: four runs of one pass and no token.
     assert (row.plain_tokens, row.plain_passes, row.repeats) == (0, 4, 2)
     assert row.plain_passes_per_s > 0 and row.plain_tokens_per_s == 0

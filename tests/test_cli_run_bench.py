@@ -182,14 +182,14 @@ def test_the_table_says_how_much_of_a_draft_models_drafting_was_lookup() -> None
 def test_min_seconds_repeats_a_short_prompt_more_within_a_bound() -> None:
     from localspec.backends.reference import load
     from localspec.control.prompts import BenchPrompt
-    from localspec.tooling.bench import MAX_REPEAT_FACTOR, Contender, bench
+    from localspec.tooling.bench import MAX_REPEAT_FACTOR, BenchPlan, Contender, bench
 
     target = load("reference:seed=3")
     prompts = [BenchPrompt("tiny", ({"role": "user", "content": "Count: one two three"},))]
     ngram = [Contender("ngram", "ngram")]
-    assert [r.repeats for r in bench(target, ngram, prompts, max_tokens=4, repeats=2)] == [2]
+    assert [r.repeats for r in bench(target, ngram, prompts, BenchPlan(max_tokens=4, repeats=2))] == [2]
     # A plain run of 4 tokens never adds up to an hour: the bound stops it.
-    rows = bench(target, ngram, prompts, max_tokens=4, repeats=2, min_seconds=3600.0)
+    rows = bench(target, ngram, prompts, BenchPlan(max_tokens=4, repeats=2, min_seconds=3600.0))
     assert [r.repeats for r in rows] == [2 * MAX_REPEAT_FACTOR]
     assert rows[0].tokens == 2 * MAX_REPEAT_FACTOR * 4
 

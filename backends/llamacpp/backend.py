@@ -20,14 +20,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from localspec.backends.llamacpp import rpc as rpc_entry_points
 from localspec.control.contention import busy_cores, default_threads
 from localspec.control.hardware import physical_cores
-from localspec.control.selfdraft import best_drafter
 from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
 from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import (
@@ -43,28 +42,28 @@ from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import depths
 from localspec.drafters import cannot_attach
 
-from . import library
-from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
-from .dflash import DFlashDrafter, load_dflash_model
-from .eagle3 import load_eagle3_head
+from . import drafters, library
+from .dflash import DFlashDrafter
+from .eagle3 import Eagle3Head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
 from .gpu import auto_gpu_layers, gpu_device, output_on_gpu
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
 from .greedy import DeviceGreedy
+from .head import ContextHead
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
 from .library import (
     build_id,
-    extra_buffers,
     flash_attention,
     init_library,
     note_default_kernels,
     use_exact_kernels,
 )
+from .library import extra_buffers as extra_buffers  # which tooling/peers.py reads through this module
 from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
@@ -72,13 +71,13 @@ from .tree import BRANCHES, TreePass
 
 llama = library.llama  # imported there, with the message that says how to install it
 
+H = TypeVar("H", bound=ContextHead | DFlashDrafter)  # a drafter reading this target's context
+
 
 def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
     """Model parameters: gpu_layers layers on this machine's GPU and the rest on its CPU, or
     every layer on the given RPC servers' devices (returned too: the array must outlive the load)."""
-    mparams = llama.llama_model_default_params()
-    mparams.n_gpu_layers = gpu_layers
-    mparams.use_extra_bufts = extra_buffers()
+    mparams = library.model_params(gpu_layers)
     if not rpc:
         return mparams, None
 
@@ -141,7 +140,7 @@ class LlamaCppBackend:
         if stateful:  # a verify block stays one ubatch (see RecurrentRollback)
             self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads, stateful=True)
         snapshots = recurrent_snapshots if stateful else None
-        self._ctx = ctx = self._make_context(path, model, n_ctx, threads, max_block, exact, snapshots)
+        self._ctx = ctx = self._make_context(path, model, snapshots)
         self._mem = llama.llama_get_memory(ctx)
         self._logits = LogitsRows(ctx, self._n_vocab)
         self._greedy = DeviceGreedy(ctx, wanted=output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))))
@@ -152,7 +151,7 @@ class LlamaCppBackend:
         self._states: HiddenRows | None = None  # hidden states an MTP head reads (mtp_head)
         self._captures: dict[tuple[int, ...], HiddenRows] = {}  # layer inputs drafters read (layer_features)
         self._recorded: list[HiddenRows] = []  # both of the above, each added once: the rows eval_block keeps
-        self._heads: list[MtpHead | DFlashDrafter] = []  # drafters reading this context, closed before it
+        self._heads: list[ContextHead | DFlashDrafter] = []  # drafters reading this context, closed before it
         if rpc:
             rpc_entry_points.limit_waits(rpc)
             # The output layer sits on another machine there; its argmax stays the host's (untried).
@@ -186,11 +185,12 @@ class LlamaCppBackend:
             raise assistant_alone(path)
         return model
 
-    def _make_context(
-        self, path: str, model: Any, n_ctx: int, threads: int, max_block: int, exact: bool, snapshots: int | None
-    ) -> Any:
-        """The model's context; snapshots: recurrent-state snapshots per decode (None: not a recurrent model)."""
-        n_ctx = context_cells(n_ctx, int(llama.llama_model_n_ctx_train(model)))
+    def _make_context(self, path: str, model: Any, snapshots: int | None) -> Any:
+        """The model's context, as the load options ask; snapshots: recurrent-state snapshots per
+        decode (None: not a recurrent model)."""
+        options = self._options
+        threads, max_block, exact = options["threads"], options["max_block"], bool(options.get("exact"))
+        n_ctx = context_cells(options["n_ctx"], int(llama.llama_model_n_ctx_train(model)))
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = max_block
@@ -617,94 +617,55 @@ class LlamaCppBackend:
         if hasattr(self, "_closed"):
             self.close()
 
-    # -- self-drafting ----------------------------------------------------------------------
+    # -- drafters (made in drafters.py from what this target lends them) ------------------------
+
+    def _host(self) -> drafters.Host:
+        return drafters.Host(
+            target=self,
+            model=self._model,
+            ctx=self._ctx,
+            options=self._options,
+            mtp_layers=self._mtp_layers,
+            stateful=self._recurrent is not None,
+            states=self._target_states,
+            load=LlamaCppBackend,
+        )
+
+    def _adopt(self, head: H) -> H:
+        self._heads.append(head)  # it reads this model and this context: closed before them
+        return head
 
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
-        """The qspec or layerskip drafter (localspec.core.protocol.SelfDrafting), derived once per
-        model file and loaded beside this one; without option, the measured best candidate."""
+        """SelfDrafting: the model's MTP head, or a qspec or layerskip drafter (drafters.self_drafter)."""
         if kind == "mtp":
             return self.mtp_head()
-        self._can_skip_layers(kind)
-        folder, ftype = derived_home(self)
-        options = {c.label: c for c in candidates(kind, option, self.info.n_layers, ftype)}
+        return drafters.self_drafter(self._host(), kind, option)
 
-        def make(label: str) -> LlamaCppBackend:
-            c = options[label]
-            path = derived(self.info.path, c.ftype, folder, c.prune)
-            try:
-                drafter = LlamaCppBackend(str(path), **self._options)
-            except ModelLoadError as exc:  # a file localspec wrote: say so, not "download it again"
-                raise ModelLoadError(
-                    f"the {kind}:{label} drafter derived from {self.info.name} did not load: {exc.message}",
-                    f"use another strategy (ngram, or qspec); remove {path} to derive it again",
-                ) from exc
-            extra = {**drafter.capabilities.extra, "self_draft": f"{kind}:{label}"}
-            drafter.capabilities = replace(drafter.capabilities, extra=extra)
-            return drafter
-
-        return best_drafter(self, kind, list(options), make)
+    def derived_drafters(self, kind: str) -> list[tuple[str, Path]]:
+        """SelfDrafting: every candidate drafter of a kind, derived (once) for a side-by-side measurement."""
+        return drafters.derived_drafters(self._host(), kind)
 
     def mtp_head(self) -> MtpHead:
         """The model's own MTP block as a drafter (strategy mtp)."""
         self._live()
-        if not self._mtp_layers and self.info.architecture == "gemma4":
-            raise InvalidRequestError(
-                f"{self.info.name} has no MTP head of its own: Gemma 4 drafts with its assistant, a GGUF beside it",
-                "give the assistant with --draft-model (mtp-gemma-4-12B-it.gguf for gemma-4-12B-it; "
-                "`localspec pull gemma-4-12b` fetches both), or --strategy ngram",
-            )
-        if not self._mtp_layers:
-            raise InvalidRequestError(
-                f"{self.info.name} has no MTP head: its GGUF keeps no nextn layers",
-                "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
-            )
-        head = MtpHead(self, self._model, self._ctx, self._target_states())
-        self._heads.append(head)
-        return head
+        return self._adopt(drafters.mtp_head(self._host()))
 
     def assistant_head(self, path: str) -> MtpHead:
         """A Gemma 4 assistant GGUF (architecture gemma4-assistant) drafting for this target."""
         self._live()
-        check_gguf(path)
-        if self.info.architecture != "gemma4":
-            raise InvalidRequestError(
-                f"{os.path.basename(path)} is a Gemma 4 assistant: it drafts for a gemma4 model, "
-                f"not {self.info.name} ({self.info.architecture})",
-                "pair it with the Gemma 4 model it was made for, or use --strategy ngram",
-            )
-        mparams, _ = _model_params((), self._options["gpu_layers"])
-        mparams.load_mtp = True  # its blocks are all MTP blocks
-        model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
-        if not model:
-            raise ModelLoadError(
-                f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-                "download the assistant again, or draft without it (--strategy ngram)",
-            )
-        if llama.llama_model_n_embd_out(model) != llama.llama_model_n_embd_out(self._model):
-            llama.llama_model_free(model)
-            raise InvalidRequestError(
-                f"{os.path.basename(path)} was made for a Gemma 4 model of another width than {self.info.name}",
-                "use the assistant of the same size (E4B with E4B, 12B with 12B, 31B with 31B)",
-            )
-        head = MtpHead(self, model, self._ctx, self._target_states(), assistant=True)
+        head = self._adopt(drafters.assistant_head(self._host(), path))
         # It reads this context's KV cache as it drafts. Its trees keep plain decoding's
         # greedy output, but the tests' assistant never has a runner-up taken when sampling,
         # so the sampled path after a taken branch is unexercised: chains only until it is.
         self.capabilities = replace(self.capabilities, branches=1)
-        head.info = replace(head.info, name=os.path.basename(path), size_bytes=int(llama.llama_model_size(model)))
-        self._heads.append(head)
         return head
 
-    def eagle3_head(self, path: str) -> MtpHead:
+    def eagle3_head(self, path: str) -> Eagle3Head:
         """An EAGLE-3 head GGUF (architecture eagle3) drafting for this target (strategy eagle3)."""
         self._live()
-        mparams, _ = _model_params((), self._options["gpu_layers"])
-        n_embd = int(llama.llama_model_n_embd(self._model))
-        head = load_eagle3_head(self, self._ctx, n_embd, self.layer_features, mparams, path)
-        self._heads.append(head)
-        return head
+        return self._adopt(drafters.eagle3_head(self._host(), path))
 
-    def attach_head(self, kind: str, path: str) -> MtpHead:
+    def attach_head(self, kind: str, path: str) -> ContextHead:
         """DrafterHost: a Gemma 4 assistant ("assistant") or an EAGLE-3 head ("eagle3") from its GGUF."""
         if kind == "assistant":
             return self.assistant_head(path)
@@ -716,6 +677,11 @@ class LlamaCppBackend:
         """DrafterHost: the DFlash drafter in `path`."""
         return self.dflash_drafter(path)
 
+    def dflash_drafter(self, path: str) -> DFlashDrafter:
+        """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
+        self._live()
+        return self._adopt(drafters.dflash_drafter(self._host(), path))
+
     def _target_states(self) -> HiddenRows:
         if self._states is None:
             self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
@@ -724,14 +690,6 @@ class LlamaCppBackend:
             self._recorded.append(self._states)
             self.rollback(0)  # positions decoded before now have no states: decode them again
         return self._states
-
-    def dflash_drafter(self, path: str) -> DFlashDrafter:
-        """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
-        self._live()
-        model = load_dflash_model(path, self._options["gpu_layers"])
-        drafter = DFlashDrafter(self, self._ctx, model, path, int(self.capabilities.extra.get("threads", "1")))
-        self._heads.append(drafter)
-        return drafter
 
     def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at every cached position, for a drafter (an EAGLE-3 head,
@@ -749,26 +707,6 @@ class LlamaCppBackend:
             self._recorded.append(self._captures[key])
             self.rollback(0)  # positions decoded before now have no rows: decode them again
         return self._captures[key]
-
-    def _can_skip_layers(self, kind: str) -> None:
-        if kind == "layerskip" and self._recurrent is not None:
-            # The blocks' kinds follow from their indices (every n-th is attention): a copy
-            # with blocks left out would run recurrent weights as attention and fail to load.
-            raise InvalidRequestError(
-                f"layerskip cannot draft for {self.info.name}: a {self.info.architecture} model mixes recurrent "
-                "and attention blocks by position, so blocks cannot be left out",
-                "use --strategy ngram (the default), qspec, or a draft model",
-            )
-
-    def derived_drafters(self, kind: str) -> list[tuple[str, Path]]:
-        """Every candidate drafter of a kind, derived (once) for a side-by-side measurement."""
-        self._can_skip_layers(kind)
-        folder, ftype = derived_home(self)
-        if kind == "qspec":
-            options = [Candidate(t, t) for t in QSPEC_SWEEP if t != ftype]
-        else:
-            options = candidates(kind, None, self.info.n_layers, ftype)
-        return [(c.label, derived(self.info.path, c.ftype, folder, c.prune)) for c in options]
 
 
 def load(path: str, **options: Any) -> LlamaCppBackend:

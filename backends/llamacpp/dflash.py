@@ -33,8 +33,9 @@ import numpy as np
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import check_gguf, diagnose_gguf
 from localspec.core.protocol import Draft, ModelInfo, common_prefix
-from localspec.core.sampling import Distribution, SamplingConfig, process, shape
+from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives, top_k_branches
+from localspec.drafters.draw import draw
 
 from . import library
 from .features import HiddenRows, target_layer_ids
@@ -249,16 +250,10 @@ def _read_block(
     dists: list[Distribution] = []
     tops: list[list[int]] = []
     for i, raw in enumerate(rows):
-        row = shape(raw[None], cfg, (), tokens, start=len(tokens))[0] if cfg.shapes_logits else raw
-        if cfg.shapes_logits and not np.isfinite(row.max()):
+        drawn = draw(raw, cfg, tokens, len(context) + i, rng)
+        if drawn is None:
             break  # the grammar allows nothing more
-        dist = None if cfg.greedy else process(row, cfg)
-        if dist is None:
-            tok = int(np.argmax(row))
-        elif cfg.seed is not None:  # the target's own noise (accept_seeded)
-            tok = dist.keyed_sample(cfg.seed, len(context) + i)
-        else:
-            tok = dist.sample(rng)
+        tok, dist, row = drawn
         tokens.append(tok)
         if dist is not None:
             dists.append(dist)

@@ -11,8 +11,9 @@ common/speculative.cpp's draft-eagle3). It borrows the target's token embeddings
 head where its file has none (through ctx_other), and a head with a smaller draft vocabulary
 maps it onto the target's with its d2t table inside llama.cpp's graph (the rest gets -inf).
 
-Eagle3Head is an MtpHead with two differences: a token is read one cache position before its
-own (MtpHead.shift), and a target state is encoded before it is read. As with an MTP head, a
+Eagle3Head is an MTP head's sibling (both are ContextHeads, head.py) with two differences: a
+token is read one cache position before its own (ContextHead.shift), and a target state is
+encoded before it is read. As with an MTP head, a
 position read with the head's own state is read again with the target's once the target has
 decoded it, so its cache holds what a clean pass would.
 """
@@ -32,10 +33,9 @@ from llama_cpp import llama_cpp_ext as ext
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.gguf_header import GGUFHeader, check_gguf, diagnose_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities
-from localspec.core.records import HeadOfTarget
 
 from .features import EAGLE3_KIND, HiddenRows, target_layer_ids
-from .mtp import MtpHead, head_context
+from .head import ContextHead, head_context
 
 ARCHITECTURE = "eagle3"
 KIND = EAGLE3_KIND
@@ -44,7 +44,7 @@ KIND = EAGLE3_KIND
 Features = Callable[[Sequence[int], int, str, str], HiddenRows]
 
 
-class Eagle3Head(MtpHead):
+class Eagle3Head(ContextHead):
     """An EAGLE-3 head drafting for its target (see the module doc)."""
 
     # llama.cpp's eagle3 graph computes the logits of every token of a pass and hands back its
@@ -55,8 +55,6 @@ class Eagle3Head(MtpHead):
     def __init__(
         self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, path: str, borrows_output: bool
     ) -> None:
-        HeadOfTarget.__init__(self, target)  # not MtpHead's: an EAGLE-3 head is a model of its own
-        self._states, self._model = features, model
         ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
         if not ctx:
             llama.llama_model_free(model)
@@ -64,14 +62,11 @@ class Eagle3Head(MtpHead):
                 f"llama.cpp could not open a context for the {KIND} {os.path.basename(path)}",
                 "free memory (a smaller --ctx), or draft with --strategy ngram",
             )
-        self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
-        self.shared, self.shift = False, 1
-        ext.llama_set_embeddings_nextn(ctx, True, True)  # the pre-norm state of each output (and of the fc)
-        self._batch = llama.llama_batch_ext_init(ctx)
+        # Its output rows carry the pre-norm state of each output (and of the fc).
+        super().__init__(target, ctx, features, int(llama.llama_model_n_embd(model)), model)
+        self.shift = 1
         self._features = llama.llama_batch_ext_init(ctx)  # the encoder's batch
         self._ubatch = int(llama.llama_n_ubatch(ctx))
-        self._width = int(llama.llama_model_n_embd(model))
-        self._vocab = target.info.n_vocab
         size, params = _cost(target, model, borrows_output)
         self.info = replace(
             target.info,

@@ -59,6 +59,15 @@ def extra_buffers() -> bool:
     return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
 
 
+def model_params(gpu_layers: int) -> Any:
+    """llama_model_params for a model on this machine: gpu_layers layers on its GPU, the rest on
+    its CPU, in the extra buffer types where they may go (extra_buffers)."""
+    mparams = llama.llama_model_default_params()
+    mparams.n_gpu_layers = gpu_layers
+    mparams.use_extra_bufts = extra_buffers()
+    return mparams
+
+
 EXACT_BUILD = (
     'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
     "llama-cpp-python==0.3.36"

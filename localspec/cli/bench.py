@@ -25,6 +25,7 @@ from localspec.models.naming import canonical_name
 from localspec.strategies import TABLE, named
 from localspec.tooling.bench import (
     MAX_REPEAT_FACTOR,
+    BenchPlan,
     BenchRow,
     Contender,
     VsLlamaBench,
@@ -88,25 +89,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    prompts = load_prompts(args.prompts) if args.prompts else list(SUITE)
-    if args.only:
-        prompts = [p for p in prompts if p.id in args.only]
-        if not prompts:
-            raise InvalidRequestError(f"no prompt has the id {args.only}")
-    if args.plot:
-        from localspec.tooling.plot import check_plot_target
-
-        check_plot_target(args.plot)
-    if args.peers and args.rpc:
-        raise InvalidRequestError(
-            "--peers runs llama.cpp's programs on this machine only, so it cannot compare a split target",
-            "drop --peers or --rpc",
-        )
-    model, args.draft_model = model_files(args)
-    strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
-    needs_file = next((s for s in strategies if named(s)[0].source == "file"), None)
-    if needs_file is not None and not args.draft_model:
-        raise InvalidRequestError(f"strategy {needs_file!r} needs a draft model", "add --draft-model PATH")
+    prompts, model, strategies = _checked(args)
     options = load_options(args).backend_options()
     samples = [contention.sample()]
     with Steps("localspec bench") as progress:
@@ -126,22 +109,57 @@ def handle(args: argparse.Namespace) -> int:
             if done % 8 == 1:  # now and then, whether something else crowds the cores
                 samples.append(contention.sample(0.1))
 
-        rows = bench(
-            target,
-            contenders,
-            prompts,
+        plan = BenchPlan(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             repeats=args.repeats,
             draft_tokens=args.draft_tokens,
             seed=args.seed,
             min_seconds=args.min_seconds,
-            on_run=on_run,
         )
+        rows = bench(target, contenders, prompts, plan, on_run)
     samples.append(contention.sample())
     busiest = contention.busiest(samples)
     busy = busiest.describe() if busiest is not None else None
     vs_llama_bench = add_peer_figures(args, rows, prompts, target, model) if args.peers else None
+    # The figures first: a plot that cannot be written must not take them with it.
+    _report(args, model, rows, vs_llama_bench, busy)
+    if args.plot:
+        from localspec.tooling.plot import write_plot
+
+        sys.stdout.flush()
+        write_plot(rows, args.plot)
+    return 0
+
+
+def _checked(args: argparse.Namespace) -> tuple[list[BenchPrompt], str, list[str]]:
+    """The prompts, the model and the strategies to run, each refused before anything loads."""
+    prompts = load_prompts(args.prompts) if args.prompts else list(SUITE)
+    if args.only:
+        prompts = [p for p in prompts if p.id in args.only]
+        if not prompts:
+            raise InvalidRequestError(f"no prompt has the id {args.only}")
+    if args.plot:
+        from localspec.tooling.plot import check_plot_target
+
+        check_plot_target(args.plot)
+    if args.peers and args.rpc:
+        raise InvalidRequestError(
+            "--peers runs llama.cpp's programs on this machine only, so it cannot compare a split target",
+            "drop --peers or --rpc",
+        )
+    model, args.draft_model = model_files(args)
+    strategies = args.strategy or (["ngram", "draft"] if args.draft_model else ["ngram"])
+    needs_file = next((s for s in strategies if named(s)[0].source == "file"), None)
+    if needs_file is not None and not args.draft_model:
+        raise InvalidRequestError(f"strategy {needs_file!r} needs a draft model", "add --draft-model PATH")
+    return prompts, model, strategies
+
+
+def _report(
+    args: argparse.Namespace, model: str, rows: list[BenchRow], vs_llama_bench: VsLlamaBench | None, busy: str | None
+) -> None:
+    """The table and summary, or the same as JSON with the machine and the run's settings."""
     config = {
         "model": model,
         "draft_model": args.draft_model,
@@ -152,7 +170,6 @@ def handle(args: argparse.Namespace) -> int:
         "min_seconds": args.min_seconds,
         "draft_tokens": args.draft_tokens,
     }
-    # The figures first: a plot that cannot be written must not take them with it.
     if args.json:
         report: dict[str, Any] = {"machine": machine(), "config": config, "results": rows_to_json(rows)}
         if vs_llama_bench is not None:
@@ -164,12 +181,6 @@ def handle(args: argparse.Namespace) -> int:
         print(f"# {machine()['cpu']}, {machine()['physical_cores']} cores | {config}", file=sys.stderr)
         print(format_table(rows))
         print(format_summary(rows, vs_llama_bench, busy))
-    if args.plot:
-        from localspec.tooling.plot import write_plot
-
-        sys.stdout.flush()
-        write_plot(rows, args.plot)
-    return 0
 
 
 def contenders_for(

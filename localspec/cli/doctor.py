@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
 from localspec.cli.options import MODEL_HELP, model_files
 from localspec.control import contention
-from localspec.control.calibrate import calibrated
+from localspec.control.calibrate import Calibration, calibrated
 from localspec.control.config import DEFAULT
-from localspec.control.hardware import host_kind, predict_verify_seconds, probe
+from localspec.control.hardware import DeviceProbe, host_kind, predict_verify_seconds, probe
 from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.progress import Steps, reporting
-from localspec.core.protocol import Exactness
+from localspec.core.protocol import Capabilities, Decision, Exactness, ModelInfo
 from localspec.models.naming import canonical_name
 
 
@@ -42,7 +42,42 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=handle)
 
 
+@dataclass(frozen=True)
+class Findings:
+    """What doctor measured: the machine, the model on it, and the figures that follow from both."""
+
+    model: str  # the model file
+    device: DeviceProbe
+    cal: Calibration
+    info: ModelInfo
+    capabilities: Capabilities
+    predicted: list[float]  # a pass over k tokens, predicted from the model's size and the machine
+    decisions: dict[str, Decision]  # the policy's choice at each acceptance, for a free drafter
+    warnings: list[str]
+
+    @property
+    def choices(self) -> dict[str, int]:
+        return {a: d.chosen for a, d in self.decisions.items()}
+
+
 def handle(args: argparse.Namespace) -> int:
+    found = examine(args)
+    if args.json:
+        print(json.dumps(_as_json(found), indent=1))
+        return 0
+    _print_machine(found.device, args.backend, found.capabilities)
+    _print_curve(found)
+    if args.verbose:
+        print(f"at acceptance 0.80 the policy weighed\n{found.decisions['0.80'].table()}")
+    if getattr(args, "exact", False):
+        print(f"--exact      {_exact_cost(found.model, args.backend, found.cal.verify_seconds)}")
+    for warning in found.warnings:
+        print(f"note: {warning}")
+    return 0
+
+
+def examine(args: argparse.Namespace) -> Findings:
+    """Probe the machine, load the model and time its passes (cached once per model and machine)."""
     with Steps("localspec doctor", total=4) as progress:
         progress.step("finding the model")
         model, _ = model_files(args)  # a model that is not there is said before the long steps
@@ -56,45 +91,43 @@ def handle(args: argparse.Namespace) -> int:
             progress.step("timing the model's passes (once per model and machine; --refresh times them again)")
             with reporting(progress.detail):
                 cal = calibrated(backend, refresh=args.refresh)
-            curve, deep = cal.verify_seconds, cal.deep_verify_seconds
-            info = backend.info
-            on = backend.capabilities.device
-            gpu = backend.capabilities.gpu
-            exactness = backend.capabilities.exactness
-            crowded = contention.threads_notice(backend.capabilities, "pass --threads 1")
+            info, capabilities = backend.info, backend.capabilities
+            crowded = contention.threads_notice(capabilities, "pass --threads 1")
         finally:
             backend.close()
         busy = contention.busiest([before, contention.sample()])
+    curve = cal.verify_seconds
     predicted = [
-        predict_verify_seconds(info.size_bytes, info.n_params, device, k, on) for k in range(1, len(curve) + 1)
+        predict_verify_seconds(info.size_bytes, info.n_params, device, k, capabilities.device)
+        for k in range(1, len(curve) + 1)
     ]
     decisions = {f"{a:.2f}": decide_static(curve, a, 0.0, DEFAULT.max_draft) for a in (0.5, 0.7, 0.8, 0.9, 0.95)}
-    choices = {a: d.chosen for a, d in decisions.items()}
     warnings = doctor_warnings(busy, cal.decode_seconds, curve[0], predicted[0]) + ([crowded] if crowded else [])
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "device": asdict(device),
-                    "model": canonical_name(model),
-                    "model_name": info.name,
-                    "verify_ms": [t * 1e3 for t in curve],
-                    "verify_ms_deep": [t * 1e3 for t in deep] if deep else None,
-                    "deep_depth": cal.deep_depth if deep else None,
-                    "rebuild_ms": {
-                        "into_block": cal.rebuild_block_seconds * 1e3,
-                        "into_one": cal.rebuild_one_seconds * 1e3,
-                    },
-                    "predicted_ms": [t * 1e3 for t in predicted],
-                    "gamma_for_acceptance": choices,
-                    "llamacpp_rpc": rpc_available(),
-                    "host_kind": host_kind(),
-                    "warnings": warnings,
-                },
-                indent=1,
-            )
-        )
-        return 0
+    return Findings(model, device, cal, info, capabilities, predicted, decisions, warnings)
+
+
+def _as_json(found: Findings) -> dict[str, Any]:
+    cal, deep = found.cal, found.cal.deep_verify_seconds
+    return {
+        "device": asdict(found.device),
+        "model": canonical_name(found.model),
+        "model_name": found.info.name,
+        "verify_ms": [t * 1e3 for t in cal.verify_seconds],
+        "verify_ms_deep": [t * 1e3 for t in deep] if deep else None,
+        "deep_depth": cal.deep_depth if deep else None,
+        "rebuild_ms": {
+            "into_block": cal.rebuild_block_seconds * 1e3,
+            "into_one": cal.rebuild_one_seconds * 1e3,
+        },
+        "predicted_ms": [t * 1e3 for t in found.predicted],
+        "gamma_for_acceptance": found.choices,
+        "llamacpp_rpc": rpc_available(),
+        "host_kind": host_kind(),
+        "warnings": found.warnings,
+    }
+
+
+def _print_machine(device: DeviceProbe, backend: str, capabilities: Capabilities) -> None:
     print(
         f"CPU          {device.cpu} ({device.machine}), {device.physical_cores} physical / "
         f"{device.logical_cores} logical cores, {device.memory_gib:.0f} GiB"
@@ -110,12 +143,16 @@ def handle(args: argparse.Namespace) -> int:
         print("accelerator  none (no CUDA device seen by torch, not Apple Silicon)")
     print(f"llama.cpp    {_rpc_line()}")
     print(f"llama.cpp    {_exact_line()}")
-    print(f"greedy       {_bit_exact_line(exactness)}")
-    print(f"reuse        {_reuse_line(exactness)}")
-    if kind_of(args.backend).gpu_layers:
-        print(f"llama.cpp    {_gpu_line(gpu)}")
+    print(f"greedy       {_bit_exact_line(capabilities.exactness)}")
+    print(f"reuse        {_reuse_line(capabilities.exactness)}")
+    if kind_of(backend).gpu_layers:
+        print(f"llama.cpp    {_gpu_line(capabilities.gpu)}")
+
+
+def _print_curve(found: Findings) -> None:
+    info, cal, curve, deep = found.info, found.cal, found.cal.verify_seconds, found.cal.deep_verify_seconds
     size = f"{info.size_bytes / 2**20:.0f} MiB, {info.n_params / 1e6:.0f}M parameters"
-    print(f"model        {canonical_name(model)} ({info.name}) on {on}: {size}")
+    print(f"model        {canonical_name(found.model)} ({info.name}) on {found.capabilities.device}: {size}")
     print("")
     print("What one pass of the model over k tokens costs (verifying a draft of k-1 tokens takes one such pass):")
     print("verify k     " + " ".join(f"{k:>6}" for k in range(1, len(curve) + 1)))
@@ -123,7 +160,7 @@ def handle(args: argparse.Namespace) -> int:
     if deep:
         print(f"after {cal.deep_depth:<6} " + " ".join(f"{t * 1e3:>6.1f}" for t in deep))
         print(f"             (the same passes behind {cal.deep_depth} tokens of context, where attention costs more)")
-    print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in predicted))
+    print("predicted ms " + " ".join(f"{t * 1e3:>6.1f}" for t in found.predicted))
     print("             (from the model's size and this machine's bandwidth and compute, before any timing)")
     print(f"cost of k=4 vs one decode step: {curve[3] / curve[0]:.2f}x")
     print(
@@ -136,15 +173,8 @@ def handle(args: argparse.Namespace) -> int:
         "For a free drafter (one whose guesses cost nothing, like n-gram lookup), the γ that gives the most "
         "tokens per second at each acceptance (the share of guesses the model keeps):"
     )
-    print("  " + ", ".join(f"acceptance {a}: γ={g}" for a, g in choices.items()))
+    print("  " + ", ".join(f"acceptance {a}: γ={g}" for a, g in found.choices.items()))
     print("  (γ=0 means drafting does not pay at that acceptance: it decodes plainly, never slower)")
-    if args.verbose:
-        print(f"at acceptance 0.80 the policy weighed\n{decisions['0.80'].table()}")
-    if exact:
-        print(f"--exact      {_exact_cost(model, args.backend, curve)}")
-    for warning in warnings:
-        print(f"note: {warning}")
-    return 0
 
 
 def doctor_warnings(busy: contention.Contention | None, decode: float, one: float, predicted: float) -> list[str]:

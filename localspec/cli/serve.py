@@ -26,6 +26,20 @@ def register(sub: Any) -> None:
     p.add_argument("--strategy", "-s", default="auto", help=STRATEGY_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    _add_access_options(p)
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait behind the one running; more get 503 (default 16)",
+    )
+    _add_cache_options(p)
+    add_model_options(p)
+    p.set_defaults(handler=handle)
+
+
+def _add_access_options(p: argparse.ArgumentParser) -> None:
+    """Who may call the server: its key, the browser origins and the host names it answers."""
     p.add_argument(
         "--api-key",
         default=os.environ.get("LOCALSPEC_API_KEY"),
@@ -49,12 +63,10 @@ def register(sub: Any) -> None:
         "(repeatable; '*' turns the check off, behind a proxy that checks names); other Host headers get 403, "
         "so a web page cannot reach the server through a domain it points here (DNS rebinding)",
     )
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=16,
-        help="requests that may wait behind the one running; more get 503 (default 16)",
-    )
+
+
+def _add_cache_options(p: argparse.ArgumentParser) -> None:
+    """What one request may reuse of the ones before it: n-gram memory, a cached prompt prefix."""
     p.add_argument(
         "--no-memory",
         dest="memory",
@@ -77,13 +89,11 @@ def register(sub: Any) -> None:
         "follow-ups, but a near-tie can then go another way than in a fresh evaluation, so an answer may depend "
         "on earlier requests; by default only a prefix evaluated as a fresh request would is reused",
     )
-    add_model_options(p)
-    p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from localspec.api import load
-    from localspec.server import Catalog, LocalServer, Settings, local_only
+    from localspec.server import Catalog, LocalServer, Settings
     from localspec.server.cors import CorsRule
 
     if args.max_queue < 0:
@@ -127,22 +137,32 @@ def handle(args: argparse.Namespace) -> int:
         raise InvalidRequestError(
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", "pick another --port (0: any free one)"
         ) from None
-    if not local_only(args.host) and not args.api_key:
-        say(
-            f"warning: listening on {args.host} without an API key: anyone who can reach this machine can use it "
-            "(set --api-key or LOCALSPEC_API_KEY)"
-        )
-    if (warning := cors.warning()) is not None:
+    for warning in _access_warnings(args, cors.warning()):
         say(warning)
-    if args.api_key and not args.api_key.isascii():
-        say(
-            "warning: the API key is not ASCII: it is compared as UTF-8, but some clients (the openai SDKs "
-            "among them) can only send ASCII headers; an ASCII key works everywhere"
-        )
     say(f"localspec serve: listening at {server.url}; loading {served}, requests wait for it  (Ctrl+C stops)")
     server.serve()
     say("localspec serve: stopped")
     return 0
+
+
+def _access_warnings(args: argparse.Namespace, cors: str | None) -> list[str]:
+    """What makes the server reachable by more than its user means, in words (cors: CorsRule's)."""
+    from localspec.server import local_only
+
+    warnings = []
+    if not local_only(args.host) and not args.api_key:
+        warnings.append(
+            f"warning: listening on {args.host} without an API key: anyone who can reach this machine can use it "
+            "(set --api-key or LOCALSPEC_API_KEY)"
+        )
+    if cors is not None:
+        warnings.append(cors)
+    if args.api_key and not args.api_key.isascii():
+        warnings.append(
+            "warning: the API key is not ASCII: it is compared as UTF-8, but some clients (the openai SDKs "
+            "among them) can only send ASCII headers; an ASCII key works everywhere"
+        )
+    return warnings
 
 
 def _check_before_listening(model: str | None, draft_model: str | None, backend: str) -> None:

@@ -19,9 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from localspec.core.protocol import Backend, eval_chunked
-from localspec.core.sampling import Distribution, SamplingConfig, process, shape
+from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives
 from localspec.drafters import Draft, common_prefix
+from localspec.drafters.draw import draw
 
 # Like transformers' assistant_confidence_threshold (0.4), a little lower: a stop costs the
 # chance of a long accepted run, a wasted drafter step only its own time.
@@ -73,19 +74,10 @@ class ModelDrafter:
         dists: list[Distribution] = []
         branches: list[tuple[int, list[int]]] = []
         for i in range(n):
-            if cfg.shapes_logits:
-                # q shaped as p is (the grammar, logit_bias, penalties over this draft: q need only be
-                # the law each token was drawn from), so the draft stays inside the request's grammar.
-                row = shape(row[None], cfg, (), tokens, start=len(tokens))[0]
-                if not np.isfinite(row.max()):
-                    break  # the grammar allows nothing more
-            dist = None if cfg.greedy else process(row, cfg)
-            if dist is None:
-                tok = int(np.argmax(row))
-            elif cfg.seed is not None:  # the target's own noise (accept_seeded): agreeing laws agree here
-                tok = dist.keyed_sample(cfg.seed, len(context) + i)
-            else:
-                tok = dist.sample(rng)
+            drawn = draw(row, cfg, tokens, len(context) + i, rng)
+            if drawn is None:
+                break  # the grammar allows nothing more
+            tok, dist, row = drawn
             tokens.append(tok)
             if dist is not None:
                 dists.append(dist)

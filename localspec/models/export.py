@@ -91,22 +91,7 @@ def export_pair(
     if method == "eagle3":
         return _export_eagle3(pair, engine, draft_tokens, ggufs, notes)
     if engine == "llama-server":
-        target, drafter = (ggufs or _pulled_ggufs)(pair)
-        if method == "draft" and drafter is not None and _is_assistant_file(drafter):
-            method = "mtp"  # an assistant drafts only as MTP (an entry written before `add` knew it)
-        if method == "draft" and drafter is not None and _architecture(drafter) == "eagle3":
-            method = "eagle3"  # likewise an EAGLE-3 head (an entry written before `add` knew them)
-        k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
-        if method == "eagle3":
-            assert drafter is not None
-            return Export(engine, _llama_server_eagle3(target, drafter, k), tuple(notes))
-        if method == "mtp":
-            assistant = _sidecar_path(pair, target) or drafter
-            return Export(engine, _llama_server_mtp(target, assistant, k), tuple(notes))
-        if method == "dflash":
-            assert drafter is not None  # a dflash pair has a drafter (registry)
-            return Export(engine, _llama_server_dflash(target, drafter, k), tuple(notes))
-        return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
+        return _export_llama_server(pair, method, draft_tokens, ggufs or _pulled_ggufs, notes)
     assistant_repo = _assistant_repo(pair) if method == "mtp" and _has_assistant(pair) else None
     if method == "mtp" and _has_assistant(pair) and assistant_repo is None:
         where = "--to llama-server"
@@ -135,6 +120,29 @@ def export_pair(
     if method == "ngram":
         notes.append("SGLang runs NGRAM speculation on CUDA GPUs only")
     return Export(engine, _sglang(target_repo, drafter_repo, k), tuple(notes))
+
+
+def _export_llama_server(
+    pair: Pair, method: str, draft_tokens: int | None, ggufs: GgufResolver, notes: list[str]
+) -> Export:
+    """llama-server's command for the pair's pulled GGUFs (ggufs finds them)."""
+    engine = "llama-server"
+    target, drafter = ggufs(pair)
+    if method == "draft" and drafter is not None and _is_assistant_file(drafter):
+        method = "mtp"  # an assistant drafts only as MTP (an entry written before `add` knew it)
+    if method == "draft" and drafter is not None and _architecture(drafter) == "eagle3":
+        method = "eagle3"  # likewise an EAGLE-3 head (an entry written before `add` knew them)
+    k = draft_tokens if draft_tokens is not None else _fixed_draft_tokens(pair, engine, method, notes)
+    if method == "eagle3":
+        assert drafter is not None
+        return Export(engine, _llama_server_eagle3(target, drafter, k), tuple(notes))
+    if method == "mtp":
+        assistant = _sidecar_path(pair, target) or drafter
+        return Export(engine, _llama_server_mtp(target, assistant, k), tuple(notes))
+    if method == "dflash":
+        assert drafter is not None  # a dflash pair has a drafter (registry)
+        return Export(engine, _llama_server_dflash(target, drafter, k), tuple(notes))
+    return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
 
 
 def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:

@@ -128,6 +128,28 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
     _add_error_handlers(app)
     api = APIRouter()
 
+    _add_info_routes(app, api, worker, catalog, key)
+    _generate = _Generation(worker, catalog, settings)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        ignored = body.refuse_unsupported()
+        tools = tool_request(body.tools, body.tool_choice)
+        return await _generate(request, body, "chat", {"messages": body.chat(), "tools": tools}, tools, ignored)
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        ignored = body.refuse_unsupported()
+        return await _generate(request, body, "text", body.source(), None, ignored)
+
+    app.include_router(api)
+    _add_middlewares(app, settings, cors, bound_host)
+    return app
+
+
+def _add_info_routes(app: FastAPI, api: APIRouter, worker: Worker, catalog: Catalog, key: bytes | None) -> None:
+    """/health and /metrics on the app (outside the key check), and the models on the API."""
+
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         # 503 until the model is loaded, as llama-server answers: a launcher polls this. With
@@ -153,18 +175,18 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
         loaded = worker.model_id
         return _model_card(await run_in_threadpool(catalog.resolve, model_id, loaded), catalog, loaded)
 
-    @api.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        ignored = body.refuse_unsupported()
-        tools = tool_request(body.tools, body.tool_choice)
-        return await _generate(request, body, "chat", {"messages": body.chat(), "tools": tools}, tools, ignored)
 
-    @api.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        ignored = body.refuse_unsupported()
-        return await _generate(request, body, "text", body.source(), None, ignored)
+@dataclass(frozen=True)
+class _Generation:
+    """What both generation routes do once their body is read: check the prompt, submit each
+    choice as a job, and stream or collect the reply."""
 
-    async def _generate(
+    worker: Worker
+    catalog: Catalog
+    settings: Settings
+
+    async def __call__(
+        self,
         request: Request,
         body: GenerationRequest,
         kind: str,
@@ -172,6 +194,7 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
         tools: ToolRequest | None,
         ignored: Sequence[str],
     ) -> Response:
+        worker, catalog, settings = self.worker, self.catalog, self.settings
         model, unknown = await run_in_threadpool(catalog.answer, body.model, worker.model_id)
         asked = body.model if unknown else None
         limit = body.token_limit
@@ -210,7 +233,8 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
         response.headers.update(headers)
         return response
 
-    app.include_router(api)
+
+def _add_middlewares(app: FastAPI, settings: Settings, cors: CorsRule, bound_host: str) -> None:
     # Outermost last: the log sees every answer, CORS answers preflights before the key check,
     # and the key is checked before a body is read.
     app.add_middleware(JsonBody)
@@ -221,7 +245,6 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
     policy = HostPolicy.of(bound_host, settings.allowed_hosts)
     app.add_middleware(HostCheck, policy=policy, cors=cors)
     app.add_middleware(RequestLog, write=settings.log)
-    return app
 
 
 def _model_card(model_id: str, catalog: Catalog, loaded: str) -> dict[str, Any]:
@@ -462,7 +485,7 @@ async def _sse(
                 finished = True
                 break
             finished = False
-            async for event in _choice_events(reply, index, job, events, usage_none, keepalive, done):
+            async for event in _choice_events(reply, index, (job, events), usage_none, keepalive, done):
                 yield event
             finished = True
             if len(done) <= index:  # it failed: the error was sent
@@ -483,13 +506,14 @@ async def _sse(
 async def _choice_events(
     reply: Reply,
     index: int,
-    job: Job,
-    events: asyncio.Queue[Item],
+    submitted: tuple[Job, asyncio.Queue[Item]],
     usage_none: Mapping[str, Any],
     keepalive: float,
     done: list[Stats],
 ) -> AsyncIterator[bytes]:
-    """One choice's events; its stats are appended to `done` once it finished."""
+    """One choice's events, from its job and the queue it feeds (_submit); its stats are
+    appended to `done` once it finished."""
+    job, events = submitted
     calls = None if reply.tools is None else CallFilter(reply.tools.names)
     stream = ChoiceStream(reply, index, LogprobFeed(job.recorder), calls)
     first = True

@@ -74,8 +74,7 @@ def environment(**values: str | None) -> Iterator[None]:
 def pipes_and_devices(model: str | None) -> Tally:
     """A named pipe or a device as a model: refused before it is read, in-process and by `run`."""
     from localspec.core.errors import ModelLoadError
-    from localspec.core.gguf_check import check_gguf
-    from localspec.core.gguf_header import read_header
+    from localspec.core.gguf_header import check_gguf, read_header
 
     tally = Tally("waits: a named pipe or a device as the model")
     folder = Path(tempfile.mkdtemp())

@@ -168,83 +168,104 @@ class Contender:
     open_draft: Callable[[], Backend] | None = None
 
 
+@dataclass(frozen=True)
+class BenchPlan:
+    """How each prompt is run: its request, and how often (see the module doc on min_seconds)."""
+
+    max_tokens: int = 160
+    temperature: float = 0.0
+    repeats: int = 1
+    draft_tokens: DraftTokens = "auto"
+    seed: int = 0  # run r of a prompt takes seed + r
+    min_seconds: float = 0.0
+
+
+OnRun = Callable[[int, int, str], None]  # (done, total, what)
+
+
 def bench(
     target: Backend,
     contenders: Sequence[Contender],
     prompts: Sequence[BenchPrompt],
-    max_tokens: int = 160,
-    temperature: float = 0.0,
-    repeats: int = 1,
-    draft_tokens: DraftTokens = "auto",
-    seed: int = 0,
-    min_seconds: float = 0.0,
-    on_run: Callable[[int, int, str], None] | None = None,
+    plan: BenchPlan = BenchPlan(),
+    on_run: OnRun | None = None,
 ) -> list[BenchRow]:
-    """on_run(done, total, what) is told of each run before it starts; total counts --repeats
-    (--min-seconds may add runs beyond it)."""
-    rows: list[BenchRow] = []
+    """on_run(done, total, what) is told of each run before it starts; total counts the plan's
+    repeats (min_seconds may add runs beyond it)."""
     plain = Contender("none", "none")
     field_ = [plain, *[c for c in contenders if c.label != "none"]]
-    total, done = len(prompts) * repeats * (len(field_) + 1), 0
-    for prompt in prompts:
-        # A fresh runtime per prompt: the controller must adapt within the request.
-        runtimes = {
-            c.label: runtime_for(target, c.draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
-            for c in field_
-            if c.open_draft is None
-        }
-        tallies = {c.label: _Tally() for c in field_}
-        # The prompt from an empty cache, as a peer program's fresh process reads it: a prefix
-        # the last prompt left there was evaluated in other blocks, which can tip a near-tie
-        # (llama.cpp's logits depend on a block's size) and give another answer.
-        target.rollback(0)
-        runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
-        base = tallies["none"]
-        r = 0
-        while r < repeats or (base.seconds < min_seconds and r < repeats * MAX_REPEAT_FACTOR):
-            # Interleaved, so drift in machine speed hits every column alike; plain on both
-            # sides (see the module doc).
-            for c in [*field_, plain]:
-                done += 1
-                if on_run is not None:
-                    label = "plain decoding" if c.label == "none" else c.label
-                    on_run(done, max(total, done), f"prompt {prompt.id!r}, {label}, run {r + 1}")
-                request = {"messages": prompt.messages, "max_tokens": max_tokens, "temperature": temperature}
-                tallies[c.label].add(_timed(c, runtimes, target, draft_tokens, {**request, "seed": seed + r}))
-            r += 1
-        plain_rates = bracketing_means(base.rates)
-        for c in field_:
-            if c.label == "none" and len(field_) > 1:
-                continue
-            t = tallies[c.label]
-            m = t.merged
-            ratios = paired_ratios(bracketing_means(t.rates) if t is base else t.rates, plain_rates)
-            rows.append(
-                BenchRow(
-                    prompt=prompt.id,
-                    strategy=c.label,
-                    plain_tokens_per_s=base.rate,
-                    spec_tokens_per_s=t.rate,
-                    speedup=paired_speedup(ratios),
-                    speedup_low=min(ratios, default=0.0),
-                    speedup_high=max(ratios, default=0.0),
-                    acceptance_rate=m.acceptance_rate,
-                    tokens_per_step=m.tokens_per_step,
-                    mean_gamma=m.mean_gamma,
-                    tokens=t.tokens,
-                    plain_tokens=base.tokens,
-                    peak_rss_mb=peak_rss_mb(),
-                    acceptance_by_position=m.acceptance_by_position[:8],
-                    lookup_share=m.lookup_share,
-                    repeats=r,
-                    bit_exact=m.bit_exact,
-                    inexact_reason=m.inexact_reason,
-                    plain_passes=base.merged.verify_steps,
-                    plain_passes_per_s=base.merged.verify_steps / base.seconds if base.seconds > 0 else 0.0,
-                    answer=base.answer,
-                )
-            )
-    return rows
+    total, done = len(prompts) * plan.repeats * (len(field_) + 1), [0]
+
+    def told(what: str) -> None:
+        done[0] += 1
+        if on_run is not None:
+            on_run(done[0], max(total, done[0]), what)
+
+    return [row for prompt in prompts for row in _bench_prompt(target, field_, prompt, plan, told)]
+
+
+def _bench_prompt(
+    target: Backend,
+    field_: list[Contender],
+    prompt: BenchPrompt,
+    plan: BenchPlan,
+    told: Callable[[str], None],
+) -> list[BenchRow]:
+    """One prompt's rows: every column run plan.repeats times (or more, see min_seconds), interleaved."""
+    # A fresh runtime per prompt: the controller must adapt within the request.
+    runtimes = {
+        c.label: runtime_for(target, c.draft, strategy=c.strategy, draft_tokens=plan.draft_tokens, label=c.label)
+        for c in field_
+        if c.open_draft is None
+    }
+    tallies = {c.label: _Tally() for c in field_}
+    # The prompt from an empty cache, as a peer program's fresh process reads it: a prefix
+    # the last prompt left there was evaluated in other blocks, which can tip a near-tie
+    # (llama.cpp's logits depend on a block's size) and give another answer.
+    target.rollback(0)
+    runtimes["none"].generate(messages=prompt.messages, max_tokens=8, temperature=0)  # warm caches
+    base = tallies["none"]
+    r = 0
+    while r < plan.repeats or (base.seconds < plan.min_seconds and r < plan.repeats * MAX_REPEAT_FACTOR):
+        # Interleaved, so drift in machine speed hits every column alike; plain on both
+        # sides (see the module doc).
+        for c in [*field_, field_[0]]:
+            told(f"prompt {prompt.id!r}, {'plain decoding' if c.label == 'none' else c.label}, run {r + 1}")
+            request = {"messages": prompt.messages, "max_tokens": plan.max_tokens, "temperature": plan.temperature}
+            tallies[c.label].add(_timed(c, runtimes, target, plan.draft_tokens, {**request, "seed": plan.seed + r}))
+        r += 1
+    shown = [c for c in field_ if c.label != "none" or len(field_) == 1]
+    return [_row(prompt.id, c.label, tallies[c.label], base, r) for c in shown]
+
+
+def _row(prompt: str, label: str, t: _Tally, base: _Tally, repeats: int) -> BenchRow:
+    """A column's row on one prompt, its speedup paired with plain decoding's runs (base)."""
+    m = t.merged
+    plain_rates = bracketing_means(base.rates)
+    ratios = paired_ratios(bracketing_means(t.rates) if t is base else t.rates, plain_rates)
+    return BenchRow(
+        prompt=prompt,
+        strategy=label,
+        plain_tokens_per_s=base.rate,
+        spec_tokens_per_s=t.rate,
+        speedup=paired_speedup(ratios),
+        speedup_low=min(ratios, default=0.0),
+        speedup_high=max(ratios, default=0.0),
+        acceptance_rate=m.acceptance_rate,
+        tokens_per_step=m.tokens_per_step,
+        mean_gamma=m.mean_gamma,
+        tokens=t.tokens,
+        plain_tokens=base.tokens,
+        peak_rss_mb=peak_rss_mb(),
+        acceptance_by_position=m.acceptance_by_position[:8],
+        lookup_share=m.lookup_share,
+        repeats=repeats,
+        bit_exact=m.bit_exact,
+        inexact_reason=m.inexact_reason,
+        plain_passes=base.merged.verify_steps,
+        plain_passes_per_s=base.merged.verify_steps / base.seconds if base.seconds > 0 else 0.0,
+        answer=base.answer,
+    )
 
 
 def _timed(

@@ -1,0 +1,138 @@
+"""A drafter head in a llama.cpp context of its own beside its target's (ctx_other): the passes
+that a model's MTP head (mtp.py) and an EAGLE-3 head (eagle3.py) share.
+
+Each reads a token x_q with a state before it: the target's where the target has decoded
+q-1 (HeadOfTarget), else the head's own output there, set as the token's embedding of a
+batch; each output's state (llama.cpp's nextn embeddings) is kept for the positions after it.
+The heads differ in where a state comes from (_states_for) and how a token's cache position
+follows from its own (shift).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp as llama
+import numpy as np
+from llama_cpp import llama_cpp_ext as ext
+
+from localspec.core.errors import InvalidRequestError
+from localspec.core.protocol import Backend, Logits, LogitsMode
+from localspec.core.records import HeadOfTarget
+
+from .features import HiddenRows
+
+
+def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int) -> Any:
+    """A context for a drafter that reads its target's context (ctx_other), as large as the
+    target's; NULL when llama.cpp cannot make it."""
+    cparams = llama.llama_context_default_params()
+    cparams.n_ctx = target.info.n_ctx
+    cparams.n_batch = cparams.n_ubatch = target.capabilities.max_block
+    threads = int(target.capabilities.extra.get("threads", "1"))
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.ctx_type = ctx_type
+    cparams.ctx_other = target_ctx
+    return llama.llama_init_from_model(model, cparams)
+
+
+class ContextHead(HeadOfTarget[np.ndarray]):
+    """A head drafting in a llama.cpp context beside its target's (see the module doc). A
+    subclass sets info and capabilities and says which state each position is read with."""
+
+    # Whether the head's graph computes its output for every token of a pass, so that a pass
+    # costs the same whichever rows are outputs (EAGLE-3's; see _pass).
+    every_row = False
+
+    def __init__(self, target: Backend, ctx: Any, states: HiddenRows, width: int, model: Any = None) -> None:
+        """ctx: the head's context; states: the target's rows it reads; width: its states';
+        model: a file's own model, freed with the context (None: the target's own blocks)."""
+        super().__init__(target)
+        self._states, self._model = states, model
+        self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
+        self.shift = 0  # a token at position q is read at the head's cache position q - shift
+        ext.llama_set_embeddings_nextn(ctx, True, True)  # a row for each output only
+        self._batch = llama.llama_batch_ext_init(ctx)
+        self._width = width
+        self._vocab = target.info.n_vocab
+
+    def _states_for(self, qs: list[int]) -> list[tuple[np.ndarray, bool]]:
+        """The state each of these positions is read with, and whether it is the target's."""
+        raise NotImplementedError
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        n, past = len(tokens), self._admit(tokens, logits)
+        if n == 0:
+            return np.empty((0, self._vocab), dtype=np.float32)
+        frontier = len(self._target.cached_tokens())  # beyond it, drafts need the head's own states
+        picked = range(n) if logits == "all" else ([n - 1] if logits == "last" else [])
+        out = np.empty((len(picked), self._vocab), dtype=np.float32)
+        into = {past + k: out[row] for row, k in enumerate(picked)}  # logits go straight there
+        try:
+            if self.shared:
+                for k, token in enumerate(tokens):
+                    if past + k >= frontier or past + k in into:  # the target's cache holds the others
+                        self._pass([(past + k, int(token), True)], min(past + k, frontier), into)
+            else:
+                wanted = [past + k in into or past + k >= frontier for k in range(n)]
+                self._pass([(past + k, int(t), wanted[k]) for k, t in enumerate(tokens)], None, into)
+        except InvalidRequestError:
+            del self._tokens[past:]
+            raise
+        return out
+
+    def _pass(self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray]) -> None:
+        """One pass over (position, token, output?) entries, each read with the state before it;
+        `at`: the position a shared-cache head writes every token to (its target's next one).
+        Keeps the outputs' states, and writes their logits into the rows `into` holds for them.
+
+        llama.cpp hands back a pass's first rows where a graph computes them for every token
+        (Qwen3.5's MTP states, EAGLE-3's logits), whichever rows were flagged; so every row of
+        a pass is an output, or none is. The outputs are always the last entries (the tokens
+        the target has not decoded, or the one asked for): the rest go in a pass of their own,
+        unless the graph computes every row anyway (every_row)."""
+        split = 0 if self.every_row else next((i for i, (_, _, out) in enumerate(entries) if out), len(entries))
+        if split:
+            self._run(entries[:split], at, into, outputs=False)
+        if split < len(entries):
+            self._run(entries[split:], at, into, outputs=True)
+
+    def _run(
+        self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray], outputs: bool
+    ) -> None:
+        """One llama.cpp pass over the entries, every row an output or none (see _pass)."""
+        llama.llama_batch_ext_clear(self._batch)
+        states: list[np.ndarray] = []  # kept alive until the pass has read them
+        read = self._states_for([q for q, _, _ in entries])
+        for (q, token, _), (state, exact) in zip(entries, read, strict=True):
+            idx = llama.llama_batch_ext_add_token(self._batch, 0, token)
+            position = llama.llama_pos(q - self.shift if at is None else at)
+            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
+            states.append(np.ascontiguousarray(state, dtype=np.float32))
+            embd = llama.llama_embd(states[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
+            llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
+            (self._guessed.discard if exact else self._guessed.add)(q)
+            llama.llama_batch_ext_set_output_logits(self._batch, idx, outputs)
+        rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {entries[0][0]}")
+        for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch
+            if output:
+                state_ptr = ext.llama_get_embeddings_nextn_ith(self._ctx, k)
+                self._own[q] = np.ctypeslib.as_array(state_ptr, shape=(self._width,)).copy()
+            if q in into:
+                into[q][:] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,))
+
+    def _forget(self, position: int) -> None:
+        llama.llama_memory_seq_rm(self._mem, 0, max(position - self.shift, 0), -1)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llama.llama_batch_ext_free(self._batch)
+        llama.llama_free(self._ctx)
+        if self._model is not None:
+            llama.llama_model_free(self._model)
