@@ -36,6 +36,7 @@ from localspec.core.gguf_header import (
     check_gguf,
     diagnose_gguf,
     load_failure_hint,
+    read_header,
 )
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
@@ -46,6 +47,7 @@ from localspec.drafters import cannot_attach
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
 from .dflash import DFlashDrafter, load_dflash_model
+from .dspark import DSparkDrafter, load_dspark
 from .eagle3 import load_eagle3_head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
@@ -713,8 +715,17 @@ class LlamaCppBackend:
         raise cannot_attach(kind, path, self.info.backend)
 
     def attach_block_drafter(self, path: str) -> DFlashDrafter:
-        """DrafterHost: the DFlash drafter in `path`."""
-        return self.dflash_drafter(path)
+        """DrafterHost: the DFlash drafter in `path`, or the DSpark drafter (a DFlash file with a Markov head)."""
+        check_gguf(path)
+        return self.dspark_drafter(path) if read_header(path).block_kind == "dspark" else self.dflash_drafter(path)
+
+    def dspark_drafter(self, path: str) -> DSparkDrafter:
+        """A DSpark drafter GGUF drafting blocks for this target (strategy dspark)."""
+        self._live()
+        threads = int(self.capabilities.extra.get("threads", "1"))
+        drafter = load_dspark(self, self._ctx, path, self._options["gpu_layers"], threads)
+        self._heads.append(drafter)
+        return drafter
 
     def _target_states(self) -> HiddenRows:
         if self._states is None:
