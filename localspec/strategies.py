@@ -360,15 +360,21 @@ BLOCK_DRAFTERS = {"dflash": "DFlash drafter", "dspark": "DSpark drafter"}
 
 
 def _check_block_file(strategy: str, path: str) -> None:
-    """Refuse a drafter file of the other block kind (a DSpark file under dflash, or back),
-    naming the strategy that runs it; a file of no block kind is left to the loader's refusal."""
+    """Refuse a file that is not the strategy's block drafter, naming what runs it: the other
+    block kind (a DSpark file under dflash, or back), or no block drafter at all. A path that
+    is no GGUF is left to the loader's refusal."""
     if not (path.endswith(".gguf") and os.path.isfile(path)):
         return
-    found = read_header(path).block_kind
-    if found is not None and found != strategy:
+    header = read_header(path)
+    found, name = header.block_kind, BLOCK_DRAFTERS[strategy]
+    if found is None:
         raise InvalidRequestError(
-            f"{os.path.basename(path)} is a {BLOCK_DRAFTERS[found]}, not a {BLOCK_DRAFTERS[strategy]}",
-            f"run it with --strategy {found}",
+            f"{os.path.basename(path)} is not a {name} (its architecture is {header.architecture!r})",
+            f"give a {name} GGUF (architecture dflash) with --strategy {strategy}, or use it with --strategy draft",
+        )
+    if found != strategy:
+        raise InvalidRequestError(
+            f"{os.path.basename(path)} is a {BLOCK_DRAFTERS[found]}, not a {name}", f"run it with --strategy {found}"
         )
 
 

@@ -84,8 +84,7 @@ def _wrong_kind(name: str, kind: str, found: str | None, architecture: str) -> t
     if found is None:
         return (
             f"{name} is not a {KINDS[kind]} (its architecture is {architecture!r})",
-            f"give a {KINDS[kind]} GGUF (architecture dflash) with --strategy {kind}, "
-            "or use it with --strategy draft",
+            f"give a {KINDS[kind]} GGUF (architecture dflash) with --strategy {kind}, or use it with --strategy draft",
         )
     what = "a DFlash drafter with DSpark's Markov head" if found == "dspark" else "a DFlash drafter with no Markov head"
     return f"{name} is {what}, not a {KINDS[kind]}", f"run it with --strategy {found}"
@@ -249,7 +248,6 @@ class DFlashDrafter:
         llama.llama_batch_ext_free(self._batch)
         llama.llama_free(self._ctx)
         llama.llama_model_free(self._model)
-
 
     @property
     def _refit(self) -> str:
