@@ -119,6 +119,8 @@ class Strategy:
         self.check_backend(opts.backend)
         if self.name in FEATURE_DRAFTERS:
             _check_head_file(self.name, opts.draft_model)
+        if self.source == "block" and opts.draft_model is not None:
+            _check_block_file(self.name, opts.draft_model)
 
 
 # -- how each row's drafter is built --------------------------------------------------------
@@ -172,12 +174,15 @@ def _derived(row: Strategy, parts: Parts) -> Plan:
 
 
 def _block(row: Strategy, parts: Parts) -> Plan:
+    """A block drafter (DFlash, DSpark): the caller's, or its file's, checked to be of the row's kind."""
     block = parts.block
     if block is None and parts.draft_model is not None:
+        _check_block_file(row.name, parts.draft_model)
         block = dflash_drafter(parts.target, parts.draft_model, parts.on_progress)
     if block is None:
         raise InvalidRequestError(
-            f"strategy {row.name!r} needs a DFlash drafter", "pass its GGUF with --draft-model PATH (or draft_model=)"
+            f"strategy {row.name!r} needs a {BLOCK_DRAFTERS[row.name]}",
+            "pass its GGUF with --draft-model PATH (or draft_model=)",
         )
     lookup = _ngram(parts) if _adaptive(parts) else None
     return _plan(row, parts, block, block_pass_seconds=block.pass_seconds, lookup=lookup)
@@ -186,8 +191,10 @@ def _block(row: Strategy, parts: Parts) -> Plan:
 def _auto(row: Strategy, parts: Parts) -> Plan:
     """The model's own MTP head where it has one and no drafter is given; the drafter given;
     else n-gram lookup."""
-    if parts.draft is not None or parts.block is not None or parts.draft_model is not None:
-        chosen = TABLE["dflash" if parts.block is not None else "draft"]
+    if parts.block is not None:  # a block drafter names its row (dflash, dspark)
+        chosen = TABLE[parts.block.name if parts.block.name in BLOCK_DRAFTERS else "dflash"]
+    elif parts.draft is not None or parts.draft_model is not None:
+        chosen = TABLE["draft"]
     elif parts.target.capabilities.mtp_layers:
         chosen = TABLE["mtp"]
     else:
@@ -239,6 +246,16 @@ _ROWS = (
         backend="dflash",
         refusal="does not run DFlash drafters",
         exports_as="dflash",
+    ),
+    # A DFlash drafter with a Markov head (llama.cpp's draft-dspark): a block per pass, as dflash.
+    Strategy(
+        "dspark",
+        _block,
+        "block",
+        drafter_file="must",
+        backend="dflash",
+        refusal="does not run DSpark drafters",
+        exports_as="dspark",
     ),
     Strategy("eagle3", _model, "file", drafter_file="must", exports_as="eagle3"),
     Strategy("qspec", _derived, "derived", option="TYPE"),
@@ -331,11 +348,34 @@ def derive_drafter(target: Backend, kind: str, option: str | None) -> Backend:
 
 
 def dflash_drafter(target: Backend, path: str, on_progress: Announce | None = None) -> BlockDrafter:
-    """The DFlash drafter in `path`, reading `target`'s layers (strategy dflash)."""
+    """The DFlash or DSpark drafter in `path`, reading `target`'s layers (strategy dflash, dspark)."""
     if not isinstance(target, DrafterHost):
         raise cannot_attach("dflash", path, target.info.backend)
-    with announced(f"loading the DFlash drafter {os.path.basename(path)}", on_progress):
+    with announced(f"loading the block drafter {os.path.basename(path)}", on_progress):
         return target.attach_block_drafter(path)
+
+
+# Block drafters (one pass drafts a block), by strategy: what they are called in messages.
+BLOCK_DRAFTERS = {"dflash": "DFlash drafter", "dspark": "DSpark drafter"}
+
+
+def _check_block_file(strategy: str, path: str) -> None:
+    """Refuse a file that is not the strategy's block drafter, naming what runs it: the other
+    block kind (a DSpark file under dflash, or back), or no block drafter at all. A path that
+    is no GGUF is left to the loader's refusal."""
+    if not (path.endswith(".gguf") and os.path.isfile(path)):
+        return
+    header = read_header(path)
+    found, name = header.block_kind, BLOCK_DRAFTERS[strategy]
+    if found is None:
+        raise InvalidRequestError(
+            f"{os.path.basename(path)} is not a {name} (its architecture is {header.architecture!r})",
+            f"give a {name} GGUF (architecture dflash) with --strategy {strategy}, or use it with --strategy draft",
+        )
+    if found != strategy:
+        raise InvalidRequestError(
+            f"{os.path.basename(path)} is a {BLOCK_DRAFTERS[found]}, not a {name}", f"run it with --strategy {found}"
+        )
 
 
 def is_assistant(path: str) -> bool:

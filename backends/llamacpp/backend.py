@@ -35,6 +35,7 @@ from localspec.core.gguf_header import (
     check_gguf,
     diagnose_gguf,
     load_failure_hint,
+    read_header,
 )
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
@@ -44,6 +45,7 @@ from localspec.drafters import cannot_attach
 
 from . import drafters, library
 from .dflash import DFlashDrafter
+from .dspark import DSparkDrafter
 from .eagle3 import Eagle3Head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
@@ -674,8 +676,14 @@ class LlamaCppBackend:
         raise cannot_attach(kind, path, self.info.backend)
 
     def attach_block_drafter(self, path: str) -> DFlashDrafter:
-        """DrafterHost: the DFlash drafter in `path`."""
-        return self.dflash_drafter(path)
+        """DrafterHost: the DFlash drafter in `path`, or the DSpark drafter (a DFlash file with a Markov head)."""
+        check_gguf(path)
+        return self.dspark_drafter(path) if read_header(path).block_kind == "dspark" else self.dflash_drafter(path)
+
+    def dspark_drafter(self, path: str) -> DSparkDrafter:
+        """A DSpark drafter GGUF drafting blocks for this target (strategy dspark)."""
+        self._live()
+        return self._adopt(drafters.dspark_drafter(self._host(), path))
 
     def dflash_drafter(self, path: str) -> DFlashDrafter:
         """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import check_gguf, diagnose_gguf
+from localspec.core.gguf_header import check_gguf, diagnose_gguf, read_header
 from localspec.core.protocol import Draft, ModelInfo, common_prefix
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives, top_k_branches
@@ -58,26 +58,37 @@ class FeatureTarget(Protocol):
     def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows: ...
 
 
-def load_dflash_model(path: str, gpu_layers: int) -> Any:
-    """The drafter's llama_model, refused with a clear message when it is not a DFlash GGUF."""
+def load_dflash_model(path: str, gpu_layers: int, kind: str = "dflash") -> Any:
+    """The drafter's llama_model, refused with a clear message when it is not a GGUF of `kind`
+    ("dflash", or "dspark": a dflash file with a Markov head, backends/llamacpp/dspark.py)."""
     check_gguf(path)
+    name, found = os.path.basename(path), read_header(path)
+    if found.block_kind != kind:
+        raise InvalidRequestError(*_wrong_kind(name, kind, found.block_kind, found.architecture))
     mparams = llama.llama_model_default_params()
     mparams.n_gpu_layers = gpu_layers
     model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
     if not model:
         raise ModelLoadError(
             f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-            "download the DFlash drafter again, or draft with --strategy ngram",
-        )
-    arch = ctypes.create_string_buffer(64)
-    llama.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
-    if arch.value != b"dflash":
-        llama.llama_model_free(model)
-        raise InvalidRequestError(
-            f"{os.path.basename(path)} is not a DFlash drafter (its architecture is {arch.value.decode()!r})",
-            "give a DFlash GGUF (architecture dflash) with --strategy dflash, or use it with --strategy draft",
+            f"download the {KINDS[kind]} again, or draft with --strategy ngram",
         )
     return model
+
+
+# What each block drafter is called in messages, by strategy.
+KINDS = {"dflash": "DFlash drafter", "dspark": "DSpark drafter"}
+
+
+def _wrong_kind(name: str, kind: str, found: str | None, architecture: str) -> tuple[str, str]:
+    """The refusal of a file that is not the block drafter asked for, and what to run it with."""
+    if found is None:
+        return (
+            f"{name} is not a {KINDS[kind]} (its architecture is {architecture!r})",
+            f"give a {KINDS[kind]} GGUF (architecture dflash) with --strategy {kind}, or use it with --strategy draft",
+        )
+    what = "a DFlash drafter with DSpark's Markov head" if found == "dspark" else "a DFlash drafter with no Markov head"
+    return f"{name} is {what}, not a {KINDS[kind]}", f"run it with --strategy {found}"
 
 
 class DFlashDrafter:
@@ -85,6 +96,8 @@ class DFlashDrafter:
 
     name = "dflash"
     off_notice: str | None = None
+    # The block pass's first row that guesses a token: DFlash's anchor row guesses nothing.
+    first_row = 1
 
     def __init__(self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int) -> None:
         self._target, self._model = target, model
@@ -93,11 +106,12 @@ class DFlashDrafter:
         try:
             self._check_vocab(target)
             width = int(llama.llama_model_n_embd(model))
-            self._features = target.layer_features(target_layer_ids(model), width, self.file, "DFlash drafter")
+            self._features = target.layer_features(target_layer_ids(model), width, self.file, KINDS[self.name])
             self.block = self._block_size()
+            self.most = self.block - self.first_row  # the most tokens a pass guesses
             self._mask = int(llama.llama_vocab_mask(llama.llama_model_get_vocab(model)))
             if self._mask < 0:
-                raise ModelLoadError(f"{self.file} has no mask token (tokenizer.ggml.mask_token_id)", _REFIT)
+                raise ModelLoadError(f"{self.file} has no mask token (tokenizer.ggml.mask_token_id)", self._refit)
             self._ctx = self._context(target, target_ctx, threads)
         except BaseException:
             llama.llama_model_free(model)
@@ -121,7 +135,7 @@ class DFlashDrafter:
             raise ModelLoadError(
                 f"{self.file} has a vocabulary of {n_vocab} tokens, {target.info.name} one of {target.info.n_vocab}: "
                 "it was made for another model",
-                _REFIT,
+                self._refit,
             )
 
     def _block_size(self) -> int:
@@ -138,15 +152,15 @@ class DFlashDrafter:
         cparams.ctx_other = target_ctx  # the target's embeddings and head, where the drafter ships none
         ctx = llama.llama_init_from_model(self._model, cparams)
         if not ctx:
-            raise ModelLoadError(f"llama.cpp could not open a context for {self.file}", _REFIT)
+            raise ModelLoadError(f"llama.cpp could not open a context for {self.file}", self._refit)
         llama.llama_set_causal_attn(ctx, False)  # a block reads itself whole
         return ctx
 
     def _time_pass(self) -> float:
         """Seconds of one block pass at position 0 (the first pass builds the graph: not timed)."""
-        self._pass(self._mask, 0, self.block - 1)
+        self._pass(self._mask, 0, self.most)
         t0 = time.perf_counter()
-        self._pass(self._mask, 0, self.block - 1)
+        self._pass(self._mask, 0, self.most)
         return time.perf_counter() - t0
 
     # -- the cache: the target's features at committed positions ----------------------------
@@ -175,7 +189,8 @@ class DFlashDrafter:
 
     def _pass(self, anchor: int, at: int, wanted: int) -> np.ndarray:
         """One block pass with the anchor at position `at`: the logits of the first `wanted`
-        mask positions (the guesses for at+1..at+wanted). The block leaves the cache after it."""
+        rows that guess (from first_row: the guesses for at+1..at+wanted). The block leaves
+        the cache after it."""
         size = min(self.block, self._target.info.n_ctx - at)
         llama.llama_batch_ext_clear(self._batch)
         for k in range(size):
@@ -190,7 +205,7 @@ class DFlashDrafter:
         finally:
             llama.llama_memory_seq_rm(self._mem, 0, at, -1)
         ptr = llama.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[1 : 1 + wanted]
+        return np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[self.first_row : self.first_row + wanted]
 
     def _process(self, what: str) -> None:
         rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
@@ -208,7 +223,7 @@ class DFlashDrafter:
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         self._live()
         at = len(context) - 1  # the anchor: the target's last token, which it has not evaluated yet
-        n = min(n, self.block - 1, self._target.info.n_ctx - at - 1)
+        n = min(n, self.most, self._target.info.n_ctx - at - 1)
         if n <= 0:
             return Draft()
         self._rollback(min(common_prefix(self._tokens, context), at))
@@ -225,7 +240,7 @@ class DFlashDrafter:
 
     def _live(self) -> None:
         if self._closed:
-            raise InvalidRequestError(f"the DFlash drafter {self.file} was closed", "load the model again")
+            raise InvalidRequestError(f"the {KINDS[self.name]} {self.file} was closed", "load the model again")
 
     def close(self) -> None:
         if self._closed:
@@ -235,8 +250,9 @@ class DFlashDrafter:
         llama.llama_free(self._ctx)
         llama.llama_model_free(self._model)
 
-
-_REFIT = "use the DFlash drafter made for this target (its pair in models.toml), or --strategy ngram"
+    @property
+    def _refit(self) -> str:
+        return f"use the {KINDS[self.name]} made for this target (its pair in models.toml), or --strategy ngram"
 
 
 def _read_block(

@@ -22,6 +22,7 @@ from localspec.core.protocol import Backend
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
 from .dflash import DFlashDrafter, FeatureTarget, load_dflash_model
+from .dspark import DSparkDrafter, load_dspark
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows
 from .mtp import MtpHead
@@ -106,6 +107,12 @@ def dflash_drafter(host: Host, path: str) -> DFlashDrafter:
     model = load_dflash_model(path, host.options["gpu_layers"])
     threads = int(host.target.capabilities.extra.get("threads", "1"))
     return DFlashDrafter(host.target, host.ctx, model, path, threads)
+
+
+def dspark_drafter(host: Host, path: str) -> DSparkDrafter:
+    """A DSpark drafter GGUF (a DFlash file with a Markov head) drafting blocks for this target."""
+    threads = int(host.target.capabilities.extra.get("threads", "1"))
+    return load_dspark(host.target, host.ctx, path, host.options["gpu_layers"], threads)
 
 
 def self_drafter(host: Host, kind: str, option: str | None) -> Backend:

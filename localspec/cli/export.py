@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
     p.add_argument("--to", required=True, choices=ENGINES, help="the serving engine")
     p.add_argument(
         "--strategy",
-        choices=["draft", "ngram", "mtp", "dflash", "eagle3"],
+        choices=["draft", "ngram", "mtp", "dflash", "dspark", "eagle3"],
         help="default: the pair's (a DFlash pair's is dflash), or mtp where the target ships an MTP assistant",
     )
     p.add_argument("--draft-tokens", type=int, metavar="N", help="draft length (default: the pair's, or 4; 3 for MTP)")

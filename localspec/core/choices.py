@@ -13,7 +13,8 @@ DEFAULT_BACKEND = "llamacpp"  # what --backend is when not given
 # Backends a models.toml model can give files for (the reference model is a spec, not a file).
 PULLABLE_BACKENDS = ("llamacpp", "mlx", "torch")
 
-STRATEGIES = ("auto", "none", "ngram", "draft", "dflash")  # dflash: a DFlash drafter file, as --draft-model
+# dflash, dspark: a DFlash or DSpark drafter file, as --draft-model
+STRATEGIES = ("auto", "none", "ngram", "draft", "dflash", "dspark")
 # Drafters derived from the target itself, and what may follow the colon.
 SELF_DRAFTING = {"qspec": "TYPE", "layerskip": "L", "mtp": ""}  # mtp: the model's own MTP head
 SELF_DRAFTING_STRATEGY = re.compile(rf"^({'|'.join(SELF_DRAFTING)})(:[\w.]+)?$")
@@ -27,7 +28,7 @@ _SPELLED = [
     *FEATURE_DRAFTERS,
     *(f"{kind}[:{option}]" if option else kind for kind, option in SELF_DRAFTING.items()),
 ]
-EVERY_STRATEGY = ", ".join(_SPELLED)  # auto, none, ngram, draft, dflash, eagle3, qspec[:TYPE], layerskip[:L], mtp
+EVERY_STRATEGY = ", ".join(_SPELLED)  # auto, none, ngram, draft, dflash, dspark, eagle3, qspec[:TYPE], ...
 STRATEGY_HELP = ", ".join(_SPELLED[1:-1]) + f" or {_SPELLED[-1]}"  # for a --strategy whose default is auto
 
 # A fixed number of drafted tokens per step, or "auto": the controller picks it every step.

@@ -67,6 +67,8 @@ class GGUFTensor:
 
 # llama.cpp's architecture name (with its hyphen) of Gemma 4's MTP assistant, a file of its own.
 ASSISTANT_ARCHITECTURE = "gemma4-assistant"
+# A DSpark drafter is a dflash file with a Markov head: llama.cpp tells the two by this tensor.
+MARKOV_HEAD_TENSOR = "markov_w1.weight"
 
 
 @dataclass
@@ -91,6 +93,14 @@ class GGUFHeader:
     def is_assistant(self) -> bool:
         """An MTP assistant file (Gemma 4's), which drafts from inside its target's context."""
         return self.architecture == ASSISTANT_ARCHITECTURE
+
+    @property
+    def block_kind(self) -> str | None:
+        """The block drafter the file is: "dspark" (a dflash file with a Markov head, as
+        llama.cpp's common/speculative.cpp tells them), "dflash", or None for neither."""
+        if self.architecture != "dflash":
+            return None
+        return "dspark" if any(t.name == MARKOV_HEAD_TENSOR for t in self.tensors) else "dflash"
 
 
 class _Cursor:

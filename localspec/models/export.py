@@ -31,6 +31,11 @@ FIXED_MTP_DRAFT_TOKENS = 3
 # A DFlash drafter proposes its trained block (16: anchor and 15 guesses) in one pass: the
 # engines' DFlash examples verify all 15.
 FIXED_DFLASH_DRAFT_TOKENS = 15
+# A DSpark drafter's anchor row guesses too (DeepSpec's layout), so a block of 16 guesses 16;
+# llama.cpp clamps --spec-draft-n-max to the drafter's trained block (docs/speculative.md).
+FIXED_DSPARK_DRAFT_TOKENS = 16
+# Where llama.cpp's draft-dspark is documented, and that the other engines document none.
+DSPARK_ENGINES = ("llama-server",)
 # The n-gram sizes vLLM tries, longest first: localspec also copies the longest earlier match.
 PROMPT_LOOKUP_MAX = 5
 PROMPT_LOOKUP_MIN = 2
@@ -83,11 +88,16 @@ def export_pair(
 ) -> Export:
     """The command serving `pair` on `engine` with speculation. strategy (default: the
     pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram",
-    "mtp", "dflash" or "eagle3"; ggufs finds the pulled GGUF files for llama-server."""
+    "mtp", "dflash", "dspark" or "eagle3"; ggufs finds the pulled GGUF files for llama-server."""
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
     notes: list[str] = []
     method = _method(pair, strategy, notes)
+    if method == "dspark" and engine not in DSPARK_ENGINES:
+        raise ExportError(
+            f"{engine} documents no DSpark method (llama.cpp's draft-dspark is the only engine spelling)",
+            "export it --to llama-server, or with --strategy ngram",
+        )
     if method == "eagle3":
         return _export_eagle3(pair, engine, draft_tokens, ggufs, notes)
     if engine == "llama-server":
@@ -139,9 +149,9 @@ def _export_llama_server(
     if method == "mtp":
         assistant = _sidecar_path(pair, target) or drafter
         return Export(engine, _llama_server_mtp(target, assistant, k), tuple(notes))
-    if method == "dflash":
-        assert drafter is not None  # a dflash pair has a drafter (registry)
-        return Export(engine, _llama_server_dflash(target, drafter, k), tuple(notes))
+    if method in ("dflash", "dspark"):
+        assert drafter is not None  # a dflash or dspark pair has a drafter (registry)
+        return Export(engine, _llama_server_dflash(target, drafter, k, f"draft-{method}"), tuple(notes))
     return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
 
 
@@ -149,7 +159,7 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
     """The engines' method for the strategy asked for (default: the pair's, or the MTP
     drafter a pair has unless it keeps a DFlash drafter), by the strategy table's row."""
     kept = _exported_as(pair.strategy)
-    chosen = strategy or ("mtp" if pair.mtp is not None and kept != "dflash" else pair.strategy)
+    chosen = strategy or ("mtp" if pair.mtp is not None and kept not in ("dflash", "dspark") else pair.strategy)
     row = TABLE.get(chosen.partition(":")[0])
     method = row.exports_as if row is not None else "ngram"
     if method == "auto":
@@ -163,6 +173,8 @@ def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:
         )
     if method == "dflash" and kept != "dflash":
         raise ExportError(f"pair {pair.id!r} has no DFlash drafter", "export it with its strategy, or --strategy ngram")
+    if method == "dspark" and kept != "dspark":
+        raise ExportError(f"pair {pair.id!r} has no DSpark drafter", "export it with its strategy, or --strategy ngram")
     if row is None or (method == "ngram" and row.source != "lookup" and not row.chooses):
         notes.append(f"no engine has localspec's {chosen!r}: exported as n-gram lookup instead")
     return method
@@ -177,9 +189,12 @@ def _exported_as(strategy: str) -> str:
 def _fixed_draft_tokens(pair: Pair, engine: str, method: str, notes: list[str]) -> int:
     if pair.draft_tokens != "auto":
         return pair.draft_tokens
-    fixed = {"mtp": FIXED_MTP_DRAFT_TOKENS, "eagle3": FIXED_MTP_DRAFT_TOKENS, "dflash": FIXED_DFLASH_DRAFT_TOKENS}.get(
-        method, FIXED_DRAFT_TOKENS
-    )  # EAGLE-3 and MTP: one-block heads
+    fixed = {
+        "mtp": FIXED_MTP_DRAFT_TOKENS,
+        "eagle3": FIXED_MTP_DRAFT_TOKENS,  # EAGLE-3 and MTP: one-block heads
+        "dflash": FIXED_DFLASH_DRAFT_TOKENS,
+        "dspark": FIXED_DSPARK_DRAFT_TOKENS,
+    }.get(method, FIXED_DRAFT_TOKENS)
     notes.append(
         f"localspec adapts the draft length to the machine and the text; {engine} takes a fixed one: "
         f"{fixed} (change it with --draft-tokens)"
@@ -284,9 +299,10 @@ def _dflash(engine: str, target: str, drafter: str, k: int) -> tuple[str, ...]:
     return tuple(argv)
 
 
-def _llama_server_dflash(target: Path, drafter: Path, k: int) -> tuple[str, ...]:
+def _llama_server_dflash(target: Path, drafter: Path, k: int, spec_type: str = "draft-dflash") -> tuple[str, ...]:
+    """llama-server's draft-dflash, or draft-dspark (the same flags: p-min 0 reads no confidence head)."""
     argv = ["llama-server", "-m", str(target), "--host", HOST, "-md", str(drafter)]
-    argv += ["--spec-type", "draft-dflash", "--spec-draft-n-max", str(k)]
+    argv += ["--spec-type", spec_type, "--spec-draft-n-max", str(k)]
     argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", str(LLAMA_SERVER_P_MIN)]
     return tuple(argv)
 
