@@ -610,13 +610,17 @@ class _Output:
         self.text = text
         self.calls = None if tools is None else CallFilter(tools.names)
         self.recorder = recorder
+        self.read = 0  # the recorder's entries handed out with deltas so far
         self.shown: list[str] = []
         self.tool_calls: tuple[ToolCall, ...] = ()
 
     def step(self, step: Step, stats: Stats) -> TextDelta:
         n = step.n_from_draft
         flags = (True,) * n + (False,) * (len(step.tokens) - n)
-        logprobs = () if self.recorder is None else tuple(self.recorder.take(len(step.tokens)))
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if self.recorder is not None:  # read by position: a server's feed takes from the same recorder
+            logprobs = tuple(self.recorder.entries[self.read : self.read + len(step.tokens)])
+            self.read += len(logprobs)
         return TextDelta(self._show(self.text.push(step.tokens)), step.tokens, flags, step, stats, logprobs)
 
     def tail(self) -> str:
