@@ -201,7 +201,7 @@ def test_each_delta_carries_its_tokens_logprobs(rt: Runtime) -> None:
     [{"frequency_penalty": 1.5}, {"presence_penalty": 2.0, "frequency_penalty": 0.5}, {"repeat_penalty": 1.6}],
 )
 def test_penalties_as_keywords_change_the_text_as_servings_do(
-    rt: Runtime, server: LocalServer, penalty: dict[str, float]
+    rt: Runtime, server: LocalServer, penalty: dict[str, Any]
 ) -> None:
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
     served = client.completions.create(
