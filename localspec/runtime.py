@@ -204,7 +204,11 @@ class Runtime:
         even a long prompt evaluation. sampling defaults to SamplingConfig(); knobs
         (temperature=0, seed=1...) change its fields. response_format (OpenAI's shapes:
         {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}) or
-        json_schema (a JSON schema itself) constrain the answer to that JSON (see constraint())."""
+        json_schema (a JSON schema itself, or a pydantic model class) constrain the answer to that
+        JSON (see constraint()). tools (OpenAI's tools or pydantic model classes) and
+        tool_choice offer functions as serve does: Finished.tool_calls has the calls, and
+        the text shows none. logprobs=True (top_logprobs=N alternatives) puts each token's
+        log-probability in TextDelta.logprobs; penalties are knobs too (frequency_penalty=...)."""
         check_cancel(cancel)
         request = Request(
             prompt,
@@ -379,10 +383,11 @@ class Runtime:
 
     def _request_tokens(self, request: Request, tools: ToolRequest | None) -> list[int]:
         prompt = request.prompt
-        if tools is not None:  # the functions are described in the chat: messages= it must be
-            if request.messages is None or prompt is not None:
+        if tools is not None:  # the functions are described in the chat: a chat it must be
+            given, messages = (prompt, None) if isinstance(prompt, Prompt) else chat_as_prompt(prompt, request.messages)
+            if messages is None or given is not None:
                 raise InvalidRequestError("tools= needs a chat", "give messages=[...] instead of prompt=")
-            tokens = self.tool_prompt(tools, request.messages)
+            tokens = self.tool_prompt(tools, messages)
         elif isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
             if request.messages is not None:
                 raise InvalidRequestError("give either prompt= or messages=, not both")

@@ -116,6 +116,14 @@ def test_a_call_goes_back_into_the_chat_for_the_next_turn(rt: Runtime) -> None:
     assert after.stats.prompt_tokens > first.stats.prompt_tokens and after.finish_reason in ("stop", "max_tokens")
 
 
+@pytest.mark.model
+@pytest.mark.asyncio
+async def test_agenerate_takes_tools_and_a_positional_chat(rt: Runtime) -> None:
+    out = await rt.agenerate(ASK_WEATHER, tools=[Weather], tool_choice="required", max_tokens=48, temperature=0)
+    assert out.finish_reason == "tool_calls"
+    out.tool_calls[0].parse(Weather)
+
+
 BAD_TOOLS: dict[str, tuple[dict[str, Any], str]] = {
     "forced-without-tools": (dict(tool_choice="required"), "tool_choice"),
     "not-a-tool": (dict(tools=[{"name": "f"}]), "tools[0]"),
