@@ -18,8 +18,9 @@ from localspec.core.errors import (
 )
 from localspec.core.options import LoadOptions
 from localspec.core.progress import LoadProgress
-from localspec.core.sampling import SamplingConfig
+from localspec.core.sampling import SamplingConfig, TokenLogprob
 from localspec.core.stats import Stats
+from localspec.core.tools import ToolCall, ToolRequestError
 
 __all__ = [
     "BackendClosedError",
@@ -43,6 +44,9 @@ __all__ = [
     "Stats",
     "Stream",
     "TextDelta",
+    "TokenLogprob",
+    "ToolCall",
+    "ToolRequestError",
     "load",
 ]
 __version__ = "0.1.0"

@@ -5,8 +5,8 @@ stream of events. localspec.api loads one; this module is what it hands back.
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -18,12 +18,20 @@ from localspec.control.trees import attach_trees
 from localspec.core.engine import Engine, check_fits
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
-from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, json_schema_of
+from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, is_schema_model, json_schema_of
 from localspec.core.protocol import DraftLengthPolicy
-from localspec.core.sampling import KNOBS, SamplingConfig
+from localspec.core.sampling import (
+    KNOBS,
+    PENALTIES,
+    LogprobRecorder,
+    SamplingConfig,
+    TokenLogprob,
+    check_top_logprobs,
+)
 from localspec.core.stats import Stats, Step
 from localspec.core.templates import chat_tokens, normalize_messages, render_chat
 from localspec.core.textstream import TextAssembler
+from localspec.core.tools import CallFilter, ToolCall, ToolRequest, tool_request, tool_style, with_calls
 from localspec.core.validate import chat_as_prompt, check_cancel, check_limits, clean_text
 from localspec.drafters import Drafter
 from localspec.strategies import Plan
@@ -42,13 +50,21 @@ class TextDelta:
     from_draft: tuple[bool, ...]
     step: Step | None = None
     stats: Stats | None = None
+    # With logprobs=True: tokens[i]'s log-probability and its top_logprobs alternatives.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
 class Finished:
+    """The end of a stream: the whole text (with tools offered, what is not a call: the
+    TextDeltas' texts joined), the request's stats and why it ended ("tool_calls" where the
+    model called a tool)."""
+
     text: str
     stats: Stats
     finish_reason: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] | None = None  # every token's, with logprobs=True
 
 
 Event = TextDelta | Finished
@@ -56,10 +72,15 @@ Event = TextDelta | Finished
 
 @dataclass(frozen=True)
 class Completion:
+    """generate()'s answer: text (with tools offered, what is not a call), its tokens, stats,
+    finish reason, the calls the model made, and each token's logprobs (logprobs=True)."""
+
     text: str
     tokens: list[int]
     stats: Stats
     finish_reason: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # logprobs[i] is tokens[i]'s
 
 
 @dataclass(frozen=True)
@@ -166,9 +187,13 @@ class Runtime:
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        json_schema: Mapping[str, Any] | None = None,
+        response_format: Mapping[str, Any] | type | None = None,
+        json_schema: Mapping[str, Any] | type | None = None,
         timeout: float | None = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         **knobs: Any,
     ) -> Stream:
         """A Stream of TextDelta events as text becomes final, then one Finished event. It
@@ -179,10 +204,24 @@ class Runtime:
         even a long prompt evaluation. sampling defaults to SamplingConfig(); knobs
         (temperature=0, seed=1...) change its fields. response_format (OpenAI's shapes:
         {"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": ...}}) or
-        json_schema (a JSON schema itself) constrain the answer to that JSON (see constraint())."""
+        json_schema (a JSON schema itself, or a pydantic model class) constrain the answer to that
+        JSON (see constraint()). tools (OpenAI's tools or pydantic model classes) and
+        tool_choice offer functions as serve does: Finished.tool_calls has the calls, and
+        the text shows none. logprobs=True (top_logprobs=N alternatives) puts each token's
+        log-probability in TextDelta.logprobs; penalties are knobs too (frequency_penalty=...)."""
         check_cancel(cancel)
         request = Request(
-            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+            prompt,
+            messages,
+            max_tokens,
+            stop,
+            cancel,
+            sampling,
+            response_format,
+            json_schema,
+            timeout,
+            knobs,
+            Asked(tools, tool_choice, logprobs, top_logprobs),
         )
         turn: Turn[Event] = Turn()
         self._start(request, turn)
@@ -197,15 +236,29 @@ class Runtime:
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        json_schema: Mapping[str, Any] | None = None,
+        response_format: Mapping[str, Any] | type | None = None,
+        json_schema: Mapping[str, Any] | type | None = None,
         timeout: float | None = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         **knobs: Any,
     ) -> Completion:
         """stream()'s answer in one piece."""
         check_cancel(cancel)
         request = Request(
-            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+            prompt,
+            messages,
+            max_tokens,
+            stop,
+            cancel,
+            sampling,
+            response_format,
+            json_schema,
+            timeout,
+            knobs,
+            Asked(tools, tool_choice, logprobs, top_logprobs),
         )
         turn: Turn[Event] = Turn()
         self._start(request, turn)
@@ -225,9 +278,13 @@ class Runtime:
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        json_schema: Mapping[str, Any] | None = None,
+        response_format: Mapping[str, Any] | type | None = None,
+        json_schema: Mapping[str, Any] | type | None = None,
         timeout: float | None = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         **knobs: Any,
     ) -> AsyncStream[Event]:
         """stream() for asyncio: `async for event in runtime.astream(...)`. The request is
@@ -237,7 +294,17 @@ class Runtime:
         `async with runtime.astream(...) as events:`) stops the request without waiting."""
         check_cancel(cancel)
         request = Request(
-            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+            prompt,
+            messages,
+            max_tokens,
+            stop,
+            cancel,
+            sampling,
+            response_format,
+            json_schema,
+            timeout,
+            knobs,
+            Asked(tools, tool_choice, logprobs, top_logprobs),
         )
         return AsyncStream(self._turns, lambda turn: self._start(request, turn))
 
@@ -250,16 +317,30 @@ class Runtime:
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        json_schema: Mapping[str, Any] | None = None,
+        response_format: Mapping[str, Any] | type | None = None,
+        json_schema: Mapping[str, Any] | type | None = None,
         timeout: float | None = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
         **knobs: Any,
     ) -> Completion:
         """generate() for asyncio: `await runtime.agenerate(...)`; cancelling the awaiting task
         stops the request (see astream())."""
         check_cancel(cancel)
         request = Request(
-            prompt, messages, max_tokens, stop, cancel, sampling, response_format, json_schema, timeout, knobs
+            prompt,
+            messages,
+            max_tokens,
+            stop,
+            cancel,
+            sampling,
+            response_format,
+            json_schema,
+            timeout,
+            knobs,
+            Asked(tools, tool_choice, logprobs, top_logprobs),
         )
         answer = _Answer()
         async with AsyncStream(self._turns, lambda turn: self._start(request, turn)) as events:
@@ -271,25 +352,70 @@ class Runtime:
     def _start(self, request: Request, turn: Turn[Event]) -> None:
         """Check and tokenize a request, give the turn its events and take the runtime for it."""
         self._turns.check_open()
-        cfg = sampling_config(request.sampling, request.knobs)
-        constraint = self.constraint(request.response_format, request.json_schema)
-        if constraint is not None:
-            if cfg.constraint is not None:
-                raise InvalidRequestError("give response_format/json_schema or sampling.constraint, not both")
-            cfg = replace(cfg, constraint=constraint)
+        tools = tool_request(request.asked.tools, request.asked.tool_choice)
+        cfg = self._request_sampling(request, tools)
         max_tokens, stop = check_limits(request.max_tokens, request.stop)
         if request.timeout is not None and not (isinstance(request.timeout, (int, float)) and request.timeout >= 0):
             raise InvalidRequestError(f"timeout must be seconds >= 0 or None, got {request.timeout!r}")
+        tokens = self._request_tokens(request, tools)
+        output = _Output(TextAssembler(self.target.token_bytes, stop), tools, cfg.logprobs)
+        turn.events = self._run(tokens, max_tokens, cfg, output, _Stopping(turn, request.cancel))
+        self._turns.take(turn, request.timeout)
+
+    def _request_sampling(self, request: Request, tools: ToolRequest | None) -> SamplingConfig:
+        """The request's sampling with its own parts: its grammar (a JSON schema, or a forced
+        tool call) and its logprob recorder."""
+        cfg = sampling_config(request.sampling, request.knobs)
+        constraint = self.constraint(request.response_format, request.json_schema)
+        if tools is not None and tools.forced:
+            if constraint is not None:
+                raise InvalidRequestError(
+                    "a forced tool call and response_format/json_schema both say what the answer is",
+                    "give one: tool_choice='auto' lets the model answer in the schema or call a tool",
+                )
+            constraint = self.tool_constraint(tools)
+        if constraint is not None:
+            if cfg.constraint is not None:
+                raise InvalidRequestError("give response_format/json_schema/tools or sampling.constraint, not both")
+            cfg = replace(cfg, constraint=constraint)
+        recorder = request.asked.recorder(self.target.token_bytes)
+        return cfg if recorder is None else replace(cfg, logprobs=recorder)
+
+    def _request_tokens(self, request: Request, tools: ToolRequest | None) -> list[int]:
         prompt = request.prompt
-        if isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
+        if tools is not None:  # the functions are described in the chat: a chat it must be
+            given, messages = (prompt, None) if isinstance(prompt, Prompt) else chat_as_prompt(prompt, request.messages)
+            if messages is None or given is not None:
+                raise InvalidRequestError("tools= needs a chat", "give messages=[...] instead of prompt=")
+            tokens = self.tool_prompt(tools, messages)
+        elif isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
             if request.messages is not None:
                 raise InvalidRequestError("give either prompt= or messages=, not both")
             tokens = list(prompt.ids)
-            check_fits(tokens, self.target.info.n_ctx)
         else:
-            tokens = list(self.prepare(prompt, request.messages).ids)
-        turn.events = self._run(tokens, max_tokens, cfg, stop, _Stopping(turn, request.cancel))
-        self._turns.take(turn, request.timeout)
+            return list(self.prepare(prompt, request.messages).ids)
+        check_fits(tokens, self.target.info.n_ctx)
+        return tokens
+
+    def tool_prompt(self, tools: ToolRequest, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """A chat offered tools, as token ids: through the model's own template where it renders
+        tools, else with Hermes' system block (the grammar of a forced call follows the same).
+        serve's chats with tools go through here too."""
+        target = self.target
+        template = target.chat_template()
+        given = normalize_messages(with_calls(messages))
+        if not tool_style(template).native:
+            return self.prompt_tokens(messages=tools.messages(given))
+        chat = normalize_messages(tools.native_messages(given))
+        text = render_chat(template, chat, target.special_texts(), tools=tools.tools(), source=target.info.path)
+        return chat_tokens(target, text, [m["content"] for m in chat])
+
+    def tool_constraint(self, tools: ToolRequest) -> GrammarConstraint:
+        """A forced call's grammar, in the call format the model's template implies (one of the
+        offered functions, its arguments valid for its schema)."""
+        grammars = self.grammars
+        style = tool_style(self.target.chat_template())
+        return grammars.lark(tools.grammar(style.format, grammars.spell), "tools")
 
     @property
     def grammars(self) -> Grammars:
@@ -300,31 +426,37 @@ class Runtime:
         return self._grammars
 
     def constraint(
-        self, response_format: Mapping[str, Any] | None = None, json_schema: Mapping[str, Any] | None = None
+        self,
+        response_format: Mapping[str, Any] | type | None = None,
+        json_schema: Mapping[str, Any] | type | None = None,
     ) -> GrammarConstraint | None:
         """A fresh constraint for one request (it keeps that request's grammar state): the JSON
-        an OpenAI response_format or a JSON schema asks for; None for free text. A schema that
-        cannot be compiled raises InvalidRequestError saying why."""
+        an OpenAI response_format, a JSON schema or a pydantic model class asks for; None for
+        free text. Strict: objects are closed to keys their schema does not list, unless it
+        says additionalProperties (pydantic: extra="allow"), or response_format's json_schema
+        says "strict": false. A schema that cannot be compiled raises InvalidRequestError."""
         if response_format is not None and json_schema is not None:
             raise InvalidRequestError("give response_format= or json_schema=, not both")
         if json_schema is not None:
-            if not isinstance(json_schema, Mapping):
+            if not isinstance(json_schema, Mapping) and not is_schema_model(json_schema):
                 raise InvalidRequestError(
-                    f"json_schema must be a dict (a JSON schema), got {type(json_schema).__name__}",
+                    f"json_schema must be a dict (a JSON schema) or a pydantic model class, "
+                    f"got {type(json_schema).__name__}",
                     'e.g. json_schema={"type": "object", "properties": {"name": {"type": "string"}}}',
                 )
             schema = json_schema_of({"type": "json_schema", "json_schema": {"schema": json_schema}})
             return None if schema is None else self.grammars.json_schema(schema, "json_schema")
         if response_format is None:
             return None
-        return self.grammars.constraint(response_format)
+        schema = json_schema_of(response_format)
+        return None if schema is None else self.grammars.json_schema(schema)
 
     def _run(
         self,
         tokens: list[int],
         max_tokens: int,
         cfg: SamplingConfig,
-        stop: Sequence[str],
+        output: _Output,
         stopping: _Stopping,
     ) -> Generator[Event, None, None]:
         stats = Stats(strategy=self.label)
@@ -335,28 +467,24 @@ class Runtime:
         said = list(tokens)  # the prompt, then the answer: what the memory keeps
         try:
             rng = np.random.default_rng(cfg.seed)
-            text = TextAssembler(self.target.token_bytes, stop)
             steps = self.engine.generate(tokens, max_tokens, cfg, self.policy, stats, rng, stopping)
             for step in steps:
                 said.extend(step.tokens)
-                delta = text.push(step.tokens)
-                n = step.n_from_draft
-                flags = (True,) * n + (False,) * (len(step.tokens) - n)
-                yield TextDelta(delta, step.tokens, flags, step, stats)
-                if text.stopped:
+                yield output.step(step, stats)
+                if output.text.stopped:
                     stats.finish_reason = "stop"
                     break
             if (busy := threads_notice(self.target.capabilities)) is not None and busy not in stats.notices:
                 stats.notices.append(busy)  # a busy machine, not the drafter, may be why this was slow
             judge_exactness(stats, self.target.capabilities.exactness, cfg.greedy)
-            tail = text.flush()
+            tail = output.tail()
             if tail:
                 yield TextDelta(tail, (), (), None, stats)
             if stats.finish_reason == "stop" and _dead_end(cfg, stats.generated_tokens):
                 stats.finish_reason = GRAMMAR_DEAD_END  # the grammar allowed nothing more: not a stop
             if stats.finish_reason == CANCELLED:
                 stats.finish_reason = stopping.reason(CANCELLED)  # "preempted" says who stopped it
-            yield Finished(text.text, stats, stats.finish_reason)
+            yield output.finished(stats)
         finally:
             if self.memory is not None:
                 self.memory.add(said)
@@ -437,10 +565,30 @@ class Request:
     stop: Sequence[str]
     cancel: threading.Event | None
     sampling: SamplingConfig | None
-    response_format: Mapping[str, Any] | None
-    json_schema: Mapping[str, Any] | None
+    response_format: Mapping[str, Any] | type | None
+    json_schema: Mapping[str, Any] | type | None
     timeout: float | None
     knobs: Mapping[str, Any]
+    asked: Asked
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a call asks for beside the text, as serve's requests do: tools it offers (and
+    whether one must be called), and each token's logprobs with `top_logprobs` alternatives."""
+
+    tools: Sequence[Any] | None = None
+    tool_choice: Any = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def recorder(self, token_bytes: Callable[[int], bytes]) -> LogprobRecorder | None:
+        """The request's logprob recorder (None: not asked for); top_logprobs alone asks too."""
+        if self.logprobs is not True and self.logprobs is not False:
+            raise InvalidRequestError(f"logprobs must be True or False, got {self.logprobs!r}", "top_logprobs=N")
+        if not self.logprobs and self.top_logprobs is None:
+            return None
+        return LogprobRecorder(check_top_logprobs(self.top_logprobs or 0), token_bytes)
 
 
 @dataclass(frozen=True)
@@ -458,6 +606,49 @@ class _Stopping:
         return self.turn.halted or default
 
 
+class _Output:
+    """A request's steps as the events its reader gets: final text (held back where a stop
+    string may begin and, with tools offered, where a call may: core/tools.CallFilter, as
+    serve streams it), each step's tokens' logprobs, and at the end the calls made."""
+
+    def __init__(self, text: TextAssembler, tools: ToolRequest | None, recorder: LogprobRecorder | None) -> None:
+        self.text = text
+        self.calls = None if tools is None else CallFilter(tools.names)
+        self.recorder = recorder
+        self.read = 0  # the recorder's entries handed out with deltas so far
+        self.shown: list[str] = []
+        self.tool_calls: tuple[ToolCall, ...] = ()
+
+    def step(self, step: Step, stats: Stats) -> TextDelta:
+        n = step.n_from_draft
+        flags = (True,) * n + (False,) * (len(step.tokens) - n)
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if self.recorder is not None:  # read by position: a server's feed takes from the same recorder
+            logprobs = tuple(self.recorder.entries[self.read : self.read + len(step.tokens)])
+            self.read += len(logprobs)
+        return TextDelta(self._show(self.text.push(step.tokens)), step.tokens, flags, step, stats, logprobs)
+
+    def tail(self) -> str:
+        """What was held back, now that the answer is done; the calls in it are kept."""
+        tail = self._show(self.text.flush())
+        if self.calls is not None:
+            content, calls = self.calls.finish()
+            self.tool_calls = tuple(ToolCall.of(call) for call in calls)
+            tail += self._show(content or "", filtered=False)
+        return tail
+
+    def finished(self, stats: Stats) -> Finished:
+        reason = "tool_calls" if self.tool_calls else stats.finish_reason
+        logprobs = None if self.recorder is None else tuple(self.recorder.entries)
+        return Finished("".join(self.shown), stats, reason, self.tool_calls, logprobs)
+
+    def _show(self, text: str, filtered: bool = True) -> str:
+        if filtered and self.calls is not None:
+            text = self.calls.push(text)
+        self.shown.append(text)
+        return text
+
+
 class _Answer:
     """A stream's events gathered into a Completion."""
 
@@ -468,7 +659,8 @@ class _Answer:
         if isinstance(event, TextDelta):
             self.tokens.extend(event.tokens)
             return None
-        return Completion(event.text, self.tokens, event.stats, event.finish_reason)
+        logprobs = None if event.logprobs is None else list(event.logprobs)
+        return Completion(event.text, self.tokens, event.stats, event.finish_reason, list(event.tool_calls), logprobs)
 
 
 def _is_finished(event: Event) -> bool:
@@ -484,12 +676,11 @@ def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -
     """stream()/generate()'s sampling, with any knobs given as keywords applied to it."""
     if sampling is not None and not isinstance(sampling, SamplingConfig):
         raise InvalidRequestError(f"sampling must be a SamplingConfig, got {sampling!r}")
-    unknown = sorted(set(knobs) - set(KNOBS))
+    unknown = sorted(set(knobs) - set(KNOBS) - set(PENALTIES))
     if "stream" in unknown:  # openai's and ollama's flag: here streaming is its own method
         raise InvalidRequestError("generate() has no stream option", "call runtime.stream(...) for events as they come")
     if unknown:
-        takes = ", ".join(
-            ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", "timeout", *sorted(KNOBS)]
-        )
+        named = ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", "timeout", "tools"]
+        takes = ", ".join([*named, "tool_choice", "logprobs", "top_logprobs", *sorted(KNOBS), *PENALTIES])
         raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
     return replace(sampling or SamplingConfig(), **knobs)

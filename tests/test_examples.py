@@ -1,6 +1,7 @@
 """The examples an app developer copies (examples/), run against the real default model:
 an asyncio streamer that cancels and asks a follow-up, a Textual app with a worker thread,
-a timer and a title asked from the UI at the same time (issue 56)."""
+a timer and a title asked from the UI at the same time, a tool call and a pydantic-schema answer
+in-process (issue 56)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,12 @@ async def test_the_textual_example_streams_from_a_worker_while_the_ui_asks_and_s
 
     assert app.finish_reason == "cancelled"
     assert app.busy_ticks > 0 and not rt.busy
+
+
+def test_the_tools_and_schema_example_calls_a_tool_and_answers_in_the_schema(rt: Runtime) -> None:
+    out = example("tools_and_schema").main(rt, max_tokens=48)
+
+    assert out.weather.unit in ("celsius", "fahrenheit") and out.weather.city
+    assert out.reply  # the model answered once the tool's result was in the chat
+    assert out.city.name and out.city.country  # parsed by pydantic: it validated
+    assert not rt.busy

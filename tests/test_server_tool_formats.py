@@ -14,8 +14,8 @@ import pytest
 
 from localspec.api import Runtime, load
 from localspec.core.templates import render_chat
+from localspec.core.tools import GEMMA4, HERMES, LLAMA3, ToolRequest, parse_tool_calls, tool_style
 from localspec.server import LocalServer, Settings
-from localspec.server.tools import GEMMA4, HERMES, LLAMA3, ToolRequest, parse_tool_calls, tool_style
 from localspec.testing.gguf_writer import CHATML, Spec
 
 openai = pytest.importorskip("openai")

@@ -15,8 +15,8 @@ from conftest import TEST_N_CTX
 from pydantic import BaseModel
 
 from localspec.api import Runtime, load
+from localspec.core.tools import ToolRequest, parse_tool_calls
 from localspec.server import LocalServer, Settings
-from localspec.server.tools import ToolRequest, parse_tool_calls
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")

@@ -158,9 +158,15 @@ class Grammars:
         return GrammarConstraint(matcher, self.n_vocab, self.eog)
 
 
-def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any] | None:
+def json_schema_of(response_format: Mapping[str, Any] | type) -> dict[str, Any] | None:
     """The schema an OpenAI response_format asks for: any JSON object for json_object, the
-    given schema for json_schema; None for text."""
+    given schema for json_schema (or a pydantic model class's); None for text. Strict unless
+    json_schema says "strict": false: an object that lists properties is closed to other
+    keys where the schema does not say (OpenAI's strict mode, llama.cpp's reading), since an
+    open one lets a small model add keys until max_tokens."""
+    if is_schema_model(response_format):
+        made: dict[str, Any] = closed(plain_json(getattr(response_format, "model_json_schema")(), "the model's schema"))  # noqa: B009
+        return made
     if not isinstance(response_format, Mapping):
         raise InvalidRequestError(
             f"response_format must be a dict, got {type(response_format).__name__}",
@@ -176,14 +182,61 @@ def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any] | None:
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
         if schema is None:
             return {"type": "object"}
+        if is_schema_model(schema):
+            schema = schema.model_json_schema()
         if not isinstance(schema, Mapping):
             raise InvalidRequestError("response_format's json_schema.schema must be an object (a JSON schema)")
-        try:
-            copied: dict[str, Any] = json.loads(json.dumps(schema))  # plain JSON types only
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"response_format's json_schema.schema is not plain JSON: {exc}") from None
-        return copied
+        copied = plain_json(schema, "response_format's json_schema.schema")
+        return copied if isinstance(spec, Mapping) and spec.get("strict") is False else closed(copied)
     raise InvalidRequestError(f"response_format type {kind!r} is not supported", "use json_object, json_schema or text")
+
+
+def is_schema_model(value: Any) -> bool:
+    """Whether value is a pydantic model class (anything with model_json_schema), not an instance."""
+    return isinstance(value, type) and callable(getattr(value, "model_json_schema", None))
+
+
+def plain_json(schema: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """A copy of schema in plain JSON types, or InvalidRequestError naming `what`."""
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(schema))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"{what} is not plain JSON: {exc}") from None
+    return copied
+
+
+def closed(schema: Any) -> Any:
+    """The schema with objects that list properties closed to others where it does not say
+    (llama.cpp's reading, and OpenAI's strict one): else a small model fills a call with keys."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {
+        k: closed(v) if k in ("items", "anyOf", "oneOf", "allOf", "$defs", "definitions") else v
+        for k, v in schema.items()
+    }
+    if isinstance(schema.get("properties"), Mapping):
+        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), Mapping):
+            out[key] = {k: closed(v) for k, v in schema[key].items()}
+    return out
+
+
+def rebased(schema: Any, at: str) -> Any:
+    """The schema with each local "$ref" ("#", "#/$defs/A") pointing under `at`, the pointer
+    to where the schema now sits inside a larger one."""
+    if isinstance(schema, list):
+        return [rebased(s, at) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: rebased(v, at) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = at + ref[1:]
+    return out
 
 
 class _Vocabulary:

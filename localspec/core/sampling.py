@@ -155,6 +155,8 @@ class SamplingConfig:
 
 # The sampler's knobs, which every front end (CLI flags, TUI settings, keyword arguments) takes.
 KNOBS = ("temperature", "top_k", "top_p", "min_p", "seed")
+# What reshapes the target's logits, as serve's request fields and the Python API's keywords name it.
+PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n", "logit_bias")
 
 
 def shape(
@@ -228,6 +230,16 @@ class TokenLogprob:
     text: bytes
     logprob: float
     top: tuple[tuple[int, bytes, float], ...]  # the most likely tokens at this position, best first
+
+
+MAX_TOP_LOGPROBS = 20  # alternatives per token: OpenAI's limit, serve's and the Python API's
+
+
+def check_top_logprobs(top: Any) -> int:
+    """top_logprobs as a whole number 0 to MAX_TOP_LOGPROBS, else InvalidRequestError."""
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"top_logprobs must be a whole number 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
+    return top
 
 
 class LogprobRecorder:

@@ -23,6 +23,7 @@ from localspec.api import Finished, TextDelta
 from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
 from localspec.core.sampling import LogprobRecorder, TokenLogprob
 from localspec.core.stats import Stats
+from localspec.core.tools import CallFilter, ToolRequest, ToolRequestError, parse_tool_calls, tool_request
 from localspec.server import schemas
 from localspec.server.cors import CorsRule, JsonCors
 from localspec.server.grammar import GrammarRequest
@@ -30,7 +31,6 @@ from localspec.server.hosts import HostCheck, HostPolicy
 from localspec.server.metrics import CONTENT_TYPE_LATEST, exposition
 from localspec.server.middleware import BodyLimit, JsonBody, KeyCheck, RequestLog, error_response, key_given
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
-from localspec.server.tools import CallFilter, ToolRequest, parse_tool_calls, tool_request
 from localspec.server.worker import Item, Job, Worker, stream_kwargs
 
 UNLIMITED = 1 << 30  # no max_tokens: generate until a stop or the context is full
@@ -562,6 +562,8 @@ def _api_error(exc: BaseException, prompt_param: str = "messages") -> ApiError:
 
     if isinstance(exc, NotPulledError | UnknownPairError):
         return ApiError(404, _one_line(exc), param="model", code="model_not_found")
+    if isinstance(exc, ToolRequestError):
+        return ApiError(400, _one_line(exc), param=exc.param)
     if isinstance(exc, InvalidRequestError | PairMismatchError):
         return ApiError(400, _one_line(exc))
     if isinstance(exc, LocalspecError):

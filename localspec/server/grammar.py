@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from localspec.api import Runtime
 from localspec.core.errors import InvalidRequestError
 from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
+from localspec.core.tools import ToolRequest
 from localspec.server.schemas import ApiError
-from localspec.server.tools import ToolRequest, tool_style
 
 __all__ = ["GrammarConstraint", "GrammarRequest", "Grammars", "json_schema_of"]
 
@@ -40,9 +40,7 @@ class GrammarRequest:
     def constraint(self, runtime: Runtime) -> GrammarConstraint | None:
         """The request's constraint for the model `runtime` runs, through the Python API's path."""
         if self.tools is not None:
-            grammars = runtime.grammars
-            style = tool_style(runtime.target.chat_template())
-            return _blamed(grammars.lark, self.param, self.tools.grammar(style.format, grammars.spell), self.param)
+            return _blamed(runtime.tool_constraint, self.param, self.tools)
         return _blamed(runtime.constraint, self.param, self.response_format or {})
 
 

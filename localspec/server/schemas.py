@@ -13,10 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from localspec.core.errors import InvalidRequestError
-from localspec.core.sampling import KNOBS, SamplingConfig, TokenLogprob, check_knob, check_penalty, check_repeat
+from localspec.core.sampling import (
+    KNOBS,
+    MAX_TOP_LOGPROBS,
+    SamplingConfig,
+    TokenLogprob,
+    check_knob,
+    check_penalty,
+    check_repeat,
+)
 from localspec.core.stats import Stats
-
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 # The engine's finish reasons in OpenAI's words: a filled context is a length limit too.
 FINISH_REASONS = {"stop": "stop", "max_tokens": "length", "context_full": "length"}

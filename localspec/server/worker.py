@@ -16,13 +16,12 @@ from localspec.core.engine import check_fits
 from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError
 from localspec.core.sampling import LogprobRecorder, SamplingConfig
 from localspec.core.stats import Stats
-from localspec.core.templates import chat_tokens, normalize_messages, render_chat
+from localspec.core.tools import ToolRequest
 from localspec.core.validate import clean_text
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest
 from localspec.server.metrics import ServerMetrics
 from localspec.server.schemas import ApiError
-from localspec.server.tools import ToolRequest, tool_style
 
 log = logging.getLogger("localspec.server")
 
@@ -209,7 +208,7 @@ class Worker:
             raise ApiError(400, f"logit_bias names a token id over {self.model_id}'s {n_vocab - 1}", param="logit_bias")
         try:
             if "tools" in request and request["tools"] is not None:
-                ids = self._tool_prompt(runtime, request["tools"], request["messages"])
+                ids = runtime.tool_prompt(request["tools"], request["messages"])
             elif "fim" in request:
                 ids = self._fim_prompt(runtime, *request["fim"])
             elif isinstance(request.get("prompt"), str):
@@ -235,17 +234,6 @@ class Worker:
         return fim.prompt(
             prefix, suffix, lambda text: target.tokenize(text, add_special=False, parse_special=False), head
         )
-
-    def _tool_prompt(self, runtime: Runtime, tools: ToolRequest, chat: Sequence[Mapping[str, Any]]) -> list[int]:
-        """A chat offered tools, as token ids: through the model's own template where it renders
-        tools, else with Hermes' system block (the grammar of a forced call follows the same)."""
-        target = runtime.target
-        template = target.chat_template()
-        if not tool_style(template).native:
-            return runtime.prompt_tokens(messages=tools.messages(chat))
-        messages = normalize_messages(tools.native_messages(chat))
-        text = render_chat(template, messages, target.special_texts(), tools=tools.tools(), source=target.info.path)
-        return chat_tokens(target, text, [m["content"] for m in messages])
 
     def _sampling(self, runtime: Runtime, job: Job, sampling: SamplingConfig) -> SamplingConfig:
         """The request's sampling with its per-request parts: the logprob recorder and the grammar."""

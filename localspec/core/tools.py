@@ -7,7 +7,8 @@ for the formats of the registry's families: Hermes' <tool_call> (Qwen, SmolLM2),
 bare JSON `{"name": ..., "parameters": ...}` (after <|python_tag|> or not), and Gemma 4's
 `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>` (Gemma 3's template has no tools:
 it gets the Hermes block). tool_choice "required" or a named function is forced by a grammar
-in the format the model was prompted with."""
+in the format the model was prompted with. serve and the Python API (Runtime's tools=) share
+this module: the same prompt, the same grammar, the same parse."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import re
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from localspec.core.errors import InvalidRequestError
+from localspec.core.grammar import closed, is_schema_model, rebased
 from localspec.core.templates import takes_tools
-from localspec.server.schemas import ApiError
 
 # Qwen2.5's chat template's own words, which models trained on Hermes-style calls know.
 TOOLS_INTRO = (
@@ -38,6 +40,45 @@ GEMMA_OPEN, GEMMA_CLOSE, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 GEMMA_CALL = re.compile(r"(?:<\|tool_call>)?call:([A-Za-z_][\w.\-]*)(\{.*?\})(?:<tool_call\|>|(?=call:)|$)", re.DOTALL)
 PYTHON_TAG = "<|python_tag|>"
 BARE_KEY = re.compile(r"[A-Za-z_]\w*")
+
+M = TypeVar("M")
+
+
+class ToolRequestError(InvalidRequestError):
+    """tools or tool_choice that cannot be used; param: the request field to blame (serve's 400 names it)."""
+
+    def __init__(self, message: str, param: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: the function's name and its arguments as the JSON text the
+    model wrote (OpenAI's function.arguments); args() and parse() read them."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def args(self) -> Any:
+        """The arguments as Python values (a dict for an object); ValueError where they are no JSON."""
+        return json.loads(self.arguments)
+
+    def parse(self, model: type[M]) -> M:
+        """The arguments validated as a pydantic model (the class passed in tools=), raising
+        pydantic's ValidationError where they do not fit it."""
+        validate: Callable[[str], M] = getattr(model, "model_validate_json")  # noqa: B009
+        return validate(self.arguments)
+
+    def openai(self) -> dict[str, Any]:
+        """OpenAI's tool_call object, as serve writes it (and as a chat's next turn takes it)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    @staticmethod
+    def of(call: Mapping[str, Any]) -> ToolCall:
+        function = call["function"]
+        return ToolCall(str(call["id"]), str(function["name"]), str(function["arguments"]))
 
 
 @dataclass(frozen=True)
@@ -149,78 +190,73 @@ class ToolRequest:
         return f"{start}\ncall: %json {json.dumps(call)}\n"
 
 
-def closed(schema: Any) -> Any:
-    """The schema with objects that list properties closed to others where it does not say
-    (llama.cpp's reading, and OpenAI's strict one): else a small model fills a call with keys."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    out = {
-        k: closed(v) if k in ("items", "anyOf", "oneOf", "allOf", "$defs", "definitions") else v
-        for k, v in schema.items()
-    }
-    if isinstance(schema.get("properties"), Mapping):
-        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
-        out.setdefault("additionalProperties", False)
-    for key in ("$defs", "definitions"):
-        if isinstance(schema.get(key), Mapping):
-            out[key] = {k: closed(v) for k, v in schema[key].items()}
-    return out
-
-
-def rebased(schema: Any, at: str) -> Any:
-    """The schema with each local "$ref" ("#", "#/$defs/A") pointing under `at`, the pointer
-    to where the schema now sits inside a larger one."""
-    if isinstance(schema, list):
-        return [rebased(s, at) for s in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    out = {k: rebased(v, at) for k, v in schema.items()}
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-        out["$ref"] = at + ref[1:]
+def with_calls(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A chat whose assistant turns may hold ToolCall values (a Completion's tool_calls) and no
+    content (OpenAI's shape of a turn that only called), in the dicts the templates read."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+        if not calls:
+            out.append(message if isinstance(message, dict) else dict(message))
+            continue
+        written = [call.openai() if isinstance(call, ToolCall) else call for call in calls]
+        content = message.get("content")
+        out.append({**message, "content": "" if content is None else content, "tool_calls": written})
     return out
 
 
 def tool_request(tools: Sequence[Any] | None, tool_choice: Any) -> ToolRequest | None:
-    """What a request's tools and tool_choice ask for; None: answer in text. A tool_choice
-    that forces a call without tools, or parameters that are no schema, are a 400."""
+    """What a request's tools and tool_choice ask for; None: answer in text. A tool is OpenAI's
+    {"type": "function", "function": {...}} or a pydantic model class (its name, docstring and
+    schema); tool_choice is None, "none", "auto", "required", {"type": "function", "function":
+    {"name": ...}} or an offered model class. A tool_choice that forces a call without tools,
+    or parameters that are no schema, raise ToolRequestError naming the field."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
-            raise ApiError(
-                400, "tool_choice forces a function call, but the request has no 'tools'", param="tool_choice"
-            )
+            raise ToolRequestError("tool_choice forces a function call, but the request has no 'tools'", "tool_choice")
         return None
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise ToolRequestError(
+            f"tools must be a list of tools, got {type(tools).__name__}", "tools", "e.g. tools=[Weather] or [WEATHER]"
+        )
     if tool_choice == "none":
         return None
-    functions = []
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, Mapping) and tool.get("type") == "function" else None
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-            raise ApiError(
-                400, "each tool must be {'type': 'function', 'function': {'name': ...}}", param=f"tools[{i}]"
-            )
-        parameters = function.get("parameters")
-        if parameters is not None and not isinstance(parameters, Mapping):
-            raise ApiError(
-                400,
-                f"tools[{i}].function.parameters must be a JSON schema object, got {type(parameters).__name__}: "
-                'e.g. {"type": "object", "properties": {"city": {"type": "string"}}}',
-                param=f"tools[{i}].function.parameters",
-            )
-        functions.append(function)
+    functions = [_function(tool, i) for i, tool in enumerate(tools)]
     if tool_choice in (None, "auto"):
         return ToolRequest(tuple(functions), forced=False)
     if tool_choice == "required":
         return ToolRequest(tuple(functions), forced=True)
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, Mapping) else None
+    if is_schema_model(tool_choice):
+        name = tool_choice.__name__
+    else:
+        name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, Mapping) else None
     chosen = [f for f in functions if f["name"] == name]
     if not chosen:
-        raise ApiError(
-            400, "tool_choice must be 'none', 'auto', 'required' or a function among the tools", param="tool_choice"
+        raise ToolRequestError(
+            "tool_choice must be 'none', 'auto', 'required' or a function among the tools", "tool_choice"
         )
     return ToolRequest(tuple(chosen), forced=True)
+
+
+def _function(tool: Any, i: int) -> Mapping[str, Any]:
+    """A tool's OpenAI function object: given as one, or made from a pydantic model class."""
+    if is_schema_model(tool):
+        made = {"name": tool.__name__, "parameters": tool.model_json_schema()}
+        doc = (tool.__doc__ or "").strip()
+        return {**made, "description": doc} if doc else made
+    function = tool.get("function") if isinstance(tool, Mapping) and tool.get("type") == "function" else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise ToolRequestError(
+            "each tool must be {'type': 'function', 'function': {'name': ...}} or a pydantic model class", f"tools[{i}]"
+        )
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise ToolRequestError(
+            f"tools[{i}].function.parameters must be a JSON schema object, got {type(parameters).__name__}: "
+            'e.g. {"type": "object", "properties": {"city": {"type": "string"}}}',
+            f"tools[{i}].function.parameters",
+        )
+    return function
 
 
 def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None, list[dict[str, Any]]]:
