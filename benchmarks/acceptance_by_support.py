@@ -18,7 +18,8 @@ import argparse
 import itertools
 from collections.abc import Sequence
 
-from localspec.api import load
+from localspec.api import Runtime, load
+from localspec.assembly import assemble
 from localspec.control.config import DEFAULT
 from localspec.control.policy import FixedDraftLength, support_level
 from localspec.control.prompts import BenchPrompt, load_prompt_sets
@@ -45,13 +46,13 @@ def levels() -> list[str]:
 
 
 def measure(model: str, prompts: Sequence[BenchPrompt], tokens: int, temperature: float, seeds: int) -> Tally:
-    runtime = load(model=model, strategy="ngram", draft_tokens=0)
+    loaded = load(model=model, strategy="ngram", draft_tokens=0)
     tally = Tally()
-    runtime.policy = tally
+    runtime = Runtime(loaded.plan, assemble(loaded.plan, tally))  # its drafter, under the tally
     for prompt in prompts:
         for seed in range(seeds if temperature > 0 else 1):
             runtime.generate(messages=prompt.messages, max_tokens=tokens, temperature=temperature, seed=seed)
-    runtime.close()
+    loaded.close()
     return tally
 
 

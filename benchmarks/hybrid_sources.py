@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 
 from localspec.api import Runtime, load
+from localspec.assembly import assemble
 from localspec.control.calibrate import measure
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.prompts import SUITE
@@ -64,9 +66,9 @@ def main() -> None:
     fresh = {id(runtime): copy.deepcopy(runtime.policy) for runtime in (paired, lookup)}
     for prompt in SUITE:
         priced, measured = [], []
-        for runtime, side in ((paired, None), (lookup, None), (paired, both)):
-            runtime.engine.lookup = side
-            runtime.policy = copy.deepcopy(fresh[id(runtime)])
+        for base, side in ((paired, None), (lookup, None), (paired, both)):
+            plan = dataclasses.replace(base.plan, lookup=side)
+            runtime = Runtime(plan, assemble(plan, copy.deepcopy(fresh[id(base)])))
             before = run(plain, prompt.messages, args.tokens)
             steps, seconds, n = run(runtime, prompt.messages, args.tokens)
             after = run(plain, prompt.messages, args.tokens)
@@ -74,7 +76,7 @@ def main() -> None:
             # Verify passes at their calibrated cost; the draft model's own passes as timed
             # (its steps are short and steady; the load-time figure is an estimate of them).
             cost = sum(
-                curve.measured(s.drafted + 1, s.depth) + (0.0 if runtime is lookup else s.draft_seconds) for s in steps
+                curve.measured(s.drafted + 1, s.depth) + (0.0 if base is lookup else s.draft_seconds) for s in steps
             )
             priced.append(sum(curve.measured(1, depth + i) for i in range(n)) / cost)
             measured.append((before[1] / before[2] + after[1] / after[2]) / 2 / (seconds / n))

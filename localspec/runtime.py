@@ -11,11 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from localspec.assembly import Assembly, assemble
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.contention import threads_notice
-from localspec.control.costs import CostCurve
-from localspec.control.trees import attach_trees
-from localspec.core.engine import Engine, check_fits
+from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest, ReusePrefix, check_fits
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, is_schema_model, json_schema_of
@@ -34,7 +33,7 @@ from localspec.core.textstream import TextAssembler
 from localspec.core.tools import CallFilter, ToolCall, ToolRequest, tool_request, tool_style, with_calls
 from localspec.core.validate import chat_as_prompt, check_cancel, check_limits, clean_text
 from localspec.drafters import Drafter
-from localspec.strategies import Plan
+from localspec.strategies import Plan, Speculation, drafting
 from localspec.turns import CANCELLED, AsyncStream, Turn, Turns, TurnStream
 
 
@@ -104,8 +103,11 @@ class Runtime:
     of an unfinished stream ends that stream (its Finished says "preempted"), and a Stream its
     caller drops is closed when it is freed. astream()/agenerate() are the same for asyncio."""
 
-    def __init__(self, plan: Plan) -> None:
-        """plan: a strategy resolved for its target (localspec.strategies.resolve or plan)."""
+    def __init__(self, plan: Plan, assembly: Assembly | None = None) -> None:
+        """plan: a strategy resolved for its target (localspec.strategies.resolve or plan);
+        assembly: its parts, put together once (localspec.assembly.assemble; None: assembled
+        here, calibrating as it needs)."""
+        parts = assembly if assembly is not None else assemble(plan)
         self.plan = plan
         self.target = plan.target
         self.draft = plan.draft
@@ -113,13 +115,11 @@ class Runtime:
         # Earlier requests' text, which n-gram lookup searches beside the request's own.
         self.memory = plan.memory
         self.drafter: Drafter = plan.drafter
-        # Built on first use, so a request that is refused (a prompt longer than the context)
-        # is refused before a calibration it does not need.
-        self._policy: DraftLengthPolicy | None = None
-        self.engine = Engine(plan.target, plan.drafter, free_drafter=plan.free, lookup=plan.lookup)
+        self.engine: Engine = parts.engine
+        self._policy = parts.policy
         self._turns: Turns[Event] = Turns(last=_is_finished)  # who holds the runtime, who waits
-        # The cost curve of the policy built here (one set from outside is not remembered).
-        self._costs: CostCurve | None = None
+        # The cost curve the plan's policy learns (a policy the caller chose is not remembered).
+        self._costs = parts.priced.costs if parts.priced is not None else None
         self._drift_noted = False
         self._grammars: Grammars | None = None  # the target's grammar tokenizer, built on first use
 
@@ -130,16 +130,9 @@ class Runtime:
 
     @property
     def policy(self) -> DraftLengthPolicy:
-        if self._policy is None:
-            self._policy, priced = self.plan.policy()
-            self._costs = priced.costs if priced is not None else None
-            if priced is not None:  # trees where this machine's curve says they pay
-                attach_trees(self.engine, priced)
+        """The draft-length policy its requests share (one asking for its own speculation
+        decodes under a policy of its own, see stream())."""
         return self._policy
-
-    @policy.setter
-    def policy(self, value: DraftLengthPolicy) -> None:
-        self._policy = value
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -194,6 +187,8 @@ class Runtime:
         tool_choice: Any = None,
         logprobs: bool = False,
         top_logprobs: int | None = None,
+        reuse_prefix: ReusePrefix = "any",
+        speculation: Speculation | Mapping[str, Any] | None = None,
         **knobs: Any,
     ) -> Stream:
         """A Stream of TextDelta events as text becomes final, then one Finished event. It
@@ -208,7 +203,13 @@ class Runtime:
         JSON (see constraint()). tools (OpenAI's tools or pydantic model classes) and
         tool_choice offer functions as serve does: Finished.tool_calls has the calls, and
         the text shows none. logprobs=True (top_logprobs=N alternatives) puts each token's
-        log-probability in TextDelta.logprobs; penalties are knobs too (frequency_penalty=...)."""
+        log-probability in TextDelta.logprobs; penalties are knobs too (frequency_penalty=...).
+        reuse_prefix: how much of what earlier requests cached this one reuses: "any" matching
+        prefix (fastest), "exact" only what a fresh evaluation computes in the same blocks (the
+        answer then does not depend on earlier requests), "none" nothing. speculation: this
+        request's drafting (a localspec.strategies.Speculation, or a dict of its fields):
+        {"strategy": "none"} decodes plainly, {"draft_tokens": 4} fixes the draft length,
+        {"max_draft": 8} caps it; the answer is the same, only the speed changes."""
         check_cancel(cancel)
         request = Request(
             prompt,
@@ -222,6 +223,8 @@ class Runtime:
             timeout,
             knobs,
             Asked(tools, tool_choice, logprobs, top_logprobs),
+            reuse_prefix,
+            speculation,
         )
         turn: Turn[Event] = Turn()
         self._start(request, turn)
@@ -243,6 +246,8 @@ class Runtime:
         tool_choice: Any = None,
         logprobs: bool = False,
         top_logprobs: int | None = None,
+        reuse_prefix: ReusePrefix = "any",
+        speculation: Speculation | Mapping[str, Any] | None = None,
         **knobs: Any,
     ) -> Completion:
         """stream()'s answer in one piece."""
@@ -259,6 +264,8 @@ class Runtime:
             timeout,
             knobs,
             Asked(tools, tool_choice, logprobs, top_logprobs),
+            reuse_prefix,
+            speculation,
         )
         turn: Turn[Event] = Turn()
         self._start(request, turn)
@@ -285,6 +292,8 @@ class Runtime:
         tool_choice: Any = None,
         logprobs: bool = False,
         top_logprobs: int | None = None,
+        reuse_prefix: ReusePrefix = "any",
+        speculation: Speculation | Mapping[str, Any] | None = None,
         **knobs: Any,
     ) -> AsyncStream[Event]:
         """stream() for asyncio: `async for event in runtime.astream(...)`. The request is
@@ -305,6 +314,8 @@ class Runtime:
             timeout,
             knobs,
             Asked(tools, tool_choice, logprobs, top_logprobs),
+            reuse_prefix,
+            speculation,
         )
         return AsyncStream(self._turns, lambda turn: self._start(request, turn))
 
@@ -324,6 +335,8 @@ class Runtime:
         tool_choice: Any = None,
         logprobs: bool = False,
         top_logprobs: int | None = None,
+        reuse_prefix: ReusePrefix = "any",
+        speculation: Speculation | Mapping[str, Any] | None = None,
         **knobs: Any,
     ) -> Completion:
         """generate() for asyncio: `await runtime.agenerate(...)`; cancelling the awaiting task
@@ -341,6 +354,8 @@ class Runtime:
             timeout,
             knobs,
             Asked(tools, tool_choice, logprobs, top_logprobs),
+            reuse_prefix,
+            speculation,
         )
         answer = _Answer()
         async with AsyncStream(self._turns, lambda turn: self._start(request, turn)) as events:
@@ -359,8 +374,21 @@ class Runtime:
             raise InvalidRequestError(f"timeout must be seconds >= 0 or None, got {request.timeout!r}")
         tokens = self._request_tokens(request, tools)
         output = _Output(TextAssembler(self.target.token_bytes, stop), tools, cfg.logprobs)
-        turn.events = self._run(tokens, max_tokens, cfg, output, _Stopping(turn, request.cancel))
+        turn.events = self._run(
+            tokens, max_tokens, cfg, output, self._decoding(request, _Stopping(turn, request.cancel))
+        )
         self._turns.take(turn, request.timeout)
+
+    def _decoding(self, request: Request, stopping: _Stopping) -> _Decoding:
+        """What the request chose of the cache and of speculation, checked."""
+        if request.reuse_prefix not in REUSE_PREFIX:
+            raise InvalidRequestError(
+                f"reuse_prefix must be one of {', '.join(map(repr, REUSE_PREFIX))}, got {request.reuse_prefix!r}",
+                '"exact" gives the answer a fresh evaluation would (serve\'s default), "any" is fastest',
+            )
+        how = drafting(self.plan, Speculation.of(request.speculation))
+        choices = PerRequest(request.reuse_prefix, how.guess, how.max_draft)
+        return _Decoding(choices, how.policy or self.policy, how.label or self.label, stopping)
 
     def _request_sampling(self, request: Request, tools: ToolRequest | None) -> SamplingConfig:
         """The request's sampling with its own parts: its grammar (a JSON schema, or a forced
@@ -457,17 +485,17 @@ class Runtime:
         max_tokens: int,
         cfg: SamplingConfig,
         output: _Output,
-        stopping: _Stopping,
+        how: _Decoding,
     ) -> Generator[Event, None, None]:
-        stats = Stats(strategy=self.label)
-        if stopping():  # stopped before it began: the policy (maybe a calibration) is not worth building
+        stats, stopping = Stats(strategy=how.label), how.stopping
+        if stopping():  # stopped before it began
             stats.prompt_tokens = len(tokens)
             yield Finished("", stats, stopping.reason(CANCELLED))
             return
         said = list(tokens)  # the prompt, then the answer: what the memory keeps
         try:
             rng = np.random.default_rng(cfg.seed)
-            steps = self.engine.generate(tokens, max_tokens, cfg, self.policy, stats, rng, stopping)
+            steps = self.engine.generate(tokens, max_tokens, cfg, how.policy, stats, rng, stopping, how.choices)
             for step in steps:
                 said.extend(step.tokens)
                 yield output.step(step, stats)
@@ -528,7 +556,7 @@ class Runtime:
     def idle_drafter_note(self, stats: Stats) -> str | None:
         """Why a draft model drafted nothing in a request, in the costs the controller weighed
         (None where it drafted, or no model drafts)."""
-        prices = self._policy.prices() if self._policy is not None else None
+        prices = self.policy.prices()
         by_model = stats.drafted - stats.lookup_drafted
         if by_model or self.draft is None or prices is None:
             return None
@@ -570,6 +598,19 @@ class Request:
     timeout: float | None
     knobs: Mapping[str, Any]
     asked: Asked
+    reuse_prefix: ReusePrefix = "any"
+    speculation: Speculation | Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class _Decoding:
+    """How one request decodes: its choices, the policy and strategy label they come to, and
+    what stops it."""
+
+    choices: PerRequest
+    policy: DraftLengthPolicy
+    label: str
+    stopping: _Stopping
 
 
 @dataclass(frozen=True)
@@ -681,6 +722,17 @@ def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -
         raise InvalidRequestError("generate() has no stream option", "call runtime.stream(...) for events as they come")
     if unknown:
         named = ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", "timeout", "tools"]
-        takes = ", ".join([*named, "tool_choice", "logprobs", "top_logprobs", *sorted(KNOBS), *PENALTIES])
+        takes = ", ".join(
+            [
+                *named,
+                "tool_choice",
+                "logprobs",
+                "top_logprobs",
+                "reuse_prefix",
+                "speculation",
+                *sorted(KNOBS),
+                *PENALTIES,
+            ]
+        )
         raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
     return replace(sampling or SamplingConfig(), **knobs)

@@ -317,6 +317,74 @@ def _built(row: Strategy, parts: Parts) -> Plan:
     return row.build(row, parts)
 
 
+# -- what one request asks of the plan ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How one request speculates (stream(speculation=...)), within what the runtime loaded.
+    strategy: "none" decodes plainly (no drafter guesses, not even n-gram lookup); "auto" or
+    the runtime's own strategy drafts with its drafter (another would need another load).
+    draft_tokens: a fixed draft length for this request ("auto": the runtime's policy; 0: none).
+    max_draft: the longest draft a step verifies (llama-server's speculative.n_max; None: the
+    backend's block). Answers are the same whatever is chosen: only the speed changes."""
+
+    strategy: str = "auto"
+    draft_tokens: DraftTokens = "auto"
+    max_draft: int | None = None
+
+    @classmethod
+    def of(cls, value: Speculation | Mapping[str, Any] | None) -> Speculation:
+        """A Speculation from itself, a dict of its fields ({"strategy": "none"}), or None."""
+        if value is None:
+            return cls()
+        if isinstance(value, Speculation):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidRequestError(
+                f"speculation must be a Speculation or a dict, got {type(value).__name__}",
+                'e.g. speculation={"strategy": "none"} or {"draft_tokens": 4}',
+            )
+        unknown = sorted(set(value) - {"strategy", "draft_tokens", "max_draft"})
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown speculation field {unknown[0]!r}", "speculation takes strategy, draft_tokens and max_draft"
+            )
+        return cls(**value)
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """What the engine does for one request: whether a drafter guesses at all, a policy of its
+    own (None: the runtime's), the longest draft, and what its stats call the strategy."""
+
+    guess: bool = True
+    policy: DraftLengthPolicy | None = None
+    max_draft: int | None = None
+    label: str | None = None  # None: the runtime's
+
+
+def drafting(plan: Plan, asked: Speculation) -> Drafting:
+    """What `asked` means for a runtime built from `plan`; a strategy other than its own, or a
+    length that is no length, is refused with the fix named."""
+    if not isinstance(asked.strategy, str):
+        raise InvalidRequestError(f"speculation strategy must be a name, got {asked.strategy!r}")
+    row, _ = named(asked.strategy)
+    if row.name not in ("auto", "none", plan.strategy):
+        raise InvalidRequestError(
+            f"this runtime drafts with {plan.label} ({plan.strategy}); a request cannot switch to {asked.strategy!r}",
+            f'ask for "auto" (its own drafter) or "none" (plain decoding), or load with strategy={asked.strategy!r}',
+        )
+    tokens, longest = asked.draft_tokens, asked.max_draft
+    if tokens != "auto" and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
+        raise InvalidRequestError(f"speculation draft_tokens must be 'auto' or a whole number >= 0, got {tokens!r}")
+    if longest is not None and (not isinstance(longest, int) or isinstance(longest, bool) or longest < 0):
+        raise InvalidRequestError(f"speculation max_draft must be a whole number >= 0 or None, got {longest!r}")
+    if row.name == "none" or tokens == 0 or longest == 0:
+        return Drafting(guess=False, policy=fixed_policy(0), label="none")  # the runtime's policy learns nothing
+    return Drafting(policy=None if tokens == "auto" else fixed_policy(tokens), max_draft=longest)
+
+
 # -- drafters in files of their own, and drafters derived from the target ---------------------
 
 

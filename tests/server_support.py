@@ -33,8 +33,8 @@ def serving(model: Path) -> Iterator[LocalServer]:
 
 @contextmanager
 def fresh_plain(model: Path) -> Iterator[Runtime]:
+    """Plain decoding; its callers ask for reuse_prefix="exact", as serve does by default."""
     with load(str(model), n_ctx=TEST_N_CTX, calibrate=False, strategy="none", memory=False) as runtime:
-        runtime.engine.exact_prefix = True
         yield runtime
 
 

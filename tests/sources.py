@@ -4,7 +4,14 @@ model's catch-up on what the lookup drafted."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from localspec import strategies
+from localspec.assembly import assemble
 from localspec.control.policy import FixedDraftLength
+from localspec.core.protocol import Backend
+from localspec.drafters.ngram import NgramDrafter
+from localspec.runtime import Runtime
 
 
 class AlternatingSources(FixedDraftLength):
@@ -26,3 +33,10 @@ class AlternatingSources(FixedDraftLength):
             self.from_lookup += lookup
             self.from_model += not lookup
         return gamma, lookup
+
+
+def alternating_runtime(target: Backend, draft: Backend, gamma: int) -> Runtime:
+    """A runtime drafting with `draft` and n-gram lookup in turn (AlternatingSources(gamma)),
+    which the adaptive policy alone would not do on a CPU."""
+    plan = replace(strategies.plan(target, draft, "draft", draft_tokens=gamma, calibrate=False), lookup=NgramDrafter())
+    return Runtime(plan, assemble(plan, AlternatingSources(gamma)))

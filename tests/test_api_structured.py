@@ -33,9 +33,11 @@ GREEDY = SamplingConfig(temperature=0)
 
 
 def runtime(target: Backend, draft: Backend | None, strategy: str) -> Runtime:
-    made = runtime_for(target, draft, strategy=strategy, draft_tokens=0 if strategy == "none" else 4, calibrate=False)
-    made.engine.exact_prefix = True  # the same answer whatever the shared target cached before
-    return made
+    return runtime_for(target, draft, strategy=strategy, draft_tokens=0 if strategy == "none" else 4, calibrate=False)
+
+
+# The same answer whatever the shared target cached before.
+EXACT = {"reuse_prefix": "exact"}
 
 
 @pytest.mark.model
@@ -45,7 +47,7 @@ def test_a_json_schema_answer_is_valid_and_the_same_with_and_without_drafting(
     answers = {}
     for strategy, draft in (("none", None), ("ngram", None), ("draft", q8_drafter_backend)):
         out = runtime(target_backend, draft, strategy).generate(
-            messages=ASK, max_tokens=80, sampling=GREEDY, json_schema=CITY
+            messages=ASK, max_tokens=80, sampling=GREEDY, json_schema=CITY, **EXACT
         )
         answers[strategy] = out.text
         if strategy == "draft":
@@ -58,12 +60,12 @@ def test_a_json_schema_answer_is_valid_and_the_same_with_and_without_drafting(
 def test_response_format_shapes_and_streaming_agree(target_backend: Backend) -> None:
     rt = runtime(target_backend, None, "ngram")
     wrapped = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": CITY}}
-    whole = rt.generate(messages=ASK, max_tokens=80, temperature=0, response_format=wrapped).text
-    with rt.stream(messages=ASK, max_tokens=80, temperature=0, json_schema=CITY) as events:
+    whole = rt.generate(messages=ASK, max_tokens=80, temperature=0, response_format=wrapped, **EXACT).text
+    with rt.stream(messages=ASK, max_tokens=80, temperature=0, json_schema=CITY, **EXACT) as events:
         pieces = list(events)
     assert "".join(e.text for e in pieces if isinstance(e, TextDelta)) == whole
     assert isinstance(pieces[-1], Finished) and pieces[-1].finish_reason == "stop"
-    anything = rt.generate(messages=ASK, max_tokens=80, temperature=0, response_format={"type": "json_object"})
+    anything = rt.generate(messages=ASK, max_tokens=80, temperature=0, response_format={"type": "json_object"}, **EXACT)
     assert isinstance(json.loads(anything.text), dict)
 
 
@@ -81,7 +83,8 @@ def test_the_reference_model_drafter_keeps_constrained_output_identical(cfg: Sam
     """Greedy: identical by construction of the acceptance rule; seeded sampling: every
     strategy's answer must at least parse (the law itself: tests/test_sampling_grammar.py)."""
     texts = {
-        s: reference_pair(s).generate("n: ", max_tokens=24, sampling=cfg, json_schema=DIGITS) for s in ("none", "draft")
+        s: reference_pair(s).generate("n: ", max_tokens=24, sampling=cfg, json_schema=DIGITS, **EXACT)
+        for s in ("none", "draft")
     }
     if cfg.greedy:
         assert texts["draft"].text == texts["none"].text
@@ -94,7 +97,10 @@ BAD: dict[str, tuple[Callable[[Runtime], Any], str]] = {
     "unknown-type": (lambda rt: rt.generate("x", response_format={"type": "xml"}), "'xml' is not supported"),
     "bad-schema": (lambda rt: rt.generate("x", json_schema={"type": "no-such-type"}), "json_schema cannot be used"),
     "not-a-dict": (lambda rt: rt.generate("x", json_schema="[]"), "json_schema must be a dict"),  # type: ignore[arg-type]
-    "both": (lambda rt: rt.generate("x", json_schema=DIGITS, response_format={"type": "json_object"}), "not both"),
+    "both": (
+        lambda rt: rt.generate("x", json_schema=DIGITS, response_format={"type": "json_object"}, **EXACT),
+        "not both",
+    ),
 }
 
 

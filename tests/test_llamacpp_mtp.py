@@ -94,8 +94,8 @@ def test_verbose_says_why_a_head_that_never_drafted_stayed_idle(with_head, opene
     from localspec.control.factory import model_policy
 
     target = opened(with_head)
-    runtime = runtime_for(target, target.mtp_head(), strategy="draft", calibrate=False)
-    runtime.policy = model_policy(CostCurve([0.010, 0.019, 0.027]), 0.008, agreement=0.2)
+    policy = model_policy(CostCurve([0.010, 0.019, 0.027]), 0.008, agreement=0.2)
+    runtime = runtime_for(target, target.mtp_head(), strategy="draft", calibrate=False, policy=policy)
     result = runtime.generate(prompt=LOOPING, max_tokens=8, temperature=0)
     assert result.stats.drafted == result.stats.lookup_drafted  # the head itself stayed idle
     note = runtime.idle_drafter_note(result.stats)

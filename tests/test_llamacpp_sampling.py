@@ -28,13 +28,12 @@ from typing import Any
 import numpy as np
 import pytest
 from scipy.stats import chisquare
-from sources import AlternatingSources
+from sources import AlternatingSources, alternating_runtime
 
 from localspec.api import Finished, Runtime, derive_drafter, runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.core.protocol import Backend
 from localspec.core.sampling import SamplingConfig, process
-from localspec.drafters.ngram import NgramDrafter
 from localspec.testing.gguf_writer import Spec, write_gguf
 
 pytestmark = pytest.mark.model
@@ -198,9 +197,9 @@ def test_ngram_sampling_matches_the_targets_joint_law_of_the_first_two_tokens(ti
 def test_a_draft_model_beside_ngram_lookup_keeps_the_targets_joint_law(tiny: dict[str, LlamaCppBackend]) -> None:
     # The steps go to the lookup (one-hot guesses) and the drafter (its own law, after
     # catching up on what the lookup committed) in turn.
-    rt = runtime_for(tiny["target"], tiny["draft"], strategy="draft", draft_tokens=2, calibrate=False)
-    policy = AlternatingSources(2)
-    rt.engine.lookup, rt.policy = NgramDrafter(), policy
+    rt = alternating_runtime(tiny["target"], tiny["draft"], 2)
+    policy = rt.policy
+    assert isinstance(policy, AlternatingSources)
     samples = check_law(rt, tiny["target"], TINY_PROMPT, TINY_RUNS, "lookup beside a draft model")
     assert policy.from_lookup > 0 and policy.from_model > 0
     assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"

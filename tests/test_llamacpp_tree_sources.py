@@ -27,7 +27,7 @@ from localspec.api import runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.control.costs import CostCurve
 from localspec.control.factory import model_policy
-from localspec.control.trees import ask_for_trees, attach_trees
+from localspec.control.trees import AskedTree, TreeAsk, priced_trees
 from localspec.core.engine import Engine
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.ngram import NgramDrafter
@@ -154,19 +154,17 @@ def test_a_drafter_reading_the_target_leaves_a_kept_branch_to_the_next_pass_so_t
     # the first sequence is evaluated again with the next pass, not in a pass of its own: on
     # an H200's curve a few rows more cost little, and trees from these drafters pay there.
     target = opened(files[target_file])
-    engine = tree_engine(kind, files, target)[0]
-    engine.trees = None
     assert target.capabilities.repasses_branch and target.capabilities.folds_branch
     curve = h200_curve()
-    assert attach_trees(engine, model_policy(curve, 0.05 * curve.verify(1, 0), 0.6)) is not None
-    assert engine.drafter.branching  # type: ignore[attr-defined]
+    assert priced_trees(target.capabilities, model_policy(curve, 0.05 * curve.verify(1, 0), 0.6)) is not None
 
 
 def test_a_tree_asked_for_runs_where_the_controller_would_draft_chains(files, opened) -> None:
     target = opened(files["bigram"])
     plain = runtime_for(target, strategy="none").generate(prompt=START["eagle3"], max_tokens=40, temperature=0)
     head = target.eagle3_head(str(files["eagle3"]))
-    runtime = runtime_for(target, head, strategy="draft", draft_tokens=3, calibrate=False)
-    asked = ask_for_trees(runtime.engine, positions=2)
+    runtime = runtime_for(target, head, strategy="draft", draft_tokens=3, calibrate=False, trees=TreeAsk(positions=2))
+    asked = runtime.engine.trees
+    assert isinstance(asked, AskedTree)
     assert runtime.generate(prompt=START["eagle3"], max_tokens=40, temperature=0).tokens == plain.tokens
     assert asked.steps > 5 and asked.taken > 0, (asked.steps, asked.taken)

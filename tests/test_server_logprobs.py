@@ -45,7 +45,7 @@ def plain(smollm2_q4_1: Path) -> Iterator[Runtime]:
 
 def plain_logprobs(runtime: Runtime, top: int, **request: Any) -> tuple[str, LogprobRecorder]:
     recorder = LogprobRecorder(top, runtime.target.token_bytes)
-    done = runtime.generate(**request, sampling=SamplingConfig(temperature=0, logprobs=recorder))
+    done = runtime.generate(**request, sampling=SamplingConfig(temperature=0, logprobs=recorder), reuse_prefix="exact")
     return done.text, recorder
 
 
@@ -101,7 +101,9 @@ def test_no_logprobs_unless_asked(client) -> None:
 def test_penalties_change_the_text_as_plain_penalised_decoding_does(client, plain, penalties) -> None:
     unpenalised = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=24, temperature=0)
     answer = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=24, temperature=0, **penalties)
-    expected = plain.generate(prompt=COUNTING, max_tokens=24, sampling=SamplingConfig(temperature=0, **penalties))
+    expected = plain.generate(
+        prompt=COUNTING, max_tokens=24, sampling=SamplingConfig(temperature=0, **penalties), reuse_prefix="exact"
+    )
     assert answer.choices[0].text == expected.text
     if penalties.get("frequency_penalty", 0) > 1:
         assert answer.choices[0].text != unpenalised.choices[0].text
@@ -112,12 +114,14 @@ def test_llamacpps_repeat_penalty_is_plain_repeat_penalised_decoding(client, pla
     # llama-server's field names; the window reaches into the prompt, as llama-server's does.
     unpenalised = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=24, temperature=0)
     answer = client.completions.create(model=MODEL, prompt=COUNTING, max_tokens=24, temperature=0, extra_body=repeat)
-    expected = plain.generate(prompt=COUNTING, max_tokens=24, sampling=SamplingConfig(temperature=0, **repeat))
+    expected = plain.generate(
+        prompt=COUNTING, max_tokens=24, sampling=SamplingConfig(temperature=0, **repeat), reuse_prefix="exact"
+    )
     assert answer.choices[0].text == expected.text != unpenalised.choices[0].text
 
 
 def test_logit_bias_bans_a_token(client, plain) -> None:
-    first = plain.generate(prompt=COUNTING, max_tokens=1, temperature=0).tokens[0]
+    first = plain.generate(prompt=COUNTING, max_tokens=1, temperature=0, reuse_prefix="exact").tokens[0]
     answer = client.completions.create(
         model=MODEL, prompt=COUNTING, max_tokens=1, temperature=0, logit_bias={str(first): -100}, logprobs=1
     )

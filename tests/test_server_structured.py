@@ -68,7 +68,7 @@ def test_a_json_schema_answer_is_valid_and_exactly_constrained_plain_decoding(cl
     assert answer.choices[0].finish_reason == "stop" and city.name
     constraint = Grammars(plain.target).constraint(json_schema(City))
     expected = plain.generate(
-        messages=ASK, max_tokens=80, sampling=SamplingConfig(temperature=0, constraint=constraint)
+        messages=ASK, max_tokens=80, sampling=SamplingConfig(temperature=0, constraint=constraint), reuse_prefix="exact"
     )
     assert text == expected.text
 

@@ -1,6 +1,7 @@
 """The code's shape, checked: no module imports itself back through others, no function
-in the product needs a scroll or more than six parameters, and no module but the strategy
-table compares a strategy's name (docs/architecture.md)."""
+in the product needs a scroll or more than six parameters, no module but the strategy table
+compares a strategy's name, and nothing changes a runtime's parts once they are assembled
+(docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -211,4 +212,87 @@ def test_the_strategy_rule_finds_the_comparisons_it_forbids(tmp_path: Path, monk
         "pkg/m.py:1 opts.strategy == 'ngram'",
         "pkg/m.py:1 strategy in ('draft', 'eagle3')",
         "pkg/m.py:1 'mtp:x' != strategies",
+    ]
+
+
+# The parts a runtime is assembled from (localspec.assembly), by the names code gives them.
+RUNTIME_PARTS = frozenset({"runtime", "engine", "drafter", "draft", "lookup", "policy", "target"})
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """The names an attribute's owner is reached by: runtime.engine -> [engine, runtime]."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return [*names, node.id] if isinstance(node, ast.Name) else names
+
+
+def _builds(name: str) -> bool:
+    """Constructors and factories, which set up what they return before anyone holds it."""
+    return name in ("__init__", "__post_init__") or name.startswith(("make", "build"))
+
+
+def part_assignments(folders: tuple[str, ...], assembler: str) -> list[str]:
+    """Assignments to an attribute of another object that is a runtime's part (`engine.trees
+    = ...`, `drafter.branching = ...`, `runtime.engine.exact_prefix = ...`, `self.engine.x =
+    ...`, setattr(engine, ...)) outside constructors, factories and the assembler, as path:line."""
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative == assembler or relative.startswith("localspec/testing/"):
+                continue
+            for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) or _builds(function.name):
+                    continue
+                for node in ast.walk(function):
+                    for owner in _owners_assigned(node):
+                        chain = _chain(owner)
+                        if chain != ["self"] and RUNTIME_PARTS & set(chain):
+                            found.append(f"{relative}:{node.lineno} {ast.unparse(owner)}")
+    return found
+
+
+def _owners_assigned(node: ast.AST) -> list[ast.expr]:
+    """The objects whose attributes a statement sets (a.b = ..., a.b += ..., setattr(a, ...))."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+        return [node.args[0]]
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    else:
+        return []
+    flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple | ast.List) else [t])]
+    return [e.value for e in flat if isinstance(e, ast.Attribute)]
+
+
+def test_nothing_changes_a_runtime_part_after_it_is_assembled() -> None:
+    assert part_assignments(("localspec", "backends"), "localspec/assembly.py") == []
+
+
+def test_the_assembly_rule_finds_the_assignments_it_forbids(tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "m.py").write_text(
+        "def serve(runtime, engine, job, stats):\n"
+        "    runtime.engine.exact_prefix = job.exact_prefix\n"
+        "    engine.trees, stats.n = None, 1\n"
+        "    setattr(runtime.drafter, 'branching', 2)\n"
+        "    job.outcome = 'done'\n"
+        "class Runtime:\n"
+        "    def __init__(self, engine):\n"
+        "        engine.trees = None\n"
+        "        self.policy = None\n"
+        "    def swap(self):\n"
+        "        self.policy = None\n"
+        "        self.engine.lookup += 1\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert part_assignments(("pkg",), "") == [
+        "pkg/m.py:2 runtime.engine",
+        "pkg/m.py:3 engine",
+        "pkg/m.py:4 runtime.drafter",
+        "pkg/m.py:12 self.engine",
     ]

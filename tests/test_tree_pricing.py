@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
+from localspec import strategies
+from localspec.assembly import Calibrated, assemble
 from localspec.backends.reference import ReferenceBackend
 from localspec.control.costs import CostCurve
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import Truth, calibration_from_doctor
 from localspec.control.tree_replay import HeadModel, TreeRun, replay_head_tree, replay_tree
-from localspec.control.trees import AskedTree, TreePricing, ask_for_trees, attach_trees
-from localspec.core.engine import Engine
+from localspec.control.trees import AskedTree, TreeAsk, TreePricing, asked_tree
 from localspec.core.errors import InvalidRequestError
 from localspec.drafters.ngram import NgramDrafter
 
@@ -143,16 +144,16 @@ def test_branches_that_come_true_raise_their_estimate() -> None:
 
 @pytest.mark.parametrize(("curve", "trees"), [(GPU, True), (CPU, False)])
 def test_a_runtime_verifies_trees_only_where_its_curve_lets_them_pay(curve: str, trees: bool) -> None:
-    engine = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
     policy = ngram_policy(CostCurve([t / 1e3 for t in CURVES[curve]["verify_ms"]]))
-    attached = attach_trees(engine, policy)
-    assert (attached is not None) is trees
-    assert (engine.trees is not None) is trees
-    assert bool(engine.drafter.branching) is trees  # a CPU's drafter offers no branches
+    plan = strategies.plan(ReferenceBackend(), None, "ngram")
+    assembled = assemble(plan, Calibrated(policy, policy))
+    assert isinstance(assembled.trees, TreePricing) is trees
+    assert assembled.engine.trees is assembled.trees
+    assert isinstance(plan.drafter, NgramDrafter) and bool(plan.drafter.branching) is trees  # not on a CPU
     # A target that verifies chains only never gets trees, whatever the curve.
-    chains = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
-    chains.target.capabilities = dataclasses.replace(chains.target.capabilities, branches=1)
-    assert attach_trees(chains, policy) is None and chains.trees is None
+    chains = ReferenceBackend()
+    chains.capabilities = dataclasses.replace(chains.capabilities, branches=1)
+    assert assemble(strategies.plan(chains, None, "ngram"), Calibrated(policy, policy)).engine.trees is None
 
 
 def test_a_tree_asked_for_verifies_every_branch_offered_at_its_first_positions() -> None:
@@ -164,12 +165,12 @@ def test_a_tree_asked_for_verifies_every_branch_offered_at_its_first_positions()
 
 
 def test_a_tree_asked_for_is_verified_even_where_the_curve_would_choose_chains() -> None:
-    engine = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
-    asked = ask_for_trees(engine, positions=3)
-    assert engine.trees is asked and engine.drafter.branching == 3
     cpu = ngram_policy(CostCurve([t / 1e3 for t in CURVES[CPU]["verify_ms"]]))
-    assert attach_trees(engine, cpu) is None and engine.trees is asked  # the controller leaves it
-    chains = Engine(ReferenceBackend(), NgramDrafter(), free_drafter=True)
-    chains.target.capabilities = dataclasses.replace(chains.target.capabilities, branches=1)
+    plan = strategies.plan(ReferenceBackend(), None, "ngram")
+    assembled = assemble(plan, Calibrated(cpu, cpu), TreeAsk(positions=3))
+    assert isinstance(assembled.engine.trees, AskedTree) and assembled.engine.trees.positions == 3
+    assert isinstance(plan.drafter, NgramDrafter) and plan.drafter.branching == 3
+    chains = ReferenceBackend()
+    chains.capabilities = dataclasses.replace(chains.capabilities, branches=1)
     with pytest.raises(InvalidRequestError, match="verifies chains only"):
-        ask_for_trees(chains)
+        asked_tree(chains, TreeAsk())

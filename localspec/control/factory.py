@@ -4,6 +4,8 @@ draft model beside the lookup), with every setting read from one ControlConfig."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from localspec.control.calibrate import pair_agreement, starting_calibration, starting_drafting_seconds
 from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve
@@ -86,8 +88,7 @@ def priced_policy(
     # starting_calibration) and learns from the passes decoding makes anyway.
     curve = starting_calibration(target).cost_curve(config)
     policy = _drafted_policy(curve, target, draft, block_pass_seconds, config)
-    policy.replays_beyond = target.capabilities.replays_beyond
-    return policy
+    return replace(policy, replays_beyond=target.capabilities.replays_beyond)
 
 
 def _drafted_policy(

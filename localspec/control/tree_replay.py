@@ -138,12 +138,11 @@ def replay_tree(
     fold: at the head of the next pass rather than in a pass of its own."""
     clock, truth = Clock(), Truth.of(calibration)
     target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab, repass, fold)
-    drafter = NgramDrafter()
-    drafter.branching = int(mode != "chain")
-    engine = Engine(cast(Backend, target), drafter, free_drafter=True, clock=clock)
+    drafter = NgramDrafter(branching=int(mode != "chain"))
     policy = ngram_policy(calibration.cost_curve())
     pricing = (EveryBranch if mode == "always" else CountedPricing)(policy, repass=repass, fold=fold)
-    engine.trees = pricing if mode != "chain" else None
+    trees = pricing if mode != "chain" else None
+    engine = Engine(cast(Backend, target), drafter, free_drafter=True, clock=clock, trees=trees)
     stats, produced = Stats(), list[int]()
     cfg = SamplingConfig(temperature=0.0)
     for step in engine.generate(prompt, len(answer), cfg, policy, stats, np.random.default_rng(0)):
@@ -171,9 +170,11 @@ class GuessingHead:
     name = "draft"
     off_notice: str | None = None
 
-    def __init__(self, text: Sequence[int], model: HeadModel, seconds: float, clock: Clock, n_vocab: int) -> None:
+    def __init__(
+        self, text: Sequence[int], model: HeadModel, seconds: float, clock: Clock, n_vocab: int, branching: int = 0
+    ) -> None:
         self.text, self.model, self.seconds, self.clock, self.n_vocab = list(text), model, seconds, clock, n_vocab
-        self.branching = 0
+        self.branching = branching
         self.seed = 0
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
@@ -223,12 +224,12 @@ def replay_head_tree(
     clock, truth = Clock(), Truth.of(calibration)
     target = TreeReplayTarget(prompt + answer, truth, clock, n_vocab, repass, fold)
     step = truth.seconds(1, len(prompt), 1)
-    drafter = GuessingHead(prompt + answer, head, head.cost * step, clock, n_vocab)
-    drafter.branching = 2 * int(mode != "chain")
-    engine = Engine(cast(Backend, target), drafter, clock=clock)
+    branching = 2 * int(mode != "chain")
+    drafter = GuessingHead(prompt + answer, head, head.cost * step, clock, n_vocab, branching)
     policy = model_policy(calibration.cost_curve(), head.cost * step, head.alpha)
     pricing = (EveryBranch if mode == "always" else CountedPricing)(policy, repass=repass, fold=fold)
-    engine.trees = pricing if mode != "chain" else None
+    trees = pricing if mode != "chain" else None
+    engine = Engine(cast(Backend, target), drafter, clock=clock, trees=trees)
     stats, produced = Stats(), list[int]()
     cfg = SamplingConfig(temperature=0.0)
     for step_ in engine.generate(prompt, len(answer), cfg, policy, stats, np.random.default_rng(0)):

@@ -16,7 +16,7 @@ A kept branch off the tree's first sequence is evaluated again on llama.cpp (rep
 head of the next pass (fold): its price is the rows it adds there, also where a drafter reads
 the target's layers (the kept path's rows come from the tree pass itself).
 
-For experiments and tests a tree can be asked for instead of priced (ask_for_trees): every
+For experiments and tests a tree can be asked for instead of priced (TreeAsk): every
 branch the drafters offer at their first few positions, whatever the curve says.
 """
 
@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from localspec.control.policy import AdaptiveDraftLength
-from localspec.core.engine import Engine
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Branching
+from localspec.core.protocol import Backend, Capabilities
 
 # Depths past the last one share its estimate; a branch deep in a chain is seldom tried.
 DEPTHS = 4
@@ -135,20 +134,12 @@ class TreePricing:
         return bool(trial.shape(4, 0, [(0, [0])], 0))
 
 
-def attach_trees(engine: Engine, policy: AdaptiveDraftLength) -> TreePricing | None:
-    """Let the engine verify its drafters' branches where a tree can pay on this machine's
-    cost curve (a target that takes trees, a curve flat enough); None: chains only, or a tree
-    asked for (ask_for_trees), which stays."""
-    if isinstance(engine.trees, AskedTree):
-        return None
-    capabilities = engine.target.capabilities
+def priced_trees(capabilities: Capabilities, policy: AdaptiveDraftLength) -> TreePricing | None:
+    """The tree pricing of a target with these capabilities, where a tree can pay on this
+    machine's cost curve (a target that takes trees, a curve flat enough); None: chains only."""
     pricing = TreePricing(policy, repass=capabilities.repasses_branch, fold=capabilities.folds_branch)
     if capabilities.branches < 2 or not pricing.pays():
         return None
-    engine.trees = pricing
-    for drafter in (engine.drafter, engine.lookup):
-        if isinstance(drafter, Branching):  # the drafters that can offer branches (model, ngram, dflash)
-            drafter.branching = BRANCHING
     return pricing
 
 
@@ -161,7 +152,7 @@ class OffersAlternatives(Protocol):
 
 @dataclass
 class AskedTree:
-    """localspec.core.protocol.TreeShaper for a tree asked for, not priced (ask_for_trees):
+    """localspec.core.protocol.TreeShaper for a tree asked for, not priced (TreeAsk):
     every branch the drafters offer at their first `positions` draft positions is verified
     beside the chain, up to `max_nodes` guessed tokens, whatever the cost curve says."""
 
@@ -186,27 +177,28 @@ class AskedTree:
         self.taken += any(node >= chain for node in path)
 
 
-def ask_for_trees(engine: Engine, positions: int = BRANCHING, alternatives: int = 1) -> AskedTree:
-    """Verify a tree of this shape at every step, whatever the cost curve says (experiments
-    and tests; by default the controller decides, attach_trees): the drafters offer their
-    runner-ups at the first `positions` draft positions, `alternatives` each where a drafter
-    offers several (a DFlash block's top-k; a draft model or an EAGLE-3 head offers one, an
-    n-gram lookup its second continuation). Usage: ask_for_trees(runtime.engine, 2)."""
-    target = engine.target
+@dataclass(frozen=True)
+class TreeAsk:
+    """A tree asked for, whatever the cost curve says (experiments and tests; by default the
+    controller decides, priced_trees): the drafters offer their runner-ups at the first
+    `positions` draft positions, `alternatives` each where a drafter offers several (a DFlash
+    block's top-k; a draft model or an EAGLE-3 head offers one, an n-gram lookup its second
+    continuation). Usage: runtime_for(target, draft, trees=TreeAsk(2))."""
+
+    positions: int = BRANCHING
+    alternatives: int = 1
+
+
+def asked_tree(target: Backend, ask: TreeAsk) -> AskedTree:
+    """The tree shaper of `ask` for `target`, refused where the target verifies chains only."""
     if target.capabilities.branches < 2:
         raise InvalidRequestError(
             f"{target.info.name} verifies chains only (a recurrent model's state follows one branch)",
             "draft chains (the default), or ask for trees on a target without recurrent layers",
         )
-    if positions < 1 or alternatives < 1:
+    if ask.positions < 1 or ask.alternatives < 1:
         raise InvalidRequestError(
-            f"a tree needs 1 position and 1 alternative or more, got {positions} and {alternatives}",
+            f"a tree needs 1 position and 1 alternative or more, got {ask.positions} and {ask.alternatives}",
             "ask for positions=1 or more (the first draft positions offering runner-ups)",
         )
-    engine.trees = asked = AskedTree(positions)
-    for drafter in (engine.drafter, engine.lookup):
-        if isinstance(drafter, Branching):
-            drafter.branching = positions
-        if isinstance(drafter, OffersAlternatives):
-            drafter.alternatives = alternatives
-    return asked
+    return AskedTree(ask.positions)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -40,6 +41,25 @@ Clock = Callable[[], float]  # seconds from any fixed start
 # proposal's lists (the engine and the backends copy what they keep).
 NO_GUESS = Proposal([], None, Source.MODEL)
 
+# How much of what the target cached for earlier requests a request may reuse: "any" matching
+# prefix (fastest), only what a fresh evaluation of its prompt would have computed in the same
+# blocks ("exact": the answer does not depend on what came before), or nothing ("none").
+ReusePrefix = Literal["any", "exact", "none"]
+REUSE_PREFIX: tuple[ReusePrefix, ...] = ("any", "exact", "none")
+
+
+@dataclass(frozen=True)
+class PerRequest:
+    """What one request chooses beside its sampling, held by that request alone."""
+
+    # A backend's logits depend on the size of the block each position was evaluated in
+    # (llama.cpp's CPU kernels change at 64 rows), so a prefix cached by an earlier request
+    # (its answer evaluated a few tokens at a time) can tip a near-tie another way than a
+    # fresh evaluation: "exact" reuses only what the fresh evaluation's own blocks computed.
+    reuse_prefix: ReusePrefix = "any"
+    guess: bool = True  # False: plain decoding, no drafter asked (a free one neither)
+    max_draft: int | None = None  # the longest draft a step may verify; None: the backend's block
+
 
 class Engine:
     """Runs requests for one target and one drafter. The caches outlive requests, so a new
@@ -52,6 +72,7 @@ class Engine:
         free_drafter: bool = False,
         lookup: Drafter | None = None,
         clock: Clock = time.perf_counter,
+        trees: TreeShaper | None = None,
     ) -> None:
         self.target = target
         self.clock = clock  # what the step times are read from (a replay passes a simulated one)
@@ -65,16 +86,10 @@ class Engine:
         self.lookup = lookup
         # A backend that verifies where its logits are (a GPU) is handed the whole rule.
         self.verifier = target if target.capabilities.verifies and isinstance(target, Verifier) else None
-        # A backend's logits depend on the size of the block each position was evaluated in
-        # (llama.cpp's CPU kernels change at 64 rows), so a prefix cached by an earlier request
-        # (its answer evaluated a few tokens at a time) can tip a near-tie another way than a
-        # fresh evaluation. exact_prefix reuses only what the fresh evaluation's own blocks
-        # computed (see _exact_keep), so an answer does not depend on what came before it.
-        self.exact_prefix = False
         self._canonical: list[int] = []  # the cached prompt prefix evaluated in fresh blocks
-        # Set (localspec.control.trees) to verify a drafter's branches beside its chain where
-        # they pay, on a target that takes a tree in one pass; None: chains only.
-        self.trees: TreeShaper | None = None
+        # Which of a drafter's branches a step verifies beside its chain, on a target that takes
+        # a tree in one pass (localspec.assembly chooses it); None: chains only.
+        self.trees = trees
 
     def generate(
         self,
@@ -85,9 +100,11 @@ class Engine:
         stats: Stats,
         rng: np.random.Generator,
         cancelled: Callable[[], bool] | None = None,
+        choices: PerRequest = PerRequest(),
     ) -> Iterator[Step]:
         """cancelled: polled between prompt chunks and verify steps; once true the request
-        ends with finish reason "cancelled" and the caches stay consistent."""
+        ends with finish reason "cancelled" and the caches stay consistent. choices: what
+        this request reuses of the cache and whether (and how far) it drafts."""
         if not prompt:
             raise InvalidRequestError("the prompt is empty", "give some text to continue or a chat message")
         if max_tokens < 0:
@@ -99,7 +116,8 @@ class Engine:
         # its prefill, a real share of a short answer (benchmarks/drafter_prefill.py); should
         # a draft come after all, the drafter catches up then.
         stop = cancelled or _never
-        if not self._prefill(prompt, stats, self.free_drafter or policy.would_draft(len(prompt)), stop):
+        warm = choices.guess and (self.free_drafter or policy.would_draft(len(prompt)))
+        if not self._prefill(prompt, stats, warm, stop, choices.reuse_prefix):
             stats.finish_reason = "cancelled"
             return
         if max_tokens == 0:
@@ -110,16 +128,20 @@ class Engine:
         forced = getattr(cfg.constraint, "forced", None)
         numpy_rule = cfg.shapes_logits or cfg.logprobs is not None or (cfg.seed is not None and not cfg.greedy)
         req = _Request(cfg, policy, stats, rng, cancelled, max_tokens, len(prompt), before, eog, forced, numpy_rule)
+        req.guess, req.max_draft = choices.guess, choices.max_draft  # the request's own state
         yield from self._decode(list(prompt), req)
 
-    def _prefill(self, prompt: Sequence[int], stats: Stats, warm_drafter: bool, stop: Callable[[], bool]) -> bool:
+    def _prefill(
+        self, prompt: Sequence[int], stats: Stats, warm_drafter: bool, stop: Callable[[], bool], reuse: ReusePrefix
+    ) -> bool:
         """False when cancelled before the prompt was all in."""
         # Everything but the last prompt token goes in now; that token opens the first
         # verify block, so even the first generated token can come with a draft.
         t0 = self.clock()
-        keep = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
+        cached = self.target.cached_tokens() if reuse != "none" else ()
+        keep = min(common_prefix(cached, prompt), len(prompt) - 1)
         exact = self._exact_keep(prompt, keep)
-        keep = exact if self.exact_prefix else keep
+        keep = exact if reuse == "exact" else keep
         if keep > exact:  # the fresh evaluation's block from `exact` would have computed these
             stats.reused_tokens = keep - exact
             stats.reused_fresh_rows = min(self.target.capabilities.max_block, len(prompt) - 1 - exact)
@@ -203,13 +225,18 @@ class Engine:
         if room < 0:
             req.stats.finish_reason = "context_full"
             return None
-        return min(room, req.max_tokens - req.produced - 1, self.target.capabilities.max_block - 1)
+        longest = self.target.capabilities.max_block - 1  # a pass holds the pending token and the draft
+        if req.max_draft is not None:
+            longest = min(longest, req.max_draft)
+        return min(room, req.max_tokens - req.produced - 1, longest)
 
     def _propose(self, ctx: list[int], limit: int, req: _Request, past: int) -> Proposal:
         """The step's guess: what the grammar forces, else the free drafter's, the lookup's
         or the draft model's, as long as the policy chooses."""
         if req.forced is not None and limit > 0 and (forced := req.forced()[:limit]):
             return Proposal.forced(forced)
+        if not req.guess:  # plain decoding asked for: no drafter guesses, not even a free one
+            return NO_GUESS
         policy = req.policy
         if self.free_drafter:
             free = self._guess(self.drafter, ctx, limit, req)
@@ -371,6 +398,8 @@ class _Request:
     # host (penalties, bias, a grammar's mask, logprobs, a seeded sample: the numpy rule).
     forced: Callable[[], list[int]] | None = None
     numpy_rule: bool = False
+    guess: bool = True  # PerRequest's
+    max_draft: int | None = None
     produced: int = 0
     shadow: Shadow | None = None
     t_start: float = 0.0

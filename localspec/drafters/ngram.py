@@ -44,6 +44,7 @@ class NgramDrafter:
         max_support: int = MAX_SUPPORT,
         memory: NgramMemory | None = None,
         recall_greedy_within: int | None = None,
+        branching: int = 0,
     ) -> None:
         if min_ngram < 1:
             raise ValueError("min_ngram must be at least 1")
@@ -63,7 +64,7 @@ class NgramDrafter:
         self.upkeep = 0
         # For a tree (localspec.core.tree), when above 0: also offer the best-matched earlier
         # continuation that starts with another token (benchmarks/second_candidates.py).
-        self.branching = 0
+        self.branching = branching
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         # The next turn of a conversation (or a request sharing a system prompt) re-indexes only

@@ -31,6 +31,7 @@ from localspec.server.hosts import HostCheck, HostPolicy
 from localspec.server.metrics import CONTENT_TYPE_LATEST, exposition
 from localspec.server.middleware import BodyLimit, JsonBody, KeyCheck, RequestLog, error_response, key_given
 from localspec.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationRequest
+from localspec.server.speculation import requested
 from localspec.server.worker import Item, Job, Worker, stream_kwargs
 
 UNLIMITED = 1 << 30  # no max_tokens: generate until a stop or the context is full
@@ -44,7 +45,7 @@ class Settings:
     keepalive_s: float = 10.0  # SSE comment while a request waits or its prompt is evaluated
     max_body_bytes: int = 8 << 20
     # A request's cache_prompt when it sends none: False reuses only a prefix evaluated as a
-    # fresh request would, so answers do not depend on earlier requests (Engine.exact_prefix).
+    # fresh request would, so answers do not depend on earlier requests (reuse_prefix "exact").
     cache_prompt: bool = False
     # False: no prefix is reused across requests, whatever a request asks (serve --no-prefix-cache).
     prefix_cache: bool = True
@@ -104,12 +105,14 @@ class Catalog:
         return pair.id, False
 
 
-def _warnings(ignored: Sequence[str], asked: str | None, model: str) -> dict[str, str]:
-    """The warning header: fields ignored, a model name answered by another. ASCII only, as
-    headers must be."""
+def _warnings(ignored: Sequence[str], asked: str | None, model: str, no_effect: Sequence[str] = ()) -> dict[str, str]:
+    """The warning header: fields ignored, fields with no effect here, a model name answered by
+    another. ASCII only, as headers must be."""
     said = []
     if ignored:
         said.append(f"ignored fields with no equivalent here: {', '.join(ignored)}")
+    if no_effect:
+        said.append(f"fields with no effect here: {', '.join(no_effect)}")
     if asked is not None:
         said.append(f"model {asked!r} is not here; {model} answered")
     text = "; ".join(said).encode("ascii", "backslashreplace").decode()
@@ -196,6 +199,7 @@ class _Generation:
     ) -> Response:
         worker, catalog, settings = self.worker, self.catalog, self.settings
         model, unknown = await run_in_threadpool(catalog.answer, body.model, worker.model_id)
+        speculating = requested(body)  # checked before the prompt, which takes longer
         asked = body.model if unknown else None
         limit = body.token_limit
         sampling = body.sampling()
@@ -203,8 +207,12 @@ class _Generation:
             max_tokens=UNLIMITED if limit is None else limit, stop=body.stops, sampling=sampling, **source
         )
         grammar = GrammarRequest.of(body.response_format, tools if tools is not None and tools.forced else None)
-        prompt = await run_in_threadpool(worker.check_prompt, model, kwargs, grammar)
         cache_prompt = settings.cache_prompt if body.cache_prompt is None else body.cache_prompt
+        # Reuse only a cached prefix evaluated as a fresh request would, so the answer does not
+        # depend on earlier requests, unless cache_prompt asks for speed; nothing without a cache.
+        kwargs["reuse_prefix"] = "none" if not settings.prefix_cache else "any" if cache_prompt else "exact"
+        kwargs["speculation"] = speculating.speculation
+        prompt = await run_in_threadpool(worker.check_prompt, model, kwargs, grammar)
 
         def make(index: int, emit: Callable[[Item], None]) -> Job:
             # Each choice its own seed (the next one), so that seeded choices differ and each is reproducible.
@@ -213,8 +221,6 @@ class _Generation:
                 model,
                 {**kwargs, "sampling": seeded},
                 emit,
-                exact_prefix=not cache_prompt,
-                fresh=not settings.prefix_cache,
                 logprobs=body.logprob_top(),
                 grammar=grammar,
                 prompt=prompt,
@@ -222,7 +228,7 @@ class _Generation:
 
         first = _submit(worker, make, 0)
         reply = Reply(kind, model, request, tools, choices=body.choices, asked=asked)
-        headers = _warnings(ignored, asked, model)
+        headers = _warnings(ignored, asked, model, speculating.no_effect)
         if body.stream:
             return StreamingResponse(
                 _sse(reply, first, make, worker, body.include_usage, settings.keepalive_s),

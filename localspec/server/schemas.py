@@ -87,6 +87,10 @@ PEER_FIELDS = frozenset(
         "options",
     }
 )
+# llama-server's per-request speculation fields, read by localspec.server.speculation.
+LLAMA_SPECULATIVE = frozenset(
+    {"speculative.n_max", "speculative.n_min", "speculative.p_min", "speculative.types", "speculative.type"}
+)
 # llama-server's names for fields that have an equivalent here: the equivalent's name.
 PEER_NAMES = {"n_predict": "max_tokens", "json_schema": "response_format"}
 # n: choices are generated one after another, so n multiplies a request's time; 4 is
@@ -177,6 +181,9 @@ class GenerationRequest(BaseModel):
     # llama-server's name: true reuses any cached prompt prefix, which is faster but may tip a
     # near-tie another way than a fresh evaluation; None takes the server's --cache-prompt.
     cache_prompt: bool | None = None
+    # This request's drafting: {"strategy": "none" | "auto" | ..., "draft_tokens": N, "max_draft": N}
+    # (localspec.server.speculation reads it with llama-server's speculative.* fields).
+    speculation: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -284,7 +291,7 @@ class GenerationRequest(BaseModel):
         for name in self.model_extra or {}:
             if name in PEER_FIELDS:
                 ignored.append(name)
-            elif name not in HARMLESS_FIELDS:
+            elif name not in HARMLESS_FIELDS and name not in LLAMA_SPECULATIVE:
                 raise ApiError(400, f"unknown or unsupported field '{name}'", param=name, code="unsupported")
         return ignored
 

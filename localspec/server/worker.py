@@ -22,6 +22,7 @@ from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest
 from localspec.server.metrics import ServerMetrics
 from localspec.server.schemas import ApiError
+from localspec.strategies import drafting
 
 log = logging.getLogger("localspec.server")
 
@@ -57,10 +58,6 @@ class Job:
     model: str
     request: Mapping[str, Any]  # Runtime.stream keyword arguments
     emit: Callable[[Item], None]
-    # Reuse only a cached prefix evaluated as a fresh request would (Engine.exact_prefix), so
-    # the answer does not depend on earlier requests; False: reuse any, for speed.
-    exact_prefix: bool = True
-    fresh: bool = False  # True: reuse nothing cached by earlier requests, evaluate the whole prompt
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
     recorder: LogprobRecorder | None = None  # made when the job runs, for the model it runs on
     grammar: GrammarRequest | None = None  # a JSON response_format or a forced tool call
@@ -197,6 +194,8 @@ class Worker:
                 return None
             if grammar is not None:
                 grammar.constraint(runtime)  # compiled now so a bad schema is a 400 before the stream
+            if (speculation := request.get("speculation")) is not None:
+                drafting(runtime.plan, speculation)  # a strategy the model was not loaded with: a 400 now
             return self._tokenize(runtime, request)
 
     def _tokenize(self, runtime: Runtime, request: Mapping[str, Any]) -> Prompt:
@@ -348,9 +347,6 @@ class Worker:
     def _serve(self, job: Job) -> None:
         try:
             runtime = self._runtime_for(job.model)
-            runtime.engine.exact_prefix = job.exact_prefix
-            if job.fresh:
-                runtime.target.rollback(0)
             prompt = job.prompt if job.prompt is not None else self._tokenize(runtime, job.request)
             request = {key: value for key, value in job.request.items() if key not in PROMPT_KEYS}
             request["sampling"] = self._sampling(runtime, job, request["sampling"])

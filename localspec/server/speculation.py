@@ -1,0 +1,108 @@
+"""A request's speculation in serve: localspec's own field,
+
+    "speculation": {"strategy": "none" | "auto" | <the loaded strategy>, "draft_tokens": N, "max_draft": N}
+
+and llama-server's speculative.* fields, mapped onto it: speculative.n_max is the longest
+draft, speculative.types [] (or "none") turns drafting off; speculative.n_min, speculative.p_min
+and a list of other types are accepted and named in the warning header, as nothing here
+follows them (the controller chooses each draft's length, the loaded drafter drafts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.server.schemas import LLAMA_SPECULATIVE, ApiError, GenerationRequest
+from localspec.strategies import Speculation
+
+# What a field that changes nothing here is told in the warning header.
+NO_EFFECT = {
+    "speculative.n_min": "the controller chooses each draft's length",
+    "speculative.p_min": "the drafter's own rule ends a draft",
+    "speculative.types": "the loaded drafter drafts; only [] turns it off",
+    "speculative.type": "the loaded drafter drafts; only 'none' turns it off",
+}
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a request asked of speculation: the Speculation for Runtime.stream (None: the
+    runtime's own), and the fields it sent that change nothing here, for the warning header."""
+
+    speculation: Speculation | None = None
+    no_effect: list[str] = field(default_factory=list)
+
+
+def requested(body: GenerationRequest) -> Asked:
+    """The request's speculation from its `speculation` field and llama-server's fields; a
+    value of the wrong kind is a 400 naming the field."""
+    peer = {name: value for name, value in (body.model_extra or {}).items() if name in LLAMA_SPECULATIVE}
+    if body.speculation is None and not peer:
+        return Asked()
+    own = _own(body.speculation or {})
+    no_effect = []
+    max_draft = own.get("max_draft")
+    if "speculative.n_max" in peer:
+        n_max = _count(peer["speculative.n_max"], "speculative.n_max")
+        max_draft = n_max if max_draft is None else max_draft  # localspec's own field wins
+    for name in ("speculative.n_min", "speculative.p_min"):
+        if name in peer:
+            _number(peer[name], name, 1.0 if name == "speculative.p_min" else None)
+            no_effect.append(f"{name} ({NO_EFFECT[name]})")
+    strategy = own.get("strategy", "auto")
+    for name in ("speculative.types", "speculative.type"):
+        if name in peer:
+            if _off(peer[name], name):
+                strategy = "none" if "strategy" not in own else strategy
+            else:
+                no_effect.append(f"{name} ({NO_EFFECT[name]})")
+    return Asked(Speculation(strategy, own.get("draft_tokens", "auto"), max_draft), no_effect)
+
+
+def _own(given: Mapping[str, Any]) -> dict[str, Any]:
+    """localspec's `speculation` object, its values checked for kind (the loaded runtime
+    checks the strategy it names)."""
+    unknown = sorted(set(given) - {"strategy", "draft_tokens", "max_draft"})
+    if unknown:
+        raise ApiError(
+            400,
+            f"unknown speculation field {unknown[0]!r}: it takes strategy, draft_tokens and max_draft",
+            param=f"speculation.{unknown[0]}",
+        )
+    out = dict(given)
+    if "strategy" in out and not isinstance(out["strategy"], str):
+        raise ApiError(400, "'speculation.strategy' must be a strategy's name, e.g. \"none\"", param="speculation")
+    if "draft_tokens" in out and out["draft_tokens"] != "auto":
+        out["draft_tokens"] = _count(out["draft_tokens"], "speculation.draft_tokens", 'or "auto"')
+    if out.get("max_draft") is not None:
+        out["max_draft"] = _count(out["max_draft"], "speculation.max_draft")
+    return out
+
+
+def _count(value: Any, name: str, also: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ApiError(400, f"'{name}' must be a whole number >= 0 {also}".rstrip(), param=name)
+    return value
+
+
+def _number(value: Any, name: str, most: float | None) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < 0
+        or (most is not None and value > most)
+    ):
+        bound = f"0 to {most:g}" if most is not None else ">= 0"
+        raise ApiError(400, f"'{name}' must be a number {bound}", param=name)
+
+
+def _off(value: Any, name: str) -> bool:
+    """Whether llama-server's types turn drafting off: [] or "none" (a comma-separated text
+    or a list of names, as its --spec-type takes them)."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ApiError(400, f"'{name}' must be a list of type names, e.g. [] or [\"ngram-simple\"]", param=name)
+    names = [n.strip() for n in names if n.strip()]
+    return not names or names == ["none"]
