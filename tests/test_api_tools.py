@@ -48,9 +48,7 @@ RIVERS = [{"role": "user", "content": "Name three rivers."}]
 @pytest.fixture
 def rt(target_backend: Backend) -> Runtime:
     """The default model as load() runs it (n-gram lookup)."""
-    made = runtime_for(target_backend, strategy="ngram", calibrate=False)
-    made.engine.exact_prefix = True  # the same answer whatever the shared target cached before
-    return made
+    return runtime_for(target_backend, strategy="ngram", calibrate=False)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +91,10 @@ def test_a_streamed_call_shows_no_call_text_and_ends_with_the_call(rt: Runtime) 
 def test_the_same_forced_call_in_process_and_through_serve(rt: Runtime, server: LocalServer) -> None:
     tool = {"type": "function", "function": {"name": "weather", "parameters": Weather.model_json_schema()}}
     choice = {"type": "function", "function": {"name": "weather"}}
-    here = rt.generate(messages=ASK_WEATHER, tools=[tool], tool_choice=choice, max_tokens=48, temperature=0)
+    # reuse_prefix="exact": the same answer whatever the shared target cached before, as serve gives
+    here = rt.generate(
+        messages=ASK_WEATHER, tools=[tool], tool_choice=choice, max_tokens=48, temperature=0, reuse_prefix="exact"
+    )
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
     there = client.chat.completions.create(
         model=MODEL, messages=ASK_WEATHER, tools=[tool], tool_choice=choice, max_tokens=48, temperature=0
@@ -183,7 +184,9 @@ def test_logprobs_are_servings(rt: Runtime, server: LocalServer) -> None:
     served = client.chat.completions.create(
         model=MODEL, messages=RIVERS, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3
     )
-    here = rt.generate(messages=RIVERS, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+    here = rt.generate(
+        messages=RIVERS, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3, reuse_prefix="exact"
+    )
 
     content = served.choices[0].logprobs.content
     assert here.logprobs is not None and len(here.logprobs) == len(here.tokens) == len(content)
@@ -216,7 +219,7 @@ def test_penalties_as_keywords_change_the_text_as_servings_do(
         model=MODEL, prompt="1, 2, 3, 4, 5, 6,", max_tokens=24, temperature=0, extra_body=penalty
     )
     plain = rt.generate("1, 2, 3, 4, 5, 6,", max_tokens=24, temperature=0)
-    here = rt.generate("1, 2, 3, 4, 5, 6,", max_tokens=24, temperature=0, **penalty)
+    here = rt.generate("1, 2, 3, 4, 5, 6,", max_tokens=24, temperature=0, reuse_prefix="exact", **penalty)
 
     assert here.text != plain.text
     assert here.text == served.choices[0].text

@@ -638,10 +638,10 @@ class LlamaCppBackend:
         return head
 
     def make_self_drafter(self, kind: str, option: str | None) -> Backend:
-        """SelfDrafting: the model's MTP head, or a qspec or layerskip drafter (drafters.self_drafter)."""
+        """SelfDrafting: the model's MTP head, or a qspec or layerskip drafter (drafters.make_self_drafter)."""
         if kind == "mtp":
             return self.mtp_head()
-        return drafters.self_drafter(self._host(), kind, option)
+        return drafters.make_self_drafter(self._host(), kind, option)
 
     def derived_drafters(self, kind: str) -> list[tuple[str, Path]]:
         """SelfDrafting: every candidate drafter of a kind, derived (once) for a side-by-side measurement."""

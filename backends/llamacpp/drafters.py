@@ -115,7 +115,7 @@ def dspark_drafter(host: Host, path: str) -> DSparkDrafter:
     return load_dspark(host.target, host.ctx, path, host.options["gpu_layers"], threads)
 
 
-def self_drafter(host: Host, kind: str, option: str | None) -> Backend:
+def make_self_drafter(host: Host, kind: str, option: str | None) -> Backend:
     """The qspec or layerskip drafter (localspec.core.protocol.SelfDrafting), derived once per
     model file and loaded beside the target; without option, the measured best candidate."""
     target = host.target
