@@ -88,6 +88,8 @@ def test_the_choice_reaches_llama_cpp_and_names_the_device(tiny: Path, monkeypat
 
 def test_gpu_layers_on_the_command_line(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "-m", str(tiny), "--gpu-layers", "0", "-t", "0", "--max-tokens", "4", "hi"]) == 0
+    # 99: more than the model has, every layer (llama.cpp clamps); on a CPU build, none.
+    assert main(["run", "-m", str(tiny), "--gpu-layers", "99", "-t", "0", "--max-tokens", "4", "hi"]) == 0
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["run", "-m", str(tiny), "--gpu-layers", "-2", "hi"])
