@@ -6,7 +6,8 @@
 # (the figures are in docs/gpu.md). Idempotent: packages, wheel and venv are made once and reused.
 #
 #   bash .ci/vulkan.sh                      # the GPU-path test files on the software device
-#   bash .ci/vulkan.sh tests/test_x.py -k y # any pytest arguments instead
+#   bash .ci/vulkan.sh -x -k ngram          # pytest options: still those files
+#   bash .ci/vulkan.sh tests/test_x.py -k y # other test files instead
 #
 # Needs: Debian/Ubuntu with apt (as root) or the packages below already there; Mesa >= 25
 # (Debian 12's 22.3.6 crashes inside lavapipe, docs/gpu.md); Vulkan headers >= 1.3.272 or the
@@ -61,7 +62,8 @@ wheel_key() {
     {
         echo "$VERSION $CMAKE_ARGS"
         cat .ci/vulkan/include/vulkan/vulkan.hpp
-        gcc -march=native -Q --help=target 2>/dev/null | grep -m1 -- '-march='
+        # awk reads gcc's whole answer: grep -m1 would close the pipe on it (pipefail: gcc's status 2)
+        gcc -march=native -Q --help=target 2>/dev/null | awk '$1 == "-march=" {print $2}'
     } | sha1sum | cut -c1-12
 }
 
@@ -121,5 +123,7 @@ print(f"backends {gpu_backends()}, device {device}")
 sys.exit(0 if device else "no Vulkan device seen: is mesa-vulkan-drivers installed and GGML_VK_VISIBLE_DEVICES right?")
 EOF
 echo "== tests on the software device"
-if [ $# -eq 0 ]; then set -- "${DEFAULT_TESTS[@]}"; fi
+named=0  # pytest options alone (-k, -x) still run the default files, never the whole suite
+for arg in "$@"; do case $arg in tests/* | *.py | *.py::*) named=1 ;; esac; done
+[ $named = 1 ] || set -- "$@" "${DEFAULT_TESTS[@]}"
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$@"
