@@ -47,9 +47,9 @@ def greedy(target: Backend, draft: Backend | None, strategy: str, gamma: int | s
     return run
 
 
-def compare(label: str, run: Run, plain: Sequence[list[int]]) -> str:
+def compare(label: str, run: Run, prompts: Sequence[str], plain: Sequence[list[int]]) -> str:
     same, parted = 0, []
-    for prompt, reference in zip(PROMPTS, plain, strict=True):
+    for prompt, reference in zip(prompts, plain, strict=True):
         out = run(prompt)
         if out == reference:
             same += 1
@@ -57,7 +57,7 @@ def compare(label: str, run: Run, plain: Sequence[list[int]]) -> str:
             pairs = enumerate(zip(out, reference, strict=False))
             parted.append(next((i for i, (a, b) in pairs if a != b), min(len(out), len(reference))))
     where = ", ".join(f"token {i}" for i in parted) or "-"
-    row = f"| {label} | {same}/{len(PROMPTS)} | {where} |"
+    row = f"| {label} | {same}/{len(prompts)} | {where} |"
     print(row, flush=True)
     return row
 
@@ -81,6 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts only")
     parser.add_argument("--work", default="/tmp/device-identity")
     args = parser.parse_args()
     device = gpu_device()
@@ -94,7 +95,8 @@ def main() -> None:
     print(f"device: {device.name}; target {target.capabilities.extra.get('gpu')}; {args.tokens} tokens a prompt")
     assert target._greedy.wanted, "the output layer is not on the device"  # type: ignore[attr-defined]
     n = args.tokens
-    plain = [greedy(target, None, "none", 0, n)(p) for p in PROMPTS]
+    prompts = PROMPTS[: args.prompts]
+    plain = [greedy(target, None, "none", 0, n)(p) for p in prompts]
     print("| against `none` on the device | identical | first differing token |\n|---|---|---|")
     rows = [
         ("none, the host's argmax", host_argmax(target, greedy(target, None, "none", 0, n))),
@@ -106,7 +108,7 @@ def main() -> None:
         ("none on the CPU (another device's kernels)", greedy(cpu_target, None, "none", 0, n)),
     ]
     for label, run in rows:
-        compare(label, run, plain)
+        compare(label, run, prompts, plain)
     for backend in (target, on_device, on_cpu, cpu_target):
         backend.close()
 
