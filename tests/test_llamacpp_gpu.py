@@ -79,6 +79,11 @@ def test_the_choice_reaches_llama_cpp_and_names_the_device(tiny: Path, monkeypat
         assert model.capabilities.device == "gpu"
     finally:
         model.close()
+    every = LlamaCppBackend(str(tiny), n_ctx=64, gpu_layers=99)  # --gpu-layers 99: llama.cpp's "all"
+    try:
+        assert every.capabilities.extra["gpu"] == f"Test GPU ({every.info.n_layers + 1} layers)"
+    finally:
+        every.close()
     chosen = LlamaCppBackend(str(tiny), n_ctx=64, gpu_layers=0)  # --gpu-layers 0: the CPU only
     try:
         assert chosen.capabilities.device == "cpu" and chosen._options["gpu_layers"] == 0
