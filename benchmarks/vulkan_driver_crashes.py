@@ -6,8 +6,10 @@ one: an unpacked mesa-vulkan-drivers 22.3.6 .deb beside the installed Mesa 25, s
 
 Scenarios: flash attention on, a 3-token pass after a 1-token pass; flash attention off with
 the graph's argmax on; the same with it off (the host's argmax), which separates the argmax
-from the rest of the pass; and plain llama.cpp (llama-cpp-python's own Llama, no localspec
-code) doing the first scenario. Prints each one's exit status (-11 is SIGSEGV, -6 SIGABRT).
+from the rest of the pass; both again on a one-token block after a prompt pass without
+outputs (what tests/test_llamacpp_device_greedy.py does first); and plain llama.cpp
+(llama-cpp-python's own Llama, no localspec code) doing the first scenario. Prints each one's
+exit status (-11 is SIGSEGV, -6 SIGABRT).
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ runtime = runtime_for(target, strategy="ngram", draft_tokens=4)
 print(runtime.generate("Count: 1 2 3 4 5", max_tokens=16, temperature=0).text)
 """
 
+# tests/test_llamacpp_device_greedy.py's first steps: a prompt pass without outputs, then the
+# graph's argmax on a one-token block.
+AFTER_PROMPT = """
+from localspec.backends.llamacpp.backend import LlamaCppBackend
+from localspec.core.sampling import SamplingConfig
+target = LlamaCppBackend({path!r}, n_ctx=256, gpu_layers=99)
+target._greedy.wanted = {argmax}
+ids = target.tokenize("The three largest cities of France are", add_special=True, parse_special=False)
+target.eval_block(ids[:-1], "none")
+print(target.verify_block(ids[-1:], None, SamplingConfig(temperature=0.0), None))
+"""
+
 RAW = """
 import llama_cpp
 llm = llama_cpp.Llama({path!r}, n_ctx=256, n_gpu_layers=99, flash_attn=True, verbose=False)
@@ -42,6 +56,8 @@ SCENARIOS = (
     ("flash attention on, 1-token pass then 3-token pass", "on", PASSES, True),
     ("flash attention off, the graph's argmax", "off", PASSES, True),
     ("flash attention off, the host's argmax", "off", PASSES, False),
+    ("flash attention off, the graph's argmax after a prompt pass", "off", AFTER_PROMPT, True),
+    ("flash attention off, the host's argmax after a prompt pass", "off", AFTER_PROMPT, False),
     ("llama-cpp-python alone, flash attention on", "on", RAW, False),
 )
 
