@@ -36,7 +36,7 @@ packages() {
     mesa=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)
     dpkg --compare-versions "${mesa:-0}" ge 25 || need+=(mesa-vulkan-drivers)
     for p in libvulkan-dev glslc spirv-headers; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
+        [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == *"ok installed" ]] || need+=("$p")
     done
     [ ${#need[@]} -eq 0 ] && return 0
     if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
