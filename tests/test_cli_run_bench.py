@@ -146,6 +146,10 @@ def test_doctor_prints_the_device_and_the_verify_cost_curve(default_model_in_hom
     assert "measured ms" in out and "predicted ms" in out and "after 512" in out
     assert "graph rebuild" in out
     assert "--exact" in out  # whether this llama.cpp can give bit-for-bit greedy output
+    from localspec.backends.llamacpp.gpu import gpu_device
+
+    device = gpu_device()  # a GPU build's device (llvmpipe on .ci/vulkan.sh's), by name
+    assert f"llama.cpp    decodes on {device.name if device else 'the CPU'}" in out
 
 
 def test_peer_comparison_without_built_programs_says_how_to_build(default_model_in_home: Path, capsys) -> None:

@@ -1,6 +1,7 @@
 """Greedy blocks verified inside llama.cpp's graph (backends/llamacpp/greedy.py) pick the tokens
 the host's argmax picks over the same pass's logits, and a request that wants the logits still
-gets them. The graph's argmax is for outputs on a GPU; these tests turn it on for the CPU's."""
+gets them. The graph's argmax is for outputs on a GPU; these tests turn it on for the CPU's
+(and on a GPU build, .ci/vulkan.sh, compare it with the host's on the device)."""
 
 from __future__ import annotations
 
@@ -20,17 +21,23 @@ GREEDY = SamplingConfig(temperature=0.0)
 PROMPT = "The three largest cities of France are"
 
 
+def output_on_a_gpu(backend: Backend) -> bool:
+    """Whether this build put the target's output layer on a GPU (a Vulkan or CUDA build), where
+    greedy blocks take the graph's argmax by themselves."""
+    return backend.capabilities.device == "gpu"
+
+
 @pytest.fixture
 def in_graph(target_backend: Backend) -> Iterator[Backend]:
     """The target with the graph's argmax wanted, as where its output layer is on a GPU."""
     greedy = target_backend._greedy  # type: ignore[attr-defined]
-    assert not greedy.wanted  # the CPU's output row is the host's to read
+    assert greedy.wanted == output_on_a_gpu(target_backend)  # the CPU's output row is the host's to read
     greedy.wanted = True
     try:
         yield target_backend
     finally:
         greedy.detach()
-        greedy.wanted = False
+        greedy.wanted = output_on_a_gpu(target_backend)
 
 
 def verified_both_ways(backend: Backend, block: list[int]) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -73,7 +80,25 @@ def test_greedy_and_sampled_requests_take_turns_on_one_context(in_graph: Backend
     assert with_rows.tokens == first and len(recorder.entries) == 16
 
 
-def test_on_the_cpu_greedy_requests_read_the_row_on_the_host(target_backend: Backend) -> None:
+def test_greedy_requests_take_the_graphs_argmax_only_where_the_output_layer_is_on_a_gpu(
+    target_backend: Backend,
+) -> None:
     runtime = runtime_for(target_backend, strategy="none")
     runtime.generate(PROMPT, max_tokens=4, temperature=0.0)
-    assert not target_backend._greedy.attached  # type: ignore[attr-defined]
+    assert target_backend._greedy.attached == output_on_a_gpu(target_backend)  # type: ignore[attr-defined]
+
+
+def test_the_graphs_argmax_and_the_hosts_give_the_same_greedy_text(target_backend: Backend) -> None:
+    greedy = target_backend._greedy  # type: ignore[attr-defined]
+    runtime = runtime_for(target_backend, strategy="ngram")
+    texts: dict[bool, list[int]] = {}
+    for wanted in (True, False):
+        greedy.detach()
+        greedy.wanted = wanted
+        try:
+            texts[wanted] = runtime.generate(PROMPT, max_tokens=24, temperature=0.0).tokens
+            assert greedy.attached == wanted
+        finally:
+            greedy.detach()
+            greedy.wanted = output_on_a_gpu(target_backend)
+    assert texts[True] == texts[False]

@@ -1,6 +1,7 @@
 """Where llama.cpp's layers run: on the GPU of a Metal, CUDA or Vulkan build (every layer
 that fits, unless --gpu-layers says otherwise), on the CPU of a build without one. CI's
-build is a CPU one with RPC, which llama_supports_gpu_offload() calls offload-capable."""
+build is a CPU one with RPC, which llama_supports_gpu_offload() calls offload-capable;
+.ci/vulkan.sh runs this file on a Vulkan build with Mesa's software device."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-
 
 from localspec.backends.llamacpp import backend as llamacpp
 from localspec.backends.llamacpp.backend import GPU_RESERVE, GpuDevice, LlamaCppBackend, gpu_layers_that_fit
+from localspec.backends.llamacpp.gpu import gpu_backends
 from localspec.cli.main import main
 from localspec.testing.gguf_writer import Spec, write_gguf
 
@@ -24,12 +26,39 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_build_without_a_gpu_backend_decodes_on_the_cpu(tiny: Path) -> None:
+    if gpu_backends():
+        pytest.skip(f"a {'/'.join(gpu_backends())} build: test_a_gpu_build_decodes_on_its_device is its test")
     assert llamacpp.gpu_device() is None  # an RPC build: its rpc devices are other machines'
     model = LlamaCppBackend(str(tiny), n_ctx=64)
     try:
         assert model.capabilities.device == "cpu" and "gpu" not in model.capabilities.extra
     finally:
         model.close()
+
+
+def test_a_gpu_build_decodes_on_its_device(tiny: Path) -> None:
+    device = llamacpp.gpu_device()
+    if device is None:
+        pytest.skip("no GPU seen: a CPU build, or a Vulkan one not told GGML_VK_VISIBLE_DEVICES=0 on a software device")
+    assert gpu_backends(), "a GPU device comes from one of the build's GPU backends, never an RPC one"
+    model = LlamaCppBackend(str(tiny), n_ctx=64)
+    try:
+        assert model._options["gpu_layers"] == model.info.n_layers + 1  # a tiny model fits: every layer
+        assert model.capabilities.device == "gpu" and model.capabilities.extra["gpu"].startswith(device.name)
+        assert model._greedy.wanted  # the output layer is on the GPU: greedy blocks take its argmax
+    finally:
+        model.close()
+
+
+def test_doctor_says_why_a_gpu_build_decodes_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.backends.llamacpp import gpu
+    from localspec.cli import doctor
+
+    monkeypatch.setattr(gpu, "gpu_backends", lambda: ("Vulkan",))
+    assert "GGML_VK_VISIBLE_DEVICES=0" in doctor._gpu_line(None)  # lavapipe is a CPU-type device
+    monkeypatch.setattr(gpu, "gpu_backends", lambda: ())
+    assert "has no GPU backend" in doctor._gpu_line(None)
+    assert doctor._gpu_line("llvmpipe (LLVM 19.1.7, 256 bits) (31 layers)").startswith("decodes on llvmpipe")
 
 
 def test_every_layer_goes_to_a_gpu_the_weights_fit_and_a_share_where_they_do_not() -> None:
@@ -50,6 +79,11 @@ def test_the_choice_reaches_llama_cpp_and_names_the_device(tiny: Path, monkeypat
         assert model.capabilities.device == "gpu"
     finally:
         model.close()
+    every = LlamaCppBackend(str(tiny), n_ctx=64, gpu_layers=99)  # --gpu-layers 99: llama.cpp's "all"
+    try:
+        assert every.capabilities.extra["gpu"] == f"Test GPU ({every.info.n_layers + 1} layers)"
+    finally:
+        every.close()
     chosen = LlamaCppBackend(str(tiny), n_ctx=64, gpu_layers=0)  # --gpu-layers 0: the CPU only
     try:
         assert chosen.capabilities.device == "cpu" and chosen._options["gpu_layers"] == 0
@@ -59,6 +93,8 @@ def test_the_choice_reaches_llama_cpp_and_names_the_device(tiny: Path, monkeypat
 
 def test_gpu_layers_on_the_command_line(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "-m", str(tiny), "--gpu-layers", "0", "-t", "0", "--max-tokens", "4", "hi"]) == 0
+    # 99: more than the model has, every layer (llama.cpp clamps); on a CPU build, none.
+    assert main(["run", "-m", str(tiny), "--gpu-layers", "99", "-t", "0", "--max-tokens", "4", "hi"]) == 0
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["run", "-m", str(tiny), "--gpu-layers", "-2", "hi"])

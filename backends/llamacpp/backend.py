@@ -275,7 +275,9 @@ class LlamaCppBackend:
         self._max_rows = self._plan.max_rows or max_block
         device = gpu_device() if gpu_layers and not rpc else None
         if device is not None:  # another device, another cost curve
-            extra["gpu"] = f"{device.name} ({gpu_layers} layers)"
+            # llama.cpp takes a count past the model's (99, -1) as all: the blocks and the output layer.
+            layers = self.info.n_layers + 1 if not 0 <= gpu_layers <= self.info.n_layers else gpu_layers
+            extra["gpu"] = f"{device.name} ({layers} layers)"
         self.capabilities = Capabilities(
             max_block=max_block,
             device="rpc" if rpc else ("gpu" if device else "cpu"),

@@ -19,6 +19,7 @@ class GpuDevice:
 
 
 _GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU and _IGPU
+_HOST_BACKENDS = (b"CPU", b"RPC", b"BLAS")  # ggml backends whose devices are not this machine's GPU
 # What a GPU keeps free beside the layers it takes: the KV cache, the compute buffers.
 GPU_RESERVE = 1 << 30
 
@@ -28,18 +29,14 @@ def gpu_device() -> GpuDevice | None:
     """The GPU this llama.cpp build runs on (a Metal, CUDA or Vulkan build), or None. Asked of
     ggml's device list: llama_supports_gpu_offload() says yes for any build with RPC, and an
     RPC server's device is another machine's."""
-    from llama_cpp import llama_cpp as raw
-
-    lib = raw._lib
+    lib = _ggml()
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     lib.ggml_backend_dev_count.restype = sz
     lib.ggml_backend_dev_get.argtypes, lib.ggml_backend_dev_get.restype = [sz], vp
     lib.ggml_backend_dev_type.argtypes, lib.ggml_backend_dev_type.restype = [vp], ctypes.c_int
     lib.ggml_backend_dev_description.argtypes, lib.ggml_backend_dev_description.restype = [vp], ctypes.c_char_p
     lib.ggml_backend_dev_backend_reg.argtypes, lib.ggml_backend_dev_backend_reg.restype = [vp], vp
-    lib.ggml_backend_reg_name.argtypes, lib.ggml_backend_reg_name.restype = [vp], ctypes.c_char_p
     lib.ggml_backend_dev_memory.argtypes = [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]
-    init_library()
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         if lib.ggml_backend_dev_type(dev) not in _GPU_TYPES:
@@ -50,6 +47,28 @@ def gpu_device() -> GpuDevice | None:
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         return GpuDevice((lib.ggml_backend_dev_description(dev) or b"GPU").decode(), int(free.value))
     return None
+
+
+@cache
+def gpu_backends() -> tuple[str, ...]:
+    """The GPU backends this llama.cpp build has (("Vulkan",), ("CUDA",)...), whether or not
+    they see a device: a Vulkan build on a machine whose only Vulkan device is a software one
+    (Mesa's lavapipe) sees none unless GGML_VK_VISIBLE_DEVICES names it."""
+    lib = _ggml()
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.argtypes, lib.ggml_backend_reg_get.restype = [ctypes.c_size_t], ctypes.c_void_p
+    names = (lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)) or b"" for i in range(lib.ggml_backend_reg_count()))
+    return tuple(name.decode() for name in names if name and name not in _HOST_BACKENDS)
+
+
+def _ggml() -> ctypes.CDLL:
+    """llama.cpp's library, initialised, with the one ggml call both questions above share typed."""
+    from llama_cpp import llama_cpp as raw
+
+    lib: ctypes.CDLL = raw._lib
+    lib.ggml_backend_reg_name.argtypes, lib.ggml_backend_reg_name.restype = [ctypes.c_void_p], ctypes.c_char_p
+    init_library()
+    return lib
 
 
 def gpu_layers_that_fit(n_layers: int, size_bytes: int, device: GpuDevice | None) -> int:

@@ -218,8 +218,14 @@ def _exact_cost(model: str, backend: str, exact_curve: list[float]) -> str:
 
 
 def _gpu_line(gpu: str | None) -> str:
+    from localspec.backends.llamacpp.gpu import gpu_backends
+
     if gpu:
         return f"decodes on {gpu}; --gpu-layers N moves fewer layers there"
+    built = gpu_backends()
+    if built:  # a Vulkan build skips CPU-type devices (Mesa's lavapipe) unless told to use them
+        hint = " (GGML_VK_VISIBLE_DEVICES=0 picks a software Vulkan device)" if "Vulkan" in built else ""
+        return f"decodes on the CPU: this {'/'.join(built)} build sees no GPU{hint}"
     return "decodes on the CPU: this build has no GPU backend (a Metal, CUDA or Vulkan build offloads by itself)"
 
 
