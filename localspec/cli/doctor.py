@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
-from localspec.cli.options import MODEL_HELP, model_files
+from localspec.cli.options import MODEL_HELP, model_files, threads_arg
 from localspec.control import contention
 from localspec.control.calibrate import Calibration, calibrated
 from localspec.control.config import DEFAULT
@@ -29,6 +29,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--model", "-m", metavar="MODEL", help=f"the model to time: {MODEL_HELP}")
     p.add_argument("--backend", default="llamacpp")
+    p.add_argument(
+        "--threads",
+        type=threads_arg,
+        help="CPU threads to time the model with (default or 0: the physical cores other programs leave free); "
+        "the curve is cached per thread count",
+    )
     p.add_argument(
         "--refresh", action="store_true", help="measure the machine and the model's cost curve again, not the cache's"
     )
@@ -85,8 +91,10 @@ def examine(args: argparse.Namespace) -> Findings:
         device = probe(refresh=args.refresh)
         before = contention.sample()
         progress.step(f"loading {canonical_name(model)}")
-        exact = bool(getattr(args, "exact", False))
-        backend = load_backend(args.backend, model, **({"exact": True} if exact else {}))
+        options: dict[str, Any] = {"exact": True} if getattr(args, "exact", False) else {}
+        if getattr(args, "threads", None):
+            options["threads"] = args.threads
+        backend = load_backend(args.backend, model, **options)
         try:
             progress.step("timing the model's passes (once per model and machine; --refresh times them again)")
             with reporting(progress.detail):
