@@ -104,9 +104,21 @@ def _pair_files(name: str, opts: LoadOptions, registry: Registry | None) -> Load
     )
 
 
-def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
+def resolved_files(
+    opts: LoadOptions, on_progress: Announce | None = None, registry: Registry | None = None
+) -> LoadOptions:
+    """opts with files for a pair's id (its strategy and draft length where left to it) and
+    for no model (the embedded default, fetched if needed)."""
+    pair = pair_id(opts.model, opts.draft_model, opts.backend)
+    if pair is not None:
+        opts = _pair_files(pair, opts, registry)
     if opts.model is None:
         opts = opts.changed(model=_default_model(on_progress))
+    return opts
+
+
+def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
+    opts = resolved_files(opts, on_progress)
     assert opts.model is not None
     strategies.check(opts)  # a drafter's file checked before the target loads
     options = opts.backend_options()

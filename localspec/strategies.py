@@ -97,6 +97,8 @@ class Strategy:
     exports_as: str = "ngram"  # the serving engines' method it is handed to them as (localspec export)
     option: str = ""  # what may follow a colon in its name: qspec:TYPE
     peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
+    # Its drafter is the request's own state, so requests can share passes (localspec.pool).
+    batches: bool = False
 
     @property
     def label(self) -> str:
@@ -235,8 +237,8 @@ def _adaptive(parts: Parts) -> bool:
 _MTP_REFUSAL = "does not run MTP heads yet"
 _ROWS = (
     Strategy("auto", _auto, "chosen", drafter_file="may", exports_as="auto"),
-    Strategy("none", _plain, "none"),
-    Strategy("ngram", _lookup, "lookup", peer="llama-lookup"),
+    Strategy("none", _plain, "none", batches=True),
+    Strategy("ngram", _lookup, "lookup", peer="llama-lookup", batches=True),
     Strategy("draft", _model, "file", drafter_file="must", exports_as="draft", peer="llama-speculative-simple"),
     Strategy(
         "dflash",

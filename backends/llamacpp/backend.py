@@ -18,13 +18,14 @@ import ctypes
 import os
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from localspec.backends.llamacpp import rpc as rpc_entry_points
+from localspec.control.calibrate import pass_seconds, starting_calibration
 from localspec.control.contention import busy_cores, default_threads
 from localspec.control.hardware import physical_cores
 from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
@@ -55,6 +56,7 @@ from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
 from .greedy import DeviceGreedy
 from .head import ContextHead
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
+from .lanes import LaneHost
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
@@ -108,7 +110,11 @@ def check_block_size(max_block: object) -> None:
 
 
 class LlamaCppBackend:
-    """One GGUF model with its own context (KV cache) on the CPU."""
+    """One GGUF model with its own context (KV cache) on the CPU. Loaded with lanes=N, its
+    context serves N requests in shared passes instead (lane_host(), lanes.py), each lane a
+    context of n_ctx."""
+
+    _lane_host: LaneHost | None  # made by lane_host(), once
 
     def __init__(
         self,
@@ -120,6 +126,7 @@ class LlamaCppBackend:
         recurrent_snapshots: int = RECURRENT_SNAPSHOTS,
         gpu_layers: int | None = None,
         exact: bool = False,
+        lanes: int = 0,
     ) -> None:
         check_gguf(path)
         check_block_size(max_block)
@@ -133,6 +140,7 @@ class LlamaCppBackend:
         self._options["gpu_layers"] = gpu_layers
         if exact:
             self._options["exact"] = True
+        self._lanes, self._lane_host = lanes, None  # lane_host()
         self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads)
         self._model = model = self._load_model(path, rpc, gpu_layers, exact)
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
@@ -145,7 +153,8 @@ class LlamaCppBackend:
         self._ctx = ctx = self._make_context(path, model, snapshots)
         self._mem = llama.llama_get_memory(ctx)
         self._logits = LogitsRows(ctx, self._n_vocab)
-        self._greedy = DeviceGreedy(ctx, wanted=output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))))
+        on_device = output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))) and not lanes  # lanes: host rows
+        self._greedy = DeviceGreedy(ctx, wanted=on_device)
         self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
@@ -164,7 +173,6 @@ class LlamaCppBackend:
         # that lands after llama_decode filled the cache but before the tokens were recorded.
         self._unrecorded = False
         self._closed = False
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self._describe(path, threads, rpc, exact, gpu_layers, max_block)
 
@@ -192,7 +200,7 @@ class LlamaCppBackend:
         decode (None: not a recurrent model)."""
         options = self._options
         threads, max_block, exact = options["threads"], options["max_block"], bool(options.get("exact"))
-        n_ctx = context_cells(options["n_ctx"], int(llama.llama_model_n_ctx_train(model)))
+        n_ctx = context_cells(options["n_ctx"], int(llama.llama_model_n_ctx_train(model))) * max(self._lanes, 1)
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = max_block
@@ -210,6 +218,14 @@ class LlamaCppBackend:
         # it (tree.py); with a single sequence this is the cache it always was.
         cparams.kv_unified = snapshots is None
         cparams.n_seq_max = BRANCHES if snapshots is None else 1
+        if self._lanes:  # a stream per lane (lanes.py says why)
+            cparams.kv_unified, cparams.n_seq_max = False, self._lanes
+        if snapshots is not None and self._lanes:
+            llama.llama_model_free(model)
+            raise InvalidRequestError(
+                f"{os.path.basename(path)} keeps recurrent state, which shared passes do not serve yet",
+                "serve it with --parallel 1",
+            )
         if snapshots is not None:
             cparams.n_rs_seq = snapshots
             # The snapshots come from the last ubatch: a verify block must fit in one.
@@ -241,7 +257,7 @@ class LlamaCppBackend:
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
         # Trees (tree.py) where the cache is cells; a recurrent state per sequence takes none.
-        self._trees = None if self._recurrent is not None else TreePass(ctx, self._mem, max_block)
+        self._trees = None if self._recurrent is not None or self._lanes else TreePass(ctx, self._mem, max_block)
         # The end of self._tokens that the cache does not hold yet: a kept branch's tokens that
         # the next pass evaluates first (keep_branch folds its second pass into the next).
         self._deferred: list[int] = []
@@ -283,12 +299,26 @@ class LlamaCppBackend:
             device="rpc" if rpc else ("gpu" if device else "cpu"),
             extra=extra,
             verifies=True,  # greedy blocks take their argmax in llama.cpp's graph (greedy.py)
-            branches=BRANCHES if self._recurrent is None else 1,  # recurrent state: chains only (tree.py)
+            # recurrent state, or lanes (a sequence each): chains only (tree.py)
+            branches=BRANCHES if self._recurrent is None and not self._lanes else 1,
             repasses_branch=True,  # keep_branch
             folds_branch=not self._plan.max_rows,  # keep_branch (split kernels evaluate it at once)
             replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
             exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
+
+    def lane_host(self) -> LaneHost:
+        """The lanes of a backend loaded with lanes=N, made once: each a Backend of its own
+        whose blocks share passes (lanes.py)."""
+        self._live()
+        if not self._lanes:
+            raise InvalidRequestError("this model was loaded for one sequence", "load it with lanes=N")
+        if self._lane_host is None:
+            limit = self.capabilities.exactness.prompt_rows
+            rows = self.capabilities.max_block if limit is None else max(limit, 1)
+            curve = starting_calibration(self).verify_seconds
+            self._lane_host = LaneHost(self, self._ctx, self._lanes, rows, partial(pass_seconds, curve))
+        return self._lane_host
 
     def _live(self) -> None:
         # Every call reaches into freed C memory once closed: refuse it instead of crashing.
@@ -367,12 +397,13 @@ class LlamaCppBackend:
         return piece
 
     def _piece(self, token: int) -> bytes:
-        n = llama.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+        # A buffer per call: lanes (lanes.py) read pieces from several threads at once.
+        buf = ctypes.create_string_buffer(256)
+        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
         if n < 0:
-            big = ctypes.create_string_buffer(-n)
-            n = llama.llama_token_to_piece(self._vocab, token, big, len(big), 0, False)
-            return big.raw[:n]
-        return self._piece_buf.raw[:n]
+            buf = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
@@ -610,6 +641,8 @@ class LlamaCppBackend:
         self._closed = True
         for head in self._heads:  # their contexts read this model and this context
             head.close()
+        if self._lane_host is not None:
+            self._lane_host.close()
         llama.llama_batch_free(self._batch)
         if self._trees is not None:
             self._trees.free()

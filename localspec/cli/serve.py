@@ -28,10 +28,20 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     _add_access_options(p)
     p.add_argument(
+        "--parallel",
+        "-np",
+        type=_parallel_arg,
+        default=None,
+        metavar="N",
+        help="requests decoded at once, in shared passes (default 4, fewer where 4 contexts of --ctx would take "
+        "over a quarter of the free memory; 1: one at a time). Plain decoding and n-gram lookup batch; other "
+        "strategies serve one request at a time",
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
-        default=16,
-        help="requests that may wait behind the one running; more get 503 (default 16)",
+        default=64,
+        help="requests that may wait beside those running; more get 503 with Retry-After (default 64)",
     )
     _add_cache_options(p)
     add_model_options(p)
@@ -92,7 +102,7 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.api import load
+    from localspec.pool import load_pool
     from localspec.server import Catalog, LocalServer, Settings
     from localspec.server.cors import CorsRule
 
@@ -109,7 +119,10 @@ def handle(args: argparse.Namespace) -> int:
 
     def loader(pair_id: str) -> Any:
         chosen = options if pair_id == served else options.changed(model=pair_id, draft_model=None)
-        return load(chosen, on_progress=lambda what: say(f"localspec serve: {what}"))
+        pool = load_pool(chosen, args.parallel, on_progress=lambda what: say(f"localspec serve: {what}"))
+        if pool.note:
+            say(f"localspec serve: {pool.note}")
+        return pool
 
     # Another pair may be loaded on request only where pairs are what is served.
     catalog = Catalog(served, backend=args.backend, pairs=args.draft_model is None and not _is_file(model))
@@ -143,6 +156,15 @@ def handle(args: argparse.Namespace) -> int:
     server.serve()
     say("localspec serve: stopped")
     return 0
+
+
+def _parallel_arg(value: str) -> int:
+    from localspec.pool import check_parallel
+
+    try:
+        return check_parallel(int(value))
+    except (ValueError, InvalidRequestError):
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 16, got {value!r}") from None
 
 
 def _access_warnings(args: argparse.Namespace, cors: str | None) -> list[str]:

@@ -384,6 +384,17 @@ def _learnt_key(backend: Backend) -> str:
     return f"learnt|{_key(backend)}"
 
 
+def pass_seconds(curve: Sequence[float], rows: int) -> float:
+    """A pass over `rows` rows on a curve of passes over 1..len(curve) rows: past its end, the
+    last step's cost per row more for each row (0 rows: nothing)."""
+    if rows <= 0:
+        return 0.0
+    if rows <= len(curve):
+        return curve[rows - 1]
+    per_row = curve[-1] - curve[-2] if len(curve) > 1 else curve[-1]
+    return curve[-1] + (rows - len(curve)) * max(per_row, 0.0)
+
+
 def starting_calibration(backend: Backend, max_k: int = LONGEST_PASS) -> Calibration:
     """The curve a runtime starts from without timing anything first: a measured one
     (`localspec doctor`) while it still describes the machine, else what earlier sessions

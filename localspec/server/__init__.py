@@ -73,7 +73,7 @@ class LocalServer:
         *,
         host: str = "127.0.0.1",
         port: int = 8000,
-        max_queue: int = 16,
+        max_queue: int = 64,
         catalog: Catalog | None = None,
         settings: Settings | None = None,
     ) -> None:

@@ -1,5 +1,7 @@
-"""One generation thread owns the Runtime: requests run one at a time, in arrival order,
-from a bounded queue; a cancelled request stops after the verify step in flight."""
+"""The generation threads, one per runtime of the served Pool (serve --parallel N: lanes whose
+passes are shared), take requests in arrival order from one bounded queue; a cancelled request
+stops after the verify step in flight. A request for another pair waits until every thread is
+free, then that pair replaces the served one."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from localspec.core.sampling import LogprobRecorder, SamplingConfig
 from localspec.core.stats import Stats
 from localspec.core.tools import ToolRequest
 from localspec.core.validate import clean_text
+from localspec.drafters import common_prefix
+from localspec.pool import Pool
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest
 from localspec.server.metrics import ServerMetrics
@@ -27,7 +31,7 @@ from localspec.strategies import drafting
 log = logging.getLogger("localspec.server")
 
 Item = TextDelta | Finished | BaseException
-Loader = Callable[[str], Runtime]
+Loader = Callable[[str], Runtime | Pool]
 HISTORY = 64  # finished jobs kept for /health and the tests
 PROMPT_KEYS = ("prompt", "messages", "fim", "tools")  # a request's prompt, which becomes one Prompt
 
@@ -79,10 +83,11 @@ class Job:
 
 
 class Worker:
-    """The generation thread and its FIFO queue. `max_queue` requests may wait behind the
-    one running; more get a 503 with Retry-After. Given no runtime, the thread loads
+    """The generation threads and their FIFO queue. `max_queue` requests may wait behind those
+    running; more get a 503 with Retry-After. Given no runtime, the first thread loads
     `model_id` once begin() is called, and requests wait in the queue meanwhile; `on_loaded`
-    then hears None, or the error that load raised (every waiting request gets it as a 503)."""
+    then hears None, or the error that load raised (every waiting request gets it as a 503).
+    A thread is started for each runtime of the served pool."""
 
     def __init__(
         self,
@@ -92,9 +97,8 @@ class Worker:
         max_queue: int,
         on_loaded: Callable[[BaseException | None], None] | None = None,
     ) -> None:
-        self.runtime: Runtime | None = runtime
         # A runtime handed in is the app's own: served, set aside for another pair, never closed here.
-        self._borrowed = runtime
+        self.pool: Pool | None = Pool.single(runtime, owned=False) if runtime is not None else None
         self.model_id = model_id
         self.loader = loader
         self.max_queue = max_queue
@@ -111,13 +115,19 @@ class Worker:
         self._fim: FimTokens | bool | None = False  # False: not looked up yet for this model
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
-        self._running: Job | None = None
+        self._running: dict[int, Job] = {}  # by generation thread
+        self._free: set[int] = set()  # threads waiting for a job
         self._stopping = False
         self._seconds: deque[float] = deque(maxlen=8)  # recent request durations, for Retry-After
         # Held while the runtime is replaced, so a request thread never tokenizes with a closed model.
         self.swap_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="localspec-generation", daemon=True)
-        self._thread.start()
+        self._threads: list[threading.Thread] = []
+        self._start_threads(1)
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The served pool's first runtime: what prompts are tokenized and checked with."""
+        return self.pool.runtimes[0] if self.pool is not None else None
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -131,7 +141,7 @@ class Worker:
                 raise shutting_down()
             if self.load_error is not None:
                 raise not_loaded(self.model_id, self.load_error)
-            busy = self._running is not None or bool(self._waiting)
+            busy = len(self._running) >= self._lanes() or bool(self._waiting)
             if busy and len(self._waiting) >= self.max_queue:
                 self.metrics.ended(job.model, "refused")
                 raise QueueFullError(len(self._waiting), self._retry_after())
@@ -158,22 +168,36 @@ class Worker:
                 "status": state,
                 **({"error": str(self.load_error)} if self.load_error is not None else {}),
                 "model": self.model_id,
-                "busy": self._running is not None,
+                "busy": bool(self._running),
+                "running": len(self._running),
+                "parallel": self._lanes(),
                 "waiting": len(self._waiting),
                 "served": self.served,
             }
 
     def queue_by_model(self) -> dict[str, tuple[int, int]]:
-        """Per model: requests running (0 or 1) and waiting, for /metrics."""
+        """Per model: requests running and waiting, for /metrics."""
         with self._cond:
             counts: dict[str, tuple[int, int]] = {}
             for job in self._waiting:
                 running, waiting = counts.get(job.model, (0, 0))
                 counts[job.model] = (running, waiting + 1)
-            if self._running is not None:
-                running, waiting = counts.get(self._running.model, (0, 0))
-                counts[self._running.model] = (running + 1, waiting)
+            for job in self._running.values():
+                running, waiting = counts.get(job.model, (0, 0))
+                counts[job.model] = (running + 1, waiting)
             return counts
+
+    def _start_threads(self, n: int) -> None:
+        """Generation threads up to n (the served pool's runtimes): a pool with fewer leaves
+        the extra ones waiting (_takes)."""
+        for i in range(len(self._threads), n):
+            thread = threading.Thread(target=self._loop, args=(i,), name=f"localspec-generation-{i}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _lanes(self) -> int:
+        """How many requests run at once: the served pool's runtimes (1 before a load)."""
+        return len(self.pool.runtimes) if self.pool is not None else 1
 
     def wait_until(self, condition: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
         """Block until condition(status()) holds, e.g. lambda s: not s["busy"]; False on timeout."""
@@ -260,23 +284,25 @@ class Worker:
                 job.emit(shutting_down())
                 job.finished.set()
             self._waiting.clear()
-            if self._running is not None:
-                self._running.cancel()
+            for job in self._running.values():
+                job.cancel()
             self._cond.notify_all()
         self._begun.set()
 
     def close(self, timeout: float = 30.0) -> None:
         self.stop()
         # A load cannot be interrupted: the thread closes what it loads once it sees the stop.
-        self._thread.join(timeout if self.loaded.is_set() else min(timeout, 2.0))
+        deadline = time.monotonic() + (timeout if self.loaded.is_set() else min(timeout, 2.0))
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
         with self.swap_lock:
             self._let_go()
 
     def _let_go(self) -> None:
-        """Stop serving the current runtime: closed when this worker loaded it (swap_lock held)."""
-        if self.runtime is not None and self.runtime is not self._borrowed:
-            self.runtime.close()
-        self.runtime = None
+        """Stop serving the current pool: closed unless it is an app's own runtime (swap_lock held)."""
+        if self.pool is not None:
+            self.pool.close()
+        self.pool = None
 
     def _retry_after(self) -> int:
         per_request = sum(self._seconds) / len(self._seconds) if self._seconds else 1.0
@@ -284,32 +310,61 @@ class Worker:
 
     # -- the generation thread -----------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, lane: int) -> None:
         self._begun.wait()
-        if self.runtime is None and (self._stopping or not self._first_load()):
+        if lane == 0 and self.pool is None and (self._stopping or not self._first_load()):
             return  # stopped before the load began (the port was taken, say), or the load failed
-        while True:
-            with self._cond:
-                while not self._waiting and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                job = self._waiting.popleft()
-                self._running = job
-                job.outcome = "running"
-                self._cond.notify_all()
+        while (job := self._next(lane)) is not None:
             started = time.perf_counter()
             self.metrics.started(job.model, started - job.submitted)
             try:
-                self._serve(job)
+                self._serve(job, lane)
             finally:
                 with self._cond:
-                    self._running = None
+                    del self._running[lane]
                     self.served += 1
                     self._seconds.append(time.perf_counter() - started)
                     self.history.append(job)
                     self._cond.notify_all()
                 job.finished.set()
+
+    def _next(self, lane: int) -> Job | None:
+        """The job this thread runs next, once it is this thread's to take; None once stopping.
+        A job waits for the free thread whose runtime caches the longest part of its prompt
+        (a follow-up turn goes where its conversation is), and a job for another pair waits
+        until no other thread runs one."""
+        with self._cond:
+            self._free.add(lane)
+            try:
+                while not self._stopping:
+                    if self._waiting and self._takes(lane, self._waiting[0]):
+                        job = self._waiting.popleft()
+                        self._running[lane] = job
+                        job.outcome = "running"
+                        self._cond.notify_all()
+                        return job
+                    self._cond.wait()
+                return None
+            finally:
+                self._free.discard(lane)
+
+    def _takes(self, lane: int, job: Job) -> bool:
+        """Whether thread `lane` takes the job at the head of the queue now (the lock held)."""
+        pool = self.pool
+        if pool is None or job.model != self.model_id:  # a swap, by the first thread once all are free
+            return lane == 0 and not self._running
+        if lane >= len(pool.runtimes):  # more threads than the pool has runtimes
+            return False
+        if job.prompt is None:
+            return True
+        lanes = [i for i in self._free if i < len(pool.runtimes)]
+        ids = job.prompt.ids
+
+        def cached(i: int) -> int:
+            return common_prefix(pool.runtimes[i].target.cached_tokens(), ids)
+
+        best = max(lanes, key=lambda i: (cached(i), -i))
+        return best == lane
 
     def _first_load(self) -> bool:
         """Load the served model; True once it is there. A failed load fails every waiting
@@ -331,22 +386,26 @@ class Worker:
             if self.on_loaded is not None:
                 self.on_loaded(exc)
             return False
+        pool = runtime if isinstance(runtime, Pool) else Pool.single(runtime)
         with self.swap_lock, self._cond:
             stopping = self._stopping
             if not stopping:
-                self.runtime = runtime
+                self.pool = pool
+                self._start_threads(len(pool.runtimes))
             self.loaded.set()
             self._cond.notify_all()
         if stopping:  # stopped while it loaded: nobody will close it otherwise
-            runtime.close()
+            pool.close()
             return False
+        if pool.note:
+            log.warning("%s", pool.note)
         if self.on_loaded is not None:
             self.on_loaded(None)
         return True
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job, lane: int) -> None:
         try:
-            runtime = self._runtime_for(job.model)
+            runtime = self._runtime_for(job.model, lane)
             prompt = job.prompt if job.prompt is not None else self._tokenize(runtime, job.request)
             request = {key: value for key, value in job.request.items() if key not in PROMPT_KEYS}
             request["sampling"] = self._sampling(runtime, job, request["sampling"])
@@ -368,6 +427,9 @@ class Worker:
             log.exception("generation failed")
             self._end(job, "failed", exc)
             return
+        finally:
+            if self.pool is not None and lane < len(self.pool.runtimes):
+                self.pool.idle(lane)
         if job.cancelled.is_set():
             self._end(job, "cancelled", shutting_down() if self._stopping else None)
         else:
@@ -383,23 +445,30 @@ class Worker:
         if item is not None:
             job.emit(item)
 
-    def _runtime_for(self, model: str) -> Runtime:
-        """The runtime for `model`, loading that pulled pair in place of the current one
-        (one pair in memory at a time)."""
-        if model == self.model_id and self.runtime is not None:
-            return self.runtime
+    def _runtime_for(self, model: str, lane: int) -> Runtime:
+        """This thread's runtime for `model`, loading that pulled pair in place of the current
+        one (one pair in memory at a time; the other threads are free, see _takes)."""
+        if model == self.model_id and self.pool is not None:
+            return self.pool.runtimes[lane]
         previous = self.model_id
         log.info("loading %s in place of %s", model, previous)
         with self.swap_lock:
             self._let_go()
             self._fim = False
             try:
-                self.runtime = self.loader(model)
+                self.pool = _as_pool(self.loader(model))
                 self.model_id = model
             except BaseException:
-                self.runtime = self.loader(previous)  # keep serving what was served
+                self.pool = _as_pool(self.loader(previous))  # keep serving what was served
                 raise
-            return self.runtime
+            finally:
+                with self._cond:
+                    self._start_threads(len(self.pool.runtimes) if self.pool is not None else 1)
+            return self.pool.runtimes[lane]
+
+
+def _as_pool(served: Runtime | Pool) -> Pool:
+    return served if isinstance(served, Pool) else Pool.single(served)
 
 
 def raw_prompt(runtime: Runtime, text: str) -> list[int]:

@@ -1,0 +1,357 @@
+"""Several requests decoding in one llama.cpp pass (`serve --parallel N`): each request runs in
+a lane, a sequence with a KV stream of its own, and the lanes' blocks go through the model
+together, so the weights are read once for all of them.
+
+Why a lane's answer is the one it gives alone, bit for bit:
+- Each lane has its own stream (kv_unified off). In one shared stream, a lane's rollback frees
+  cells among the other lanes' cells and llama.cpp's next placement reuses them, so a lane's
+  cells stop being in position order; flash attention sums cells in their order, and a
+  near-tie then tips another way than alone.
+- A pass holds at most `row_limit` rows in all: the rows that llama.cpp's CPU kernels still
+  compute as one-token passes (kernels.prompt_block_limit: 63 on Q4_0/Q4_1/Q8_0, 7 on
+  K-quants, 1 on F16). Within that, a row's logits do not depend on the rows beside it.
+- With separate streams llama.cpp splits a batch into equal shares per sequence, so every lane
+  in a pass brings the same number of rows: a shorter block is padded with rows whose logits
+  are not asked for and whose cells are dropped right after the pass.
+- A prompt's block longer than the share runs in a pass of its own, the block a lone request
+  evaluates, so its cells hold the same values.
+
+Who runs a pass: the lane thread that finds every busy lane waiting (or the oldest ask waiting
+longer than STRAGGLER_SECONDS) runs it for all of them; llama.cpp's calls are never made
+concurrently, as a rollback waits for the pass in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from localspec.core.errors import BackendClosedError, InvalidRequestError
+from localspec.core.protocol import Backend, Logits, LogitsMode, VocabIdentity
+from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
+
+from . import library
+
+llama = library.llama
+
+# A busy lane that has not asked for its next block this long after another did is doing
+# host work (a stop string, a slow client) or has ended without saying so: the pass runs
+# without it rather than hold the others.
+STRAGGLER_SECONDS = 0.02
+
+
+@dataclass
+class _Ask:
+    """One lane's block waiting for a pass."""
+
+    lane: Lane
+    tokens: list[int]
+    logits: LogitsMode
+    since: float
+    rows: Logits | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class _Figures:
+    """What the host has run, for /metrics and the tests."""
+
+    passes: int = 0
+    shared_passes: int = 0  # passes that held more than one lane
+    rows: int = 0
+    padded_rows: int = 0
+    widest: int = 0  # the most rows one pass held
+
+
+class LaneHost:
+    """The lanes of one llama.cpp context made for them (LlamaCppBackend(lanes=N)), and the
+    passes that serve them."""
+
+    def __init__(
+        self, backend: Backend, ctx: Any, lanes: int, row_limit: int, cost: Callable[[int], float]
+    ) -> None:
+        """cost: the seconds of a pass over that many rows (the calibrated curve), which
+        decides whether a narrower block is padded into a wider pass or waits for its own."""
+        self.model = backend
+        self.cost = cost
+        self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
+        self.row_limit = max(1, row_limit)
+        self._n_vocab = backend.info.n_vocab
+        capacity = max(backend.capabilities.max_block, self.row_limit)
+        self._batch = llama.llama_batch_init(capacity, 0, 1)
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(capacity,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(capacity,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))[:] = 1
+        self._cond = threading.Condition()
+        self._pending: list[_Ask] = []
+        self._busy: set[int] = set()  # lanes inside a request
+        self._running = False
+        self._closed = False
+        self.figures = _Figures()
+        per_lane = backend.info.n_ctx // lanes
+        info = replace(backend.info, n_ctx=per_lane)
+        caps = replace(backend.capabilities, verifies=False, branches=1, repasses_branch=False, folds_branch=False)
+        self.lanes = [Lane(self, seq, info, caps) for seq in range(lanes)]
+
+    # -- what a lane asks ---------------------------------------------------------------------
+
+    def evaluate(self, lane: Lane, tokens: list[int], logits: LogitsMode) -> Logits:
+        """The block's rows once a pass has taken it (with other lanes' blocks, or alone)."""
+        ask = _Ask(lane, tokens, logits, time.perf_counter())
+        with self._cond:
+            self._live()
+            self._busy.add(lane.seq)
+            self._pending.append(ask)
+            self._cond.notify_all()
+            while not ask.done:
+                if not self._running and self._ready():
+                    self._lead()
+                else:
+                    self._cond.wait(STRAGGLER_SECONDS / 2)
+        if ask.error is not None:
+            raise ask.error
+        assert ask.rows is not None
+        return ask.rows
+
+    def drop(self, lane: Lane, n: int) -> None:
+        """The lane's cells from position n on, removed once no pass is in flight."""
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+            if not self._closed:
+                llama.llama_memory_seq_rm(self._mem, lane.seq, n, -1)
+
+    def idle(self, lane: Lane) -> None:
+        """The lane's request is over: passes no longer wait for it."""
+        with self._cond:
+            self._busy.discard(lane.seq)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+            if self._closed:
+                return
+            self._closed = True
+            for ask in self._pending:
+                ask.error, ask.done = BackendClosedError("the model was closed", "load it again"), True
+            self._pending.clear()
+            llama.llama_batch_free(self._batch)
+            self._cond.notify_all()
+
+    def _live(self) -> None:
+        if self._closed:
+            raise BackendClosedError(f"{self.model.info.name} was closed", "load the model again")
+
+    # -- passes (the caller holds the lock) -----------------------------------------------------
+
+    def _ready(self) -> bool:
+        if not self._pending:
+            return False
+        waiting = {ask.lane.seq for ask in self._pending}
+        if self._busy <= waiting:
+            return True
+        return time.perf_counter() - self._pending[0].since >= STRAGGLER_SECONDS
+
+    def _lead(self) -> None:
+        """Take the next pass's asks and run it with the lock let go (llama_decode lets go of
+        the GIL too, so the other lanes' host work goes on meanwhile)."""
+        asks = self._take()
+        self._running = True
+        self._cond.release()
+        try:
+            self._run(asks)
+        finally:
+            self._cond.acquire()
+            self._running = False
+            for ask in asks:
+                ask.done = True
+            self._cond.notify_all()
+
+    def _take(self) -> list[_Ask]:
+        """The next pass: the oldest ask, and beside it the asks that make the pass worth most
+        real rows per second on the cost curve. A pass is as wide as its widest block (narrower
+        ones are padded), so for each width it could have, it takes the blocks of that width
+        and the narrower ones whose padding costs less than their share of a pass of their own;
+        the rest wait for the next pass."""
+        first = self._pending[0]
+        if len(first.tokens) > self.row_limit:  # a prompt's block: alone, as a lone request evaluates it
+            self._pending.remove(first)
+            return [first]
+        widths = sorted({len(a.tokens) for a in self._pending if len(first.tokens) <= len(a.tokens) <= self.row_limit})
+        best: tuple[float, list[_Ask]] = (-1.0, [first])
+        for width in widths:
+            chosen = self._at_width(first, width)
+            real = sum(len(a.tokens) for a in chosen)
+            value = real / max(self.cost(width * len(chosen)), 1e-9)
+            if value > best[0]:
+                best = (value, chosen)
+        for ask in best[1]:
+            self._pending.remove(ask)
+        return best[1]
+
+    def _at_width(self, first: _Ask, width: int) -> list[_Ask]:
+        """A pass `width` rows a lane, holding `first`: the blocks of that width, then narrower
+        ones where padding them costs less than their share of a pass of their own."""
+        room = self.row_limit // width
+        same = [a for a in self._pending if a is not first and len(a.tokens) == width]
+        chosen = [first, *same[: room - 1]]
+        for ask in self._pending:
+            if len(chosen) >= room or ask in chosen or len(ask.tokens) > width:
+                continue
+            narrow = [a for a in self._pending if len(a.tokens) == len(ask.tokens) and a not in chosen]
+            own_share = self.cost(len(narrow) * len(ask.tokens)) / len(narrow)
+            if self.cost((len(chosen) + 1) * width) - self.cost(len(chosen) * width) <= own_share:
+                chosen.append(ask)
+        return chosen
+
+    def _run(self, asks: list[_Ask]) -> None:
+        # llama.cpp takes sequences of separate streams together only in increasing, consecutive
+        # order (split_equal); others it evaluates in passes of their own, with the same rows.
+        asks.sort(key=lambda ask: ask.lane.seq)
+        width = max(len(ask.tokens) for ask in asks)
+        try:
+            firsts = self._fill(asks, width)
+            rc = llama.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                raise InvalidRequestError(f"llama_decode failed with code {rc}", "shorten the prompt or the answer")
+        except BaseException as exc:
+            for ask in asks:
+                ask.error = exc
+                llama.llama_memory_seq_rm(self._mem, ask.lane.seq, ask.lane.n_past, -1)
+            return
+        for ask, first in zip(asks, firsts, strict=True):
+            lane, n = ask.lane, len(ask.tokens)
+            if n < width:  # the padding's cells go at once: the lane's next block takes their place
+                llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past + n, -1)
+            lane.record(ask.tokens)
+            ask.rows = self._rows(ask, first)
+        figures = self.figures
+        figures.passes += 1
+        figures.shared_passes += len(asks) > 1
+        figures.rows += width * len(asks)
+        figures.widest = max(figures.widest, width * len(asks))
+        figures.padded_rows += sum(width - len(ask.tokens) for ask in asks)
+
+    def _rows(self, ask: _Ask, first: int) -> Logits:
+        """The ask's logits rows (batch rows from `first`), copied: the next pass overwrites them."""
+        n = len(ask.tokens)
+        wanted = range(first, first + n) if ask.logits == "all" else [first + n - 1] if ask.logits == "last" else []
+        out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
+        for k, i in enumerate(wanted):
+            row = llama.llama_get_logits_ith(self._ctx, i)
+            out[k] = np.ctypeslib.as_array(row, shape=(self._n_vocab,))
+        return out
+
+    def _fill(self, asks: list[_Ask], width: int) -> list[int]:
+        """The batch: each ask's tokens and then padding, `width` rows a lane; where each ask's
+        rows begin."""
+        firsts = []
+        row = 0
+        for ask in asks:
+            lane, n = ask.lane, len(ask.tokens)
+            past = lane.n_past
+            end = row + width
+            self._tok[row : row + n] = ask.tokens
+            self._tok[row + n : end] = ask.tokens[-1]
+            self._pos[row:end] = np.arange(past, past + width)
+            self._out[row:end] = 0
+            if ask.logits == "all":
+                self._out[row : row + n] = 1
+            elif ask.logits == "last":
+                self._out[row + n - 1] = 1
+            for i in range(row, end):
+                self._batch.seq_id[i][0] = lane.seq
+            firsts.append(row)
+            row = end
+        self._batch.n_tokens = row
+        return firsts
+
+
+def _empty(n_vocab: int) -> Logits:
+    return np.empty((0, n_vocab), dtype=np.float32)
+
+
+class Lane:
+    """One request's sequence in a LaneHost: a Backend (localspec.core.protocol) whose blocks
+    are evaluated in passes shared with the other lanes. Its text side is the model's."""
+
+    def __init__(self, host: LaneHost, seq: int, info: Any, capabilities: Any) -> None:
+        self.host = host
+        self.seq = seq
+        self.info = info
+        self.capabilities = capabilities
+        self._model: Backend = host.model
+        self._tokens: list[int] = []
+
+    # -- the cache --------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    def cached_tokens(self) -> Sequence[int]:
+        return self._tokens
+
+    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
+        n = len(tokens)
+        if n == 0:
+            return _empty(self.info.n_vocab)
+        if n > self.capabilities.max_block:
+            raise block_too_long(n, self.capabilities.max_block)
+        if len(self._tokens) + n > self.info.n_ctx:
+            raise context_full(self.info.n_ctx)
+        bad = next((int(t) for t in tokens if not 0 <= t < self.info.n_vocab), None)
+        if bad is not None:
+            raise outside_vocabulary(bad, self.info.name, self.info.n_vocab)
+        return self.host.evaluate(self, list(tokens), logits)
+
+    def record(self, tokens: Sequence[int]) -> None:
+        """What a pass added to this lane's cache (LaneHost calls it)."""
+        self._tokens.extend(tokens)
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            check_rollback(n)
+        if n >= len(self._tokens):
+            return
+        self.host.drop(self, n)
+        del self._tokens[n:]
+
+    def idle(self) -> None:
+        """This lane's request ended: the other lanes' passes stop waiting for it."""
+        self.host.idle(self)
+
+    def close(self) -> None:
+        """The host closes the context; a lane has nothing of its own."""
+
+    # -- text: the model's vocabulary ---------------------------------------------------------
+
+    def vocab_identity(self) -> VocabIdentity:
+        return self._model.vocab_identity()
+
+    def end_of_generation(self) -> frozenset[int]:
+        return self._model.end_of_generation()
+
+    def chat_template(self) -> str | None:
+        return self._model.chat_template()
+
+    def special_texts(self) -> dict[str, str]:
+        return self._model.special_texts()
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self._model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._model.token_bytes(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._model.detokenize(tokens)

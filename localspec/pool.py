@@ -1,0 +1,163 @@
+"""Runtimes that serve requests side by side: one per lane of a model loaded for shared passes
+(backends/llamacpp/lanes.py), each with its own drafter, policy, grammar and stop state; or a
+single runtime. What `serve --parallel N` runs its generation threads on, one per runtime.
+
+Only strategies whose drafter is the request's own state (plain decoding, n-gram lookup)
+batch: a draft model, a head or a block drafter keeps a cache of its own that would need lanes
+too. Such a pair is served one request at a time, and the pool says why (`note`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from localspec.assembly import assemble, calibrate
+from localspec.core.backend_loader import load_backend
+from localspec.core.errors import InvalidRequestError, LocalspecError
+from localspec.core.options import LoadOptions
+from localspec.core.progress import Announce, announced
+from localspec.core.protocol import Backend
+from localspec.runtime import Runtime
+from localspec.strategies import TABLE, named, resolve
+
+# More lanes than this gain nothing on a consumer machine (a pass's cost grows with its rows)
+# and cost a context of n_ctx cells each.
+MOST_LANES = 16
+
+
+class Lane(Backend, Protocol):
+    """A backend's sequence whose blocks share passes with the other lanes'."""
+
+    def idle(self) -> None:
+        """Its request ended: the other lanes' passes stop waiting for it."""
+        ...
+
+
+class LaneHost(Protocol):
+    lanes: list[Lane]
+
+
+@runtime_checkable
+class HostsLanes(Protocol):
+    """A backend loaded with lanes=N (llama.cpp's)."""
+
+    def lane_host(self) -> LaneHost: ...
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Runtimes whose requests may run at once; close() frees them and what they share."""
+
+    runtimes: tuple[Runtime, ...]
+    idle: Callable[[int], None]  # runtime i's request ended: shared passes stop waiting for it
+    release: Callable[[], None]  # frees the runtimes and the model they share
+    note: str | None = None  # why fewer runtimes than asked for, if so
+
+    @classmethod
+    def single(cls, runtime: Runtime, owned: bool = True, note: str | None = None) -> Pool:
+        """One runtime: closed with the pool when owned (not an app's own, lent to a server)."""
+        return cls((runtime,), _nothing, runtime.close if owned else _none, note)
+
+    @property
+    def label(self) -> str:
+        return self.runtimes[0].label
+
+    def close(self) -> None:
+        self.release()
+
+
+def _nothing(_: int) -> None:
+    return None
+
+
+def _none() -> None:
+    return None
+
+
+def check_parallel(parallel: object) -> int:
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= MOST_LANES:
+        raise InvalidRequestError(
+            f"parallel must be a whole number from 1 to {MOST_LANES}, got {parallel!r}",
+            "pass --parallel N (1: one request at a time)",
+        )
+    return parallel
+
+
+DEFAULT_LANES = 4  # llama-server's default slots too
+
+
+def default_parallel(path: str, n_ctx: int) -> int:
+    """The lanes `serve` runs when none are asked for: DEFAULT_LANES, fewer where that many
+    contexts of n_ctx would take more than a quarter of the memory free now."""
+    import psutil
+
+    from localspec.core.gguf_header import read_header
+
+    try:
+        per_lane = max(n_ctx * read_header(path).kv_bytes_per_token, 1)
+    except (LocalspecError, OSError):  # the load says what is wrong with the file, and how to fix it
+        return 1
+    return int(max(1, min(DEFAULT_LANES, psutil.virtual_memory().available // 4 // per_lane)))
+
+
+def batches(opts: LoadOptions) -> str | None:
+    """Why opts cannot run in shared passes, or None where they can (checked before a load)."""
+    row, _ = named(opts.strategy)
+    if opts.backend != "llamacpp":
+        return f"shared passes are llama.cpp's; the {opts.backend} backend serves one request at a time"
+    if opts.rpc or (opts.gpu_layers or 0) > 0:
+        return "shared passes run on this machine's CPU; with --rpc or --gpu-layers one request runs at a time"
+    if opts.draft_model is not None or (not row.batches and not row.chooses):
+        return (
+            f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "
+            "one request runs at a time (n-gram lookup and plain decoding batch)"
+        )
+    return None
+
+
+def load_pool(opts: LoadOptions, parallel: int | None = None, on_progress: Announce | None = None) -> Pool:
+    """opts' model in `parallel` lanes (None: default_parallel), a runtime each. Where the
+    strategy cannot batch (batches()), one runtime and the reason."""
+    from localspec.api import load, resolved_files
+
+    opts = resolved_files(opts, on_progress)
+    assert opts.model is not None
+    why = batches(opts)
+    if parallel is None:  # a pair that cannot batch is not told so: it was not asked to
+        parallel, why = (1, None) if why is not None else (default_parallel(opts.model, opts.n_ctx), None)
+    parallel = check_parallel(parallel)
+    if parallel == 1 or why is not None:
+        return Pool.single(load(opts, on_progress=on_progress), note=why if parallel > 1 else None)
+    with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
+        backend = load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel)
+    runtimes: list[Runtime] = []
+    try:
+        assert isinstance(backend, HostsLanes)
+        host = backend.lane_host()
+        for lane in host.lanes:
+            plan = resolve(opts, lane, on_progress)
+            if not TABLE[plan.strategy].batches:  # auto chose a drafter of the model's own (mtp)
+                plan.close()
+                break
+            runtimes.append(Runtime(plan, assemble(plan, calibrate(plan, on_progress))))
+    except BaseException:
+        for runtime in runtimes:
+            runtime.plan.close()
+        backend.close()
+        raise
+    if len(runtimes) < parallel:
+        for runtime in runtimes:
+            runtime.plan.close()
+        backend.close()
+        why = "the model drafts for itself (its MTP head), which shared passes do not serve yet"
+        return Pool.single(load(opts, on_progress=on_progress), note=f"{why}: one request runs at a time")
+
+    def release() -> None:
+        for runtime in runtimes:
+            runtime.close()
+        backend.close()
+
+    return Pool(tuple(runtimes), lambda i: host.lanes[i].idle(), release)

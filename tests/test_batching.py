@@ -1,0 +1,227 @@
+"""serve --parallel: requests decoded in shared llama.cpp passes (backends/llamacpp/lanes.py),
+each answer the same as the request served alone, greedy and seeded; a side request starts
+while a stream runs; a burst is answered whole. Real model, real server, real HTTP clients."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import TEST_N_CTX
+
+from localspec.api import TextDelta
+from localspec.core.backend_loader import load_backend
+from localspec.core.options import LoadOptions
+from localspec.pool import Pool, batches, load_pool
+from localspec.server import LocalServer, Settings
+from localspec.server.worker import Job
+
+MODEL = "smollm2-135m"
+# Text that repeats, so n-gram lookup drafts, a draft is partly accepted and the rest rolled
+# back, and blocks of several widths meet in one pass.
+PROMPTS = [
+    "Repeat this list three times: apple, banana, cherry, date, elderberry.",
+    "Count from one to twenty in words.",
+    "Write the alphabet twice, separated by commas.",
+    "Say 'the quick brown fox jumps over the lazy dog' four times.",
+    "Write a short poem about the sea.",
+    "What is the capital of France? Answer in one sentence.",
+    "List the days of the week, then list them again backwards.",
+    "Explain what a verb is, with two examples.",
+    "Repeat: red green blue, red green blue, red green blue.",
+    "Name five animals that live in the ocean.",
+]
+
+
+@contextmanager
+def pooled(model: Path, parallel: int, strategy: str = "ngram") -> Iterator[tuple[LocalServer, Pool]]:
+    opts = LoadOptions(model=str(model), n_ctx=TEST_N_CTX, strategy=strategy, threads=1, memory=False)
+    pool = load_pool(opts, parallel)
+    server = LocalServer(None, MODEL, lambda _: pool, port=0, settings=Settings(log=lambda line: None))
+    with server:
+        server.start()
+        assert server.wait_ready(120)
+        yield server, pool
+
+
+def _ask(url: str, body: dict[str, object]) -> str:
+    response = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+def _bodies() -> list[dict[str, object]]:
+    greedy = [{"temperature": 0} for _ in PROMPTS]
+    seeded = [{"temperature": 0.9, "seed": 11 + i} for i in range(len(PROMPTS))]
+    return [
+        {"model": MODEL, "messages": [{"role": "user", "content": p}], "max_tokens": 40, **knobs}
+        for p, knobs in zip(PROMPTS * 2, greedy + seeded, strict=True)
+    ]
+
+
+def test_twenty_answers_are_the_same_alone_and_from_four_concurrent_clients(smollm2_q4_1: Path) -> None:
+    bodies = _bodies()
+    with pooled(smollm2_q4_1, 4) as (server, pool):
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        alone = [_ask(server.url, body) for body in bodies]
+        shared_before = host.figures.shared_passes
+        together: list[str | None] = [None] * len(bodies)
+
+        def client(k: int) -> None:
+            for i in range(k, len(bodies), 4):
+                together[i] = _ask(server.url, bodies[i])
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        figures = host.figures
+    assert together == alone
+    # The concurrent round really shared passes, with drafts (rows of several widths) in them.
+    assert figures.shared_passes - shared_before > 20
+    assert figures.rows > figures.passes
+
+
+def test_a_padded_shared_pass_gives_each_lane_the_rows_it_gets_alone(smollm2_q4_1: Path) -> None:
+    # Lanes of 1 and 3 rows in one pass: the narrow block padded to 3, row for row what a lone
+    # backend computes for the same tokens.
+    prompt_a, prompt_b = list(range(200, 240)), list(range(300, 330))
+    lone = load_backend("llamacpp", str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=1)
+    try:
+        lone.eval_block(prompt_a, "none")
+        want_a = lone.eval_block([7], "all").copy()
+        lone.rollback(0)
+        lone.eval_block(prompt_b, "none")
+        want_b = lone.eval_block([9, 10, 11], "all").copy()
+    finally:
+        lone.close()
+    backend = load_backend("llamacpp", str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=1, lanes=2)
+    try:
+        host = backend.lane_host()  # type: ignore[attr-defined]
+        a, b = host.lanes
+        a.eval_block(prompt_a, "none")
+        b.eval_block(prompt_b, "none")
+        got: dict[str, np.ndarray] = {}
+        host.cost = lambda rows: float(rows > 0)  # padding is free here: the pass is shared
+        threads = [
+            threading.Thread(target=lambda: got.__setitem__("a", a.eval_block([7], "all"))),
+            threading.Thread(target=lambda: got.__setitem__("b", b.eval_block([9, 10, 11], "all"))),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert host.figures.shared_passes == 1 and host.figures.padded_rows == 2
+        assert np.array_equal(got["a"], want_a) and np.array_equal(got["b"], want_b)
+        assert a.n_past == len(prompt_a) + 1 and b.n_past == len(prompt_b) + 3
+    finally:
+        backend.close()
+
+
+def test_a_k_quant_pass_never_holds_more_rows_than_its_kernels_keep_exact(derived_models) -> None:
+    # Q4_K_M's tiled matmul takes 8+ rows: passes stay at 7, so 4 lanes of 3 rows go 2 a pass.
+    backend = load_backend("llamacpp", str(derived_models["Q4_K_M"]), n_ctx=TEST_N_CTX, threads=1, lanes=4)
+    try:
+        host = backend.lane_host()  # type: ignore[attr-defined]
+        assert host.row_limit == 7
+        threads = [threading.Thread(target=lane.eval_block, args=([5, 6, 7], "all")) for lane in host.lanes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert host.figures.rows == 12 and host.figures.passes >= 2
+        assert host.figures.widest <= 7
+    finally:
+        backend.close()
+
+
+def test_a_side_request_starts_within_a_step_while_a_stream_runs(smollm2_q4_1: Path) -> None:
+    # Open WebUI asks for a title beside the answer it streams: the title must not wait for
+    # the stream's end. Counted in the stream's own steps, not in seconds.
+    with pooled(smollm2_q4_1, 2, strategy="none") as (server, _):
+        worker, jobs, marks = server.worker, [], {}
+        submit = worker.submit
+
+        def watched(job: Job) -> None:
+            if jobs:  # the side request: the stream's steps when it arrives and when it answers
+                stream, emit = jobs[0], job.emit
+                marks["arrived"] = stream.steps
+
+                def first(item: object) -> None:
+                    if isinstance(item, TextDelta) and item.tokens and "answered" not in marks:
+                        marks["answered"] = stream.steps
+                    emit(item)
+
+                job.emit = first
+            jobs.append(job)
+            submit(job)
+
+        worker.submit = watched  # type: ignore[method-assign]
+        side_done = threading.Event()
+
+        def side() -> None:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "A title for a story"}]}
+            _ask(server.url, body | {"max_tokens": 8, "temperature": 0})
+            side_done.set()
+
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "stream": True}
+        body |= {"max_tokens": 200, "temperature": 0}
+        chunks = 0
+        with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=300) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: ") and '"content"' in line:
+                    chunks += 1
+                    if chunks == 20:
+                        threading.Thread(target=side).start()
+        assert side_done.wait(60)
+    # A free thread takes it at once; its prompt takes one pass between two of the stream's
+    # steps, and its first step shares a pass with the stream's. The stream goes on meanwhile:
+    # a few of its steps pass while the side request is set up (one request at a time, it
+    # would wait for all of the stream's 200).
+    assert chunks > 60 and marks["answered"] - marks["arrived"] <= 4, marks
+
+
+def test_a_burst_of_24_requests_is_answered_whole(smollm2_q4_1: Path) -> None:
+    with pooled(smollm2_q4_1, 4) as (server, _):
+        statuses: list[int] = []
+
+        def one(i: int) -> None:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"Say the number {i}."}]}
+            response = httpx.post(f"{server.url}/chat/completions", json=body | {"max_tokens": 6}, timeout=300)
+            statuses.append(response.status_code)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(24)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert statuses == [200] * 24
+
+
+def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_why() -> None:
+    why = batches(LoadOptions(model="reference:seed=0", backend="reference"))
+    assert why is not None and "one request at a time" in why
+    why = batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy="draft"))
+    assert why is not None and "'draft'" in why and "n-gram lookup and plain decoding batch" in why
+    assert batches(LoadOptions(model="t.gguf", strategy="ngram")) is None
+    pool = load_pool(LoadOptions(model="reference:seed=0", backend="reference"), 4)
+    try:
+        assert len(pool.runtimes) == 1 and pool.note is not None
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("value", ["0", "17", "x"])
+def test_serve_refuses_a_parallel_it_cannot_run(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from localspec.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--parallel", value])
+    assert exited.value.code == 2
+    assert "expected a whole number from 1 to 16" in capsys.readouterr().err
