@@ -49,9 +49,21 @@ def test_llama_servers_fields_map_and_those_without_effect_are_named() -> None:
     assert asked(speculation={"max_draft": 2}, **{"speculative.n_max": 9})[0] == Speculation(max_draft=2)
 
 
+def test_llama_servers_fields_as_one_speculative_object_or_a_switch() -> None:
+    assert asked(speculative={"n_max": 6}) == (Speculation(max_draft=6), [])
+    assert asked(speculative={"types": []})[0] == Speculation("none")
+    assert asked(speculative=False)[0] == Speculation("none")
+    assert asked(speculative=True) == (None, [])
+    _, no_effect = asked(speculative={"p_min": 0.75})
+    assert [name.split(" ")[0] for name in no_effect] == ["speculative.p_min"]
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
+        ({"speculative": {"gamma": 4}}, "speculative.gamma"),
+        ({"speculative": "yes"}, "speculative"),
+        ({"speculative": {"n_max": -2}}, "speculative.n_max"),
         ({"speculative.n_max": -1}, "speculative.n_max"),
         ({"speculative.p_min": 2}, "speculative.p_min"),
         ({"speculative.types": 3}, "speculative.types"),

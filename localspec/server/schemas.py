@@ -88,8 +88,16 @@ PEER_FIELDS = frozenset(
     }
 )
 # llama-server's per-request speculation fields, read by localspec.server.speculation.
+# "speculative" itself: the same fields as one object ({"n_max": 8}), or true/false.
 LLAMA_SPECULATIVE = frozenset(
-    {"speculative.n_max", "speculative.n_min", "speculative.p_min", "speculative.types", "speculative.type"}
+    {
+        "speculative",
+        "speculative.n_max",
+        "speculative.n_min",
+        "speculative.p_min",
+        "speculative.types",
+        "speculative.type",
+    }
 )
 # llama-server's names for fields that have an equivalent here: the equivalent's name.
 PEER_NAMES = {"n_predict": "max_tokens", "json_schema": "response_format"}

@@ -5,7 +5,9 @@
 and llama-server's speculative.* fields, mapped onto it: speculative.n_max is the longest
 draft, speculative.types [] (or "none") turns drafting off; speculative.n_min, speculative.p_min
 and a list of other types are accepted and named in the warning header, as nothing here
-follows them (the controller chooses each draft's length, the loaded drafter drafts).
+follows them (the controller chooses each draft's length, the loaded drafter drafts). The
+same fields may come as one object, "speculative": {"n_max": 8}, and "speculative": false
+turns drafting off (true: as loaded).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def requested(body: GenerationRequest) -> Asked:
     """The request's speculation from its `speculation` field and llama-server's fields; a
     value of the wrong kind is a 400 naming the field."""
     peer = {name: value for name, value in (body.model_extra or {}).items() if name in LLAMA_SPECULATIVE}
+    peer |= _nested(peer.pop("speculative", None))
     if body.speculation is None and not peer:
         return Asked()
     own = _own(body.speculation or {})
@@ -59,6 +62,24 @@ def requested(body: GenerationRequest) -> Asked:
             else:
                 no_effect.append(f"{name} ({NO_EFFECT[name]})")
     return Asked(Speculation(strategy, own.get("draft_tokens", "auto"), max_draft), no_effect)
+
+
+def _nested(value: Any) -> dict[str, Any]:
+    """llama-server's fields given as one "speculative" object, in their dotted names; a
+    boolean as a switch (false: types [], drafting off)."""
+    if value is None or value is True:
+        return {}
+    if value is False:
+        return {"speculative.types": []}
+    if not isinstance(value, Mapping):
+        told = "'speculative' must be an object such as {\"n_max\": 8}, or true/false"
+        raise ApiError(400, told, param="speculative")
+    named = {f"speculative.{key}": item for key, item in value.items()}
+    unknown = sorted(set(named) - LLAMA_SPECULATIVE)
+    if unknown:
+        fields = "n_max, n_min, p_min, types and type"
+        raise ApiError(400, f"unknown field {unknown[0]!r}: 'speculative' takes {fields}", param=unknown[0])
+    return named
 
 
 def _own(given: Mapping[str, Any]) -> dict[str, Any]:
