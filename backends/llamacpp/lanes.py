@@ -36,6 +36,7 @@ from localspec.core.protocol import Backend, Logits, LogitsMode, VocabIdentity
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 
 from . import library
+from .outputs import LogitsRows
 
 llama = library.llama
 
@@ -89,6 +90,7 @@ class LaneHost:
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(capacity,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))[:] = 1
+        self._logits = LogitsRows(ctx, self._n_vocab)
         self._cond = threading.Condition()
         self._pending: list[_Ask] = []
         self._busy: set[int] = set()  # lanes inside a request
@@ -222,7 +224,7 @@ class LaneHost:
         asks.sort(key=lambda ask: ask.lane.seq)
         width = max(len(ask.tokens) for ask in asks)
         try:
-            firsts = self._fill(asks, width)
+            self._fill(asks, width)
             rc = llama.llama_decode(self._ctx, self._batch)
             if rc != 0:
                 raise InvalidRequestError(f"llama_decode failed with code {rc}", "shorten the prompt or the answer")
@@ -231,12 +233,12 @@ class LaneHost:
                 ask.error = exc
                 llama.llama_memory_seq_rm(self._mem, ask.lane.seq, ask.lane.n_past, -1)
             return
-        for ask, first in zip(asks, firsts, strict=True):
+        for ask, rows in zip(asks, self._rows(asks), strict=True):
             lane, n = ask.lane, len(ask.tokens)
             if n < width:  # the padding's cells go at once: the lane's next block takes their place
                 llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past + n, -1)
             lane.record(ask.tokens)
-            ask.rows = self._rows(ask, first)
+            ask.rows = rows
         figures = self.figures
         figures.passes += 1
         figures.shared_passes += len(asks) > 1
@@ -244,20 +246,19 @@ class LaneHost:
         figures.widest = max(figures.widest, width * len(asks))
         figures.padded_rows += sum(width - len(ask.tokens) for ask in asks)
 
-    def _rows(self, ask: _Ask, first: int) -> Logits:
-        """The ask's logits rows (batch rows from `first`), copied: the next pass overwrites them."""
-        n = len(ask.tokens)
-        wanted = range(first, first + n) if ask.logits == "all" else [first + n - 1] if ask.logits == "last" else []
-        out = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
-        for k, i in enumerate(wanted):
-            row = llama.llama_get_logits_ith(self._ctx, i)
-            out[k] = np.ctypeslib.as_array(row, shape=(self._n_vocab,))
+    def _rows(self, asks: list[_Ask]) -> list[Logits]:
+        """Each ask's logits rows, copied out of the pass's output (in batch order, as
+        llama.cpp reorders it): the next pass overwrites them."""
+        wanted = [len(a.tokens) if a.logits == "all" else int(a.logits == "last") for a in asks]
+        rows = self._logits.rows(sum(wanted)) if sum(wanted) else None
+        out, at = [], 0
+        for n in wanted:
+            out.append(rows[at : at + n].copy() if rows is not None and n else _empty(self._n_vocab))
+            at += n
         return out
 
-    def _fill(self, asks: list[_Ask], width: int) -> list[int]:
-        """The batch: each ask's tokens and then padding, `width` rows a lane; where each ask's
-        rows begin."""
-        firsts = []
+    def _fill(self, asks: list[_Ask], width: int) -> None:
+        """The batch: each ask's tokens and then padding, `width` rows a lane."""
         row = 0
         for ask in asks:
             lane, n = ask.lane, len(ask.tokens)
@@ -273,10 +274,8 @@ class LaneHost:
                 self._out[row + n - 1] = 1
             for i in range(row, end):
                 self._batch.seq_id[i][0] = lane.seq
-            firsts.append(row)
             row = end
         self._batch.n_tokens = row
-        return firsts
 
 
 def _empty(n_vocab: int) -> Logits:
