@@ -1,6 +1,7 @@
 """localspec: lossless speculative decoding for local LLMs.
 
-Public API: load() with its LoadOptions, Runtime, the event/result types it returns, the
+Public API: load() with its LoadOptions, Runtime, load_pool() and its Pool (runtimes that
+serve requests side by side in shared passes), the event/result types it returns, the
 progress record load() reports, and the errors it raises (every one a LocalspecError)."""
 
 from typing import Any
@@ -21,6 +22,7 @@ from localspec.core.progress import LoadProgress
 from localspec.core.sampling import SamplingConfig, TokenLogprob
 from localspec.core.stats import Stats
 from localspec.core.tools import ToolCall, ToolRequestError
+from localspec.pool import Pool, load_pool
 
 __all__ = [
     "BackendClosedError",
@@ -36,6 +38,7 @@ __all__ = [
     "ModelLoadError",
     "NotPulledError",
     "PairMismatchError",
+    "Pool",
     "Prompt",
     "PullError",
     "Runtime",
@@ -48,6 +51,7 @@ __all__ = [
     "ToolCall",
     "ToolRequestError",
     "load",
+    "load_pool",
 ]
 __version__ = "0.1.0"
 

@@ -10,17 +10,18 @@ too. Such a pair is served one request at a time, and the pool says why (`note`)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol, runtime_checkable
 
 from localspec.assembly import assemble, calibrate
 from localspec.core.backend_loader import load_backend
-from localspec.core.errors import InvalidRequestError, LocalspecError
+from localspec.core.errors import InvalidRequestError, LocalspecError, RuntimeBusyError
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Backend
-from localspec.runtime import Runtime
+from localspec.core.protocol import Backend, SharesPasses
+from localspec.runtime import Completion, Runtime
 from localspec.strategies import TABLE, named, resolve
 
 # More lanes than this gain nothing on a consumer machine (a pass's cost grows with its rows)
@@ -28,12 +29,8 @@ from localspec.strategies import TABLE, named, resolve
 MOST_LANES = 16
 
 
-class Lane(Backend, Protocol):
+class Lane(Backend, SharesPasses, Protocol):
     """A backend's sequence whose blocks share passes with the other lanes'."""
-
-    def idle(self) -> None:
-        """Its request ended: the other lanes' passes stop waiting for it."""
-        ...
 
 
 class LaneHost(Protocol):
@@ -47,30 +44,59 @@ class HostsLanes(Protocol):
     def lane_host(self) -> LaneHost: ...
 
 
-@dataclass(frozen=True)
 class Pool:
-    """Runtimes whose requests may run at once; close() frees them and what they share."""
+    """Runtimes whose requests may run at once, each from its own thread; close() frees them
+    and what they share. An app takes a free one with lane() (or generate() in one call); a
+    server runs a generation thread per runtime (localspec.server.worker)."""
 
-    runtimes: tuple[Runtime, ...]
-    idle: Callable[[int], None]  # runtime i's request ended: shared passes stop waiting for it
-    release: Callable[[], None]  # frees the runtimes and the model they share
-    note: str | None = None  # why fewer runtimes than asked for, if so
+    def __init__(self, runtimes: tuple[Runtime, ...], release: Callable[[], None], note: str | None = None) -> None:
+        self.runtimes = runtimes
+        self._release = release  # frees the runtimes and the model they share
+        self.note = note  # why fewer runtimes than asked for, if so
+        self._free = list(range(len(runtimes)))
+        self._cond = threading.Condition()
 
     @classmethod
     def single(cls, runtime: Runtime, owned: bool = True, note: str | None = None) -> Pool:
         """One runtime: closed with the pool when owned (not an app's own, lent to a server)."""
-        return cls((runtime,), _nothing, runtime.close if owned else _none, note)
+        return cls((runtime,), runtime.close if owned else _none, note)
 
     @property
     def label(self) -> str:
         return self.runtimes[0].label
 
+    @contextmanager
+    def lane(self, timeout: float | None = None) -> Iterator[Runtime]:
+        """A runtime no other caller holds until the block ends: the first free one, waiting
+        at most timeout seconds (None: as long as it takes) for one to come free."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._free), timeout):
+                raise RuntimeBusyError(
+                    f"all {len(self.runtimes)} runtimes were busy for {timeout} s",
+                    "wait longer (timeout=None waits), or load the pool with a larger parallel",
+                )
+            index = self._free.pop(0)
+        try:
+            yield self.runtimes[index]
+        finally:
+            with self._cond:
+                self._free.append(index)
+                self._free.sort()  # the lowest first: lanes side by side share passes best
+                self._cond.notify()
+
+    def generate(self, prompt: Any = None, **request: Any) -> Completion:
+        """Runtime.generate() on a free runtime: several threads may call it at once."""
+        with self.lane(request.pop("lane_timeout", None)) as runtime:
+            return runtime.generate(prompt, **request)
+
     def close(self) -> None:
-        self.release()
+        self._release()
 
+    def __enter__(self) -> Pool:
+        return self
 
-def _nothing(_: int) -> None:
-    return None
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _none() -> None:
@@ -118,12 +144,20 @@ def batches(opts: LoadOptions) -> str | None:
     return None
 
 
-def load_pool(opts: LoadOptions, parallel: int | None = None, on_progress: Announce | None = None) -> Pool:
-    """opts' model in `parallel` lanes (None: default_parallel), a runtime each. Where the
-    strategy cannot batch (batches()), one runtime and the reason."""
+def load_pool(
+    model: str | LoadOptions | None = None,
+    *,
+    parallel: int | None = None,
+    on_progress: Announce | None = None,
+    **options: Any,
+) -> Pool:
+    """localspec.load()'s model and options in `parallel` lanes (None: default_parallel), a
+    runtime each, whose passes are shared. Where the strategy cannot batch (batches()), one
+    runtime and the reason in Pool.note."""
     from localspec.api import load, resolved_files
 
-    opts = resolved_files(opts, on_progress)
+    given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
+    opts = resolved_files(LoadOptions.of(**given), on_progress)
     assert opts.model is not None
     why = batches(opts)
     if parallel is None:  # a pair that cannot batch is not told so: it was not asked to
@@ -160,4 +194,4 @@ def load_pool(opts: LoadOptions, parallel: int | None = None, on_progress: Annou
             runtime.close()
         backend.close()
 
-    return Pool(tuple(runtimes), lambda i: host.lanes[i].idle(), release)
+    return Pool(tuple(runtimes), release)

@@ -18,7 +18,7 @@ from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest, ReusePrefix,
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, is_schema_model, json_schema_of
-from localspec.core.protocol import DraftLengthPolicy
+from localspec.core.protocol import DraftLengthPolicy, SharesPasses
 from localspec.core.sampling import (
     KNOBS,
     PENALTIES,
@@ -516,6 +516,8 @@ class Runtime:
         finally:
             if self.memory is not None:
                 self.memory.add(said)
+            if isinstance(self.target, SharesPasses):  # the other requests' passes stop waiting for it
+                self.target.idle()
             self._note_drift()
 
     def _note_drift(self) -> None:

@@ -41,7 +41,7 @@ PROMPTS = [
 @contextmanager
 def pooled(model: Path, parallel: int, strategy: str = "ngram") -> Iterator[tuple[LocalServer, Pool]]:
     opts = LoadOptions(model=str(model), n_ctx=TEST_N_CTX, strategy=strategy, threads=1, memory=False)
-    pool = load_pool(opts, parallel)
+    pool = load_pool(opts, parallel=parallel)
     server = LocalServer(None, MODEL, lambda _: pool, port=0, settings=Settings(log=lambda line: None))
     with server:
         server.start()
@@ -210,7 +210,7 @@ def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_w
     why = batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy="draft"))
     assert why is not None and "'draft'" in why and "n-gram lookup and plain decoding batch" in why
     assert batches(LoadOptions(model="t.gguf", strategy="ngram")) is None
-    pool = load_pool(LoadOptions(model="reference:seed=0", backend="reference"), 4)
+    pool = load_pool("reference:seed=0", backend="reference", parallel=4)
     try:
         assert len(pool.runtimes) == 1 and pool.note is not None
     finally:
@@ -225,3 +225,31 @@ def test_serve_refuses_a_parallel_it_cannot_run(value: str, capsys: pytest.Captu
         main(["serve", "--parallel", value])
     assert exited.value.code == 2
     assert "expected a whole number from 1 to 16" in capsys.readouterr().err
+
+
+def test_an_app_asks_a_pool_from_several_threads_and_gets_the_answers_it_gets_alone(smollm2_q4_1: Path) -> None:
+    # A desktop app's worker streams an answer while its UI thread asks for a title: two
+    # runtimes of one pool, each held by one caller at a time, their passes shared.
+    import localspec
+
+    asks = [("Write the days of the week.", 40), ("A title for a chat about the week", 12)]
+    with localspec.load_pool(
+        str(smollm2_q4_1), parallel=2, n_ctx=TEST_N_CTX, threads=1, strategy="ngram", memory=False
+    ) as pool:
+        assert isinstance(pool, Pool) and len(pool.runtimes) == 2 and pool.note is None
+        alone = [pool.generate(p, max_tokens=n, temperature=0).text for p, n in asks]
+        together = [""] * len(asks)
+
+        def one(i: int) -> None:
+            together[i] = pool.generate(asks[i][0], max_tokens=asks[i][1], temperature=0).text
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(asks))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert together == alone
+        with pool.lane() as first, pool.lane() as second:
+            assert first is not second
+            with pytest.raises(localspec.RuntimeBusyError, match="larger parallel"), pool.lane(timeout=0.05):
+                pass

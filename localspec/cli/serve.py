@@ -119,7 +119,7 @@ def handle(args: argparse.Namespace) -> int:
 
     def loader(pair_id: str) -> Any:
         chosen = options if pair_id == served else options.changed(model=pair_id, draft_model=None)
-        pool = load_pool(chosen, args.parallel, on_progress=lambda what: say(f"localspec serve: {what}"))
+        pool = load_pool(chosen, parallel=args.parallel, on_progress=lambda what: say(f"localspec serve: {what}"))
         if pool.note:
             say(f"localspec serve: {pool.note}")
         return pool

@@ -235,6 +235,14 @@ class Backend(Vocabulary, Protocol):
 
 
 @runtime_checkable
+class SharesPasses(Protocol):
+    """A backend whose passes it shares with other requests' (a lane, backends/llamacpp/lanes.py):
+    those passes wait for its next block until it says its request ended."""
+
+    def idle(self) -> None: ...
+
+
+@runtime_checkable
 class Verifier(Protocol):
     """A backend that can verify a draft itself (Capabilities.verifies)."""
 

@@ -427,9 +427,6 @@ class Worker:
             log.exception("generation failed")
             self._end(job, "failed", exc)
             return
-        finally:
-            if self.pool is not None and lane < len(self.pool.runtimes):
-                self.pool.idle(lane)
         if job.cancelled.is_set():
             self._end(job, "cancelled", shutting_down() if self._stopping else None)
         else:
