@@ -74,9 +74,7 @@ class LaneHost:
     """The lanes of one llama.cpp context made for them (LlamaCppBackend(lanes=N)), and the
     passes that serve them."""
 
-    def __init__(
-        self, backend: Backend, ctx: Any, lanes: int, row_limit: int, cost: Callable[[int], float]
-    ) -> None:
+    def __init__(self, backend: Backend, ctx: Any, lanes: int, row_limit: int, cost: Callable[[int], float]) -> None:
         """cost: the seconds of a pass over that many rows (the calibrated curve), which
         decides whether a narrower block is padded into a wider pass or waits for its own."""
         self.model = backend
