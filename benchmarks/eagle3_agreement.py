@@ -17,19 +17,14 @@ at 0 and at 0.3.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-import numpy as np
-
 from localspec.backends.llamacpp.backend import LlamaCppBackend
-from localspec.core.acceptance import accept_greedy
-from localspec.core.sampling import SamplingConfig
 from localspec.drafters.model import ModelDrafter
+from localspec.testing.agreement import N_PREDICT, PROMPTS, Peer, side_by_side
 from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
 from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 from localspec.tooling.peers import find_or_build
@@ -50,62 +45,13 @@ HEADS = {
     "d2t, 200 tokens": HeadSpec(draft_vocab=200),
 }
 HYBRID_LAYERS = (0, 1, 3)
-PROMPTS = ["the world and the world and the", "once upon a time there was", "def add(a, b):\n    return"]
-N_PREDICT = 80
 N_MAX = (4, 15)
 P_MIN = (0.0, 0.3)
 
 
-@dataclass
-class Counts:
-    drafted: int = 0
-    accepted: int = 0
-
-    def add(self, drafted: int, accepted: int) -> None:
-        self.drafted += drafted
-        self.accepted += accepted
-
-    def __str__(self) -> str:
-        rate = self.accepted / self.drafted if self.drafted else 0.0
-        return f"{self.accepted}/{self.drafted} ({rate:.3f})"
-
-
-def ours(target_path: Path, head_path: Path, prompt: str, n_max: int, p_min: float) -> tuple[int, int]:
-    """(drafted, accepted) of localspec's loop, run and counted as llama-speculative-simple runs
-    draft-eagle3: the last prompt token goes with the first draft; n_max drafts a step, cut to
-    what N_PREDICT leaves (but where it leaves none, the example's cap of 0 reads as no cap,
-    and n_max are drafted)."""
-    target = LlamaCppBackend(str(target_path), n_ctx=256, threads=1)
-    drafter = ModelDrafter(target.eagle3_head(str(head_path)), min_confidence=p_min)
-    cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
-    ctx = target.tokenize(prompt, add_special=True, parse_special=False)
-    target.eval_block(ctx[:-1], "none")
-    drafter.start(ctx)
-    drafted = accepted = predicted = 0
-    while predicted <= N_PREDICT:  # its stopping rule
-        cap = N_PREDICT - predicted - 1
-        draft = drafter.propose(ctx, min(n_max, cap) if cap > 0 else n_max, cfg, rng).tokens
-        past = target.n_past
-        kept, bonus = accept_greedy(draft, target.eval_block([ctx[-1], *draft], "all"))
-        drafted, accepted, predicted = drafted + len(draft), accepted + kept, predicted + kept + 1
-        ctx += [*draft[:kept], bonus]
-        target.rollback(past + 1 + kept)
-        drafter.commit(ctx, kept)
-    target.close()
-    return drafted, accepted
-
-
-def theirs(bin_dir: Path, target_path: Path, head_path: Path, prompt: str, n_max: int, p_min: float) -> tuple[int, int]:
-    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target_path), "-md", str(head_path)]
-    cmd += ["--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min)]
-    cmd += ["-p", prompt, "-n", str(N_PREDICT), "--temp", "0", "-t", "1", "-c", "256"]
-    for _ in range(3):  # llama.cpp's log thread may lose the last lines when the program exits
-        # The random text is bytes, not UTF-8: decode it leniently.
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=True).stderr
-        drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", out), re.search(r"n_accept\s*=\s*(\d+)", out)
-        if drafted and accepted:
-            return int(drafted.group(1)), int(accepted.group(1))
-    raise RuntimeError(f"llama-speculative-simple printed no counts:\n{out[-2000:]}")
+def head_drafter(head_path: Path, p_min: float, target: LlamaCppBackend) -> ModelDrafter:
+    """localspec's drafter over the head, stopping where llama.cpp's p_min stops."""
+    return ModelDrafter(target.eagle3_head(str(head_path)), min_confidence=p_min)
 
 
 def compare(bin_dir: Path, folder: Path, target_name: str) -> None:
@@ -119,11 +65,9 @@ def compare(bin_dir: Path, folder: Path, target_name: str) -> None:
         head = write_eagle3_gguf(spec, head_spec, folder / f"eagle3-{target_name}-{i}.gguf")
         for n_max in N_MAX:
             for p_min in P_MIN:
-                peer, mine = Counts(), Counts()
-                for prompt in PROMPTS:
-                    peer.add(*theirs(bin_dir, target, head, prompt, n_max, p_min))
-                    mine.add(*ours(target, head, prompt, n_max, p_min))
-                print(f"{name:<20}{n_max:<7}{p_min:<7}{peer!s:<30}{mine!s:<30}", flush=True)
+                peer = Peer(bin_dir, "draft-eagle3", p_min)
+                theirs, mine = side_by_side(peer, target, head, partial(head_drafter, head, p_min), n_max)
+                print(f"{name:<20}{n_max:<7}{p_min:<7}{theirs!s:<30}{mine!s:<30}", flush=True)
 
 
 def main() -> None:
