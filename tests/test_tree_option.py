@@ -42,7 +42,9 @@ def test_every_command_that_loads_a_model_takes_tree_and_leaves_it_to_the_contro
 
 
 @pytest.mark.parametrize("bad", ["wide", "0", "2,0", "1,2,3", "2,"])
-def test_a_bad_tree_is_refused_before_loading_with_the_spellings_named(bad: str, capsys) -> None:
+def test_a_bad_tree_is_refused_before_loading_with_the_spellings_named(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["run", "hi", "--tree", bad])
     assert exited.value.code == 2
@@ -66,7 +68,7 @@ def default_model_in_home(smollm2_q4_1: Path, temporary_localspec_home: Path) ->
 
 @pytest.mark.model
 def test_a_greedy_answer_with_a_tree_at_every_step_is_plain_decodings(
-    default_model_in_home: Path, capsys, monkeypatch: pytest.MonkeyPatch
+    default_model_in_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loaded: list[Runtime] = []
 
