@@ -22,18 +22,14 @@ llama.cpp's length, to tell that choice from any other difference.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-import numpy as np
-
 from localspec.backends.llamacpp.backend import LlamaCppBackend
-from localspec.core.acceptance import accept_greedy
-from localspec.core.sampling import SamplingConfig
+from localspec.backends.llamacpp.dspark import DSparkDrafter
+from localspec.testing.agreement import N_PREDICT, PROMPTS, Peer, side_by_side
 from localspec.testing.dflash_support import DFlashSpec
 from localspec.testing.dspark_support import DSparkSpec, write_dspark_gguf
 from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
@@ -50,62 +46,15 @@ DRAFTERS = {
     "markov 3.0, anchor-first": (3.0, True),
     "markov 1.0, bonus anchor": (1.0, False),
 }
-PROMPTS = ["the world and the world and the", "once upon a time there was", "def add(a, b):\n    return"]
-N_PREDICT = 80
 N_MAX = (4, BLOCK)
 
 
-@dataclass
-class Counts:
-    drafted: int = 0
-    accepted: int = 0
-
-    def add(self, drafted: int, accepted: int) -> None:
-        self.drafted += drafted
-        self.accepted += accepted
-
-    def __str__(self) -> str:
-        rate = self.accepted / self.drafted if self.drafted else 0.0
-        return f"{self.accepted}/{self.drafted} ({rate:.3f})"
-
-
-def ours(target_path: Path, drafter_path: Path, prompt: str, n_max: int, short: bool = False) -> tuple[int, int]:
-    """(drafted, accepted) of localspec's loop, run and counted as llama-speculative-simple runs
-    draft-dspark: the last prompt token goes with the first draft; n_max drafts a step, cut to
-    what N_PREDICT leaves (where it leaves none, the example's cap of 0 reads as no cap)."""
-    target = LlamaCppBackend(str(target_path), n_ctx=256, threads=1)
+def block_drafter(drafter_path: Path, n_max: int, short: bool, target: LlamaCppBackend) -> DSparkDrafter:
+    """localspec's DSpark drafter, its pass cut to llama.cpp's length where short (see the module doc)."""
     drafter = target.dspark_drafter(str(drafter_path))
-    if short:  # llama.cpp's pass: the draft's rows only (see the module doc)
+    if short:  # llama.cpp's pass: the draft's rows only
         drafter.block = min(drafter.block, n_max + drafter.first_row)
-    cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
-    ctx = target.tokenize(prompt, add_special=True, parse_special=False)
-    target.eval_block(ctx[:-1], "none")
-    drafter.start(ctx)
-    drafted = accepted = predicted = 0
-    while predicted <= N_PREDICT:  # its stopping rule
-        cap = N_PREDICT - predicted - 1
-        draft = drafter.propose(ctx, min(n_max, cap) if cap > 0 else n_max, cfg, rng).tokens
-        past = target.n_past
-        kept, bonus = accept_greedy(draft, target.eval_block([ctx[-1], *draft], "all"))
-        drafted, accepted, predicted = drafted + len(draft), accepted + kept, predicted + kept + 1
-        ctx += [*draft[:kept], bonus]
-        target.rollback(past + 1 + kept)
-        drafter.commit(ctx, kept)
-    target.close()
-    return drafted, accepted
-
-
-def theirs(bin_dir: Path, target_path: Path, drafter_path: Path, prompt: str, n_max: int) -> tuple[int, int]:
-    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target_path), "-md", str(drafter_path)]
-    cmd += ["--spec-type", "draft-dspark", "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", "0"]
-    cmd += ["-p", prompt, "-n", str(N_PREDICT), "--temp", "0", "-t", "1", "-c", "256"]
-    for _ in range(3):  # llama.cpp's log thread may lose the last lines when the program exits
-        # The random text is bytes, not UTF-8: decode it leniently.
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=True).stderr
-        drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", out), re.search(r"n_accept\s*=\s*(\d+)", out)
-        if drafted and accepted:
-            return int(drafted.group(1)), int(accepted.group(1))
-    raise RuntimeError(f"llama-speculative-simple printed no counts:\n{out[-2000:]}")
+    return drafter
 
 
 def compare(bin_dir: Path, folder: Path, target_name: str, short: bool) -> None:
@@ -117,11 +66,10 @@ def compare(bin_dir: Path, folder: Path, target_name: str, short: bool) -> None:
         drafter_spec = DSparkSpec(DFlashSpec(target_layers=layers, block_size=BLOCK), markov, anchor)
         drafter = write_dspark_gguf(target, folder / f"dspark-{target_name}-{i}.gguf", drafter_spec)
         for n_max in N_MAX:
-            peer, mine = Counts(), Counts()
-            for prompt in PROMPTS:
-                peer.add(*theirs(bin_dir, target, drafter, prompt, n_max))
-                mine.add(*ours(target, drafter, prompt, n_max, short))
-            print(f"{name:<28}{n_max:<7}{peer!s:<30}{mine!s:<30}", flush=True)
+            peer = Peer(bin_dir, "draft-dspark")
+            opened = partial(block_drafter, drafter, n_max, short)
+            theirs, mine = side_by_side(peer, target, drafter, opened, n_max)
+            print(f"{name:<28}{n_max:<7}{theirs!s:<30}{mine!s:<30}", flush=True)
 
 
 def main() -> None:

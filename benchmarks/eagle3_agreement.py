@@ -7,8 +7,11 @@ localspec's loop (ModelDrafter over the head, as the engine drafts); drafted and
 side by side. Agreement, not speed: counts are the same on any host, timings are not taken.
 
 p_min: llama.cpp stops a draft where the head's top token has less probability (default 0);
-localspec's ModelDrafter stops where it has under min_confidence (0.3 by default). Both are run
-at 0 and at 0.3.
+localspec's ModelDrafter stops where it has under min_confidence (0.3 by default; a request's
+speculation min_confidence or llama-server's speculative.p_min). Both are run at 0 and at 0.3.
+The rules differ (localspec/drafters/model.py): llama.cpp drops the unsure token and reads its
+probability among its top 10 candidates; --llama-stop runs localspec's side by llama.cpp's
+rule, to tell that choice from any other difference.
 
     python benchmarks/eagle3_agreement.py [--peers-bin DIR]   # DIR: llama.cpp's build/bin
     (default: the folder `localspec bench --build-peers` builds, localspec.tooling.peers)
@@ -17,19 +20,18 @@ at 0 and at 0.3.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from localspec.backends.llamacpp.backend import LlamaCppBackend
-from localspec.core.acceptance import accept_greedy
+from localspec.core.protocol import Draft
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters.model import ModelDrafter
+from localspec.testing.agreement import N_PREDICT, PROMPTS, Peer, side_by_side
 from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
 from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 from localspec.tooling.peers import find_or_build
@@ -50,65 +52,43 @@ HEADS = {
     "d2t, 200 tokens": HeadSpec(draft_vocab=200),
 }
 HYBRID_LAYERS = (0, 1, 3)
-PROMPTS = ["the world and the world and the", "once upon a time there was", "def add(a, b):\n    return"]
-N_PREDICT = 80
 N_MAX = (4, 15)
 P_MIN = (0.0, 0.3)
 
 
-@dataclass
-class Counts:
-    drafted: int = 0
-    accepted: int = 0
-
-    def add(self, drafted: int, accepted: int) -> None:
-        self.drafted += drafted
-        self.accepted += accepted
-
-    def __str__(self) -> str:
-        rate = self.accepted / self.drafted if self.drafted else 0.0
-        return f"{self.accepted}/{self.drafted} ({rate:.3f})"
+def head_drafter(head_path: Path, p_min: float, llama_stop: bool, target: LlamaCppBackend) -> ModelDrafter:
+    """localspec's drafter over the head at the floor p_min (by llama.cpp's rule where llama_stop)."""
+    kind = LlamaStop if llama_stop else ModelDrafter
+    return kind(target.eagle3_head(str(head_path)), min_confidence=p_min)
 
 
-def ours(target_path: Path, head_path: Path, prompt: str, n_max: int, p_min: float) -> tuple[int, int]:
-    """(drafted, accepted) of localspec's loop, run and counted as llama-speculative-simple runs
-    draft-eagle3: the last prompt token goes with the first draft; n_max drafts a step, cut to
-    what N_PREDICT leaves (but where it leaves none, the example's cap of 0 reads as no cap,
-    and n_max are drafted)."""
-    target = LlamaCppBackend(str(target_path), n_ctx=256, threads=1)
-    drafter = ModelDrafter(target.eagle3_head(str(head_path)), min_confidence=p_min)
-    cfg, rng = SamplingConfig(temperature=0.0), np.random.default_rng(0)
-    ctx = target.tokenize(prompt, add_special=True, parse_special=False)
-    target.eval_block(ctx[:-1], "none")
-    drafter.start(ctx)
-    drafted = accepted = predicted = 0
-    while predicted <= N_PREDICT:  # its stopping rule
-        cap = N_PREDICT - predicted - 1
-        draft = drafter.propose(ctx, min(n_max, cap) if cap > 0 else n_max, cfg, rng).tokens
-        past = target.n_past
-        kept, bonus = accept_greedy(draft, target.eval_block([ctx[-1], *draft], "all"))
-        drafted, accepted, predicted = drafted + len(draft), accepted + kept, predicted + kept + 1
-        ctx += [*draft[:kept], bonus]
-        target.rollback(past + 1 + kept)
-        drafter.commit(ctx, kept)
-    target.close()
-    return drafted, accepted
+class LlamaStop(ModelDrafter):
+    """Greedy drafts ended as llama.cpp's p_min ends them: before the first token whose
+    probability among the top 10 candidates is under the floor."""
+
+    def propose(
+        self,
+        context: Sequence[int],
+        n: int,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+        min_confidence: float | None = None,
+    ) -> Draft:
+        past = self.backend.n_past
+        row = self.backend.eval_block(list(context[past:]), "last")[-1]
+        self._agreed = len(context)
+        tokens: list[int] = []
+        while len(tokens) < n:
+            tok, top = int(np.argmax(row)), np.sort(row)[-10:]
+            if float(np.sum(np.exp(top - row[tok]))) > 1.0 / max(self.min_confidence, 1e-9):
+                break
+            tokens.append(tok)
+            if len(tokens) < n:
+                row = self.backend.eval_block([tok], "last")[-1]
+        return Draft(tokens)
 
 
-def theirs(bin_dir: Path, target_path: Path, head_path: Path, prompt: str, n_max: int, p_min: float) -> tuple[int, int]:
-    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target_path), "-md", str(head_path)]
-    cmd += ["--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", str(p_min)]
-    cmd += ["-p", prompt, "-n", str(N_PREDICT), "--temp", "0", "-t", "1", "-c", "256"]
-    for _ in range(3):  # llama.cpp's log thread may lose the last lines when the program exits
-        # The random text is bytes, not UTF-8: decode it leniently.
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=True).stderr
-        drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", out), re.search(r"n_accept\s*=\s*(\d+)", out)
-        if drafted and accepted:
-            return int(drafted.group(1)), int(accepted.group(1))
-    raise RuntimeError(f"llama-speculative-simple printed no counts:\n{out[-2000:]}")
-
-
-def compare(bin_dir: Path, folder: Path, target_name: str) -> None:
+def compare(bin_dir: Path, folder: Path, target_name: str, llama_stop: bool) -> None:
     spec, write = TARGETS[target_name]
     target = write(spec, folder / f"{target_name}.gguf")
     print(f"\n{target_name} target, {len(PROMPTS)} prompts x {N_PREDICT} tokens, greedy, 1 thread")
@@ -119,22 +99,22 @@ def compare(bin_dir: Path, folder: Path, target_name: str) -> None:
         head = write_eagle3_gguf(spec, head_spec, folder / f"eagle3-{target_name}-{i}.gguf")
         for n_max in N_MAX:
             for p_min in P_MIN:
-                peer, mine = Counts(), Counts()
-                for prompt in PROMPTS:
-                    peer.add(*theirs(bin_dir, target, head, prompt, n_max, p_min))
-                    mine.add(*ours(target, head, prompt, n_max, p_min))
-                print(f"{name:<20}{n_max:<7}{p_min:<7}{peer!s:<30}{mine!s:<30}", flush=True)
+                peer = Peer(bin_dir, "draft-eagle3", p_min)
+                opened = partial(head_drafter, head, p_min, llama_stop)
+                theirs, mine = side_by_side(peer, target, head, opened, n_max)
+                print(f"{name:<20}{n_max:<7}{p_min:<7}{theirs!s:<30}{mine!s:<30}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers-bin", type=Path, help="llama.cpp's build/bin (default: localspec's peers folder)")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+    parser.add_argument("--llama-stop", action="store_true", help="localspec's side stops by llama.cpp's p_min rule")
     args = parser.parse_args()
     bin_dir = find_or_build(args.peers_bin, programs=("llama-speculative-simple",))
     with tempfile.TemporaryDirectory() as folder:
         for target_name in args.targets:
-            compare(bin_dir, Path(folder), target_name)
+            compare(bin_dir, Path(folder), target_name, args.llama_stop)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from localspec import strategies
 from localspec.assembly import assemble, calibrate
 from localspec.backends.llamacpp.rpc_server import split_options
-from localspec.control.trees import TreeAsk
 from localspec.core.backend_loader import kind_of, load_backend
+from localspec.core.choices import Trees
 from localspec.core.errors import LocalspecError, in_api_terms
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
@@ -132,7 +132,7 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     try:
         # The one step that may measure this machine (a draft model's agreement with the
         # target), announced; then the parts are put together once.
-        return Runtime(plan, assemble(plan, calibrate(plan, on_progress)))
+        return Runtime(plan, assemble(plan, calibrate(plan, on_progress), opts.trees))
     except BaseException:
         plan.close()
         target.close()
@@ -154,14 +154,14 @@ def runtime_for(
     strategy: str = "auto",
     *,
     policy: DraftLengthPolicy | None = None,
-    trees: TreeAsk | None = None,
+    trees: Trees | None = None,
     **choices: Any,
 ) -> Runtime:
     """A Runtime over a target (and a drafter) the caller loaded itself, by strategy name;
     choices are localspec.strategies.Parts' fields: draft_tokens, calibrate, memory, label,
     block (a DFlash drafter). policy: a draft-length policy of the caller's in place of the
-    plan's (a replay's, an experiment's); trees: a tree verified at every step, whatever the
-    cost curve says (localspec.control.trees.TreeAsk)."""
+    plan's (a replay's, an experiment's); trees: a TreeAsk, a tree verified at every step
+    whatever the cost curve says; "off", chains only; None or "auto", trees where they pay."""
     plan = strategies.plan(target, draft, strategy, **choices)
     return Runtime(plan, assemble(plan, policy, trees))
 

@@ -11,7 +11,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from localspec.control.policy import AdaptiveDraftLength
-from localspec.control.trees import BRANCHING, OffersAlternatives, TreeAsk, asked_tree, priced_trees
+from localspec.control.trees import BRANCHING, OffersAlternatives, asked_tree, priced_trees
+from localspec.core.choices import TreeAsk, Trees
 from localspec.core.engine import Engine
 from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Branching, DraftLengthPolicy, TreeShaper
@@ -49,21 +50,21 @@ def calibrate(plan: Plan, on_progress: Announce | None = None) -> Calibrated:
 def assemble(
     plan: Plan,
     calibrated: Calibrated | DraftLengthPolicy | None = None,
-    trees: TreeAsk | None = None,
+    trees: Trees | None = None,
 ) -> Assembly:
     """The engine over the plan's drafters with its policy and tree shaper. calibrated: the
     policy calibrate() built, or one the caller chose (a replay's, an experiment's); None:
-    calibrate() now. trees: a tree asked for whatever the curve says; None: trees where the
-    policy's cost curve says they pay."""
+    calibrate() now. trees: a TreeAsk, that tree whatever the curve says; "off", chains only;
+    "auto" or None, trees where the policy's cost curve says they pay."""
     if calibrated is None:
         calibrated = calibrate(plan)
     elif not isinstance(calibrated, Calibrated):
         calibrated = Calibrated(calibrated)
     shaper: TreeShaper | None = None
     positions, alternatives = 0, 0
-    if trees is not None:
+    if isinstance(trees, TreeAsk):
         shaper, positions, alternatives = asked_tree(plan.target, trees), trees.positions, trees.alternatives
-    elif calibrated.priced is not None:
+    elif trees != "off" and calibrated.priced is not None:
         shaper = priced_trees(plan.target.capabilities, calibrated.priced)
         positions = BRANCHING if shaper is not None else 0
     for drafter in (plan.drafter, plan.lookup):

@@ -176,7 +176,7 @@ def load_pool(
             if not TABLE[plan.strategy].batches:  # auto chose a drafter of the model's own (mtp)
                 plan.close()
                 break
-            runtimes.append(Runtime(plan, assemble(plan, calibrate(plan, on_progress))))
+            runtimes.append(Runtime(plan, assemble(plan, calibrate(plan, on_progress), opts.trees)))
     except BaseException:
         for runtime in runtimes:
             runtime.plan.close()

@@ -209,7 +209,8 @@ class Runtime:
         answer then does not depend on earlier requests), "none" nothing. speculation: this
         request's drafting (a localspec.strategies.Speculation, or a dict of its fields):
         {"strategy": "none"} decodes plainly, {"draft_tokens": 4} fixes the draft length,
-        {"max_draft": 8} caps it; the answer is the same, only the speed changes."""
+        {"max_draft": 8} caps it, {"min_confidence": 0.5} ends a draft model's or a head's drafts
+        after a token it gives under 50 %; the answer is the same, only the speed changes."""
         check_cancel(cancel)
         request = Request(
             prompt,
@@ -387,7 +388,7 @@ class Runtime:
                 '"exact" gives the answer a fresh evaluation would (serve\'s default), "any" is fastest',
             )
         how = drafting(self.plan, Speculation.of(request.speculation))
-        choices = PerRequest(request.reuse_prefix, how.guess, how.max_draft)
+        choices = PerRequest(request.reuse_prefix, how.guess, how.max_draft, how.min_confidence)
         return _Decoding(choices, how.policy or self.policy, how.label or self.label, stopping)
 
     def _request_sampling(self, request: Request, tools: ToolRequest | None) -> SamplingConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from localspec.control.factory import fixed_policy, priced_policy
@@ -329,11 +329,15 @@ class Speculation:
     the runtime's own strategy drafts with its drafter (another would need another load).
     draft_tokens: a fixed draft length for this request ("auto": the runtime's policy; 0: none).
     max_draft: the longest draft a step verifies (llama-server's speculative.n_max; None: the
-    backend's block). Answers are the same whatever is chosen: only the speed changes."""
+    backend's block). min_confidence: the probability under which a draft model or a head
+    ends a draft (llama-server's speculative.p_min, localspec.drafters.model says how the two
+    differ; None: the drafter's own, 0.3; 0: never). Answers are the same whatever is chosen:
+    only the speed changes."""
 
     strategy: str = "auto"
     draft_tokens: DraftTokens = "auto"
     max_draft: int | None = None
+    min_confidence: float | None = None
 
     @classmethod
     def of(cls, value: Speculation | Mapping[str, Any] | None) -> Speculation:
@@ -347,12 +351,16 @@ class Speculation:
                 f"speculation must be a Speculation or a dict, got {type(value).__name__}",
                 'e.g. speculation={"strategy": "none"} or {"draft_tokens": 4}',
             )
-        unknown = sorted(set(value) - {"strategy", "draft_tokens", "max_draft"})
+        unknown = sorted(set(value) - SPECULATION_FIELDS)
         if unknown:
             raise InvalidRequestError(
-                f"unknown speculation field {unknown[0]!r}", "speculation takes strategy, draft_tokens and max_draft"
+                f"unknown speculation field {unknown[0]!r}",
+                "speculation takes strategy, draft_tokens, max_draft and min_confidence",
             )
         return cls(**value)
+
+
+SPECULATION_FIELDS = frozenset(f.name for f in fields(Speculation))
 
 
 @dataclass(frozen=True)
@@ -364,6 +372,7 @@ class Drafting:
     policy: DraftLengthPolicy | None = None
     max_draft: int | None = None
     label: str | None = None  # None: the runtime's
+    min_confidence: float | None = None  # Speculation's: None, the drafter's own floor
 
 
 def drafting(plan: Plan, asked: Speculation) -> Drafting:
@@ -382,9 +391,16 @@ def drafting(plan: Plan, asked: Speculation) -> Drafting:
         raise InvalidRequestError(f"speculation draft_tokens must be 'auto' or a whole number >= 0, got {tokens!r}")
     if longest is not None and (not isinstance(longest, int) or isinstance(longest, bool) or longest < 0):
         raise InvalidRequestError(f"speculation max_draft must be a whole number >= 0 or None, got {longest!r}")
+    floor = asked.min_confidence
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float) or not 0 <= floor <= 1):
+        raise InvalidRequestError(
+            f"speculation min_confidence must be a probability from 0 to 1 or None, got {floor!r}",
+            "e.g. 0.5 (a draft ends after a token the drafter gives under 50 %), 0 (never), None (its own 0.3)",
+        )
     if row.name == "none" or tokens == 0 or longest == 0:
         return Drafting(guess=False, policy=fixed_policy(0), label="none")  # the runtime's policy learns nothing
-    return Drafting(policy=None if tokens == "auto" else fixed_policy(tokens), max_draft=longest)
+    policy = None if tokens == "auto" else fixed_policy(tokens)
+    return Drafting(policy=policy, max_draft=longest, min_confidence=None if floor is None else float(floor))
 
 
 # -- drafters in files of their own, and drafters derived from the target ---------------------

@@ -42,11 +42,14 @@ def test_llama_servers_fields_map_and_those_without_effect_are_named() -> None:
     assert asked(**{"speculative.types": []})[0] == Speculation("none")
     assert asked(**{"speculative.types": "none"})[0] == Speculation("none")
     assert asked(**{"speculative.type": "none"})[0] == Speculation("none")
-    spec, no_effect = asked(**{"speculative.n_min": 2, "speculative.p_min": 0.5, "speculative.types": ["ngram-simple"]})
+    assert asked(**{"speculative.p_min": 0.5}) == (Speculation(min_confidence=0.5), [])
+    spec, no_effect = asked(**{"speculative.n_min": 2, "speculative.types": ["ngram-simple"]})
     assert spec == Speculation()
-    assert [name.split(" ")[0] for name in no_effect] == ["speculative.n_min", "speculative.p_min", "speculative.types"]
+    assert [name.split(" ")[0] for name in no_effect] == ["speculative.n_min", "speculative.types"]
     # localspec's own field wins where both say something
     assert asked(speculation={"max_draft": 2}, **{"speculative.n_max": 9})[0] == Speculation(max_draft=2)
+    own = asked(speculation={"min_confidence": 0.1}, **{"speculative.p_min": 0.9})[0]
+    assert own == Speculation(min_confidence=0.1)
 
 
 def test_llama_servers_fields_as_one_speculative_object_or_a_switch() -> None:
@@ -66,6 +69,8 @@ def test_llama_servers_fields_as_one_speculative_object_or_a_switch() -> None:
         ({"speculative": {"n_max": -2}}, "speculative.n_max"),
         ({"speculative.n_max": -1}, "speculative.n_max"),
         ({"speculative.p_min": 2}, "speculative.p_min"),
+        ({"speculation": {"min_confidence": -0.1}}, "speculation.min_confidence"),
+        ({"speculation": {"min_confidence": "high"}}, "speculation.min_confidence"),
         ({"speculative.types": 3}, "speculative.types"),
         ({"speculation": {"draft_tokens": "many"}}, "speculation.draft_tokens"),
         ({"speculation": {"gamma": 4}}, "speculation.gamma"),

@@ -43,6 +43,30 @@ def test_speculation_off_for_one_request_gives_the_runtimes_own_answer(
     assert answer(runtime) == (tokens, drafted, 4, strategy)  # the next request drafts as before
 
 
+def test_a_requests_confidence_floor_reaches_the_draft_model_and_leaves_the_answer(
+    target_backend: Backend, q8_drafter_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llama-server's speculative.p_min maps onto min_confidence: 0 never ends a draft early,
+    # 1 ends every draft after its first token; the greedy answer is the same either way.
+    runtime = runtime_for(target_backend, q8_drafter_backend, strategy="draft", draft_tokens=4, calibrate=False)
+    tokens, drafted, _, _ = answer(runtime)  # the drafter's own floor
+    floors: list[object] = []
+    propose = runtime.drafter.propose
+
+    def spied(*args: object, **kwargs: object) -> object:
+        floors.append(kwargs.get("min_confidence"))
+        return propose(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime.drafter, "propose", spied)
+    never = answer(runtime, speculation={"min_confidence": 0})
+    every = answer(runtime, speculation=Speculation(min_confidence=1.0))
+    assert never[0] == every[0] == tokens
+    assert set(floors) == {0.0, 1.0}
+    assert every[1] < never[1] and every[1] <= drafted <= never[1]
+    monkeypatch.undo()
+    assert answer(runtime)[:2] == (tokens, drafted)  # the next request drafts as loaded
+
+
 def test_a_request_fixes_or_caps_its_own_draft_length(target_backend: Backend) -> None:
     runtime = runtime_for(target_backend, None, strategy="ngram", draft_tokens=4, calibrate=False)
     tokens = answer(runtime)[0]
@@ -62,6 +86,7 @@ def test_a_request_cannot_switch_to_a_drafter_the_runtime_did_not_load(target_ba
         ({"draft_tokens": -1}, "draft_tokens must be"),
         ({"max_draft": "8"}, "max_draft must be"),
         ({"gamma": 4}, "unknown speculation field 'gamma'"),
+        ({"min_confidence": 1.5}, "min_confidence must be a probability"),
         ({"strategy": "fastest"}, "unknown strategy"),
     ):
         with pytest.raises(InvalidRequestError, match=says):

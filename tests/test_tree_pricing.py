@@ -156,6 +156,13 @@ def test_a_runtime_verifies_trees_only_where_its_curve_lets_them_pay(curve: str,
     assert assemble(strategies.plan(chains, None, "ngram"), Calibrated(policy, policy)).engine.trees is None
 
 
+def test_trees_turned_off_leave_chains_even_where_the_curve_would_take_trees() -> None:
+    policy = ngram_policy(CostCurve([t / 1e3 for t in CURVES[GPU]["verify_ms"]]))
+    plan = strategies.plan(ReferenceBackend(), None, "ngram")
+    assert assemble(plan, Calibrated(policy, policy), "off").engine.trees is None
+    assert isinstance(plan.drafter, NgramDrafter) and not plan.drafter.branching  # no runner-ups looked up
+
+
 def test_a_tree_asked_for_verifies_every_branch_offered_at_its_first_positions() -> None:
     asked = AskedTree(positions=2, max_nodes=8)
     offered = [(0, [7, 8]), (1, [5]), (2, [6]), (1, [9, 10, 11])]

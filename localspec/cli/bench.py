@@ -116,6 +116,7 @@ def handle(args: argparse.Namespace) -> int:
             draft_tokens=args.draft_tokens,
             seed=args.seed,
             min_seconds=args.min_seconds,
+            trees=args.tree,
         )
         rows = bench(target, contenders, prompts, plan, on_run)
     samples.append(contention.sample())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from localspec.backends.llamacpp.rpc_server import RPC_HELP
-from localspec.core.choices import BACKENDS, DraftTokens, parse_draft_tokens
+from localspec.core.choices import BACKENDS, DraftTokens, Trees, parse_draft_tokens, parse_trees
 from localspec.core.errors import InvalidRequestError
 from localspec.core.options import LoadOptions
 from localspec.core.sampling import KNOBS, SamplingConfig, check_knob
@@ -25,6 +25,13 @@ def draft_tokens_arg(value: str) -> DraftTokens:
         return parse_draft_tokens(value)
     except InvalidRequestError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def tree_arg(value: str) -> Trees:
+    try:
+        return parse_trees(value)
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.message} ({exc.hint})") from None
 
 
 def ctx_arg(value: str) -> int:
@@ -73,6 +80,15 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
         default="auto",
         metavar="N|auto",
         help="draft length: 'auto' adapts it to this machine and the text (default)",
+    )
+    p.add_argument(
+        "--tree",
+        type=tree_arg,
+        default="auto",
+        metavar="auto|off|P[,A]",
+        help="what a step verifies beside its chain: auto, a tree where this machine's cost curve says it pays "
+        "(default); off, chains only; P[,A], a tree at every step with the drafters' runner-ups at the first P "
+        "draft positions, A each where a drafter offers several (experiments; output is the same)",
     )
     p.add_argument("--ctx", type=ctx_arg, default=4096, help="context length in tokens (default 4096)")
     p.add_argument(
@@ -142,6 +158,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         memory=getattr(args, "memory", True),
         gpu_layers=args.gpu_layers,
         exact=getattr(args, "exact", False),
+        trees=args.tree,
     )
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from localspec.control.policy import AdaptiveDraftLength
+from localspec.core.choices import TreeAsk as TreeAsk  # asked for by name with the shaper that serves it
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend, Capabilities
 
@@ -175,18 +176,6 @@ class AskedTree:
     def observe_tree(self, chain: int, heads: Sequence[tuple[int, int]], path: Sequence[int]) -> None:
         self.steps += 1
         self.taken += any(node >= chain for node in path)
-
-
-@dataclass(frozen=True)
-class TreeAsk:
-    """A tree asked for, whatever the cost curve says (experiments and tests; by default the
-    controller decides, priced_trees): the drafters offer their runner-ups at the first
-    `positions` draft positions, `alternatives` each where a drafter offers several (a DFlash
-    block's top-k; a draft model or an EAGLE-3 head offers one, an n-gram lookup its second
-    continuation). Usage: runtime_for(target, draft, trees=TreeAsk(2))."""
-
-    positions: int = BRANCHING
-    alternatives: int = 1
 
 
 def asked_tree(target: Backend, ask: TreeAsk) -> AskedTree:

@@ -1,9 +1,10 @@
-"""The backend and strategy names localspec knows, named here once for the CLI, the chat,
-the API, the backend loader and the models.toml check."""
+"""The backend and strategy names localspec knows, and the draft-length and tree choices, named
+here once for the CLI, the chat, the API, the backend loader and the models.toml check."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from localspec.core.errors import InvalidRequestError
@@ -50,3 +51,38 @@ def parse_draft_tokens(text: str) -> DraftTokens:
     if n < 0:
         raise InvalidRequestError(f"draft length must be 'auto' or a whole number >= 0, got {n}", _DRAFT_HINT)
     return n
+
+
+@dataclass(frozen=True)
+class TreeAsk:
+    """A tree asked for, whatever the cost curve says (experiments and tests; by default the
+    controller decides, localspec.control.trees.priced_trees): the drafters offer their
+    runner-ups at the first `positions` draft positions, `alternatives` each where a drafter
+    offers several (a DFlash block's top-k; a draft model or an EAGLE-3 head offers one, an
+    n-gram lookup its second continuation). Usage: runtime_for(target, draft, trees=TreeAsk(2))."""
+
+    positions: int = 2
+    alternatives: int = 1
+
+
+# What a runtime verifies beside its chains: "auto", trees where the cost curve says they pay
+# (the default); "off", chains only; a TreeAsk, that tree at every step.
+Trees = TreeAsk | Literal["auto", "off"]
+
+_TREE_HINT = "give auto (trees where they pay), off (chains only), or P[,A] such as 2,1 (P positions, A alternatives)"
+
+
+def parse_trees(text: str) -> Trees:
+    """A tree choice as a user types it: auto, off, or P[,A] with whole numbers of 1 or more."""
+    value = text.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value == "off":
+        return "off"
+    try:
+        numbers = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise InvalidRequestError(f"a tree is auto, off or P[,A], got {text!r}", _TREE_HINT) from None
+    if len(numbers) > 2 or min(numbers) < 1:
+        raise InvalidRequestError(f"a tree's positions and alternatives are 1 or more, got {text!r}", _TREE_HINT)
+    return TreeAsk(*numbers)

@@ -21,6 +21,7 @@ from localspec.core.protocol import (
     Drafter,
     DraftLengthPolicy,
     Logits,
+    StopsUnsure,
     TreeBackend,
     TreeShaper,
     Verifier,
@@ -59,6 +60,9 @@ class PerRequest:
     reuse_prefix: ReusePrefix = "any"
     guess: bool = True  # False: plain decoding, no drafter asked (a free one neither)
     max_draft: int | None = None  # the longest draft a step may verify; None: the backend's block
+    # The floor under which a drafter that stops unsure ends a draft (StopsUnsure: a draft
+    # model, a head); None: the drafter's own. Other drafters draft as they do.
+    min_confidence: float | None = None
 
 
 class Engine:
@@ -129,6 +133,7 @@ class Engine:
         numpy_rule = cfg.shapes_logits or cfg.logprobs is not None or (cfg.seed is not None and not cfg.greedy)
         req = _Request(cfg, policy, stats, rng, cancelled, max_tokens, len(prompt), before, eog, forced, numpy_rule)
         req.guess, req.max_draft = choices.guess, choices.max_draft  # the request's own state
+        req.min_confidence = choices.min_confidence
         yield from self._decode(list(prompt), req)
 
     def _prefill(
@@ -252,8 +257,14 @@ class Engine:
                 return Proposal.of(guess, gamma, Source.LOOKUP, 0, guess)
         if gamma == 0 and guess is None and backlog == 0:
             return NO_GUESS
-        draft = self.drafter.propose(ctx, gamma, req.cfg, req.rng) if gamma > 0 else Draft()
+        draft = self._draft(ctx, gamma, req) if gamma > 0 else Draft()
         return Proposal.of(draft, gamma, Source.MODEL, backlog, guess)
+
+    def _draft(self, ctx: list[int], gamma: int, req: _Request) -> Draft:
+        """The drafter's guess of up to gamma tokens, under the request's floor where it set one."""
+        if req.min_confidence is not None and isinstance(self.drafter, StopsUnsure):
+            return self.drafter.propose(ctx, gamma, req.cfg, req.rng, min_confidence=req.min_confidence)
+        return self.drafter.propose(ctx, gamma, req.cfg, req.rng)
 
     @staticmethod
     def _guess(drafter: Drafter, ctx: list[int], limit: int, req: _Request) -> Draft:
@@ -400,6 +411,7 @@ class _Request:
     numpy_rule: bool = False
     guess: bool = True  # PerRequest's
     max_draft: int | None = None
+    min_confidence: float | None = None
     produced: int = 0
     shadow: Shadow | None = None
     t_start: float = 0.0

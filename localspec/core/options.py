@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from localspec.core.backend_loader import kind_of
-from localspec.core.choices import DraftTokens
+from localspec.core.choices import DraftTokens, TreeAsk, Trees, parse_trees
 from localspec.core.errors import InvalidRequestError
 from localspec.core.validate import check_ctx, check_threads
 
@@ -37,8 +37,13 @@ class LoadOptions:
     # llama.cpp on the CPU with batch-invariant kernels: a verify block's logits are those of
     # one-token passes, so greedy output is plain decoding's bit for bit at any length.
     exact: bool = False
+    # "auto": a tree beside the chain where the cost curve says it pays; "off": chains only; a
+    # TreeAsk (or its spelling, "2,1"): that tree at every step, for experiments and tests.
+    trees: Trees = "auto"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.trees, TreeAsk):
+            object.__setattr__(self, "trees", parse_trees(str(self.trees)))
         object.__setattr__(self, "n_ctx", check_ctx(self.n_ctx))
         object.__setattr__(self, "threads", check_threads(self.threads))
         if self.gpu_layers is not None and not kind_of(self.backend).gpu_layers:

@@ -394,6 +394,26 @@ class Branching(Protocol):
     branching: int
 
 
+@runtime_checkable
+class StopsUnsure(Protocol):
+    """A drafter that ends a draft where its own top token is unlikely (a draft model, an
+    EAGLE-3 head: localspec.drafters.model), whose floor a request may set (llama-server's
+    speculative.p_min, Speculation.min_confidence)."""
+
+    min_confidence: float  # its own floor; 0: it drafts on however unsure
+
+    def propose(
+        self,
+        context: Sequence[int],
+        n: int,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+        min_confidence: float | None = None,
+    ) -> Draft:
+        """Drafter.propose with this draft's floor in place of the drafter's own (None: its own)."""
+        ...
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0

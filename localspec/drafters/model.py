@@ -8,7 +8,21 @@ when the whole draft was accepted, is new to the drafter.
 The drafter stops early when it is unsure: once the token it just drafted had less than
 `min_confidence` of its own probability, the tokens after it would rest on a guess the
 target is unlikely to share, and each costs a drafter step. The rule looks only at the
-drafter's side, so the verified output keeps the target's exact distribution.
+drafter's side, so the verified output keeps the target's exact distribution. A request may
+set the floor for its own drafts (Speculation.min_confidence; llama-server's
+speculative.p_min maps onto it); 0 turns the stop off.
+
+llama.cpp's p_min (common/speculative.cpp, draft and draft-eagle3) differs in two ways:
+- llama.cpp drops the unsure token and stops; this drafter keeps it as the draft's last. Its
+  row is already computed, so it costs one verify row and no drafter pass, and it is right
+  about as often as its probability says; a row is cheap where a pass of a few tokens costs
+  what one does (a GPU).
+- llama.cpp reads the top token's probability among the draft sampler's top 10 candidates
+  (renormalized, so never lower than the full softmax's), whatever the request's sampling;
+  this drafter reads the full softmax greedily, and the request's own law when it samples.
+At the same floor this drafter drafts a token more at each stop, and stops a little sooner;
+run by llama.cpp's rule it drafts and accepts what llama.cpp does, at 0 and 0.3
+(benchmarks/eagle3_agreement.py --llama-stop).
 """
 
 from __future__ import annotations
@@ -63,7 +77,17 @@ class ModelDrafter:
         if warm:
             eval_chunked(self.backend, context[keep:-1], "none")
 
-    def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+    def propose(
+        self,
+        context: Sequence[int],
+        n: int,
+        cfg: SamplingConfig,
+        rng: np.random.Generator,
+        min_confidence: float | None = None,
+    ) -> Draft:
+        """Up to n tokens, ending after the first whose probability is under min_confidence
+        (None: this drafter's own floor; localspec.core.protocol.StopsUnsure)."""
+        floor = self.min_confidence if min_confidence is None else min_confidence
         past = self.backend.n_past
         n = min(n, self.backend.info.n_ctx - len(context) - 1)
         if n <= 0 or not self._readable(context[past:]):
@@ -83,18 +107,10 @@ class ModelDrafter:
                 dists.append(dist)
             if i < self.branching and (second := alternatives(row, tok, dist, 1)):
                 branches.append((i, second))
-            if i == n - 1 or self._unsure(row, tok, dist):
+            if i == n - 1 or _unsure(row, tok, dist, floor):
                 break
             row = self.backend.eval_block([tok], "last")[-1]
         return Draft(tokens, None if cfg.greedy else dists, branches=branches or None)
-
-    def _unsure(self, row: npt.NDArray[np.floating], tok: int, dist: Distribution | None) -> bool:
-        if self.min_confidence <= 0:
-            return False  # no floor: spare the pass over the vocabulary
-        if dist is not None:
-            return dist.prob(tok) < self.min_confidence
-        # Greedy: the top token's softmax probability is 1 / Σ exp(logit - top).
-        return float(np.sum(np.exp(row - row[tok]))) > 1.0 / self.min_confidence
 
     def backlog(self, context: Sequence[int]) -> int:
         # The context's last token is evaluated with the first guess in any case.
@@ -112,3 +128,14 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def _unsure(row: npt.NDArray[np.floating], tok: int, dist: Distribution | None, floor: float) -> bool:
+    """Whether the drafted token's probability is under floor: the drafter's when it samples,
+    its softmax's when greedy."""
+    if floor <= 0:
+        return False  # no floor: spare the pass over the vocabulary
+    if dist is not None:
+        return dist.prob(tok) < floor
+    # Greedy: the top token's softmax probability is 1 / Σ exp(logit - top).
+    return float(np.sum(np.exp(row - row[tok]))) > 1.0 / floor

@@ -1,13 +1,15 @@
 """A request's speculation in serve: localspec's own field,
 
-    "speculation": {"strategy": "none" | "auto" | <the loaded strategy>, "draft_tokens": N, "max_draft": N}
+    "speculation": {"strategy": "none" | "auto" | <the loaded strategy>, "draft_tokens": N, "max_draft": N,
+                    "min_confidence": P}
 
 and llama-server's speculative.* fields, mapped onto it: speculative.n_max is the longest
-draft, speculative.types [] (or "none") turns drafting off; speculative.n_min, speculative.p_min
-and a list of other types are accepted and named in the warning header, as nothing here
-follows them (the controller chooses each draft's length, the loaded drafter drafts). The
-same fields may come as one object, "speculative": {"n_max": 8}, and "speculative": false
-turns drafting off (true: as loaded).
+draft, speculative.p_min the floor under which a draft model or a head ends a draft
+(min_confidence; localspec.drafters.model says how the two rules differ), speculative.types []
+(or "none") turns drafting off; speculative.n_min and a list of other types are accepted and
+named in the warning header, as nothing here follows them (the controller chooses each draft's
+length, the loaded drafter drafts). The same fields may come as one object,
+"speculative": {"n_max": 8}, and "speculative": false turns drafting off (true: as loaded).
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.server.schemas import LLAMA_SPECULATIVE, ApiError, GenerationRequest
-from localspec.strategies import Speculation
+from localspec.strategies import SPECULATION_FIELDS, Speculation
 
 # What a field that changes nothing here is told in the warning header.
 NO_EFFECT = {
     "speculative.n_min": "the controller chooses each draft's length",
-    "speculative.p_min": "the drafter's own rule ends a draft",
     "speculative.types": "the loaded drafter drafts; only [] turns it off",
     "speculative.type": "the loaded drafter drafts; only 'none' turns it off",
 }
@@ -50,10 +51,13 @@ def requested(body: GenerationRequest) -> Asked:
     if "speculative.n_max" in peer:
         n_max = _count(peer["speculative.n_max"], "speculative.n_max")
         max_draft = n_max if max_draft is None else max_draft  # localspec's own field wins
-    for name in ("speculative.n_min", "speculative.p_min"):
-        if name in peer:
-            _number(peer[name], name, 1.0 if name == "speculative.p_min" else None)
-            no_effect.append(f"{name} ({NO_EFFECT[name]})")
+    if "speculative.n_min" in peer:
+        _number(peer["speculative.n_min"], "speculative.n_min", None)
+        no_effect.append(f"speculative.n_min ({NO_EFFECT['speculative.n_min']})")
+    floor = own.get("min_confidence")
+    if "speculative.p_min" in peer:
+        p_min = _number(peer["speculative.p_min"], "speculative.p_min", 1.0)
+        floor = p_min if floor is None else floor  # localspec's own field wins
     strategy = own.get("strategy", "auto")
     for name in ("speculative.types", "speculative.type"):
         if name in peer:
@@ -61,7 +65,7 @@ def requested(body: GenerationRequest) -> Asked:
                 strategy = "none" if "strategy" not in own else strategy
             else:
                 no_effect.append(f"{name} ({NO_EFFECT[name]})")
-    return Asked(Speculation(strategy, own.get("draft_tokens", "auto"), max_draft), no_effect)
+    return Asked(Speculation(strategy, own.get("draft_tokens", "auto"), max_draft, floor), no_effect)
 
 
 def _nested(value: Any) -> dict[str, Any]:
@@ -85,11 +89,11 @@ def _nested(value: Any) -> dict[str, Any]:
 def _own(given: Mapping[str, Any]) -> dict[str, Any]:
     """localspec's `speculation` object, its values checked for kind (the loaded runtime
     checks the strategy it names)."""
-    unknown = sorted(set(given) - {"strategy", "draft_tokens", "max_draft"})
+    unknown = sorted(set(given) - SPECULATION_FIELDS)
     if unknown:
         raise ApiError(
             400,
-            f"unknown speculation field {unknown[0]!r}: it takes strategy, draft_tokens and max_draft",
+            f"unknown speculation field {unknown[0]!r}: it takes strategy, draft_tokens, max_draft and min_confidence",
             param=f"speculation.{unknown[0]}",
         )
     out = dict(given)
@@ -99,6 +103,8 @@ def _own(given: Mapping[str, Any]) -> dict[str, Any]:
         out["draft_tokens"] = _count(out["draft_tokens"], "speculation.draft_tokens", 'or "auto"')
     if out.get("max_draft") is not None:
         out["max_draft"] = _count(out["max_draft"], "speculation.max_draft")
+    if out.get("min_confidence") is not None:
+        out["min_confidence"] = _number(out["min_confidence"], "speculation.min_confidence", 1.0)
     return out
 
 
@@ -108,7 +114,7 @@ def _count(value: Any, name: str, also: str = "") -> int:
     return value
 
 
-def _number(value: Any, name: str, most: float | None) -> None:
+def _number(value: Any, name: str, most: float | None) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
@@ -117,6 +123,7 @@ def _number(value: Any, name: str, most: float | None) -> None:
     ):
         bound = f"0 to {most:g}" if most is not None else ">= 0"
         raise ApiError(400, f"'{name}' must be a number {bound}", param=name)
+    return float(value)
 
 
 def _off(value: Any, name: str) -> bool:

@@ -28,7 +28,7 @@ from localspec.api import Completion, Runtime, runtime_for
 from localspec.control.contention import unreliable_note
 from localspec.control.hardware import physical_cores
 from localspec.control.prompts import BenchPrompt
-from localspec.core.choices import DraftTokens
+from localspec.core.choices import DraftTokens, Trees
 from localspec.core.protocol import Backend
 from localspec.core.stats import Stats
 
@@ -178,6 +178,7 @@ class BenchPlan:
     draft_tokens: DraftTokens = "auto"
     seed: int = 0  # run r of a prompt takes seed + r
     min_seconds: float = 0.0
+    trees: Trees = "auto"  # what the drafting columns verify beside their chains (plain: nothing)
 
 
 OnRun = Callable[[int, int, str], None]  # (done, total, what)
@@ -213,11 +214,7 @@ def _bench_prompt(
 ) -> list[BenchRow]:
     """One prompt's rows: every column run plan.repeats times (or more, see min_seconds), interleaved."""
     # A fresh runtime per prompt: the controller must adapt within the request.
-    runtimes = {
-        c.label: runtime_for(target, c.draft, strategy=c.strategy, draft_tokens=plan.draft_tokens, label=c.label)
-        for c in field_
-        if c.open_draft is None
-    }
+    runtimes = {c.label: _runtime(target, c, c.draft, plan) for c in field_ if c.open_draft is None}
     tallies = {c.label: _Tally() for c in field_}
     # The prompt from an empty cache, as a peer program's fresh process reads it: a prefix
     # the last prompt left there was evaluated in other blocks, which can tip a near-tie
@@ -232,7 +229,7 @@ def _bench_prompt(
         for c in [*field_, field_[0]]:
             told(f"prompt {prompt.id!r}, {'plain decoding' if c.label == 'none' else c.label}, run {r + 1}")
             request = {"messages": prompt.messages, "max_tokens": plan.max_tokens, "temperature": plan.temperature}
-            tallies[c.label].add(_timed(c, runtimes, target, plan.draft_tokens, {**request, "seed": plan.seed + r}))
+            tallies[c.label].add(_timed(c, runtimes, target, plan, {**request, "seed": plan.seed + r}))
         r += 1
     shown = [c for c in field_ if c.label != "none" or len(field_) == 1]
     return [_row(prompt.id, c.label, tallies[c.label], base, r) for c in shown]
@@ -272,7 +269,7 @@ def _timed(
     c: Contender,
     runtimes: dict[str, Runtime],
     target: Backend,
-    draft_tokens: DraftTokens,
+    plan: BenchPlan,
     request: dict[str, Any],
 ) -> Completion:
     """One run of a column: on its runtime, or with its drafter opened for this run only."""
@@ -280,10 +277,15 @@ def _timed(
         return runtimes[c.label].generate(**request)
     draft = c.open_draft()
     try:
-        runtime = runtime_for(target, draft, strategy=c.strategy, draft_tokens=draft_tokens, label=c.label)
-        return runtime.generate(**request)
+        return _runtime(target, c, draft, plan).generate(**request)
     finally:
         draft.close()
+
+
+def _runtime(target: Backend, c: Contender, draft: Backend | None, plan: BenchPlan) -> Runtime:
+    """A column's runtime; plain decoding's asks for no tree, as it drafts nothing to branch."""
+    trees = plan.trees if c.strategy != "none" else "auto"
+    return runtime_for(target, draft, strategy=c.strategy, draft_tokens=plan.draft_tokens, label=c.label, trees=trees)
 
 
 def machine() -> dict[str, Any]:
