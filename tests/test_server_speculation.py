@@ -57,8 +57,9 @@ def test_llama_servers_fields_as_one_speculative_object_or_a_switch() -> None:
     assert asked(speculative={"types": []})[0] == Speculation("none")
     assert asked(speculative=False)[0] == Speculation("none")
     assert asked(speculative=True) == (None, [])
-    _, no_effect = asked(speculative={"p_min": 0.75})
-    assert [name.split(" ")[0] for name in no_effect] == ["speculative.p_min"]
+    _, no_effect = asked(speculative={"n_min": 2})
+    assert [name.split(" ")[0] for name in no_effect] == ["speculative.n_min"]
+    assert asked(speculative={"p_min": 0.75}) == asked(**{"speculative.p_min": 0.75})
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from localspec.control.prompts import BenchPrompt
 from localspec.core.choices import DraftTokens, Trees
 from localspec.core.protocol import Backend
 from localspec.core.stats import Stats
+from localspec.strategies import named
 
 # --min-seconds repeats a prompt at most this many times as often as --repeats asks.
 MAX_REPEAT_FACTOR = 4
@@ -284,7 +285,7 @@ def _timed(
 
 def _runtime(target: Backend, c: Contender, draft: Backend | None, plan: BenchPlan) -> Runtime:
     """A column's runtime; plain decoding's asks for no tree, as it drafts nothing to branch."""
-    trees = plan.trees if c.strategy != "none" else "auto"
+    trees = plan.trees if named(c.strategy)[0].source != "none" else "auto"
     return runtime_for(target, draft, strategy=c.strategy, draft_tokens=plan.draft_tokens, label=c.label, trees=trees)
 
 
