@@ -92,6 +92,9 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
         "output is plain decoding's bit for bit at any length (slower on K-quants; needs a build without "
         "llamafile, docs/usage.md)",
     )
+    p.add_argument(
+        "--mmproj", metavar="FILE", help="llama.cpp: the model's projector GGUF, so that its chats may hold images"
+    )
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:
@@ -142,6 +145,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         memory=getattr(args, "memory", True),
         gpu_layers=args.gpu_layers,
         exact=getattr(args, "exact", False),
+        mmproj=getattr(args, "mmproj", None),
     )
 
 

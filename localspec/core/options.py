@@ -37,6 +37,8 @@ class LoadOptions:
     # llama.cpp on the CPU with batch-invariant kernels: a verify block's logits are those of
     # one-token passes, so greedy output is plain decoding's bit for bit at any length.
     exact: bool = False
+    # A projector GGUF (mmproj) beside the model: its chats may hold images (llama.cpp only).
+    mmproj: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_ctx", check_ctx(self.n_ctx))
@@ -45,6 +47,11 @@ class LoadOptions:
             raise InvalidRequestError(
                 f"gpu_layers is for the llama.cpp backend, not {self.backend}",
                 "drop --gpu-layers, or use --backend llamacpp",
+            )
+        if self.mmproj is not None and not kind_of(self.backend).images:
+            raise InvalidRequestError(
+                f"images (mmproj) are read by the llama.cpp backend only; the {self.backend} backend reads text",
+                "drop --mmproj, or use --backend llamacpp",
             )
         if self.exact and (not kind_of(self.backend).exact or self.rpc or self.gpu_layers):
             raise InvalidRequestError(
