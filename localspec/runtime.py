@@ -17,8 +17,8 @@ from localspec.control.contention import threads_notice
 from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest, ReusePrefix, check_fits
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
-from localspec.core.media import has_images, image_chat_tokens
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, is_schema_model, json_schema_of
+from localspec.core.media import has_images, image_chat_tokens
 from localspec.core.protocol import DraftLengthPolicy
 from localspec.core.sampling import (
     KNOBS,

@@ -116,6 +116,7 @@ class LlamaCppBackend:
     context of n_ctx."""
 
     _lane_host: LaneHost | None  # made by lane_host(), once
+    _images: tuple[Projector, EmbeddingBatch] | None = None  # see_images(): a projector and its batch
 
     def __init__(
         self,
@@ -128,7 +129,6 @@ class LlamaCppBackend:
         gpu_layers: int | None = None,
         exact: bool = False,
         lanes: int = 0,
-        mmproj: str | None = None,
     ) -> None:
         check_gguf(path)
         check_block_size(max_block)
@@ -177,13 +177,10 @@ class LlamaCppBackend:
         self._closed = False
         self._pieces: dict[int, bytes] = {}
         self._describe(path, threads, rpc, exact, gpu_layers, max_block)
-        self._images: tuple[Projector, EmbeddingBatch] | None = None
-        if mmproj is not None:
-            self._see_images(mmproj)
 
-    def _see_images(self, mmproj: str) -> None:
-        """The projector that turns images into rows of this model's input (vision.py); a
-        projector that fails to load leaves nothing loaded."""
+    def see_images(self, mmproj: str) -> None:
+        """Read images through the projector GGUF mmproj (vision.py); a projector that fails to
+        load closes this backend: nothing stays loaded half-way."""
         try:
             if self._lanes:  # a lane's blocks go through lanes.py, which reads token ids only
                 raise InvalidRequestError("images are not served in shared passes yet", "serve it with --parallel 1")
@@ -698,7 +695,7 @@ class LlamaCppBackend:
             head.close()
         if self._lane_host is not None:
             self._lane_host.close()
-        if getattr(self, "_images", None) is not None:  # (set last in __init__)
+        if self._images is not None:
             self._images[0].close()
             self._images[1].free()
         llama.llama_batch_free(self._batch)
@@ -810,5 +807,8 @@ class LlamaCppBackend:
         return self._captures[key]
 
 
-def load(path: str, **options: Any) -> LlamaCppBackend:
-    return LlamaCppBackend(path, **options)
+def load(path: str, mmproj: str | None = None, **options: Any) -> LlamaCppBackend:
+    backend = LlamaCppBackend(path, **options)
+    if mmproj is not None:  # the target's alone: drafters derived from it read text
+        backend.see_images(mmproj)
+    return backend

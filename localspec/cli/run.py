@@ -117,7 +117,9 @@ def image_file(path: str) -> dict[str, Any]:
         with open(path, "rb") as file:
             return {"type": "image", "data": file.read(), "path": path}
     except OSError as exc:
-        raise InvalidRequestError(f"cannot read the image {path}: {exc.strerror}", "check the path given to --image") from None
+        raise InvalidRequestError(
+            f"cannot read the image {path}: {exc.strerror}", "check the path given to --image"
+        ) from None
 
 
 def joined_with_piped(prompt: str, piped: str | None) -> str:

@@ -95,8 +95,9 @@ def image_part(part: Mapping[str, Any], where: str, paths: bool) -> tuple[bytes,
             raise InvalidRequestError(f"{where}: image_url needs a url", INLINE_HINT)
         return data_url(url, where), f"the image in {where}"
     if "data" in part and isinstance(part["data"], bytes | bytearray):
-        named = part.get("path")
-        return bytes(part["data"]), os.fspath(named) if isinstance(named, str | os.PathLike) else f"the image in {where}"
+        named = part.get("path")  # a caller that read the file itself names it so
+        name = os.fspath(named) if isinstance(named, str | os.PathLike) else f"the image in {where}"
+        return bytes(part["data"]), name
     path = part.get("path")
     if not isinstance(path, str | os.PathLike) or not paths:
         hint = 'give {"type": "image", "path": "photo.png"} or "data": bytes' if paths else INLINE_HINT
@@ -105,7 +106,9 @@ def image_part(part: Mapping[str, Any], where: str, paths: bool) -> tuple[bytes,
         with open(path, "rb") as file:
             return file.read(), os.fspath(path)
     except OSError as exc:
-        raise InvalidRequestError(f"cannot read the image {os.fspath(path)}: {exc.strerror}", "check the path") from None
+        raise InvalidRequestError(
+            f"cannot read the image {os.fspath(path)}: {exc.strerror}", "check its path"
+        ) from None
 
 
 def data_url(url: str, where: str) -> bytes:

@@ -28,7 +28,7 @@ class ProjectorSpec:
     image_size: int = 32
     patch_size: int = 8
     seed: int = 7
-    scale: float = 1.0  # the projector output's standard deviation: how loudly the image speaks
+    scale: float = 4.0  # the projector output's standard deviation: how loudly the image speaks
 
     @property
     def positions(self) -> int:
@@ -89,7 +89,9 @@ def write_projector(spec: ProjectorSpec, path: Path) -> Path:
     return write_out(writer, projector_tensors(spec), path)
 
 
-def write_vision_pair(folder: Path, target: Spec | None = None, projector: ProjectorSpec | None = None) -> tuple[Path, Path]:
+def write_vision_pair(
+    folder: Path, target: Spec | None = None, projector: ProjectorSpec | None = None
+) -> tuple[Path, Path]:
     """(target GGUF, projector GGUF) of a tiny vision pair, widths matched."""
     target = target or Spec(arch="llama")
     projector = projector or ProjectorSpec(out_width=target.hidden)
