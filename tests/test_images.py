@@ -8,11 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from localspec.api import Runtime, load
 from localspec.cli.main import main
 from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError
+from localspec.server import LocalServer, Settings
 from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.testing.vision_writer import ProjectorSpec, png_bytes, write_projector, write_vision_pair
 
@@ -172,3 +175,51 @@ def test_run_with_an_image_but_no_projector_names_the_fix(
 def test_run_with_a_missing_image_is_refused_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "What is it?", "-m", "nowhere.gguf", "--image", "nowhere.png"]) == 2
     assert "cannot read the image nowhere.png" in capsys.readouterr().err
+
+
+# -- serve ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(pair: tuple[Path, Path]) -> Iterator[LocalServer]:
+    def loader(model_id: str) -> Runtime:
+        return fresh(pair, "ngram")
+
+    with (
+        loader("tiny-vision") as runtime,
+        LocalServer(runtime, "tiny-vision", loader, port=0, settings=Settings(log=lambda line: None)) as srv,
+    ):
+        srv.start()
+        yield srv
+
+
+def test_serve_takes_an_image_url_data_url_from_the_openai_client(pair: tuple[Path, Path], server: LocalServer) -> None:
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model="tiny-vision",
+        messages=chat(url_part(OTHER)),
+        max_tokens=N,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    with fresh(pair, "none") as plain:
+        expected = plain.generate(messages=chat(url_part(OTHER)), max_tokens=N, temperature=0).text
+    assert reply.choices[0].message.content == expected
+
+
+def test_serve_refuses_a_remote_image_url_with_400_saying_why(server: LocalServer) -> None:
+    part = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    body = {"model": "tiny-vision", "messages": chat(part), "max_tokens": 4}
+    reply = httpx.post(f"{server.url}/chat/completions", json=body, timeout=30)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert "not fetched" in error["message"] and "data URL" in error["message"]
+    assert error["param"] == "messages[0].content[0].image_url.url"
+
+
+def test_serve_refuses_a_corrupt_image_with_400(server: LocalServer) -> None:
+    part = {"type": "image_url", "image_url": {"url": data_url(png_bytes(24, 20)[:60])}}
+    reply = httpx.post(
+        f"{server.url}/chat/completions", json={"model": "tiny-vision", "messages": chat(part)}, timeout=30
+    )
+    assert reply.status_code == 400
+    assert "truncated or corrupt" in reply.json()["error"]["message"]

@@ -54,7 +54,7 @@ def marker_of(target: Backend) -> str:
     if marker is None:
         where = "" if isinstance(target, SeesImages) else f" on the {target.info.backend} backend"
         raise InvalidRequestError(
-            f"{target.info.name} reads text only{where}: a chat message holds an image",
+            f"{target.info.name} reads text only{where}: a chat message's content holds an image",
             "load the model with its projector: --mmproj FILE (the llama.cpp backend), or send text only",
         )
     return marker
