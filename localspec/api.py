@@ -123,7 +123,8 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     strategies.check(opts)  # a drafter's file checked before the target loads
     options = opts.backend_options()
     with announced(f"loading {os.path.basename(opts.model)}", on_progress):
-        target = load_backend(opts.backend, opts.model, **options, **split_options(opts.backend, opts.rpc))
+        sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
+        target = load_backend(opts.backend, opts.model, **options, **split_options(opts.backend, opts.rpc), **sees)
     try:
         plan = strategies.resolve(opts, target, on_progress)
     except BaseException:

@@ -18,6 +18,7 @@ from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest, ReusePrefix,
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, is_schema_model, json_schema_of
+from localspec.core.media import has_images, image_chat_tokens
 from localspec.core.protocol import DraftLengthPolicy, SharesPasses
 from localspec.core.sampling import (
     KNOBS,
@@ -144,6 +145,8 @@ class Runtime:
         prompt, messages = chat_as_prompt(prompt, messages)
         if (prompt is None) == (messages is None):
             raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
+        if messages is not None and has_images(messages):
+            return image_chat_tokens(self.target, messages)
         if messages is not None:
             chat = normalize_messages(messages)
             template = self.target.chat_template()

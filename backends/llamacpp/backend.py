@@ -72,6 +72,7 @@ from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 from .tree import BRANCHES, TreePass
+from .vision import EmbeddingBatch, Projector, eval_runs
 
 llama = library.llama  # imported there, with the message that says how to install it
 
@@ -115,6 +116,7 @@ class LlamaCppBackend:
     context of n_ctx."""
 
     _lane_host: LaneHost | None  # made by lane_host(), once
+    _images: tuple[Projector, EmbeddingBatch] | None = None  # see_images(): a projector and its batch
 
     def __init__(
         self,
@@ -175,6 +177,18 @@ class LlamaCppBackend:
         self._closed = False
         self._pieces: dict[int, bytes] = {}
         self._describe(path, threads, rpc, exact, gpu_layers, max_block)
+
+    def see_images(self, mmproj: str) -> None:
+        """Read images through the projector GGUF mmproj (vision.py); a projector that fails to
+        load closes this backend: nothing stays loaded half-way."""
+        try:
+            if self._lanes:  # a lane's blocks go through lanes.py, which reads token ids only
+                raise InvalidRequestError("images are not served in shared passes yet", "serve it with --parallel 1")
+            projector = Projector(mmproj, self._model, self._options["threads"], bool(self._options["gpu_layers"]))
+        except BaseException:
+            self.close()
+            raise
+        self._images = projector, EmbeddingBatch(projector.n_embd, self.capabilities.max_block)
 
     def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
         mparams, self._devices = _model_params(rpc, gpu_layers)
@@ -429,6 +443,8 @@ class LlamaCppBackend:
             return self._no_rows
         if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: a memoryview's writes cost least
             self._tok1[0], self._pos1[0], self._out1[0] = tokens[0], past, logits != "none"
+        elif self._images is not None and self._images[0].holds(tokens):  # image positions (vision.py)
+            return eval_runs(self._images[0], tokens, logits, self.eval_block, self._eval_image)
         else:
             self._fill(tokens, logits)
         if self._greedy.attached and logits != "none" and not picks:  # this pass's logits are wanted
@@ -454,6 +470,42 @@ class LlamaCppBackend:
         if rows == 0 or picks:
             return self._no_rows
         return self._logits.rows(rows)
+
+    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
+        """One pass over an image's rows (embeddings) at the next positions, recorded as its
+        placeholder ids (vision.py)."""
+        assert self._images is not None
+        past, n = len(self._tokens), len(ids)
+        if self._greedy.attached and logits != "none":
+            self._greedy.detach()
+        if self._unrecorded:
+            self.rollback(past)
+        if self._recurrent is not None:
+            self._recurrent.before_decode(past)
+        self._unrecorded, self._in_flight = True, n
+        if (rc := self._images[1].decode(self._ctx, rows, past, logits == "last", logits == "all")) != 0:
+            self._unrecorded = False
+            raise InvalidRequestError(f"llama_decode failed with code {rc} on an image at position {past}")
+        if self._recurrent is not None:
+            self._recurrent.after_decode(n)
+        for kept in self._recorded:
+            kept.record(past, n)
+        self._tokens.extend(ids)
+        self._unrecorded = False
+        return self._no_rows if logits == "none" else self._logits.rows(n if logits == "all" else 1)
+
+    def image_marker(self) -> str | None:
+        """localspec.core.media.SeesImages: the text that stands for an image in a prompt
+        given to tokenize_images; None: loaded without a projector (--mmproj)."""
+        return self._images[0].marker if self._images is not None else None
+
+    def tokenize_images(self, text: str, images: Sequence[bytes], names: Sequence[str]) -> list[int]:
+        """The ids of a rendered prompt holding image_marker() once per image: each image's
+        positions as placeholder ids (vision.py)."""
+        self._live()
+        if self._images is None:
+            raise InvalidRequestError(f"{self.info.name} was loaded without a projector", "load it with --mmproj FILE")
+        return self._images[0].tokenize(text, images, names)
 
     def _splits(self, n: int) -> bool:
         """Whether a block of n rows with all logits is evaluated in pieces of one-token kernels."""
@@ -643,6 +695,9 @@ class LlamaCppBackend:
             head.close()
         if self._lane_host is not None:
             self._lane_host.close()
+        if self._images is not None:
+            self._images[0].close()
+            self._images[1].free()
         llama.llama_batch_free(self._batch)
         if self._trees is not None:
             self._trees.free()
@@ -752,5 +807,8 @@ class LlamaCppBackend:
         return self._captures[key]
 
 
-def load(path: str, **options: Any) -> LlamaCppBackend:
-    return LlamaCppBackend(path, **options)
+def load(path: str, mmproj: str | None = None, **options: Any) -> LlamaCppBackend:
+    backend = LlamaCppBackend(path, **options)
+    if mmproj is not None:  # the target's alone: drafters derived from it read text
+        backend.see_images(mmproj)
+    return backend

@@ -108,6 +108,9 @@ def add_model_options(p: argparse.ArgumentParser, model_option: bool = True) -> 
         "output is plain decoding's bit for bit at any length (slower on K-quants; needs a build without "
         "llamafile, docs/usage.md)",
     )
+    p.add_argument(
+        "--mmproj", metavar="FILE", help="llama.cpp: the model's projector GGUF, so that its chats may hold images"
+    )
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:
@@ -159,6 +162,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         gpu_layers=args.gpu_layers,
         exact=getattr(args, "exact", False),
         trees=args.tree,
+        mmproj=getattr(args, "mmproj", None),
     )
 
 

@@ -35,6 +35,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--system", type=arg_text, help="system message")
     p.add_argument("--raw", action="store_true", help="continue the text as is, without the chat template")
+    p.add_argument(
+        "--image",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="an image the prompt is about, before its text (repeatable; needs the model's --mmproj)",
+    )
     p.add_argument("--stop", type=arg_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--verbose", "-v", action="store_true", help="print statistics on stderr")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
@@ -52,6 +59,9 @@ def handle(args: argparse.Namespace) -> int:
     prompt = read_stdin() if args.prompt == "-" else joined_with_piped(args.prompt, piped_stdin())
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
+    if args.image and args.raw:
+        raise InvalidRequestError("--image goes into a chat message", "drop --raw")
+    images = [image_file(path) for path in args.image]  # read before a model is loaded for them
     config = sampling(args)  # refused before a model is loaded for it
     schema = read_schema(args.json_schema) if args.json_schema else None
     progress = Steps("localspec:")
@@ -64,8 +74,9 @@ def handle(args: argparse.Namespace) -> int:
     if args.raw:
         request: dict[str, Any] = {"prompt": prompt}
     else:
+        content: str | list[dict[str, Any]] = [*images, {"type": "text", "text": prompt}] if images else prompt
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt}
+            {"role": "user", "content": content}
         ]
         request = {"messages": messages}
     with runtime:
@@ -97,6 +108,18 @@ def handle(args: argparse.Namespace) -> int:
                 if note:  # the drafter asked for did nothing: say why, even without --verbose
                     print(f"localspec: {note}", file=sys.stderr)
     return 0
+
+
+def image_file(path: str) -> dict[str, Any]:
+    """An image part holding the file's bytes, read now: a missing file is refused before a
+    model loads."""
+    try:
+        with open(path, "rb") as file:
+            return {"type": "image", "data": file.read(), "path": path}
+    except OSError as exc:
+        raise InvalidRequestError(
+            f"cannot read the image {path}: {exc.strerror}", "check the path given to --image"
+        ) from None
 
 
 def joined_with_piped(prompt: str, piped: str | None) -> str:

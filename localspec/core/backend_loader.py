@@ -25,6 +25,7 @@ class BackendKind:
     exact: bool = False  # can take the kernels of one-token passes for every block (--exact)
     specs: bool = False  # a "model" is a spec built in memory: never a file, never a pair
     default_model: bool = False  # loads the embedded default model when none is given
+    images: bool = False  # reads images beside text through a projector file (--mmproj)
 
 
 KINDS = {
@@ -37,6 +38,7 @@ KINDS = {
         gpu_layers=True,
         exact=True,
         default_model=True,
+        images=True,
     ),
     "torch": BackendKind("localspec.backends.torch"),
     "mlx": BackendKind("localspec.backends.mlx", mtp=True),

@@ -40,6 +40,8 @@ class LoadOptions:
     # "auto": a tree beside the chain where the cost curve says it pays; "off": chains only; a
     # TreeAsk (or its spelling, "2,1"): that tree at every step, for experiments and tests.
     trees: Trees = "auto"
+    # A projector GGUF (mmproj) beside the model: its chats may hold images (llama.cpp only).
+    mmproj: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.trees, TreeAsk):
@@ -50,6 +52,11 @@ class LoadOptions:
             raise InvalidRequestError(
                 f"gpu_layers is for the llama.cpp backend, not {self.backend}",
                 "drop --gpu-layers, or use --backend llamacpp",
+            )
+        if self.mmproj is not None and not kind_of(self.backend).images:
+            raise InvalidRequestError(
+                f"images (mmproj) are read by the llama.cpp backend only; the {self.backend} backend reads text",
+                "drop --mmproj, or use --backend llamacpp",
             )
         if self.exact and (not kind_of(self.backend).exact or self.rpc or self.gpu_layers):
             raise InvalidRequestError(

@@ -150,7 +150,9 @@ class SamplingConfig:
         """The tokens before `start` that the repeat penalty's window may reach (the prompt's tail)."""
         if not self.repeats:
             return ()
-        return context[:start] if self.repeat_last_n < 0 else context[max(0, start - self.repeat_last_n) : start]
+        window = context[:start] if self.repeat_last_n < 0 else context[max(0, start - self.repeat_last_n) : start]
+        # An image's positions hold placeholder ids (below 0), no token a penalty could touch.
+        return window if not window or min(window) >= 0 else [t for t in window if t >= 0]
 
 
 # The sampler's knobs, which every front end (CLI flags, TUI settings, keyword arguments) takes.

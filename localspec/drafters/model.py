@@ -60,7 +60,12 @@ class ModelDrafter:
     def _readable(self, tokens: Sequence[int]) -> bool:
         if self.off_notice is None:
             bad = next((t for t in tokens if not 0 <= t < self.backend.info.n_vocab), None)
-            if bad is not None:
+            if bad is not None and bad < 0:  # an image's position (llama.cpp's vision.py)
+                self.off_notice = (
+                    f"the prompt holds an image, which the drafter {self.backend.info.name} cannot see: "
+                    "drafting is off for the rest of this request"
+                )
+            elif bad is not None:
                 self.off_notice = (
                     f"token {bad} is beyond the drafter {self.backend.info.name}'s vocabulary of "
                     f"{self.backend.info.n_vocab}: drafting is off for the rest of this request"

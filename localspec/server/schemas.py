@@ -317,7 +317,7 @@ class ChatRequest(GenerationRequest):
             if message.role not in ("system", "developer", "user", "assistant", "tool"):
                 raise ApiError(400, f"message role {message.role!r} is not supported", param=f"messages[{i}].role")
             role = "system" if message.role == "developer" else message.role
-            entry: dict[str, Any] = {"role": role, "content": _text_of(message, i)}
+            entry: dict[str, Any] = {"role": role, "content": _content_of(message, i)}
             if message.tool_calls:
                 entry["tool_calls"] = message.tool_calls
             if message.tool_call_id is not None:
@@ -365,6 +365,31 @@ class CompletionRequest(GenerationRequest):
         return super().refuse_unsupported()
 
 
+def _content_of(message: ChatMessage, i: int) -> str | list[dict[str, Any]]:
+    """The message's text, or its parts where it holds images (image_url parts with data URLs:
+    the server fetches nothing a request names)."""
+    if not isinstance(message.content, list) or all(part.type != "image_url" for part in message.content):
+        return _text_of(message, i)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(message.content):
+        if part.type == "text" and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+            continue
+        url = (part.model_extra or {}).get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if part.type != "image_url" or not isinstance(url, str):
+            raise ApiError(400, "a content part must be text or image_url", param=f"messages[{i}].content[{j}]")
+        if url.startswith(("http://", "https://")):
+            raise ApiError(
+                400,
+                "image URLs are not fetched: a request could make this server reach any address it can, your "
+                "network's too. Send the image inline as a data URL (data:image/png;base64,...)",
+                param=f"messages[{i}].content[{j}].image_url.url",
+            )
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
+
+
 def _text_of(message: ChatMessage, i: int) -> str:
     if message.content is None:
         if message.role == "assistant" and message.tool_calls:
@@ -377,7 +402,7 @@ def _text_of(message: ChatMessage, i: int) -> str:
         if part.type != "text" or part.text is None:
             raise ApiError(
                 400,
-                f"content part of type {part.type!r} is not supported: only text",
+                f"content part of type {part.type!r} is not supported: only text and image_url",
                 param=f"messages[{i}].content[{j}]",
             )
         texts.append(part.text)

@@ -1,0 +1,350 @@
+"""Images into a llama.cpp target's context, through llama.cpp's mtmd (a projector GGUF, --mmproj).
+
+An image takes as many positions in the context as its projector makes embeddings. In the
+token record (and in every prompt the engine sees) each of those positions holds a
+placeholder id: a negative number, never a vocabulary row, so a drafter's guess of one is
+refused like any id the target cannot evaluate (proposal.admissible). Each distinct image
+(its decoded pixels' digest) gets ids of its own, never given to another image in the
+backend's life: a cached prefix holding an image matches a new prompt only where the same
+pixels sit at the same positions, which is all the engine's prefix reuse compares.
+
+Only projectors whose image positions are decoded causally at linear positions are taken (the
+LLaVA family's): there a position's cache entry depends on the positions before it alone, as
+a token's does, so a rollback into an image keeps its first rows as valid as a text prefix,
+and the rest are decoded again from the embeddings kept here. Projectors that attend across
+the whole image at once (Gemma 3) or place it on a 2-D grid (Qwen-VL's M-RoPE) are refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from localspec.core.errors import InvalidRequestError, ModelLoadError
+from localspec.core.protocol import Logits, LogitsMode
+
+from . import library
+
+llama = library.llama
+
+# Refused before decoding: an image file past this size, or past this many pixels, would
+# take the decoder's memory (stb_image holds every pixel) for a picture the projector
+# shrinks to a few hundred positions anyway.
+MAX_IMAGE_BYTES = 32 * 1024 * 1024
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024
+# Encoded images kept for reuse and for decoding rows again after a rollback; an image
+# dropped from here gets new ids when it comes again (its cached positions are not reused).
+KEPT_IMAGES = 16
+FORMATS = "PNG, JPEG, GIF or BMP"
+
+# mtmd_input_chunk types
+_TEXT, _IMAGE = 0, 1
+
+
+@cache
+def _mtmd() -> Any:
+    """llama-cpp-python's mtmd binding, its logs as quiet as llama.cpp's (library.py)."""
+    try:
+        from llama_cpp import mtmd_cpp
+    except (ImportError, OSError) as exc:  # a llama-cpp-python built without libmtmd
+        raise ModelLoadError(
+            f"this llama-cpp-python has no libmtmd ({exc}), which images need",
+            "install llama-cpp-python 0.3.36 or later: pip install -U 'localspec[llamacpp]'",
+        ) from None
+    mtmd_cpp.mtmd_log_set(library._quiet_log, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(library._quiet_log, ctypes.c_void_p(0))
+    return mtmd_cpp
+
+
+# -- the bytes of one image, checked before any decoder sees them --------------------------------
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a PNG, GIF, BMP or JPEG header; None: not one of those."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) >= 24:
+        return struct.unpack(">II", data[16:24])
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        return struct.unpack("<HH", data[6:10])
+    if data.startswith(b"BM") and len(data) >= 26:
+        w, h = struct.unpack("<ii", data[18:26])
+        return abs(w), abs(h)
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_size(data)
+    return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """The frame header's size, walking the markers before it (none found: None)."""
+    at = 2
+    while at + 9 <= len(data) and data[at] == 0xFF:
+        marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            h, w = struct.unpack(">HH", data[at + 5 : at + 9])
+            return w, h
+        at += 2 + length
+    return (0, 0) if data.startswith(b"\xff\xd8\xff") else None
+
+
+def check_image(data: bytes, name: str) -> None:
+    """Refuse, naming the fix, what is not a still image the decoder takes or is too large."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise InvalidRequestError(
+            f"{name} is {len(data) / 2**20:.0f} MiB, past the {MAX_IMAGE_BYTES // 2**20} MiB an image may take",
+            "send a smaller image (the model sees it at its projector's size anyway)",
+        )
+    size = image_size(data)
+    if size is None:
+        raise InvalidRequestError(f"{name} is not an image localspec reads", f"send a {FORMATS} file")
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise InvalidRequestError(
+            f"{name} is {size[0]}x{size[1]} pixels, past the {MAX_IMAGE_PIXELS // 2**20} megapixels an image may take",
+            "scale the image down first",
+        )
+
+
+# -- the projector and the images it has read ----------------------------------------------------
+
+
+@dataclass
+class _Image:
+    """One distinct image: its placeholder ids (first, count), and its embeddings once encoded
+    (until then the mtmd chunk that encodes it)."""
+
+    first: int  # the id of its first position; position r holds first - r
+    n: int
+    chunk: Any = None  # an mtmd_input_chunk copy, freed once encoded
+    rows: np.ndarray | None = None  # (n, n_embd) float32
+
+
+class Projector:
+    """A projector GGUF read by llama.cpp's mtmd beside a loaded target: prompts with images
+    become token ids with placeholder positions (tokenize), and blocks holding placeholders
+    are decoded from the images' embeddings (runs, embeddings)."""
+
+    def __init__(self, path: str, model: Any, threads: int, gpu: bool) -> None:
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"no projector file at {path}", "check the path given to --mmproj")
+        self._m = m = _mtmd()
+        params = m.mtmd_context_params_default()
+        params.use_gpu, params.n_threads, params.warmup = gpu, threads, False
+        # A marker of this load's own, so no text a user sends can stand for an image.
+        self.marker = f"<__localspec_image_{secrets.token_hex(8)}__>"
+        self._marker_bytes = self.marker.encode()
+        params.media_marker = self._marker_bytes
+        self._ctx = m.mtmd_init_from_file(os.fsencode(path), model, params)
+        n_embd = int(llama.llama_model_n_embd(model))
+        if not self._ctx:
+            raise ModelLoadError(
+                f"llama.cpp could not load the projector {path}",
+                f"give the projector (mmproj) made for this model: its output must be {n_embd} wide, "
+                "as the model's embeddings are",
+            )
+        self.n_embd = n_embd
+        if not m.mtmd_support_vision(self._ctx) or m.mtmd_decode_use_mrope(self._ctx):
+            what = "reads no images" if not m.mtmd_support_vision(self._ctx) else "places images on a 2-D grid"
+            self.close()
+            raise ModelLoadError(
+                f"the projector {os.path.basename(path)} {what}, which localspec does not decode yet",
+                "load the model without --mmproj, or use a LLaVA-style projector",
+            )
+        # Placeholder ids, counting down; never reused (see the module's docstring).
+        self._next = -1
+        self._by_digest: dict[bytes, _Image] = {}
+        self._by_id: dict[int, tuple[_Image, int]] = {}
+
+    # -- prompts -------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, images: Sequence[bytes], names: Sequence[str]) -> list[int]:
+        """The ids of text with self.marker where each image goes (special tokens parsed, as a
+        rendered chat's markup is)."""
+        if text.count(self.marker) != len(images):
+            raise InvalidRequestError(
+                f"the prompt marks {text.count(self.marker)} image(s) but {len(images)} were given",
+                "give one image per image part",
+            )
+        for data, name in zip(images, names, strict=True):
+            check_image(data, name)
+        bitmaps = [self._bitmap(data, name) for data, name in zip(images, names, strict=True)]
+        try:
+            return self._tokens(text, bitmaps)
+        finally:
+            for bitmap in bitmaps:
+                self._m.mtmd_bitmap_free(bitmap)
+
+    def _bitmap(self, data: bytes, name: str) -> Any:
+        m = self._m
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        opt = m.mtmd_helper_init_opt_default()
+        # A corrupt image falls through to mtmd's video probe: a folder that holds no ffprobe,
+        # so that no program is ever run on what a request sent.
+        opt.video_params.ffmpeg_bin_dir = b"/nonexistent/localspec-no-ffmpeg"
+        bitmap = m.mtmd_helper_bitmap_init_from_buf(self._ctx, buf, len(data), False, opt)
+        if not bitmap:
+            raise InvalidRequestError(
+                f"{name} could not be decoded (truncated or corrupt)", f"send the whole file, as {FORMATS}"
+            )
+        return bitmap
+
+    def _tokens(self, text: str, bitmaps: Sequence[Any]) -> list[int]:
+        m = self._m
+        raw = text.encode("utf-8")
+        given = m.mtmd_input_text(text=raw, text_len=len(raw), add_special=False, parse_special=True)
+        array = (m.mtmd_bitmap_p_ctypes * max(len(bitmaps), 1))(*bitmaps)
+        chunks = m.mtmd_input_chunks_init()
+        try:
+            if (rc := m.mtmd_tokenize(self._ctx, chunks, ctypes.byref(given), array, len(bitmaps))) != 0:
+                raise InvalidRequestError(f"llama.cpp's mtmd could not read the prompt's images (code {rc})")
+            tokens: list[int] = []
+            for i in range(m.mtmd_input_chunks_size(chunks)):
+                chunk = m.mtmd_input_chunks_get(chunks, i)
+                tokens += self._chunk_ids(chunk)
+            return tokens
+        finally:
+            m.mtmd_input_chunks_free(chunks)
+
+    def _chunk_ids(self, chunk: Any) -> list[int]:
+        m = self._m
+        n = int(m.mtmd_input_chunk_get_n_tokens(chunk))
+        if m.mtmd_input_chunk_get_type(chunk) == _TEXT:
+            count = ctypes.c_size_t(0)
+            ids = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+            return [int(ids[i]) for i in range(count.value)]
+        if m.mtmd_input_chunk_get_type(chunk) != _IMAGE:
+            raise InvalidRequestError("only images are read here, not audio", "send an image")
+        if m.mtmd_decode_use_non_causal(self._ctx, chunk) or int(m.mtmd_input_chunk_get_n_pos(chunk)) != n:
+            raise InvalidRequestError(
+                "this projector's images attend across the whole image at once, which localspec does not decode yet",
+                "load the model without --mmproj",
+            )
+        image = self._image(chunk, n)
+        return [image.first - r for r in range(image.n)]
+
+    def _image(self, chunk: Any, n: int) -> _Image:
+        """The image this chunk holds, registered once per distinct digest of its pixels."""
+        digest = self._digest(chunk)
+        image = self._by_digest.pop(digest, None)
+        if image is None:
+            image = _Image(self._next, n, chunk=self._m.mtmd_input_chunk_copy(chunk))
+            self._next -= n
+            self._by_id.update({image.first - r: (image, r) for r in range(n)})
+        self._by_digest[digest] = image  # last: the most recently used
+        while len(self._by_digest) > KEPT_IMAGES:
+            self._forget(next(iter(self._by_digest)))
+        return image
+
+    def _digest(self, chunk: Any) -> bytes:
+        # mtmd names an image chunk by the SHA-256 of the bytes it was decoded from: the same
+        # bytes, the same ids (and the cached positions reused); other bytes, other ids.
+        digest = self._m.mtmd_input_chunk_get_id(chunk)
+        if not digest:
+            raise InvalidRequestError("llama.cpp's mtmd gave an image no digest", "update llama-cpp-python")
+        return bytes(digest)
+
+    def _forget(self, digest: bytes) -> None:
+        image = self._by_digest.pop(digest)
+        for r in range(image.n):
+            del self._by_id[image.first - r]
+        self._free_chunk(image)
+
+    def _free_chunk(self, image: _Image) -> None:
+        if image.chunk is not None:
+            self._m.mtmd_input_chunk_free(image.chunk)
+            image.chunk = None
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    @staticmethod
+    def holds(tokens: Sequence[int]) -> bool:
+        return min(tokens) < 0
+
+    def runs(self, tokens: Sequence[int]) -> list[tuple[_Image | None, list[int]]]:
+        """tokens cut into runs: (None, text ids) and (image, its row indices), in order."""
+        parts: list[tuple[_Image | None, list[int]]] = []
+        for t in tokens:
+            image, row = self._by_id.get(t, (None, -1)) if t < 0 else (None, t)
+            if t < 0 and image is None:
+                raise InvalidRequestError(
+                    f"position id {t} names no image this model holds", "send the request again with its images"
+                )
+            if parts and parts[-1][0] is image and (image is None or row == parts[-1][1][-1] + 1):
+                parts[-1][1].append(row)
+            else:
+                parts.append((image, [row]))
+        return parts
+
+    def embeddings(self, image: _Image) -> np.ndarray:
+        """The image's rows for the target, encoded by the projector on first use."""
+        if image.rows is None:
+            m = self._m
+            if (rc := m.mtmd_encode_chunk(self._ctx, image.chunk)) != 0:
+                raise InvalidRequestError(f"llama.cpp's projector failed to encode an image (code {rc})")
+            out = m.mtmd_get_output_embd(self._ctx)
+            image.rows = np.ctypeslib.as_array(out, shape=(image.n * self.n_embd,)).reshape(image.n, -1).copy()
+            self._free_chunk(image)
+        return image.rows
+
+    def close(self) -> None:
+        for digest in list(self._by_digest) if hasattr(self, "_by_digest") else []:
+            self._forget(digest)
+        if self._ctx:
+            self._m.mtmd_free(self._ctx)
+            self._ctx = None
+
+
+class EmbeddingBatch:
+    """A llama_batch of embeddings (rows in place of token ids) for one context, reused."""
+
+    def __init__(self, n_embd: int, max_block: int) -> None:
+        self._batch = llama.llama_batch_init(max_block, n_embd, 1)
+        self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(max_block, n_embd))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(max_block,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_block,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
+        for i in range(max_block):
+            self._batch.seq_id[i][0] = 0
+
+    def decode(self, ctx: Any, rows: np.ndarray, past: int, last_logits: bool, all_logits: bool) -> int:
+        n = len(rows)
+        self._embd[:n] = rows
+        self._pos[:n] = np.arange(past, past + n)
+        self._out[:n] = 1 if all_logits else 0
+        if last_logits:
+            self._out[n - 1] = 1
+        self._batch.n_tokens = n
+        return int(llama.llama_decode(ctx, self._batch))
+
+    def free(self) -> None:
+        llama.llama_batch_free(self._batch)
+
+
+def eval_runs(
+    projector: Projector,
+    tokens: Sequence[int],
+    logits: LogitsMode,
+    text: Callable[[list[int], LogitsMode], Logits],
+    image: Callable[[np.ndarray, list[int], LogitsMode], Logits],
+) -> Logits:
+    """A block holding image positions, as consecutive passes (a pass takes ids or
+    embeddings, never both): text runs through `text`, image runs through `image`; the rows
+    asked for come back as one block's would."""
+    parts = projector.runs(tokens)
+    rows: list[Logits] = []
+    out: Logits | None = None
+    for k, (img, ids) in enumerate(parts):
+        mode: LogitsMode = logits if logits != "last" or k == len(parts) - 1 else "none"
+        if img is None:
+            out = text(ids, mode)
+        else:
+            out = image(projector.embeddings(img)[ids], [img.first - r for r in ids], mode)
+        if logits == "all":
+            rows.append(np.array(out))
+    assert out is not None
+    return np.concatenate(rows) if logits == "all" else out

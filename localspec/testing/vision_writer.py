@@ -1,0 +1,116 @@
+"""A tiny vision pair written by the tests themselves: a llama-family target (gguf_writer.py)
+and a LLaVA-style projector GGUF (llama.cpp's mtmd "mlp" type: a small CLIP tower, then a
+two-layer MLP out to the target's width), random weights, and tiny PNG images to show it."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from localspec.testing.gguf_writer import Spec, write_gguf, write_out
+
+
+@dataclass(frozen=True)
+class ProjectorSpec:
+    """clip.cpp's llava graph runs the first `blocks - 1` blocks (the second-to-last layer's
+    output is the feature): two blocks, one evaluated. image_size / patch_size squared is the
+    number of positions an image takes in the target's context."""
+
+    out_width: int = 64  # the target's n_embd: mtmd refuses a projector of another width
+    width: int = 32
+    heads: int = 2
+    ffn: int = 48  # unlike width: clip.cpp swaps up/down weights whose shapes look like an old export's
+    blocks: int = 2
+    image_size: int = 32
+    patch_size: int = 8
+    seed: int = 7
+    scale: float = 4.0  # the projector output's standard deviation: how loudly the image speaks
+
+    @property
+    def positions(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+def projector_tensors(spec: ProjectorSpec) -> dict[str, np.ndarray]:
+    """Random weights under clip.cpp's names, numpy shapes (GGUF ne reversed)."""
+    rng = np.random.default_rng(spec.seed)
+
+    def w(*shape: int, std: float, center: float = 0.0) -> np.ndarray:
+        return (center + rng.normal(0, std, shape)).astype(np.float32)
+
+    d, p = spec.width, spec.patch_size
+    out = {
+        "v.patch_embd.weight": w(d, 3, p, p, std=(3 * p * p) ** -0.5).astype(np.float16),
+        "v.patch_embd.bias": w(d, std=0.1),
+        "v.position_embd.weight": w(spec.positions, d, std=0.5),
+        "mm.0.weight": w(spec.out_width, d, std=d**-0.5),
+        "mm.0.bias": w(spec.out_width, std=0.1),
+        "mm.2.weight": w(spec.out_width, spec.out_width, std=spec.scale * spec.out_width**-0.5),
+        "mm.2.bias": w(spec.out_width, std=0.1 * spec.scale),
+    }
+    for i in range(spec.blocks):
+        b = f"v.blk.{i}."
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out |= {b + part + ".weight": w(d, d, std=d**-0.5), b + part + ".bias": w(d, std=0.1)}
+        out |= {
+            b + "ln1.weight": w(d, std=0.1, center=1.0),
+            b + "ln1.bias": w(d, std=0.1),
+            b + "ln2.weight": w(d, std=0.1, center=1.0),
+            b + "ln2.bias": w(d, std=0.1),
+            b + "ffn_up.weight": w(spec.ffn, d, std=d**-0.5),
+            b + "ffn_up.bias": w(spec.ffn, std=0.1),
+            b + "ffn_down.weight": w(d, spec.ffn, std=spec.ffn**-0.5),
+            b + "ffn_down.bias": w(d, std=0.1),
+        }
+    return out
+
+
+def write_projector(spec: ProjectorSpec, path: Path) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.embedding_length", spec.width)
+    writer.add_uint32("clip.vision.feed_forward_length", spec.ffn)
+    writer.add_uint32("clip.vision.block_count", spec.blocks)
+    writer.add_uint32("clip.vision.projection_dim", spec.out_width)
+    writer.add_uint32("clip.vision.attention.head_count", spec.heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.image_size", spec.image_size)
+    writer.add_uint32("clip.vision.patch_size", spec.patch_size)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    return write_out(writer, projector_tensors(spec), path)
+
+
+def write_vision_pair(
+    folder: Path, target: Spec | None = None, projector: ProjectorSpec | None = None
+) -> tuple[Path, Path]:
+    """(target GGUF, projector GGUF) of a tiny vision pair, widths matched."""
+    target = target or Spec(arch="llama")
+    projector = projector or ProjectorSpec(out_width=target.hidden)
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_gguf(target, folder / "vision-target.gguf"), write_projector(projector, folder / "mmproj.gguf")
+
+
+def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
+    """A random RGB PNG, written with zlib alone (no imaging package needed)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(height))  # filter 0 on every row
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def write_png(path: Path, width: int = 24, height: int = 20, seed: int = 0) -> Path:
+    path.write_bytes(png_bytes(width, height, seed))
+    return path
