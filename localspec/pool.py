@@ -136,6 +136,8 @@ def batches(opts: LoadOptions) -> str | None:
         return f"shared passes are llama.cpp's; the {opts.backend} backend serves one request at a time"
     if opts.rpc or (opts.gpu_layers or 0) > 0:
         return "shared passes run on this machine's CPU; with --rpc or --gpu-layers one request runs at a time"
+    if opts.mmproj is not None:
+        return "a model that reads images (--mmproj) is served one request at a time: lanes read text only yet"
     if opts.draft_model is not None or (not row.batches and not row.chooses):
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "

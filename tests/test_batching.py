@@ -210,6 +210,8 @@ def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_w
     why = batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy="draft"))
     assert why is not None and "'draft'" in why and "n-gram lookup and plain decoding batch" in why
     assert batches(LoadOptions(model="t.gguf", strategy="ngram")) is None
+    why = batches(LoadOptions(model="t.gguf", mmproj="p.gguf"))
+    assert why is not None and "--mmproj" in why
     pool = load_pool("reference:seed=0", backend="reference", parallel=4)
     try:
         assert len(pool.runtimes) == 1 and pool.note is not None
