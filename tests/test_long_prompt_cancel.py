@@ -109,3 +109,28 @@ def test_prefill_in_pieces_gives_the_whole_blocks_bits(long_backend: Backend, n:
 
     assert sizes[0] == BLOCK_KERNEL_ROWS and len(sizes) > (n - 1) // long_backend.capabilities.max_block + 1
     assert np.array_equal(rows[0], rows[1])
+
+
+def test_a_stop_ends_the_piece_in_flight_and_the_cache_keeps_none_of_it(long_backend: Backend) -> None:
+    # llama.cpp asks the stop after every graph node of a prompt piece (abort.py): a stop seen
+    # in the middle of the first piece ends it there, the cache keeps none of its tokens, and
+    # the model goes on as if the piece had never been asked for.
+    prompt = long_prompt(long_backend, 700)
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return len(asked) > 40  # once eval_chunked's own check and 39 graph nodes have passed
+
+    long_backend.rollback(0)
+    rows = eval_chunked(long_backend, prompt, "last", stop=stop)
+    assert rows.shape[0] == 0 and long_backend.n_past == 0
+    assert len(asked) == 41  # asked within the pass, not only between pieces
+    fresh = eval_chunked(long_backend, prompt, "last")
+    long_backend.rollback(0)
+    again = eval_chunked(long_backend, prompt, "last")
+    assert np.array_equal(fresh, again) and long_backend.n_past == len(prompt)
+    # A decoding step is never asked: the callback is there only while the pieces run.
+    asked.clear()
+    long_backend.eval_block([5], "last")
+    assert asked == []

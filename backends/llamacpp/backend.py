@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from functools import cache, partial
 from pathlib import Path
@@ -38,13 +39,22 @@ from localspec.core.gguf_header import (
     load_failure_hint,
     read_header,
 )
-from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, VocabIdentity
+from localspec.core.protocol import (
+    Backend,
+    Capabilities,
+    Logits,
+    LogitsMode,
+    ModelInfo,
+    PassStopped,
+    VocabIdentity,
+)
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import depths
 from localspec.drafters import cannot_attach
 
 from . import drafters, library
+from .abort import Abort
 from .dflash import DFlashDrafter
 from .dspark import DSparkDrafter
 from .eagle3 import Eagle3Head
@@ -248,6 +258,7 @@ class LlamaCppBackend:
         if not ctx:
             llama.llama_model_free(model)
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
+        self._abort = Abort(ctx)  # ends a prompt's piece in flight (abort.py)
         return ctx
 
     def _make_batch(self, ctx: Any, max_block: int) -> int:
@@ -333,6 +344,11 @@ class LlamaCppBackend:
             curve = starting_calibration(self).verify_seconds
             self._lane_host = LaneHost(self, self._ctx, self._lanes, rows, partial(pass_seconds, curve))
         return self._lane_host
+
+    def aborting(self, stop: Callable[[], bool]) -> AbstractContextManager[None]:
+        """Abortable: a pass in this block ends with PassStopped once stop() says so (abort.py).
+        Not a model with recurrent state: a stopped pass may have changed it already."""
+        return self._abort.when(stop) if self._recurrent is None else nullcontext()
 
     def _live(self) -> None:
         # Every call reaches into freed C memory once closed: refuse it instead of crashing.
@@ -457,8 +473,10 @@ class LlamaCppBackend:
         self._unrecorded, self._in_flight = True, n
         rc = llama.llama_decode(self._ctx, self._batch)
         if rc != 0:
-            # A failed decode leaves the cache as it was before the batch.
+            # A failed or stopped decode leaves the cache as it was before the batch.
             self._unrecorded = False
+            if self._abort.stopped(rc):
+                raise PassStopped
             raise InvalidRequestError(f"llama_decode failed with code {rc} at position {past}")
         if self._recurrent is not None:
             self._recurrent.after_decode(n)
@@ -485,6 +503,8 @@ class LlamaCppBackend:
         self._unrecorded, self._in_flight = True, n
         if (rc := self._images[1].decode(self._ctx, rows, past, logits == "last", logits == "all")) != 0:
             self._unrecorded = False
+            if self._abort.stopped(rc):
+                raise PassStopped
             raise InvalidRequestError(f"llama_decode failed with code {rc} on an image at position {past}")
         if self._recurrent is not None:
             self._recurrent.after_decode(n)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -234,6 +235,21 @@ class Backend(Vocabulary, Protocol):
     def close(self) -> None: ...
 
 
+class PassStopped(Exception):
+    """A pass a backend ended early because its stop said so (Abortable); the cache holds none
+    of its tokens."""
+
+
+@runtime_checkable
+class Abortable(Protocol):
+    """A backend that can end a pass in flight (llama.cpp's abort callback): a long prompt's
+    piece then stops within a fraction of its time."""
+
+    def aborting(self, stop: Callable[[], bool]) -> AbstractContextManager[None]:
+        """While in this block, a pass ends with PassStopped once stop() says so."""
+        ...
+
+
 @runtime_checkable
 class SharesPasses(Protocol):
     """A backend whose passes it shares with other requests' (a lane, backends/llamacpp/lanes.py):
@@ -321,19 +337,27 @@ def eval_chunked(
     cut = stop is not None and backend.capabilities.device == "cpu"
     piece = BLOCK_KERNEL_ROWS if cut else step
     start = 0
-    while True:
-        if stop is not None and stop():
-            return np.empty((0, backend.info.n_vocab), dtype=np.float32)
-        left = min(step - start % step, len(tokens) - start)  # rows left in this block
-        size = left if left < piece + BLOCK_KERNEL_ROWS else piece
-        if start + size >= len(tokens):
-            return backend.eval_block(tokens[start:], logits)
-        t0 = time.perf_counter()
-        backend.eval_block(tokens[start : start + size], "none")
-        start += size
-        if cut:
-            rows = int(size / max(time.perf_counter() - t0, 1e-6) * PIECE_SECONDS)
-            piece = min(max(rows // BLOCK_KERNEL_ROWS, 1) * BLOCK_KERNEL_ROWS, step)
+    none = np.empty((0, backend.info.n_vocab), dtype=np.float32)
+    # A backend that can end a pass in flight does so once stop() says so: a piece deep in a
+    # long context takes far longer than PIECE_SECONDS.
+    guard = backend.aborting(stop) if stop is not None and isinstance(backend, Abortable) else nullcontext()
+    with guard:
+        while True:
+            if stop is not None and stop():
+                return none
+            left = min(step - start % step, len(tokens) - start)  # rows left in this block
+            size = left if left < piece + BLOCK_KERNEL_ROWS else piece
+            try:
+                if start + size >= len(tokens):
+                    return backend.eval_block(tokens[start:], logits)
+                t0 = time.perf_counter()
+                backend.eval_block(tokens[start : start + size], "none")
+            except PassStopped:
+                return none
+            start += size
+            if cut:
+                rows = int(size / max(time.perf_counter() - t0, 1e-6) * PIECE_SECONDS)
+                piece = min(max(rows // BLOCK_KERNEL_ROWS, 1) * BLOCK_KERNEL_ROWS, step)
 
 
 # -- drafters and the draft-length policy ---------------------------------------------------
