@@ -1,5 +1,6 @@
 """The Runtime: a loaded target with its drafter, answering one request at a time as a
-stream of events. localspec.api loads one; this module is what it hands back.
+stream of events. localspec.api loads one; this module is what it hands back. A request's
+parts live beside it: request (its arguments), prompts, constraints, output and events.
 """
 
 from __future__ import annotations
