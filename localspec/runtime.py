@@ -1,94 +1,52 @@
 """The Runtime: a loaded target with its drafter, answering one request at a time as a
-stream of events. localspec.api loads one; this module is what it hands back.
+stream of events. localspec.api loads one; this module is what it hands back. A request's
+parts live beside it: request (its arguments), prompts, constraints, output and events.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from localspec.assembly import Assembly, assemble
+from localspec.constraints import Constraints
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.contention import threads_notice
-from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest, ReusePrefix, check_fits
+from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest, ReusePrefix
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
-from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars, is_schema_model, json_schema_of
-from localspec.core.media import has_images, image_chat_tokens
+from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars
 from localspec.core.protocol import DraftLengthPolicy, SharesPasses
-from localspec.core.sampling import (
-    KNOBS,
-    PENALTIES,
-    LogprobRecorder,
-    SamplingConfig,
-    TokenLogprob,
-    check_top_logprobs,
-)
-from localspec.core.stats import Stats, Step
-from localspec.core.templates import chat_tokens, normalize_messages, render_chat
+from localspec.core.sampling import SamplingConfig
+from localspec.core.stats import Stats
 from localspec.core.textstream import TextAssembler
-from localspec.core.tools import CallFilter, ToolCall, ToolRequest, tool_request, tool_style, with_calls
-from localspec.core.validate import chat_as_prompt, check_cancel, check_limits, clean_text
+from localspec.core.tools import ToolRequest, tool_request
+from localspec.core.validate import check_cancel, check_limits
 from localspec.drafters import Drafter
+from localspec.events import Completion, Event, Finished, TextDelta, is_finished
+from localspec.output import Answer, Output, dead_end
+from localspec.prompts import Prompt, prepare, prompt_tokens, request_tokens, tool_prompt
+from localspec.request import Asked, Decoding, Request, Stopping, sampling_config
 from localspec.strategies import Plan, Speculation, drafting
 from localspec.turns import CANCELLED, AsyncStream, Turn, Turns, TurnStream
 
-
-@dataclass(frozen=True)
-class TextDelta:
-    """New final text, the tokens behind this step and which of them the drafter guessed.
-    step: the verify step that emitted them (None for text held back until the end); stats:
-    the request's figures so far, updated in place as the stream goes on (read them when the
-    event arrives; Finished carries the same value, final)."""
-
-    text: str
-    tokens: tuple[int, ...]
-    from_draft: tuple[bool, ...]
-    step: Step | None = None
-    stats: Stats | None = None
-    # With logprobs=True: tokens[i]'s log-probability and its top_logprobs alternatives.
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The end of a stream: the whole text (with tools offered, what is not a call: the
-    TextDeltas' texts joined), the request's stats and why it ended ("tool_calls" where the
-    model called a tool)."""
-
-    text: str
-    stats: Stats
-    finish_reason: str
-    tool_calls: tuple[ToolCall, ...] = ()
-    logprobs: tuple[TokenLogprob, ...] | None = None  # every token's, with logprobs=True
-
-
-Event = TextDelta | Finished
-
-
-@dataclass(frozen=True)
-class Completion:
-    """generate()'s answer: text (with tools offered, what is not a call), its tokens, stats,
-    finish reason, the calls the model made, and each token's logprobs (logprobs=True)."""
-
-    text: str
-    tokens: list[int]
-    stats: Stats
-    finish_reason: str
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None  # logprobs[i] is tokens[i]'s
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A prompt a runtime has checked and tokenized (Runtime.prepare). stream() and generate()
-    take it as prompt= and use its ids as they are: a server tokenizes each request once."""
-
-    ids: tuple[int, ...]
+# What callers import from here (localspec.api re-exports the public ones).
+__all__ = [
+    "Asked",
+    "Completion",
+    "Event",
+    "Finished",
+    "Prompt",
+    "Request",
+    "Runtime",
+    "Stream",
+    "TextDelta",
+    "sampling_config",
+]
 
 
 class Stream(TurnStream[Event]):
@@ -118,11 +76,11 @@ class Runtime:
         self.drafter: Drafter = plan.drafter
         self.engine: Engine = parts.engine
         self._policy = parts.policy
-        self._turns: Turns[Event] = Turns(last=_is_finished)  # who holds the runtime, who waits
+        self._turns: Turns[Event] = Turns(last=is_finished)  # who holds the runtime, who waits
         # The cost curve the plan's policy learns (a policy the caller chose is not remembered).
         self._costs = parts.priced.costs if parts.priced is not None else None
         self._drift_noted = False
-        self._grammars: Grammars | None = None  # the target's grammar tokenizer, built on first use
+        self._constraints = Constraints(self.target)  # its grammar engine is built on first use
 
     @property
     def strategy(self) -> str:
@@ -142,37 +100,14 @@ class Runtime:
     ) -> list[int]:
         """prompt is text, or token ids as given (a fill-in-the-middle prompt's control tokens),
         or a chat given in messages' place."""
-        prompt, messages = chat_as_prompt(prompt, messages)
-        if (prompt is None) == (messages is None):
-            raise InvalidRequestError("give either prompt= (plain text) or messages= (a chat), not both or neither")
-        if messages is not None and has_images(messages):
-            return image_chat_tokens(self.target, messages)
-        if messages is not None:
-            chat = normalize_messages(messages)
-            template = self.target.chat_template()
-            text = render_chat(template, chat, self.target.special_texts(), source=self.target.info.path)
-            return chat_tokens(self.target, text, [m["content"] for m in chat])
-        if isinstance(prompt, (list, tuple)):
-            n_vocab = self.target.info.n_vocab
-            ids_ok = all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in prompt)
-            if not prompt or not ids_ok:
-                raise InvalidRequestError(f"prompt token ids must be whole numbers 0 to {n_vocab - 1}, at least one")
-            return list(prompt)
-        if not isinstance(prompt, str):
-            raise InvalidRequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        prompt = clean_text(prompt)
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty", "give some text to continue")
-        return self.target.tokenize(prompt, add_special=True, parse_special=False)
+        return prompt_tokens(self.target, prompt, messages)
 
     def prepare(
         self, prompt: str | Sequence[int] | None = None, messages: Sequence[Mapping[str, Any]] | None = None
     ) -> Prompt:
         """Check and tokenize a prompt once, e.g. in a server's request thread while another
         request runs, so a prompt that does not fit is refused before it waits its turn."""
-        tokens = self.prompt_tokens(prompt, messages)
-        check_fits(tokens, self.target.info.n_ctx)
-        return Prompt(tuple(tokens))
+        return prepare(self.target, prompt, messages)
 
     def stream(
         self,
@@ -273,7 +208,7 @@ class Runtime:
         )
         turn: Turn[Event] = Turn()
         self._start(request, turn)
-        answer = _Answer()
+        answer = Answer()
         with Stream(self._turns, turn) as events:
             for event in events:
                 if (done := answer.add(event)) is not None:
@@ -361,7 +296,7 @@ class Runtime:
             reuse_prefix,
             speculation,
         )
-        answer = _Answer()
+        answer = Answer()
         async with AsyncStream(self._turns, lambda turn: self._start(request, turn)) as events:
             async for event in events:
                 if (done := answer.add(event)) is not None:
@@ -376,14 +311,14 @@ class Runtime:
         max_tokens, stop = check_limits(request.max_tokens, request.stop)
         if request.timeout is not None and not (isinstance(request.timeout, (int, float)) and request.timeout >= 0):
             raise InvalidRequestError(f"timeout must be seconds >= 0 or None, got {request.timeout!r}")
-        tokens = self._request_tokens(request, tools)
-        output = _Output(TextAssembler(self.target.token_bytes, stop), tools, cfg.logprobs)
+        tokens = request_tokens(self.target, request.prompt, request.messages, tools)
+        output = Output(TextAssembler(self.target.token_bytes, stop), tools, cfg.logprobs)
         turn.events = self._run(
-            tokens, max_tokens, cfg, output, self._decoding(request, _Stopping(turn, request.cancel))
+            tokens, max_tokens, cfg, output, self._decoding(request, Stopping(turn, request.cancel))
         )
         self._turns.take(turn, request.timeout)
 
-    def _decoding(self, request: Request, stopping: _Stopping) -> _Decoding:
+    def _decoding(self, request: Request, stopping: Stopping) -> Decoding:
         """What the request chose of the cache and of speculation, checked."""
         if request.reuse_prefix not in REUSE_PREFIX:
             raise InvalidRequestError(
@@ -392,7 +327,7 @@ class Runtime:
             )
         how = drafting(self.plan, Speculation.of(request.speculation))
         choices = PerRequest(request.reuse_prefix, how.guess, how.max_draft, how.min_confidence)
-        return _Decoding(choices, how.policy or self.policy, how.label or self.label, stopping)
+        return Decoding(choices, how.policy or self.policy, how.label or self.label, stopping)
 
     def _request_sampling(self, request: Request, tools: ToolRequest | None) -> SamplingConfig:
         """The request's sampling with its own parts: its grammar (a JSON schema, or a forced
@@ -413,49 +348,22 @@ class Runtime:
         recorder = request.asked.recorder(self.target.token_bytes)
         return cfg if recorder is None else replace(cfg, logprobs=recorder)
 
-    def _request_tokens(self, request: Request, tools: ToolRequest | None) -> list[int]:
-        prompt = request.prompt
-        if tools is not None:  # the functions are described in the chat: a chat it must be
-            given, messages = (prompt, None) if isinstance(prompt, Prompt) else chat_as_prompt(prompt, request.messages)
-            if messages is None or given is not None:
-                raise InvalidRequestError("tools= needs a chat", "give messages=[...] instead of prompt=")
-            tokens = self.tool_prompt(tools, messages)
-        elif isinstance(prompt, Prompt):  # checked and tokenized by prepare(): not again
-            if request.messages is not None:
-                raise InvalidRequestError("give either prompt= or messages=, not both")
-            tokens = list(prompt.ids)
-        else:
-            return list(self.prepare(prompt, request.messages).ids)
-        check_fits(tokens, self.target.info.n_ctx)
-        return tokens
-
     def tool_prompt(self, tools: ToolRequest, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """A chat offered tools, as token ids: through the model's own template where it renders
         tools, else with Hermes' system block (the grammar of a forced call follows the same).
         serve's chats with tools go through here too."""
-        target = self.target
-        template = target.chat_template()
-        given = normalize_messages(with_calls(messages))
-        if not tool_style(template).native:
-            return self.prompt_tokens(messages=tools.messages(given))
-        chat = normalize_messages(tools.native_messages(given))
-        text = render_chat(template, chat, target.special_texts(), tools=tools.tools(), source=target.info.path)
-        return chat_tokens(target, text, [m["content"] for m in chat])
+        return tool_prompt(self.target, tools, messages)
 
     def tool_constraint(self, tools: ToolRequest) -> GrammarConstraint:
         """A forced call's grammar, in the call format the model's template implies (one of the
         offered functions, its arguments valid for its schema)."""
-        grammars = self.grammars
-        style = tool_style(self.target.chat_template())
-        return grammars.lark(tools.grammar(style.format, grammars.spell), "tools")
+        return self._constraints.tool_call(tools)
 
     @property
     def grammars(self) -> Grammars:
         """The target's grammar engine (llguidance's tokenizer, one pass over the vocabulary,
         built on first use), which compiles the constraints requests ask for."""
-        if self._grammars is None:
-            self._grammars = Grammars(self.target)
-        return self._grammars
+        return self._constraints.grammars
 
     def constraint(
         self,
@@ -467,29 +375,15 @@ class Runtime:
         free text. Strict: objects are closed to keys their schema does not list, unless it
         says additionalProperties (pydantic: extra="allow"), or response_format's json_schema
         says "strict": false. A schema that cannot be compiled raises InvalidRequestError."""
-        if response_format is not None and json_schema is not None:
-            raise InvalidRequestError("give response_format= or json_schema=, not both")
-        if json_schema is not None:
-            if not isinstance(json_schema, Mapping) and not is_schema_model(json_schema):
-                raise InvalidRequestError(
-                    f"json_schema must be a dict (a JSON schema) or a pydantic model class, "
-                    f"got {type(json_schema).__name__}",
-                    'e.g. json_schema={"type": "object", "properties": {"name": {"type": "string"}}}',
-                )
-            schema = json_schema_of({"type": "json_schema", "json_schema": {"schema": json_schema}})
-            return None if schema is None else self.grammars.json_schema(schema, "json_schema")
-        if response_format is None:
-            return None
-        schema = json_schema_of(response_format)
-        return None if schema is None else self.grammars.json_schema(schema)
+        return self._constraints.answer(response_format, json_schema)
 
     def _run(
         self,
         tokens: list[int],
         max_tokens: int,
         cfg: SamplingConfig,
-        output: _Output,
-        how: _Decoding,
+        output: Output,
+        how: Decoding,
     ) -> Generator[Event, None, None]:
         stats, stopping = Stats(strategy=how.label), how.stopping
         if stopping():  # stopped before it began
@@ -512,7 +406,7 @@ class Runtime:
             tail = output.tail()
             if tail:
                 yield TextDelta(tail, (), (), None, stats)
-            if stats.finish_reason == "stop" and _dead_end(cfg, stats.generated_tokens):
+            if stats.finish_reason == "stop" and dead_end(cfg, stats.generated_tokens):
                 stats.finish_reason = GRAMMAR_DEAD_END  # the grammar allowed nothing more: not a stop
             if stats.finish_reason == CANCELLED:
                 stats.finish_reason = stopping.reason(CANCELLED)  # "preempted" says who stopped it
@@ -587,158 +481,3 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass(frozen=True)
-class Request:
-    """One call's arguments, as stream(), generate(), astream() and agenerate() take them."""
-
-    prompt: str | Sequence[int] | Prompt | None
-    messages: Sequence[Mapping[str, Any]] | None
-    max_tokens: int
-    stop: Sequence[str]
-    cancel: threading.Event | None
-    sampling: SamplingConfig | None
-    response_format: Mapping[str, Any] | type | None
-    json_schema: Mapping[str, Any] | type | None
-    timeout: float | None
-    knobs: Mapping[str, Any]
-    asked: Asked
-    reuse_prefix: ReusePrefix = "any"
-    speculation: Speculation | Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class _Decoding:
-    """How one request decodes: its choices, the policy and strategy label they come to, and
-    what stops it."""
-
-    choices: PerRequest
-    policy: DraftLengthPolicy
-    label: str
-    stopping: _Stopping
-
-
-@dataclass(frozen=True)
-class Asked:
-    """What a call asks for beside the text, as serve's requests do: tools it offers (and
-    whether one must be called), and each token's logprobs with `top_logprobs` alternatives."""
-
-    tools: Sequence[Any] | None = None
-    tool_choice: Any = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-
-    def recorder(self, token_bytes: Callable[[int], bytes]) -> LogprobRecorder | None:
-        """The request's logprob recorder (None: not asked for); top_logprobs alone asks too."""
-        if self.logprobs is not True and self.logprobs is not False:
-            raise InvalidRequestError(f"logprobs must be True or False, got {self.logprobs!r}", "top_logprobs=N")
-        if not self.logprobs and self.top_logprobs is None:
-            return None
-        return LogprobRecorder(check_top_logprobs(self.top_logprobs or 0), token_bytes)
-
-
-@dataclass(frozen=True)
-class _Stopping:
-    """What the engine polls between prompt chunks and steps: the request was halted
-    (close(), a new call in its thread) or its cancel Event was set."""
-
-    turn: Turn[Event]
-    cancel: threading.Event | None
-
-    def __call__(self) -> bool:
-        return self.turn.stopping() or (self.cancel is not None and self.cancel.is_set())
-
-    def reason(self, default: str) -> str:
-        return self.turn.halted or default
-
-
-class _Output:
-    """A request's steps as the events its reader gets: final text (held back where a stop
-    string may begin and, with tools offered, where a call may: core/tools.CallFilter, as
-    serve streams it), each step's tokens' logprobs, and at the end the calls made."""
-
-    def __init__(self, text: TextAssembler, tools: ToolRequest | None, recorder: LogprobRecorder | None) -> None:
-        self.text = text
-        self.calls = None if tools is None else CallFilter(tools.names)
-        self.recorder = recorder
-        self.read = 0  # the recorder's entries handed out with deltas so far
-        self.shown: list[str] = []
-        self.tool_calls: tuple[ToolCall, ...] = ()
-
-    def step(self, step: Step, stats: Stats) -> TextDelta:
-        n = step.n_from_draft
-        flags = (True,) * n + (False,) * (len(step.tokens) - n)
-        logprobs: tuple[TokenLogprob, ...] = ()
-        if self.recorder is not None:  # read by position: a server's feed takes from the same recorder
-            logprobs = tuple(self.recorder.entries[self.read : self.read + len(step.tokens)])
-            self.read += len(logprobs)
-        return TextDelta(self._show(self.text.push(step.tokens)), step.tokens, flags, step, stats, logprobs)
-
-    def tail(self) -> str:
-        """What was held back, now that the answer is done; the calls in it are kept."""
-        tail = self._show(self.text.flush())
-        if self.calls is not None:
-            content, calls = self.calls.finish()
-            self.tool_calls = tuple(ToolCall.of(call) for call in calls)
-            tail += self._show(content or "", filtered=False)
-        return tail
-
-    def finished(self, stats: Stats) -> Finished:
-        reason = "tool_calls" if self.tool_calls else stats.finish_reason
-        logprobs = None if self.recorder is None else tuple(self.recorder.entries)
-        return Finished("".join(self.shown), stats, reason, self.tool_calls, logprobs)
-
-    def _show(self, text: str, filtered: bool = True) -> str:
-        if filtered and self.calls is not None:
-            text = self.calls.push(text)
-        self.shown.append(text)
-        return text
-
-
-class _Answer:
-    """A stream's events gathered into a Completion."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-
-    def add(self, event: Event) -> Completion | None:
-        if isinstance(event, TextDelta):
-            self.tokens.extend(event.tokens)
-            return None
-        logprobs = None if event.logprobs is None else list(event.logprobs)
-        return Completion(event.text, self.tokens, event.stats, event.finish_reason, list(event.tool_calls), logprobs)
-
-
-def _is_finished(event: Event) -> bool:
-    return isinstance(event, Finished)
-
-
-def _dead_end(cfg: SamplingConfig, generated: int) -> bool:
-    """Whether an answer of `generated` tokens ended because its grammar allowed nothing more."""
-    return isinstance(cfg.constraint, GrammarConstraint) and cfg.constraint.ended_at_dead_end(generated)
-
-
-def sampling_config(sampling: SamplingConfig | None, knobs: Mapping[str, Any]) -> SamplingConfig:
-    """stream()/generate()'s sampling, with any knobs given as keywords applied to it."""
-    if sampling is not None and not isinstance(sampling, SamplingConfig):
-        raise InvalidRequestError(f"sampling must be a SamplingConfig, got {sampling!r}")
-    unknown = sorted(set(knobs) - set(KNOBS) - set(PENALTIES))
-    if "stream" in unknown:  # openai's and ollama's flag: here streaming is its own method
-        raise InvalidRequestError("generate() has no stream option", "call runtime.stream(...) for events as they come")
-    if unknown:
-        named = ["max_tokens", "stop", "cancel", "sampling", "response_format", "json_schema", "timeout", "tools"]
-        takes = ", ".join(
-            [
-                *named,
-                "tool_choice",
-                "logprobs",
-                "top_logprobs",
-                "reuse_prefix",
-                "speculation",
-                *sorted(KNOBS),
-                *PENALTIES,
-            ]
-        )
-        raise InvalidRequestError(f"unknown option {unknown[0]!r}", f"generate() and stream() take: {takes}")
-    return replace(sampling or SamplingConfig(), **knobs)
