@@ -81,10 +81,16 @@ async def test_an_attached_image_is_shown_answered_and_kept_in_the_conversation(
         await answered(app, count=2)
         sent = app._last_job.messages  # type: ignore[union-attr]
     image = {"type": "image", "path": str(photo)}
-    first = [{"role": "user", "content": [image, {"type": "text", "text": "What is in the picture?"}]}]
+    first: list[dict[str, Any]] = [
+        {"role": "user", "content": [image, {"type": "text", "text": "What is in the picture?"}]}
+    ]
     assert sent[0]["content"][0]["type"] == "image"  # the second turn still shows the model the image
     assert replies(app)[0] == plain_answer(pair, first)
-    follow_up = [*first, {"role": "assistant", "content": replies(app)[0]}, {"role": "user", "content": "And its colours?"}]
+    follow_up = [
+        *first,
+        {"role": "assistant", "content": replies(app)[0]},
+        {"role": "user", "content": "And its colours?"},
+    ]
     assert replies(app)[1] == plain_answer(pair, follow_up)
 
 
