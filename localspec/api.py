@@ -89,8 +89,9 @@ def load_pair(name: str, *, registry: Registry | None = None, **options: Any) ->
 
 
 def _pair_files(name: str, opts: LoadOptions, registry: Registry | None) -> LoadOptions:
-    """opts with the pair's files, and the pair's strategy, draft length and rpc-servers
-    where the caller left them at "auto" (every caller's default) or gave none."""
+    """opts with the pair's files (its projector too, unless the caller gave one), and the
+    pair's strategy, draft length and rpc-servers where the caller left them at "auto" (every
+    caller's default) or gave none."""
     from localspec.models.pull import resolve_pair
 
     resolved = resolve_pair(name, backend=opts.backend, registry=registry)
@@ -101,6 +102,7 @@ def _pair_files(name: str, opts: LoadOptions, registry: Registry | None) -> Load
         strategy=pair.strategy if strategies.named(opts.strategy)[0].chooses else opts.strategy,
         draft_tokens=pair.draft_tokens if opts.draft_tokens == "auto" else opts.draft_tokens,
         rpc=pair.rpc if opts.rpc is None else opts.rpc,
+        mmproj=opts.mmproj or (str(resolved.mmproj) if resolved.mmproj is not None else None),
     )
 
 

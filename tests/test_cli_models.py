@@ -97,6 +97,7 @@ def test_list_json_covers_every_backend(cli: Cli) -> None:
         "license": "mit",
         "target": "tiny-target",
         "drafter": "tiny-drafter",
+        "mmproj": None,
         "strategy": "draft",
         "mtp": None,
         "draft_tokens": 4,

@@ -69,7 +69,8 @@ def with_remembered(args: argparse.Namespace, load: LoadOptions, saved: dict[str
     left at its default), else as the last chat left it."""
     changes = {}
     if load.model is None and load.draft_model is None and kind_of(load.backend).gguf:  # the chat remembers GGUF files
-        changes = {k: saved[k] for k in ("model", "draft_model") if saved.get(k) is not None}
+        given = ("model", "draft_model", "mmproj")
+        changes = {k: saved[k] for k in given if saved.get(k) is not None and getattr(load, k) is None}
     for name, default in (("strategy", "auto"), ("draft_tokens", "auto")):
         if getattr(load, name) == default and name in saved:
             changes[name] = saved[name]

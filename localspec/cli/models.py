@@ -94,6 +94,7 @@ def _pair_json(pair: Pair) -> dict[str, Any]:
         "license": pair.license,
         "target": pair.target.id,
         "drafter": pair.drafter.id if pair.drafter else None,
+        "mmproj": pair.mmproj.id if pair.mmproj else None,
         "strategy": pair.strategy,
         "mtp": pair.mtp,
         "draft_tokens": pair.draft_tokens,
@@ -116,7 +117,7 @@ def handle_show(args: argparse.Namespace) -> int:
     if pair.mtp is not None:
         rows.append(["mtp", _mtp_line(pair)])
     lines += table(rows)
-    for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+    for role, model in (("target", pair.target), ("drafter", pair.drafter), ("projector (images)", pair.mmproj)):
         if model is not None:
             lines += ["", f"{role}: {model.name} ({model.params}, {model.license})", *_artifact_lines(model)]
     state = []

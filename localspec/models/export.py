@@ -99,9 +99,9 @@ def export_pair(
             "export it --to llama-server, or with --strategy ngram",
         )
     if method == "eagle3":
-        return _export_eagle3(pair, engine, draft_tokens, ggufs, notes)
+        return _with_projector(_export_eagle3(pair, engine, draft_tokens, ggufs, notes), pair)
     if engine == "llama-server":
-        return _export_llama_server(pair, method, draft_tokens, ggufs or _pulled_ggufs, notes)
+        return _with_projector(_export_llama_server(pair, method, draft_tokens, ggufs or _pulled_ggufs, notes), pair)
     assistant_repo = _assistant_repo(pair) if method == "mtp" and _has_assistant(pair) else None
     if method == "mtp" and _has_assistant(pair) and assistant_repo is None:
         where = "--to llama-server"
@@ -153,6 +153,19 @@ def _export_llama_server(
         assert drafter is not None  # a dflash or dspark pair has a drafter (registry)
         return Export(engine, _llama_server_dflash(target, drafter, k, f"draft-{method}"), tuple(notes))
     return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
+
+
+def _with_projector(export: Export, pair: Pair) -> Export:
+    """llama-server's command with the pair's pulled vision projector (`--mmproj FILE`, as
+    llama.cpp's common/arg.cpp spells it), so that its chats may hold images as localspec's do."""
+    if export.engine != "llama-server" or pair.mmproj is None:
+        return export
+    from localspec.models.pull import resolve_pair
+
+    projector = resolve_pair(pair.id, backend="llamacpp").mmproj
+    if projector is None:
+        return export
+    return Export(export.engine, (*export.argv, "--mmproj", str(projector)), export.notes)
 
 
 def _method(pair: Pair, strategy: str | None, notes: list[str]) -> str:

@@ -61,7 +61,7 @@ class UnsupportedBackendError(LocalspecError):
 
 @dataclass(frozen=True)
 class PulledFile:
-    role: str  # "drafter" or "target"
+    role: str  # "drafter", "target" or "mmproj" (the target's vision projector)
     model: str
     origin: str  # repo@revision, or the PyPI package
     name: str
@@ -90,6 +90,7 @@ class ResolvedPair:
     backend: str
     target: Path  # the GGUF file, or the model folder for mlx and torch
     drafter: Path | None
+    mmproj: Path | None = None  # the target's vision projector GGUF (llama.cpp), where the pair names one
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def pull(
     announce = _announcer(progress, on_progress)
     files: list[PulledFile] = []
     offline = False
-    for role, model in _roles(pair):
+    for role, model in _roles(pair, backend):
         artifact = model.artifacts[backend]
         if isinstance(artifact, LocalArtifact):
             files.extend(_local_files(role, model, backend, artifact))
@@ -161,12 +162,13 @@ def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | N
     """Where a pulled pair's files are; NotPulledError (with the pull command) if not pulled."""
     reg = registry or load_registry()
     pair = _pair_for(reg, pair_id, backend)
-    paths = {m.id: _model_path(m, backend) for m in pair.models}
-    for model in pair.models:
+    models = pair.models_for(backend)
+    paths = {m.id: _model_path(m, backend) for m in models}
+    for model in models:
         artifact = model.artifacts[backend]
         if isinstance(artifact, LocalArtifact) and paths[model.id] is None:
             raise _local_missing(model, artifact)
-    missing = [m.name for m in pair.models if paths[m.id] is None]
+    missing = [m.name for m in models if paths[m.id] is None]
     if missing:
         raise NotPulledError(
             f"pair {pair.id!r} is not pulled for {backend} (missing: {', '.join(missing)})",
@@ -177,7 +179,8 @@ def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | N
     drafter = paths[pair.drafter.id] if pair.drafter else None
     if drafter is None and kind_of(backend).gguf and pair.strategy.startswith("mtp"):
         drafter = _sidecar_path(pair.target)  # Gemma 4's assistant, pulled beside its target
-    return ResolvedPair(pair, backend, target, drafter)
+    mmproj = paths[pair.mmproj.id] if pair.mmproj is not None and pair.mmproj in models else None
+    return ResolvedPair(pair, backend, target, drafter, mmproj)
 
 
 def _sidecar_path(model: Model) -> Path | None:
@@ -188,13 +191,13 @@ def _sidecar_path(model: Model) -> Path | None:
 
 
 def is_pulled(pair: Pair, backend: str) -> bool:
-    return backend in pair.backends and all(_model_path(m, backend) is not None for m in pair.models)
+    return backend in pair.backends and all(_model_path(m, backend) is not None for m in pair.models_for(backend))
 
 
 def pair_size(pair: Pair, backend: str) -> Size | None:
     """Bytes on disk when pulled, else models.toml's sizes, else an estimate (models.sizes)."""
     total = Size(0, True)
-    for model in pair.models:
+    for model in pair.models_for(backend):
         record = _read_record(model, backend)
         part = (
             Size(sum(int(f["size"]) for f in record["files"]), True)
@@ -218,16 +221,16 @@ def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = 
     others = [
         p for p in reg.pairs.values() if p is not pair and _pair_mark(p, backend).exists() and is_pulled(p, backend)
     ]
-    for model in pair.models:
+    for model in pair.models_for(backend):
         if _model_path(model, backend) is None or isinstance(model.artifacts[backend], LocalArtifact):
             continue  # the user's own files (`path =` entries) are never deleted
-        users = tuple(p.id for p in others if model.id in (m.id for m in p.models))
+        users = tuple(p.id for p in others if model.id in (m.id for m in p.models_for(backend)))
         users += _other_uses(model, backend, reg, keep_default=model is not pair.target)
         if users:
             kept.append((model.id, users))
         else:
             removed.append((model.id, _delete_model(model, backend)))
-    own = [m for m in pair.models if isinstance(m.artifacts[backend], LocalArtifact)]
+    own = [m for m in pair.models_for(backend) if isinstance(m.artifacts[backend], LocalArtifact)]
     if not removed and not kept and own:
         files = ", ".join(str(m.artifacts[backend].path) for m in own)  # type: ignore[union-attr]
         raise InvalidRequestError(
@@ -253,8 +256,9 @@ def _pair_for(reg: Registry, pair_id: str, backend: str) -> Pair:
     return pair
 
 
-def _roles(pair: Pair) -> list[tuple[str, Model]]:
-    return ([("drafter", pair.drafter)] if pair.drafter else []) + [("target", pair.target)]
+def _roles(pair: Pair, backend: str) -> list[tuple[str, Model]]:
+    projector = [("mmproj", pair.mmproj)] if pair.mmproj is not None and pair.mmproj in pair.models_for(backend) else []
+    return ([("drafter", pair.drafter)] if pair.drafter else []) + [("target", pair.target)] + projector
 
 
 def _pair_mark(pair: Pair, backend: str) -> Path:

@@ -144,11 +144,20 @@ class Pair:
     draft_tokens: DraftTokens
     origin: Path
     rpc: tuple[str, ...] = ()  # llama.cpp rpc-servers the target is split over (HOST:PORT)
+    # The target's vision projector (a models entry whose llama.cpp file is an mmproj GGUF):
+    # pulled beside the pair for llama.cpp, where its chats may then hold images.
+    mmproj: Model | None = None
 
     @property
     def models(self) -> tuple[Model, ...]:
         """Drafter first: the order a pull fetches them in."""
         return (self.target,) if self.drafter is None else (self.drafter, self.target)
+
+    def models_for(self, backend: str) -> tuple[Model, ...]:
+        """The models a pull for backend fetches: the pair's, then its projector where that
+        backend reads one (it does not decide which backends run the pair)."""
+        projector = (self.mmproj,) if self.mmproj is not None and backend in self.mmproj.artifacts else ()
+        return (*self.models, *projector)
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -461,7 +470,8 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
     if not isinstance(entry, dict):
         raise _fail(path, where, pair_id, "expected a table")
     required = {"description", "target", "strategy"}
-    _check_keys(entry, required | {"aliases", "drafter", "draft_tokens", "rpc"}, path, where, required=required)
+    optional = {"aliases", "drafter", "draft_tokens", "rpc", "mmproj"}
+    _check_keys(entry, required | optional, path, where, required=required)
 
     def model(key: str) -> Model:
         name = _str(entry, key, path, where)
@@ -492,10 +502,18 @@ def _parse_pair(pair_id: str, entry: Any, path: Path, models: Mapping[str, Model
         draft_tokens=_draft_tokens(entry.get("draft_tokens", "auto"), path, where),
         origin=path,
         rpc=_rpc(entry.get("rpc", []), path, where),
+        mmproj=_projector(model("mmproj"), path, where) if "mmproj" in entry else None,
     )
     if not pair.backends:
         raise _fail(path, where, "drafter", "target and drafter have no backend in common")
     return pair
+
+
+def _projector(model: Model, path: Path, where: str) -> Model:
+    """A pair's mmproj: a model with a llama.cpp GGUF (mtmd reads projectors on llama.cpp only)."""
+    if not any(kind_of(b).gguf for b in model.artifacts):
+        raise _fail(path, where, "mmproj", f"model {model.id!r} has no llama.cpp GGUF: a projector is an mmproj GGUF")
+    return model
 
 
 def _draft_tokens(value: Any, path: Path, where: str) -> DraftTokens:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -17,10 +17,22 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from localspec.api import Runtime
-from localspec.core.errors import BackendClosedError, ContextFullError, LocalspecError
+from localspec.core.errors import BackendClosedError, ContextFullError, InvalidRequestError, LocalspecError
+from localspec.core.media import marker_of
 from localspec.core.stats import Stats
 from localspec.tui.attribution import DraftAttribution
 from localspec.tui.history import History, HistoryError, StoredMessage
+from localspec.tui.images import (
+    USAGE,
+    Attachment,
+    attach_command,
+    attachments_of,
+    read_attachment,
+    reread,
+    stored_paths,
+    text_of,
+    user_message,
+)
 from localspec.tui.job import ReplyJob
 from localspec.tui.live_stats import Figures, LiveFigures, final_figures, format_figures
 from localspec.tui.models import MissingCheck, RuntimeLoader
@@ -59,6 +71,8 @@ class Turn:
 
     job: ReplyJob
     prompt: str
+    message: dict[str, Any]  # the user's message as sent, images included
+    images: tuple[Attachment, ...]
     user: UserMessage
     reply: AssistantMessage
     attribution: DraftAttribution
@@ -113,7 +127,8 @@ class ChatApp(App[None]):
         self.loading = False
         self._turn: Turn | None = None
         self._last_job: ReplyJob | None = None  # the newest job on the current runtime
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
+        self.attached: list[Attachment] = []  # images /image attached to the next message
         self.conversation_id: int | None = None
         self._reopened_unanswered = False  # the open chat's unanswered prompt is in the input
         self.last_figures: Figures | None = None
@@ -309,6 +324,10 @@ class ChatApp(App[None]):
 
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
+        if (paths := self._attach_command(event.text)) is not None:
+            self.prompt.clear()
+            await self.attach(event.text, paths)
+            return
         if self.turn is not None:
             self.notify("A reply is being written: Esc stops it.", severity="warning")
             return
@@ -317,20 +336,46 @@ class ChatApp(App[None]):
             self.notify(f"The model {why}; your message stays in the input.", severity="warning")
             return
         self.prompt.clear()
-        await self.start_turn(event.text)
+        images, self.attached = tuple(self.attached), []
+        await self.start_turn(event.text, images)
 
-    async def start_turn(self, text: str) -> None:
+    async def attach(self, command: str, paths: list[str]) -> None:
+        """`/image PATH...`: read the images now, for the next message; `/image` alone drops them.
+        A path that cannot be read, or a model that reads no images, is said in the chat, and
+        the command goes back to the input to be corrected."""
+        try:
+            if self.runtime is not None and paths:
+                marker_of(self.runtime.target)  # refuses, naming --mmproj, a model that reads text only
+            added = [read_attachment(path) for path in paths]
+        except InvalidRequestError as exc:
+            await self.transcript.add(ErrorMessage(exc.message, exc.hint))
+            self.transcript.follow()
+            self.status.show(f"Not attached: {exc.message}", "error")
+            self.prompt.load_text(command)
+            self.prompt.move_cursor(self.prompt.document.end)
+            return
+        self.attached = [*self.attached, *added] if added else []
+        names = ", ".join(a.name for a in self.attached)
+        self.status.show(
+            f"Attached {names}: sent with your next message (/image alone removes it)."
+            if self.attached
+            else f"No image attached. {USAGE}."
+        )
+
+    async def start_turn(self, text: str, images: tuple[Attachment, ...] = ()) -> None:
         assert self.runtime is not None
-        user = UserMessage(text)
+        user = UserMessage(text, [a.name for a in images])
         reply = AssistantMessage()
         await self.transcript.add(user)
         await self.transcript.add(reply)
         self.transcript.follow()
-        self.messages.append({"role": "user", "content": text})
+        message = user_message(text, images)
+        self.messages.append(message)
         system = [{"role": "system", "content": self.settings.system}] if self.settings.system else []
         live = LiveFigures(self._plain_step)
         job = ReplyJob(self.runtime, system + self.messages, self.settings.max_tokens, self.settings.sampling, live)
-        self.turn = Turn(job, text, user, reply, DraftAttribution(self.runtime.target.token_bytes))
+        attribution = DraftAttribution(self.runtime.target.token_bytes)
+        self.turn = Turn(job, text, message, images, user, reply, attribution)
         self._last_job = job
         self.status.show("Thinking…", "busy")
         self._generate(job)
@@ -359,6 +404,13 @@ class ChatApp(App[None]):
         elif batch.figures is not None:
             self.status.show(format_figures(batch.figures), "busy")
 
+    def _attach_command(self, text: str) -> list[str] | None:
+        try:
+            return attach_command(text)
+        except InvalidRequestError as exc:
+            self.notify(f"{exc.message}. {exc.hint}", severity="error")
+            return None
+
     async def reply_finished(self, turn: Turn, text: str, stats: Stats) -> None:
         self.turn = None
         figures = final_figures(stats, turn.job.figures.plain_step_seconds())
@@ -368,7 +420,7 @@ class ChatApp(App[None]):
         await turn.reply.finish(FINISH_NOTES.get(stats.finish_reason, ""))
         self.messages.append({"role": "assistant", "content": text})
         self.status.show(format_figures(figures))
-        self.save_turn(turn.prompt, StoredMessage("assistant", text, {"figures": figures.to_dict()}, spans))
+        self.save_turn(turn, StoredMessage("assistant", text, {"figures": figures.to_dict()}, spans))
 
     async def reply_failed(self, turn: Turn, error: BaseException) -> None:
         await self.undo_turn(turn)
@@ -392,20 +444,21 @@ class ChatApp(App[None]):
         await turn.reply.finish()
         await turn.reply.remove()
         await turn.user.remove()
-        if self.messages and self.messages[-1] == {"role": "user", "content": turn.prompt}:
+        if self.messages and self.messages[-1] is turn.message:
             self.messages.pop()
+        self.attached = list(turn.images)  # back with the prompt, to send again or drop (/image)
         self.prompt.load_text(turn.prompt)
         self.prompt.move_cursor(self.prompt.document.end)
         self.prompt.focus()
 
     # -- history ---------------------------------------------------------------------------
 
-    def save_turn(self, prompt: str, reply: StoredMessage) -> None:
+    def save_turn(self, turn: Turn, reply: StoredMessage) -> None:
         def write(history: History, cid: int) -> None:
             if self._reopened_unanswered:  # it was put back in the input; this turn replaces it
                 history.drop_last(cid, "user")
                 self._reopened_unanswered = False
-            history.append(cid, StoredMessage("user", prompt))
+            history.append(cid, StoredMessage("user", turn.prompt, _image_stats(turn.images)))
             history.append(cid, reply)
 
         self._save(write)
@@ -415,7 +468,7 @@ class ChatApp(App[None]):
             return
         try:
             if self.conversation_id is None:
-                title = next((m["content"] for m in self.messages if m["role"] == "user"), "chat")
+                title = next((text_of(m) for m in self.messages if m["role"] == "user"), "chat")
                 model = self.settings.model_label()
                 self.conversation_id = self.history.create(_title(title), model, self.settings.system)
             write(self.history, self.conversation_id)
@@ -433,13 +486,28 @@ class ChatApp(App[None]):
         await self.cancel_turn()
         messages = conversation.messages
         unanswered = messages[-1] if messages and messages[-1].is_unanswered else None
+        missing: list[str] = []
         if unanswered is not None:  # not a turn: back in the input, to send or edit
             messages = messages[:-1]
             self.prompt.load_text(unanswered.content)
             self.prompt.move_cursor(self.prompt.document.end)
+            self.attached, missing = reread(stored_paths(unanswered.stats))
         self._reopened_unanswered = unanswered is not None
         await self.transcript.reset(messages)
-        self.messages = [{"role": m.role, "content": m.content} for m in messages]
+        self.messages = []
+        for m in messages:
+            images, gone = reread(stored_paths(m.stats))
+            missing += gone
+            self.messages.append(
+                user_message(m.content, images) if m.role == "user" else {"role": m.role, "content": m.content}
+            )
+        if missing:
+            self.notify(
+                f"Images of this chat are no longer on disk, so the model will not see them: {', '.join(missing)}",
+                title="Chat history",
+                severity="warning",
+                timeout=10,
+            )
         self.conversation_id = conversation.id
         self.settings = self.settings.with_changes(system=conversation.system)
         self.update_topbar()
@@ -477,7 +545,7 @@ class ChatApp(App[None]):
         turn.reply.spans = spans
         await turn.reply.finish(STOPPED_NOTE)
         self.messages.append({"role": "assistant", "content": text})
-        self.save_turn(turn.prompt, StoredMessage.stopped(text, spans=spans))
+        self.save_turn(turn, StoredMessage.stopped(text, spans=spans))
 
     async def cancel_turn(self) -> None:
         if self.turn is not None:
@@ -497,7 +565,7 @@ class ChatApp(App[None]):
         if len(self.messages) < 2 or self.messages[-1]["role"] != "assistant":
             self.notify("There is no reply to regenerate.", severity="warning")
             return
-        prompt = self.messages[-2]["content"]
+        asked = self.messages[-2]
         self.messages = self.messages[:-2]
         replies, users = self.transcript.query(AssistantMessage), self.transcript.query(UserMessage)
         await replies.last().remove()
@@ -508,7 +576,7 @@ class ChatApp(App[None]):
                 self.history.drop_last(self.conversation_id, "user")
             except HistoryError as exc:
                 self.notify(str(exc), title="Chat history", severity="error")
-        await self.start_turn(prompt)
+        await self.start_turn(text_of(asked), tuple(attachments_of(asked)))
 
     def action_copy_reply(self) -> None:
         reply = next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), None)
@@ -525,6 +593,12 @@ class ChatApp(App[None]):
             if shown
             else "Showing replies as Markdown."
         )
+
+    def action_attach(self) -> None:
+        """Start the /image command in the input: the path is typed (or pasted) after it."""
+        self.prompt.load_text("/image ")
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
 
     def action_settings(self) -> None:
         self.open_settings(self.settings)
@@ -574,6 +648,7 @@ class ChatApp(App[None]):
         yield SystemCommand(
             "Show drafted text", "Toggle highlighting of drafted, accepted text (Ctrl+T)", self.action_toggle_drafts
         )
+        yield SystemCommand("Attach an image", USAGE, self.action_attach)
         yield SystemCommand("Settings", "Pair, strategy, draft length, temperature (Ctrl+O)", self.action_settings)
         yield SystemCommand("Saved chats", "Reopen or delete a saved conversation (Ctrl+L)", self.action_conversations)
         for name in strategy_choices(self.settings.load.strategy):
@@ -603,9 +678,9 @@ class ChatApp(App[None]):
         turn = self.turn
         if turn is not None and turn.reply.text:  # quitting mid-answer keeps what was said, marked stopped
             text = turn.reply.text
-            self.save_turn(turn.prompt, StoredMessage.stopped(text, spans=turn.attribution.spans(len(text))))
+            self.save_turn(turn, StoredMessage.stopped(text, spans=turn.attribution.spans(len(text))))
         elif turn is not None:  # quitting before the first token keeps what the user typed
-            kept = StoredMessage.unanswered(turn.prompt)
+            kept = StoredMessage("user", turn.prompt, {"unanswered": True, **(_image_stats(turn.images) or {})})
             self._save(lambda history, cid: history.append(cid, kept))
         if self._last_job is not None:
             self._last_job.cancel()  # the worker stops within one prompt chunk or verify step
@@ -614,6 +689,11 @@ class ChatApp(App[None]):
             self.runtime.close()  # never under a worker still using the model
         if self.history is not None:
             self.history.close()
+
+
+def _image_stats(images: tuple[Attachment, ...]) -> dict[str, Any] | None:
+    """What a saved user message keeps of its images: their paths (read again on reopening)."""
+    return {"images": [a.path for a in images]} if images else None
 
 
 def _title(text: str, width: int = 60) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from localspec.api import Finished, Runtime, TextDelta
 from localspec.core.errors import LocalspecError
@@ -38,7 +39,7 @@ class ReplyJob:
     def __init__(
         self,
         runtime: Runtime,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         max_tokens: int,
         sampling: SamplingConfig,
         figures: LiveFigures | None = None,

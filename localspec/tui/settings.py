@@ -68,7 +68,7 @@ def _short(path: str | None) -> str:
 
 
 # What the chat remembers of its settings from one session to the next (the last ones applied).
-REMEMBERED = ("model", "draft_model", "strategy", "draft_tokens", "temperature")
+REMEMBERED = ("model", "draft_model", "mmproj", "strategy", "draft_tokens", "temperature")
 
 
 def remembered_file() -> Path:
@@ -85,6 +85,7 @@ def remember(settings: ChatSettings) -> None:
     values = {
         "model": load.model,
         "draft_model": load.draft_model,
+        "mmproj": load.mmproj,  # the projector goes with its model: a chat reopened on it still sees images
         "strategy": load.strategy,
         "draft_tokens": load.draft_tokens,
         "temperature": settings.sampling.temperature,

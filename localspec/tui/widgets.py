@@ -28,9 +28,12 @@ class UserMessage(Static):
     }
     """
 
-    def __init__(self, text: str) -> None:
-        super().__init__(text, markup=False)
+    def __init__(self, text: str, images: Sequence[str] = ()) -> None:
+        # Attached images show as their file names above the text (a terminal draws no pictures).
+        shown = "\n".join([*(f"[image: {name}]" for name in images), text])
+        super().__init__(shown, markup=False)
         self.text = text
+        self.images = tuple(images)
 
 
 class ErrorMessage(Static):

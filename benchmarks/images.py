@@ -1,0 +1,185 @@
+"""Speculation on image prompts against text prompts, and an image's encode against its
+prompt's prefill, on the tiny vision pair the tests write (localspec/testing/vision_writer.py:
+a 3-block, 64-wide random llama and a LLaVA-style projector whose image takes 16 positions).
+
+    python benchmarks/images.py [--answers 4] [-n 48] [--threads 1] [--repeats 5] [--json FILE]
+
+n-gram lookup (own text only, no memory: each request stands alone) answers the same
+questions as text and with an image before their text, greedy; printed side by side: drafted,
+accepted, acceptance, tokens per target pass (load-free) and tokens/s. Then, per image prompt,
+the prefill that encodes a new image (the projector's pass, then the target's over the
+prompt) against the same prefill again (the image's rows kept, so the target's pass alone)
+and a text prompt's: their difference is the encode.
+
+Random weights: these are plumbing figures (the path runs, and what it costs beside the
+target's pass), not what a real model's image answers would draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localspec.api import Runtime, load
+from localspec.testing.vision_writer import png_bytes, write_vision_pair
+
+QUESTIONS = (
+    "What is in the picture?",
+    "Describe the colours, one line each.",
+    "List three things you see.",
+    "Is there any text in it?",
+)
+
+
+@dataclass
+class Side:
+    """One column: n-gram on text prompts, or on image prompts."""
+
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    passes: int = 0
+    seconds: float = 0.0
+    prefill: list[float] = field(default_factory=list)
+
+    def row(self) -> dict[str, float]:
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "tokens_per_pass": self.tokens / self.passes if self.passes else 0.0,
+            "tok_per_s": self.tokens / self.seconds if self.seconds else 0.0,
+        }
+
+
+def message(question: str, image_seed: int | None) -> list[dict[str, Any]]:
+    if image_seed is None:
+        return [{"role": "user", "content": question}]
+    image = {"type": "image", "data": png_bytes(24, 20, image_seed)}
+    return [{"role": "user", "content": [image, {"type": "text", "text": question}]}]
+
+
+def speculation(rt: Runtime, answers: int, n: int) -> dict[str, Side]:
+    sides = {"text": Side(), "image": Side()}
+    for i in range(answers):
+        question = QUESTIONS[i % len(QUESTIONS)]
+        for name, seed in (("text", None), ("image", 100 + i)):
+            stats = rt.generate(
+                messages=message(question, seed), max_tokens=n, temperature=0, reuse_prefix="none"
+            ).stats
+            side = sides[name]
+            side.drafted += stats.drafted
+            side.accepted += stats.accepted
+            side.tokens += stats.generated_tokens
+            side.passes += stats.verify_steps
+            side.seconds += stats.decode_seconds
+    return sides
+
+
+def prefill_seconds(rt: Runtime, messages: list[dict[str, Any]]) -> float:
+    return rt.generate(messages=messages, max_tokens=1, temperature=0, reuse_prefix="none").stats.prefill_seconds
+
+
+def tokenize_seconds(rt: Runtime, messages: list[dict[str, Any]]) -> float:
+    started = time.perf_counter()
+    rt.prepare(messages=messages)
+    return time.perf_counter() - started
+
+
+def encode_against_prefill(rt: Runtime, repeats: int) -> dict[str, Any]:
+    """Medians over `repeats` new images: the first prefill (encode + target), the second
+    (target alone: the rows are kept), a text prompt's; and the prompts' lengths."""
+    cold, warm, text, read_image, read_text = [], [], [], [], []
+    question = QUESTIONS[0]
+    for r in range(repeats):
+        with_image = message(question, 1000 + r)  # a new image each time: its rows are not kept yet
+        read_image.append(tokenize_seconds(rt, with_image))  # decodes the PNG; encodes nothing yet
+        read_text.append(tokenize_seconds(rt, message(question, None)))
+        cold.append(prefill_seconds(rt, with_image))
+        warm.append(prefill_seconds(rt, with_image))
+        text.append(prefill_seconds(rt, message(question, None)))
+    ids = rt.prepare(messages=message(question, 1000)).ids
+    return {
+        "image_prompt_tokens": len(ids),
+        "image_positions": sum(1 for t in ids if t < 0),
+        "text_prompt_tokens": len(rt.prepare(messages=message(question, None)).ids),
+        "prefill_new_image_ms": 1e3 * statistics.median(cold),
+        "prefill_image_kept_ms": 1e3 * statistics.median(warm),
+        "encode_ms": 1e3 * statistics.median(c - w for c, w in zip(cold, warm, strict=True)),
+        "prefill_text_ms": 1e3 * statistics.median(text),
+        "tokenize_image_prompt_ms": 1e3 * statistics.median(read_image),
+        "tokenize_text_prompt_ms": 1e3 * statistics.median(read_text),
+    }
+
+
+def report(sides: dict[str, Side], costs: dict[str, Any], n: int, answers: int) -> str:
+    rows = {name: side.row() for name, side in sides.items()}
+    lines = [
+        f"n-gram lookup (no memory), greedy, {answers} answers of {n} tokens a side",
+        f"{'':22}{'text prompts':>14}{'image prompts':>15}",
+    ]
+    for key, fmt in (
+        ("drafted", "{:.0f}"),
+        ("accepted", "{:.0f}"),
+        ("acceptance", "{:.1%}"),
+        ("tokens_per_pass", "{:.2f}"),
+        ("tok_per_s", "{:.0f}"),
+    ):
+        lines.append(f"{key:22}{fmt.format(rows['text'][key]):>14}{fmt.format(rows['image'][key]):>15}")
+    lines += [
+        "",
+        f"prefill (median of the repeats; prompt {costs['image_prompt_tokens']} tokens, "
+        f"{costs['image_positions']} of them the image's; text prompt {costs['text_prompt_tokens']} tokens)",
+        f"  a new image (encode + target)   {costs['prefill_new_image_ms']:8.2f} ms",
+        f"  the same image again (target)   {costs['prefill_image_kept_ms']:8.2f} ms",
+        f"  the image's encode (difference) {costs['encode_ms']:8.2f} ms",
+        f"  the text prompt                 {costs['prefill_text_ms']:8.2f} ms",
+        "before it, reading the request (the chat rendered and tokenized; the PNG decoded and resized)",
+        f"  the image prompt                {costs['tokenize_image_prompt_ms']:8.2f} ms",
+        f"  the text prompt                 {costs['tokenize_text_prompt_ms']:8.2f} ms",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--answers", type=int, default=4, help="questions asked a side")
+    parser.add_argument("-n", type=int, default=48, help="tokens an answer")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5, help="new images timed for the encode")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        target, projector = write_vision_pair(Path(folder))
+        started = time.perf_counter()
+        with load(
+            str(target),
+            mmproj=str(projector),
+            strategy="ngram",
+            draft_tokens="auto",
+            memory=False,
+            calibrate=False,
+            n_ctx=512,
+            threads=args.threads,
+        ) as rt:
+            sides = speculation(rt, args.answers, args.n)
+            costs = encode_against_prefill(rt, args.repeats)
+    print(report(sides, costs, args.n, args.answers))
+    print(f"\n(whole run {time.perf_counter() - started:.1f} s; random weights: plumbing figures, not a real model's)")
+    if args.json:
+        figures = {
+            "sides": {k: v.row() for k, v in sides.items()},
+            "prefill": costs,
+            "args": vars(args) | {"json": str(args.json)},
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
