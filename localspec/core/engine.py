@@ -91,6 +91,10 @@ class Engine:
         # A backend that verifies where its logits are (a GPU) is handed the whole rule.
         self.verifier = target if target.capabilities.verifies and isinstance(target, Verifier) else None
         self._canonical: list[int] = []  # the cached prompt prefix evaluated in fresh blocks
+        # The cached prefix whose every row a block of at most the kernels' prompt_rows computed,
+        # as one-token passes would: a short prompt's fresh evaluation (one such block) gives
+        # those rows' bits too, so it may reuse them exactly.
+        self._one_token_like = 0
         # Which of a drafter's branches a step verifies beside its chain, on a target that takes
         # a tree in one pass (localspec.assembly chooses it); None: chains only.
         self.trees = trees
@@ -153,6 +157,7 @@ class Engine:
         self.target.rollback(keep)
         todo = list(prompt[keep:-1])
         eval_chunked(self.target, todo, "none", stop)
+        self._rows_kept(keep, len(todo), len(todo))
         # From a fresh block boundary the blocks are the fresh ones; otherwise only what was
         # fresh before the reused prefix stays so.
         self._canonical = list(prompt[:-1] if keep == exact else prompt[:exact])
@@ -170,11 +175,26 @@ class Engine:
         """How much of the cached prefix (keep tokens match) a fresh evaluation would have
         computed in the same blocks: eval_chunked's, max_block tokens each from position 0,
         the last one ending before the prompt's last token. That is the whole recorded prompt
-        when it is this one's, else its whole blocks."""
+        when it is this one's, else its whole blocks; and for a prompt short enough to go in
+        as one block that sums as one-token passes, every cached row computed so too."""
+        one_token_like = min(keep, self._one_token_like) if self._sums_as_one_token(len(prompt) - 1) else 0
         if keep == len(self._canonical) == len(prompt) - 1:
             return keep
         step = self.target.capabilities.max_block
-        return min(keep, len(self._canonical) // step * step) // step * step
+        return max(min(keep, len(self._canonical) // step * step) // step * step, one_token_like)
+
+    def _sums_as_one_token(self, rows: int) -> bool:
+        """Whether a block of `rows` rows gives one-token passes' bits on the target's kernels."""
+        limit = self.target.capabilities.exactness.prompt_rows
+        return limit is None or rows <= limit
+
+    def _rows_kept(self, past: int, rows: int, block: int | None) -> None:
+        """The cache now holds `rows` rows after `past`, computed in a block of `block` rows
+        (None: a tree's pass): how far it holds one-token passes' rows."""
+        if self._one_token_like >= past and block is not None and self._sums_as_one_token(block):
+            self._one_token_like = past + rows
+        else:
+            self._one_token_like = min(self._one_token_like, past)
 
     def _note_drafter_off(self, stats: Stats, notice: str | None) -> None:
         # A model drafter that met a token it cannot read sits out the rest of the request.
@@ -203,6 +223,7 @@ class Engine:
                     n_acc = len(tokens)
                 t_kept = clock()
                 target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
+                self._rows_kept(past, 1 + n_acc, 1 + len(tokens) if proposal.parents is None else None)
                 t2 = clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)
