@@ -41,8 +41,8 @@ def _judge_reuse(stats: Stats, known: Exactness) -> None:
         return
     stats.fresh_exact = False
     stats.fresh_inexact_reason = (
-        f"reused {stats.reused_tokens} cached tokens that earlier passes evaluated in smaller blocks than a fresh "
-        f"evaluation's {stats.reused_fresh_rows} ({known.prompt_why})"
+        f"reused {stats.reused_tokens} cached tokens that earlier passes evaluated in other blocks than a fresh "
+        f"evaluation's {stats.reused_fresh_rows} rows ({known.prompt_why})"
     )
 
 
