@@ -166,8 +166,12 @@ def test_a_side_request_starts_within_a_step_while_a_stream_runs(smollm2_q4_1: P
         side_done = threading.Event()
 
         def side() -> None:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "A title for a story"}]}
-            _ask(server.url, body | {"max_tokens": 8, "temperature": 0})
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "A title for a story"}], "stream": True}
+            body |= {"max_tokens": 8, "temperature": 0}
+            with httpx.stream("POST", f"{server.url}/chat/completions", json=body, timeout=120) as response:
+                assert response.status_code == 200
+                for _ in response.iter_lines():
+                    pass
             side_done.set()
 
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "stream": True}

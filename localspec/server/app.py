@@ -224,6 +224,7 @@ class _Generation:
                 logprobs=body.logprob_top(),
                 grammar=grammar,
                 prompt=prompt,
+                deltas=bool(body.stream),
             )
 
         first = _submit(worker, make, 0)

@@ -74,6 +74,9 @@ class Job:
     finished: threading.Event = field(default_factory=threading.Event)
     submitted: float = 0.0  # perf_counter when it was queued, for the metrics' queue time
     stats: Stats | None = None  # its figures so far, once it generates
+    # Whether each step's text is sent: a whole answer needs only its Finished, and every event
+    # wakes the server's event loop (several lanes' steps would keep it busy).
+    deltas: bool = True
 
     def cancel(self) -> None:
         """Ask the generation to stop; it ends after the verify step in flight."""
@@ -418,7 +421,7 @@ class Worker:
                         break
                     if isinstance(event, Finished):
                         self._end(job, "finished", event)
-                    else:
+                    elif job.deltas:
                         job.emit(event)
         except (LocalspecError, ApiError) as exc:
             self._end(job, "failed", exc)
