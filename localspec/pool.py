@@ -13,9 +13,11 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
-from localspec.assembly import assemble, calibrate
+from localspec.assembly import Calibrated, assemble, calibrate
+from localspec.control.costs import SharedPassCurve
 from localspec.core.backend_loader import load_backend
 from localspec.core.errors import InvalidRequestError, LocalspecError, RuntimeBusyError
 from localspec.core.options import LoadOptions
@@ -35,6 +37,10 @@ class Lane(Backend, SharesPasses, Protocol):
 
 class LaneHost(Protocol):
     lanes: list[Lane]
+
+    def busy_lanes(self) -> int:
+        """The lanes inside a request now."""
+        ...
 
 
 @runtime_checkable
@@ -146,6 +152,16 @@ def batches(opts: LoadOptions) -> str | None:
     return None
 
 
+def shared_pricing(calibrated: Calibrated, busy: Callable[[], int]) -> Calibrated:
+    """A lane's policy pricing its drafts on what they add to a pass shared with the other busy
+    lanes (control.costs.SharedPassCurve); a fixed draft length as it is."""
+    priced = calibrated.priced
+    if priced is None:
+        return calibrated
+    shared = replace(priced, costs=SharedPassCurve.sharing(priced.costs, busy))
+    return Calibrated(shared, shared)
+
+
 def load_pool(
     model: str | LoadOptions | None = None,
     *,
@@ -178,7 +194,8 @@ def load_pool(
             if not TABLE[plan.strategy].batches:  # auto chose a drafter of the model's own (mtp)
                 plan.close()
                 break
-            runtimes.append(Runtime(plan, assemble(plan, calibrate(plan, on_progress), opts.trees)))
+            priced = shared_pricing(calibrate(plan, on_progress), host.busy_lanes)
+            runtimes.append(Runtime(plan, assemble(plan, priced, opts.trees)))
     except BaseException:
         for runtime in runtimes:
             runtime.plan.close()

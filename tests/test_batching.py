@@ -259,3 +259,26 @@ def test_an_app_asks_a_pool_from_several_threads_and_gets_the_answers_it_gets_al
             assert first is not second
             with pytest.raises(localspec.RuntimeBusyError, match="larger parallel"), pool.lane(timeout=0.05):
                 pass
+
+
+def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
+    from localspec.control.costs import CostCurve, SharedPassCurve
+
+    # 5 ms a pass and 6 ms a row, as a small model on this CPU: alone a 5-row block costs 35 ms
+    # against 11 for one row; beside three busy lanes it adds 30 ms against 6.
+    lone = CostCurve([0.005 + 0.006 * k for k in range(1, 17)])
+    busy = [1]
+    shared = SharedPassCurve.sharing(lone, lambda: busy[0])
+    assert shared.verify(1) == pytest.approx(0.011) and shared.verify(5) == pytest.approx(0.035)
+    busy[0] = 4
+    assert shared.verify(1) == pytest.approx(0.006) and shared.verify(5) == pytest.approx(0.030)
+    # Beside others a step's time holds their passes: nothing is learnt from it, and what a
+    # later load starts from stays the lone curve.
+    before = shared.scale
+    shared.update(1, 0.040)
+    assert shared.scale == before
+    assert shared.learnt()[0][:2] == pytest.approx([0.011, 0.017])
+    busy[0] = 1  # alone, a step is a pass: the drift is learnt as ever
+    for _ in range(20):
+        shared.update(1, 0.040)
+    assert shared.scale > before

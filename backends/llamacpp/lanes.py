@@ -128,6 +128,10 @@ class LaneHost:
             if not self._closed:
                 llama.llama_memory_seq_rm(self._mem, lane.seq, n, -1)
 
+    def busy_lanes(self) -> int:
+        """The lanes inside a request now (read without the lock: a price, not a decision)."""
+        return len(self._busy)
+
     def idle(self, lane: Lane) -> None:
         """The lane's request is over: passes no longer wait for it."""
         with self._cond:

@@ -8,7 +8,7 @@ draft on it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from localspec.control.config import DEFAULT, ControlConfig
@@ -253,3 +253,44 @@ def _extend(curve: Sequence[float], k: int) -> float:
     last = curve[-1]
     slope = last - curve[-2] if len(curve) > 1 else last
     return last + slope * (k - len(curve))
+
+
+def _alone() -> int:
+    return 1
+
+
+@dataclass
+class SharedPassCurve(CostCurve):
+    """A lane's curve when requests share passes (backends/llamacpp/lanes.py): beside n-1 other
+    busy lanes a pass's fixed cost is paid already, so k rows of this lane cost what they add
+    to the others' rows, t(n-1+k) - t(n-1), on the lone curve. A plain step then looks cheap
+    and a draft must be accepted more often to pay, as it must for the batch's throughput.
+    Alone it is the lone curve. It learns only from steps taken alone: beside other lanes a
+    step's time holds their passes and waits too, which would teach the lone curve (and the
+    learnt curve kept on disk for later loads) the batch's round instead of a pass."""
+
+    busy: Callable[[], int] = field(default=_alone, repr=False, compare=False)  # lanes in a request, this one too
+
+    @classmethod
+    def sharing(cls, curve: CostCurve, busy: Callable[[], int]) -> SharedPassCurve:
+        """`curve` as a lane prices it, with `busy` the host's count of busy lanes."""
+        shared = cls.__new__(cls)
+        shared.__dict__.update(curve.__dict__)
+        shared.busy = busy
+        return shared
+
+    def verify(self, k: int, depth: int = 0) -> float:
+        others = self.busy() - 1
+        if others <= 0:
+            return super().verify(k, depth)
+        return max(super().verify(others + k, depth) - super().verify(others, depth), 1e-6)
+
+    def update(self, k: int, seconds: float, depth: int = 0) -> None:
+        if self.busy() <= 1:
+            super().update(k, seconds, depth)
+
+    def learnt(self) -> tuple[list[float], list[float] | None]:
+        n = len(self.verify_seconds)
+        shallow = [CostCurve.verify(self, k, self.depth) for k in range(1, n + 1)]
+        deep = [CostCurve.verify(self, k, self.deep_depth) for k in range(1, n + 1)] if self.deep_seconds else None
+        return shallow, deep
