@@ -185,10 +185,11 @@ def test_a_side_request_starts_within_a_step_while_a_stream_runs(smollm2_q4_1: P
                         threading.Thread(target=side).start()
         assert side_done.wait(60)
     # A free thread takes it at once; its prompt takes one pass between two of the stream's
-    # steps, and its first step shares a pass with the stream's. The stream goes on meanwhile:
-    # a few of its steps pass while the side request is set up (one request at a time, it
-    # would wait for all of the stream's 200).
-    assert chunks > 60 and marks["answered"] - marks["arrived"] <= 4, marks
+    # steps, and its first step shares a pass with the stream's: 2-4 of the stream's steps on
+    # a quiet host. The stream goes on while the side request is set up, more steps on a busy
+    # CI host (a pass waits 20 ms at most for a lane being set up), so the bound is 20: one
+    # request at a time, it would wait for all of the stream's 200.
+    assert chunks > 60 and marks["answered"] - marks["arrived"] <= 20, marks
 
 
 def test_a_burst_of_24_requests_is_answered_whole(smollm2_q4_1: Path) -> None:
