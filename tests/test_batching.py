@@ -283,3 +283,60 @@ def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
     for _ in range(20):
         shared.update(1, 0.040)
     assert shared.scale > before
+
+
+def test_closing_and_cancelling_lanes_mid_answer_leaves_the_others_their_lone_answers(smollm2_q4_1: Path) -> None:
+    # One lane's stream closed from another thread and another's asyncio task cancelled, both
+    # mid-answer, while a third lane answers: it still gets its lone answer, the stopped lanes
+    # no longer hold the passes up, and every lane answers again afterwards.
+    import asyncio
+
+    import localspec
+
+    ask = [{"role": "user", "content": "Count from one to thirty in words."}]
+    with localspec.load_pool(
+        str(smollm2_q4_1), parallel=3, n_ctx=TEST_N_CTX, threads=1, strategy="ngram", memory=False
+    ) as pool:
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        alone = pool.runtimes[2].generate(messages=ask, max_tokens=48, temperature=0).text
+        stream = pool.runtimes[0].stream(messages=ask, max_tokens=200, temperature=0)
+        got: dict[str, object] = {}
+        reading = threading.Event()
+
+        def reader() -> None:
+            for n, event in enumerate(stream):
+                if n == 5:
+                    reading.set()
+                if isinstance(event, localspec.Finished):
+                    got["closed"] = event.finish_reason
+
+        def third() -> None:
+            got["third"] = pool.runtimes[2].generate(messages=ask, max_tokens=48, temperature=0).text
+
+        async def cancelled() -> str:
+            task = asyncio.ensure_future(pool.runtimes[1].agenerate(messages=ask, max_tokens=200, temperature=0))
+            lane = pool.runtimes[1].target
+            for _ in range(12000):  # it decodes beside the others before it is cancelled
+                if lane.n_past > 0 and host.busy_lanes() >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                return "cancelled"
+            return "finished"
+
+        threads = [threading.Thread(target=reader), threading.Thread(target=third)]
+        threads[0].start()
+        assert reading.wait(120)
+        threads[1].start()
+        got["task"] = asyncio.run(cancelled())
+        stream.close()  # from this thread, while the reader iterates it
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert got == {"closed": "cancelled", "task": "cancelled", "third": alone}
+        # Every lane answers again, its lone answer.
+        again = [pool.runtimes[i].generate(messages=ask, max_tokens=48, temperature=0).text for i in range(3)]
+        assert again == [alone] * 3
