@@ -19,17 +19,17 @@ VERSION=0.3.36  # pyproject's llama-cpp-python pin
 CACHE="${LOCALSPEC_VULKAN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/localspec-ci/vulkan}"
 export CMAKE_ARGS="-DGGML_VULKAN=on -DGGML_RPC=on"
 DEFAULT_TESTS=(
-    tests/test_llamacpp_gpu.py            # the device found, every layer on it, doctor's line
-    tests/test_llamacpp_device_greedy.py  # the graph's argmax against the host's
-    tests/test_llamacpp_rollback.py       # rollback on the device's KV cache
-    tests/test_llamacpp_hybrid.py         # hybrid (recurrent) targets
-    tests/test_llamacpp_mtp.py            # MTP heads
-    tests/test_llamacpp_eagle3.py         # EAGLE-3 heads
-    tests/test_llamacpp_dflash.py         # DFlash
+    tests/backends/llamacpp/test_llamacpp_gpu.py            # the device found, every layer on it, doctor's line
+    tests/backends/llamacpp/test_llamacpp_device_greedy.py  # the graph's argmax against the host's
+    tests/specification/test_llamacpp_rollback.py       # rollback on the device's KV cache
+    tests/backends/llamacpp/test_llamacpp_hybrid.py         # hybrid (recurrent) targets
+    tests/backends/llamacpp/test_llamacpp_mtp.py            # MTP heads
+    tests/backends/llamacpp/test_llamacpp_eagle3.py         # EAGLE-3 heads
+    tests/backends/llamacpp/test_llamacpp_dflash.py         # DFlash
 )
 # Greedy identity (n-gram, draft models on the device and the hybrid source, every draft length,
 # against none on the device) on one prompt: the file's 40 cases take hours on lavapipe.
-IDENTITY=(tests/test_llamacpp_greedy.py -k code_edit)
+IDENTITY=(tests/specification/test_llamacpp_greedy.py -k code_edit)
 
 packages() {
     local need=() mesa

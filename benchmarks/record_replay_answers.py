@@ -1,4 +1,4 @@
-"""Records the answers the golden replays (tests/test_controller_replays.py) run on: greedy
+"""Records the answers the golden replays (tests/specification/test_controller_replays.py) run on: greedy
 answers of the embedded SmolLM2-135M to the bench suite and the wide set, as token ids.
 
     python benchmarks/record_replay_answers.py [--tokens 160] [--out tests/data/replay_answers.json]

@@ -1,5 +1,5 @@
 """Which rule of the draft-length controller earns what: the golden replays
-(tests/test_controller_replays.py: recorded SmolLM2 answers, fixed cost curves, simulated
+(tests/specification/test_controller_replays.py: recorded SmolLM2 answers, fixed cost curves, simulated
 clock) with each rule switched off in turn, as total speedup over plain decoding.
 
     python benchmarks/replay_rules.py [--curves NAME,NAME] [--doctor REPORT.json ...] [--today]

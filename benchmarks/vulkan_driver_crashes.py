@@ -7,7 +7,7 @@ one: an unpacked mesa-vulkan-drivers 22.3.6 .deb beside the installed Mesa 25, s
 Scenarios: flash attention on, a 3-token pass after a 1-token pass; flash attention off with
 the graph's argmax on; the same with it off (the host's argmax), which separates the argmax
 from the rest of the pass; both again on a one-token block after a prompt pass without
-outputs (what tests/test_llamacpp_device_greedy.py does first); and plain llama.cpp
+outputs (what tests/backends/llamacpp/test_llamacpp_device_greedy.py does first); and plain llama.cpp
 (llama-cpp-python's own Llama, no localspec code) doing the first scenario. Prints each one's
 exit status (-11 is SIGSEGV, -6 SIGABRT).
 """
@@ -31,7 +31,7 @@ runtime = runtime_for(target, strategy="ngram", draft_tokens=4)
 print(runtime.generate("Count: 1 2 3 4 5", max_tokens=16, temperature=0).text)
 """
 
-# tests/test_llamacpp_device_greedy.py's first steps: a prompt pass without outputs, then the
+# tests/backends/llamacpp/test_llamacpp_device_greedy.py's first steps: a prompt pass without outputs, then the
 # graph's argmax on a one-token block.
 AFTER_PROMPT = """
 from localspec.backends.llamacpp.backend import LlamaCppBackend

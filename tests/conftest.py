@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import platformdirs
 import pytest
@@ -20,9 +19,6 @@ from filelock import FileLock
 
 from localspec.core.errors import LocalspecError
 from localspec.core.protocol import Backend
-
-if TYPE_CHECKING:
-    from localspec.testing.fakehub import FakeHub
 
 TEST_N_CTX = 2048
 
@@ -78,19 +74,6 @@ def smollm2_q4_1(smollm2_gguf: Path) -> Path:
     """The embedded default model, for tests that run it in llama.cpp."""
     pytest.importorskip("llama_cpp", reason="the real-model tests need llama-cpp-python")
     return smollm2_gguf
-
-
-@pytest.fixture
-def fake_hub(tmp_path: Path, temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    """An empty fake Hugging Face hub (localspec.testing.fakehub), with a hub cache and a user
-    directory of this test's own and no token."""
-    from localspec.testing.fakehub import FakeHub
-
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    temporary_localspec_home.mkdir(parents=True, exist_ok=True)
-    with FakeHub() as hub:
-        yield hub
 
 
 class DerivedModels:

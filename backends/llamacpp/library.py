@@ -137,7 +137,7 @@ def flash_attention() -> int:
     """llama.cpp's flash attention: llama.cpp's own choice (on wherever the device has the
     kernel). Off decodes faster on the CPU at long contexts (benchmarks/flash_attention.py),
     but greedy speculative output then drifts from plain decoding after a rollback
-    (tests/test_llamacpp_greedy.py), so only LLAMA_ARG_FLASH_ATTN (on, off, auto), llama.cpp's
+    (tests/specification/test_llamacpp_greedy.py), so only LLAMA_ARG_FLASH_ATTN (on, off, auto), llama.cpp's
     own variable, turns it off."""
     chosen = os.environ.get("LLAMA_ARG_FLASH_ATTN", "").strip().lower()
     return int(FLASH_ATTN.get(chosen, FLASH_ATTN["auto"]))

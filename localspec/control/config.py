@@ -1,5 +1,5 @@
 """Every tunable of the draft-length controller, its cost model and its calibration, in one
-place: what a replay (tests/test_controller_replays.py) varies, and what a new rule adds to.
+place: what a replay (tests/specification/test_controller_replays.py) varies, and what a new rule adds to.
 
 The figures behind the values are in BENCHMARKS.md ("which rule earns what") and the
 benchmarks each field names; a field changed here must move a replay number.

@@ -3,7 +3,7 @@ simulated target on a simulated clock: every verify pass "costs" what a fixed co
 (plus llama.cpp's graph rebuild when its size differs from the pass before), and the target's
 choice is the recorded answer's token. A controller change is then judged on every prompt
 and every machine's curve in a second, without timing noise (benchmarks/replay_drafters.py;
-the golden replays in tests/test_controller_replays.py).
+the golden replays in tests/specification/test_controller_replays.py).
 
 A draft model at a constant acceptance on a measured curve (a GPU's, say) is projected the
 same way, without answers: constant_acceptance, and projection_rows for the benchmarks' tables.

@@ -6,7 +6,7 @@ An MTP pair gets each engine's own MTP settings: the target's head for Qwen3.5/3
 4, its assistant: on llama-server the GGUF (the mtp-*.gguf sidecar pulled beside the target,
 or the pair's drafter file), on vLLM the assistant's safetensors repo.
 
-Flag and field names follow each engine's documentation; tests/test_export.py keeps them
+Flag and field names follow each engine's documentation; tests/models/test_export.py keeps them
 with their sources.
 """
 

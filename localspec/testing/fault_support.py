@@ -1,6 +1,6 @@
 """Fault injection for the runtime: Ctrl+C at random points of prefill and decode, cancelled
 and abandoned streams, and a check after each that the runtime answers exactly as a fresh
-one does. Shared by tests/test_fault_injection.py (a few cases per backend, for CI) and
+one does. Shared by tests/robustness/test_fault_injection.py (a few cases per backend, for CI) and
 benchmarks/fault_injection.py (the full counts, printed as a table)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 mutated (types, counts, lengths, alignment, nesting, versions, tensor descriptions, bytes) and
 written back, then opened the ways localspec opens a model. Every outcome must be a header
 or a ModelLoadError; any other exception, or a case slower than SLOW_CASE_SECONDS, is a
-failure. Shared by tests/test_gguf_fuzz.py (a fixed seed set) and
+failure. Shared by tests/robustness/test_gguf_fuzz.py (a fixed seed set) and
 benchmarks/fault_injection.py (--gguf-cases, more seeds)."""
 
 from __future__ import annotations

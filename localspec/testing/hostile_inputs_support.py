@@ -1,6 +1,6 @@
 """Issue 47's hostile inputs as counted cases for benchmarks/fault_injection.py (each class also
-has its own regression tests: tests/test_hostile_inputs.py, tests/test_hub_stall.py,
-tests/test_rpc_guard.py): chat templates that loop without printing, hubs that trickle a byte
+has its own regression tests: tests/robustness/test_hostile_inputs.py, tests/models/test_hub_stall.py,
+tests/backends/llamacpp/test_rpc_guard.py): chat templates that loop without printing, hubs that trickle a byte
 at a time, and symlink loops given as models. Every case runs under a bound, so a hang counts
 as a failure instead of stalling the run."""
 

@@ -304,7 +304,7 @@ def disk_writes() -> Tally:
 
 def abandoned_prompts(cases: int, seed: int) -> Tally:
     """The chat quit at a random moment of a slow prefill keeps the prompt, marked unanswered
-    (driven headless with Textual's Pilot, as tests/test_tui_unanswered.py does)."""
+    (driven headless with Textual's Pilot, as tests/tui/test_tui_unanswered.py does)."""
     from localspec.core.sampling import SamplingConfig
     from localspec.testing.tui_support import ready, send, slow_runtime, wait_for
     from localspec.tui import ChatApp, ChatSettings

@@ -1,7 +1,7 @@
 """Hostile schemas and tool definitions against a live `localspec serve` (issue 47): each case
 a request and what must come back, a 400 naming the field or an answer that never claims a
 "stop" its grammar did not reach, with the server still up after it. Shared by
-tests/test_server_lenient.py (every case, for CI) and benchmarks/fault_injection.py (the
+tests/server/test_server_lenient.py (every case, for CI) and benchmarks/fault_injection.py (the
 "schemas" and "tools" rows, with the slow pattern case besides)."""
 
 from __future__ import annotations

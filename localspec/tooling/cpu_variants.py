@@ -10,7 +10,7 @@ host cannot run AVX-512 kernels, so there the AVX-512 side is left to an AVX-512
 
     python -m localspec.tooling.cpu_variants build haswell      # ~3 minutes on 2 cores
     python -m localspec.tooling.cpu_variants list
-    python -m localspec.tooling.cpu_variants run haswell -- python -m pytest tests/test_host_kinds.py
+    python -m localspec.tooling.cpu_variants run haswell -- python -m pytest tests/backends/llamacpp/test_host_kinds.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The chat's keys can be found and work where the user is: PageUp scrolls from the prompt,
 the settings open on a field, typing goes on in the prompt after a dialog, the footer says
-how to quit. Driven headless with Pilot, as tests/test_tui_app.py does."""
+how to quit. Driven headless with Pilot, as tests/tui/test_tui_app.py does."""
 
 from __future__ import annotations
 

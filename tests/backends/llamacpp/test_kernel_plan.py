@@ -82,7 +82,8 @@ def test_without_llamafile_and_flash_attention_every_length_is_exact() -> None:
 def test_the_plan_says_up_to_which_prompt_block_a_fresh_evaluation_sums_as_one_token_passes(
     types: set[int], switches: dict[str, Any], rows: int | None, kernel: str
 ) -> None:
-    # The row counts measured on AVX2 and AVX-512 (VNNI, BF16) builds alike (tests/test_host_kinds.py).
+    # The row counts measured on AVX2 and AVX-512 (VNNI, BF16) builds alike
+    # (tests/backends/llamacpp/test_host_kinds.py).
     known = kernel_plan(types, **CPU | switches).exactness
     assert known.prompt_rows == rows and kernel in known.prompt_why
 
@@ -95,7 +96,7 @@ def test_a_prefix_reused_from_decode_steps_is_judged_against_the_fresh_evaluatio
     assert "flash attention's tiled kernel" in reused.fresh_inexact_reason
     assert reused.bit_exact is True  # still plain decoding's answer on that cache
     # A short prompt's reuse of rows one-token passes computed is exact and not recorded as a
-    # reuse at all (Engine._exact_keep, tests/test_exact_reuse.py); one the engine records had
+    # reuse at all (Engine._exact_keep, tests/server/test_exact_reuse.py); one the engine records had
     # its rows from a larger block, which may part even where the fresh block is small.
     short = Stats(strategy="none", prompt_tokens=40, generated_tokens=20, reused_tokens=10, reused_fresh_rows=39)
     judge(short, known, greedy=True)

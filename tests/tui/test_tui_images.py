@@ -1,6 +1,6 @@
 """`localspec chat` with images: `/image PATH` attaches one to the next message, the transcript
 shows it, the conversation keeps it; driven headless with Pilot on the tiny vision pair
-(tests/test_images.py), loaded by the chat's own loader as `localspec chat --mmproj` does."""
+(tests/images/test_images.py), loaded by the chat's own loader as `localspec chat --mmproj` does."""
 
 from __future__ import annotations
 

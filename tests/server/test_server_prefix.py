@@ -85,7 +85,7 @@ def reply(client: openai.OpenAI, messages: list[dict[str, str]], **extra: Any) -
 def test_cache_prompt_true_reuses_the_previous_answers_cache_and_says_it_may_part(client, fresh) -> None:
     # The previous answer's cache was evaluated a few tokens a pass; a fresh evaluation takes the
     # follow-up in one block of 64+ tokens, which flash attention's tiled kernel sums in F32 where a
-    # one-token pass rounds to F16, on AVX2 and AVX-512 hosts alike (tests/test_host_kinds.py). So
+    # one-token pass rounds to F16, on AVX2 and AVX-512 hosts alike (tests/backends/llamacpp/test_host_kinds.py). So
     # the reused answer may tip a near-tie another way (it does on AVX-512 VNNI/BF16 hosts, not on
     # AVX2 ones): what holds everywhere is that the reuse happens, is reproducible, and is said.
     first, expected = fresh

@@ -10,17 +10,15 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from repo_paths import DATA
 
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import Truth, calibration_from_doctor, replay, replay_session
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.ngram import NgramDrafter
 from localspec.tooling.bench import geometric_mean
-
-DATA = Path(__file__).parent / "data"
 
 SESSIONS = json.loads((DATA / "session_answers.json").read_text())
 CURVES = json.loads((DATA / "replay_curves.json").read_text())

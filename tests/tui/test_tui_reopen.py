@@ -1,6 +1,6 @@
 """The chat picks up where the user left it: the last chat reopens, and the settings applied
 last (model, strategy, draft length, temperature) are the next start's, unless the command
-line says otherwise. Driven headless with Pilot, as tests/test_tui_app.py does."""
+line says otherwise. Driven headless with Pilot, as tests/tui/test_tui_app.py does."""
 
 from __future__ import annotations
 

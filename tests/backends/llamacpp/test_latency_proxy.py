@@ -8,14 +8,14 @@ import socketserver
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from repo_paths import ROOT
 
 
 def _load_proxy() -> ModuleType:
-    path = Path(__file__).parent.parent / "benchmarks" / "latency_proxy.py"
+    path = ROOT / "benchmarks" / "latency_proxy.py"
     spec = importlib.util.spec_from_file_location("latency_proxy", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,6 +1,6 @@
 """The chat keeps what the user typed (issue 33): a prompt sent and abandoned before the first
 token (quitting during prefill) is saved marked unanswered, and reopening the chat puts it
-back in the input. Driven headless with Pilot, as tests/test_tui_app.py does."""
+back in the input. Driven headless with Pilot, as tests/tui/test_tui_app.py does."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from localspec.models.default_model import DEFAULT_MODEL
 from localspec.models.registry import (
@@ -20,7 +21,7 @@ from localspec.models.registry import (
 )
 from localspec.testing.fakehub import model_toml, pair_toml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = ROOT
 
 MODEL = model_toml("mine", "me/mine-GGUF", ["mine.gguf"], "1B", family="qwen2.5")
 PAIR = pair_toml(

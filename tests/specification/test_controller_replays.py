@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import DATA
 
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import (
@@ -35,7 +35,6 @@ from localspec.control.replay import (
     score,
 )
 
-DATA = Path(__file__).parent / "data"
 ANSWERS: dict[str, Any] = json.loads((DATA / "replay_answers.json").read_text())
 CURVES: dict[str, dict[str, Any]] = json.loads((DATA / "replay_curves.json").read_text())
 

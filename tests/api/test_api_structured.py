@@ -81,7 +81,7 @@ DIGITS = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
 @pytest.mark.parametrize("cfg", [GREEDY, SamplingConfig(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
 def test_the_reference_model_drafter_keeps_constrained_output_identical(cfg: SamplingConfig) -> None:
     """Greedy: identical by construction of the acceptance rule; seeded sampling: every
-    strategy's answer must at least parse (the law itself: tests/test_sampling_grammar.py)."""
+    strategy's answer must at least parse (the law itself: tests/core/test_sampling_grammar.py)."""
     texts = {
         s: reference_pair(s).generate("n: ", max_tokens=24, sampling=cfg, json_schema=DIGITS, **EXACT)
         for s in ("none", "draft")

@@ -1,7 +1,7 @@
 """A pair that names its target's vision projector (`mmproj` in models.toml): `pull` fetches it
 beside the target, loading the pair reads images without `--mmproj`, `export --to
 llama-server` passes it, `rm` deletes it. Against the fake hub on 127.0.0.1, with the tiny
-vision pair of tests/test_images.py as the repo's files."""
+vision pair of tests/images/test_images.py as the repo's files."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Snapshots of the chat's main screens (pytest-textual-snapshot). Deterministic: the reference
 backend, stored conversations with stored figures, a fixed terminal size and time zone.
-Refresh after an intended change with `pytest tests/test_tui_snapshots.py --snapshot-update`."""
+Refresh after an intended change with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend tests need llama-cpp-python")
 
+from repo_paths import DATA
 from scipy.stats import chisquare
 from test_llamacpp_tree import END, GREEDY, SAMPLED, exact_first_two, generate
 from test_tree import EveryBranch
@@ -142,7 +143,7 @@ def test_sampled_trees_of_drafters_reading_the_target_follow_its_law(
 
 
 def h200_curve() -> CostCurve:
-    curves = json.loads((Path(__file__).parent / "data" / "replay_curves.json").read_text())
+    curves = json.loads((DATA / "replay_curves.json").read_text())
     return CostCurve([t / 1e3 for t in curves["gpu-h200-llama-3.1-8b-bf16"]["verify_ms"]])
 
 

@@ -9,16 +9,16 @@ import importlib.util
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from repo_paths import ROOT
 
 from localspec.api import Runtime, runtime_for
 from localspec.core.protocol import Backend
 
 pytestmark = pytest.mark.model
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 BOUND_SECONDS = 120  # a bound, not a timing: each example answers a few dozen tokens
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import overload
 
 import numpy as np
+from repo_paths import DATA
 
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters.matching import longest_match
@@ -18,7 +18,7 @@ from localspec.drafters.memory import NgramMemory
 from localspec.drafters.ngram import CANDIDATES, MAX_SUPPORT, NgramDrafter
 
 GREEDY = SamplingConfig(temperature=0.0)
-SESSIONS = json.loads((Path(__file__).parent / "data" / "session_answers.json").read_text())["sessions"]
+SESSIONS = json.loads((DATA / "session_answers.json").read_text())["sessions"]
 DOCUMENTS = [list(r["prompt"]) + list(r["answer"]) for reqs in SESSIONS.values() for r in reqs]
 # One line repeated with a changing value (a list, a CSV): every step's last token occurred at
 # dozens of earlier places that each match far back, a full search's worst case.

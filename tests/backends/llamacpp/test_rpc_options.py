@@ -1,5 +1,5 @@
 """--rpc, load(rpc=) and a pair's `rpc` key: checked before anything is loaded, so these
-run where llama.cpp has no RPC backend too (tests/test_rpc.py runs the real servers)."""
+run where llama.cpp has no RPC backend too (tests/backends/llamacpp/test_rpc.py runs the real servers)."""
 
 from __future__ import annotations
 

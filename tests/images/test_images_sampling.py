@@ -1,9 +1,9 @@
 """Speculative sampling on an image prompt draws the first two tokens from the target's own
-law, as on text (tests/test_llamacpp_sampling.py, whose exact law and chi-square test are used
+law, as on text (tests/specification/test_llamacpp_sampling.py, whose exact law and chi-square test are used
 here): the prompt's image positions are decoded from the projector's rows, and n-gram lookup
 and the memory of earlier requests draft the text after them.
 
-The tiny vision pair of tests/test_images.py, one thread; 1000 seeded runs a law (about 2 s).
+The tiny vision pair of tests/images/test_images.py, one thread; 1000 seeded runs a law (about 2 s).
 """
 
 from __future__ import annotations
