@@ -12,7 +12,6 @@ have it, and wrong (its guesses rolled back) where the image changes it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,10 @@ def question(seed: int | None, text: str = "What is in the picture?") -> list[di
 @pytest.fixture(scope="module")
 def plain_answers(files: dict[str, Path]) -> dict[int | None, list[int]]:
     with opened(files, "none") as plain:
-        return {seed: list(plain.generate(messages=question(seed), max_tokens=N, temperature=0).tokens) for seed in (0, OTHER, None)}
+        return {
+            seed: list(plain.generate(messages=question(seed), max_tokens=N, temperature=0).tokens)
+            for seed in (0, OTHER, None)
+        }
 
 
 # -- a separate draft model ------------------------------------------------------------------------
@@ -113,7 +115,10 @@ def test_one_runtime_answers_images_then_text_exactly_as_plain_decoding(
     # prompt must not stand for another's text, nor the text-only prompt's.
     with opened(files, "draft") as runtime:
         for seed in (0, OTHER, None, 0):
-            assert list(runtime.generate(messages=question(seed), max_tokens=N, temperature=0).tokens) == plain_answers[seed]
+            assert (
+                list(runtime.generate(messages=question(seed), max_tokens=N, temperature=0).tokens)
+                == plain_answers[seed]
+            )
 
 
 # -- heads that read the target's states ------------------------------------------------------------
