@@ -65,17 +65,17 @@ class ModelDrafter:
         self.branching = 0
         self._agreed = 0  # the length of the drafter's view the cache agreed with at the last draft
         self._reads_images = bool(getattr(backend, "reads_image_positions", False))
-        # The request's prompt and the drafter's view of it (start): images sit in the prompt
-        # only, so a later context's view is this one's and the text after it.
-        self._prompt: tuple[int, Sequence[int]] = (0, ())
+        # A prompt holding images (start): its length and the drafter's view of it. Images sit
+        # in the prompt only, so a later context's view is this one's and the text after it.
+        self._imaged: tuple[int, list[int]] | None = None
 
     def _view(self, context: Sequence[int]) -> Sequence[int]:
         """The context as this drafter reads it: a prompt's image positions left out unless it
         reads them (see the module doc); the context itself for a prompt without images."""
-        length, seen = self._prompt
-        if length == len(seen) or len(context) < length:
-            return context if length == len(seen) else [t for t in context if t >= 0]
-        return [*seen, *context[length:]]
+        if self._imaged is None:
+            return context
+        length, seen = self._imaged
+        return [*seen, *context[length:]] if len(context) >= length else [t for t in context if t >= 0]
 
     def _readable(self, tokens: Sequence[int]) -> bool:
         # Image positions (below 0) are out of the view, or read by the drafter itself.
@@ -88,8 +88,8 @@ class ModelDrafter:
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         self.off_notice = None
-        images = not self._reads_images and any(t < 0 for t in context)
-        self._prompt = (len(context), [t for t in context if t >= 0] if images else context)
+        images = not self._reads_images and len(context) > 0 and min(context) < 0
+        self._imaged = (len(context), [t for t in context if t >= 0]) if images else None
         view = self._view(context)
         if not view or not self._readable(view):
             return
