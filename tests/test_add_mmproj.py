@@ -53,6 +53,11 @@ def test_a_projector_beside_the_target_made_for_another_width_is_left_out(tmp_pa
     assert add_local_pair("plain", target).mmproj is None
 
 
+def test_a_broken_file_named_mmproj_beside_the_target_is_passed_over(vision: tuple[Path, Path]) -> None:
+    (vision[0].parent / "mmproj-partial.gguf").write_bytes(vision[1].read_bytes()[:100])
+    assert resolve_pair(add_local_pair("eyes", vision[0]).id).mmproj == vision[1]
+
+
 def test_a_projector_given_for_another_width_is_refused_and_nothing_written(
     vision: tuple[Path, Path], tmp_path: Path
 ) -> None:

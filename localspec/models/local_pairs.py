@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from localspec.core.choices import FEATURE_DRAFTERS, DraftTokens
-from localspec.core.errors import InvalidRequestError, PairMismatchError
+from localspec.core.errors import InvalidRequestError, ModelLoadError, PairMismatchError
 from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.core.protocol import vocab_mismatch
 from localspec.models.registry import Pair, load_registry, user_registry_file
@@ -96,11 +96,19 @@ def _projector(target: Path, given: Path | None) -> Path | None:
             raise InvalidRequestError(f"{path.name} cannot read images for {target.name}: {why}", _MMPROJ_FIX)
         return path
     beside = sorted(p for p in target.parent.glob("*.gguf") if "mmproj" in p.name.lower() and p != target)
-    fitting = [p for p in beside if _is_projector(p) and _projector_misfit(target, p) is None]
+    fitting = [p for p in beside if _fits_beside(target, p)]
     if len(fitting) > 1:
         names = ", ".join(p.name for p in fitting)
         raise InvalidRequestError(f"several projectors beside {target.name} fit it: {names}", "pick one with --mmproj")
     return fitting[0] if fitting else None
+
+
+def _fits_beside(target: Path, candidate: Path) -> bool:
+    """Whether a file found beside the target is a projector for it (one unreadable is not)."""
+    try:
+        return _is_projector(candidate) and _projector_misfit(target, candidate) is None
+    except ModelLoadError:  # a cut or foreign file that happens to be named mmproj
+        return False
 
 
 _MMPROJ_FIX = "give the projector made for this model (its repo's mmproj-*.gguf)"
