@@ -2,9 +2,12 @@
 prompt's prefill, on the tiny vision pair the tests write (localspec/testing/vision_writer.py:
 a 3-block, 64-wide random llama and a LLaVA-style projector whose image takes 16 positions).
 
-    python benchmarks/images.py [--answers 4] [-n 48] [--threads 1] [--repeats 5] [--json FILE]
+    python benchmarks/images.py [--strategy ngram] [--answers 4] [-n 48] [--threads 1] [--repeats 5] [--json FILE]
 
-n-gram lookup (own text only, no memory: each request stands alone) answers the same
+n-gram lookup (own text only, no memory: each request stands alone), or with --strategy a
+drafter written beside the pair (draft: the target's weights perturbed a little, a separate
+model that drafts from the text around the image; eagle3 or dflash: a random head reading
+the target's states), answers the same
 questions as text and with an image before their text, greedy; printed side by side: drafted,
 accepted, acceptance, tokens per target pass (load-free) and tokens/s. Then, per image prompt,
 the prefill that encodes a new image (the projector's pass, then the target's over the
@@ -27,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from localspec.api import Runtime, load
+from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.testing.vision_writer import png_bytes, write_vision_pair
+
+STRATEGIES = ("ngram", "draft", "eagle3", "dflash")
 
 QUESTIONS = (
     "What is in the picture?",
@@ -118,10 +126,22 @@ def encode_against_prefill(rt: Runtime, repeats: int) -> dict[str, Any]:
     }
 
 
-def report(sides: dict[str, Side], costs: dict[str, Any], n: int, answers: int) -> str:
+def drafter_file(strategy: str, target: Path, folder: Path) -> Path | None:
+    """The drafter a strategy runs with on the tiny pair (None: n-gram lookup needs none)."""
+    if strategy == "draft":  # close to the target: it agrees where the image does not change the answer
+        return write_gguf(Spec(arch="llama", noise=0.05), folder / "draft.gguf")
+    if strategy == "eagle3":
+        return write_eagle3_gguf(Spec(arch="llama"), HeadSpec(), folder / "eagle3.gguf")
+    if strategy == "dflash":
+        return write_dflash_gguf(target, folder / "dflash.gguf", DFlashSpec(target_layers=(1, 2)))
+    return None
+
+
+def report(sides: dict[str, Side], costs: dict[str, Any], n: int, answers: int, strategy: str) -> str:
     rows = {name: side.row() for name, side in sides.items()}
+    what = "n-gram lookup (no memory)" if strategy == "ngram" else f"strategy {strategy}"
     lines = [
-        f"n-gram lookup (no memory), greedy, {answers} answers of {n} tokens a side",
+        f"{what}, greedy, {answers} answers of {n} tokens a side",
         f"{'':22}{'text prompts':>14}{'image prompts':>15}",
     ]
     for key, fmt in (
@@ -149,6 +169,7 @@ def report(sides: dict[str, Side], costs: dict[str, Any], n: int, answers: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategy", choices=STRATEGIES, default="ngram", help="who drafts")
     parser.add_argument("--answers", type=int, default=4, help="questions asked a side")
     parser.add_argument("-n", type=int, default=48, help="tokens an answer")
     parser.add_argument("--threads", type=int, default=1)
@@ -157,11 +178,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         target, projector = write_vision_pair(Path(folder))
+        drafter = drafter_file(args.strategy, target, Path(folder))
         started = time.perf_counter()
         with load(
             str(target),
             mmproj=str(projector),
-            strategy="ngram",
+            strategy=args.strategy,
+            draft_model=str(drafter) if drafter else None,
             draft_tokens="auto",
             memory=False,
             calibrate=False,
@@ -170,7 +193,7 @@ def main() -> None:
         ) as rt:
             sides = speculation(rt, args.answers, args.n)
             costs = encode_against_prefill(rt, args.repeats)
-    print(report(sides, costs, args.n, args.answers))
+    print(report(sides, costs, args.n, args.answers, args.strategy))
     print(f"\n(whole run {time.perf_counter() - started:.1f} s; random weights: plumbing figures, not a real model's)")
     if args.json:
         figures = {

@@ -18,6 +18,10 @@ runs at the trained block size, and a block is cut short where the rest would no
 The cache holds injected features for the committed text only: positions are injected just
 before a block is drafted, once the target has kept their tokens, and the block's own keys
 and values are dropped after its pass. Nothing a verify pass rejected ever reaches it.
+
+On a prompt holding an image (vision.py) the image's positions are injected as any others:
+their features are the target's, decoded from the image's rows, so the drafter sees the
+image through the target and needs no projector of its own.
 """
 
 from __future__ import annotations
@@ -224,7 +228,7 @@ class DFlashDrafter:
         self._live()
         at = len(context) - 1  # the anchor: the target's last token, which it has not evaluated yet
         n = min(n, self.most, self._target.info.n_ctx - at - 1)
-        if n <= 0:
+        if n <= 0 or context[-1] < 0:  # an anchor is a token: a prompt ending on an image waits a step
             return Draft()
         self._rollback(min(common_prefix(self._tokens, context), at))
         self._inject(at)

@@ -6,6 +6,12 @@ q-1 (HeadOfTarget), else the head's own output there, set as the token's embeddi
 batch; each output's state (llama.cpp's nextn embeddings) is kept for the positions after it.
 The heads differ in where a state comes from (_states_for) and how a token's cache position
 follows from its own (shift).
+
+On a prompt holding an image (vision.py) a head reads every position, the image's too, at
+the target's own positions: there the state it reads is the target's (decoded from the
+image's rows, so the image reaches the head through it), and the token is a fixed stand-in
+(IMAGE_STAND_IN), since a head embeds token ids and an image position has none. Any stand-in
+keeps the output exact (the target verifies every guess); it only shapes acceptance.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from localspec.core.protocol import Backend, Logits, LogitsMode
 from localspec.core.records import HeadOfTarget
 
 from .features import HiddenRows
+
+# The token a head reads at an image position (see the module doc): llama.cpp's draft-simple
+# feeds a draft model zeros there; a head's graph takes token ids, so a fixed one it is.
+IMAGE_STAND_IN = 0
 
 
 def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int) -> Any:
@@ -45,6 +55,9 @@ class ContextHead(HeadOfTarget[np.ndarray]):
     # Whether the head's graph computes its output for every token of a pass, so that a pass
     # costs the same whichever rows are outputs (EAGLE-3's; see _pass).
     every_row = False
+    # Image positions are read at the target's positions (module doc): ModelDrafter passes
+    # a prompt's image ids through rather than leaving them out of the head's view.
+    reads_image_positions = True
 
     def __init__(self, target: Backend, ctx: Any, states: HiddenRows, width: int, model: Any = None) -> None:
         """ctx: the head's context; states: the target's rows it reads; width: its states';
@@ -57,6 +70,13 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = width
         self._vocab = target.info.n_vocab
+
+    def _admit(self, tokens: Sequence[int], logits: str) -> int:
+        """As HeadOfTarget's, an image's ids checked as their stand-in and recorded as they are
+        (so that _known matches them against the target's record)."""
+        past = super()._admit([t if t >= 0 else IMAGE_STAND_IN for t in tokens], logits)
+        self._tokens[past:] = [int(t) for t in tokens]
+        return past
 
     def _states_for(self, qs: list[int]) -> list[tuple[np.ndarray, bool]]:
         """The state each of these positions is read with, and whether it is the target's."""
@@ -107,7 +127,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         states: list[np.ndarray] = []  # kept alive until the pass has read them
         read = self._states_for([q for q, _, _ in entries])
         for (q, token, _), (state, exact) in zip(entries, read, strict=True):
-            idx = llama.llama_batch_ext_add_token(self._batch, 0, token)
+            idx = llama.llama_batch_ext_add_token(self._batch, 0, token if token >= 0 else IMAGE_STAND_IN)
             position = llama.llama_pos(q - self.shift if at is None else at)
             llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
             states.append(np.ascontiguousarray(state, dtype=np.float32))

@@ -1,4 +1,4 @@
-"""`localspec add NAME --target T.gguf [--drafter D.gguf]`: a pair of your own GGUF files."""
+"""`localspec add NAME --target T.gguf [--drafter D.gguf] [--mmproj P.gguf]`: a pair of your own GGUF files."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ def register(sub: Any) -> None:
     p.add_argument("--target", required=True, type=Path, metavar="T.gguf", help="the target model")
     p.add_argument("--drafter", type=Path, metavar="D.gguf", help="the drafter (default: n-gram lookup)")
     p.add_argument(
+        "--mmproj",
+        type=Path,
+        metavar="FILE",
+        help="the target's vision projector (default: an mmproj*.gguf beside the target that fits it)",
+    )
+    p.add_argument(
         "--draft-tokens", type=draft_tokens_arg, default="auto", metavar="N|auto", help="the pair's draft length"
     )
     p.add_argument("--description", default="", help="one line shown by `localspec list`")
@@ -28,9 +34,11 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from localspec.models.local_pairs import add_local_pair
-    from localspec.models.registry import user_registry_file
+    from localspec.models.registry import LocalArtifact, user_registry_file
 
-    pair = add_local_pair(args.name, args.target, args.drafter, args.draft_tokens, args.description)
+    pair = add_local_pair(args.name, args.target, args.drafter, args.draft_tokens, args.description, args.mmproj)
     print(f"added pair {pair.id} to {user_registry_file()}: {pair.description}")
+    if pair.mmproj is not None and isinstance(file := pair.mmproj.artifacts.get("llamacpp"), LocalArtifact):
+        print(f"with the vision projector {file.path.name}: its prompts may hold images (--image, /image)")
     print(f'run it with: localspec run --model {pair.id} "..."  or  localspec chat {pair.id}')
     return 0

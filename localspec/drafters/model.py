@@ -23,6 +23,14 @@ llama.cpp's p_min (common/speculative.cpp, draft and draft-eagle3) differs in tw
 At the same floor this drafter drafts a token more at each stop, and stops a little sooner;
 run by llama.cpp's rule it drafts and accepts what llama.cpp does, at 0 and 0.3
 (benchmarks/eagle3_agreement.py --llama-stop).
+
+A prompt holding images (placeholder ids below 0, backends/llamacpp/vision.py) is read by a
+separate draft model as its text alone: the image positions are left out of the drafter's
+own context, so its positions run on contiguously over the text around them, and it drafts
+from that. The target verifies every guess at its own positions, so what it outputs is
+unchanged; only acceptance is what the missing image costs. A drafter that reads the
+target's positions itself (an MTP or EAGLE-3 head: `reads_image_positions`) gets the context
+as it is.
 """
 
 from __future__ import annotations
@@ -55,32 +63,41 @@ class ModelDrafter:
         # For a tree (localspec.core.tree): the first positions that also offer their second
         # most likely token, a branch tried where the drafted one is rejected.
         self.branching = 0
-        self._agreed = 0  # the context length the cache agreed with at the last draft
+        self._agreed = 0  # the length of the drafter's view the cache agreed with at the last draft
+        self._reads_images = bool(getattr(backend, "reads_image_positions", False))
+        # A prompt holding images (start): its length and the drafter's view of it. Images sit
+        # in the prompt only, so a later context's view is this one's and the text after it.
+        self._imaged: tuple[int, list[int]] | None = None
+
+    def _view(self, context: Sequence[int]) -> Sequence[int]:
+        """The context as this drafter reads it: a prompt's image positions left out unless it
+        reads them (see the module doc); the context itself for a prompt without images."""
+        if self._imaged is None:
+            return context
+        length, seen = self._imaged
+        return [*seen, *context[length:]] if len(context) >= length else [t for t in context if t >= 0]
 
     def _readable(self, tokens: Sequence[int]) -> bool:
-        if self.off_notice is None:
-            bad = next((t for t in tokens if not 0 <= t < self.backend.info.n_vocab), None)
-            if bad is not None and bad < 0:  # an image's position (llama.cpp's vision.py)
-                self.off_notice = (
-                    f"the prompt holds an image, which the drafter {self.backend.info.name} cannot see: "
-                    "drafting is off for the rest of this request"
-                )
-            elif bad is not None:
-                self.off_notice = (
-                    f"token {bad} is beyond the drafter {self.backend.info.name}'s vocabulary of "
-                    f"{self.backend.info.n_vocab}: drafting is off for the rest of this request"
-                )
+        # Image positions (below 0) are out of the view, or read by the drafter itself.
+        if self.off_notice is None and (bad := next((t for t in tokens if t >= self.backend.info.n_vocab), None)):
+            self.off_notice = (
+                f"token {bad} is beyond the drafter {self.backend.info.name}'s vocabulary of "
+                f"{self.backend.info.n_vocab}: drafting is off for the rest of this request"
+            )
         return self.off_notice is None
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         self.off_notice = None
-        if not self._readable(context):
+        images = not self._reads_images and len(context) > 0 and min(context) < 0
+        self._imaged = (len(context), [t for t in context if t >= 0]) if images else None
+        view = self._view(context)
+        if not view or not self._readable(view):
             return
-        keep = min(common_prefix(self.backend.cached_tokens(), context), len(context) - 1)
+        keep = min(common_prefix(self.backend.cached_tokens(), view), len(view) - 1)
         self.backend.rollback(keep)
         self._agreed = keep
         if warm:
-            eval_chunked(self.backend, context[keep:-1], "none")
+            eval_chunked(self.backend, view[keep:-1], "none")
 
     def propose(
         self,
@@ -93,12 +110,12 @@ class ModelDrafter:
         """Up to n tokens, ending after the first whose probability is under min_confidence
         (None: this drafter's own floor; localspec.core.protocol.StopsUnsure)."""
         floor = self.min_confidence if min_confidence is None else min_confidence
-        past = self.backend.n_past
-        n = min(n, self.backend.info.n_ctx - len(context) - 1)
-        if n <= 0 or not self._readable(context[past:]):
+        past, view = self.backend.n_past, self._view(context)
+        n = min(n, self.backend.info.n_ctx - len(view) - 1)
+        if n <= 0 or not view or not self._readable(view[past:]):
             return Draft()
-        row = eval_chunked(self.backend, context[past:], "last")[-1]
-        self._agreed = len(context)
+        row = eval_chunked(self.backend, view[past:], "last")[-1]
+        self._agreed = len(view)
         tokens: list[int] = []
         dists: list[Distribution] = []
         branches: list[tuple[int, list[int]]] = []
@@ -121,13 +138,13 @@ class ModelDrafter:
         # The context's last token is evaluated with the first guess in any case.
         if self.off_notice is not None:
             return 0
-        return max(0, len(context) - 1 - self.backend.n_past)
+        return max(0, len(self._view(context)) - 1 - self.backend.n_past)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         # context = committed text; what the drafter cached beyond its accepted part goes. A
         # tree's path may leave the drafted chain for a branch: only the chain's kept tokens
         # (n_accepted) agree with the text.
-        keep = min(self.backend.n_past, len(context) - 1, self._agreed + n_accepted)
+        keep = min(self.backend.n_past, len(self._view(context)) - 1, self._agreed + n_accepted)
         self.backend.rollback(keep)
         self._agreed = keep
 

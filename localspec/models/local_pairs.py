@@ -1,6 +1,11 @@
 """`localspec add NAME --target T.gguf --drafter D.gguf`: a pair of the user's own GGUF files,
 checked (both readable, tokenizers that fit) and written to the user's models.toml as two
-`path =` models and a pair, so it runs with no hub at all."""
+`path =` models and a pair, so it runs with no hub at all.
+
+A vision model's projector (an mmproj GGUF, llama.cpp's `clip` architecture) is recognised
+too: given with --mmproj, or found beside the target (a file in its folder whose name holds
+"mmproj" and whose output width is the target's), and written as the pair's `mmproj`, so
+the pair reads images with no --mmproj at `run`."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import re
 from pathlib import Path
 
 from localspec.core.choices import FEATURE_DRAFTERS, DraftTokens
-from localspec.core.errors import InvalidRequestError, PairMismatchError
+from localspec.core.errors import InvalidRequestError, ModelLoadError, PairMismatchError
 from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.core.protocol import vocab_mismatch
 from localspec.models.registry import Pair, load_registry, user_registry_file
@@ -21,14 +26,20 @@ _HEADER = "# Your own pairs and models, merged over localspec's (`localspec path
 
 
 def add_local_pair(
-    name: str, target: Path, drafter: Path | None = None, draft_tokens: DraftTokens = "auto", description: str = ""
+    name: str,
+    target: Path,
+    drafter: Path | None = None,
+    draft_tokens: DraftTokens = "auto",
+    description: str = "",
+    mmproj: Path | None = None,
 ) -> Pair:
     """Check the files and append the pair to the user's models.toml; returns the pair as
-    the registry now reads it. Nothing is written when a check fails."""
+    the registry now reads it. Nothing is written when a check fails. mmproj: the target's
+    vision projector; None: the one found beside the target, if any (see the module doc)."""
     if not _ID.match(name):
         raise InvalidRequestError(f"{name!r} cannot name a pair", "use lowercase letters, digits, '.', '_' and '-'")
     registry = load_registry()
-    ids = {"target": f"{name}-target", "drafter": f"{name}-drafter"}
+    ids = {"target": f"{name}-target", "drafter": f"{name}-drafter", "mmproj": f"{name}-mmproj"}
     taken = [i for i in (name, *ids.values()) if i in registry.pairs or i in registry.models]
     taken += [name] if any(name in p.aliases for p in registry.pairs.values()) else []
     if taken:
@@ -41,6 +52,13 @@ def add_local_pair(
     for path in files.values():
         check_gguf(str(path))
         check_whole_gguf(path)  # a cut download is refused now, not at the first `run`
+    for role, path in files.items():
+        if _is_projector(path):
+            raise InvalidRequestError(
+                f"{path.name} is a vision projector (mmproj), not a model: it cannot be the pair's {role}",
+                "give it with --mmproj, and the model it was made for as --target",
+            )
+    projector = _projector(files["target"], mmproj)
     if "drafter" in files:
         reason = _mismatch(files["target"], files["drafter"])
         if reason is not None:
@@ -49,9 +67,65 @@ def add_local_pair(
                 "pick a drafter from the target's own family (same tokenizer), or leave out --drafter (n-gram lookup)",
             )
     text = "".join(_model_entry(ids[role], name, path) for role, path in files.items())
+    text += _model_entry(ids["mmproj"], name, projector) if projector is not None else ""
     text += _pair_entry(name, ids, files, _strategy(files), draft_tokens, description)
+    text += f"mmproj = {_quote(ids['mmproj'])}\n" if projector is not None else ""
     _append(user_registry_file(), text)
     return load_registry().pair(name)
+
+
+def _is_projector(path: Path) -> bool:
+    """Whether the GGUF is a vision projector (llama.cpp's mmproj files: architecture clip)."""
+    from localspec.core.gguf_header import read_header
+
+    return read_header(path).architecture == "clip"
+
+
+def _projector(target: Path, given: Path | None) -> Path | None:
+    """The target's projector: the one given, checked; else the one beside it, if one fits."""
+    if given is not None:
+        path = resolve_model_path(given)
+        check_gguf(str(path))
+        check_whole_gguf(path)
+        if not _is_projector(path):
+            raise InvalidRequestError(
+                f"{path.name} is not a vision projector (its architecture is not clip)",
+                "give the mmproj GGUF published beside the model (mmproj-*.gguf)",
+            )
+        if (why := _projector_misfit(target, path)) is not None:
+            raise InvalidRequestError(f"{path.name} cannot read images for {target.name}: {why}", _MMPROJ_FIX)
+        return path
+    beside = sorted(p for p in target.parent.glob("*.gguf") if "mmproj" in p.name.lower() and p != target)
+    fitting = [p for p in beside if _fits_beside(target, p)]
+    if len(fitting) > 1:
+        names = ", ".join(p.name for p in fitting)
+        raise InvalidRequestError(f"several projectors beside {target.name} fit it: {names}", "pick one with --mmproj")
+    return fitting[0] if fitting else None
+
+
+def _fits_beside(target: Path, candidate: Path) -> bool:
+    """Whether a file found beside the target is a projector for it (one unreadable is not)."""
+    try:
+        return _is_projector(candidate) and _projector_misfit(target, candidate) is None
+    except ModelLoadError:  # a cut or foreign file that happens to be named mmproj
+        return False
+
+
+_MMPROJ_FIX = "give the projector made for this model (its repo's mmproj-*.gguf)"
+
+
+def _projector_misfit(target: Path, projector: Path) -> str | None:
+    """Why the projector cannot feed the target (its output width is not the target's), or
+    None; a file that declares no width is left to llama.cpp's check at load."""
+    from localspec.core.gguf_header import read_header
+
+    model, clip = read_header(target), read_header(projector).meta
+    if not clip.get("clip.has_vision_encoder", False):
+        return "it reads no images (no vision encoder)"
+    width, out = model.meta.get(f"{model.architecture}.embedding_length"), clip.get("clip.vision.projection_dim")
+    if isinstance(width, int) and isinstance(out, int) and width != out:
+        return f"its output is {out} wide, the model's embeddings {width}"
+    return None
 
 
 def _model_entry(model_id: str, family: str, path: Path) -> str:
