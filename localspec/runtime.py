@@ -5,10 +5,9 @@ parts live beside it: request (its arguments), prompts, constraints, output and 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from localspec.assembly import Assembly, assemble
 from localspec.constraints import Constraints
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.contention import threads_notice
-from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest, ReusePrefix
+from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars
@@ -25,21 +24,21 @@ from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats
 from localspec.core.textstream import TextAssembler
 from localspec.core.tools import ToolRequest, tool_request
-from localspec.core.validate import check_cancel, check_limits
+from localspec.core.validate import check_limits
 from localspec.drafters import Drafter
 from localspec.events import Completion, Event, Finished, TextDelta, is_finished
 from localspec.output import Answer, Output, dead_end
 from localspec.prompts import Prompt, prepare, prompt_tokens, request_tokens, tool_prompt
-from localspec.request import Asked, Decoding, Request, Stopping, sampling_config
+from localspec.request import Decoding, Options, Request, Stopping, sampling_config
 from localspec.strategies import Plan, Speculation, drafting
 from localspec.turns import CANCELLED, AsyncStream, Turn, Turns, TurnStream
 
 # What callers import from here (localspec.api re-exports the public ones).
 __all__ = [
-    "Asked",
     "Completion",
     "Event",
     "Finished",
+    "Options",
     "Prompt",
     "Request",
     "Runtime",
@@ -109,26 +108,7 @@ class Runtime:
         request runs, so a prompt that does not fit is refused before it waits its turn."""
         return prepare(self.target, prompt, messages)
 
-    def stream(
-        self,
-        prompt: str | Sequence[int] | Prompt | None = None,
-        *,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        max_tokens: int = 256,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | type | None = None,
-        json_schema: Mapping[str, Any] | type | None = None,
-        timeout: float | None = None,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-        logprobs: bool = False,
-        top_logprobs: int | None = None,
-        reuse_prefix: ReusePrefix = "any",
-        speculation: Speculation | Mapping[str, Any] | None = None,
-        **knobs: Any,
-    ) -> Stream:
+    def stream(self, prompt: str | Sequence[int] | Prompt | None = None, **options: Unpack[Options]) -> Stream:
         """A Stream of TextDelta events as text becomes final, then one Finished event. It
         takes the runtime now (waiting in line while another request holds it, at most
         `timeout` seconds, then RuntimeBusyError) and keeps it until it ends: close() it, from
@@ -149,63 +129,14 @@ class Runtime:
         {"strategy": "none"} decodes plainly, {"draft_tokens": 4} fixes the draft length,
         {"max_draft": 8} caps it, {"min_confidence": 0.5} ends a draft model's or a head's drafts
         after a token it gives under 50 %; the answer is the same, only the speed changes."""
-        check_cancel(cancel)
-        request = Request(
-            prompt,
-            messages,
-            max_tokens,
-            stop,
-            cancel,
-            sampling,
-            response_format,
-            json_schema,
-            timeout,
-            knobs,
-            Asked(tools, tool_choice, logprobs, top_logprobs),
-            reuse_prefix,
-            speculation,
-        )
+        request = Request.of(prompt, options)
         turn: Turn[Event] = Turn()
         self._start(request, turn)
         return Stream(self._turns, turn)
 
-    def generate(
-        self,
-        prompt: str | Sequence[int] | Prompt | None = None,
-        *,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        max_tokens: int = 256,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | type | None = None,
-        json_schema: Mapping[str, Any] | type | None = None,
-        timeout: float | None = None,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-        logprobs: bool = False,
-        top_logprobs: int | None = None,
-        reuse_prefix: ReusePrefix = "any",
-        speculation: Speculation | Mapping[str, Any] | None = None,
-        **knobs: Any,
-    ) -> Completion:
+    def generate(self, prompt: str | Sequence[int] | Prompt | None = None, **options: Unpack[Options]) -> Completion:
         """stream()'s answer in one piece."""
-        check_cancel(cancel)
-        request = Request(
-            prompt,
-            messages,
-            max_tokens,
-            stop,
-            cancel,
-            sampling,
-            response_format,
-            json_schema,
-            timeout,
-            knobs,
-            Asked(tools, tool_choice, logprobs, top_logprobs),
-            reuse_prefix,
-            speculation,
-        )
+        request = Request.of(prompt, options)
         turn: Turn[Event] = Turn()
         self._start(request, turn)
         answer = Answer()
@@ -216,86 +147,22 @@ class Runtime:
         raise AssertionError("a stream always ends with a Finished event")
 
     def astream(
-        self,
-        prompt: str | Sequence[int] | Prompt | None = None,
-        *,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        max_tokens: int = 256,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | type | None = None,
-        json_schema: Mapping[str, Any] | type | None = None,
-        timeout: float | None = None,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-        logprobs: bool = False,
-        top_logprobs: int | None = None,
-        reuse_prefix: ReusePrefix = "any",
-        speculation: Speculation | Mapping[str, Any] | None = None,
-        **knobs: Any,
+        self, prompt: str | Sequence[int] | Prompt | None = None, **options: Unpack[Options]
     ) -> AsyncStream[Event]:
         """stream() for asyncio: `async for event in runtime.astream(...)`. The request is
         checked, waits its turn and runs in a thread of its own, so the event loop is never
         blocked, even while another request holds the runtime; errors are raised where the
         events are read. Cancelling the task that reads it (or `aclose()`, or leaving
         `async with runtime.astream(...) as events:`) stops the request without waiting."""
-        check_cancel(cancel)
-        request = Request(
-            prompt,
-            messages,
-            max_tokens,
-            stop,
-            cancel,
-            sampling,
-            response_format,
-            json_schema,
-            timeout,
-            knobs,
-            Asked(tools, tool_choice, logprobs, top_logprobs),
-            reuse_prefix,
-            speculation,
-        )
+        request = Request.of(prompt, options)
         return AsyncStream(self._turns, lambda turn: self._start(request, turn))
 
     async def agenerate(
-        self,
-        prompt: str | Sequence[int] | Prompt | None = None,
-        *,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        max_tokens: int = 256,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        sampling: SamplingConfig | None = None,
-        response_format: Mapping[str, Any] | type | None = None,
-        json_schema: Mapping[str, Any] | type | None = None,
-        timeout: float | None = None,
-        tools: Sequence[Any] | None = None,
-        tool_choice: Any = None,
-        logprobs: bool = False,
-        top_logprobs: int | None = None,
-        reuse_prefix: ReusePrefix = "any",
-        speculation: Speculation | Mapping[str, Any] | None = None,
-        **knobs: Any,
+        self, prompt: str | Sequence[int] | Prompt | None = None, **options: Unpack[Options]
     ) -> Completion:
         """generate() for asyncio: `await runtime.agenerate(...)`; cancelling the awaiting task
         stops the request (see astream())."""
-        check_cancel(cancel)
-        request = Request(
-            prompt,
-            messages,
-            max_tokens,
-            stop,
-            cancel,
-            sampling,
-            response_format,
-            json_schema,
-            timeout,
-            knobs,
-            Asked(tools, tool_choice, logprobs, top_logprobs),
-            reuse_prefix,
-            speculation,
-        )
+        request = Request.of(prompt, options)
         answer = Answer()
         async with AsyncStream(self._turns, lambda turn: self._start(request, turn)) as events:
             async for event in events:

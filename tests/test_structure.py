@@ -105,10 +105,6 @@ NOT_YET = "not yet converted to a typed value (issue 54 item 4)"
 MANY_PARAMETERS_ALLOWED = {
     "localspec/core/engine.py:generate": BEING_RESHAPED,
     "localspec/core/engine.py:_record": BEING_RESHAPED,
-    "localspec/runtime.py:stream": BEING_RESHAPED,
-    "localspec/runtime.py:generate": BEING_RESHAPED,
-    "localspec/runtime.py:astream": BEING_RESHAPED,
-    "localspec/runtime.py:agenerate": BEING_RESHAPED,
     "localspec/server/schemas.py:chat_completion": BEING_RESHAPED,
     "localspec/server/schemas.py:text_completion": BEING_RESHAPED,
     "localspec/server/worker.py:stream_kwargs": BEING_RESHAPED,
