@@ -2,7 +2,7 @@
 (benchmarks/prompts_heldout.jsonl: a Python refactor, SQL renames, story openings, haiku, list,
 CSV and HTML continuations; SmolLM2-135M Q4_1, greedy, 160 tokens, recorded by
 benchmarks/record_replay_answers.py --sets into tests/data/heldout_answers.json), replayed as the
-golden answers are (tests/test_controller_replays.py) on the Q4_1 and F16 curves. A rule tuned on
+golden answers are (tests/specification/test_controller_replays.py) on the Q4_1 and F16 curves. A rule tuned on
 the golden answers must hold here too: the totals, the worst answer and the ratio to
 llama-lookup's drafter are pinned (benchmarks/answer_replay.py prints every answer).
 """
@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import DATA
 
 from localspec.control.factory import ngram_policy
 from localspec.control.replay import Score, Truth, calibration_from_doctor, replay_lookup, score
 
-DATA = Path(__file__).parent / "data"
 ANSWERS: dict[str, Any] = json.loads((DATA / "heldout_answers.json").read_text())
 CURVES: dict[str, dict[str, Any]] = json.loads((DATA / "replay_curves.json").read_text())
 
