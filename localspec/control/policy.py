@@ -23,6 +23,7 @@ strong, and ramp up slowly at the start of every copied passage.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,7 +35,7 @@ from localspec.core.stats import Step
 
 def support_level(support: int, config: ControlConfig = DEFAULT) -> int:
     """The support level of a guessed token backed by `support` tokens (0: unknown)."""
-    return sum(1 for edge in config.support_edges if support >= edge)
+    return bisect_right(config.support_edges, support)  # the edges ascend: how many are <= support
 
 
 def support_priors(sampled: bool, config: ControlConfig = DEFAULT) -> tuple[float, ...]:
@@ -291,7 +292,9 @@ class AdaptiveDraftLength:
         for g in range(1, min(limit, self.max_gamma) + 1):
             run *= alpha[g - 1]
             expected += run
-            price = catch_up + self.costs.verify(g + 1, depth) + self.replay_seconds(alpha[:g], depth)
+            price = catch_up + self.costs.verify(g + 1, depth)
+            if self.replays_beyond is not None:
+                price += self.replay_seconds(alpha[:g], depth)
             drafting = g * draft_cost + per_pass
             r = expected / (price + drafting)
             self._weighed.append((g, r))

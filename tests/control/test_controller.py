@@ -238,6 +238,14 @@ def test_a_well_supported_guess_gets_a_longer_draft_than_a_weak_one() -> None:
     assert policy.choose(12, support=24) > policy.choose(12, support=5)
 
 
+def test_a_support_level_counts_the_edges_its_support_reaches() -> None:
+    edges = DEFAULT.support_edges
+    assert list(edges) == sorted(set(edges)), "support_level's search needs ascending edges"
+    for support in range(0, edges[-1] + 5):
+        assert support_level(support) == sum(1 for edge in edges if support >= edge)
+    assert (support_level(0), support_level(1), support_level(5), support_level(100)) == (0, 1, 4, len(edges))
+
+
 def test_support_levels_learn_separately() -> None:
     policy = AdaptiveDraftLength(CostCurve(list(F16)), 0.0)
     strong = policy.choose(12, support=24)
