@@ -2,7 +2,9 @@
 item 8): the same greedy chat requests of 128 tokens, each server started in turn for a
 round, rounds alternated; the median request's tokens/s over its whole wall time (prompt,
 decoding and HTTP), and each server's own decode rate (localspec's `speculation` figures,
-llama-server's `timings`).
+llama-server's `timings`), and the CPU seconds each server's process spent a generated token
+(its utime + stime over the request: a figure other programs on the host stretch far less
+than wall time, so it still compares the serving paths on a busy machine).
 
     python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 3]
 
@@ -13,6 +15,7 @@ Both run plain decoding (localspec `-s none --parallel 1 --no-memory`, llama-ser
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -31,17 +34,25 @@ PROMPTS = [
 ]
 
 
-def ask(base: str, prompt: str) -> tuple[float, float]:
-    """Tokens/s over the request's wall time, and the server's own decode rate."""
+def cpu_seconds(pid: int) -> float:
+    """The process's user and system CPU seconds so far (/proc/PID/stat's utime and stime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ask(base: str, prompt: str, pid: int) -> tuple[float, float, float]:
+    """Tokens/s over the request's wall time, the server's own decode rate, and its CPU
+    milliseconds a generated token."""
     model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 128, "temperature": 0}
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
     reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300).json()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
     tokens = reply["usage"]["completion_tokens"]
     timings = reply.get("timings") or {}
     own = timings["predicted_per_second"] if timings else reply["speculation"]["decode_tokens_per_s"]
-    return tokens / wall, float(own)
+    return tokens / wall, float(own), cpu / tokens * 1000
 
 
 def main() -> None:
@@ -59,25 +70,30 @@ def main() -> None:
     ]
     walls: dict[str, list[float]] = {s.name: [] for s in servers}
     owns: dict[str, list[float]] = {s.name: [] for s in servers}
+    cpus: dict[str, list[float]] = {s.name: [] for s in servers}
     for r in range(args.rounds):
         for server in servers if r % 2 == 0 else servers[::-1]:
             proc, base = start(server)
             try:
-                ask(base, "Say hello.")  # warm
+                ask(base, "Say hello.", proc.pid)  # warm
                 for prompt in PROMPTS:
-                    wall, own = ask(base, prompt)
+                    wall, own, cpu = ask(base, prompt, proc.pid)
                     walls[server.name].append(wall)
                     owns[server.name].append(own)
+                    cpus[server.name].append(cpu)
             finally:
                 proc.kill()
                 proc.wait()
     day = time.strftime("%Y-%m-%d")
     print(f"# serve against llama-server on fresh text: {host_kind()} host, {args.threads} thread(s), {day}\n")
-    print("| server | tok/s over the request | its own decode tok/s |\n|---|---|---|")
+    print("| server | tok/s over the request | its own decode tok/s | CPU ms a token |\n|---|---|---|---|")
     for name in walls:
-        print(f"| {name} | {statistics.median(walls[name]):.1f} | {statistics.median(owns[name]):.1f} |")
+        row = (statistics.median(walls[name]), statistics.median(owns[name]), statistics.median(cpus[name]))
+        print(f"| {name} | {row[0]:.1f} | {row[1]:.1f} | {row[2]:.2f} |")
     a, b = (statistics.median(walls[s.name]) for s in servers)
     print(f"\nlocalspec / llama-server over the request: **{a / b:.3f}x** (median of {len(walls[servers[0].name])})")
+    a, b = (statistics.median(cpus[s.name]) for s in servers)
+    print(f"llama-server's CPU a token / localspec's: **{b / a:.3f}x** (above 1: localspec spends less)")
 
 
 if __name__ == "__main__":
