@@ -263,13 +263,13 @@ def test_an_app_asks_a_pool_from_several_threads_and_gets_the_answers_it_gets_al
 
 
 def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
-    from localspec.control.costs import CostCurve, SharedPassCurve
+    from localspec.control.costs import SharedPassCurve
 
     # 5 ms a pass and 6 ms a row, as a small model on this CPU: alone a 5-row block costs 35 ms
     # against 11 for one row; beside three busy lanes it adds 30 ms against 6.
-    lone = CostCurve([0.005 + 0.006 * k for k in range(1, 17)])
+    lone = [0.005 + 0.006 * k for k in range(1, 17)]
     busy = [1]
-    shared = SharedPassCurve.sharing(lone, lambda: busy[0])
+    shared = SharedPassCurve(lone, busy=lambda: busy[0])
     assert shared.verify(1) == pytest.approx(0.011) and shared.verify(5) == pytest.approx(0.035)
     busy[0] = 4
     assert shared.verify(1) == pytest.approx(0.006) and shared.verify(5) == pytest.approx(0.030)
