@@ -18,6 +18,7 @@ concerns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ class Ticket:
     whole: bool = False
     key: str | None = None  # whom the caller asks for (a server's model id), for its figures
     lane: int | None = None  # given once granted; for a whole ticket, 0
+    owner: Dispatcher | None = None  # whose line it is in, or whose lane it holds
     state: str = "new"  # then waiting, granted, left (freed or withdrawn) or refused
     error: BaseException | None = None  # why it left the line without a lane (closed)
     _granted: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -62,6 +64,16 @@ class Ticket:
     @property
     def running(self) -> bool:
         return self.state == "granted"
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its owner's wait(): the lane, once granted."""
+        assert self.owner is not None, "enter() the ticket first"
+        return self.owner.wait(self, timeout)
+
+    def leave(self) -> None:
+        """Free what it holds, or leave the line (nothing once it has left)."""
+        if self.owner is not None:
+            self.owner.withdraw(self)
 
     def _settle(self, state: str, lane: int | None = None, error: BaseException | None = None) -> None:
         self.state, self.lane, self.error = state, lane, error
@@ -97,7 +109,7 @@ class Dispatcher:
             if limit is not None and self._crowded() and len(self._line) >= limit:
                 ticket.state = "refused"
                 raise LineFullError(len(self._line), self.lanes)
-            ticket.state = "waiting"
+            ticket.state, ticket.owner = "waiting", self
             self._line.append(ticket)
             self._grant()
         return ticket
@@ -121,10 +133,8 @@ class Dispatcher:
                 granted.set_result(None)
 
         def settle() -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # a closed loop: its task withdrew the ticket
                 loop.call_soon_threadsafe(done)
-            except RuntimeError:  # the loop is closed: its task is gone and withdrew the ticket
-                pass
 
         with self._cond:
             ticket._hooks.append(settle)
@@ -196,7 +206,7 @@ class Dispatcher:
             self._cond.notify_all()
         with to._cond:
             for ticket in moving:
-                ticket.whole = whole(ticket)
+                ticket.whole, ticket.owner = whole(ticket), to
                 to._line.append(ticket)
             to._grant()
 
@@ -249,4 +259,3 @@ class Dispatcher:
 
 def _closed() -> BackendClosedError:
     return BackendClosedError("the pool was closed", "load it again to run more requests")
-
