@@ -165,7 +165,8 @@ class Dispatcher:
     def _lane_of(self, ticket: Ticket) -> int:
         if ticket.error is not None:
             raise ticket.error
-        assert ticket.lane is not None
+        if not ticket.running or ticket.lane is None:
+            raise RuntimeBusyError("the request left the line before it could run", "ask again")
         return ticket.lane
 
     # -- leaving ---------------------------------------------------------------------------------

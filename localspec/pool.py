@@ -72,9 +72,11 @@ class Pool:
         self.dispatch = Dispatcher(len(runtimes), self._cached, max_waiting)
 
     @classmethod
-    def single(cls, runtime: Runtime, owned: bool = True, note: str | None = None) -> Pool:
+    def single(
+        cls, runtime: Runtime, owned: bool = True, note: str | None = None, max_waiting: int | None = None
+    ) -> Pool:
         """One runtime: closed with the pool when owned (not an app's own, lent to a server)."""
-        return cls((runtime,), runtime.close if owned else _none, note)
+        return cls((runtime,), runtime.close if owned else _none, note, max_waiting)
 
     @property
     def label(self) -> str:
@@ -201,12 +203,14 @@ def load_pool(
     model: str | LoadOptions | None = None,
     *,
     parallel: int | None = None,
+    max_waiting: int | None = None,
     on_progress: Announce | None = None,
     **options: Any,
 ) -> Pool:
     """localspec.load()'s model and options in `parallel` lanes (None: default_parallel), a
     runtime each, whose passes are shared. Where the strategy cannot batch (batches()), one
-    runtime and the reason in Pool.note."""
+    runtime and the reason in Pool.note. max_waiting: how many requests may wait for a runtime
+    (None: any number); one more gets LineFullError."""
     from localspec.api import load, resolved_files
 
     given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
@@ -217,7 +221,7 @@ def load_pool(
         parallel, why = (1, None) if why is not None else (default_parallel(opts.model, opts.n_ctx), None)
     parallel = check_parallel(parallel)
     if parallel == 1 or why is not None:
-        return Pool.single(load(opts, on_progress=on_progress), note=why if parallel > 1 else None)
+        return Pool.single(load(opts, on_progress=on_progress), True, why if parallel > 1 else None, max_waiting)
     with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
         backend = load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel)
     runtimes: list[Runtime] = []
@@ -241,11 +245,12 @@ def load_pool(
             runtime.plan.close()
         backend.close()
         why = "the model drafts for itself (its MTP head), which shared passes do not serve yet"
-        return Pool.single(load(opts, on_progress=on_progress), note=f"{why}: one request runs at a time")
+        note = f"{why}: one request runs at a time"
+        return Pool.single(load(opts, on_progress=on_progress), True, note, max_waiting)
 
     def release() -> None:
         for runtime in runtimes:
             runtime.close()
         backend.close()
 
-    return Pool(tuple(runtimes), release)
+    return Pool(tuple(runtimes), release, max_waiting=max_waiting)

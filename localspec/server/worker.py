@@ -128,7 +128,7 @@ class Worker:
             self.loaded.set()
             self._begun.set()
         else:
-            self._thread(self._first_load, "localspec-load")
+            self._thread(self._load_when_begun, "localspec-load")
 
     @property
     def runtime(self) -> Runtime | None:
@@ -169,7 +169,7 @@ class Worker:
     def status(self) -> dict[str, Any]:
         with self._cond:
             state = "error" if self.load_error is not None else "ok" if self.loaded.is_set() else "loading"
-            running = sum(job.outcome == "running" for job in self._jobs)
+            running = sum(job.outcome != "waiting" for job in self._jobs)  # in a runtime, ended or not
             return {
                 "status": state,
                 **({"error": str(self.load_error)} if self.load_error is not None else {}),
@@ -187,7 +187,7 @@ class Worker:
             counts: dict[str, tuple[int, int]] = {}
             for job in self._jobs:
                 running, waiting = counts.get(job.model, (0, 0))
-                counts[job.model] = (running + (job.outcome == "running"), waiting + (job.outcome == "waiting"))
+                counts[job.model] = (running + (job.outcome != "waiting"), waiting + (job.outcome == "waiting"))
             return counts
 
     def wait_until(self, condition: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
@@ -350,12 +350,14 @@ class Worker:
                 self._cond.notify_all()
             job.finished.set()
 
-    def _first_load(self) -> None:
-        """Load the served model once begin() is called. A failed load fails every waiting
-        job and every later one with its error."""
+    def _load_when_begun(self) -> None:
         self._begun.wait()
-        if self._stopping:
-            return  # stopped before the load began (the port was taken, say)
+        if not self._stopping:  # else stopped before the load began (the port was taken, say)
+            self._first_load()
+
+    def _first_load(self) -> None:
+        """Load the served model. A failed load fails every waiting job and every later one
+        with its error."""
         try:
             pool = _as_pool(self.loader(self.model_id))
         except Exception as exc:  # whatever stopped it, the server says it and stops
