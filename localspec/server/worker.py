@@ -444,10 +444,12 @@ class Worker:
             return self.pool.runtimes[lane]
         log.info("loading %s in place of %s", job.model, self.model_id)
         with self.swap_lock:
-            with self._cond:  # the jobs behind it wait in the room meanwhile
-                if self.pool is not None:
-                    self.pool.dispatch.hand_over(self._room)
-                self._let_go()
+            with self._cond:  # the jobs behind it, and those that come meanwhile, wait in the room
+                served, self.pool = self.pool, None
+                if served is not None:
+                    served.dispatch.hand_over(self._room)
+            if served is not None:
+                served.close()
             self._fim = False
             served, error = self._load_in_place(job.model)
             with self._cond:
@@ -455,10 +457,12 @@ class Worker:
                     assert error is not None
                     self._failed(error)
                     raise error
+                if error is None:  # first in the new line, ahead of those that waited behind it
+                    job.ticket = served.dispatch.enter(Ticket(key=job.model))
                 self._install(served, self.model_id if error is not None else job.model)
-                if error is not None:
-                    raise error
-                job.ticket = served.dispatch.enter(Ticket(key=job.model))  # granted: nothing else runs there
+        if error is not None:
+            raise error
+        assert job.ticket is not None
         return served.runtimes[job.ticket.wait()]
 
     def _load_in_place(self, model: str) -> tuple[Pool | None, BaseException | None]:
