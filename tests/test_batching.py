@@ -285,6 +285,28 @@ def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
     assert shared.scale > before
 
 
+def test_a_lanes_policy_is_the_lone_policy_priced_on_the_targets_calibration_as_shared_passes() -> None:
+    from dataclasses import replace
+
+    from localspec.control.calibrate import starting_calibration
+    from localspec.control.costs import SharedPassCurve
+    from localspec.control.factory import ngram_policy, shared_policy
+
+    target = load_backend("reference", "reference:seed=0")
+    try:
+        lone = ngram_policy(starting_calibration(target).cost_curve())
+        busy = [1]
+        lane = shared_policy(lone, target, lambda: busy[0])
+        assert isinstance(lane.costs, SharedPassCurve) and lane.costs.verify_seconds is not lone.costs.verify_seconds
+        assert replace(lane, costs=lone.costs) == lone  # every other setting is the lone policy's
+        alone = [lone.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)]
+        assert [lane.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)] == alone
+        busy[0] = 3
+        assert lane.costs.verify(2) == pytest.approx(lone.costs.verify(4) - lone.costs.verify(2))
+    finally:
+        target.close()
+
+
 def test_closing_and_cancelling_lanes_mid_answer_leaves_the_others_their_lone_answers(smollm2_q4_1: Path) -> None:
     # One lane's stream closed from another thread and another's asyncio task cancelled, both
     # mid-answer, while a third lane answers: it still gets its lone answer, the stopped lanes
