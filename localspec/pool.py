@@ -88,7 +88,7 @@ class Pool:
     @contextmanager
     def lane(self, timeout: float | None = None, prompt: Prompt | None = None) -> Iterator[Runtime]:
         """A runtime no other caller holds until the block ends, once the requests that asked
-        before have theirs: the free one caching the most of prompt (prepare() it), waiting at
+        before have theirs: the free one caching the most of prompt (a runtime.prepare()), waiting at
         most timeout seconds (None: as long as it takes), then RuntimeBusyError."""
         ticket = self.dispatch.enter(Ticket(prompt.ids if prompt is not None else None))
         try:
@@ -110,9 +110,9 @@ class Pool:
 
     def _tokenized(self, prompt: Any, request: dict[str, Any]) -> Prompt | None:
         """The request's prompt tokenized once (its messages= taken out of request), so it runs
-        on the runtime caching the most of it; None for a chat offered tools, which its runtime
-        renders with them."""
-        if request.get("tools") is not None:
+        on the runtime caching the most of it; None for a single runtime (nothing to choose:
+        the request goes as given) and for a chat offered tools, which its runtime renders."""
+        if len(self.runtimes) == 1 or request.get("tools") is not None:
             return None
         if isinstance(prompt, Prompt):
             return prompt

@@ -1,7 +1,9 @@
-"""The generation threads, one per runtime of the served Pool (serve --parallel N: lanes whose
-passes are shared), take requests in arrival order from one bounded queue; a cancelled request
-stops after the verify step in flight. A request for another pair waits until every thread is
-free, then that pair replaces the served one."""
+"""The server's requests as jobs on the served Pool (serve --parallel N: lanes whose passes
+are shared): which job runs on which runtime, and when, is the pool's dispatcher's to say
+(localspec.dispatch); this module turns requests into jobs, their events into the client's,
+and the dispatcher's refusals into 503s. A cancelled job stops after the verify step in
+flight. A job for another pair waits until it holds every runtime, then that pair replaces
+the served one."""
 
 from __future__ import annotations
 
@@ -87,13 +89,10 @@ class Job:
 
 
 class Worker:
-    """The served pool's requests as jobs: each waits in the pool's line (localspec.dispatch:
-    in arrival order, on the runtime caching the most of its prompt) and runs in a thread of
-    its own, sending its events to its client. `max_queue` jobs may wait; more get a 503 with
-    Retry-After. Given no runtime, a thread loads `model_id` once begin() is called, and jobs
-    wait in a line without runtimes meanwhile; `on_loaded` then hears None, or the error that
-    load raised (every waiting job gets it as a 503). A job for another pair waits until it
-    holds every runtime, then that pair replaces the served one."""
+    """Jobs, each waiting in the served pool's line and run in a thread of its own once given a
+    runtime. `max_queue` jobs may wait; more get a 503 with Retry-After. Given no runtime, a
+    thread loads `model_id` once begin() is called, jobs waiting in a line without runtimes
+    meanwhile; `on_loaded` then hears None, or the load's error (each waiting job gets a 503)."""
 
     def __init__(
         self,
@@ -309,14 +308,10 @@ class Worker:
         deadline = time.monotonic() + (timeout if self.loaded.is_set() else min(timeout, 2.0))
         for thread in list(self._threads):
             thread.join(max(deadline - time.monotonic(), 0.0))
-        with self.swap_lock:
-            self._let_go()
-
-    def _let_go(self) -> None:
-        """Stop serving the current pool: closed unless it is an app's own runtime (swap_lock held)."""
-        if self.pool is not None:
-            self.pool.close()
-        self.pool = None
+        with self.swap_lock:  # the pool closes its runtimes unless it is an app's own runtime
+            served, self.pool = self.pool, None
+            if served is not None:
+                served.close()
 
     def _retry_after(self, waiting: int) -> int:
         per_request = sum(self._seconds) / len(self._seconds) if self._seconds else 1.0
