@@ -209,6 +209,28 @@ def test_a_burst_of_24_requests_is_answered_whole(smollm2_q4_1: Path) -> None:
     assert statuses == [200] * 24
 
 
+def test_the_server_and_the_app_share_the_pools_line_and_a_follow_up_runs_where_its_chat_is(
+    smollm2_q4_1: Path,
+) -> None:
+    with pooled(smollm2_q4_1, 2) as (server, pool):
+        chat = [{"role": "user", "content": "Name a colour."}]
+        with pool.lane() as taken:  # the app holds the lowest runtime: the server's job gets the other
+            first = _ask(server.url, {"model": MODEL, "messages": chat, "max_tokens": 8, "temperature": 0})
+        elsewhere = pool.runtimes.index(taken) ^ 1
+        assert _lane_of_last(server, 1) == elsewhere
+        chat += [{"role": "assistant", "content": first}, {"role": "user", "content": "Another one."}]
+        _ask(server.url, {"model": MODEL, "messages": chat, "max_tokens": 8, "temperature": 0})
+        # Both runtimes are free now; the follow-up goes where its first turn is cached.
+        assert _lane_of_last(server, 2) == elsewhere
+
+
+def _lane_of_last(server: LocalServer, served: int) -> int | None:
+    """The runtime the server's last job ran on, once it has left it (its answer is sent a moment before)."""
+    assert server.worker.wait_until(lambda s: s["served"] == served, 60)
+    ticket = server.worker.history[-1].ticket
+    return ticket.lane if ticket is not None else None
+
+
 def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_why() -> None:
     why = batches(LoadOptions(model="reference:seed=0", backend="reference"))
     assert why is not None and "one request at a time" in why
