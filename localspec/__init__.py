@@ -22,6 +22,7 @@ from localspec.core.progress import LoadProgress
 from localspec.core.sampling import SamplingConfig, TokenLogprob
 from localspec.core.stats import Stats
 from localspec.core.tools import ToolCall, ToolRequestError
+from localspec.dispatch import LineFullError
 from localspec.pool import Pool, load_pool
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Event",
     "Finished",
     "InvalidRequestError",
+    "LineFullError",
     "LoadOptions",
     "LoadProgress",
     "LocalspecError",

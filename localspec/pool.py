@@ -9,20 +9,21 @@ too. Such a pair is served one request at a time, and the pool says why (`note`)
 
 from __future__ import annotations
 
+import asyncio
 import os
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol, runtime_checkable
 
 from localspec.assembly import Calibrated, assemble, calibrate
-from localspec.control.costs import SharedPassCurve
+from localspec.control.factory import shared_policy
 from localspec.core.backend_loader import load_backend
-from localspec.core.errors import InvalidRequestError, LocalspecError, RuntimeBusyError
+from localspec.core.errors import InvalidRequestError, LocalspecError
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Backend, SharesPasses
+from localspec.core.protocol import Backend, SharesPasses, common_prefix
+from localspec.dispatch import Dispatcher, Ticket
+from localspec.prompts import Prompt
 from localspec.runtime import Completion, Runtime
 from localspec.strategies import TABLE, named, resolve
 
@@ -51,51 +52,88 @@ class HostsLanes(Protocol):
 
 
 class Pool:
-    """Runtimes whose requests may run at once, each from its own thread; close() frees them
-    and what they share. An app takes a free one with lane() (or generate() in one call); a
-    server runs a generation thread per runtime (localspec.server.worker)."""
+    """Runtimes whose requests may run at once, each from its own thread or task; close() frees
+    them and what they share. Its dispatcher (localspec.dispatch) decides which request gets
+    which runtime, for an app's lane()/generate()/agenerate() and a server's jobs alike: in the
+    order they asked, each on the free runtime caching the most of its prompt."""
 
-    def __init__(self, runtimes: tuple[Runtime, ...], release: Callable[[], None], note: str | None = None) -> None:
+    def __init__(
+        self,
+        runtimes: tuple[Runtime, ...],
+        release: Callable[[], None],
+        note: str | None = None,
+        max_waiting: int | None = None,
+    ) -> None:
+        """max_waiting: how many requests may wait for a runtime (None: any number); one more
+        is refused with LineFullError."""
         self.runtimes = runtimes
         self._release = release  # frees the runtimes and the model they share
         self.note = note  # why fewer runtimes than asked for, if so
-        self._free = list(range(len(runtimes)))
-        self._cond = threading.Condition()
+        self.dispatch = Dispatcher(len(runtimes), self._cached, max_waiting)
 
     @classmethod
-    def single(cls, runtime: Runtime, owned: bool = True, note: str | None = None) -> Pool:
+    def single(
+        cls, runtime: Runtime, owned: bool = True, note: str | None = None, max_waiting: int | None = None
+    ) -> Pool:
         """One runtime: closed with the pool when owned (not an app's own, lent to a server)."""
-        return cls((runtime,), runtime.close if owned else _none, note)
+        return cls((runtime,), runtime.close if owned else _none, note, max_waiting)
 
     @property
     def label(self) -> str:
         return self.runtimes[0].label
 
+    def _cached(self, lane: int, prompt: Sequence[int]) -> int:
+        return common_prefix(self.runtimes[lane].target.cached_tokens(), prompt)
+
     @contextmanager
-    def lane(self, timeout: float | None = None) -> Iterator[Runtime]:
-        """A runtime no other caller holds until the block ends: the first free one, waiting
-        at most timeout seconds (None: as long as it takes) for one to come free."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: bool(self._free), timeout):
-                raise RuntimeBusyError(
-                    f"all {len(self.runtimes)} runtimes were busy for {timeout} s",
-                    "wait longer (timeout=None waits), or load the pool with a larger parallel",
-                )
-            index = self._free.pop(0)
+    def lane(self, timeout: float | None = None, prompt: Prompt | None = None) -> Iterator[Runtime]:
+        """A runtime no other caller holds until the block ends, once the requests that asked
+        before have theirs: the free one caching the most of prompt (a runtime.prepare()), waiting at
+        most timeout seconds (None: as long as it takes), then RuntimeBusyError."""
+        ticket = self.dispatch.enter(Ticket(prompt.ids if prompt is not None else None))
         try:
+            index = self.dispatch.wait(ticket, timeout)
             yield self.runtimes[index]
         finally:
-            with self._cond:
-                self._free.append(index)
-                self._free.sort()  # the lowest first: lanes side by side share passes best
-                self._cond.notify()
+            self.dispatch.leave(ticket)
 
-    def generate(self, prompt: Any = None, **request: Any) -> Completion:
-        """Runtime.generate() on a free runtime: several threads may call it at once."""
-        with self.lane(request.pop("lane_timeout", None)) as runtime:
-            return runtime.generate(prompt, **request)
+    @asynccontextmanager
+    async def alane(self, timeout: float | None = None, prompt: Prompt | None = None) -> AsyncIterator[Runtime]:
+        """lane() for asyncio (`async with pool.alane() as runtime:`, then its astream()): the
+        event loop runs on while the request waits, and a cancelled task frees its runtime."""
+        ticket = self.dispatch.enter(Ticket(prompt.ids if prompt is not None else None))
+        try:
+            index = await self.dispatch.await_lane(ticket, timeout)
+            yield self.runtimes[index]
+        finally:
+            self.dispatch.leave(ticket)
+
+    def _tokenized(self, prompt: Any, request: dict[str, Any]) -> Prompt | None:
+        """The request's prompt tokenized once (its messages= taken out of request), so it runs
+        on the runtime caching the most of it; None for a single runtime (nothing to choose:
+        the request goes as given) and for a chat offered tools, which its runtime renders."""
+        if len(self.runtimes) == 1 or request.get("tools") is not None:
+            return None
+        if isinstance(prompt, Prompt):
+            return prompt
+        return self.runtimes[0].prepare(prompt, request.pop("messages", None))
+
+    def generate(self, prompt: Any = None, *, lane_timeout: float | None = None, **request: Any) -> Completion:
+        """Runtime.generate() on a runtime of the pool: several threads may call it at once."""
+        tokenized = self._tokenized(prompt, request)
+        with self.lane(lane_timeout, tokenized) as runtime:
+            return runtime.generate(tokenized or prompt, **request)
+
+    async def agenerate(self, prompt: Any = None, *, lane_timeout: float | None = None, **request: Any) -> Completion:
+        """Runtime.agenerate() on a runtime of the pool: several tasks may await it at once,
+        and the event loop is never blocked. Cancelling the task stops its request and frees
+        its runtime for the next."""
+        tokenized = await asyncio.to_thread(self._tokenized, prompt, request)
+        async with self.alane(lane_timeout, tokenized) as runtime:
+            return await runtime.agenerate(tokenized or prompt, **request)
 
     def close(self) -> None:
+        self.dispatch.close()
         self._release()
 
     def __enter__(self) -> Pool:
@@ -152,13 +190,12 @@ def batches(opts: LoadOptions) -> str | None:
     return None
 
 
-def shared_pricing(calibrated: Calibrated, busy: Callable[[], int]) -> Calibrated:
+def shared_pricing(calibrated: Calibrated, target: Backend, busy: Callable[[], int]) -> Calibrated:
     """A lane's policy pricing its drafts on what they add to a pass shared with the other busy
-    lanes (control.costs.SharedPassCurve); a fixed draft length as it is."""
-    priced = calibrated.priced
-    if priced is None:
+    lanes (control.factory.shared_policy); a fixed draft length as it is."""
+    if calibrated.priced is None:
         return calibrated
-    shared = replace(priced, costs=SharedPassCurve.sharing(priced.costs, busy))
+    shared = shared_policy(calibrated.priced, target, busy)
     return Calibrated(shared, shared)
 
 
@@ -166,12 +203,14 @@ def load_pool(
     model: str | LoadOptions | None = None,
     *,
     parallel: int | None = None,
+    max_waiting: int | None = None,
     on_progress: Announce | None = None,
     **options: Any,
 ) -> Pool:
     """localspec.load()'s model and options in `parallel` lanes (None: default_parallel), a
     runtime each, whose passes are shared. Where the strategy cannot batch (batches()), one
-    runtime and the reason in Pool.note."""
+    runtime and the reason in Pool.note. max_waiting: how many requests may wait for a runtime
+    (None: any number); one more gets LineFullError."""
     from localspec.api import load, resolved_files
 
     given = dict(vars(model)) | options if isinstance(model, LoadOptions) else {"model": model, **options}
@@ -182,7 +221,7 @@ def load_pool(
         parallel, why = (1, None) if why is not None else (default_parallel(opts.model, opts.n_ctx), None)
     parallel = check_parallel(parallel)
     if parallel == 1 or why is not None:
-        return Pool.single(load(opts, on_progress=on_progress), note=why if parallel > 1 else None)
+        return Pool.single(load(opts, on_progress=on_progress), True, why if parallel > 1 else None, max_waiting)
     with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
         backend = load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel)
     runtimes: list[Runtime] = []
@@ -194,7 +233,7 @@ def load_pool(
             if not TABLE[plan.strategy].batches:  # auto chose a drafter of the model's own (mtp)
                 plan.close()
                 break
-            priced = shared_pricing(calibrate(plan, on_progress), host.busy_lanes)
+            priced = shared_pricing(calibrate(plan, on_progress), lane, host.busy_lanes)
             runtimes.append(Runtime(plan, assemble(plan, priced, opts.trees)))
     except BaseException:
         for runtime in runtimes:
@@ -206,11 +245,12 @@ def load_pool(
             runtime.plan.close()
         backend.close()
         why = "the model drafts for itself (its MTP head), which shared passes do not serve yet"
-        return Pool.single(load(opts, on_progress=on_progress), note=f"{why}: one request runs at a time")
+        note = f"{why}: one request runs at a time"
+        return Pool.single(load(opts, on_progress=on_progress), True, note, max_waiting)
 
     def release() -> None:
         for runtime in runtimes:
             runtime.close()
         backend.close()
 
-    return Pool(tuple(runtimes), release)
+    return Pool(tuple(runtimes), release, max_waiting=max_waiting)

@@ -19,11 +19,12 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from localspec.control.config import DEFAULT, ControlConfig
-from localspec.control.costs import CostCurve
+from localspec.control.costs import CostCurve, SharedPassCurve
 from localspec.control.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
 from localspec.core.progress import report
 from localspec.core.protocol import Backend, eval_chunked
@@ -109,8 +110,11 @@ class Calibration:
             [float(e) for e in evidence] if evidence else None,
         )
 
-    def cost_curve(self, config: ControlConfig = DEFAULT) -> CostCurve:
-        return CostCurve(
+    def cost_curve(self, config: ControlConfig = DEFAULT, busy: Callable[[], int] | None = None) -> CostCurve:
+        """The curve a policy prices on; given busy (a pool's count of busy lanes), the curve
+        of one lane whose passes are shared (SharedPassCurve)."""
+        make: Callable[..., CostCurve] = CostCurve if busy is None else partial(SharedPassCurve, busy=busy)
+        return make(
             list(self.verify_seconds),
             deep_seconds=list(self.deep_verify_seconds) if self.deep_verify_seconds else None,
             depth=SHALLOW_DEPTH,

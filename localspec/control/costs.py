@@ -271,14 +271,6 @@ class SharedPassCurve(CostCurve):
 
     busy: Callable[[], int] = field(default=_alone, repr=False, compare=False)  # lanes in a request, this one too
 
-    @classmethod
-    def sharing(cls, curve: CostCurve, busy: Callable[[], int]) -> SharedPassCurve:
-        """`curve` as a lane prices it, with `busy` the host's count of busy lanes."""
-        shared = cls.__new__(cls)
-        shared.__dict__.update(curve.__dict__)
-        shared.busy = busy
-        return shared
-
     def verify(self, k: int, depth: int = 0) -> float:
         others = self.busy() - 1
         if others <= 0:

@@ -4,6 +4,7 @@ draft model beside the lookup), with every setting read from one ControlConfig."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from localspec.control.calibrate import pair_agreement, starting_calibration, starting_drafting_seconds
@@ -107,3 +108,10 @@ def _drafted_policy(
         drafter.verify_seconds[-1] / len(drafter.verify_seconds),
         config,
     )
+
+
+def shared_policy(policy: AdaptiveDraftLength, target: Backend, busy: Callable[[], int]) -> AdaptiveDraftLength:
+    """policy as one lane of a pool prices drafts: on the target's calibration as a
+    SharedPassCurve, what k rows add to a pass beside the other busy lanes (busy(): the lanes
+    in a request, this one too)."""
+    return replace(policy, costs=starting_calibration(target).cost_curve(policy.config, busy))

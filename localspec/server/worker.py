@@ -1,7 +1,9 @@
-"""The generation threads, one per runtime of the served Pool (serve --parallel N: lanes whose
-passes are shared), take requests in arrival order from one bounded queue; a cancelled request
-stops after the verify step in flight. A request for another pair waits until every thread is
-free, then that pair replaces the served one."""
+"""The server's requests as jobs on the served Pool (serve --parallel N: lanes whose passes
+are shared): which job runs on which runtime, and when, is the pool's dispatcher's to say
+(localspec.dispatch); this module turns requests into jobs, their events into the client's,
+and the dispatcher's refusals into 503s. A cancelled job stops after the verify step in
+flight. A job for another pair waits until it holds every runtime, then that pair replaces
+the served one."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from localspec.core.sampling import LogprobRecorder, SamplingConfig
 from localspec.core.stats import Stats
 from localspec.core.tools import ToolRequest
 from localspec.core.validate import clean_text
-from localspec.drafters import common_prefix
+from localspec.dispatch import Dispatcher, LineFullError, Ticket
 from localspec.pool import Pool
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest
@@ -74,6 +76,7 @@ class Job:
     finished: threading.Event = field(default_factory=threading.Event)
     submitted: float = 0.0  # perf_counter when it was queued, for the metrics' queue time
     stats: Stats | None = None  # its figures so far, once it generates
+    ticket: Ticket | None = None  # its place in the served pool's line, then its runtime
     # Whether each step's text is sent: a whole answer needs only its Finished, and every event
     # wakes the server's event loop (several lanes' steps would keep it busy).
     deltas: bool = True
@@ -86,11 +89,10 @@ class Job:
 
 
 class Worker:
-    """The generation threads and their FIFO queue. `max_queue` requests may wait behind those
-    running; more get a 503 with Retry-After. Given no runtime, the first thread loads
-    `model_id` once begin() is called, and requests wait in the queue meanwhile; `on_loaded`
-    then hears None, or the error that load raised (every waiting request gets it as a 503).
-    A thread is started for each runtime of the served pool."""
+    """Jobs, each waiting in the served pool's line and run in a thread of its own once given a
+    runtime. `max_queue` jobs may wait; more get a 503 with Retry-After. Given no runtime, a
+    thread loads `model_id` once begin() is called, jobs waiting in a line without runtimes
+    meanwhile; `on_loaded` then hears None, or the load's error (each waiting job gets a 503)."""
 
     def __init__(
         self,
@@ -109,23 +111,23 @@ class Worker:
         self.loaded = threading.Event()  # set once the first runtime is there, or its load failed
         self.load_error: BaseException | None = None
         self._begun = threading.Event()
-        if runtime is not None:
-            self.loaded.set()
-            self._begun.set()
         self.history: deque[Job] = deque(maxlen=HISTORY)
         self.served = 0
         self.metrics = ServerMetrics()
         self._fim: FimTokens | bool | None = False  # False: not looked up yet for this model
-        self._cond = threading.Condition()
-        self._waiting: deque[Job] = deque()
-        self._running: dict[int, Job] = {}  # by generation thread
-        self._free: set[int] = set()  # threads waiting for a job
+        self._cond = threading.Condition()  # guards the jobs' outcomes and the figures below
+        self._jobs: list[Job] = []  # waiting or running
+        self._room = Dispatcher(0)  # the line while no pool is served (one loads)
         self._stopping = False
         self._seconds: deque[float] = deque(maxlen=8)  # recent request durations, for Retry-After
         # Held while the runtime is replaced, so a request thread never tokenizes with a closed model.
         self.swap_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._start_threads(1)
+        if runtime is not None:
+            self.loaded.set()
+            self._begun.set()
+        else:
+            self._thread(self._load_when_begun, "localspec-load")
 
     @property
     def runtime(self) -> Runtime | None:
@@ -144,37 +146,37 @@ class Worker:
                 raise shutting_down()
             if self.load_error is not None:
                 raise not_loaded(self.model_id, self.load_error)
-            busy = len(self._running) >= self._lanes() or bool(self._waiting)
-            if busy and len(self._waiting) >= self.max_queue:
+            ticket = Ticket(job.prompt.ids if job.prompt is not None else None, self._swaps(job.model), job.model)
+            try:
+                self._line().enter(ticket, self.max_queue)
+            except LineFullError as full:
                 self.metrics.ended(job.model, "refused")
-                raise QueueFullError(len(self._waiting), self._retry_after())
-            job.submitted = time.perf_counter()
-            self._waiting.append(job)
+                raise QueueFullError(full.waiting, self._retry_after(full.waiting)) from None
+            job.ticket, job.submitted = ticket, time.perf_counter()
+            self._jobs.append(job)
             self._cond.notify_all()
+        self._thread(lambda: self._run(job), "localspec-generation")
 
     def withdraw(self, job: Job) -> None:
         """A client left: drop its job if it still waits, else stop it after this step."""
         with self._cond:
-            if job in self._waiting:
-                self._waiting.remove(job)
-                job.outcome = "cancelled"
-                self.metrics.ended(job.model, job.outcome)
-                job.finished.set()
-                self._cond.notify_all()
+            if job.outcome == "waiting":
+                self._drop(job, "cancelled")
                 return
         job.cancel()
 
     def status(self) -> dict[str, Any]:
         with self._cond:
             state = "error" if self.load_error is not None else "ok" if self.loaded.is_set() else "loading"
+            running = sum(job.outcome != "waiting" for job in self._jobs)  # in a runtime, ended or not
             return {
                 "status": state,
                 **({"error": str(self.load_error)} if self.load_error is not None else {}),
                 "model": self.model_id,
-                "busy": bool(self._running),
-                "running": len(self._running),
-                "parallel": self._lanes(),
-                "waiting": len(self._waiting),
+                "busy": bool(running),
+                "running": running,
+                "parallel": len(self.pool.runtimes) if self.pool is not None else 1,
+                "waiting": sum(job.outcome == "waiting" for job in self._jobs),
                 "served": self.served,
             }
 
@@ -182,30 +184,41 @@ class Worker:
         """Per model: requests running and waiting, for /metrics."""
         with self._cond:
             counts: dict[str, tuple[int, int]] = {}
-            for job in self._waiting:
+            for job in self._jobs:
                 running, waiting = counts.get(job.model, (0, 0))
-                counts[job.model] = (running, waiting + 1)
-            for job in self._running.values():
-                running, waiting = counts.get(job.model, (0, 0))
-                counts[job.model] = (running + 1, waiting)
+                counts[job.model] = (running + (job.outcome != "waiting"), waiting + (job.outcome == "waiting"))
             return counts
-
-    def _start_threads(self, n: int) -> None:
-        """Generation threads up to n (the served pool's runtimes): a pool with fewer leaves
-        the extra ones waiting (_takes)."""
-        for i in range(len(self._threads), n):
-            thread = threading.Thread(target=self._loop, args=(i,), name=f"localspec-generation-{i}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
-
-    def _lanes(self) -> int:
-        """How many requests run at once: the served pool's runtimes (1 before a load)."""
-        return len(self.pool.runtimes) if self.pool is not None else 1
 
     def wait_until(self, condition: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
         """Block until condition(status()) holds, e.g. lambda s: not s["busy"]; False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: condition(self.status()), timeout)
+
+    def _line(self) -> Dispatcher:
+        """Where a job waits now: the served pool's line, or the room while one loads (_cond held)."""
+        return self.pool.dispatch if self.pool is not None else self._room
+
+    def _swaps(self, model: str) -> bool:
+        """Whether a job for `model` needs every runtime: another pair is loaded in their place."""
+        return model != self.model_id
+
+    def _drop(self, job: Job, outcome: str, item: Item | None = None) -> None:
+        """End a job that has not run (_cond held)."""
+        job.outcome = outcome
+        self.metrics.ended(job.model, outcome)
+        if job.ticket is not None:
+            job.ticket.leave()
+        if item is not None:
+            job.emit(item)
+        self._jobs.remove(job)
+        job.finished.set()
+        self._cond.notify_all()
+
+    def _thread(self, target: Callable[[], None], name: str) -> None:
+        self._threads = [thread for thread in self._threads if thread.is_alive()]
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def check_prompt(
         self, model: str, request: Mapping[str, Any], grammar: GrammarRequest | None = None
@@ -278,17 +291,14 @@ class Worker:
         return self._fim
 
     def stop(self) -> None:
-        """End the request in flight after its current step and refuse those waiting."""
+        """End the requests in flight after their current step and refuse those waiting."""
         with self._cond:
             self._stopping = True
-            for job in self._waiting:
-                job.outcome = "cancelled"
-                self.metrics.ended(job.model, job.outcome)
-                job.emit(shutting_down())
-                job.finished.set()
-            self._waiting.clear()
-            for job in self._running.values():
-                job.cancel()
+            for job in list(self._jobs):
+                if job.outcome == "waiting":
+                    self._drop(job, "cancelled", shutting_down())
+                else:
+                    job.cancel()
             self._cond.notify_all()
         self._begun.set()
 
@@ -296,119 +306,95 @@ class Worker:
         self.stop()
         # A load cannot be interrupted: the thread closes what it loads once it sees the stop.
         deadline = time.monotonic() + (timeout if self.loaded.is_set() else min(timeout, 2.0))
-        for thread in self._threads:
+        for thread in list(self._threads):
             thread.join(max(deadline - time.monotonic(), 0.0))
-        with self.swap_lock:
-            self._let_go()
+        with self.swap_lock:  # the pool closes its runtimes unless it is an app's own runtime
+            served, self.pool = self.pool, None
+            if served is not None:
+                served.close()
 
-    def _let_go(self) -> None:
-        """Stop serving the current pool: closed unless it is an app's own runtime (swap_lock held)."""
-        if self.pool is not None:
-            self.pool.close()
-        self.pool = None
-
-    def _retry_after(self) -> int:
+    def _retry_after(self, waiting: int) -> int:
         per_request = sum(self._seconds) / len(self._seconds) if self._seconds else 1.0
-        return max(1, round(per_request * (len(self._waiting) + 1)))
+        return max(1, round(per_request * (waiting + 1)))
 
-    # -- the generation thread -----------------------------------------------------------------
+    # -- a job's thread --------------------------------------------------------------------------
 
-    def _loop(self, lane: int) -> None:
-        self._begun.wait()
-        if lane == 0 and self.pool is None and (self._stopping or not self._first_load()):
-            return  # stopped before the load began (the port was taken, say), or the load failed
-        while (job := self._next(lane)) is not None:
-            started = time.perf_counter()
-            self.metrics.started(job.model, started - job.submitted)
-            try:
-                self._serve(job, lane)
-            finally:
-                with self._cond:
-                    del self._running[lane]
-                    self.served += 1
-                    self._seconds.append(time.perf_counter() - started)
-                    self.history.append(job)
-                    self._cond.notify_all()
-                job.finished.set()
-
-    def _next(self, lane: int) -> Job | None:
-        """The job this thread runs next, once it is this thread's to take; None once stopping.
-        A job waits for the free thread whose runtime caches the longest part of its prompt
-        (a follow-up turn goes where its conversation is), and a job for another pair waits
-        until no other thread runs one."""
-        with self._cond:
-            self._free.add(lane)
-            try:
-                while not self._stopping:
-                    if self._waiting and self._takes(lane, self._waiting[0]):
-                        job = self._waiting.popleft()
-                        self._running[lane] = job
-                        job.outcome = "running"
-                        self._cond.notify_all()
-                        return job
-                    self._cond.wait()
-                return None
-            finally:
-                self._free.discard(lane)
-
-    def _takes(self, lane: int, job: Job) -> bool:
-        """Whether thread `lane` takes the job at the head of the queue now (the lock held)."""
-        pool = self.pool
-        if pool is None or job.model != self.model_id:  # a swap, by the first thread once all are free
-            return lane == 0 and not self._running
-        if lane >= len(pool.runtimes):  # more threads than the pool has runtimes
-            return False
-        if job.prompt is None:
-            return True
-        lanes = [i for i in self._free if i < len(pool.runtimes)]
-        ids = job.prompt.ids
-
-        def cached(i: int) -> int:
-            return common_prefix(pool.runtimes[i].target.cached_tokens(), ids)
-
-        best = max(lanes, key=lambda i: (cached(i), -i))
-        return best == lane
-
-    def _first_load(self) -> bool:
-        """Load the served model; True once it is there. A failed load fails every waiting
-        request and every later one with its error."""
+    def _run(self, job: Job) -> None:
+        assert job.ticket is not None
         try:
-            runtime = self.loader(self.model_id)
+            lane = job.ticket.wait()
+        except LocalspecError:  # its line was closed: whoever closed it has ended the job
+            return
+        with self._cond:
+            if job.outcome != "waiting":  # withdrawn as its runtime was given
+                job.ticket.leave()
+                return
+            job.outcome = "running"
+            self._cond.notify_all()
+        started = time.perf_counter()
+        self.metrics.started(job.model, started - job.submitted)
+        try:
+            self._serve(job, lane)
+        finally:
+            job.ticket.leave()
+            with self._cond:
+                self._jobs.remove(job)
+                self.served += 1
+                self._seconds.append(time.perf_counter() - started)
+                self.history.append(job)
+                self._cond.notify_all()
+            job.finished.set()
+
+    def _load_when_begun(self) -> None:
+        self._begun.wait()
+        if not self._stopping:  # else stopped before the load began (the port was taken, say)
+            self._first_load()
+
+    def _first_load(self) -> None:
+        """Load the served model. A failed load fails every waiting job and every later one
+        with its error."""
+        try:
+            pool = _as_pool(self.loader(self.model_id))
         except Exception as exc:  # whatever stopped it, the server says it and stops
             log.info("loading %s failed: %s", self.model_id, exc)
-            with self._cond:
-                self.load_error = exc
-                for job in self._waiting:
-                    job.outcome = "failed"
-                    self.metrics.ended(job.model, job.outcome)
-                    job.emit(not_loaded(self.model_id, exc))
-                    job.finished.set()
-                self._waiting.clear()
-                self.loaded.set()
-                self._cond.notify_all()
+            self._failed(exc)
             if self.on_loaded is not None:
                 self.on_loaded(exc)
-            return False
-        pool = runtime if isinstance(runtime, Pool) else Pool.single(runtime)
+            return
         with self.swap_lock, self._cond:
             stopping = self._stopping
             if not stopping:
-                self.pool = pool
-                self._start_threads(len(pool.runtimes))
+                self._install(pool, self.model_id)
             self.loaded.set()
             self._cond.notify_all()
         if stopping:  # stopped while it loaded: nobody will close it otherwise
             pool.close()
-            return False
+            return
         if pool.note:
             log.warning("%s", pool.note)
         if self.on_loaded is not None:
             self.on_loaded(None)
-        return True
+
+    def _failed(self, error: BaseException) -> None:
+        """No model to serve: every job waiting, and every later one, gets the load's error."""
+        with self._cond:
+            self.load_error = error
+            for job in list(self._jobs):
+                if job.outcome == "waiting":
+                    self._drop(job, "failed", not_loaded(self.model_id, error))
+            self._room.close(not_loaded(self.model_id, error))
+            self.loaded.set()
+            self._cond.notify_all()
+
+    def _install(self, pool: Pool, model: str) -> None:
+        """Serve `pool` for `model`: the jobs waiting in the room move to its line, in their
+        order; those for another pair there need every runtime (swap_lock and _cond held)."""
+        self.pool, self.model_id = pool, model
+        self._room.hand_over(pool.dispatch, lambda ticket: self._swaps(ticket.key or model))
 
     def _serve(self, job: Job, lane: int) -> None:
         try:
-            runtime = self._runtime_for(job.model, lane)
+            runtime = self._runtime_for(job, lane)
             prompt = job.prompt if job.prompt is not None else self._tokenize(runtime, job.request)
             request = {key: value for key, value in job.request.items() if key not in PROMPT_KEYS}
             request["sampling"] = self._sampling(runtime, job, request["sampling"])
@@ -445,26 +431,46 @@ class Worker:
         if item is not None:
             job.emit(item)
 
-    def _runtime_for(self, model: str, lane: int) -> Runtime:
-        """This thread's runtime for `model`, loading that pulled pair in place of the current
-        one (one pair in memory at a time; the other threads are free, see _takes)."""
-        if model == self.model_id and self.pool is not None:
+    def _runtime_for(self, job: Job, lane: int) -> Runtime:
+        """The runtime the job was given, once its pair is served: another pair is loaded in
+        place of the current one (one pair in memory at a time) while the job holds every
+        runtime, and the job then takes the first runtime of the new pool."""
+        if not self._swaps(job.model) and self.pool is not None:
             return self.pool.runtimes[lane]
-        previous = self.model_id
-        log.info("loading %s in place of %s", model, previous)
+        log.info("loading %s in place of %s", job.model, self.model_id)
         with self.swap_lock:
-            self._let_go()
+            with self._cond:  # the jobs behind it, and those that come meanwhile, wait in the room
+                served, self.pool = self.pool, None
+                if served is not None:
+                    served.dispatch.hand_over(self._room)
+            if served is not None:
+                served.close()
             self._fim = False
+            served, error = self._load_in_place(job.model)
+            with self._cond:
+                if served is None:
+                    assert error is not None
+                    self._failed(error)
+                    raise error
+                if error is None:  # first in the new line, ahead of those that waited behind it
+                    job.ticket = served.dispatch.enter(Ticket(key=job.model))
+                self._install(served, self.model_id if error is not None else job.model)
+        if error is not None:
+            raise error
+        assert job.ticket is not None
+        return served.runtimes[job.ticket.wait()]
+
+    def _load_in_place(self, model: str) -> tuple[Pool | None, BaseException | None]:
+        """`model`'s pool; where it cannot be loaded, the pair served before (kept serving)
+        and the error; where that fails too, no pool."""
+        try:
+            return _as_pool(self.loader(model)), None
+        except BaseException as exc:
             try:
-                self.pool = _as_pool(self.loader(model))
-                self.model_id = model
-            except BaseException:
-                self.pool = _as_pool(self.loader(previous))  # keep serving what was served
-                raise
-            finally:
-                with self._cond:
-                    self._start_threads(len(self.pool.runtimes) if self.pool is not None else 1)
-            return self.pool.runtimes[lane]
+                return _as_pool(self.loader(self.model_id)), exc
+            except Exception as again:
+                log.info("loading %s again failed: %s", self.model_id, again)
+                return None, exc
 
 
 def _as_pool(served: Runtime | Pool) -> Pool:

@@ -36,6 +36,7 @@ def runtime() -> Iterator[Runtime]:
         "NotPulledError",
         "PullError",
         "RuntimeBusyError",
+        "LineFullError",
     ],
 )
 def test_every_error_type_is_importable_from_localspec_itself(name: str) -> None:

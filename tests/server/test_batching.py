@@ -209,6 +209,28 @@ def test_a_burst_of_24_requests_is_answered_whole(smollm2_q4_1: Path) -> None:
     assert statuses == [200] * 24
 
 
+def test_the_server_and_the_app_share_the_pools_line_and_a_follow_up_runs_where_its_chat_is(
+    smollm2_q4_1: Path,
+) -> None:
+    with pooled(smollm2_q4_1, 2) as (server, pool):
+        chat = [{"role": "user", "content": "Name a colour."}]
+        with pool.lane() as taken:  # the app holds the lowest runtime: the server's job gets the other
+            first = _ask(server.url, {"model": MODEL, "messages": chat, "max_tokens": 8, "temperature": 0})
+        elsewhere = pool.runtimes.index(taken) ^ 1
+        assert _lane_of_last(server, 1) == elsewhere
+        chat += [{"role": "assistant", "content": first}, {"role": "user", "content": "Another one."}]
+        _ask(server.url, {"model": MODEL, "messages": chat, "max_tokens": 8, "temperature": 0})
+        # Both runtimes are free now; the follow-up goes where its first turn is cached.
+        assert _lane_of_last(server, 2) == elsewhere
+
+
+def _lane_of_last(server: LocalServer, served: int) -> int | None:
+    """The runtime the server's last job ran on, once it has left it (its answer is sent a moment before)."""
+    assert server.worker.wait_until(lambda s: s["served"] == served, 60)
+    ticket = server.worker.history[-1].ticket
+    return ticket.lane if ticket is not None else None
+
+
 def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_why() -> None:
     why = batches(LoadOptions(model="reference:seed=0", backend="reference"))
     assert why is not None and "one request at a time" in why
@@ -263,13 +285,13 @@ def test_an_app_asks_a_pool_from_several_threads_and_gets_the_answers_it_gets_al
 
 
 def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
-    from localspec.control.costs import CostCurve, SharedPassCurve
+    from localspec.control.costs import SharedPassCurve
 
     # 5 ms a pass and 6 ms a row, as a small model on this CPU: alone a 5-row block costs 35 ms
     # against 11 for one row; beside three busy lanes it adds 30 ms against 6.
-    lone = CostCurve([0.005 + 0.006 * k for k in range(1, 17)])
+    lone = [0.005 + 0.006 * k for k in range(1, 17)]
     busy = [1]
-    shared = SharedPassCurve.sharing(lone, lambda: busy[0])
+    shared = SharedPassCurve(lone, busy=lambda: busy[0])
     assert shared.verify(1) == pytest.approx(0.011) and shared.verify(5) == pytest.approx(0.035)
     busy[0] = 4
     assert shared.verify(1) == pytest.approx(0.006) and shared.verify(5) == pytest.approx(0.030)
@@ -283,6 +305,28 @@ def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
     for _ in range(20):
         shared.update(1, 0.040)
     assert shared.scale > before
+
+
+def test_a_lanes_policy_is_the_lone_policy_priced_on_the_targets_calibration_as_shared_passes() -> None:
+    from dataclasses import replace
+
+    from localspec.control.calibrate import starting_calibration
+    from localspec.control.costs import SharedPassCurve
+    from localspec.control.factory import ngram_policy, shared_policy
+
+    target = load_backend("reference", "reference:seed=0")
+    try:
+        lone = ngram_policy(starting_calibration(target).cost_curve())
+        busy = [1]
+        lane = shared_policy(lone, target, lambda: busy[0])
+        assert isinstance(lane.costs, SharedPassCurve) and lane.costs.verify_seconds is not lone.costs.verify_seconds
+        assert replace(lane, costs=lone.costs) == lone  # every other setting is the lone policy's
+        alone = [lone.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)]
+        assert [lane.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)] == alone
+        busy[0] = 3
+        assert lane.costs.verify(2) == pytest.approx(lone.costs.verify(4) - lone.costs.verify(2))
+    finally:
+        target.close()
 
 
 def test_closing_and_cancelling_lanes_mid_answer_leaves_the_others_their_lone_answers(smollm2_q4_1: Path) -> None:

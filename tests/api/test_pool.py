@@ -1,0 +1,87 @@
+"""An app's pool of lanes on the real model: asyncio tasks await answers side by side without
+blocking their event loop, a cancelled task frees its lane, and a conversation's next turn
+lands on the lane that caches it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TEST_N_CTX
+
+import localspec
+from localspec.pool import Pool
+
+ASKS = [("Write the days of the week.", 40), ("A title for a chat about the week", 12)]
+LONG = [{"role": "user", "content": "Count from one to a hundred in words."}]
+
+
+@pytest.fixture(scope="module")
+def pool(smollm2_q4_1: Path) -> Iterator[Pool]:
+    with localspec.load_pool(
+        str(smollm2_q4_1), parallel=2, n_ctx=TEST_N_CTX, threads=1, strategy="ngram", memory=False
+    ) as pool:
+        assert len(pool.runtimes) == 2 and pool.note is None
+        yield pool
+
+
+def test_two_tasks_awaiting_answers_at_once_get_the_answers_each_gets_alone(pool: Pool) -> None:
+    alone = [pool.generate(prompt, max_tokens=n, temperature=0).text for prompt, n in ASKS]
+
+    async def together() -> list[str]:
+        answers = await asyncio.gather(*(pool.agenerate(p, max_tokens=n, temperature=0) for p, n in ASKS))
+        return [answer.text for answer in answers]
+
+    assert asyncio.run(together()) == alone
+
+
+def test_a_task_waiting_for_a_lane_leaves_the_event_loop_running(pool: Pool) -> None:
+    async def scenario() -> tuple[int, str]:
+        ticks = 0
+        async with pool.alane() as first:
+            held = pool.alane()
+            second = await held.__aenter__()
+            assert first is not second
+            task = asyncio.ensure_future(pool.agenerate(ASKS[1][0], max_tokens=ASKS[1][1], temperature=0))
+            while ticks < 20:  # the loop runs on while the task waits for a lane
+                await asyncio.sleep(0.005)
+                ticks += 1
+            assert not task.done()
+            await held.__aexit__(None, None, None)
+            answer = await asyncio.wait_for(task, 120)
+        return ticks, answer.text
+
+    alone = pool.generate(ASKS[1][0], max_tokens=ASKS[1][1], temperature=0).text
+    assert asyncio.run(scenario()) == (20, alone)
+
+
+def test_a_cancelled_task_frees_its_lane_and_the_next_call_answers(pool: Pool) -> None:
+    alone = pool.generate(ASKS[1][0], max_tokens=ASKS[1][1], temperature=0).text
+
+    async def scenario() -> str:
+        async with pool.alane() as held:  # the other lane stays taken: only the cancelled one can free
+            other = next(runtime for runtime in pool.runtimes if runtime is not held)
+            task = asyncio.ensure_future(pool.agenerate(messages=LONG, max_tokens=400, temperature=0))
+            for _ in range(12000):  # it decodes before it is cancelled
+                if other.busy and other.target.n_past > 0:
+                    break
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            answer = await pool.agenerate(ASKS[1][0], max_tokens=ASKS[1][1], temperature=0, lane_timeout=60)
+            return answer.text
+
+    assert asyncio.run(scenario()) == alone
+
+
+def test_a_conversations_next_turn_runs_on_the_lane_that_caches_it(pool: Pool) -> None:
+    chat = [{"role": "user", "content": "Name a colour."}]
+    with pool.lane() as taken:  # the first turn goes to the other lane, not the lowest
+        first = pool.generate(messages=chat, max_tokens=8, temperature=0)
+    cached_on = next(runtime for runtime in pool.runtimes if runtime is not taken)
+    follow_up = [*chat, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Another."}]
+    with pool.lane(prompt=pool.runtimes[0].prepare(messages=follow_up)) as runtime:
+        assert runtime is cached_on
