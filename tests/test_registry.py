@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from localspec.models.default_model import DEFAULT_MODEL
+from localspec.models.entries import HubArtifact, PyPIArtifact
 from localspec.models.registry import (
-    HubArtifact,
-    PyPIArtifact,
     RegistryError,
     UnknownPairError,
     load_registry,

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from localspec.models.entries import split_shards
 from localspec.models.hub import ChecksumMismatchError
 from localspec.models.pull import pull, resolve_pair
-from localspec.models.registry import RegistryError, load_registry, split_shards, user_registry_file
+from localspec.models.registry import RegistryError, load_registry, user_registry_file
 from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf
 
 SHARDS = [f"split-target-0000{i}-of-00003.gguf" for i in (1, 2, 3)]

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from localspec.core.choices import PULLABLE_BACKENDS
-from localspec.models.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry, sidecar_of
+from localspec.models.entries import Artifact, HubArtifact, LocalArtifact, Model, Pair, sidecar_of
+from localspec.models.registry import load_registry
 from localspec.models.sizes import Size, human_bytes
 
 PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")

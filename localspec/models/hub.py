@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from localspec.core.errors import LocalspecError
 from localspec.core.progress import Announce, announced
+from localspec.models.entries import HubArtifact
 from localspec.models.hub_floor import MIN_BYTES_PER_SECOND, HubTooSlowError, throughput_floor
-from localspec.models.registry import HubArtifact
 from localspec.store import sha256_of, write_atomic
 
 DEFAULT_ENDPOINT = "https://huggingface.co"

@@ -21,6 +21,7 @@ from localspec.core.choices import DEFAULT_BACKEND
 from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError
 from localspec.core.progress import Announce
 from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
+from localspec.models.entries import HubArtifact, LocalArtifact, Model, Pair, PyPIArtifact, sidecar_of, split_shards
 from localspec.models.hub import (
     FileBar,
     HubSettings,
@@ -36,17 +37,7 @@ from localspec.models.hub import (
     sweep_incomplete,
 )
 from localspec.models.pairing import check_pair_fits
-from localspec.models.registry import (
-    HubArtifact,
-    LocalArtifact,
-    Model,
-    Pair,
-    PyPIArtifact,
-    Registry,
-    load_registry,
-    sidecar_of,
-    split_shards,
-)
+from localspec.models.registry import Registry, load_registry
 from localspec.models.sizes import Size, artifact_size, estimate
 from localspec.store import StoreError, data_dir, models_dir, write_atomic, write_json_atomic
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from localspec.core.errors import ModelLoadError
 from localspec.core.gguf_header import GGUFHeader
 from localspec.core.protocol import VocabIdentity
+from localspec.models.entries import HubArtifact
 from localspec.models.hub import HubSettings
-from localspec.models.registry import HubArtifact
 
 FIRST_READ = 8 << 20  # a 150k-token vocabulary's whole header, in one read
 
