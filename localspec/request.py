@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from localspec.core.drafting import DraftLengthPolicy
 from localspec.core.engine import PerRequest, ReusePrefix
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import DraftLengthPolicy
 from localspec.core.sampling import KNOBS, PENALTIES, LogprobRecorder, SamplingConfig, check_top_logprobs
 from localspec.events import Event
 from localspec.prompts import Prompt

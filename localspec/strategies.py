@@ -18,12 +18,13 @@ from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.backend_loader import BACKENDS, kind_of, load_backend
 from localspec.core.choices import EVERY_STRATEGY, FEATURE_DRAFTERS, DraftTokens
+from localspec.core.drafting import Drafter, DraftLengthPolicy
 from localspec.core.errors import InvalidRequestError, ModelLoadError, PairMismatchError
 from localspec.core.exactness import greedy_exact_within
 from localspec.core.gguf_header import read_header
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Backend, Drafter, DraftLengthPolicy, SelfDrafting, vocab_mismatch
+from localspec.core.protocol import Backend, SelfDrafting, vocab_mismatch
 from localspec.drafters import BlockDrafter, DrafterHost, cannot_attach
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.model import ModelDrafter
