@@ -21,8 +21,9 @@ from localspec.core.errors import LocalspecError, in_api_terms
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend
+from localspec.drafters.files import head_kind, is_assistant, load_drafter
 from localspec.runtime import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, sampling_config
-from localspec.strategies import derive_drafter, head_kind, is_assistant, load_drafter
+from localspec.strategies import derive_drafter
 
 if TYPE_CHECKING:
     from localspec.models.registry import Registry
