@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from localspec.models.entries import split_shards
-from localspec.models.hub import ChecksumMismatchError
+from localspec.models.hub_errors import ChecksumMismatchError
 from localspec.models.pull import pull, resolve_pair
 from localspec.models.registry import RegistryError, load_registry, user_registry_file
 from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf

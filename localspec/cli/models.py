@@ -172,7 +172,7 @@ def handle_rm(args: argparse.Namespace) -> int:
 
 
 def _paths() -> dict[str, str]:
-    from localspec.models.hub import hub_cache_dir
+    from localspec.models.hub_settings import hub_cache_dir
     from localspec.models.registry import packaged_registry_file, user_registry_file
     from localspec.store import data_dir
 

