@@ -5,6 +5,7 @@
     copies.py      qspec and layerskip self-drafters, derived once with llama.cpp's quantize call
     rpc.py         a target split over llama.cpp RPC servers: offload and wait limits
     rpc_server.py  running and supervising llama.cpp's rpc-server (`localspec rpc-server`)
+    rpc_guard.py   the guard in front of it: one client at a time, a silent or crashing one shut out
 
 Nothing is imported here, so `localspec rpc-server --help` and the model registry never load
 llama.cpp; the loader imports backend.py.

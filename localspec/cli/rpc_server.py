@@ -10,16 +10,14 @@ import argparse
 import sys
 from typing import Any
 
-from localspec.backends.llamacpp.rpc_server import (
+from localspec.backends.llamacpp.rpc_guard import (
     CRASH_BAN_MAX_S,
     CRASH_BAN_S,
-    DEFAULT_HOST,
-    DEFAULT_PORT,
     HANDSHAKE_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     MAX_CLIENTS,
-    SECURITY_NOTE,
 )
+from localspec.backends.llamacpp.rpc_server import DEFAULT_HOST, DEFAULT_PORT, SECURITY_NOTE
 
 
 def register(sub: Any) -> None:
@@ -70,15 +68,8 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.backends.llamacpp.rpc_server import (
-        Guard,
-        is_loopback,
-        listen,
-        require_rpc,
-        serve,
-        supervise,
-        watch_parent,
-    )
+    from localspec.backends.llamacpp.rpc_guard import Guard, listen
+    from localspec.backends.llamacpp.rpc_server import is_loopback, require_rpc, serve, supervise, watch_parent
 
     if not is_loopback(args.host) and not args.allow_remote:
         print(
