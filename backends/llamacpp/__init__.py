@@ -1,6 +1,7 @@
 """llama.cpp backend (the CPU, and GPUs through llama.cpp's own offload).
 
     backend.py     the Backend protocol on llama-cpp-python's low-level API; hybrid rollback
+                   its parts: state.py build.py text.py images.py tree_verify.py hosting.py
     mtp.py         multi-token-prediction heads (Qwen3.5/3.6) and Gemma 4 assistants as drafters
     copies.py      qspec and layerskip self-drafters, derived once with llama.cpp's quantize call
     rpc.py         a target split over llama.cpp RPC servers: offload and wait limits
