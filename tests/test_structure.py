@@ -121,7 +121,6 @@ MANY_PARAMETERS_ALLOWED = {
     "localspec/server/__init__.py:__init__": NOT_YET,
     "localspec/tooling/peers.py:run_peer": NOT_YET,
     "backends/llamacpp/backend.py:__init__": NOT_YET,
-    "backends/llamacpp/rpc_guard.py:__init__": NOT_YET,
     "backends/mlx/backend.py:__init__": NOT_YET,
     "backends/torch/backend.py:__init__": NOT_YET,
     "backends/torch/backend.py:_describe": NOT_YET,

@@ -93,6 +93,17 @@ class _Message:
         return self.size is not None and self.got >= self.size
 
 
+@dataclass(frozen=True)
+class GuardLimits:
+    """How long and how many clients the guard lets wait, and how long it shuts a crasher out."""
+
+    idle_s: float = IDLE_TIMEOUT_S  # a session silent this long while others wait is closed
+    handshake_s: float = HANDSHAKE_TIMEOUT_S  # a new connection must say hello within this
+    max_clients: int = MAX_CLIENTS  # connections held at once, the one being served included
+    crash_ban_s: float = CRASH_BAN_S  # the first shut-out of a host whose session crashed the server
+    message_floor: float = MESSAGE_FLOOR_BYTES_S  # bytes/s a message must keep coming at
+
+
 class Guard:
     """Accepts clients on `listener` and lets one at a time through to the server at
     127.0.0.1:`upstream_port`. A client that has not finished its hello and sent its first
@@ -103,19 +114,16 @@ class Guard:
     closed, so a message takes at most handshake_s + its size / message_floor."""
 
     def __init__(
-        self,
-        listener: socket.socket,
-        upstream_port: int,
-        log: TextIO,
-        idle_s: float = IDLE_TIMEOUT_S,
-        handshake_s: float = HANDSHAKE_TIMEOUT_S,
-        max_clients: int = MAX_CLIENTS,
-        crash_ban_s: float = CRASH_BAN_S,
-        message_floor: float = MESSAGE_FLOOR_BYTES_S,
+        self, listener: socket.socket, upstream_port: int, log: TextIO, limits: GuardLimits | None = None
     ) -> None:
+        limits = limits or GuardLimits()
         self.listener, self.upstream_port, self.log = listener, upstream_port, log
-        self.idle_s, self.handshake_s, self.max_clients = idle_s, min(handshake_s, idle_s), max_clients
-        self.crash_ban_s, self.message_floor = crash_ban_s, message_floor
+        self.idle_s, self.handshake_s = limits.idle_s, min(limits.handshake_s, limits.idle_s)
+        self.max_clients, self.crash_ban_s, self.message_floor = (
+            limits.max_clients,
+            limits.crash_ban_s,
+            limits.message_floor,
+        )
         self.waiting: deque[_Connection] = deque()
         self.active: _Connection | None = None
         self.last: _Connection | None = None  # the newest client the server answered

@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.backends.llamacpp.rpc_guard import Guard, listen
+    from localspec.backends.llamacpp.rpc_guard import Guard, GuardLimits, listen
     from localspec.backends.llamacpp.rpc_server import is_loopback, require_rpc, serve, supervise, watch_parent
 
     if not is_loopback(args.host) and not args.allow_remote:
@@ -95,14 +95,8 @@ def handle(args: argparse.Namespace) -> int:
     private = listen("127.0.0.1", 0)  # the child's port, reachable only through the guard
     child_port = private.getsockname()[1]
     private.close()
-    guard = Guard(
-        listener,
-        child_port,
-        sys.stderr,
-        idle_s=args.idle_timeout,
-        max_clients=args.max_clients,
-        crash_ban_s=args.crash_ban,
-    )
+    limits = GuardLimits(idle_s=args.idle_timeout, max_clients=args.max_clients, crash_ban_s=args.crash_ban)
+    guard = Guard(listener, child_port, sys.stderr, limits)
     guard.start()
     print(
         f"localspec: rpc-server: listening on {args.host}:{args.port}; llama.cpp's server behind it "
