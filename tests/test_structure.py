@@ -127,8 +127,6 @@ MANY_PARAMETERS_ALLOWED = {
     "backends/torch/layers.py:rope_attend": NOT_YET,
     "backends/torch/layers.py:__init__": NOT_YET,
     "backends/torch/native.py:rope_attention": NOT_YET,
-    "backends/torch/shapes.py:llama3": NOT_YET,
-    "backends/torch/shapes.py:qwen2": NOT_YET,
 }
 
 
