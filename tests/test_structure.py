@@ -119,7 +119,6 @@ MANY_PARAMETERS_ALLOWED = {
     "localspec/models/pull.py:pull": NOT_YET,
     "localspec/models/pull.py:_pull_hub": NOT_YET,
     "localspec/server/__init__.py:__init__": NOT_YET,
-    "localspec/tooling/peers.py:run_peer": NOT_YET,
     "backends/llamacpp/backend.py:__init__": NOT_YET,
     "backends/mlx/backend.py:__init__": NOT_YET,
     "backends/torch/backend.py:__init__": NOT_YET,
