@@ -117,7 +117,6 @@ MANY_PARAMETERS_ALLOWED = {
     "localspec/control/tree_replay.py:replay_tree": NOT_YET,
     "localspec/control/tree_replay.py:replay_head_tree": NOT_YET,
     "localspec/models/pull.py:pull": NOT_YET,
-    "localspec/models/pull.py:_pull_hub": NOT_YET,
     "localspec/server/__init__.py:__init__": NOT_YET,
     "backends/llamacpp/backend.py:__init__": NOT_YET,
     "backends/mlx/backend.py:__init__": NOT_YET,
