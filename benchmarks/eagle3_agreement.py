@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.backends.llamacpp.backend import LlamaCppBackend
-from localspec.core.protocol import Draft
+from localspec.core.drafting import Draft
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters.model import ModelDrafter
 from localspec.testing.agreement import N_PREDICT, PROMPTS, Peer, side_by_side

@@ -51,7 +51,7 @@ from localspec.control.prompts import SUITE
 from localspec.control.replay import Truth, calibration_from_doctor, replay
 from localspec.core import engine as engine_module
 from localspec.core.backend_loader import load_backend
-from localspec.core.protocol import Draft
+from localspec.core.drafting import Draft
 from localspec.core.stats import Stats
 from localspec.core.templates import render_chat
 from localspec.core.textstream import TextAssembler

@@ -30,7 +30,7 @@ from localspec.core.protocol import Backend
 from localspec.core.templates import render_chat
 from localspec.drafters.memory import NgramMemory
 from localspec.tooling.bench import geometric_mean
-from localspec.tooling.peers import run_peer
+from localspec.tooling.peers import PeerRun, run_peer
 
 SESSIONS = Path(__file__).with_name("prompts_sessions.jsonl")
 OURS = ("plain", "ngram", "ngram+memory")
@@ -84,9 +84,8 @@ def run_session(
             for gamma in args.gamma if args.peers_bin else []:
                 for cached in (False, True):
                     cache = ["-lcd", str(Path(caches) / f"dynamic-{gamma}.bin")] if cached else []
-                    peer = run_peer(
-                        args.peers_bin, "llama-lookup", model, text, args.max_tokens, gamma, None, args.threads, cache
-                    )
+                    lookup = PeerRun("llama-lookup", model, text, args.max_tokens, gamma, None, args.threads, cache)
+                    peer = run_peer(args.peers_bin, lookup)
                     if i > 0:
                         tally.add(peer_column(gamma, cached), peer.tokens, peer.seconds)
 

@@ -460,7 +460,7 @@ class ModelGuesses:
         return max(0, len(context) - 1 - self.seen)
 
     def propose(self, context: Sequence[int], n: int, cfg: Any, rng: Any) -> Any:
-        from localspec.core.protocol import Draft
+        from localspec.core.drafting import Draft
 
         self.clock.simulated += self.backlog(context) * self.catch_up + n * self.per_token
         at = len(context)

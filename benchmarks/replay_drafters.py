@@ -44,7 +44,7 @@ from localspec.control.policy import AdaptiveDraftLength, FixedDraftLength
 from localspec.control.prompts import BenchPrompt, load_prompt_sets
 from localspec.control.replay import LookupCache, Truth, calibration_from_doctor, ceiling, replay, replay_lookup
 from localspec.core.backend_loader import load_backend
-from localspec.core.protocol import DraftLengthPolicy
+from localspec.core.drafting import DraftLengthPolicy
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters.ngram import NgramDrafter
 from localspec.store import data_dir

@@ -58,7 +58,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 # Errors of the pulling code, imported when first asked for: it brings huggingface-hub.
-_LAZY = {"NotPulledError": "localspec.models.pull", "PullError": "localspec.models.hub"}
+_LAZY = {"NotPulledError": "localspec.models.pull", "PullError": "localspec.models.hub_errors"}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.trees import BRANCHING, OffersAlternatives, asked_tree, priced_trees
 from localspec.core.choices import TreeAsk, Trees
+from localspec.core.drafting import Branching, DraftLengthPolicy, TreeShaper
 from localspec.core.engine import Engine
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Branching, DraftLengthPolicy, TreeShaper
 from localspec.strategies import Plan
 
 

@@ -7,7 +7,8 @@ from localspec.core.grammar import GrammarConstraint
 from localspec.core.sampling import LogprobRecorder, SamplingConfig, TokenLogprob
 from localspec.core.stats import Stats, Step
 from localspec.core.textstream import TextAssembler
-from localspec.core.tools import CallFilter, ToolCall, ToolRequest
+from localspec.core.tool_parsing import CallFilter
+from localspec.core.tools import ToolCall, ToolRequest
 from localspec.events import Completion, Event, Finished, TextDelta
 
 

@@ -18,10 +18,11 @@ from typing import Any, Protocol, runtime_checkable
 from localspec.assembly import Calibrated, assemble, calibrate
 from localspec.control.factory import shared_policy
 from localspec.core.backend_loader import load_backend
+from localspec.core.drafting import common_prefix
 from localspec.core.errors import InvalidRequestError, LocalspecError
 from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
-from localspec.core.protocol import Backend, SharesPasses, common_prefix
+from localspec.core.protocol import Backend, SharesPasses
 from localspec.dispatch import Dispatcher, Ticket
 from localspec.prompts import Prompt
 from localspec.runtime import Completion, Runtime

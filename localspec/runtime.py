@@ -15,11 +15,12 @@ from localspec.assembly import Assembly, assemble
 from localspec.constraints import Constraints
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.contention import threads_notice
+from localspec.core.drafting import DraftLengthPolicy
 from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars
-from localspec.core.protocol import DraftLengthPolicy, SharesPasses
+from localspec.core.protocol import SharesPasses
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats
 from localspec.core.textstream import TextAssembler

@@ -16,11 +16,10 @@ from pathlib import Path
 import platformdirs
 import pytest
 from filelock import FileLock
+from model_support import TEST_N_CTX, load_llamacpp
 
 from localspec.core.errors import LocalspecError
 from localspec.core.protocol import Backend
-
-TEST_N_CTX = 2048
 
 
 @pytest.fixture(autouse=True)
@@ -97,12 +96,6 @@ class DerivedModels:
 def derived_models(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) -> DerivedModels:
     """derived_models["Q8_0"], ["Q4_0"], ["F16"]: made lazily, once per run."""
     return DerivedModels(smollm2_q4_1, run_folder(tmp_path_factory, "derived-models"))
-
-
-def load_llamacpp(path: Path, n_ctx: int = TEST_N_CTX) -> Backend:
-    from localspec.core.backend_loader import load_backend
-
-    return load_backend("llamacpp", str(path), n_ctx=n_ctx)
 
 
 LoadModel = Callable[..., Backend]

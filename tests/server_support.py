@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import TEST_N_CTX
+from model_support import TEST_N_CTX
 
 from localspec.api import Runtime, load
 from localspec.server import LocalServer, Settings

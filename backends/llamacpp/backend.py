@@ -10,18 +10,19 @@ which cannot be cut at a position, only replaced: RecurrentRollback takes it bac
 Its self-drafters are GGUFs derived from the target (copies.py). They cost the kept blocks'
 weights once more in memory and a KV cache of their own: llama.cpp has no API to stop a
 forward pass early or to share KV across contexts.
+
+The class is assembled from its parts, each a module over the fields state.py declares:
+build.py (model, context, batch), text.py (vocabulary), images.py, tree_verify.py (trees)
+and hosting.py (the drafters it hosts); evaluation, rollback and closing are here.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
-from functools import cache, partial
-from pathlib import Path
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -30,41 +31,32 @@ from localspec.control.calibrate import pass_seconds, starting_calibration
 from localspec.control.contention import busy_cores, default_threads
 from localspec.control.hardware import physical_cores
 from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
-from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError
+from localspec.core.errors import InvalidRequestError
 from localspec.core.gguf_header import (
-    ASSISTANT_ARCHITECTURE,
-    assistant_alone,
     check_gguf,
-    diagnose_gguf,
-    load_failure_hint,
-    read_header,
 )
 from localspec.core.protocol import (
-    Backend,
     Capabilities,
     Logits,
     LogitsMode,
     ModelInfo,
     PassStopped,
-    VocabIdentity,
 )
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 from localspec.core.sampling import Distribution, SamplingConfig
-from localspec.core.tree import depths
-from localspec.drafters import cannot_attach
 
 from . import drafters, library
-from .abort import Abort
+from .build import BuildsTarget, check_block_size
 from .dflash import DFlashDrafter
-from .dspark import DSparkDrafter
-from .eagle3 import Eagle3Head
-from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
+from .features import HiddenRows
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
 from .gpu import auto_gpu_layers, gpu_device, output_on_gpu
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
 from .greedy import DeviceGreedy
 from .head import ContextHead
+from .hosting import HostsDrafters
+from .images import SeesImages
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
 from .lanes import LaneHost
 from .library import EXACT_BUILD as EXACT_BUILD
@@ -72,61 +64,28 @@ from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
 from .library import (
     build_id,
-    flash_attention,
     init_library,
     note_default_kernels,
     use_exact_kernels,
 )
 from .library import extra_buffers as extra_buffers  # which tooling/peers.py reads through this module
-from .mtp import MtpHead
+from .library import flash_attention as flash_attention  # which tooling/peers.py reads through this module
 from .outputs import LogitsRows
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
-from .tree import BRANCHES, TreePass
-from .vision import EmbeddingBatch, Projector, eval_runs
+from .text import TargetText
+from .tree import BRANCHES
+from .tree_verify import VerifiesTrees
+from .vision import eval_runs
 
 llama = library.llama  # imported there, with the message that says how to install it
 
-H = TypeVar("H", bound=ContextHead | DFlashDrafter)  # a drafter reading this target's context
 
-
-def _model_params(rpc: Sequence[str], gpu_layers: int) -> tuple[Any, Any]:
-    """Model parameters: gpu_layers layers on this machine's GPU and the rest on its CPU, or
-    every layer on the given RPC servers' devices (returned too: the array must outlive the load)."""
-    mparams = library.model_params(gpu_layers)
-    if not rpc:
-        return mparams, None
-
-    return mparams, rpc_entry_points.offload_to_servers(mparams, rpc)
-
-
-# llama.cpp pads every context to a multiple of 256 cells. Asked for fewer than BRANCHES it
-# also caps its batch there, below the one output per sequence it reserves: GGML_ASSERT.
-MIN_CONTEXT = 256
-
-
-def context_cells(n_ctx: int, n_ctx_train: int) -> int:
-    """The context asked of llama.cpp: n_ctx, at most what the model was trained on (memory for
-    a context it cannot use), at least MIN_CONTEXT (the smallest llama.cpp makes anyway)."""
-    return max(min(n_ctx, n_ctx_train or n_ctx), MIN_CONTEXT)
-
-
-def check_block_size(max_block: object) -> None:
-    """Refuse a batch that llama.cpp would abort the process on: each of the tree's BRANCHES
-    sequences reserves an output row in it."""
-    if isinstance(max_block, bool) or not isinstance(max_block, int) or max_block < BRANCHES:
-        raise InvalidRequestError(
-            f"max_block (llama.cpp's batch) must be a whole number of {BRANCHES} or more, got {max_block!r}",
-            "leave max_block out (512, the default)",
-        )
-
-
-class LlamaCppBackend:
+class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, HostsDrafters):
     """One GGUF model with its own context (KV cache) on the CPU. Loaded with lanes=N, its
     context serves N requests in shared passes instead (lane_host(), lanes.py), each lane a
     context of n_ctx."""
 
     _lane_host: LaneHost | None  # made by lane_host(), once
-    _images: tuple[Projector, EmbeddingBatch] | None = None  # see_images(): a projector and its batch
 
     def __init__(
         self,
@@ -187,106 +146,6 @@ class LlamaCppBackend:
         self._closed = False
         self._pieces: dict[int, bytes] = {}
         self._describe(path, threads, rpc, exact, gpu_layers, max_block)
-
-    def see_images(self, mmproj: str) -> None:
-        """Read images through the projector GGUF mmproj (vision.py); a projector that fails to
-        load closes this backend: nothing stays loaded half-way."""
-        try:
-            if self._lanes:  # a lane's blocks go through lanes.py, which reads token ids only
-                raise InvalidRequestError("images are not served in shared passes yet", "serve it with --parallel 1")
-            projector = Projector(mmproj, self._model, self._options["threads"], bool(self._options["gpu_layers"]))
-        except BaseException:
-            self.close()
-            raise
-        self._images = projector, EmbeddingBatch(projector.n_embd, self.capabilities.max_block)
-
-    def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
-        mparams, self._devices = _model_params(rpc, gpu_layers)
-        mparams.use_extra_bufts = self._plan.repack  # repacked K-quants take another kernel for 4+ rows
-        # A model's own MTP blocks (Qwen3.5's nextn layers, one block) are loaded whenever the
-        # file has them: a drafting context on a model loaded without them aborts the process.
-        mparams.load_mtp = True
-        model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
-        if not model:
-            raise ModelLoadError(
-                f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
-                load_failure_hint(path),
-            )
-        arch = ctypes.create_string_buffer(64)
-        llama.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
-        if arch.value == ASSISTANT_ARCHITECTURE.encode():  # drafts only, from inside its target
-            llama.llama_model_free(model)
-            raise assistant_alone(path)
-        return model
-
-    def _make_context(self, path: str, model: Any, snapshots: int | None) -> Any:
-        """The model's context, as the load options ask; snapshots: recurrent-state snapshots per
-        decode (None: not a recurrent model)."""
-        options = self._options
-        threads, max_block, exact = options["threads"], options["max_block"], bool(options.get("exact"))
-        n_ctx = context_cells(options["n_ctx"], int(llama.llama_model_n_ctx_train(model))) * max(self._lanes, 1)
-        cparams = llama.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = max_block
-        cparams.n_ubatch = max_block
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        # Rollback of a rejected draft needs the whole sliding-window cache (Gemma 3's, say):
-        # a pruned window cannot give back the tokens it dropped.
-        cparams.swa_full = True
-        cparams.n_outputs_max_per_seq = 0  # as many as the batch: greedy.py takes a verify block's argmax
-        # Exact: flash attention on the CPU splits a one-token pass over the KV cache once it
-        # holds 512 cells (one partial sum per thread), which a block never does.
-        cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED if exact else flash_attention()
-        # One stream for every sequence: a tree's branches share the cells of the text before
-        # it (tree.py); with a single sequence this is the cache it always was.
-        cparams.kv_unified = snapshots is None
-        cparams.n_seq_max = BRANCHES if snapshots is None else 1
-        if self._lanes:  # a stream per lane (lanes.py says why)
-            cparams.kv_unified, cparams.n_seq_max = False, self._lanes
-        if snapshots is not None and self._lanes:
-            llama.llama_model_free(model)
-            raise InvalidRequestError(
-                f"{os.path.basename(path)} keeps recurrent state, which shared passes do not serve yet",
-                "serve it with --parallel 1",
-            )
-        if snapshots is not None:
-            cparams.n_rs_seq = snapshots
-            # The snapshots come from the last ubatch: a verify block must fit in one.
-            cparams.n_ubatch = max(cparams.n_ubatch, snapshots + 1)
-        ctx = llama.llama_init_from_model(model, cparams)
-        if not ctx:
-            llama.llama_model_free(model)
-            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
-        self._abort = Abort(ctx)  # ends a prompt's piece in flight (abort.py)
-        return ctx
-
-    def _make_batch(self, ctx: Any, max_block: int) -> int:
-        """The one reusable batch, with numpy views over its arrays; returns the block size it takes."""
-        # llama.cpp caps the batch at a small requested n_ctx (then pads n_ctx): a block
-        # larger than its batch would abort the process, so take its figure as ours.
-        max_block = min(max_block, int(llama.llama_n_batch(ctx)))
-        self._batch = llama.llama_batch_init(max_block, 0, 1)
-        # numpy views over the batch's C arrays: filling a block is a few vector writes.
-        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(max_block,))
-        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(max_block,))
-        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_block,))
-        # The same arrays as memoryviews, for a plain step's three writes: numpy's item writes
-        # touch more code, which costs after a pass has emptied the caches (host_time.py).
-        self._tok1, self._pos1 = self._tok.data.cast("B").cast("i"), self._pos.data.cast("B").cast("i")
-        self._out1 = self._out.data.cast("B").cast("b")
-        # What a pass that brings no rows back returns: one empty array, never written.
-        self._no_rows = np.empty((0, self._n_vocab), dtype=np.float32)
-        self._no_rows.flags.writeable = False
-        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
-        for i in range(max_block):
-            self._batch.seq_id[i][0] = 0
-        # Trees (tree.py) where the cache is cells; a recurrent state per sequence takes none.
-        self._trees = None if self._recurrent is not None or self._lanes else TreePass(ctx, self._mem, max_block)
-        # The end of self._tokens that the cache does not hold yet: a kept branch's tokens that
-        # the next pass evaluates first (keep_branch folds its second pass into the next).
-        self._deferred: list[int] = []
-        return max_block
 
     def _describe(
         self, path: str, threads: int, rpc: Sequence[str], exact: bool, gpu_layers: int, max_block: int
@@ -350,22 +209,7 @@ class LlamaCppBackend:
         Not a model with recurrent state: a stopped pass may have changed it already."""
         return self._abort.when(stop) if self._recurrent is None else nullcontext()
 
-    def _live(self) -> None:
-        # Every call reaches into freed C memory once closed: refuse it instead of crashing.
-        if self._closed:
-            raise BackendClosedError(f"{self.info.name} was closed", "load the model again")
-
     # -- description ------------------------------------------------------------------------
-
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):  # chat templates can be long: ask again with room for all of it
-            buf = ctypes.create_string_buffer(n + 1)
-            llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
 
     @property
     def n_past(self) -> int:
@@ -374,69 +218,7 @@ class LlamaCppBackend:
     def cached_tokens(self) -> Sequence[int]:
         return self._tokens
 
-    def vocab_identity(self) -> VocabIdentity:
-        self._live()
-        texts = tuple((llama.llama_vocab_get_text(self._vocab, i) or b"") for i in range(self._n_vocab))
-        bos = int(llama.llama_vocab_bos(self._vocab))
-        eos = int(llama.llama_vocab_eos(self._vocab))
-        kinds = {1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-        kind = kinds.get(int(llama.llama_vocab_type(self._vocab)), "none")
-        return VocabIdentity(kind, self._n_vocab, bos if bos >= 0 else None, eos if eos >= 0 else None, texts)
-
-    def end_of_generation(self) -> frozenset[int]:
-        self._live()
-        return self._eog()
-
-    @cache  # noqa: B019 - one backend per model, lives as long as the model
-    def _eog(self) -> frozenset[int]:
-        return frozenset(i for i in range(self._n_vocab) if llama.llama_vocab_is_eog(self._vocab, i))
-
-    def chat_template(self) -> str | None:
-        self._live()
-        return self._meta("tokenizer.chat_template")
-
-    def special_texts(self) -> dict[str, str]:
-        self._live()
-        out = {}
-        for name, tok in (
-            ("bos_token", llama.llama_vocab_bos(self._vocab)),
-            ("eos_token", llama.llama_vocab_eos(self._vocab)),
-        ):
-            out[name] = (llama.llama_vocab_get_text(self._vocab, tok) or b"").decode() if tok >= 0 else ""
-        return out
-
     # -- text -------------------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        self._live()
-        raw = text.encode("utf-8")
-        cap = len(raw) + 8
-        buf = (llama.llama_token * cap)()
-        n = llama.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (llama.llama_token * cap)()
-            n = llama.llama_tokenize(self._vocab, raw, len(raw), buf, cap, add_special, parse_special)
-        return list(buf[:n])
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)  # a vocabulary does not change: each piece is asked for once
-        if piece is None:
-            self._live()
-            piece = self._pieces[token] = self._piece(token)
-        return piece
-
-    def _piece(self, token: int) -> bytes:
-        # A buffer per call: lanes (lanes.py) read pieces from several threads at once.
-        buf = ctypes.create_string_buffer(256)
-        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        return buf.raw[:n]
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -489,44 +271,6 @@ class LlamaCppBackend:
             return self._no_rows
         return self._logits.rows(rows)
 
-    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
-        """One pass over an image's rows (embeddings) at the next positions, recorded as its
-        placeholder ids (vision.py)."""
-        assert self._images is not None
-        past, n = len(self._tokens), len(ids)
-        if self._greedy.attached and logits != "none":
-            self._greedy.detach()
-        if self._unrecorded:
-            self.rollback(past)
-        if self._recurrent is not None:
-            self._recurrent.before_decode(past)
-        self._unrecorded, self._in_flight = True, n
-        if (rc := self._images[1].decode(self._ctx, rows, past, logits == "last", logits == "all")) != 0:
-            self._unrecorded = False
-            if self._abort.stopped(rc):
-                raise PassStopped
-            raise InvalidRequestError(f"llama_decode failed with code {rc} on an image at position {past}")
-        if self._recurrent is not None:
-            self._recurrent.after_decode(n)
-        for kept in self._recorded:
-            kept.record(past, n)
-        self._tokens.extend(ids)
-        self._unrecorded = False
-        return self._no_rows if logits == "none" else self._logits.rows(n if logits == "all" else 1)
-
-    def image_marker(self) -> str | None:
-        """localspec.core.media.SeesImages: the text that stands for an image in a prompt
-        given to tokenize_images; None: loaded without a projector (--mmproj)."""
-        return self._images[0].marker if self._images is not None else None
-
-    def tokenize_images(self, text: str, images: Sequence[bytes], names: Sequence[str]) -> list[int]:
-        """The ids of a rendered prompt holding image_marker() once per image: each image's
-        positions as placeholder ids (vision.py)."""
-        self._live()
-        if self._images is None:
-            raise InvalidRequestError(f"{self.info.name} was loaded without a projector", "load it with --mmproj FILE")
-        return self._images[0].tokenize(text, images, names)
-
     def _splits(self, n: int) -> bool:
         """Whether a block of n rows with all logits is evaluated in pieces of one-token kernels."""
         return self._max_rows < n <= SPLIT_BLOCKS_UP_TO
@@ -570,84 +314,6 @@ class LlamaCppBackend:
         if cfg.greedy:
             return accept_greedy(tokens[1:], logits)
         return accept_rejection_sampling(tokens[1:], draft_dists, logits, cfg, rng)
-
-    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> Logits:
-        """localspec.core.protocol.TreeBackend: one pass, every branch a sequence (tree.py)."""
-        self._live()
-        trees, n, past = self._trees, len(tokens), len(self._tokens)
-        if trees is None:
-            raise InvalidRequestError(f"{self.info.name} verifies chains only", "draft without branches")
-        self._check_tree(tokens, parents)
-        if self._greedy.attached:  # this pass's logits are wanted
-            self._greedy.detach()
-        if self._unrecorded:
-            self.rollback(past)
-        prefix = self._take_deferred(n)  # a kept branch's tokens (keep_branch): the tree's trunk
-        if prefix:
-            k = len(prefix)
-            tokens = [*prefix, *tokens]
-            parents = [*range(-1, k - 1), *(p + k if p >= 0 else k - 1 for p in parents)]
-            n, past = len(tokens), len(self._tokens)
-        trees.trunk = len(prefix)
-        depth = depths(parents)
-        trees.begin(past, parents)
-        self._unrecorded, self._in_flight = True, n
-        step = self._max_rows if self._splits(n) else n  # exact kernels: in pieces, as eval_block
-        rows = []
-        for start in range(0, n, step):
-            part = range(start, min(n, start + step))
-            if (rc := trees.decode(tokens, [past + d for d in depth], part)) != 0:
-                self.rollback(past)
-                raise InvalidRequestError(
-                    f"llama_decode failed with code {rc} at position {past}", "draft without branches"
-                )
-            for kept in self._recorded:  # node rows at past + node until keep_branch gathers the path's
-                kept.record(past + start, len(part))
-            out = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(part), self._n_vocab))
-            rows.append(out if step == n else out.copy())
-        self._tokens += tokens[: trees.trunk + 1]  # the root and its trunk; keep_branch records the rest
-        trees.nodes = [int(t) for t in tokens]
-        out = rows[0] if len(rows) == 1 else np.concatenate(rows)
-        return out[trees.trunk :]
-
-    def _check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> None:
-        n = len(tokens)
-        if not 0 < n <= self.capabilities.max_block or len(self._tokens) + n > self.info.n_ctx:
-            raise InvalidRequestError(
-                f"a tree of {n} tokens does not fit the batch or the context", "verify fewer nodes, or a chain"
-            )
-        if len(parents) != n or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
-            raise InvalidRequestError("a tree needs one root (parent -1) first and every parent before its child")
-        if any(not 0 <= t < self._n_vocab for t in tokens):
-            raise InvalidRequestError(f"a tree token is outside {self.info.name}'s vocabulary of {self._n_vocab}")
-        assert self._trees is not None
-        if self._trees.branches(parents) > BRANCHES:
-            raise InvalidRequestError(f"a tree of more than {BRANCHES} branches", "verify fewer branches")
-
-    def keep_branch(self, path: Sequence[int]) -> None:
-        assert self._trees is not None and self._trees.open, "keep_branch follows eval_tree"
-        trees = self._trees
-        path = [*range(trees.trunk), *(node + trees.trunk for node in path)]
-        past = trees.keep(path)
-        kept = [trees.nodes[i] for i in path]
-        # A path off sequence 0 sits in cells after the other branches' holes, where the next
-        # tokens would land before it; flash attention sums cells in their order, so that cache
-        # rounds unlike a clean pass's. Its part off sequence 0 is evaluated again, in order: at
-        # the head of the next pass (folds_branch), or at once where kernels split passes.
-        off = next((k for k, node in enumerate(path) if trees.seqs[node][0] != 0), len(path))
-        self._tokens[past:] = kept[:off]
-        # The whole path's rows at its positions, as a chain pass leaves them (each node's row
-        # is its root path's): a drafter reads them before the next pass evaluates the rest.
-        for rows in self._recorded:
-            rows.keep_path(past, path)
-        self._unrecorded = off < len(path)
-        if off < len(path):
-            self.rollback(past + off)
-            if self.capabilities.folds_branch:
-                self._deferred = kept[off:]  # evaluated at the head of the next pass
-                self._tokens += self._deferred
-            else:
-                self.eval_block(kept[off:], "none")
 
     def _take_deferred(self, n: int) -> list[int]:
         """A kept branch's deferred tokens (keep_branch), out of the record, for a pass of n more
@@ -742,89 +408,6 @@ class LlamaCppBackend:
             states=self._target_states,
             load=LlamaCppBackend,
         )
-
-    def _adopt(self, head: H) -> H:
-        self._heads.append(head)  # it reads this model and this context: closed before them
-        return head
-
-    def make_self_drafter(self, kind: str, option: str | None) -> Backend:
-        """SelfDrafting: the model's MTP head, or a qspec or layerskip drafter (drafters.make_self_drafter)."""
-        if kind == "mtp":
-            return self.mtp_head()
-        return drafters.make_self_drafter(self._host(), kind, option)
-
-    def derived_drafters(self, kind: str) -> list[tuple[str, Path]]:
-        """SelfDrafting: every candidate drafter of a kind, derived (once) for a side-by-side measurement."""
-        return drafters.derived_drafters(self._host(), kind)
-
-    def mtp_head(self) -> MtpHead:
-        """The model's own MTP block as a drafter (strategy mtp)."""
-        self._live()
-        return self._adopt(drafters.mtp_head(self._host()))
-
-    def assistant_head(self, path: str) -> MtpHead:
-        """A Gemma 4 assistant GGUF (architecture gemma4-assistant) drafting for this target."""
-        self._live()
-        head = self._adopt(drafters.assistant_head(self._host(), path))
-        # It reads this context's KV cache as it drafts. Its trees keep plain decoding's
-        # greedy output, but the tests' assistant never has a runner-up taken when sampling,
-        # so the sampled path after a taken branch is unexercised: chains only until it is.
-        self.capabilities = replace(self.capabilities, branches=1)
-        return head
-
-    def eagle3_head(self, path: str) -> Eagle3Head:
-        """An EAGLE-3 head GGUF (architecture eagle3) drafting for this target (strategy eagle3)."""
-        self._live()
-        return self._adopt(drafters.eagle3_head(self._host(), path))
-
-    def attach_head(self, kind: str, path: str) -> ContextHead:
-        """DrafterHost: a Gemma 4 assistant ("assistant") or an EAGLE-3 head ("eagle3") from its GGUF."""
-        if kind == "assistant":
-            return self.assistant_head(path)
-        if kind == "eagle3":
-            return self.eagle3_head(path)
-        raise cannot_attach(kind, path, self.info.backend)
-
-    def attach_block_drafter(self, path: str) -> DFlashDrafter:
-        """DrafterHost: the DFlash drafter in `path`, or the DSpark drafter (a DFlash file with a Markov head)."""
-        check_gguf(path)
-        return self.dspark_drafter(path) if read_header(path).block_kind == "dspark" else self.dflash_drafter(path)
-
-    def dspark_drafter(self, path: str) -> DSparkDrafter:
-        """A DSpark drafter GGUF drafting blocks for this target (strategy dspark)."""
-        self._live()
-        return self._adopt(drafters.dspark_drafter(self._host(), path))
-
-    def dflash_drafter(self, path: str) -> DFlashDrafter:
-        """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
-        self._live()
-        return self._adopt(drafters.dflash_drafter(self._host(), path))
-
-    def _target_states(self) -> HiddenRows:
-        if self._states is None:
-            self._greedy.detach()  # a head reads this context's passes: their outputs stay whole
-            width = int(llama.llama_model_n_embd_out(self._model))
-            self._states = last_hidden_states(self._ctx, self.info.n_ctx, width)
-            self._recorded.append(self._states)
-            self.rollback(0)  # positions decoded before now have no states: decode them again
-        return self._states
-
-    def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
-        """The inputs of layers `ids` at every cached position, for a drafter (an EAGLE-3 head,
-        a DFlash drafter) made for a target `width` wide; refused with what fits when this
-        target cannot give them (features.check_capture)."""
-        self._live()
-        n_embd = int(llama.llama_model_n_embd(self._model))
-        check_capture(
-            TargetShape(self.info.name, self.info.architecture, self.info.n_layers, n_embd), drafter, kind, ids, width
-        )
-        key = tuple(ids)
-        if key not in self._captures:
-            self._greedy.detach()  # as for an MTP head's states
-            self._captures[key] = layer_inputs(self._ctx, self.info.n_ctx, key, n_embd)
-            self._recorded.append(self._captures[key])
-            self.rollback(0)  # positions decoded before now have no rows: decode them again
-        return self._captures[key]
 
 
 def load(path: str, mmproj: str | None = None, **options: Any) -> LlamaCppBackend:

@@ -54,44 +54,47 @@ class KernelPlan:
     exactness: Exactness
 
 
-def kernel_plan(
-    tensor_types: Iterable[int],
-    *,
-    exact: bool,
-    llamafile: bool,
-    flash: bool,
-    threads: int,
-    repack: bool,
-    repack_forced: bool,
-    stateful: bool,
-    offloaded: bool,
-) -> KernelPlan:
-    """repack: llama.cpp's default here; repack_forced: the user asked for it (LLAMA_ARG_REPACK).
-    stateful: a recurrent or hybrid model, whose verify block must stay one ubatch."""
-    if offloaded:
+@dataclass(frozen=True)
+class KernelSettings:
+    """What the kernels a model runs with depend on besides its tensors' types."""
+
+    exact: bool  # --exact: every kernel that parts from one-token passes off
+    llamafile: bool  # the build has llamafile's tinyBLAS
+    flash: bool  # flash attention on
+    threads: int
+    repack: bool  # llama.cpp's default here: weights in repacked layouts
+    repack_forced: bool  # the user asked for them (LLAMA_ARG_REPACK)
+    stateful: bool  # a recurrent or hybrid model, whose verify block must stay one ubatch
+    offloaded: bool  # a GPU or RPC split: device kernels
+
+
+def kernel_plan(tensor_types: Iterable[int], settings: KernelSettings) -> KernelPlan:
+    """The kernels a model whose matrices have these types runs with, and what stays inexact."""
+    s, repack = settings, settings.repack
+    if s.offloaded:
         why = "a GPU or RPC split runs llama.cpp's device kernels, not checked for this"
         return KernelPlan(repack, None, Exactness(0, why, prompt_rows=0, prompt_why=why))
-    if exact:
+    if s.exact:
         return KernelPlan(False, None, Exactness(None))
     types = set(tensor_types)
-    prompt_rows, prompt_why = prompt_block_limit(types, llamafile=llamafile, flash=flash)
+    prompt_rows, prompt_why = prompt_block_limit(types, llamafile=s.llamafile, flash=s.flash)
     limits: list[tuple[int, str]] = []  # (context length it holds to, why)
     if repack and types & REPACKED_PARTING:
-        if repack_forced:
+        if s.repack_forced:
             limits.append((0, "repacked K-quant weights (LLAMA_ARG_REPACK=1) take another kernel for 4+ rows"))
         else:
             repack = False
     max_rows = None
     if types & TILED_TYPES:
-        if stateful:
+        if s.stateful:
             limits.append((0, "ggml's tiled K-quant matmul takes verify blocks of 8+ tokens"))
         else:
             max_rows = TILED_ROWS - 1
-    if llamafile and types & FLOAT_TYPES:
+    if s.llamafile and types & FLOAT_TYPES:
         limits.append((0, "llamafile's tinyBLAS multiplies float weights by 2+ rows in another order"))
-    if flash and threads > 1:
+    if s.flash and s.threads > 1:
         limits.append((FLASH_SPLIT_AFTER, "flash attention splits a one-token pass over a context past 256 tokens"))
-    elif not flash and llamafile:
+    elif not s.flash and s.llamafile:
         limits.append((0, "with flash attention off, llamafile's tinyBLAS takes attention of 2+ rows"))
     rows = SPLIT_BLOCKS_UP_TO if max_rows else None
     cells, why = min(limits) if limits else (None, "")
@@ -118,12 +121,14 @@ def kernels_for(path: str, exact: bool, offloaded: bool, threads: int | None, st
     """kernel_plan for the model file at path, on this llama.cpp and with this process's settings."""
     return kernel_plan(
         (t.qtype for t in read_header(path).tensors if len(t.dims) > 1),  # matrices, not norms
-        exact=exact,
-        llamafile=not batch_invariant_build(),
-        flash=not exact and flash_attention() != FLASH_ATTN["off"],
-        threads=threads or physical_cores(),
-        repack=extra_buffers(),
-        repack_forced=os.environ.get("LLAMA_ARG_REPACK", "").lower() not in ("", "0", "false", "off"),
-        stateful=stateful,
-        offloaded=offloaded,
+        KernelSettings(
+            exact=exact,
+            llamafile=not batch_invariant_build(),
+            flash=not exact and flash_attention() != FLASH_ATTN["off"],
+            threads=threads or physical_cores(),
+            repack=extra_buffers(),
+            repack_forced=os.environ.get("LLAMA_ARG_REPACK", "").lower() not in ("", "0", "false", "off"),
+            stateful=stateful,
+            offloaded=offloaded,
+        ),
     )

@@ -4,7 +4,7 @@ weights' values, so memory and timing questions about an 8B target need no downl
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -14,24 +14,39 @@ from .linear import Dense, low_bit
 from .quantized import Q6_K, Matrix, head_kind, quantize_groups, quantize_rows
 
 
-def llama3(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int) -> ModelConfig:
+@dataclass(frozen=True)
+class Dims:
+    """A model's sizes, as its config.json gives them."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+
+
+def llama3(d: Dims) -> ModelConfig:
     return ModelConfig(
-        "llama", "llama", vocab, hidden, layers, heads, kv_heads, head_dim, ffn, 1e-5, 500_000.0, 131_072
+        "llama", "llama", d.vocab, d.hidden, d.layers, d.heads, d.kv_heads, d.head_dim, d.ffn, 1e-5, 500_000.0, 131_072
     )
 
 
-def qwen2(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int) -> ModelConfig:
-    return ModelConfig("llama", "qwen2", vocab, hidden, layers, heads, kv_heads, head_dim, ffn, 1e-6, 1e6, 32_768)
+def qwen2(d: Dims) -> ModelConfig:
+    return ModelConfig(
+        "llama", "qwen2", d.vocab, d.hidden, d.layers, d.heads, d.kv_heads, d.head_dim, d.ffn, 1e-6, 1e6, 32_768
+    )
 
 
 # name -> (config, tied embeddings, Q/K/V biases): from each model's config.json
 SHAPES: dict[str, tuple[ModelConfig, bool, bool]] = {
-    "llama-3.1-8b": (llama3(128_256, 4096, 32, 32, 8, 128, 14_336), False, False),
-    "llama-3.2-1b": (llama3(128_256, 2048, 16, 32, 8, 64, 8192), True, False),
-    "qwen2.5-7b": (qwen2(152_064, 3584, 28, 28, 4, 128, 18_944), False, True),
-    "qwen2.5-0.5b": (qwen2(151_936, 896, 24, 14, 2, 64, 4864), True, True),
+    "llama-3.1-8b": (llama3(Dims(128_256, 4096, 32, 32, 8, 128, 14_336)), False, False),
+    "llama-3.2-1b": (llama3(Dims(128_256, 2048, 16, 32, 8, 64, 8192)), True, False),
+    "qwen2.5-7b": (qwen2(Dims(152_064, 3584, 28, 28, 4, 128, 18_944)), False, True),
+    "qwen2.5-0.5b": (qwen2(Dims(151_936, 896, 24, 14, 2, 64, 4864)), True, True),
     # Small enough for a CPU smoke test of everything that uses the shapes above.
-    "tiny": (llama3(512, 128, 2, 4, 2, 32, 256), True, False),
+    "tiny": (llama3(Dims(512, 128, 2, 4, 2, 32, 256)), True, False),
 }
 
 

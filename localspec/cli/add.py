@@ -33,8 +33,9 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from localspec.models.entries import LocalArtifact
     from localspec.models.local_pairs import add_local_pair
-    from localspec.models.registry import LocalArtifact, user_registry_file
+    from localspec.models.registry import user_registry_file
 
     pair = add_local_pair(args.name, args.target, args.drafter, args.draft_tokens, args.description, args.mmproj)
     print(f"added pair {pair.id} to {user_registry_file()}: {pair.description}")

@@ -35,7 +35,15 @@ from localspec.tooling.bench import (
     machine,
     rows_to_json,
 )
-from localspec.tooling.peers import LLAMA_BENCH, PROGRAMS, find_or_build, run_llama_bench, run_peer, same_answer
+from localspec.tooling.peers import (
+    LLAMA_BENCH,
+    PROGRAMS,
+    PeerRun,
+    find_or_build,
+    run_llama_bench,
+    run_peer,
+    same_answer,
+)
 
 
 def register(sub: Any) -> None:
@@ -245,7 +253,9 @@ def add_peer_figures(
         draft = args.draft_model if TABLE[row.strategy].source == "file" else None
         for gamma in args.peer_draft_tokens or [4, 8]:
             results = [
-                run_peer(bin_dir, program, model, texts[row.prompt], args.max_tokens, gamma, draft, args.threads)
+                run_peer(
+                    bin_dir, PeerRun(program, model, texts[row.prompt], args.max_tokens, gamma, draft, args.threads)
+                )
                 for _ in range(row.repeats or args.repeats)
             ]
             tokens = sum(r.tokens for r in results)

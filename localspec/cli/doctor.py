@@ -15,8 +15,9 @@ from localspec.control.config import DEFAULT
 from localspec.control.hardware import DeviceProbe, host_kind, predict_verify_seconds, probe
 from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
+from localspec.core.drafting import Decision
 from localspec.core.progress import Steps, reporting
-from localspec.core.protocol import Capabilities, Decision, Exactness, ModelInfo
+from localspec.core.protocol import Capabilities, Exactness, ModelInfo
 from localspec.models.naming import canonical_name
 
 

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from localspec.core.choices import PULLABLE_BACKENDS
-from localspec.models.registry import Artifact, HubArtifact, LocalArtifact, Model, Pair, load_registry, sidecar_of
+from localspec.models.entries import Artifact, HubArtifact, LocalArtifact, Model, Pair, sidecar_of
+from localspec.models.registry import load_registry
 from localspec.models.sizes import Size, human_bytes
 
 PATH_NAMES = ("data", "registry", "user-registry", "hub-cache")
@@ -171,7 +172,7 @@ def handle_rm(args: argparse.Namespace) -> int:
 
 
 def _paths() -> dict[str, str]:
-    from localspec.models.hub import hub_cache_dir
+    from localspec.models.hub_settings import hub_cache_dir
     from localspec.models.registry import packaged_registry_file, user_registry_file
     from localspec.store import data_dir
 

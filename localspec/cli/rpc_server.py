@@ -10,16 +10,14 @@ import argparse
 import sys
 from typing import Any
 
-from localspec.backends.llamacpp.rpc_server import (
+from localspec.backends.llamacpp.rpc_guard import (
     CRASH_BAN_MAX_S,
     CRASH_BAN_S,
-    DEFAULT_HOST,
-    DEFAULT_PORT,
     HANDSHAKE_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     MAX_CLIENTS,
-    SECURITY_NOTE,
 )
+from localspec.backends.llamacpp.rpc_server import DEFAULT_HOST, DEFAULT_PORT, SECURITY_NOTE
 
 
 def register(sub: Any) -> None:
@@ -70,15 +68,8 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from localspec.backends.llamacpp.rpc_server import (
-        Guard,
-        is_loopback,
-        listen,
-        require_rpc,
-        serve,
-        supervise,
-        watch_parent,
-    )
+    from localspec.backends.llamacpp.rpc_guard import Guard, GuardLimits, listen
+    from localspec.backends.llamacpp.rpc_server import is_loopback, require_rpc, serve, supervise, watch_parent
 
     if not is_loopback(args.host) and not args.allow_remote:
         print(
@@ -104,14 +95,8 @@ def handle(args: argparse.Namespace) -> int:
     private = listen("127.0.0.1", 0)  # the child's port, reachable only through the guard
     child_port = private.getsockname()[1]
     private.close()
-    guard = Guard(
-        listener,
-        child_port,
-        sys.stderr,
-        idle_s=args.idle_timeout,
-        max_clients=args.max_clients,
-        crash_ban_s=args.crash_ban,
-    )
+    limits = GuardLimits(idle_s=args.idle_timeout, max_clients=args.max_clients, crash_ban_s=args.crash_ban)
+    guard = Guard(listener, child_port, sys.stderr, limits)
     guard.start()
     print(
         f"localspec: rpc-server: listening on {args.host}:{args.port}; llama.cpp's server behind it "

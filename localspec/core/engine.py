@@ -12,22 +12,10 @@ from typing import Literal
 import numpy as np
 
 from localspec.core.acceptance import accept_greedy, accept_rejection_sampling, accept_seeded
+from localspec.core.drafting import MAX_DRAFT, Draft, Drafter, DraftLengthPolicy, StopsUnsure, TreeShaper, common_prefix
 from localspec.core.errors import ContextFullError, InvalidRequestError
 from localspec.core.proposal import Proposal, Source, admissible
-from localspec.core.protocol import (
-    MAX_DRAFT,
-    Backend,
-    Draft,
-    Drafter,
-    DraftLengthPolicy,
-    Logits,
-    StopsUnsure,
-    TreeBackend,
-    TreeShaper,
-    Verifier,
-    common_prefix,
-    eval_chunked,
-)
+from localspec.core.protocol import Backend, Logits, TreeBackend, Verifier, eval_chunked
 from localspec.core.sampling import SamplingConfig, shape
 from localspec.core.stats import Stats, Step
 from localspec.core.tree import accept_tree, branch_heads, grow

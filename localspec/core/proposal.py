@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localspec.core.protocol import Draft
+from localspec.core.drafting import Draft
 
 if TYPE_CHECKING:
     from localspec.core.sampling import Distribution, TokenConstraint

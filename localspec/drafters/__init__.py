@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from typing import Protocol, runtime_checkable
 
+from localspec.core.drafting import Draft, Drafter, common_prefix
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Backend, Draft, Drafter, common_prefix
+from localspec.core.protocol import Backend
 
 __all__ = ["BlockDrafter", "Draft", "Drafter", "DrafterHost", "cannot_attach", "common_prefix"]
 

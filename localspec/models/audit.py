@@ -20,19 +20,11 @@ from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
 from localspec.core.gguf_header import SPLIT_GGUF, GGUFHeader, gguf_vocab_identity, vocab_identity
 from localspec.core.protocol import VocabIdentity, vocab_mismatch
-from localspec.models.hub import HubSettings, HubUnreachableError, hub_errors
+from localspec.models.entries import HubArtifact, LocalArtifact, Model, Pair, PyPIArtifact, backend_refusal, sidecar_of
+from localspec.models.hub_errors import HubUnreachableError, hub_errors
+from localspec.models.hub_settings import HubSettings
 from localspec.models.pairing import tokenizer_json_identity
-from localspec.models.registry import (
-    HubArtifact,
-    LocalArtifact,
-    Model,
-    Pair,
-    PyPIArtifact,
-    Registry,
-    backend_refusal,
-    load_registry,
-    sidecar_of,
-)
+from localspec.models.registry import Registry, load_registry
 from localspec.models.sizes import estimate, human_bytes
 
 

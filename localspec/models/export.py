@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from localspec.core.errors import LocalspecError
-from localspec.models.registry import HubArtifact, Model, Pair, sidecar_of
+from localspec.models.entries import HubArtifact, Model, Pair, sidecar_of
 from localspec.strategies import TABLE
 
 ENGINES = ("vllm", "sglang", "llama-server")

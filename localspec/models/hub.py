@@ -2,119 +2,29 @@
 fetching them into the standard hub cache (shared with other tools) and checking them.
 
 huggingface-hub reads HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE and its timeouts once, at
-import; here they are read when a pull starts and passed explicitly, so settings made later
+import; here they are read when a pull starts (hub_settings.py) and passed explicitly, so settings made later
 still count. Every call has a timeout: a hub that accepts the connection and never answers
-ends the pull with what to do instead of a wait without end."""
+ends the pull with what to do (hub_errors.py) instead of a wait without end."""
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from localspec.core.errors import LocalspecError
-from localspec.core.progress import Announce, announced
-from localspec.models.hub_floor import MIN_BYTES_PER_SECOND, HubTooSlowError, throughput_floor
-from localspec.models.registry import HubArtifact
+from localspec.core.progress import Announce
+from localspec.models.entries import HubArtifact
+from localspec.models.hub_errors import ChecksumMismatchError, PullError, hub_errors, missing_file, offline_missing
+from localspec.models.hub_floor import throughput_floor
+from localspec.models.hub_settings import HubSettings, waiting_for_hub
 from localspec.store import sha256_of, write_atomic
-
-DEFAULT_ENDPOINT = "https://huggingface.co"
-# huggingface-hub's own defaults: seconds to connect and between two reads, for the metadata
-# calls (HF_HUB_ETAG_TIMEOUT) and for a file's bytes (HF_HUB_DOWNLOAD_TIMEOUT).
-DEFAULT_TIMEOUT = 10.0
-WAITING_AFTER = 1.0  # a hub call still unanswered this many seconds in says so
-
-
-class PullError(LocalspecError):
-    """A file could not be fetched: not on the hub, not reachable, gated, or interrupted."""
-
-
-class HubUnreachableError(PullError):
-    """The hub could not be asked (no connection, no answer, or offline by choice): nothing is
-    known about the files, neither right nor wrong."""
-
-
-class ChecksumMismatchError(PullError):
-    """A fetched file is not the file the registry or the hub vouches for; it is kept aside
-    for --accept-hash to take it without a new download."""
-
-    def __init__(self, message: str, hint: str, actual: str, kept: Path) -> None:
-        super().__init__(message, hint)
-        self.actual = actual
-        self.kept = kept
-
-
-@dataclass(frozen=True)
-class HubSettings:
-    endpoint: str
-    cache_dir: Path
-    token: str | None
-    offline: bool
-    timeout: float = DEFAULT_TIMEOUT  # metadata calls: connect, and wait between reads
-    download_timeout: float = DEFAULT_TIMEOUT  # a file's bytes: the same, per read
-
-    @classmethod
-    def resolve(
-        cls, endpoint: str | None = None, cache_dir: str | Path | None = None, token: str | None = None
-    ) -> HubSettings:
-        return cls(
-            endpoint or hub_endpoint(),
-            Path(cache_dir) if cache_dir else hub_cache_dir(),
-            token,
-            hub_offline(),
-            hub_timeout("HF_HUB_ETAG_TIMEOUT"),
-            hub_timeout("HF_HUB_DOWNLOAD_TIMEOUT"),
-        )
-
-
-def hub_timeout(variable: str) -> float:
-    """Seconds from huggingface-hub's timeout variable; unset, empty or not a positive number
-    means its default (as huggingface-hub reads them)."""
-    try:
-        value = float(os.environ.get(variable, ""))
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
-
-
-def waiting_for_hub(settings: HubSettings, what: str, announce: Announce | None) -> Any:
-    """A context in which a hub call still unanswered after WAITING_AFTER seconds is announced,
-    with how long it may still wait and the variable that sets it."""
-    if announce is None or settings.offline:
-        return nullcontext()
-    line = (
-        f"waiting for {settings.endpoint} ({what}); gives up after {settings.timeout:g} s without an answer "
-        f"or under {MIN_BYTES_PER_SECOND / 1000:g} kB/s (HF_HUB_ETAG_TIMEOUT sets it)"
-    )
-    return announced(line, announce, after=WAITING_AFTER)
-
-
-def hub_endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
-
-
-def hub_cache_dir() -> Path:
-    """Where huggingface-hub keeps weights, honouring its variables as they are now."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
-
-
-def hub_offline() -> bool:
-    return any(
-        os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
 
 
 @dataclass(frozen=True)
@@ -161,7 +71,7 @@ def plan(
     for spec in artifact.files:
         names = sorted(fnmatch.filter(siblings, spec.name)) if spec.is_pattern else [spec.name]
         if not names or names[0] not in siblings:
-            raise _missing(artifact, spec.name, settings)
+            raise missing_file(artifact, spec.name, settings)
         for name in names:
             sibling = siblings[name]
             hub_sha = sibling.lfs.sha256 if sibling.lfs is not None else None
@@ -183,13 +93,13 @@ def _plan_offline(artifact: HubArtifact, settings: HubSettings) -> Plan:
     commit = artifact.revision if artifact.pinned else (ref.read_text().strip() if ref.is_file() else None)
     snapshot = folder / "snapshots" / str(commit)
     if commit is None or not snapshot.is_dir():
-        raise _offline_missing(artifact, f"revision {artifact.revision}")
+        raise offline_missing(artifact, f"revision {artifact.revision}")
     present = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
     chosen: dict[str, RemoteFile] = {}
     for spec in artifact.files:
         names = fnmatch.filter(present, spec.name) if spec.is_pattern else [spec.name]
         if not names or names[0] not in present:
-            raise _offline_missing(artifact, spec.name)
+            raise offline_missing(artifact, spec.name)
         for name in names:
             size = (snapshot / name).stat().st_size
             chosen[name] = RemoteFile(name, size, spec.sha256, "models.toml", True)
@@ -338,130 +248,6 @@ def _check_agrees(artifact: HubArtifact, name: str, what: str, ours: object, hub
             f"models.toml gives {name} in {artifact.repo}@{artifact.revision} {what} {ours}, the hub {hubs}",
             f"the entry is stale: fix it, or pin `revision` to the commit it was written for{accept}",
         )
-
-
-def _missing(artifact: HubArtifact, name: str, settings: HubSettings) -> PullError:
-    return PullError(
-        f"{artifact.repo} has no file {name!r} at revision {artifact.revision} on {settings.endpoint}",
-        "the models.toml entry names a file the repo does not have: fix `files`",
-    )
-
-
-def _offline_missing(artifact: HubArtifact, what: str) -> PullError:
-    return HubUnreachableError(
-        f"offline (HF_HUB_OFFLINE is set) and {artifact.repo}: {what} is not in the hub cache",
-        "unset HF_HUB_OFFLINE to download it, or point HF_HUB_CACHE at a cache that has it",
-    )
-
-
-@contextmanager
-def hub_errors(artifact: HubArtifact, name: str | None, settings: HubSettings) -> Iterator[None]:
-    """huggingface-hub's exceptions, as errors that say what to do."""
-    from huggingface_hub.errors import (
-        BadRequestError,
-        EntryNotFoundError,
-        GatedRepoError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    repo, where = artifact.repo, f"{settings.endpoint}/{artifact.repo}"
-    try:
-        yield
-    except GatedRepoError as exc:
-        raise PullError(
-            f"{repo} is gated: its license must be accepted before download",
-            f"accept it at {where}, then run `hf auth login` or set HF_TOKEN",
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise PullError(
-            f"{repo} was not found on {settings.endpoint}",
-            "check the repo id in models.toml; a private repo needs `hf auth login` or HF_TOKEN",
-        ) from exc
-    except RevisionNotFoundError as exc:
-        raise PullError(f"{repo} has no revision {artifact.revision!r}", "fix `revision` in models.toml") from exc
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as exc:
-        if not settings.offline:  # online, this is how huggingface-hub reports a failed metadata call
-            raise _interrupted(repo, name, settings, exc) from exc
-        raise _offline_missing(artifact, name or f"revision {artifact.revision}") from exc
-    except EntryNotFoundError as exc:
-        raise _missing(artifact, name or "?", settings) from exc
-    except (HFValidationError, BadRequestError) as exc:  # the hub refused the name itself
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PullError(
-            f"{settings.endpoint} refused {repo if name is None else f'{name} in {repo}'} as a name: {reason}",
-            "fix the repo id or file name in models.toml",
-        ) from exc
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            raise _interrupted(repo, name, settings, exc) from exc
-        raise PullError(
-            f"the disk holding {settings.cache_dir} is full; {name} was not kept",
-            "free some space (`localspec rm PAIR` removes a pulled pair) and run the same command again",
-        ) from exc
-    except Exception as exc:  # the transport's errors (requests, httpx, httpx2) depend on the hub client's version
-        raise _interrupted(repo, name, settings, exc) from exc
-
-
-def _interrupted(repo: str, name: str | None, settings: HubSettings, exc: BaseException) -> PullError:
-    slow = _cause(exc, HubTooSlowError)
-    if slow is not None:
-        return _stalled(repo, name, settings, slow)
-    if _timed_out(exc):
-        return _stalled(repo, name, settings)
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if name is None:
-        return HubUnreachableError(
-            f"could not ask {settings.endpoint} about {repo}: {reason}",
-            "check your connection (HF_ENDPOINT names a mirror); HF_HUB_OFFLINE=1 uses files already in the hub cache",
-        )
-    return PullError(
-        f"the download of {name} from {repo} failed: {reason}; nothing partial was kept",
-        "run the same command again to finish; HF_HUB_OFFLINE=1 uses files already in the hub cache",
-    )
-
-
-def _timed_out(exc: BaseException | None) -> bool:
-    """Is a timeout behind exc? The transport's own class (httpx, requests) depends on the
-    hub client's version, and huggingface-hub wraps it, so the chain is read by name."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, TimeoutError) or any(
-            c.__name__.endswith(("Timeout", "TimeoutException")) for c in type(exc).__mro__
-        ):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
-def _cause(exc: BaseException | None, kind: type[HubTooSlowError]) -> HubTooSlowError | None:
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, kind):
-            return exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
-
-
-def _stalled(repo: str, name: str | None, settings: HubSettings, slow: HubTooSlowError | None = None) -> PullError:
-    seconds = settings.timeout if name is None else settings.download_timeout
-    if slow is not None:
-        why = f"a trickle: {slow.received} bytes in {slow.seconds:g} s, under {slow.floor / 1000:g} kB/s"
-    else:
-        why = f"no reply within {seconds:g} s"
-    if name is None:
-        what = f"about {repo} ({why})"
-    else:
-        what = f"while sending {name} from {repo} ({why}); nothing partial was kept"
-    return HubUnreachableError(
-        f"{settings.endpoint} stopped answering {what}",
-        "check your connection or proxy, then run the same command again; on a slow link raise "
-        "HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT (seconds); HF_ENDPOINT names a mirror; "
-        "HF_HUB_OFFLINE=1 uses files already in the hub cache",
-    )
 
 
 class FileBar(tqdm):  # type: ignore[type-arg,misc]

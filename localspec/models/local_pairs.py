@@ -17,7 +17,8 @@ from localspec.core.choices import FEATURE_DRAFTERS, DraftTokens
 from localspec.core.errors import InvalidRequestError, ModelLoadError, PairMismatchError
 from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.core.protocol import vocab_mismatch
-from localspec.models.registry import Pair, load_registry, user_registry_file
+from localspec.models.entries import Pair
+from localspec.models.registry import load_registry, user_registry_file
 from localspec.store import write_atomic
 from localspec.strategies import TABLE
 

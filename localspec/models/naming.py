@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 
 from localspec.core.errors import LocalspecError
-from localspec.models.registry import HubArtifact, PyPIArtifact, Registry, load_registry
+from localspec.models.entries import HubArtifact, PyPIArtifact
+from localspec.models.registry import Registry, load_registry
 
 
 def canonical_name(model: str | None, registry: Registry | None = None) -> str:

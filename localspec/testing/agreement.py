@@ -15,7 +15,7 @@ import numpy as np
 
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.core.acceptance import accept_greedy
-from localspec.core.protocol import Drafter
+from localspec.core.drafting import Drafter
 from localspec.core.sampling import SamplingConfig
 
 PROMPTS = ["the world and the world and the", "once upon a time there was", "def add(a, b):\n    return"]

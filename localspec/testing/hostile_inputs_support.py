@@ -86,7 +86,7 @@ def _cli_refusal(tally: Tally, argv: list[str], words: str, cwd: Path | None = N
 def trickling_hubs(cases: int, seed: int) -> Tally:
     """A hub that sends a byte every 0.1-0.4 s, from its first byte (asked about a repo) or
     inside a file, ends the pull as a silent hub does and keeps nothing partial."""
-    from localspec.models.hub import PullError
+    from localspec.models.hub_errors import PullError
     from localspec.models.pull import pull
     from localspec.testing.fakehub import FakeHub, serve_test_pairs, trickling_endpoint
 

@@ -126,7 +126,7 @@ def silent_endpoint() -> Iterator[str]:
 def stalled_hubs(cases: int, seed: int) -> Tally:
     """A hub that never answers ends a pull with what to do; a file that stalls at a random
     byte is fetched again after the download timeout and arrives whole."""
-    from localspec.models.hub import PullError
+    from localspec.models.hub_errors import PullError
     from localspec.models.pull import pull, resolve_pair
     from localspec.testing.fakehub import FakeHub, serve_test_pairs
 

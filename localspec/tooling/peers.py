@@ -109,39 +109,44 @@ def _run(cmd: list[str]) -> None:
         raise BackendUnavailableError(f"building llama.cpp's programs failed: {' '.join(cmd[:3])}...\n{tail}")
 
 
-def run_peer(
-    bin_dir: Path,
-    program: str,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    draft_tokens: int,
-    draft_model: str | None = None,
-    threads: int | None = None,
-    extra_args: Sequence[str] = (),
-) -> PeerResult:
-    """Greedy run of one peer program; prompt is the already-rendered chat text. extra_args:
+@dataclass(frozen=True)
+class PeerRun:
+    """One greedy run of a peer program: prompt is the already-rendered chat text; extra_args:
     more of the program's own flags (llama-lookup's dynamic cache, say)."""
+
+    program: str
+    model: str
+    prompt: str
+    max_tokens: int
+    draft_tokens: int
+    draft_model: str | None = None
+    threads: int | None = None
+    extra_args: Sequence[str] = ()
+
+
+def run_peer(bin_dir: Path, run: PeerRun) -> PeerResult:
+    """Greedy run of one peer program from `bin_dir`."""
+    program, prompt = run.program, run.prompt
     cmd = [
         str(bin_dir / program),
         "-m",
-        model,
+        run.model,
         "-p",
         prompt,
         "-n",
-        str(max_tokens),
+        str(run.max_tokens),
         "--temp",
         "0",
         "-t",
-        str(threads or physical_cores()),
+        str(run.threads or physical_cores()),
         "--spec-draft-n-max",
-        str(draft_tokens),
+        str(run.draft_tokens),
         "-c",
         "4096",
     ]
-    if draft_model:
-        cmd += ["-md", draft_model, "--spec-type", "draft-simple"]
-    cmd += extra_args
+    if run.draft_model:
+        cmd += ["-md", run.draft_model, "--spec-type", "draft-simple"]
+    cmd += run.extra_args
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=_peer_env())
     output = result.stdout + result.stderr
     speed = _SPEED.search(output)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from localspec.core.drafting import common_prefix
 from localspec.core.errors import BackendClosedError, RuntimeBusyError
-from localspec.core.protocol import common_prefix
 from localspec.dispatch import Dispatcher, LineFullError, Ticket
 
 

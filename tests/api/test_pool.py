@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TEST_N_CTX
+from model_support import TEST_N_CTX
 
 import localspec
 from localspec.pool import Pool

@@ -15,7 +15,7 @@ from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.backends.reference import ReferenceBackend
 from localspec.core.errors import InvalidRequestError
 from localspec.drafters import DrafterHost, cannot_attach
-from localspec.strategies import dflash_drafter
+from localspec.drafters.files import dflash_drafter
 from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
 from localspec.testing.gguf_writer import Gemma4Spec, Spec, write_gemma4_pair
 

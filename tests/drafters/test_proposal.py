@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from localspec.core.drafting import Draft
 from localspec.core.proposal import Proposal, Source, admissible
-from localspec.core.protocol import Draft
 
 
 class FirstTwo:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from localspec.cli.main import main
+from localspec.models.entries import Pair
 from localspec.models.export import ExportError, export_pair
-from localspec.models.registry import Pair, load_registry
+from localspec.models.registry import load_registry
 
 # vLLM, docs.vllm.ai "Speculative Decoding" (features/speculative_decoding: draft_model.md,
 # n_gram.md) and vllm/config/speculative.py (SpeculativeConfig): `vllm serve MODEL

@@ -21,8 +21,8 @@ import pytest
 from test_export import flags, pair
 
 from localspec.cli.main import main
+from localspec.models.entries import HubArtifact, Pair
 from localspec.models.export import ExportError, export_pair
-from localspec.models.registry import HubArtifact, Pair
 
 PAIRS = {"qwen3.6-27b-dflash": "z-lab/Qwen3.6-27B-DFlash", "gemma-4-31b-dflash": "z-lab/gemma-4-31B-it-DFlash"}
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from test_export import flags, pair
 
+from localspec.models.entries import Pair
 from localspec.models.export import FIXED_DSPARK_DRAFT_TOKENS, ExportError, export_pair
-from localspec.models.registry import Pair
 
 
 def dspark_pair() -> Pair:

@@ -31,8 +31,9 @@ import pytest
 from test_export import flags, pair
 
 from localspec.cli.main import main
+from localspec.models.entries import HubArtifact, Pair
 from localspec.models.export import ExportError, export_pair
-from localspec.models.registry import HubArtifact, Pair, load_registry
+from localspec.models.registry import load_registry
 
 VLLM_MTP_CONFIG = {"method": "mtp", "num_speculative_tokens": 3}
 SGLANG_MTP_FLAGS = {

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.models.hub import PullError
+from localspec.models.hub_errors import PullError
 from localspec.models.pull import pull, resolve_pair
 from localspec.testing.fakehub import TEST_REGISTRY, FakeHub, serve_test_pairs, trickling_endpoint
 

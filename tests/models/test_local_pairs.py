@@ -11,9 +11,10 @@ import pytest
 from localspec.api import load_pair
 from localspec.cli.main import main
 from localspec.core.errors import ModelLoadError, PairMismatchError
+from localspec.models.entries import LocalArtifact
 from localspec.models.local_pairs import add_local_pair
 from localspec.models.pull import is_pulled, pull, resolve_pair
-from localspec.models.registry import LocalArtifact, load_registry, user_registry_file
+from localspec.models.registry import load_registry, user_registry_file
 from localspec.testing.fakehub import OTHER_TOKENS, TOKENS, tiny_gguf
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port: any request to the hub would fail

@@ -10,7 +10,8 @@ import pytest
 
 from localspec.cli.main import main
 from localspec.models.audit import ESTIMATE_SLACK, check_registry
-from localspec.models.registry import HubArtifact, PyPIArtifact, load_registry
+from localspec.models.entries import HubArtifact, PyPIArtifact
+from localspec.models.registry import load_registry
 from localspec.models.sizes import estimate_bytes, param_count
 from localspec.testing.fakehub import TOKENS, FakeHub, model_toml, pair_toml, tiny_gguf
 

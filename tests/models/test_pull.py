@@ -14,7 +14,8 @@ from localspec.api import load_pair
 from localspec.core.errors import PairMismatchError
 from localspec.core.gguf_header import gguf_vocab_identity
 from localspec.core.options import LoadOptions
-from localspec.models.hub import ChecksumMismatchError, PullError, SilentBar
+from localspec.models.hub import SilentBar
+from localspec.models.hub_errors import ChecksumMismatchError, PullError
 from localspec.models.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
 from localspec.models.registry import load_registry
 from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, tiny_gguf

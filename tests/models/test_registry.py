@@ -10,9 +10,8 @@ import pytest
 from repo_paths import ROOT
 
 from localspec.models.default_model import DEFAULT_MODEL
+from localspec.models.entries import HubArtifact, PyPIArtifact
 from localspec.models.registry import (
-    HubArtifact,
-    PyPIArtifact,
     RegistryError,
     UnknownPairError,
     load_registry,

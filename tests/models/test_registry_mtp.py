@@ -10,7 +10,8 @@ import pytest
 
 from localspec.cli.main import main
 from localspec.models.audit import Finding, check_registry
-from localspec.models.registry import HubArtifact, RegistryError, backend_refusal, load_registry, user_registry_file
+from localspec.models.entries import HubArtifact, backend_refusal
+from localspec.models.registry import RegistryError, load_registry, user_registry_file
 from localspec.testing.fakehub import TOKENS, FakeHub, model_toml, pair_toml, split_gguf, tiny_gguf
 
 

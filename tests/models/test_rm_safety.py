@@ -50,7 +50,7 @@ def test_rm_of_a_pair_keeps_the_embedded_default_model_it_drafts_with(capsys: py
 
 
 def test_a_repo_id_the_hub_rejects_is_reported_as_a_bad_name(hub: FakeHub, temporary_localspec_home: Path) -> None:
-    from localspec.models.hub import PullError
+    from localspec.models.hub_errors import PullError
 
     registry = temporary_localspec_home / "models.toml"
     registry.write_text(

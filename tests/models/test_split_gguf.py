@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.models.hub import ChecksumMismatchError
+from localspec.models.entries import split_shards
+from localspec.models.hub_errors import ChecksumMismatchError
 from localspec.models.pull import pull, resolve_pair
-from localspec.models.registry import RegistryError, load_registry, split_shards, user_registry_file
+from localspec.models.registry import RegistryError, load_registry, user_registry_file
 from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, split_gguf
 
 SHARDS = [f"split-target-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
@@ -122,7 +123,7 @@ def split_model(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.mark.model
 def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, target_backend) -> None:
-    from conftest import load_llamacpp
+    from model_support import load_llamacpp
 
     from localspec.core.gguf_header import gguf_vocab_identity
 
@@ -139,7 +140,7 @@ def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, targ
 
 @pytest.mark.model
 def test_quantize_reads_split_input(split_model: Path, tmp_path: Path) -> None:
-    from conftest import load_llamacpp
+    from model_support import load_llamacpp
 
     from localspec.backends.llamacpp.copies import derived
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import TEST_N_CTX
+from model_support import TEST_N_CTX
 
 from localspec.api import TextDelta
 from localspec.core.backend_loader import load_backend

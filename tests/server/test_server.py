@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_N_CTX
+from model_support import TEST_N_CTX
 from server_support import serve_process
 
 from localspec.api import Runtime, load, runtime_for

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TEST_N_CTX
+from model_support import TEST_N_CTX
 from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.api import Runtime, load

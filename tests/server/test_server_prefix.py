@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_N_CTX
+from model_support import TEST_N_CTX
 
 from localspec.api import Runtime, load
 from localspec.server import LocalServer, Settings

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TEST_N_CTX
+from model_support import TEST_N_CTX
 from pydantic import BaseModel
 
 from localspec.api import Runtime, load
-from localspec.core.tools import ToolRequest, parse_tool_calls
+from localspec.core.tool_parsing import parse_tool_calls
+from localspec.core.tools import ToolRequest
 from localspec.server import LocalServer, Settings
 
 openai = pytest.importorskip("openai")

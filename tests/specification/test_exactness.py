@@ -21,8 +21,8 @@ from sources import AlternatingSources
 
 from localspec.backends.reference import BOS, ReferenceBackend
 from localspec.control.policy import FixedDraftLength
+from localspec.core.drafting import DraftLengthPolicy
 from localspec.core.engine import Engine, Step
-from localspec.core.protocol import DraftLengthPolicy
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats
 from localspec.drafters import Drafter

@@ -7,6 +7,7 @@ request's Stats.bit_exact (run -v, bench and the server's stats read it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from localspec.backends.llamacpp.kernels import (
     FLASH_TILED_ROWS,
     SPLIT_BLOCKS_UP_TO,
     TILED_ROWS,
+    KernelSettings,
     kernel_plan,
 )
 from localspec.core.exactness import judge
@@ -23,20 +25,20 @@ from localspec.core.protocol import Capabilities, Exactness
 from localspec.core.stats import Stats, Step
 
 Q4_1, Q8_0, Q4_K, Q5_0, Q6_K, F16, F32 = 3, 8, 12, 6, 14, 1, 0
-CPU: dict[str, Any] = {
-    "exact": False,
-    "llamafile": True,
-    "flash": True,
-    "threads": 2,
-    "repack": True,
-    "repack_forced": False,
-    "stateful": False,
-    "offloaded": False,
-}
+CPU = KernelSettings(
+    exact=False,
+    llamafile=True,
+    flash=True,
+    threads=2,
+    repack=True,
+    repack_forced=False,
+    stateful=False,
+    offloaded=False,
+)
 
 
 def test_k_quants_load_unrepacked_and_verify_in_pieces_below_the_tiled_kernel() -> None:
-    plan = kernel_plan({Q4_K, Q6_K, Q5_0, Q8_0}, **CPU)
+    plan = kernel_plan({Q4_K, Q6_K, Q5_0, Q8_0}, CPU)
     assert not plan.repack and plan.max_rows == TILED_ROWS - 1
     # What is left is flash attention's split, past 256 tokens of context.
     known = plan.exactness
@@ -44,26 +46,26 @@ def test_k_quants_load_unrepacked_and_verify_in_pieces_below_the_tiled_kernel() 
 
 
 def test_legacy_quants_keep_their_kernels() -> None:
-    plan = kernel_plan({Q4_1, Q8_0}, **CPU)
+    plan = kernel_plan({Q4_1, Q8_0}, CPU)
     assert plan.repack and plan.max_rows is None
     assert plan.exactness.cells == FLASH_SPLIT_AFTER and plan.exactness.rows is None
 
 
 def test_what_cannot_be_made_exact_cheaply_is_said() -> None:
-    forced = kernel_plan({Q4_K}, **CPU | {"repack_forced": True})
+    forced = kernel_plan({Q4_K}, replace(CPU, repack_forced=True))
     assert forced.repack and forced.exactness.cells == 0 and "LLAMA_ARG_REPACK" in forced.exactness.why
-    assert "tinyBLAS" in kernel_plan({F16, F32}, **CPU).exactness.why
-    fa_off = kernel_plan({Q4_1}, **CPU | {"flash": False})
+    assert "tinyBLAS" in kernel_plan({F16, F32}, CPU).exactness.why
+    fa_off = kernel_plan({Q4_1}, replace(CPU, flash=False))
     assert fa_off.exactness.cells == 0 and "tinyBLAS" in fa_off.exactness.why
-    hybrid = kernel_plan({Q4_K}, **CPU | {"stateful": True})
+    hybrid = kernel_plan({Q4_K}, replace(CPU, stateful=True))
     assert hybrid.max_rows is None and hybrid.exactness.cells == 0 and "tiled" in hybrid.exactness.why
-    assert kernel_plan({Q4_1}, **CPU | {"offloaded": True}).exactness.cells == 0
+    assert kernel_plan({Q4_1}, replace(CPU, offloaded=True)).exactness.cells == 0
 
 
 def test_without_llamafile_and_flash_attention_every_length_is_exact() -> None:
-    assert kernel_plan({Q4_K, Q6_K}, **CPU | {"llamafile": False, "flash": False}).exactness.cells is None
-    assert kernel_plan({Q4_1}, **CPU | {"threads": 1}).exactness.cells is None  # one thread never splits
-    exact = kernel_plan({Q4_K, F16}, **CPU | {"llamafile": False, "exact": True})
+    assert kernel_plan({Q4_K, Q6_K}, replace(CPU, llamafile=False, flash=False)).exactness.cells is None
+    assert kernel_plan({Q4_1}, replace(CPU, threads=1)).exactness.cells is None  # one thread never splits
+    exact = kernel_plan({Q4_K, F16}, replace(CPU, llamafile=False, exact=True))
     assert not exact.repack and exact.max_rows is None and exact.exactness == Exactness(None)
 
 
@@ -84,7 +86,7 @@ def test_the_plan_says_up_to_which_prompt_block_a_fresh_evaluation_sums_as_one_t
 ) -> None:
     # The row counts measured on AVX2 and AVX-512 (VNNI, BF16) builds alike
     # (tests/backends/llamacpp/test_host_kinds.py).
-    known = kernel_plan(types, **CPU | switches).exactness
+    known = kernel_plan(types, replace(CPU, **switches)).exactness
     assert known.prompt_rows == rows and kernel in known.prompt_why
 
 

@@ -109,7 +109,9 @@ def test_the_bindings_read_llama_cpps_own_model_defaults() -> None:
     # #40's crash set-up) would hand llama.cpp a shifted struct. Its own defaults read back.
     import llama_cpp
 
-    params, _ = llamacpp._model_params((), 7)
+    from localspec.backends.llamacpp.build import _model_params
+
+    params, _ = _model_params((), 7)
     assert params.n_gpu_layers == 7
     defaults = llama_cpp.llama_model_default_params()
     assert defaults.n_gpu_layers == -1 and defaults.split_mode == llama_cpp.LLAMA_SPLIT_MODE_LAYER

@@ -14,7 +14,7 @@ def test_the_backend_asks_llamacpp_for_the_full_sliding_window_cache(
     smollm2_q4_1: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import llama_cpp
-    from conftest import load_llamacpp
+    from model_support import load_llamacpp
 
     seen: list[Any] = []
     real = llama_cpp.llama_init_from_model

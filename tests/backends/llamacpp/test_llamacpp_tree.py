@@ -22,9 +22,9 @@ from test_tree import EveryBranch
 
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.control.policy import FixedDraftLength
+from localspec.core.drafting import Draft
 from localspec.core.engine import Engine
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Draft
 from localspec.core.sampling import SamplingConfig, process
 from localspec.core.stats import Stats
 from localspec.core.tree import root_path
