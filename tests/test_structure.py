@@ -1,7 +1,7 @@
-"""The code's shape, checked: no module imports itself back through others, no function
-in the product needs a scroll or more than six parameters, no module but the strategy table
-compares a strategy's name, and nothing changes a runtime's parts once they are assembled
-(docs/architecture.md)."""
+"""The code's shape, checked: no module imports itself back through others, no product
+module passes 500 lines, no function in the product needs a scroll or more than six
+parameters, no module but the strategy table compares a strategy's name, and nothing changes
+a runtime's parts once they are assembled (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ MANY_PARAMETERS_ALLOWED = {
     "localspec/core/engine.py:_record": BEING_RESHAPED,
     "localspec/server/responses.py:chat_completion": BEING_RESHAPED,
     "localspec/server/responses.py:text_completion": BEING_RESHAPED,
-    "localspec/server/worker.py:stream_kwargs": BEING_RESHAPED,
+    "localspec/server/request_prompts.py:stream_kwargs": BEING_RESHAPED,
     "localspec/control/calibrate.py:prior_from": NOT_YET,
     "localspec/control/replay.py:replay": NOT_YET,
     "localspec/control/tree_replay.py:replay_tree": NOT_YET,
@@ -139,6 +139,23 @@ def test_a_function_with_more_than_six_parameters_takes_a_typed_value_instead() 
     assert sorted(set(MANY_PARAMETERS_ALLOWED) - set(found)) == []
 
 
+def long_modules(folders: tuple[str, ...], most: int) -> list[str]:
+    """Product modules (test support aside) longer than `most` lines, as path (lines)."""
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if not relative.startswith(TEST_SUPPORT) and lines > most:
+                found.append(f"{relative} ({lines})")
+    return found
+
+
+def test_no_product_module_holds_more_than_one_screenful_of_jobs() -> None:
+    # 500 lines: past that a module has held two concepts every time so far (issue 54).
+    assert long_modules(("localspec", "backends"), 500) == []
+
+
 def test_the_shape_rules_find_what_they_forbid(tmp_path: Path, monkeypatch) -> None:
     folder = tmp_path / "pkg"
     folder.mkdir()
@@ -151,6 +168,8 @@ def test_the_shape_rules_find_what_they_forbid(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert long_functions(("pkg",), 59) == ["pkg/m.py:61 scroll (61)"]
     assert many_parameters(("pkg",), 6) == {"pkg/m.py:wide": 7}
+    (folder / "big.py").write_text("x = 1\n" * 501)
+    assert long_modules(("pkg",), 500) == ["pkg/big.py (501)"]
 
 
 def _names_a_strategy(node: ast.expr) -> bool:

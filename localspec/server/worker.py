@@ -11,22 +11,21 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.api import Finished, Prompt, Runtime, TextDelta
 from localspec.core.engine import check_fits
-from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError
+from localspec.core.errors import ContextFullError, LocalspecError
 from localspec.core.sampling import LogprobRecorder, SamplingConfig
 from localspec.core.stats import Stats
-from localspec.core.tools import ToolRequest
-from localspec.core.validate import clean_text
 from localspec.dispatch import Dispatcher, LineFullError, Ticket
 from localspec.pool import Pool
 from localspec.server.fim import FimTokens, find_fim_tokens
 from localspec.server.grammar import GrammarRequest
 from localspec.server.metrics import ServerMetrics
+from localspec.server.request_prompts import raw_prompt
 from localspec.server.schemas import ApiError
 from localspec.strategies import drafting
 
@@ -475,36 +474,3 @@ class Worker:
 
 def _as_pool(served: Runtime | Pool) -> Pool:
     return served if isinstance(served, Pool) else Pool.single(served)
-
-
-def raw_prompt(runtime: Runtime, text: str) -> list[int]:
-    """A completion's prompt as llama-server reads it: control tokens written as text
-    (`<|im_start|>`, `<fim_prefix>`) become those tokens, since apps that apply their own
-    template send them so. Chat content never goes through here: a pasted `<|im_end|>` there
-    stays text (core/templates.chat_tokens)."""
-    text = clean_text(text)
-    if not text:
-        raise InvalidRequestError("the prompt is empty", "give some text to continue")
-    return runtime.target.tokenize(text, add_special=True, parse_special=True)
-
-
-def stream_kwargs(
-    *,
-    prompt: str | Sequence[int] | None = None,
-    messages: Sequence[Mapping[str, Any]] | None = None,
-    fim: tuple[str, str] | None = None,
-    tools: ToolRequest | None = None,
-    max_tokens: int,
-    stop: Sequence[str],
-    sampling: SamplingConfig,
-) -> dict[str, Any]:
-    request: dict[str, Any] = {"max_tokens": max_tokens, "stop": list(stop), "sampling": sampling}
-    if messages is not None:
-        request["messages"] = list(messages)
-        if tools is not None:
-            request["tools"] = tools  # rendered once the model, and so its template, is known
-    elif fim is not None:
-        request["fim"] = fim  # made into token ids once the model is known (Worker._tokenize)
-    else:
-        request["prompt"] = prompt
-    return request

@@ -20,7 +20,8 @@ from localspec.api import Runtime, load, runtime_for
 from localspec.core.protocol import Backend, VocabIdentity
 from localspec.server import Catalog, LocalServer, Settings, local_only
 from localspec.server.fim import FimTokens, find_fim_tokens
-from localspec.server.worker import Job, Worker, stream_kwargs
+from localspec.server.request_prompts import stream_kwargs
+from localspec.server.worker import Job, Worker
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")

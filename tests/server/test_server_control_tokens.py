@@ -15,7 +15,7 @@ from server_support import MODEL, serving
 
 from localspec.core.sampling import SamplingConfig
 from localspec.server import LocalServer
-from localspec.server.worker import stream_kwargs
+from localspec.server.request_prompts import stream_kwargs
 
 pytestmark = pytest.mark.model
 

@@ -8,7 +8,8 @@ import threading
 
 from localspec.api import Finished, Runtime, load
 from localspec.core.sampling import SamplingConfig
-from localspec.server.worker import Item, Job, Worker, stream_kwargs
+from localspec.server.request_prompts import stream_kwargs
+from localspec.server.worker import Item, Job, Worker
 
 
 def loader(model: str) -> Runtime:

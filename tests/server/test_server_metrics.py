@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.api import Runtime, load
 from localspec.server import Catalog, LocalServer, Settings
-from localspec.server.worker import Job, stream_kwargs
+from localspec.server.request_prompts import stream_kwargs
+from localspec.server.worker import Job
 
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}

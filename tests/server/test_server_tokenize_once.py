@@ -12,7 +12,8 @@ import pytest
 from localspec.api import Runtime, load
 from localspec.core.sampling import SamplingConfig
 from localspec.server import Catalog, LocalServer, Settings
-from localspec.server.worker import Item, Job, Worker, stream_kwargs
+from localspec.server.request_prompts import stream_kwargs
+from localspec.server.worker import Item, Job, Worker
 
 httpx = pytest.importorskip("httpx")
 
