@@ -105,8 +105,6 @@ NOT_YET = "not yet converted to a typed value (issue 54 item 4)"
 MANY_PARAMETERS_ALLOWED = {
     "localspec/core/engine.py:generate": BEING_RESHAPED,
     "localspec/core/engine.py:_record": BEING_RESHAPED,
-    "localspec/server/responses.py:chat_completion": BEING_RESHAPED,
-    "localspec/server/responses.py:text_completion": BEING_RESHAPED,
     "localspec/server/request_prompts.py:stream_kwargs": BEING_RESHAPED,
     "localspec/control/calibrate.py:prior_from": NOT_YET,
     "localspec/control/replay.py:replay": NOT_YET,

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from localspec.core.errors import LocalspecError
 from localspec.core.tools import ToolRequest, tool_request
-from localspec.server import schemas
+from localspec.server import responses, schemas
 from localspec.server.cors import CorsRule, JsonCors
 from localspec.server.grammar import GrammarRequest
 from localspec.server.hosts import HostCheck, HostPolicy
@@ -56,7 +56,7 @@ class Catalog:
     served: str
     backend: str = "llamacpp"
     pairs: bool = True  # whether pairs of models.toml may be loaded on request
-    started: int = field(default_factory=schemas.now)
+    started: int = field(default_factory=responses.now)
 
     def pulled(self) -> list[str]:
         if not self.pairs:

@@ -19,7 +19,7 @@ from localspec.core.errors import ContextFullError, InvalidRequestError, Localsp
 from localspec.core.sampling import LogprobRecorder, TokenLogprob
 from localspec.core.stats import Stats
 from localspec.core.tools import CallFilter, ToolRequest, ToolRequestError, parse_tool_calls
-from localspec.server import schemas
+from localspec.server import responses
 from localspec.server.schemas import ApiError
 from localspec.server.worker import Item, Job, Worker
 
@@ -51,11 +51,11 @@ class Reply:
     choices: int = 1
     asked: str | None = None  # the model name asked for where another answered (an unknown name)
     id: str = ""
-    created: int = field(default_factory=schemas.now)
+    created: int = field(default_factory=responses.now)
     started: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
-        self.id = schemas.new_id("chatcmpl" if self.kind == "chat" else "cmpl")
+        self.id = responses.new_id("chatcmpl" if self.kind == "chat" else "cmpl")
 
     @property
     def prompt_param(self) -> str:
@@ -63,11 +63,13 @@ class Reply:
         return "messages" if self.kind == "chat" else "prompt"
 
     def whole(self, answers: Sequence[tuple[Finished, list[TokenLogprob] | None]]) -> dict[str, Any]:
-        shape = schemas.chat_completion if self.kind == "chat" else schemas.text_completion
-        stats = schemas.combined([done.stats for done, _ in answers])
+        shape = responses.chat_completion if self.kind == "chat" else responses.text_completion
+        stats = responses.combined([done.stats for done, _ in answers])
         whole: dict[str, Any] = {}
         for index, (done, logprobs) in enumerate(answers):
-            one = shape(self.id, self.created, self.model, done.text, done.finish_reason, stats, logprobs)
+            one = shape(
+                self.id, self.created, self.model, responses.Answered(done.text, done.finish_reason, logprobs), stats
+            )
             choice = one["choices"][0]
             choice["index"] = index
             content, calls = (done.text, []) if self.tools is None else parse_tool_calls(done.text, self.tools.names)
@@ -97,11 +99,11 @@ class Reply:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text:
                 delta["content"] = text
-            lp = schemas.chat_logprobs(logprobs)
+            lp = responses.chat_logprobs(logprobs)
             choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            lp = schemas.text_logprobs(logprobs, offset)
+            lp = responses.text_logprobs(logprobs, offset)
             choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
@@ -128,7 +130,7 @@ async def collect(reply: Reply, first: tuple[Job, asyncio.Queue[Item]], make: Ma
         if done is None:
             return Response(status_code=499)  # nobody reads it: the connection is gone
         answers.append((done, LogprobFeed(job.recorder).covering(len(done.text.encode()))))
-    reply.note(schemas.combined([done.stats for done, _ in answers]))
+    reply.note(responses.combined([done.stats for done, _ in answers]))
     return JSONResponse(reply.whole(answers))
 
 
@@ -255,11 +257,11 @@ async def sse(
             if len(done) <= index:  # it failed: the error was sent
                 break
         if len(done) == reply.choices:
-            stats = schemas.combined(done)
+            stats = responses.combined(done)
             reply.note(stats)
             if include_usage:
-                last = {**reply.chunk(None), "choices": [], "usage": schemas.usage(stats)}
-                yield _event({**last, "speculation": schemas.speculation(stats)})
+                last = {**reply.chunk(None), "choices": [], "usage": responses.usage(stats)}
+                yield _event({**last, "speculation": responses.speculation(stats)})
         yield b"data: [DONE]\n\n"
     finally:
         if not finished:
@@ -305,9 +307,9 @@ async def _choice_events(
         chunks, called = stream.end()
         for chunk in chunks:
             yield _event({**chunk, **usage_none})
-        finish = called or schemas.FINISH_REASONS.get(item.finish_reason, item.finish_reason)
+        finish = called or responses.FINISH_REASONS.get(item.finish_reason, item.finish_reason)
         last = reply.chunk(None, finish, index=index)
-        yield _event({**last, **usage_none, "speculation": schemas.speculation(item.stats)})
+        yield _event({**last, **usage_none, "speculation": responses.speculation(item.stats)})
         done.append(item.stats)
         return
 

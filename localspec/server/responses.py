@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from localspec.core.sampling import TokenLogprob
@@ -122,15 +122,17 @@ def text_logprobs(entries: list[TokenLogprob] | None, offset: int = 0) -> dict[s
     }
 
 
-def chat_completion(
-    rid: str,
-    created: int,
-    model: str,
-    text: str,
-    finish: str,
-    stats: Stats,
-    logprobs: list[TokenLogprob] | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Answered:
+    """One choice's whole answer: its text, why it ended and its tokens' logprobs if asked."""
+
+    text: str
+    finish: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+def chat_completion(rid: str, created: int, model: str, answered: Answered, stats: Stats) -> dict[str, Any]:
+    text, finish, logprobs = answered.text, answered.finish, answered.logprobs
     return {
         "id": rid,
         "object": "chat.completion",
@@ -149,16 +151,9 @@ def chat_completion(
     }
 
 
-def text_completion(
-    rid: str,
-    created: int,
-    model: str,
-    text: str,
-    finish: str,
-    stats: Stats,
-    logprobs: list[TokenLogprob] | None = None,
-) -> dict[str, Any]:
-    finish = FINISH_REASONS.get(finish, finish)
+def text_completion(rid: str, created: int, model: str, answered: Answered, stats: Stats) -> dict[str, Any]:
+    text, logprobs = answered.text, answered.logprobs
+    finish = FINISH_REASONS.get(answered.finish, answered.finish)
     return {
         "id": rid,
         "object": "text_completion",

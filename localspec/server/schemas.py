@@ -18,18 +18,6 @@ from localspec.core.sampling import (
     check_repeat,
 )
 
-# server/app.py writes its replies as schemas.<name>: those names, kept where it reads them.
-from localspec.server.responses import FINISH_REASONS as FINISH_REASONS
-from localspec.server.responses import chat_completion as chat_completion
-from localspec.server.responses import chat_logprobs as chat_logprobs
-from localspec.server.responses import combined as combined
-from localspec.server.responses import new_id as new_id
-from localspec.server.responses import now as now
-from localspec.server.responses import speculation as speculation
-from localspec.server.responses import text_completion as text_completion
-from localspec.server.responses import text_logprobs as text_logprobs
-from localspec.server.responses import usage as usage
-
 # Fields clients send that do not change the text, accepted and not used, as llama-server and
 # Ollama ignore them: the one list of them. reasoning_effort is here because the models served
 # here either do not reason or do it whatever it says; `prediction` only says what to expect.
