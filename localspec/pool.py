@@ -13,7 +13,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Unpack, runtime_checkable
 
 from localspec.assembly import Calibrated, assemble, calibrate
 from localspec.control.factory import shared_policy
@@ -25,12 +25,16 @@ from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, SharesPasses
 from localspec.dispatch import Dispatcher, Ticket
 from localspec.prompts import Prompt
+from localspec.request import Options
 from localspec.runtime import Completion, Runtime
 from localspec.strategies import TABLE, named, resolve
 
 # More lanes than this gain nothing on a consumer machine (a pass's cost grows with its rows)
 # and cost a context of n_ctx cells each.
 MOST_LANES = 16
+
+
+PromptGiven = str | Sequence[int] | Prompt | None  # a call's prompt, as Runtime.generate() takes it
 
 
 class Lane(Backend, SharesPasses, Protocol):
@@ -109,7 +113,7 @@ class Pool:
         finally:
             self.dispatch.leave(ticket)
 
-    def _tokenized(self, prompt: Any, request: dict[str, Any]) -> Prompt | None:
+    def _tokenized(self, prompt: PromptGiven, request: dict[str, Any]) -> Prompt | None:
         """The request's prompt tokenized once (its messages= taken out of request), so it runs
         on the runtime caching the most of it; None for a single runtime (nothing to choose:
         the request goes as given) and for a chat offered tools, which its runtime renders."""
@@ -119,16 +123,22 @@ class Pool:
             return prompt
         return self.runtimes[0].prepare(prompt, request.pop("messages", None))
 
-    def generate(self, prompt: Any = None, *, lane_timeout: float | None = None, **request: Any) -> Completion:
+    def generate(
+        self, prompt: PromptGiven = None, *, lane_timeout: float | None = None, **options: Unpack[Options]
+    ) -> Completion:
         """Runtime.generate() on a runtime of the pool: several threads may call it at once."""
+        request: dict[str, Any] = dict(options)
         tokenized = self._tokenized(prompt, request)
         with self.lane(lane_timeout, tokenized) as runtime:
             return runtime.generate(tokenized or prompt, **request)
 
-    async def agenerate(self, prompt: Any = None, *, lane_timeout: float | None = None, **request: Any) -> Completion:
+    async def agenerate(
+        self, prompt: PromptGiven = None, *, lane_timeout: float | None = None, **options: Unpack[Options]
+    ) -> Completion:
         """Runtime.agenerate() on a runtime of the pool: several tasks may await it at once,
         and the event loop is never blocked. Cancelling the task stops its request and frees
         its runtime for the next."""
+        request: dict[str, Any] = dict(options)
         tokenized = await asyncio.to_thread(self._tokenized, prompt, request)
         async with self.alane(lane_timeout, tokenized) as runtime:
             return await runtime.agenerate(tokenized or prompt, **request)
