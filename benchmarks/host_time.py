@@ -46,6 +46,8 @@ import numpy as np
 from localspec.api import Runtime, runtime_for
 from localspec.backends.llamacpp import backend as llamacpp_backend
 from localspec.backends.llamacpp.greedy import DeviceGreedy
+from localspec.common.templates import render_chat
+from localspec.common.textstream import TextAssembler
 from localspec.control.factory import ngram_policy
 from localspec.control.prompts import SUITE
 from localspec.control.replay import Truth, calibration_from_doctor, replay
@@ -53,8 +55,6 @@ from localspec.core import engine as engine_module
 from localspec.core.backend_loader import load_backend
 from localspec.core.drafting import Draft
 from localspec.core.stats import Stats
-from localspec.core.templates import render_chat
-from localspec.core.textstream import TextAssembler
 from localspec.drafters.memory import NgramMemory
 from localspec.drafters.ngram import NgramDrafter
 from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf

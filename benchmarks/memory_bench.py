@@ -25,9 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from localspec.api import runtime_for
+from localspec.common.templates import render_chat
 from localspec.core.backend_loader import load_backend
 from localspec.core.protocol import Backend
-from localspec.core.templates import render_chat
 from localspec.drafters.memory import NgramMemory
 from localspec.tooling.bench import geometric_mean
 from localspec.tooling.peers import PeerRun, run_peer

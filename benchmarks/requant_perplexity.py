@@ -72,7 +72,7 @@ def perplexity(backend: Backend, tokens: list[int]) -> float:
 
 
 def matrix_types(path: Path) -> str:
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     counts = Counter(QTYPE_NAMES.get(t.qtype, str(t.qtype)) for t in read_header(path).tensors if len(t.dims) == 2)
     return " ".join(f"{name}:{n}" for name, n in counts.most_common())

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.api import Runtime, runtime_for
+from localspec.common.templates import render_chat
 from localspec.control.hardware import physical_cores
 from localspec.control.prompts import SUITE, BenchPrompt
 from localspec.core.backend_loader import load_backend
 from localspec.core.protocol import Backend
-from localspec.core.templates import render_chat
 
 
 @dataclass

@@ -7,6 +7,8 @@ progress record load() reports, and the errors it raises (every one a LocalspecE
 from typing import Any
 
 from localspec.api import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, load
+from localspec.common.progress import LoadProgress
+from localspec.common.tools import ToolCall, ToolRequestError
 from localspec.core.errors import (
     BackendClosedError,
     BackendUnavailableError,
@@ -18,10 +20,8 @@ from localspec.core.errors import (
     RuntimeBusyError,
 )
 from localspec.core.options import LoadOptions
-from localspec.core.progress import LoadProgress
 from localspec.core.sampling import SamplingConfig, TokenLogprob
 from localspec.core.stats import Stats
-from localspec.core.tools import ToolCall, ToolRequestError
 from localspec.dispatch import LineFullError
 from localspec.pool import Pool, load_pool
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from localspec import strategies
 from localspec.assembly import assemble, calibrate
 from localspec.backends.llamacpp.rpc_server import split_options
+from localspec.common.progress import Announce, announced
 from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.choices import Trees
 from localspec.core.drafting import DraftLengthPolicy
 from localspec.core.errors import LocalspecError, in_api_terms
 from localspec.core.options import LoadOptions
-from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend
 from localspec.drafters.files import head_kind, is_assistant, load_drafter
 from localspec.runtime import Completion, Event, Finished, Prompt, Runtime, Stream, TextDelta, sampling_config

@@ -10,12 +10,12 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+from localspec.common.progress import Announce, announced
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.trees import BRANCHING, OffersAlternatives, asked_tree, priced_trees
 from localspec.core.choices import TreeAsk, Trees
 from localspec.core.drafting import Branching, DraftLengthPolicy, TreeShaper
 from localspec.core.engine import Engine
-from localspec.core.progress import Announce, announced
 from localspec.strategies import Plan
 
 

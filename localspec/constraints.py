@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from localspec.common.tools import ToolRequest, tool_style
 from localspec.core.errors import InvalidRequestError
 from localspec.core.grammar import GrammarConstraint, Grammars, is_schema_model, json_schema_of
 from localspec.core.protocol import Backend
-from localspec.core.tools import ToolRequest, tool_style
 
 
 class Constraints:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localspec.common.tools import ToolCall
 from localspec.core.sampling import TokenLogprob
 from localspec.core.stats import Stats, Step
-from localspec.core.tools import ToolCall
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,18 @@ logprobs, tool calls), and a stream's events gathered into one Completion."""
 
 from __future__ import annotations
 
+from localspec.common.textstream import TextAssembler
+from localspec.common.tool_parsing import CallFilter
+from localspec.common.tools import ToolCall, ToolRequest
 from localspec.core.grammar import GrammarConstraint
 from localspec.core.sampling import LogprobRecorder, SamplingConfig, TokenLogprob
 from localspec.core.stats import Stats, Step
-from localspec.core.textstream import TextAssembler
-from localspec.core.tool_parsing import CallFilter
-from localspec.core.tools import ToolCall, ToolRequest
 from localspec.events import Completion, Event, Finished, TextDelta
 
 
 class Output:
     """A request's steps as the events its reader gets: final text (held back where a stop
-    string may begin and, with tools offered, where a call may: core/tools.CallFilter, as
+    string may begin and, with tools offered, where a call may: common/tools.CallFilter, as
     serve streams it), each step's tokens' logprobs, and at the end the calls made."""
 
     def __init__(self, text: TextAssembler, tools: ToolRequest | None, recorder: LogprobRecorder | None) -> None:

@@ -16,12 +16,12 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol, Unpack, runtime_checkable
 
 from localspec.assembly import Calibrated, assemble, calibrate
+from localspec.common.progress import Announce, announced
 from localspec.control.factory import shared_policy
 from localspec.core.backend_loader import load_backend
 from localspec.core.drafting import common_prefix
 from localspec.core.errors import InvalidRequestError, LocalspecError
 from localspec.core.options import LoadOptions
-from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, SharesPasses
 from localspec.dispatch import Dispatcher, Ticket
 from localspec.prompts import Prompt
@@ -175,7 +175,7 @@ def default_parallel(path: str, n_ctx: int) -> int:
     contexts of n_ctx would take more than a quarter of the memory free now."""
     import psutil
 
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     try:
         per_lane = max(n_ctx * read_header(path).kv_bytes_per_token, 1)

@@ -7,12 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.common.media import has_images, image_chat_tokens
+from localspec.common.templates import chat_tokens, normalize_messages, render_chat
+from localspec.common.tools import ToolRequest, tool_style, with_calls
 from localspec.core.engine import check_fits
 from localspec.core.errors import InvalidRequestError
-from localspec.core.media import has_images, image_chat_tokens
 from localspec.core.protocol import Backend
-from localspec.core.templates import chat_tokens, normalize_messages, render_chat
-from localspec.core.tools import ToolRequest, tool_style, with_calls
 from localspec.core.validate import chat_as_prompt, clean_text
 
 

@@ -12,6 +12,8 @@ from typing import Any, Unpack
 import numpy as np
 
 from localspec.assembly import Assembly, assemble
+from localspec.common.textstream import TextAssembler
+from localspec.common.tools import ToolRequest, tool_request
 from localspec.constraints import Constraints
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.contention import threads_notice
@@ -23,8 +25,6 @@ from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars
 from localspec.core.protocol import SharesPasses
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats
-from localspec.core.textstream import TextAssembler
-from localspec.core.tools import ToolRequest, tool_request
 from localspec.core.validate import check_limits
 from localspec.drafters import Drafter
 from localspec.events import Completion, Event, Finished, TextDelta, is_finished

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from localspec.common.progress import Announce, announced
 from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.backend_loader import BACKENDS, kind_of
@@ -21,7 +22,6 @@ from localspec.core.drafting import Drafter, DraftLengthPolicy
 from localspec.core.errors import InvalidRequestError, PairMismatchError
 from localspec.core.exactness import greedy_exact_within
 from localspec.core.options import LoadOptions
-from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, SelfDrafting, vocab_mismatch
 from localspec.drafters import BlockDrafter
 from localspec.drafters.files import (

@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.llamacpp import rpc as rpc_entry_points
+from localspec.common.gguf_header import (
+    check_gguf,
+)
 from localspec.control.calibrate import pass_seconds, starting_calibration
 from localspec.control.contention import busy_cores, default_threads
 from localspec.control.hardware import physical_cores
 from localspec.core.acceptance import accept_greedy, accept_picks, accept_rejection_sampling
 from localspec.core.errors import InvalidRequestError
-from localspec.core.gguf_header import (
-    check_gguf,
-)
 from localspec.core.protocol import (
     Capabilities,
     Logits,

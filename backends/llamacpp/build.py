@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.llamacpp import rpc as rpc_entry_points
+from localspec.common.gguf_header import ASSISTANT_ARCHITECTURE, assistant_alone, diagnose_gguf, load_failure_hint
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import ASSISTANT_ARCHITECTURE, assistant_alone, diagnose_gguf, load_failure_hint
 
 from . import library
 from .abort import Abort

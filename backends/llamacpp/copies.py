@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localspec.common.gguf_header import SPLIT_GGUF, check_gguf, quantized_bytes, read_header
+from localspec.common.progress import reporter
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import layerskip_blocks
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import SPLIT_GGUF, check_gguf, quantized_bytes, read_header
-from localspec.core.progress import reporter
 from localspec.store import data_dir, file_fingerprint, why_not_writable
 
 if TYPE_CHECKING:

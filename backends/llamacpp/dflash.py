@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from localspec.common.gguf_header import check_gguf, diagnose_gguf, read_header
 from localspec.core.drafting import Draft, common_prefix
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import check_gguf, diagnose_gguf, read_header
 from localspec.core.protocol import ModelInfo
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives, top_k_branches

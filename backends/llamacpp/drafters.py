@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from localspec.common.gguf_header import check_gguf, diagnose_gguf
 from localspec.control.selfdraft import best_drafter
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import check_gguf, diagnose_gguf
 from localspec.core.protocol import Backend
 
 from . import library

@@ -30,8 +30,8 @@ import llama_cpp as llama
 import numpy as np
 from llama_cpp import llama_cpp_ext as ext
 
+from localspec.common.gguf_header import GGUFHeader, check_gguf, diagnose_gguf, read_header
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import GGUFHeader, check_gguf, diagnose_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities
 
 from .features import EAGLE3_KIND, HiddenRows, target_layer_ids

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from functools import cache
 
-from localspec.core.gguf_header import read_header
+from localspec.common.gguf_header import read_header
 
 from .library import init_library
 

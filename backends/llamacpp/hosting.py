@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from localspec.core.gguf_header import check_gguf, read_header
+from localspec.common.gguf_header import check_gguf, read_header
 from localspec.core.protocol import Backend
 from localspec.drafters import cannot_attach
 

@@ -15,7 +15,7 @@ from .vision import EmbeddingBatch, Projector
 
 
 class SeesImages(TargetState):
-    """The SeesImages side of LlamaCppBackend (localspec.core.media)."""
+    """The SeesImages side of LlamaCppBackend (localspec.common.media)."""
 
     def see_images(self, mmproj: str) -> None:
         """Read images through the projector GGUF mmproj (vision.py); a projector that fails to
@@ -55,7 +55,7 @@ class SeesImages(TargetState):
         return self._no_rows if logits == "none" else self._logits.rows(n if logits == "all" else 1)
 
     def image_marker(self) -> str | None:
-        """localspec.core.media.SeesImages: the text that stands for an image in a prompt
+        """localspec.common.media.SeesImages: the text that stands for an image in a prompt
         given to tokenize_images; None: loaded without a projector (--mmproj)."""
         return self._images[0].marker if self._images is not None else None
 

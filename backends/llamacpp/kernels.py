@@ -19,8 +19,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from localspec.common.gguf_header import read_header
 from localspec.control.hardware import physical_cores
-from localspec.core.gguf_header import read_header
 from localspec.core.protocol import Exactness
 
 from .library import FLASH_ATTN, batch_invariant_build, extra_buffers, flash_attention

@@ -21,8 +21,8 @@ import mlx.core as mx
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.quantized import quantize
 
+from localspec.common.gguf_header import check_gguf, read_header
 from localspec.core.errors import ModelLoadError
-from localspec.core.gguf_header import check_gguf, read_header
 
 from ..gguf_hparams import read_hparams
 from ..tensor_names import GLOBAL_NAMES, LAYER_NAMES

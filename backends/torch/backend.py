@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from localspec.common.gguf_header import check_gguf, read_header
 from localspec.control.hardware import physical_cores
 from localspec.control.selfdraft import early_exit_drafter
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import check_gguf, read_header
 from localspec.core.protocol import Backend, Capabilities, Logits, LogitsMode, ModelInfo, TextFromVocab
 from localspec.core.records import check_block, check_open, check_rollback
 from localspec.core.sampling import Distribution, SamplingConfig

@@ -19,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from localspec.common.gguf_header import GGUFHeader, GGUFTensor
 from localspec.core.errors import ModelLoadError
-from localspec.core.gguf_header import GGUFHeader, GGUFTensor
 
 from ..tensor_names import GEMMA3_LAYER_NAMES, GLOBAL_NAMES, LAYER_NAMES, inverted
 from . import converted, quantized

@@ -13,14 +13,14 @@ from typing import Any
 from localspec.api import derive_drafter, head_kind, load_drafter
 from localspec.backends.llamacpp.rpc_server import split_options
 from localspec.cli.options import load_options, model_files
+from localspec.common.progress import Steps, reporting
+from localspec.common.templates import render_chat
 from localspec.control import contention
 from localspec.control.prompts import SUITE, BenchPrompt, load_prompts
 from localspec.core.backend_loader import load_backend
 from localspec.core.choices import FEATURE_DRAFTERS
 from localspec.core.errors import InvalidRequestError
-from localspec.core.progress import Steps, reporting
 from localspec.core.protocol import Backend, DerivesFiles
-from localspec.core.templates import render_chat
 from localspec.models.naming import canonical_name
 from localspec.strategies import TABLE, named
 from localspec.tooling.bench import (

@@ -9,6 +9,7 @@ from typing import Any
 
 from localspec.backends.llamacpp.rpc_server import INSTALL_WITH_RPC, rpc_available
 from localspec.cli.options import MODEL_HELP, model_files, threads_arg
+from localspec.common.progress import Steps, reporting
 from localspec.control import contention
 from localspec.control.calibrate import Calibration, calibrated
 from localspec.control.config import DEFAULT
@@ -16,7 +17,6 @@ from localspec.control.hardware import DeviceProbe, host_kind, predict_verify_se
 from localspec.control.policy import decide_static
 from localspec.core.backend_loader import kind_of, load_backend
 from localspec.core.drafting import Decision
-from localspec.core.progress import Steps, reporting
 from localspec.core.protocol import Capabilities, Exactness, ModelInfo
 from localspec.models.naming import canonical_name
 

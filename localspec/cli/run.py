@@ -10,10 +10,10 @@ from typing import Any
 
 from localspec.api import Finished, TextDelta, load
 from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
+from localspec.common.progress import Steps, announced
 from localspec.control.contention import threads_notice
 from localspec.core.choices import STRATEGY_HELP
 from localspec.core.errors import InvalidRequestError
-from localspec.core.progress import Steps, announced
 from localspec.core.validate import arg_text, piped_stdin, read_stdin
 
 Event = TextDelta | Finished

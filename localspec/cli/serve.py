@@ -191,7 +191,7 @@ def _check_before_listening(model: str | None, draft_model: str | None, backend:
     """What takes milliseconds to know is said before the port is taken, so a launcher sees
     the server exit instead of a port that opens and closes: a pair that is not pulled, a
     file that is not there."""
-    from localspec.core.gguf_header import open_model_file
+    from localspec.common.gguf_header import open_model_file
     from localspec.models.pull import resolve_pair
 
     if model is not None and not _is_file(model):

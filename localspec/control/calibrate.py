@@ -23,10 +23,10 @@ from functools import partial
 
 import numpy as np
 
+from localspec.common.progress import report
 from localspec.control.config import DEFAULT, ControlConfig
 from localspec.control.costs import CostCurve, SharedPassCurve
 from localspec.control.hardware import DeviceProbe, cpu_probe, machine_key, predict_verify_seconds, probe
-from localspec.core.progress import report
 from localspec.core.protocol import Backend, eval_chunked
 from localspec.core.records import HeadOfTarget
 from localspec.core.sampling import SamplingConfig

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from localspec.common.progress import report, stage
 from localspec.control.calibrate import (
     CALIBRATION_TEXT,
     agreement,
@@ -26,7 +27,6 @@ from localspec.control.calibrate import (
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.control.prompts import CODE, PASSAGE
 from localspec.core.errors import InvalidRequestError
-from localspec.core.progress import report, stage
 from localspec.core.protocol import Backend
 from localspec.store import CALIBRATION
 

@@ -7,11 +7,11 @@ import json
 import os
 from typing import Any
 
+from localspec.common.gguf_header import read_header
+from localspec.common.progress import Announce, announced
 from localspec.core.backend_loader import load_backend
 from localspec.core.choices import FEATURE_DRAFTERS
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.gguf_header import read_header
-from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend
 from localspec.drafters import BlockDrafter, DrafterHost, cannot_attach
 

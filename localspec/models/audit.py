@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localspec.common.gguf_header import SPLIT_GGUF, GGUFHeader, gguf_vocab_identity, vocab_identity
 from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
-from localspec.core.gguf_header import SPLIT_GGUF, GGUFHeader, gguf_vocab_identity, vocab_identity
 from localspec.core.protocol import VocabIdentity, vocab_mismatch
 from localspec.models.entries import HubArtifact, LocalArtifact, Model, Pair, PyPIArtifact, backend_refusal, sidecar_of
 from localspec.models.hub_errors import HubUnreachableError, hub_errors

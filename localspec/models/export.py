@@ -244,7 +244,7 @@ def _assistant_repo(pair: Pair) -> str | None:
 
 
 def _architecture(path: Path) -> str | None:
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     try:
         return read_header(path).architecture if path.is_file() else None
@@ -253,7 +253,7 @@ def _architecture(path: Path) -> str | None:
 
 
 def _is_assistant_file(path: Path) -> bool:
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     try:
         return path.is_file() and read_header(path).is_assistant

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from localspec.core.progress import Announce
+from localspec.common.progress import Announce
 from localspec.models.entries import HubArtifact
 from localspec.models.hub_errors import ChecksumMismatchError, PullError, hub_errors, missing_file, offline_missing
 from localspec.models.hub_floor import throughput_floor

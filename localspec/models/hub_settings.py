@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localspec.core.progress import Announce, announced
+from localspec.common.progress import Announce, announced
 from localspec.models.hub_floor import MIN_BYTES_PER_SECOND
 
 DEFAULT_ENDPOINT = "https://huggingface.co"

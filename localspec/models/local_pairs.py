@@ -13,9 +13,9 @@ import json
 import re
 from pathlib import Path
 
+from localspec.common.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.core.choices import FEATURE_DRAFTERS, DraftTokens
 from localspec.core.errors import InvalidRequestError, ModelLoadError, PairMismatchError
-from localspec.core.gguf_header import check_gguf, check_whole_gguf, resolve_model_path
 from localspec.core.protocol import vocab_mismatch
 from localspec.models.entries import Pair
 from localspec.models.registry import load_registry, user_registry_file
@@ -77,7 +77,7 @@ def add_local_pair(
 
 def _is_projector(path: Path) -> bool:
     """Whether the GGUF is a vision projector (llama.cpp's mmproj files: architecture clip)."""
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     return read_header(path).architecture == "clip"
 
@@ -118,7 +118,7 @@ _MMPROJ_FIX = "give the projector made for this model (its repo's mmproj-*.gguf)
 def _projector_misfit(target: Path, projector: Path) -> str | None:
     """Why the projector cannot feed the target (its output width is not the target's), or
     None; a file that declares no width is left to llama.cpp's check at load."""
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     model, clip = read_header(target), read_header(projector).meta
     if not clip.get("clip.has_vision_encoder", False):
@@ -145,7 +145,7 @@ def _model_entry(model_id: str, family: str, path: Path) -> str:
 def _mismatch(target: Path, drafter: Path) -> str | None:
     """Why the drafter cannot draft for the target, or None. An MTP assistant is checked as
     one: made for the target's width, with its tokenizer where the file carries one."""
-    from localspec.core.gguf_header import gguf_vocab_identity, read_header
+    from localspec.common.gguf_header import gguf_vocab_identity, read_header
     from localspec.models.audit import mtp_drafter_fit
 
     header = read_header(drafter)
@@ -159,7 +159,7 @@ def _strategy(files: dict[str, Path]) -> str:
     """mtp for a target drafted by its own MTP head (nextn layers in its GGUF) or by an MTP
     assistant, which no other strategy runs; eagle3 for an EAGLE-3 head; else draft with a
     drafter, n-gram lookup without."""
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     if "drafter" in files:
         drafter = read_header(files["drafter"])
@@ -192,7 +192,7 @@ def _quote(value: str) -> str:
 
 
 def _metadata(path: Path) -> dict[str, str]:
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
 
     meta = read_header(path).meta
     keys = ("general.name", "general.license", "general.size_label")

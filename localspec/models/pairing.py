@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from localspec.common.gguf_header import gguf_vocab_identity
 from localspec.core.errors import PairMismatchError
-from localspec.core.gguf_header import gguf_vocab_identity
 from localspec.core.protocol import VocabIdentity, vocab_mismatch
 from localspec.models.entries import Pair
 from localspec.models.registry import Registry, load_registry

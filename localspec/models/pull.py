@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localspec.common.progress import Announce
 from localspec.core.backend_loader import kind_of
 from localspec.core.choices import DEFAULT_BACKEND
 from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError
-from localspec.core.progress import Announce
 from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
 from localspec.models.entries import HubArtifact, LocalArtifact, Model, Pair, PyPIArtifact, sidecar_of, split_shards
 from localspec.models.hub import (

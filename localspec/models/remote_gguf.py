@@ -3,12 +3,12 @@ without its weights.
 
 The header (metadata, then tensor descriptions) sits at the start of the file, but its
 length is only known once it is parsed, so the reads grow until the bytes fetched hold a
-whole header (localspec.core.gguf_header)."""
+whole header (localspec.common.gguf_header)."""
 
 from __future__ import annotations
 
+from localspec.common.gguf_header import GGUFHeader
 from localspec.core.errors import ModelLoadError
-from localspec.core.gguf_header import GGUFHeader
 from localspec.core.protocol import VocabIdentity
 from localspec.models.entries import HubArtifact
 from localspec.models.hub_settings import HubSettings
@@ -20,7 +20,7 @@ def remote_vocab_identity(
     artifact: HubArtifact, commit: str, name: str, size: int, settings: HubSettings
 ) -> VocabIdentity:
     """The tokenizer of the GGUF `name` (size bytes) in artifact's repo at commit."""
-    from localspec.core.gguf_header import vocab_identity
+    from localspec.common.gguf_header import vocab_identity
 
     return vocab_identity(remote_header(artifact, commit, name, size, settings).meta, f"{artifact.repo}/{name}")
 
@@ -29,7 +29,7 @@ def remote_header(artifact: HubArtifact, commit: str, name: str, size: int, sett
     """The GGUF header of `name` (size bytes) in artifact's repo at commit, by range reads."""
     from huggingface_hub import hf_hub_url
 
-    from localspec.core.gguf_header import header_from_bytes
+    from localspec.common.gguf_header import header_from_bytes
 
     url = hf_hub_url(artifact.repo, name, revision=commit, endpoint=settings.endpoint)
     where = f"{artifact.repo}/{name}"

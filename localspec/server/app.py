@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from localspec.common.tools import ToolRequest, tool_request
 from localspec.core.errors import LocalspecError
-from localspec.core.tools import ToolRequest, tool_request
 from localspec.server import responses, schemas
 from localspec.server.cors import CorsRule, JsonCors
 from localspec.server.grammar import GrammarRequest

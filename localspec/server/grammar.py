@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from localspec.api import Runtime
+from localspec.common.tools import ToolRequest
 from localspec.core.errors import InvalidRequestError
 from localspec.core.grammar import GrammarConstraint, Grammars, json_schema_of
-from localspec.core.tools import ToolRequest
 from localspec.server.schemas import ApiError
 
 __all__ = ["GrammarConstraint", "GrammarRequest", "Grammars", "json_schema_of"]

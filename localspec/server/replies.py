@@ -15,10 +15,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from localspec.api import Finished, TextDelta
+from localspec.common.tools import CallFilter, ToolRequest, ToolRequestError, parse_tool_calls
 from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError, PairMismatchError
 from localspec.core.sampling import LogprobRecorder, TokenLogprob
 from localspec.core.stats import Stats
-from localspec.core.tools import CallFilter, ToolRequest, ToolRequestError, parse_tool_calls
 from localspec.server import responses
 from localspec.server.schemas import ApiError
 from localspec.server.worker import Item, Job, Worker

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from localspec.api import Finished, Runtime, TextDelta
+from localspec.common.tools import ToolRequest
 from localspec.core.errors import InvalidRequestError
 from localspec.core.sampling import SamplingConfig
-from localspec.core.tools import ToolRequest
 from localspec.core.validate import clean_text
 from localspec.pool import Pool
 
@@ -26,7 +26,7 @@ def raw_prompt(runtime: Runtime, text: str) -> list[int]:
     """A completion's prompt as llama-server reads it: control tokens written as text
     (`<|im_start|>`, `<fim_prefix>`) become those tokens, since apps that apply their own
     template send them so. Chat content never goes through here: a pasted `<|im_end|>` there
-    stays text (core/templates.chat_tokens)."""
+    stays text (common/templates.chat_tokens)."""
     text = clean_text(text)
     if not text:
         raise InvalidRequestError("the prompt is empty", "give some text to continue")

@@ -284,7 +284,7 @@ class FuzzResult:
 def open_like_localspec(path: Path) -> None:
     """What localspec does with a model file before a backend loads it: the magic check, the
     header, the tokenizer (the pair check), the diagnosis of a failed load."""
-    from localspec.core.gguf_header import check_gguf, diagnose_gguf, read_header, vocab_identity
+    from localspec.common.gguf_header import check_gguf, diagnose_gguf, read_header, vocab_identity
 
     check_gguf(str(path))
     diagnosis = diagnose_gguf(str(path))

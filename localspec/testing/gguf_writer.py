@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from localspec.backends.vocab import byte_decoder, from_gguf
-from localspec.core.gguf_header import read_header
+from localspec.common.gguf_header import read_header
 
 N_CTX = 256
 CHATML = (

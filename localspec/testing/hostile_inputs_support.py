@@ -47,8 +47,8 @@ def looping_templates(cases: int, seed: int, model: str | None = None) -> Tally:
     """Templates that loop without printing are stopped with a message naming the file, in
     process and (with a model to run) through `localspec run` on a GGUF carrying one; real
     templates still render (controls)."""
+    from localspec.common.templates import CHATML, render_chat
     from localspec.core.errors import InvalidRequestError
-    from localspec.core.templates import CHATML, render_chat
 
     tally = Tally("templates: loops that print nothing")
     rng = np.random.default_rng(seed)

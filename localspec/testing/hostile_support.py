@@ -73,8 +73,8 @@ def environment(**values: str | None) -> Iterator[None]:
 
 def pipes_and_devices(model: str | None) -> Tally:
     """A named pipe or a device as a model: refused before it is read, in-process and by `run`."""
+    from localspec.common.gguf_header import check_gguf, read_header
     from localspec.core.errors import ModelLoadError
-    from localspec.core.gguf_header import check_gguf, read_header
 
     tally = Tally("waits: a named pipe or a device as the model")
     folder = Path(tempfile.mkdtemp())

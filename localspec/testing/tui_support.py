@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from localspec.api import Runtime, runtime_for
+from localspec.common.progress import Announce
 from localspec.core.backend_loader import load_backend
-from localspec.core.progress import Announce
 from localspec.core.sampling import SamplingConfig
 from localspec.tui import ChatApp, ChatSettings
 from localspec.tui.models import RuntimeLoader

@@ -12,8 +12,8 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Footer, Static
 
+from localspec.common.media import marker_of
 from localspec.core.errors import ContextFullError, InvalidRequestError, LocalspecError
-from localspec.core.media import marker_of
 from localspec.core.stats import Stats
 from localspec.tui.attribution import DraftAttribution
 from localspec.tui.chat_base import Turn

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.common.media import image_part
 from localspec.core.errors import InvalidRequestError
-from localspec.core.media import image_part
 
 COMMAND = "/image"
 USAGE = "/image PATH attaches an image to your next message; /image alone removes what is attached"

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.api import Runtime, load, pair_id
+from localspec.common.progress import Announce, reporting
 from localspec.core.backend_loader import kind_of
 from localspec.core.errors import LocalspecError
-from localspec.core.progress import Announce, reporting
 from localspec.models.hub import Progress
 from localspec.tui.settings import ChatSettings
 

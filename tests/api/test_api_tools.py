@@ -1,5 +1,5 @@
 """Tools, logprobs, penalties and pydantic schemas through the Python API, as `serve` offers
-them and through the same code (core/tools.py, Runtime.tool_prompt/tool_constraint, the
+them and through the same code (common/tools.py, Runtime.tool_prompt/tool_constraint, the
 engine's LogprobRecorder), on the real SmolLM2: a forced call comes back as a typed ToolCall
 whose arguments validate against the pydantic model offered, a pydantic model as a schema
 gives JSON that validates against it (closed to extra keys, so it ends), logprobs equal
@@ -18,10 +18,10 @@ from server_support import MODEL, serving
 
 import localspec
 from localspec.api import Finished, Runtime, TextDelta, runtime_for
+from localspec.common.tools import ToolRequestError
 from localspec.core.errors import InvalidRequestError
 from localspec.core.grammar import json_schema_of
 from localspec.core.protocol import Backend
-from localspec.core.tools import ToolRequestError
 from localspec.server import LocalServer
 
 openai = pytest.importorskip("openai")

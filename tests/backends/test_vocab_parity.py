@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from localspec.common.gguf_header import gguf_vocab_identity
 from localspec.core.backend_loader import load_backend
 from localspec.core.errors import BackendUnavailableError
-from localspec.core.gguf_header import gguf_vocab_identity
 from localspec.core.protocol import Backend
 
 pytestmark = pytest.mark.model

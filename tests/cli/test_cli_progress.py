@@ -17,9 +17,9 @@ import pytest
 from localspec.cli import doctor
 from localspec.cli.main import main
 from localspec.cli.run import first_token_announced
+from localspec.common.progress import Steps, announced, report, reporting
 from localspec.control import contention
 from localspec.control.hardware import cpu_probe
-from localspec.core.progress import Steps, announced, report, reporting
 from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.tooling.bench import BenchRow, format_summary, format_table
 from localspec.tui.live_stats import Figures, format_figures

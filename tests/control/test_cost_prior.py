@@ -157,7 +157,7 @@ def test_a_learnt_curve_survives_the_cache_file(temporary_localspec_home: Path) 
 def test_a_slow_step_before_the_first_token_says_what_it_is_doing() -> None:
     import threading
 
-    from localspec.core.progress import announced
+    from localspec.common.progress import announced
 
     said: list[str] = []
     spoke = threading.Event()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.core.textstream import TextAssembler
+from localspec.common.textstream import TextAssembler
 
 
 def byte_tokens(text: str) -> list[int]:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from localspec.common.progress import LoadProgress, reporting
 from localspec.core.errors import ModelLoadError
-from localspec.core.progress import LoadProgress, reporting
 from localspec.models.default_model import DEFAULT_MODEL, PyPIModel, ensure_pypi_model, index_url
 from localspec.store import models_dir
 from localspec.testing.fakepypi import FakeIndex, wheel_of

@@ -11,8 +11,8 @@ import pytest
 
 import localspec.models.pull as pull_module
 from localspec.api import load_pair
+from localspec.common.gguf_header import gguf_vocab_identity
 from localspec.core.errors import PairMismatchError
-from localspec.core.gguf_header import gguf_vocab_identity
 from localspec.core.options import LoadOptions
 from localspec.models.hub import SilentBar
 from localspec.models.hub_errors import ChecksumMismatchError, PullError

@@ -125,7 +125,7 @@ def split_model(smollm2_q4_1: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_llamacpp_opens_a_split_model_by_its_first_shard(split_model: Path, target_backend) -> None:
     from model_support import load_llamacpp
 
-    from localspec.core.gguf_header import gguf_vocab_identity
+    from localspec.common.gguf_header import gguf_vocab_identity
 
     split = load_llamacpp(split_model)
     try:

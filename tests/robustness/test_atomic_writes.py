@@ -220,7 +220,7 @@ def test_a_requantization_failure_is_explained_by_the_disk_it_did_not_fit(
     import shutil
 
     from localspec.backends.llamacpp.copies import quantize_failure_cause
-    from localspec.core.gguf_header import quantized_bytes
+    from localspec.common.gguf_header import quantized_bytes
     from localspec.testing.gguf_writer import Spec, write_gguf
 
     source = write_gguf(Spec("llama"), tmp_path / "tiny.gguf")

@@ -365,8 +365,8 @@ def test_a_context_smaller_than_one_batch_refuses_a_long_block_instead_of_aborti
 
 
 def test_a_missing_model_file_in_chat_does_not_advise_another_command(capsys) -> None:
+    from localspec.common.gguf_header import open_model_file
     from localspec.core.errors import ModelLoadError
-    from localspec.core.gguf_header import open_model_file
 
     try:
         open_model_file("/tmp/nope-localspec-test.gguf")

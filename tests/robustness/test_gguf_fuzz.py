@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from localspec.common.gguf_header import read_header
 from localspec.core.errors import ModelLoadError
-from localspec.core.gguf_header import read_header
 from localspec.testing.gguf_fuzz import KV, MUTATIONS, base_layout, encode, fuzz
 
 CI_SEEDS = range(1400)  # 100 cases per mutation, about 3 s
@@ -58,7 +58,7 @@ def test_a_big_endian_gguf_is_named_as_one(tmp_path: Path) -> None:
 
 
 def test_a_tokenizer_whose_tokens_are_not_a_list_is_refused(tmp_path: Path) -> None:
-    from localspec.core.gguf_header import gguf_vocab_identity
+    from localspec.common.gguf_header import gguf_vocab_identity
 
     with pytest.raises(ModelLoadError, match="damaged tokenizer"):
         gguf_vocab_identity(header_with(tmp_path, KV("tokenizer.ggml.tokens", 4, 7)))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from localspec.common.gguf_header import check_gguf, read_header
 from localspec.core.errors import ModelLoadError
-from localspec.core.gguf_header import check_gguf, read_header
 
 HANG_BOUND_SECONDS = 120  # a bound, not a timing: the refusal comes before any model loads
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import localspec.core.templates as templates
+import localspec.common.templates as templates
+from localspec.common.templates import render_chat
 from localspec.core.errors import InvalidRequestError
-from localspec.core.templates import render_chat
 from localspec.testing.gguf_writer import Spec, write_gguf
 
 CHILD_BOUND_SECONDS = 120  # a bound, not a timing: each refusal comes in a few seconds
@@ -199,8 +199,8 @@ def symlink_loop(folder: Path, name: str) -> Path:
 
 
 def test_a_newer_gguf_version_asks_for_a_newer_localspec(tiny_model: Path, tmp_path: Path) -> None:
+    from localspec.common.gguf_header import diagnose_gguf, read_header
     from localspec.core.errors import ModelLoadError
-    from localspec.core.gguf_header import diagnose_gguf, read_header
 
     path = newer_version(tiny_model, tmp_path)
     with pytest.raises(ModelLoadError) as caught:

@@ -20,13 +20,13 @@ import pytest
 from backends.reference import ReferenceBackend
 from localspec.api import Finished, Runtime, TextDelta, runtime_for
 from localspec.cli.main import main
+from localspec.common.templates import render_chat
 from localspec.control.policy import FixedDraftLength
 from localspec.core.engine import Engine
 from localspec.core.errors import BackendClosedError, ContextFullError, InvalidRequestError, LocalspecError
 from localspec.core.protocol import Backend
 from localspec.core.sampling import SamplingConfig
 from localspec.core.stats import Stats
-from localspec.core.templates import render_chat
 from localspec.drafters import Draft
 from localspec.drafters.model import ModelDrafter
 from localspec.drafters.none import NoDrafter

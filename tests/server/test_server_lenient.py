@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from localspec.api import Runtime, load
+from localspec.common.tool_parsing import CallFilter
+from localspec.common.tools import tool_request
 from localspec.core.stats import Stats, Step
-from localspec.core.tool_parsing import CallFilter
-from localspec.core.tools import tool_request
 from localspec.server import Catalog, LocalServer, Settings, local_only
 from localspec.server.responses import speculation
 from localspec.testing.serve_faults import SCHEMA_CASES, TOOL_CASES, Case, reference_server

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from server_support import MODEL, serving
 
-from localspec.core.textstream import TextAssembler
+from localspec.common.textstream import TextAssembler
 from localspec.server import LocalServer
 
 openai = pytest.importorskip("openai")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from localspec.api import Runtime, load
-from localspec.core.templates import render_chat
-from localspec.core.tool_parsing import parse_tool_calls
-from localspec.core.tools import GEMMA4, HERMES, LLAMA3, ToolRequest, tool_style
+from localspec.common.templates import render_chat
+from localspec.common.tool_parsing import parse_tool_calls
+from localspec.common.tools import GEMMA4, HERMES, LLAMA3, ToolRequest, tool_style
 from localspec.server import LocalServer, Settings
 from localspec.testing.gguf_writer import CHATML, Spec
 

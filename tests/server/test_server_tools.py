@@ -15,8 +15,8 @@ from model_support import TEST_N_CTX
 from pydantic import BaseModel
 
 from localspec.api import Runtime, load
-from localspec.core.tool_parsing import parse_tool_calls
-from localspec.core.tools import ToolRequest
+from localspec.common.tool_parsing import parse_tool_calls
+from localspec.common.tools import ToolRequest
 from localspec.server import LocalServer, Settings
 
 openai = pytest.importorskip("openai")

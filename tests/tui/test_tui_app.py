@@ -12,8 +12,8 @@ from textual.command import CommandList
 from textual.widgets import Static
 
 from localspec.api import Runtime, runtime_for
+from localspec.common.progress import Announce
 from localspec.core.errors import ModelLoadError
-from localspec.core.progress import Announce
 from localspec.core.sampling import SamplingConfig
 from localspec.testing.tui_support import (
     REFERENCE,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from localspec.api import Runtime, load
-from localspec.core.progress import Announce
+from localspec.common.progress import Announce
 from localspec.testing.tui_support import answered, ready, replies, send, wait_for
 from localspec.tui import ChatApp, ChatSettings
 

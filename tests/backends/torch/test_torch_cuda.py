@@ -39,10 +39,10 @@ from test_torch_tiny_models import (  # noqa: E402
 
 from localspec.api import runtime_for  # noqa: E402
 from localspec.backends.torch import TorchBackend  # noqa: E402
+from localspec.common.templates import render_chat  # noqa: E402
 from localspec.control.prompts import SUITE  # noqa: E402
 from localspec.core.engine import Engine  # noqa: E402
 from localspec.core.sampling import SamplingConfig  # noqa: E402
-from localspec.core.templates import render_chat  # noqa: E402
 from localspec.drafters.model import ModelDrafter  # noqa: E402
 from localspec.drafters.ngram import NgramDrafter  # noqa: E402
 from localspec.testing.benchmarks import load_benchmark  # noqa: E402

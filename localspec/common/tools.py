@@ -18,14 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from localspec.core.errors import InvalidRequestError
-from localspec.core.grammar import closed, is_schema_model, rebased
-from localspec.core.templates import takes_tools
-from localspec.core.tool_parsing import BARE_KEY, GEMMA_CLOSE, GEMMA_OPEN, GEMMA_QUOTE, PYTHON_TAG
+from localspec.common.templates import takes_tools
+from localspec.common.tool_parsing import BARE_KEY, GEMMA_CLOSE, GEMMA_OPEN, GEMMA_QUOTE, PYTHON_TAG
 
 # server/app.py reads these two here, where they were before tool_parsing.py.
-from localspec.core.tool_parsing import CallFilter as CallFilter
-from localspec.core.tool_parsing import parse_tool_calls as parse_tool_calls
+from localspec.common.tool_parsing import CallFilter as CallFilter
+from localspec.common.tool_parsing import parse_tool_calls as parse_tool_calls
+from localspec.core.errors import InvalidRequestError
+from localspec.core.grammar import closed, is_schema_model, rebased
 
 # Qwen2.5's chat template's own words, which models trained on Hermes-style calls know.
 TOOLS_INTRO = (

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from localspec.common.templates import _has_special, normalize_messages, render_chat
 from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend
-from localspec.core.templates import _has_special, normalize_messages, render_chat
 
 IMAGE_PARTS = ("image_url", "image")
 INLINE_HINT = "send the image inline as a data URL (data:image/png;base64,...)"
