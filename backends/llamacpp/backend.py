@@ -82,7 +82,7 @@ from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 from .tree import BRANCHES, TreePass
-from .vision import EmbeddingBatch, Projector, eval_runs
+from .vision import EmbeddingBatch, Places, Projector, eval_runs, mrope_on_recurrent
 
 llama = library.llama  # imported there, with the message that says how to install it
 
@@ -127,6 +127,7 @@ class LlamaCppBackend:
 
     _lane_host: LaneHost | None  # made by lane_host(), once
     _images: tuple[Projector, EmbeddingBatch] | None = None  # see_images(): a projector and its batch
+    _places: Places | None = None  # an M-RoPE target's positions, which part from record indices (vision.py)
 
     def __init__(
         self,
@@ -195,10 +196,14 @@ class LlamaCppBackend:
             if self._lanes:  # a lane's blocks go through lanes.py, which reads token ids only
                 raise InvalidRequestError("images are not served in shared passes yet", "serve it with --parallel 1")
             projector = Projector(mmproj, self._model, self._options["threads"], bool(self._options["gpu_layers"]))
+            if projector.places is not None and self._recurrent is not None:
+                projector.close()
+                raise mrope_on_recurrent(self.info.name)
         except BaseException:
             self.close()
             raise
-        self._images = projector, EmbeddingBatch(projector.n_embd, self.capabilities.max_block)
+        self._images = projector, EmbeddingBatch(projector.n_embd, self.capabilities.max_block, projector.sections)
+        self._places = projector.places
 
     def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
         mparams, self._devices = _model_params(rpc, gpu_layers)
@@ -458,7 +463,8 @@ class LlamaCppBackend:
         if n == 0:
             return self._no_rows
         if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: a memoryview's writes cost least
-            self._tok1[0], self._pos1[0], self._out1[0] = tokens[0], past, logits != "none"
+            at = past if self._places is None else self._places.at(past)
+            self._tok1[0], self._pos1[0], self._out1[0] = tokens[0], at, logits != "none"
         elif self._images is not None and self._images[0].holds(tokens):  # image positions (vision.py)
             return eval_runs(self._images[0], tokens, logits, self.eval_block, self._eval_image)
         else:
@@ -501,7 +507,8 @@ class LlamaCppBackend:
         if self._recurrent is not None:
             self._recurrent.before_decode(past)
         self._unrecorded, self._in_flight = True, n
-        if (rc := self._images[1].decode(self._ctx, rows, past, logits == "last", logits == "all")) != 0:
+        at = self._images[0].positions(past, ids)
+        if (rc := self._images[1].decode(self._ctx, rows, at, logits == "last", logits == "all")) != 0:
             self._unrecorded = False
             if self._abort.stopped(rc):
                 raise PassStopped
@@ -537,7 +544,7 @@ class LlamaCppBackend:
         if int(self._tok[:n].min()) < 0 or int(self._tok[:n].max()) >= self._n_vocab:
             bad = next(int(t) for t in tokens if not 0 <= t < self._n_vocab)
             raise outside_vocabulary(bad, self.info.name, self._n_vocab)
-        past = len(self._tokens)
+        past = len(self._tokens) if self._places is None else self._places.at(len(self._tokens))
         self._pos[:n] = np.arange(past, past + n)
         self._out[:n] = 0
         if logits == "all":
@@ -590,13 +597,13 @@ class LlamaCppBackend:
             n, past = len(tokens), len(self._tokens)
         trees.trunk = len(prefix)
         depth = depths(parents)
-        trees.begin(past, parents)
+        trees.begin(past, parents, 0 if self._places is None else self._places.at(past) - past)
         self._unrecorded, self._in_flight = True, n
         step = self._max_rows if self._splits(n) else n  # exact kernels: in pieces, as eval_block
         rows = []
         for start in range(0, n, step):
             part = range(start, min(n, start + step))
-            if (rc := trees.decode(tokens, [past + d for d in depth], part)) != 0:
+            if (rc := trees.decode(tokens, [past + trees.shift + d for d in depth], part)) != 0:
                 self.rollback(past)
                 raise InvalidRequestError(
                     f"llama_decode failed with code {rc} at position {past}", "draft without branches"
@@ -688,10 +695,23 @@ class LlamaCppBackend:
         if self._recurrent is not None:
             self._rewind(n)
             return
+        if self._places is not None and (start := self._places.inside(n)) is not None:
+            return self._cut_image(start, n)
         # Unconditionally: the cache may hold positions the token record does not (see _unrecorded).
-        llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+        llama.llama_memory_seq_rm(self._mem, 0, n if self._places is None else self._places.at(n), -1)
         del self._tokens[n:]
         self._unrecorded = False
+        if self._places is not None:
+            self._places.cut(n)
+
+    def _cut_image(self, start: int, n: int) -> None:
+        """A rollback into an M-RoPE image: its rows share one position, so it goes whole and
+        its first rows are decoded again, in the blocks a fresh evaluation cuts them into."""
+        kept, step = self._tokens[start:n], self.capabilities.max_block
+        self.rollback(start)
+        ends = [*range((start // step + 1) * step, n, step), n]
+        for a, b in zip([start, *ends[:-1]], ends, strict=True):
+            self.eval_block(kept[a - start : b - start], "none")
 
     def _rewind(self, n: int) -> None:
         assert self._recurrent is not None
