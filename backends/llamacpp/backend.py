@@ -82,7 +82,7 @@ from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 from .tree import BRANCHES, TreePass
-from .vision import EmbeddingBatch, Places, Projector, eval_runs, mrope_on_recurrent
+from .vision import EmbeddingBatch, Places, Projector, eval_runs
 
 llama = library.llama  # imported there, with the message that says how to install it
 
@@ -196,14 +196,13 @@ class LlamaCppBackend:
             if self._lanes:  # a lane's blocks go through lanes.py, which reads token ids only
                 raise InvalidRequestError("images are not served in shared passes yet", "serve it with --parallel 1")
             projector = Projector(mmproj, self._model, self._options["threads"], bool(self._options["gpu_layers"]))
-            if projector.places is not None and self._recurrent is not None:
-                projector.close()
-                raise mrope_on_recurrent(self.info.name)
         except BaseException:
             self.close()
             raise
         self._images = projector, EmbeddingBatch(projector.n_embd, self.capabilities.max_block, projector.sections)
         self._places = projector.places
+        if self._recurrent is not None:
+            self._recurrent.places = projector.places
 
     def _load_model(self, path: str, rpc: Sequence[str], gpu_layers: int, exact: bool) -> Any:
         mparams, self._devices = _model_params(rpc, gpu_layers)
@@ -721,10 +720,14 @@ class LlamaCppBackend:
         start = self._recurrent.rewind(min(n, cached), cached)
         if start is not None:  # the state went back further: decode what it lacks again
             del self._tokens[start:]
+            if self._places is not None:
+                self._places.cut(start)
             step = self.capabilities.max_block
             for at in range(start, len(kept), step):
                 self.eval_block(kept[at : at + step], "none")
         del self._tokens[n:]
+        if self._places is not None:
+            self._places.cut(n)
         self._recurrent.settled()
 
     def close(self) -> None:

@@ -326,16 +326,6 @@ class Projector:
             self._ctx = None
 
 
-def mrope_on_recurrent(name: str) -> ModelLoadError:
-    """Images on an M-RoPE target with recurrent layers (Qwen3.5/3.6): its rollback replays
-    from recurrent-state copies taken at record indices, which an image's shared position
-    does not map back to yet."""
-    return ModelLoadError(
-        f"{name} has recurrent layers and places images on M-RoPE's grid, which localspec does not decode yet",
-        "load it without --mmproj (text only), or use a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model",
-    )
-
-
 class Places:
     """Where a record's entries sit on an M-RoPE target's time axis: text one position each;
     an image's rows all at the time position where it starts (its grid in the height and

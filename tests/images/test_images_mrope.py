@@ -21,9 +21,8 @@ from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_
 from localspec.api import Runtime, load
 from localspec.backends.llamacpp import library
 from localspec.backends.llamacpp.backend import LlamaCppBackend
-from localspec.core.errors import ModelLoadError
 from localspec.core.sampling import SamplingConfig
-from localspec.testing.gguf_writer import HybridSpec, Spec, write_qwen35_gguf
+from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.testing.vision_writer import png_bytes, write_grid_pair
 
 N = 24
@@ -154,6 +153,18 @@ def test_ngram_lookup_on_a_grid_image_prompt_answers_as_plain_decoding(pair: tup
     assert result.stats.drafted > result.stats.accepted > 0  # drafts kept and cut: rollbacks after the image
 
 
+def test_a_draft_model_on_a_grid_image_prompt_answers_as_plain_decoding(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # It reads the text around the image (its own positions, one a token); the target's stay the grid's.
+    draft = write_gguf(Spec(arch="qwen2", seed=2, noise=0.05), tmp_path / "draft.gguf")
+    with fresh(pair, "none") as plain, fresh(pair, "draft", draft_model=str(draft)) as drafted:
+        for seed in (0, OTHER):
+            result = drafted.generate(messages=chat(seed), max_tokens=N, temperature=0)
+            assert list(result.tokens) == answer(plain, chat(seed))
+            assert result.stats.drafted > result.stats.accepted > 0
+
+
 @pytest.fixture(scope="module")
 def seeing(pair: tuple[Path, Path]) -> Iterator[Runtime]:
     runtime = fresh(pair, "ngram")
@@ -193,13 +204,3 @@ def test_ngram_sampling_on_a_grid_image_prompt_keeps_the_targets_joint_law(pair:
     print(f"\nn-gram sampling on a grid image prompt: {samples.summary(law)}, chi-square p = {p:.3f}")
     assert p > P_FLOOR, worst_cells(samples.counts, law)
     assert samples.whole_drafts > 0 and samples.cut_drafts > 0, "the drafts were not both kept and cut"
-
-
-# -- what is refused ------------------------------------------------------------------------------
-
-
-def test_a_grid_projector_on_a_recurrent_target_is_refused_at_load(tmp_path: Path, pair: tuple[Path, Path]) -> None:
-    hybrid = write_qwen35_gguf(HybridSpec(), tmp_path / "qwen35.gguf")
-    with pytest.raises(ModelLoadError) as refused:
-        load(str(hybrid), mmproj=str(pair[1]), strategy="none", calibrate=False, n_ctx=256, threads=1)
-    assert "recurrent" in str(refused.value) and "without --mmproj" in str(refused.value.hint)
