@@ -82,7 +82,7 @@ from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RECURRENT_SNAPSHOTS, RecurrentRollback
 from .tree import BRANCHES, TreePass
-from .vision import EmbeddingBatch, Places, Projector, eval_runs
+from .vision import EmbeddingBatch, Places, Projector, eval_runs, image_in_parts
 
 llama = library.llama  # imported there, with the message that says how to install it
 
@@ -128,6 +128,7 @@ class LlamaCppBackend:
     _lane_host: LaneHost | None  # made by lane_host(), once
     _images: tuple[Projector, EmbeddingBatch] | None = None  # see_images(): a projector and its batch
     _places: Places | None = None  # an M-RoPE target's positions, which part from record indices (vision.py)
+    _ahead: tuple[int, ...] = ()  # an image's rows decoded past the record, for the next pass (_eval_whole)
 
     def __init__(
         self,
@@ -494,10 +495,13 @@ class LlamaCppBackend:
             return self._no_rows
         return self._logits.rows(rows)
 
-    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
+    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode, whole: bool = False) -> Logits:
         """One pass over an image's rows (embeddings) at the next positions, recorded as its
-        placeholder ids (vision.py)."""
+        placeholder ids (vision.py); whole: all its rows, attending to each other."""
         assert self._images is not None
+        image, row = self._images[0].image_of(ids[0])
+        if image.whole and not whole:
+            return self._eval_whole(ids, row, logits)
         past, n = len(self._tokens), len(ids)
         if self._greedy.attached and logits != "none":
             self._greedy.detach()
@@ -507,7 +511,7 @@ class LlamaCppBackend:
             self._recurrent.before_decode(past)
         self._unrecorded, self._in_flight = True, n
         at = self._images[0].positions(past, ids)
-        if (rc := self._images[1].decode(self._ctx, rows, at, logits == "last", logits == "all")) != 0:
+        if (rc := self._images[1].decode(self._ctx, rows, at, logits, causal=not whole)) != 0:
             self._unrecorded = False
             if self._abort.stopped(rc):
                 raise PassStopped
@@ -519,6 +523,25 @@ class LlamaCppBackend:
         self._tokens.extend(ids)
         self._unrecorded = False
         return self._no_rows if logits == "none" else self._logits.rows(n if logits == "all" else 1)
+
+    def _eval_whole(self, ids: list[int], row: int, logits: LogitsMode) -> Logits:
+        """Rows of an image read whole (Gemma 3): the rows decoded with its first come off
+        _ahead; a first pass decodes every row, records those asked for, holds the rest."""
+        assert self._images is not None
+        if self._ahead[: len(ids)] == tuple(ids) and logits == "none":
+            self._tokens.extend(ids)
+            self._ahead = self._ahead[len(ids) :]
+            self._unrecorded = bool(self._ahead)
+            return self._no_rows
+        image, _ = self._images[0].image_of(ids[0])
+        if row > 0 or (len(ids) < image.n and logits != "none") or image.n > self.capabilities.max_block:
+            raise image_in_parts(image.n, self.capabilities.max_block)
+        every = [image.first - r for r in range(image.n)]
+        out = self._eval_image(self._images[0].embeddings(image), every, logits, whole=True)
+        del self._tokens[len(self._tokens) - image.n + len(ids) :]
+        self._ahead = tuple(every[len(ids) :])
+        self._unrecorded = bool(self._ahead)
+        return out
 
     def image_marker(self) -> str | None:
         """localspec.core.media.SeesImages: the text that stands for an image in a prompt
@@ -694,7 +717,8 @@ class LlamaCppBackend:
         if self._recurrent is not None:
             self._rewind(n)
             return
-        if self._places is not None and (start := self._places.inside(n)) is not None:
+        self._ahead = ()
+        if self._images is not None and (start := self._images[0].cut_start(self._tokens, n)) is not None:
             return self._cut_image(start, n)
         # Unconditionally: the cache may hold positions the token record does not (see _unrecorded).
         llama.llama_memory_seq_rm(self._mem, 0, n if self._places is None else self._places.at(n), -1)
@@ -704,8 +728,9 @@ class LlamaCppBackend:
             self._places.cut(n)
 
     def _cut_image(self, start: int, n: int) -> None:
-        """A rollback into an M-RoPE image: its rows share one position, so it goes whole and
-        its first rows are decoded again, in the blocks a fresh evaluation cuts them into."""
+        """A rollback into an image whose first rows cannot stay alone (M-RoPE's, sharing one
+        position; Gemma 3's, each having read the rest): it goes whole and its first rows are
+        decoded again, in the blocks a fresh evaluation cuts them into."""
         kept, step = self._tokens[start:n], self.capabilities.max_block
         self.rollback(start)
         ends = [*range((start // step + 1) * step, n, step), n]

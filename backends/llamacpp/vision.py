@@ -8,8 +8,8 @@ refused like any id the target cannot evaluate (proposal.admissible). Each disti
 backend's life: a cached prefix holding an image matches a new prompt only where the same
 pixels sit at the same positions, which is all the engine's prefix reuse compares.
 
-Images are decoded causally: a position's cache entry depends on the positions before it
-alone, as a token's does, so a rollback into an image keeps its first rows as valid as a text
+Images are mostly decoded causally: a position's cache entry depends on the positions before
+it alone, as a token's does, so a rollback into an image keeps its first rows as valid as a text
 prefix, and the rest are decoded again from the embeddings kept here. Two layouts are read:
 
 - linear (the LLaVA family's): an image's rows take the next positions, one each;
@@ -19,7 +19,10 @@ prefix, and the rest are decoded again from the embeddings kept here. Two layout
   position then part (Places): the cache is cut by position (seq_rm), and as all of an image's
   rows share one, a rollback into an image removes it whole and decodes its first rows again.
 
-Projectors that attend across the whole image at once (Gemma 3) are refused.
+An image whose rows attend to each other (Gemma 3's, causal attention off while it is decoded)
+goes into the cache whole, in one pass: a pass that asks for its first rows decodes them all
+and holds the rest past the record for the pass that asks for them; a rollback into it takes
+it whole and decodes it again.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ class _Image:
     n: int
     nx: int = 0  # rows per line of its grid (M-RoPE), 0: linear
     n_pos: int = 0  # the positions it advances the context by: n, or max(nx, ny) on M-RoPE's grid
+    whole: bool = False  # its rows attend to each other (Gemma 3): decoded all at once, causal attention off
     chunk: Any = None  # an mtmd_input_chunk copy, freed once encoded
     rows: np.ndarray | None = None  # (n, n_embd) float32
 
@@ -232,12 +236,13 @@ class Projector:
         if m.mtmd_input_chunk_get_type(chunk) != _IMAGE:
             raise InvalidRequestError("only images are read here, not audio", "send an image")
         n_pos = int(m.mtmd_input_chunk_get_n_pos(chunk))
-        if m.mtmd_decode_use_non_causal(self._ctx, chunk) or (self.places is None and n_pos != n):
+        if self.places is None and n_pos != n:
             raise InvalidRequestError(
-                "this projector's images attend across the whole image at once, which localspec does not decode yet",
+                f"this projector places an image's {n} rows at {n_pos} positions, a layout localspec does not read",
                 "load the model without --mmproj",
             )
         image = self._image(chunk, n, n_pos)
+        image.whole = bool(m.mtmd_decode_use_non_causal(self._ctx, chunk))
         return [image.first - r for r in range(image.n)]
 
     def _image(self, chunk: Any, n: int, n_pos: int) -> _Image:
@@ -284,6 +289,16 @@ class Projector:
         """The image a placeholder id belongs to, and its row."""
         return self._by_id[t]
 
+    def cut_start(self, tokens: Sequence[int], n: int) -> int | None:
+        """Where the image starts that a rollback to n would cut in two, where its first rows
+        cannot stay alone: on M-RoPE's grid (its rows share a position) or attended to whole
+        (Gemma 3: each row read the rest). None: n cuts no such image."""
+        t = tokens[n] if n < len(tokens) else 0
+        if t >= 0 or t not in self._by_id:
+            return None
+        image, row = self._by_id[t]
+        return n - row if row > 0 and (self.places is not None or image.whole) else None
+
     def positions(self, past: int, ids: Sequence[int]) -> np.ndarray:
         """The positions of an image pass (rows ids, the first at record index past): one per
         row in a line, or M-RoPE's four sections, section-major (time, height, width, unused)."""
@@ -324,6 +339,20 @@ class Projector:
         if self._ctx:
             self._m.mtmd_free(self._ctx)
             self._ctx = None
+
+
+def image_in_parts(rows: int, max_block: int) -> InvalidRequestError:
+    """An image read whole (Gemma 3) asked for in a way one pass cannot give."""
+    if rows > max_block:
+        return InvalidRequestError(
+            f"an image of {rows} rows is read whole, in one pass, but a pass takes at most {max_block}",
+            f"load the model with max_block={rows} or more (llama.cpp's batch)",
+        )
+    return InvalidRequestError(
+        "an image read whole (its rows attend to each other) was asked for from its middle, or for its "
+        "inner rows' logits",
+        "evaluate the image from its first row, and ask for logits after it",
+    )
 
 
 class Places:
@@ -391,15 +420,22 @@ class EmbeddingBatch:
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
 
-    def decode(self, ctx: Any, rows: np.ndarray, positions: np.ndarray, last_logits: bool, all_logits: bool) -> int:
+    def decode(self, ctx: Any, rows: np.ndarray, positions: np.ndarray, logits: LogitsMode, causal: bool = True) -> int:
+        """One pass; causal False: every row attends to every other (an image read whole)."""
         n = len(rows)
         self._embd[:n] = rows
         self._pos[: len(positions)] = positions
-        self._out[:n] = 1 if all_logits else 0
-        if last_logits:
+        self._out[:n] = 1 if logits == "all" else 0
+        if logits == "last":
             self._out[n - 1] = 1
         self._batch.n_tokens = n
-        return int(llama.llama_decode(ctx, self._batch))
+        if causal:
+            return int(llama.llama_decode(ctx, self._batch))
+        llama.llama_set_causal_attn(ctx, False)
+        try:
+            return int(llama.llama_decode(ctx, self._batch))
+        finally:
+            llama.llama_set_causal_attn(ctx, True)
 
     def free(self) -> None:
         self._batch.pos = ctypes.cast(ctypes.c_void_p(self._own_pos), self._pos_type)  # llama_batch_free frees its own

@@ -211,6 +211,99 @@ def write_grid_pair(folder: Path, target: Spec | None = None, projector: GridSpe
     )
 
 
+# -- the Gemma 3 style: an image attended to all at once ------------------------------------------
+
+
+@dataclass(frozen=True)
+class PooledSpec:
+    """mtmd's "gemma3": a SigLIP-style tower over image_size / patch_size patches a side, each
+    pool x pool patches averaged into one row, RMS-normed and projected to the target's width.
+    llama.cpp decodes its rows with causal attention off: every row sees the whole image."""
+
+    out_width: int = 64
+    width: int = 32
+    heads: int = 2
+    ffn: int = 48
+    blocks: int = 1
+    image_size: int = 32
+    patch_size: int = 4
+    pool: int = 2
+    seed: int = 13
+    scale: float = 4.0
+
+    @property
+    def positions(self) -> int:
+        return (self.image_size // self.patch_size // self.pool) ** 2
+
+
+def pooled_projector_tensors(spec: PooledSpec) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(spec.seed)
+
+    def w(*shape: int, std: float, center: float = 0.0) -> np.ndarray:
+        return (center + rng.normal(0, std, shape)).astype(np.float32)
+
+    d, p, patches = spec.width, spec.patch_size, (spec.image_size // spec.patch_size) ** 2
+    out = {
+        "v.patch_embd.weight": w(d, 3, p, p, std=(3 * p * p) ** -0.5).astype(np.float16),
+        "v.patch_embd.bias": w(d, std=0.1),
+        "v.position_embd.weight": w(patches, d, std=0.5),
+        "v.post_ln.weight": w(d, std=0.1, center=1.0),
+        "v.post_ln.bias": w(d, std=0.1),
+        "mm.soft_emb_norm.weight": w(d, std=0.1, center=1.0),
+        "mm.input_projection.weight": w(d, spec.out_width, std=spec.scale * d**-0.5),
+    }
+    for i in range(spec.blocks):
+        b = f"v.blk.{i}."
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out |= {b + part + ".weight": w(d, d, std=d**-0.5), b + part + ".bias": w(d, std=0.1)}
+        out |= {
+            b + "ln1.weight": w(d, std=0.1, center=1.0),
+            b + "ln1.bias": w(d, std=0.1),
+            b + "ln2.weight": w(d, std=0.1, center=1.0),
+            b + "ln2.bias": w(d, std=0.1),
+            b + "ffn_up.weight": w(spec.ffn, d, std=d**-0.5),
+            b + "ffn_up.bias": w(spec.ffn, std=0.1),
+            b + "ffn_down.weight": w(d, spec.ffn, std=spec.ffn**-0.5),
+            b + "ffn_down.bias": w(d, std=0.1),
+        }
+    return out
+
+
+def write_pooled_projector(spec: PooledSpec, path: Path) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "gemma3")
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.embedding_length", spec.width)
+    writer.add_uint32("clip.vision.feed_forward_length", spec.ffn)
+    writer.add_uint32("clip.vision.block_count", spec.blocks)
+    writer.add_uint32("clip.vision.projection_dim", spec.out_width)
+    writer.add_uint32("clip.vision.attention.head_count", spec.heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.image_size", spec.image_size)
+    writer.add_uint32("clip.vision.patch_size", spec.patch_size)
+    writer.add_uint32("clip.vision.projector.scale_factor", spec.pool)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    return write_out(writer, pooled_projector_tensors(spec), path)
+
+
+def write_pooled_pair(
+    folder: Path, target: Spec | None = None, projector: PooledSpec | None = None
+) -> tuple[Path, Path]:
+    """(target GGUF, projector GGUF) of a tiny pair with a Gemma 3-style projector, widths
+    matched. mtmd reads an image whole for the projector's type, whatever the target: the
+    llama target of the LLaVA pair answers about an image more variedly than a tiny gemma3."""
+    target = target or Spec(arch="llama")
+    projector = projector or PooledSpec(out_width=target.hidden)
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_gguf(target, folder / "pooled-target.gguf"), write_pooled_projector(
+        projector, folder / "mmproj-pooled.gguf"
+    )
+
+
 def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
     """A random RGB PNG, written with zlib alone (no imaging package needed)."""
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
