@@ -714,10 +714,10 @@ class LlamaCppBackend:
             self._deferred = []
         if 0 < n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
             return  # the cache holds exactly the record (see _unrecorded): nothing to drop
+        self._ahead = ()  # an image's rows held past the record (_eval_whole) go with the rest
         if self._recurrent is not None:
             self._rewind(n)
             return
-        self._ahead = ()
         if self._images is not None and (start := self._images[0].cut_start(self._tokens, n)) is not None:
             return self._cut_image(start, n)
         # Unconditionally: the cache may hold positions the token record does not (see _unrecorded).

@@ -99,16 +99,31 @@ async def _follow(part: _Part, rule: ImageUrls) -> bytes:
         for _ in range(rule.max_redirects + 1):
             if url.scheme not in ("http", "https") or not url.host:
                 raise _refused(part, f"the image URL redirected to {url}, which is not an http(s) URL", INLINE)
-            pinned, options = _pinned(url, await _checked_address(part, url, rule))
-            try:
-                async with client.stream("GET", pinned, **options) as reply:
-                    if reply.status_code in REDIRECTS and "location" in reply.headers:
-                        url = url.join(reply.headers["location"])
-                        continue
-                    return await _body(part, reply, rule)
-            except httpx.HTTPError as exc:
-                raise _refused(part, f"cannot fetch the image at {url}: {exc or type(exc).__name__}", INLINE) from None
+            answer = await _get(part, client, url, await _checked_addresses(part, url, rule), rule)
+            if isinstance(answer, bytes):
+                return answer
+            url = answer
     raise _refused(part, f"the image URL redirected more than {rule.max_redirects} times", "give the image's own URL")
+
+
+async def _get(part: _Part, client: Any, url: Any, addresses: Sequence[str], rule: ImageUrls) -> Any:
+    """The image's bytes, or the URL a redirect names: from the first of the checked addresses
+    that takes the connection (a name may resolve to IPv6 and IPv4 addresses alike)."""
+    import httpx
+
+    for k, address in enumerate(addresses):
+        pinned, options = _pinned(url, address)
+        try:
+            async with client.stream("GET", pinned, **options) as reply:
+                if reply.status_code in REDIRECTS and "location" in reply.headers:
+                    return url.join(reply.headers["location"])
+                return await _body(part, reply, rule)
+        except httpx.ConnectError as exc:
+            if k + 1 == len(addresses):
+                raise _refused(part, f"cannot connect to {url.host}: {exc or 'refused'}", INLINE) from None
+        except httpx.HTTPError as exc:
+            raise _refused(part, f"cannot fetch the image at {url}: {exc or type(exc).__name__}", INLINE) from None
+    raise AssertionError("getaddrinfo gave no address")
 
 
 def _pinned(url: Any, address: str) -> tuple[Any, dict[str, Any]]:
@@ -119,16 +134,16 @@ def _pinned(url: Any, address: str) -> tuple[Any, dict[str, Any]]:
     return url.copy_with(host=address), {"headers": headers, "extensions": extensions}
 
 
-async def _checked_address(part: _Part, url: Any, rule: ImageUrls) -> str:
-    """The address to connect to; refused where any address the name has is not public and
-    the server was not told to reach private ones."""
+async def _checked_addresses(part: _Part, url: Any, rule: ImageUrls) -> list[str]:
+    """The addresses to connect to, in the resolver's order; refused where any address the
+    name has is not public and the server was not told to reach private ones."""
     host = url.raw_host.decode("ascii")
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise _refused(part, f"cannot resolve the image URL's host {host}: {exc.strerror or exc}", INLINE) from None
-    addresses = [str(info[4][0]) for info in found]
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
     private = [a for a in addresses if not is_public(a)]
     if private and not rule.private:
         raise _refused(
@@ -137,7 +152,7 @@ async def _checked_address(part: _Part, url: Any, rule: ImageUrls) -> str:
             "serve does not reach for a request",
             f"{INLINE}, or start serve with --allow-private-image-urls if the images are on your own network",
         )
-    return addresses[0]
+    return addresses
 
 
 def is_public(address: str) -> bool:

@@ -7,6 +7,7 @@ where a fetch is meant to succeed)."""
 from __future__ import annotations
 
 import base64
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +37,7 @@ class Images(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.asked: list[str] = []
+        self.hosts: list[str] = []  # each request's Host header
         self.release = threading.Event()
 
     @property
@@ -51,6 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.asked.append(self.path)
+        self.server.hosts.append(str(self.headers.get("Host")))
         if self.path.startswith("/hop/"):
             left = int(self.path.removeprefix("/hop/"))
             self._send(302, b"", location="/cat.png" if left == 0 else f"/hop/{left - 1}")
@@ -151,6 +154,16 @@ def test_an_allowed_image_url_answers_as_the_same_image_sent_inline(
     assert reply.json()["choices"][0]["message"]["content"] == expected
 
 
+def test_the_fetch_connects_to_the_checked_address_and_names_the_urls_host(
+    fetching: LocalServer, images: Images
+) -> None:
+    # The connection goes to the address the name resolved to when checked (DNS rebinding),
+    # and the request still says which host it is for (virtual hosts, TLS names).
+    url = f"http://localhost:{images.server_address[1]}/cat.png"
+    assert ask(fetching, url).status_code == 200
+    assert images.hosts[-1] == f"localhost:{images.server_address[1]}"
+
+
 def test_redirects_are_followed_up_to_the_limit(fetching: LocalServer, images: Images) -> None:
     assert ask(fetching, f"{images.base}/hop/1").status_code == 200  # two redirects: the limit
 
@@ -179,6 +192,13 @@ def test_a_missing_image_is_refused_with_its_status(fetching: LocalServer, image
 
 def test_an_image_that_does_not_arrive_in_time_is_refused(fetching: LocalServer, images: Images) -> None:
     assert "did not arrive within 1.5 s" in refusal(ask(fetching, f"{images.base}/slow.png"))
+
+
+def test_a_host_that_takes_no_connection_is_refused(fetching: LocalServer) -> None:
+    with socket.socket() as probe:  # a port nobody listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert "cannot connect to localhost" in refusal(ask(fetching, f"http://localhost:{port}/cat.png"))
 
 
 def test_a_host_that_does_not_resolve_is_refused(fetching: LocalServer) -> None:
