@@ -240,7 +240,8 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         if n == 0:
             return self._no_rows
         if n == 1 and 0 <= tokens[0] < self._n_vocab:  # a plain step: a memoryview's writes cost least
-            self._tok1[0], self._pos1[0], self._out1[0] = tokens[0], past, logits != "none"
+            at = past if self._places is None else self._places.at(past)
+            self._tok1[0], self._pos1[0], self._out1[0] = tokens[0], at, logits != "none"
         elif self._images is not None and self._images[0].holds(tokens):  # image positions (vision.py)
             return eval_runs(self._images[0], tokens, logits, self.eval_block, self._eval_image)
         else:
@@ -281,7 +282,7 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         if int(self._tok[:n].min()) < 0 or int(self._tok[:n].max()) >= self._n_vocab:
             bad = next(int(t) for t in tokens if not 0 <= t < self._n_vocab)
             raise outside_vocabulary(bad, self.info.name, self._n_vocab)
-        past = len(self._tokens)
+        past = len(self._tokens) if self._places is None else self._places.at(len(self._tokens))
         self._pos[:n] = np.arange(past, past + n)
         self._out[:n] = 0
         if logits == "all":
@@ -351,13 +352,28 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             self._deferred = []
         if 0 < n >= len(self._tokens) and not self._unrecorded and self._recurrent is None:
             return  # the cache holds exactly the record (see _unrecorded): nothing to drop
+        self._ahead = ()  # an image's rows held past the record (_eval_whole) go with the rest
         if self._recurrent is not None:
             self._rewind(n)
             return
+        if self._images is not None and (start := self._images[0].cut_start(self._tokens, n)) is not None:
+            return self._cut_image(start, n)
         # Unconditionally: the cache may hold positions the token record does not (see _unrecorded).
-        llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+        llama.llama_memory_seq_rm(self._mem, 0, n if self._places is None else self._places.at(n), -1)
         del self._tokens[n:]
         self._unrecorded = False
+        if self._places is not None:
+            self._places.cut(n)
+
+    def _cut_image(self, start: int, n: int) -> None:
+        """A rollback into an image whose first rows cannot stay alone (M-RoPE's, sharing one
+        position; Gemma 3's, each having read the rest): it goes whole and its first rows are
+        decoded again, in the blocks a fresh evaluation cuts them into."""
+        kept, step = self._tokens[start:n], self.capabilities.max_block
+        self.rollback(start)
+        ends = [*range((start // step + 1) * step, n, step), n]
+        for a, b in zip([start, *ends[:-1]], ends, strict=True):
+            self.eval_block(kept[a - start : b - start], "none")
 
     def _rewind(self, n: int) -> None:
         assert self._recurrent is not None
@@ -367,10 +383,14 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         start = self._recurrent.rewind(min(n, cached), cached)
         if start is not None:  # the state went back further: decode what it lacks again
             del self._tokens[start:]
+            if self._places is not None:
+                self._places.cut(start)
             step = self.capabilities.max_block
             for at in range(start, len(kept), step):
                 self.eval_block(kept[at : at + step], "none")
         del self._tokens[n:]
+        if self._places is not None:
+            self._places.cut(n)
         self._recurrent.settled()
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Logits, LogitsMode, PassStopped
 
 from .state import TargetState
-from .vision import EmbeddingBatch, Projector
+from .vision import EmbeddingBatch, Projector, image_in_parts
 
 
 class SeesImages(TargetState):
@@ -27,12 +27,18 @@ class SeesImages(TargetState):
         except BaseException:
             self.close()
             raise
-        self._images = projector, EmbeddingBatch(projector.n_embd, self.capabilities.max_block)
+        self._images = projector, EmbeddingBatch(projector.n_embd, self.capabilities.max_block, projector.sections)
+        self._places = projector.places
+        if self._recurrent is not None:
+            self._recurrent.places = projector.places
 
-    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
+    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode, whole: bool = False) -> Logits:
         """One pass over an image's rows (embeddings) at the next positions, recorded as its
-        placeholder ids (vision.py)."""
+        placeholder ids (vision.py); whole: all its rows, attending to each other."""
         assert self._images is not None
+        image, row = self._images[0].image_of(ids[0])
+        if image.whole and not whole:
+            return self._eval_whole(ids, row, logits)
         past, n = len(self._tokens), len(ids)
         if self._greedy.attached and logits != "none":
             self._greedy.detach()
@@ -41,7 +47,8 @@ class SeesImages(TargetState):
         if self._recurrent is not None:
             self._recurrent.before_decode(past)
         self._unrecorded, self._in_flight = True, n
-        if (rc := self._images[1].decode(self._ctx, rows, past, logits == "last", logits == "all")) != 0:
+        at = self._images[0].positions(past, ids)
+        if (rc := self._images[1].decode(self._ctx, rows, at, logits, causal=not whole)) != 0:
             self._unrecorded = False
             if self._abort.stopped(rc):
                 raise PassStopped
@@ -53,6 +60,25 @@ class SeesImages(TargetState):
         self._tokens.extend(ids)
         self._unrecorded = False
         return self._no_rows if logits == "none" else self._logits.rows(n if logits == "all" else 1)
+
+    def _eval_whole(self, ids: list[int], row: int, logits: LogitsMode) -> Logits:
+        """Rows of an image read whole (Gemma 3): the rows decoded with its first come off
+        _ahead; a first pass decodes every row, records those asked for, holds the rest."""
+        assert self._images is not None
+        if self._ahead[: len(ids)] == tuple(ids) and logits == "none":
+            self._tokens.extend(ids)
+            self._ahead = self._ahead[len(ids) :]
+            self._unrecorded = bool(self._ahead)
+            return self._no_rows
+        image, _ = self._images[0].image_of(ids[0])
+        if row > 0 or (len(ids) < image.n and logits != "none") or image.n > self.capabilities.max_block:
+            raise image_in_parts(image.n, self.capabilities.max_block)
+        every = [image.first - r for r in range(image.n)]
+        out = self._eval_image(self._images[0].embeddings(image), every, logits, whole=True)
+        del self._tokens[len(self._tokens) - image.n + len(ids) :]
+        self._ahead = tuple(every[len(ids) :])
+        self._unrecorded = bool(self._ahead)
+        return out
 
     def image_marker(self) -> str | None:
         """localspec.common.media.SeesImages: the text that stands for an image in a prompt

@@ -4,9 +4,12 @@ layers beside attention), which cannot be cut at a position, only replaced."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp as llama
+
+if TYPE_CHECKING:
+    from .vision import Places
 
 # Per-token recurrent-state snapshots llama.cpp keeps from each decode of a hybrid model
 # (n_rs_seq): up to this many rejected tokens go back with no replay. Every decode pays for
@@ -33,10 +36,13 @@ class RecurrentRollback:
         self._pending = False  # a snapshot rollback waits for the next decode (one per decode)
         self._copying = False  # rollbacks have needed copies: take one where each rollback ends
         self._copy_due = False
-        self._copy: tuple[int, Any] | None = None  # (position, the recurrent state there)
+        self._copy: tuple[int, Any] | None = None  # (record index, the recurrent state there)
+        # An M-RoPE target's image positions (vision.py): the cache is cut at positions, and
+        # no copy is taken inside an image, whose rows share one position (cut only whole).
+        self.places: Places | None = None
 
     def before_decode(self, past: int) -> None:
-        if self._copying and self._copy_due:
+        if self._copying and self._copy_due and (self.places is None or self.places.inside(past) is None):
             size = llama.llama_state_seq_get_size_ext(self._ctx, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
             buf = (ctypes.c_uint8 * size)()
             llama.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
@@ -56,11 +62,13 @@ class RecurrentRollback:
         drop = cached - n
         if drop <= 0:
             return None
+        places = self.places
         if (
             not self._pending
             and drop <= self.snapshots
             and drop < self._last_block
-            and llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+            and (places is None or places.inside(n) is None)
+            and llama.llama_memory_seq_rm(self._mem, 0, n if places is None else places.at(n), -1)
         ):
             self._pending = True
             return None
@@ -69,7 +77,8 @@ class RecurrentRollback:
             at, buf = self._copy
             flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
             if llama.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, flags) == len(buf):
-                llama.llama_memory_seq_rm(self._mem, 0, at, -1)  # the attention layers' rows
+                cut = at if places is None else places.at(at)
+                llama.llama_memory_seq_rm(self._mem, 0, cut, -1)  # the attention layers' rows
                 self._pending = False
                 return at
         self._copy = None

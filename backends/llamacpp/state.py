@@ -22,7 +22,7 @@ from .kernels import KernelPlan
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
 from .tree import TreePass
-from .vision import EmbeddingBatch, Projector
+from .vision import EmbeddingBatch, Places, Projector
 
 
 class TargetState:
@@ -65,6 +65,8 @@ class TargetState:
     _closed: bool
     _pieces: dict[int, bytes]
     _images: tuple[Projector, EmbeddingBatch] | None = None  # see_images(): a projector and its batch
+    _places: Places | None = None  # an M-RoPE target's positions, which part from record indices (vision.py)
+    _ahead: tuple[int, ...] = ()  # an image's rows decoded past the record, for the next pass (_eval_whole)
 
     def _live(self) -> None:
         # Every call reaches into freed C memory once closed: refuse it instead of crashing.

@@ -59,6 +59,7 @@ class TreePass:
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_tokens,))
         self.seqs: list[list[int]] = []  # each node's sequence ids
         self._past = 0
+        self.shift = 0  # positions minus record indices during the open tree (begin)
         self.nodes: list[int] = []  # the open tree's tokens (its owner records them)
         self.trunk = 0  # nodes before the caller's root: deferred tokens of a kept branch (its owner's)
         self.open = False  # a tree is in the cache: other sequences than 0 hold cells
@@ -66,10 +67,11 @@ class TreePass:
     def branches(self, parents: Sequence[int]) -> int:
         return len(leaf_sets(parents)[1])
 
-    def begin(self, past: int, parents: Sequence[int]) -> None:
-        """Every branch's sequence takes the cached text before the pass."""
+    def begin(self, past: int, parents: Sequence[int], shift: int = 0) -> None:
+        """Every branch's sequence takes the cached text before the pass; shift: how far the
+        positions stand from record indices (an M-RoPE target's images, vision.py)."""
         self.seqs, leaves = leaf_sets(parents)
-        self._past = past
+        self._past, self.shift = past, shift
         self.open = True
         for s in range(1, len(leaves)):
             llama.llama_memory_seq_rm(self._mem, s, -1, -1)
@@ -98,7 +100,7 @@ class TreePass:
             llama.llama_memory_seq_keep(self._mem, s)
             llama.llama_memory_seq_cp(self._mem, s, 0, -1, -1)
         llama.llama_memory_seq_keep(self._mem, 0)
-        llama.llama_memory_seq_rm(self._mem, 0, self._past + len(path), -1)
+        llama.llama_memory_seq_rm(self._mem, 0, self._past + self.shift + len(path), -1)
         self.open = False
         return self._past
 

@@ -38,13 +38,13 @@ class VerifiesTrees(TargetState):
             n, past = len(tokens), len(self._tokens)
         trees.trunk = len(prefix)
         depth = depths(parents)
-        trees.begin(past, parents)
+        trees.begin(past, parents, 0 if self._places is None else self._places.at(past) - past)
         self._unrecorded, self._in_flight = True, n
         step = self._max_rows if self._splits(n) else n  # exact kernels: in pieces, as eval_block
         rows = []
         for start in range(0, n, step):
             part = range(start, min(n, start + step))
-            if (rc := trees.decode(tokens, [past + d for d in depth], part)) != 0:
+            if (rc := trees.decode(tokens, [past + trees.shift + d for d in depth], part)) != 0:
                 self.rollback(past)
                 raise InvalidRequestError(
                     f"llama_decode failed with code {rc} at position {past}", "draft without branches"

@@ -8,11 +8,21 @@ refused like any id the target cannot evaluate (proposal.admissible). Each disti
 backend's life: a cached prefix holding an image matches a new prompt only where the same
 pixels sit at the same positions, which is all the engine's prefix reuse compares.
 
-Only projectors whose image positions are decoded causally at linear positions are taken (the
-LLaVA family's): there a position's cache entry depends on the positions before it alone, as
-a token's does, so a rollback into an image keeps its first rows as valid as a text prefix,
-and the rest are decoded again from the embeddings kept here. Projectors that attend across
-the whole image at once (Gemma 3) or place it on a 2-D grid (Qwen-VL's M-RoPE) are refused.
+Images are mostly decoded causally: a position's cache entry depends on the positions before
+it alone, as a token's does, so a rollback into an image keeps its first rows as valid as a text
+prefix, and the rest are decoded again from the embeddings kept here. Two layouts are read:
+
+- linear (the LLaVA family's): an image's rows take the next positions, one each;
+- M-RoPE (a target whose rotation has time, height and width sections: Qwen2-VL to Qwen3.5):
+  an image's rows share one time position and sit on its grid (height, width), and the text
+  after it continues max(nx, ny) positions later, fewer than its nx * ny rows. Record index and
+  position then part (Places): the cache is cut by position (seq_rm), and as all of an image's
+  rows share one, a rollback into an image removes it whole and decodes its first rows again.
+
+An image whose rows attend to each other (Gemma 3's, causal attention off while it is decoded)
+goes into the cache whole, in one pass: a pass that asks for its first rows decodes them all
+and holds the rest past the record for the pass that asks for them; a rollback into it takes
+it whole and decodes it again.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import ctypes
 import os
 import secrets
 import struct
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -120,6 +131,9 @@ class _Image:
 
     first: int  # the id of its first position; position r holds first - r
     n: int
+    nx: int = 0  # rows per line of its grid (M-RoPE), 0: linear
+    n_pos: int = 0  # the positions it advances the context by: n, or max(nx, ny) on M-RoPE's grid
+    whole: bool = False  # its rows attend to each other (Gemma 3): decoded all at once, causal attention off
     chunk: Any = None  # an mtmd_input_chunk copy, freed once encoded
     rows: np.ndarray | None = None  # (n, n_embd) float32
 
@@ -140,7 +154,7 @@ class Projector:
         self._marker_bytes = self.marker.encode()
         params.media_marker = self._marker_bytes
         self._ctx = m.mtmd_init_from_file(os.fsencode(path), model, params)
-        n_embd = int(llama.llama_model_n_embd(model))
+        n_embd = int(llama.llama_model_n_embd_inp(model))  # wider than n_embd where a target reads deepstack rows
         if not self._ctx:
             raise ModelLoadError(
                 f"llama.cpp could not load the projector {path}",
@@ -148,13 +162,15 @@ class Projector:
                 "as the model's embeddings are",
             )
         self.n_embd = n_embd
-        if not m.mtmd_support_vision(self._ctx) or m.mtmd_decode_use_mrope(self._ctx):
-            what = "reads no images" if not m.mtmd_support_vision(self._ctx) else "places images on a 2-D grid"
+        if not m.mtmd_support_vision(self._ctx):
             self.close()
             raise ModelLoadError(
-                f"the projector {os.path.basename(path)} {what}, which localspec does not decode yet",
-                "load the model without --mmproj, or use a LLaVA-style projector",
+                f"the projector {os.path.basename(path)} reads no images (audio only), which localspec does not read",
+                "load the model without --mmproj",
             )
+        # The target's rotation decides: M-RoPE targets place images on their grid (Places).
+        self.places = Places() if m.mtmd_decode_use_mrope(self._ctx) else None
+        self.sections = 1 if self.places is None else 4  # positions per image row
         # Placeholder ids, counting down; never reused (see the module's docstring).
         self._next = -1
         self._by_digest: dict[bytes, _Image] = {}
@@ -219,20 +235,24 @@ class Projector:
             return [int(ids[i]) for i in range(count.value)]
         if m.mtmd_input_chunk_get_type(chunk) != _IMAGE:
             raise InvalidRequestError("only images are read here, not audio", "send an image")
-        if m.mtmd_decode_use_non_causal(self._ctx, chunk) or int(m.mtmd_input_chunk_get_n_pos(chunk)) != n:
+        n_pos = int(m.mtmd_input_chunk_get_n_pos(chunk))
+        if self.places is None and n_pos != n:
             raise InvalidRequestError(
-                "this projector's images attend across the whole image at once, which localspec does not decode yet",
+                f"this projector places an image's {n} rows at {n_pos} positions, a layout localspec does not read",
                 "load the model without --mmproj",
             )
-        image = self._image(chunk, n)
+        image = self._image(chunk, n, n_pos)
+        image.whole = bool(m.mtmd_decode_use_non_causal(self._ctx, chunk))
         return [image.first - r for r in range(image.n)]
 
-    def _image(self, chunk: Any, n: int) -> _Image:
+    def _image(self, chunk: Any, n: int, n_pos: int) -> _Image:
         """The image this chunk holds, registered once per distinct digest of its pixels."""
         digest = self._digest(chunk)
         image = self._by_digest.pop(digest, None)
         if image is None:
-            image = _Image(self._next, n, chunk=self._m.mtmd_input_chunk_copy(chunk))
+            nx = int(self._m.mtmd_image_tokens_get_nx(self._m.mtmd_input_chunk_get_tokens_image(chunk)))
+            copy = self._m.mtmd_input_chunk_copy(chunk)
+            image = _Image(self._next, n, nx if self.places is not None else 0, n_pos, chunk=copy)
             self._next -= n
             self._by_id.update({image.first - r: (image, r) for r in range(n)})
         self._by_digest[digest] = image  # last: the most recently used
@@ -264,6 +284,28 @@ class Projector:
     @staticmethod
     def holds(tokens: Sequence[int]) -> bool:
         return min(tokens) < 0
+
+    def image_of(self, t: int) -> tuple[_Image, int]:
+        """The image a placeholder id belongs to, and its row."""
+        return self._by_id[t]
+
+    def cut_start(self, tokens: Sequence[int], n: int) -> int | None:
+        """Where the image starts that a rollback to n would cut in two, where its first rows
+        cannot stay alone: on M-RoPE's grid (its rows share a position) or attended to whole
+        (Gemma 3: each row read the rest). None: n cuts no such image."""
+        t = tokens[n] if n < len(tokens) else 0
+        if t >= 0 or t not in self._by_id:
+            return None
+        image, row = self._by_id[t]
+        return n - row if row > 0 and (self.places is not None or image.whole) else None
+
+    def positions(self, past: int, ids: Sequence[int]) -> np.ndarray:
+        """The positions of an image pass (rows ids, the first at record index past): one per
+        row in a line, or M-RoPE's four sections, section-major (time, height, width, unused)."""
+        if self.places is None:
+            return np.arange(past, past + len(ids), dtype=np.int32)
+        image, row = self._by_id[ids[0]]
+        return self.places.image_rows(past, image, row, len(ids))
 
     def runs(self, tokens: Sequence[int]) -> list[tuple[_Image | None, list[int]]]:
         """tokens cut into runs: (None, text ids) and (image, its row indices), in order."""
@@ -299,29 +341,104 @@ class Projector:
             self._ctx = None
 
 
-class EmbeddingBatch:
-    """A llama_batch of embeddings (rows in place of token ids) for one context, reused."""
+def image_in_parts(rows: int, max_block: int) -> InvalidRequestError:
+    """An image read whole (Gemma 3) asked for in a way one pass cannot give."""
+    if rows > max_block:
+        return InvalidRequestError(
+            f"an image of {rows} rows is read whole, in one pass, but a pass takes at most {max_block}",
+            f"load the model with max_block={rows} or more (llama.cpp's batch)",
+        )
+    return InvalidRequestError(
+        "an image read whole (its rows attend to each other) was asked for from its middle, or for its "
+        "inner rows' logits",
+        "evaluate the image from its first row, and ask for logits after it",
+    )
 
-    def __init__(self, n_embd: int, max_block: int) -> None:
+
+class Places:
+    """Where a record's entries sit on an M-RoPE target's time axis: text one position each;
+    an image's rows all at the time position where it starts (its grid in the height and
+    width sections), the text after it max(nx, ny) later. Kept as the images in the record,
+    in order: (record index of row 0, its time position, the image)."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._spans: list[tuple[int, int, _Image]] = []
+
+    def at(self, n: int) -> int:
+        """The time position of record index n: the next text's there, or for a row of an
+        image its start's (all its rows share it)."""
+        i = bisect_right(self._starts, n) - 1
+        if i < 0:
+            return n
+        start, t0, image = self._spans[i]
+        if n < start + image.n:
+            return t0
+        return t0 + image.n_pos + (n - start - image.n)
+
+    def inside(self, n: int) -> int | None:
+        """The record index where an image starts that index n cuts in two; None: n is not
+        inside an image."""
+        i = bisect_right(self._starts, n) - 1
+        if i < 0:
+            return None
+        start, _, image = self._spans[i]
+        return start if start < n < start + image.n else None
+
+    def cut(self, n: int) -> None:
+        """The record holds n entries now: images from n on are gone."""
+        k = bisect_right(self._starts, n - 1) if n > 0 else 0
+        del self._starts[k:], self._spans[k:]
+
+    def image_rows(self, past: int, image: _Image, row: int, n: int) -> np.ndarray:
+        """Rows row.. row+n of image, the first at record index past, in four sections as
+        llama.cpp's mtmd places them (mtmd_image_tokens_get_decoder_pos)."""
+        if row == 0:
+            self.cut(past)
+            self._spans.append((past, self.at(past), image))
+            self._starts.append(past)
+        start, t0, held = self._spans[-1]
+        assert held is image and start + row == past, "an image's rows continue where its last pass ended"
+        r = np.arange(row, row + n, dtype=np.int32)
+        return np.concatenate([np.full(n, t0, np.int32), t0 + r // image.nx, t0 + r % image.nx, np.zeros(n, np.int32)])
+
+
+class EmbeddingBatch:
+    """A llama_batch of embeddings (rows in place of token ids) for one context, reused; its
+    positions are four per row for an M-RoPE target (section-major, as llama_batch takes them)."""
+
+    def __init__(self, n_embd: int, max_block: int, sections: int = 1) -> None:
         self._batch = llama.llama_batch_init(max_block, n_embd, 1)
         self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(max_block, n_embd))
-        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(max_block,))
+        # Room for every section's positions: the batch's own array holds one per row.
+        self._pos_type = type(self._batch.pos)
+        self._own_pos = ctypes.cast(self._batch.pos, ctypes.c_void_p).value  # the address, not a view of the field
+        self._pos = np.zeros(max_block * sections, dtype=np.int32)
+        self._batch.pos = self._pos.ctypes.data_as(self._pos_type)
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(max_block,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(max_block,))[:] = 1
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
 
-    def decode(self, ctx: Any, rows: np.ndarray, past: int, last_logits: bool, all_logits: bool) -> int:
+    def decode(self, ctx: Any, rows: np.ndarray, positions: np.ndarray, logits: LogitsMode, causal: bool = True) -> int:
+        """One pass; causal False: every row attends to every other (an image read whole)."""
         n = len(rows)
         self._embd[:n] = rows
-        self._pos[:n] = np.arange(past, past + n)
-        self._out[:n] = 1 if all_logits else 0
-        if last_logits:
+        self._pos[: len(positions)] = positions
+        self._out[:n] = 1 if logits == "all" else 0
+        if logits == "last":
             self._out[n - 1] = 1
         self._batch.n_tokens = n
-        return int(llama.llama_decode(ctx, self._batch))
+        if causal:
+            return int(llama.llama_decode(ctx, self._batch))
+        llama.llama_set_causal_attn(ctx, False)
+        try:
+            return int(llama.llama_decode(ctx, self._batch))
+        finally:
+            llama.llama_set_causal_attn(ctx, True)
 
     def free(self) -> None:
+        self._batch.pos = ctypes.cast(ctypes.c_void_p(self._own_pos), self._pos_type)  # llama_batch_free frees its own
         llama.llama_batch_free(self._batch)
 
 

@@ -73,6 +73,18 @@ def _add_access_options(p: argparse.ArgumentParser) -> None:
         "(repeatable; '*' turns the check off, behind a proxy that checks names); other Host headers get 403, "
         "so a web page cannot reach the server through a domain it points here (DNS rebinding)",
     )
+    p.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch an image_url part's http(s) URL (default: refused, send images inline as data URLs): public "
+        "addresses only, at most 32 MiB, 10 s and 3 redirects, the bytes checked to be an image",
+    )
+    p.add_argument(
+        "--allow-private-image-urls",
+        action="store_true",
+        help="as --allow-image-urls, and from loopback, private and link-local addresses too: for images on your "
+        "own network; any client may then make the server read from those addresses",
+    )
 
 
 def _add_cache_options(p: argparse.ArgumentParser) -> None:
@@ -144,6 +156,7 @@ def handle(args: argparse.Namespace) -> int:
                 cache_prompt=args.cache_prompt,
                 prefix_cache=args.prefix_cache,
                 log=say,
+                image_urls=_image_urls(args),
             ),
         )
     except OSError as exc:
@@ -156,6 +169,14 @@ def handle(args: argparse.Namespace) -> int:
     server.serve()
     say("localspec serve: stopped")
     return 0
+
+
+def _image_urls(args: argparse.Namespace) -> Any:
+    """Whether image URLs are fetched, and from which addresses (server/image_urls.py)."""
+    from localspec.server.image_urls import ImageUrls
+
+    private = args.allow_private_image_urls
+    return ImageUrls(allow=args.allow_image_urls or private, private=private)
 
 
 def _parallel_arg(value: str) -> int:
@@ -176,6 +197,11 @@ def _access_warnings(args: argparse.Namespace, cors: str | None) -> list[str]:
         warnings.append(
             f"warning: listening on {args.host} without an API key: anyone who can reach this machine can use it "
             "(set --api-key or LOCALSPEC_API_KEY)"
+        )
+    if args.allow_private_image_urls:
+        warnings.append(
+            "warning: --allow-private-image-urls: any client of this server can make it read images from this "
+            "machine and your network"
         )
     if cors is not None:
         warnings.append(cors)

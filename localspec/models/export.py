@@ -5,6 +5,8 @@ refuse the pair or cannot express what localspec does (an adaptive draft length)
 An MTP pair gets each engine's own MTP settings: the target's head for Qwen3.5/3.6; for Gemma
 4, its assistant: on llama-server the GGUF (the mtp-*.gguf sidecar pulled beside the target,
 or the pair's drafter file), on vLLM the assistant's safetensors repo.
+A pair with a vision projector takes images on each engine: llama-server its `--mmproj`,
+vLLM and SGLang their switches for the checkpoint's own vision tower.
 
 Flag and field names follow each engine's documentation; tests/models/test_export.py keeps them
 with their sources.
@@ -40,6 +42,12 @@ DSPARK_ENGINES = ("llama-server",)
 PROMPT_LOOKUP_MAX = 5
 PROMPT_LOOKUP_MIN = 2
 LLAMA_SERVER_P_MIN = 0.0  # draft every position up to n-max: the engine's current default
+# Images as localspec takes them: as many as the context holds (vLLM's own default count,
+# vllm/config/multimodal.py), no video. vLLM: --limit-mm-per-prompt JSON (MultiModalConfig.
+# limit_per_prompt); SGLang: --enable-multimodal, which some models (Gemma 4 among them) need
+# and which "nothing will happen" for a model that is not multimodal (its server_args.py).
+VLLM_IMAGE_LIMITS = {"image": 999, "video": 0}
+SGLANG_VISION = ("--enable-multimodal",)
 
 # Rows of the embedding (config.json vocab_size) of repos whose pairs an engine refuses;
 # vLLM and SGLang require the drafter's to equal the target's, padding included.
@@ -88,7 +96,14 @@ def export_pair(
 ) -> Export:
     """The command serving `pair` on `engine` with speculation. strategy (default: the
     pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram",
-    "mtp", "dflash", "dspark" or "eagle3"; ggufs finds the pulled GGUF files for llama-server."""
+    "mtp", "dflash", "dspark" or "eagle3"; ggufs finds the pulled GGUF files for llama-server.
+    A pair with a vision projector gets each engine's image settings (_with_vision)."""
+    return _with_vision(_export(pair, engine, draft_tokens, strategy, ggufs), pair)
+
+
+def _export(
+    pair: Pair, engine: str, draft_tokens: int | None, strategy: str | None, ggufs: GgufResolver | None
+) -> Export:
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r}", f"choose one of: {', '.join(ENGINES)}")
     notes: list[str] = []
@@ -99,9 +114,9 @@ def export_pair(
             "export it --to llama-server, or with --strategy ngram",
         )
     if method == "eagle3":
-        return _with_projector(_export_eagle3(pair, engine, draft_tokens, ggufs, notes), pair)
+        return _export_eagle3(pair, engine, draft_tokens, ggufs, notes)
     if engine == "llama-server":
-        return _with_projector(_export_llama_server(pair, method, draft_tokens, ggufs or _pulled_ggufs, notes), pair)
+        return _export_llama_server(pair, method, draft_tokens, ggufs or _pulled_ggufs, notes)
     assistant_repo = _assistant_repo(pair) if method == "mtp" and _has_assistant(pair) else None
     if method == "mtp" and _has_assistant(pair) and assistant_repo is None:
         where = "--to llama-server"
@@ -155,11 +170,38 @@ def _export_llama_server(
     return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
 
 
+def _with_vision(export: Export, pair: Pair) -> Export:
+    """The command of a pair with a vision projector, taking images as localspec does (no
+    video or audio): llama-server its pulled projector; vLLM and SGLang read the projector
+    from the target's own checkpoint, so they get their switches for it."""
+    if pair.mmproj is None:
+        return export
+    if export.engine == "llama-server":
+        return _with_projector(export, pair)
+    if export.engine == "sglang":
+        return Export(export.engine, (*export.argv, *SGLANG_VISION), export.notes)
+    if _vllm_drafts_with_a_model(export.argv):
+        note = (
+            "vLLM refuses a separate draft model, parallel drafting or an MTP assistant beside a multimodal "
+            "target (vllm#33458, vllm#42005): exported with --language-model-only, text only. For images on vLLM "
+            "export --strategy ngram (or the target's own MTP head, or EAGLE-3), or use --to llama-server"
+        )
+        return Export(export.engine, (*export.argv, "--language-model-only"), (*export.notes, note))
+    limits = json.dumps(VLLM_IMAGE_LIMITS)
+    return Export(export.engine, (*export.argv, "--limit-mm-per-prompt", limits), export.notes)
+
+
+def _vllm_drafts_with_a_model(argv: tuple[str, ...]) -> bool:
+    """Whether vLLM's speculative config drafts with a model of its own beside the target's
+    layers: a draft model, DFlash (a parallel drafter) or an MTP assistant (Gemma 4's)."""
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    method = config.get("method")
+    return method in ("draft_model", "dflash") or (method == "mtp" and "model" in config)
+
+
 def _with_projector(export: Export, pair: Pair) -> Export:
     """llama-server's command with the pair's pulled vision projector (`--mmproj FILE`, as
     llama.cpp's common/arg.cpp spells it), so that its chats may hold images as localspec's do."""
-    if export.engine != "llama-server" or pair.mmproj is None:
-        return export
     from localspec.models.pull import resolve_pair
 
     projector = resolve_pair(pair.id, backend="llamacpp").mmproj

@@ -21,6 +21,7 @@ from localspec.server import responses, schemas
 from localspec.server.cors import CorsRule, JsonCors
 from localspec.server.grammar import GrammarRequest
 from localspec.server.hosts import HostCheck, HostPolicy
+from localspec.server.image_urls import ImageUrls, fetch_image_urls
 from localspec.server.metrics import CONTENT_TYPE_LATEST, exposition
 from localspec.server.middleware import BodyLimit, JsonBody, KeyCheck, RequestLog, error_response, key_given
 from localspec.server.replies import Reply, api_error_of, collect, sse, submit
@@ -47,6 +48,8 @@ class Settings:
     # Where request lines go: the logger "localspec.server" (an app's server writes nothing on
     # its stdout or stderr); `localspec serve` passes its own, which prints.
     log: Callable[[str], None] = logging.getLogger("localspec.server").info
+    # An image_url part's http(s) URL: refused unless allowed (serve --allow-image-urls).
+    image_urls: ImageUrls = field(default_factory=ImageUrls)
 
 
 @dataclass
@@ -133,7 +136,8 @@ def create_app(worker: Worker, catalog: Catalog, settings: Settings, bound_host:
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         ignored = body.refuse_unsupported()
         tools = tool_request(body.tools, body.tool_choice)
-        return await _generate(request, body, "chat", {"messages": body.chat(), "tools": tools}, tools, ignored)
+        messages = await fetch_image_urls(body.chat(), settings.image_urls)
+        return await _generate(request, body, "chat", {"messages": messages, "tools": tools}, tools, ignored)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

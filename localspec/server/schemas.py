@@ -357,8 +357,8 @@ class CompletionRequest(GenerationRequest):
 
 
 def _content_of(message: ChatMessage, i: int) -> str | list[dict[str, Any]]:
-    """The message's text, or its parts where it holds images (image_url parts with data URLs:
-    the server fetches nothing a request names)."""
+    """The message's text, or its parts where it holds images (image_url parts: an http(s)
+    URL is refused or fetched by server/image_urls.py)."""
     if not isinstance(message.content, list) or all(part.type != "image_url" for part in message.content):
         return _text_of(message, i)
     parts: list[dict[str, Any]] = []
@@ -370,13 +370,6 @@ def _content_of(message: ChatMessage, i: int) -> str | list[dict[str, Any]]:
         url = url.get("url") if isinstance(url, dict) else url
         if part.type != "image_url" or not isinstance(url, str):
             raise ApiError(400, "a content part must be text or image_url", param=f"messages[{i}].content[{j}]")
-        if url.startswith(("http://", "https://")):
-            raise ApiError(
-                400,
-                "image URLs are not fetched: a request could make this server reach any address it can, your "
-                "network's too. Send the image inline as a data URL (data:image/png;base64,...)",
-                param=f"messages[{i}].content[{j}].image_url.url",
-            )
         parts.append({"type": "image_url", "image_url": {"url": url}})
     return parts
 
