@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from importlib.metadata import version
-from typing import Any, cast
+from typing import Any, NotRequired, TypedDict, Unpack, cast
 
 import mlx.core as mx
 import numpy as np
@@ -121,23 +121,26 @@ class Forward:
         return mx.tanh(out / cap) * cap if cap else out
 
 
+class Described(TypedDict):
+    """What an MlxBackend is told of its model: its name and file, its architecture, the context
+    it serves, the longest block (512) and the calibration key's extra fields."""
+
+    name: str
+    path: str
+    architecture: str
+    n_ctx: int
+    max_block: NotRequired[int]
+    extra: NotRequired[dict[str, str] | None]
+
+
 class MlxBackend(TextFromVocab):
     """An mlx-lm model, its tokenizer and a KV cache of its own."""
 
     vocab: Vocab
 
-    def __init__(
-        self,
-        forward: Forward,
-        vocab: Vocab,
-        *,
-        name: str,
-        path: str,
-        architecture: str,
-        n_ctx: int,
-        max_block: int = 512,
-        extra: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, forward: Forward, vocab: Vocab, **described: Unpack[Described]) -> None:
+        name, path, architecture = described["name"], described["path"], described["architecture"]
+        n_ctx, max_block, extra = described["n_ctx"], described.get("max_block", 512), described.get("extra")
         self.forward = forward
         self.vocab = vocab
         materialize(forward.model)

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -105,6 +105,39 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+class TorchOptions(TypedDict, total=False):
+    """TorchBackend's options, as load_backend("torch", path, **options) passes them."""
+
+    n_ctx: int
+    threads: int | None
+    max_block: int
+    device: str
+    dtype: str
+    cuda_graphs: bool
+    compile: bool
+    graph_tokens: int
+    static: bool
+    verify_on_device: bool | None
+    weights: str
+
+
+@dataclass(frozen=True)
+class TorchSettings:
+    """TorchBackend's options with their defaults (TorchBackend's docstring says what each means)."""
+
+    n_ctx: int = 4096
+    threads: int | None = None
+    max_block: int = 512
+    device: str = "auto"
+    dtype: str = "auto"
+    cuda_graphs: bool = True
+    compile: bool = False
+    graph_tokens: int = 16
+    static: bool = False
+    verify_on_device: bool | None = None
+    weights: str = "auto"
+
+
 class TorchBackend(TextFromVocab):
     """One model with its own static KV cache, on the CPU or a CUDA GPU.
 
@@ -120,24 +153,12 @@ class TorchBackend(TextFromVocab):
     pick_weights; explicit int4/int8 work on the CPU too, through torch's CPU kernels).
     """
 
-    def __init__(
-        self,
-        path: str,
-        n_ctx: int = 4096,
-        threads: int | None = None,
-        max_block: int = 512,
-        device: str = "auto",
-        dtype: str = "auto",
-        cuda_graphs: bool = True,
-        compile: bool = False,
-        graph_tokens: int = 16,
-        static: bool = False,
-        verify_on_device: bool | None = None,
-        weights: str = "auto",
-    ) -> None:
+    def __init__(self, path: str, **options: Unpack[TorchOptions]) -> None:
+        o = TorchSettings(**options)
+        n_ctx, threads = o.n_ctx, o.threads
         source = open_source(path)
-        self._device = pick_device(device)
-        self._dtype = pick_dtype(dtype, self._device)
+        self._device = pick_device(o.device)
+        self._dtype = pick_dtype(o.dtype, self._device)
         # The build (torch and CUDA versions) keys cached calibrations: an upgrade changes kernels.
         build = f"torch {torch.__version__}" + (f" cuda {torch.version.cuda}" if torch.version.cuda else "")
         extra = {"device": str(self._device), "dtype": str(self._dtype).removeprefix("torch."), "build": build}
@@ -148,7 +169,7 @@ class TorchBackend(TextFromVocab):
             torch.set_num_threads(threads)  # process-wide: every torch backend shares the cores
             extra["threads"] = str(threads)
             extra["kernels"] = native.describe()
-        self._weights = pick_weights(weights, self._device, self._dtype, source.file_type)
+        self._weights = pick_weights(o.weights, self._device, self._dtype, source.file_type)
         extra["weights"] = self._weights
         config = source.config
         n_ctx = min(n_ctx, config.context_length or n_ctx)
@@ -159,15 +180,15 @@ class TorchBackend(TextFromVocab):
         self._n_vocab = self.model.output.out_features
         self._tokens: list[int] = []
         self._closed = False
-        self._static = static
+        self._static = o.static
         self._init_views()
-        self._graph_options = (graph_tokens, cuda_graphs, compile)
+        self._graph_options = (o.graph_tokens, o.cuda_graphs, o.compile)
         self._graphs: GraphedSteps | None = None
-        if self._device.type == "cuda" and (cuda_graphs or compile):
+        if self._device.type == "cuda" and (o.cuda_graphs or o.compile):
             self._graphs = self._graphed()
-            extra["cuda_graphs"] = str(cuda_graphs)
-            extra["compile"] = str(compile)
-        self._describe(source, n_ctx, n_params, n_bytes, max_block, verify_on_device, extra)
+            extra["cuda_graphs"] = str(o.cuda_graphs)
+            extra["compile"] = str(o.compile)
+        self._describe(source, replace(o, n_ctx=n_ctx), (n_params, n_bytes), extra)
 
     def _init_views(self) -> None:
         """The state an early-exit drafter (a view of this model) and its host share."""
@@ -183,16 +204,7 @@ class TorchBackend(TextFromVocab):
         self._exits: dict[int, tuple[int, int, int]] = {}
         self._exit_states: torch.Tensor | None = None
 
-    def _describe(
-        self,
-        source: Source,
-        n_ctx: int,
-        n_params: int,
-        n_bytes: int,
-        max_block: int,
-        verify_on_device: bool | None,
-        extra: dict[str, str],
-    ) -> None:
+    def _describe(self, source: Source, o: TorchSettings, sizes: tuple[int, int], extra: dict[str, str]) -> None:
         """info and capabilities: what the model is, and what its cost curve depends on."""
         config = source.config
         self.info = ModelInfo(
@@ -200,14 +212,16 @@ class TorchBackend(TextFromVocab):
             path=os.path.abspath(source.path),
             backend="torch",
             architecture=config.architecture,
-            n_ctx=n_ctx,
+            n_ctx=o.n_ctx,
             n_vocab=self._n_vocab,
-            size_bytes=n_bytes,
-            n_params=n_params,
+            size_bytes=sizes[1],
+            n_params=sizes[0],
             n_layers=config.n_layers,
         )
-        verifies = self._device.type == "cuda" if verify_on_device is None else verify_on_device
-        self.capabilities = Capabilities(max_block=max_block, device=self._device.type, extra=extra, verifies=verifies)
+        verifies = self._device.type == "cuda" if o.verify_on_device is None else o.verify_on_device
+        self.capabilities = Capabilities(
+            max_block=o.max_block, device=self._device.type, extra=extra, verifies=verifies
+        )
 
     def _graphed(self) -> GraphedSteps:
         from .cuda import GraphedSteps

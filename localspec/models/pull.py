@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from localspec.common.progress import Announce
 from localspec.core.backend_loader import kind_of
@@ -93,23 +93,31 @@ def pull_command(pair: Pair, backend: str) -> str:
     return f"localspec pull {pair.id}" + ("" if backend == DEFAULT_BACKEND else f" --backend {backend}")
 
 
-def pull(
-    pair_id: str,
-    backend: str = "llamacpp",
-    endpoint: str | None = None,
-    cache_dir: str | Path | None = None,
-    token: str | None = None,
-    dry_run: bool = False,
-    progress: bool = True,
-    registry: Registry | None = None,
-    on_progress: Progress | None = None,
-    accept_hashes: Sequence[str] = (),
-) -> PullResult:
+class PullOptions(TypedDict, total=False):
+    """pull()'s options beside the pair and the backend, each documented on pull()."""
+
+    endpoint: str | None
+    cache_dir: str | Path | None
+    token: str | None
+    dry_run: bool
+    progress: bool
+    registry: Registry | None
+    on_progress: Progress | None
+    accept_hashes: Sequence[str]
+
+
+def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]) -> PullResult:
     """Fetch a pair's files for one backend, drafter first, checking every file with a known
-    sha256 and the pair's tokenizers; with dry_run, only say what would be fetched.
-    progress draws bars on stderr; on_progress(done, total, what) gets the byte counts
+    sha256 and the pair's tokenizers; with dry_run=True, only say what would be fetched.
+    endpoint, cache_dir and token: the hub's (else HF_ENDPOINT, HF_HUB_CACHE, HF_TOKEN).
+    progress (True) draws bars on stderr; on_progress(done, total, what) gets the byte counts
     instead (an app drawing its own bar), with None, None while the size is unknown.
-    accept_hashes: sha256s taken in place of a pin they contradict (a stale models.toml)."""
+    accept_hashes: sha256s taken in place of a pin they contradict (a stale models.toml);
+    registry: another registry than models.toml and the user's."""
+    dry_run, progress = options.get("dry_run", False), options.get("progress", True)
+    registry, on_progress = options.get("registry"), options.get("on_progress")
+    endpoint, cache_dir, token = options.get("endpoint"), options.get("cache_dir"), options.get("token")
+    accept_hashes = options.get("accept_hashes", ())
     reg = registry or load_registry()
     pair = _pair_for(reg, pair_id, backend)
     settings = HubSettings.resolve(endpoint, cache_dir, token)

@@ -24,7 +24,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import uvicorn
 
@@ -64,22 +64,26 @@ class _Uvicorn(uvicorn.Server):
         threading.Thread(target=self.worker.stop, name="localspec-stop").start()
 
 
+class ServerOptions(TypedDict, total=False):
+    """LocalServer's options: where it listens (127.0.0.1:8000), how many requests may wait
+    beside the running ones (64), the models it answers for (the loaded one) and its settings."""
+
+    host: str
+    port: int
+    max_queue: int
+    catalog: Catalog | None
+    settings: Settings | None
+
+
 class LocalServer:
     def __init__(
-        self,
-        runtime: Runtime | None,
-        model_id: str,
-        loader: Loader,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 8000,
-        max_queue: int = 64,
-        catalog: Catalog | None = None,
-        settings: Settings | None = None,
+        self, runtime: Runtime | None, model_id: str, loader: Loader, **options: Unpack[ServerOptions]
     ) -> None:
-        self.settings = settings or Settings()
-        self.worker = Worker(runtime, model_id, loader, max_queue, self._loaded)
-        self.app = create_app(self.worker, catalog or Catalog(model_id), self.settings, bound_host=host)
+        host, port = options.get("host", "127.0.0.1"), options.get("port", 8000)
+        self.settings = options.get("settings") or Settings()
+        self.worker = Worker(runtime, model_id, loader, options.get("max_queue", 64), self._loaded)
+        catalog = options.get("catalog") or Catalog(model_id)
+        self.app = create_app(self.worker, catalog, self.settings, bound_host=host)
         try:
             self.socket = _bind(host, port)
         except BaseException:
