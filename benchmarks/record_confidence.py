@@ -77,7 +77,9 @@ def record_file(name: str, threads: int) -> dict[str, Any]:
             if tokens != rec["answer"]:
                 rows, how = teacher_forced(runtime, rec["prompt"], rec["answer"]), "teacher-forced"
             out[prompt.id] = {"p1": [r[0] for r in rows], "margin": [r[1] for r in rows], "rows": how}
-            print(f"{name} {prompt.id}: {len(rows)} rows {how}, mean p1 {np.mean([r[0] for r in rows]):.3f}", flush=True)
+            print(
+                f"{name} {prompt.id}: {len(rows)} rows {how}, mean p1 {np.mean([r[0] for r in rows]):.3f}", flush=True
+            )
     finally:
         runtime.close()
     return out
