@@ -363,16 +363,10 @@ def prior_calibration(backend: Backend, max_k: int = LONGEST_PASS) -> Calibratio
     return prior_from(device, info.size_bytes, info.n_params, on, deep=info.n_ctx >= DEEP_DEPTH + max_k + 1)
 
 
-def prior_from(
-    device: DeviceProbe,
-    size_bytes: int,
-    n_params: int,
-    on: str = "cpu",
-    max_k: int = LONGEST_PASS,
-    deep: bool = True,
-    config: ControlConfig = DEFAULT,
-) -> Calibration:
-    """prior_calibration() for a model of this size on this device (another machine's, say)."""
+def prior_from(device: DeviceProbe, size_bytes: int, n_params: int, on: str = "cpu", deep: bool = True) -> Calibration:
+    """prior_calibration() for a model of this size on this device (another machine's, say),
+    passes of 1..LONGEST_PASS rows priced with the default control config."""
+    max_k, config = LONGEST_PASS, DEFAULT
     single = predict_verify_seconds(size_bytes, n_params, device, 1, on)
     if on == "cpu":
         per_token = 2 * n_params / (device.gflops * 1e9)
