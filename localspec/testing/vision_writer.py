@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,12 +47,62 @@ class ProjectorSpec:
         return (self.image_size // self.patch_size) ** 2
 
 
-def projector_tensors(spec: ProjectorSpec) -> dict[str, np.ndarray]:
-    """Random weights under clip.cpp's names, numpy shapes (GGUF ne reversed)."""
-    rng = np.random.default_rng(spec.seed)
+Weights = Callable[..., np.ndarray]
+
+
+def normal_weights(seed: int) -> Weights:
+    """w(*shape, std=, center=): float32 draws from one generator, so a tensor's values follow
+    from the seed and the order tensors are drawn in."""
+    rng = np.random.default_rng(seed)
 
     def w(*shape: int, std: float, center: float = 0.0) -> np.ndarray:
         return (center + rng.normal(0, std, shape)).astype(np.float32)
+
+    return w
+
+
+def tower_blocks(w: Weights, d: int, ffn: int, blocks: int) -> dict[str, np.ndarray]:
+    """A vision tower's transformer blocks under clip.cpp's names."""
+    out: dict[str, np.ndarray] = {}
+    for i in range(blocks):
+        b = f"v.blk.{i}."
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out |= {b + part + ".weight": w(d, d, std=d**-0.5), b + part + ".bias": w(d, std=0.1)}
+        out |= {
+            b + "ln1.weight": w(d, std=0.1, center=1.0),
+            b + "ln1.bias": w(d, std=0.1),
+            b + "ln2.weight": w(d, std=0.1, center=1.0),
+            b + "ln2.bias": w(d, std=0.1),
+            b + "ffn_up.weight": w(ffn, d, std=d**-0.5),
+            b + "ffn_up.bias": w(ffn, std=0.1),
+            b + "ffn_down.weight": w(d, ffn, std=ffn**-0.5),
+            b + "ffn_down.bias": w(d, std=0.1),
+        }
+    return out
+
+
+def clip_writer(path: Path, kind: str, spec: ProjectorSpec | GridSpec | PooledSpec, image_size: int) -> Any:
+    """A projector GGUF's writer with the tower's keys every projector type reads."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", kind)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.embedding_length", spec.width)
+    writer.add_uint32("clip.vision.feed_forward_length", spec.ffn)
+    writer.add_uint32("clip.vision.block_count", spec.blocks)
+    writer.add_uint32("clip.vision.projection_dim", spec.out_width)
+    writer.add_uint32("clip.vision.attention.head_count", spec.heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.image_size", image_size)
+    writer.add_uint32("clip.vision.patch_size", spec.patch_size)
+    return writer
+
+
+def projector_tensors(spec: ProjectorSpec) -> dict[str, np.ndarray]:
+    """Random weights under clip.cpp's names, numpy shapes (GGUF ne reversed)."""
+    w = normal_weights(spec.seed)
 
     d, p = spec.width, spec.patch_size
     out = {
@@ -62,38 +114,11 @@ def projector_tensors(spec: ProjectorSpec) -> dict[str, np.ndarray]:
         "mm.2.weight": w(spec.out_width, spec.out_width, std=spec.scale * spec.out_width**-0.5),
         "mm.2.bias": w(spec.out_width, std=0.1 * spec.scale),
     }
-    for i in range(spec.blocks):
-        b = f"v.blk.{i}."
-        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            out |= {b + part + ".weight": w(d, d, std=d**-0.5), b + part + ".bias": w(d, std=0.1)}
-        out |= {
-            b + "ln1.weight": w(d, std=0.1, center=1.0),
-            b + "ln1.bias": w(d, std=0.1),
-            b + "ln2.weight": w(d, std=0.1, center=1.0),
-            b + "ln2.bias": w(d, std=0.1),
-            b + "ffn_up.weight": w(spec.ffn, d, std=d**-0.5),
-            b + "ffn_up.bias": w(spec.ffn, std=0.1),
-            b + "ffn_down.weight": w(d, spec.ffn, std=spec.ffn**-0.5),
-            b + "ffn_down.bias": w(d, std=0.1),
-        }
-    return out
+    return out | tower_blocks(w, d, spec.ffn, spec.blocks)
 
 
 def write_projector(spec: ProjectorSpec, path: Path) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_string("clip.projector_type", "mlp")
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.embedding_length", spec.width)
-    writer.add_uint32("clip.vision.feed_forward_length", spec.ffn)
-    writer.add_uint32("clip.vision.block_count", spec.blocks)
-    writer.add_uint32("clip.vision.projection_dim", spec.out_width)
-    writer.add_uint32("clip.vision.attention.head_count", spec.heads)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_uint32("clip.vision.image_size", spec.image_size)
-    writer.add_uint32("clip.vision.patch_size", spec.patch_size)
+    writer = clip_writer(path, "mlp", spec, spec.image_size)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     return write_out(writer, projector_tensors(spec), path)
@@ -133,10 +158,7 @@ class GridSpec:
 
 
 def grid_projector_tensors(spec: GridSpec) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(spec.seed)
-
-    def w(*shape: int, std: float, center: float = 0.0) -> np.ndarray:
-        return (center + rng.normal(0, std, shape)).astype(np.float32)
+    w = normal_weights(spec.seed)
 
     d, p, merged = spec.width, spec.patch_size, 4 * spec.width
     conv_std = (2 * 3 * p * p) ** -0.5  # two kernels (Qwen's two video frames) add on a still image
@@ -148,38 +170,11 @@ def grid_projector_tensors(spec: GridSpec) -> dict[str, np.ndarray]:
         "mm.2.weight": w(spec.out_width, merged, std=spec.scale * merged**-0.5),
         "mm.2.bias": w(spec.out_width, std=0.1 * spec.scale),
     }
-    for i in range(spec.blocks):
-        b = f"v.blk.{i}."
-        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            out |= {b + part + ".weight": w(d, d, std=d**-0.5), b + part + ".bias": w(d, std=0.1)}
-        out |= {
-            b + "ln1.weight": w(d, std=0.1, center=1.0),
-            b + "ln1.bias": w(d, std=0.1),
-            b + "ln2.weight": w(d, std=0.1, center=1.0),
-            b + "ln2.bias": w(d, std=0.1),
-            b + "ffn_up.weight": w(spec.ffn, d, std=d**-0.5),
-            b + "ffn_up.bias": w(spec.ffn, std=0.1),
-            b + "ffn_down.weight": w(d, spec.ffn, std=spec.ffn**-0.5),
-            b + "ffn_down.bias": w(d, std=0.1),
-        }
-    return out
+    return out | tower_blocks(w, d, spec.ffn, spec.blocks)
 
 
 def write_grid_projector(spec: GridSpec, path: Path) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_string("clip.projector_type", "qwen2vl_merger")
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.embedding_length", spec.width)
-    writer.add_uint32("clip.vision.feed_forward_length", spec.ffn)
-    writer.add_uint32("clip.vision.block_count", spec.blocks)
-    writer.add_uint32("clip.vision.projection_dim", spec.out_width)
-    writer.add_uint32("clip.vision.attention.head_count", spec.heads)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_uint32("clip.vision.image_size", 4 * spec.patch_size)
-    writer.add_uint32("clip.vision.patch_size", spec.patch_size)
+    writer = clip_writer(path, "qwen2vl_merger", spec, 4 * spec.patch_size)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     return write_out(writer, grid_projector_tensors(spec), path)
@@ -237,10 +232,7 @@ class PooledSpec:
 
 
 def pooled_projector_tensors(spec: PooledSpec) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(spec.seed)
-
-    def w(*shape: int, std: float, center: float = 0.0) -> np.ndarray:
-        return (center + rng.normal(0, std, shape)).astype(np.float32)
+    w = normal_weights(spec.seed)
 
     d, p, patches = spec.width, spec.patch_size, (spec.image_size // spec.patch_size) ** 2
     out = {
@@ -252,38 +244,11 @@ def pooled_projector_tensors(spec: PooledSpec) -> dict[str, np.ndarray]:
         "mm.soft_emb_norm.weight": w(d, std=0.1, center=1.0),
         "mm.input_projection.weight": w(d, spec.out_width, std=spec.scale * d**-0.5),
     }
-    for i in range(spec.blocks):
-        b = f"v.blk.{i}."
-        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            out |= {b + part + ".weight": w(d, d, std=d**-0.5), b + part + ".bias": w(d, std=0.1)}
-        out |= {
-            b + "ln1.weight": w(d, std=0.1, center=1.0),
-            b + "ln1.bias": w(d, std=0.1),
-            b + "ln2.weight": w(d, std=0.1, center=1.0),
-            b + "ln2.bias": w(d, std=0.1),
-            b + "ffn_up.weight": w(spec.ffn, d, std=d**-0.5),
-            b + "ffn_up.bias": w(spec.ffn, std=0.1),
-            b + "ffn_down.weight": w(d, spec.ffn, std=spec.ffn**-0.5),
-            b + "ffn_down.bias": w(d, std=0.1),
-        }
-    return out
+    return out | tower_blocks(w, d, spec.ffn, spec.blocks)
 
 
 def write_pooled_projector(spec: PooledSpec, path: Path) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_string("clip.projector_type", "gemma3")
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.embedding_length", spec.width)
-    writer.add_uint32("clip.vision.feed_forward_length", spec.ffn)
-    writer.add_uint32("clip.vision.block_count", spec.blocks)
-    writer.add_uint32("clip.vision.projection_dim", spec.out_width)
-    writer.add_uint32("clip.vision.attention.head_count", spec.heads)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_uint32("clip.vision.image_size", spec.image_size)
-    writer.add_uint32("clip.vision.patch_size", spec.patch_size)
+    writer = clip_writer(path, "gemma3", spec, spec.image_size)
     writer.add_uint32("clip.vision.projector.scale_factor", spec.pool)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
