@@ -16,6 +16,14 @@ and a text prompt's: their difference is the encode.
 
 Random weights: these are plumbing figures (the path runs, and what it costs beside the
 target's pass), not what a real model's image answers would draft.
+
+    python benchmarks/images.py --real-shape [--threads 2]
+
+--real-shape: the embedded SmolLM2-135M (Q4_1) as the target, beside a random projector of
+CLIP ViT-B/16's shape (12 blocks of width 768, 224-pixel images in 196 positions, projected to
+the target's 576): the encode's cost against a real target's prefill and steps, and n-gram on
+prompts that hold such an image (its rows are noise to the model, so what it answers is not
+what a trained pair would; a trained projector changes the answers, not the encode's cost).
 """
 
 from __future__ import annotations
@@ -25,15 +33,19 @@ import json
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from localspec.api import Runtime, load
+from localspec.models.default_model import ensure_pypi_model
 from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
 from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
 from localspec.testing.gguf_writer import Spec, write_gguf
-from localspec.testing.vision_writer import png_bytes, write_vision_pair
+from localspec.testing.vision_writer import ProjectorSpec, png_bytes, write_projector, write_vision_pair
+
+# CLIP ViT-B/16 at 224 pixels: llava's graph runs all but the last block, as for ViT-L/14.
+VIT_B16 = ProjectorSpec(width=768, heads=12, ffn=3072, blocks=13, image_size=224, patch_size=16, scale=1.0)
 
 STRATEGIES = ("ngram", "draft", "eagle3", "dflash")
 
@@ -175,9 +187,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5, help="new images timed for the encode")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--real-shape", action="store_true", help="SmolLM2-135M beside a ViT-B/16-shaped projector")
     args = parser.parse_args()
+    if args.real_shape and args.strategy != "ngram":
+        parser.error("--real-shape runs n-gram lookup (the other drafters are written for the tiny pair)")
     with tempfile.TemporaryDirectory() as folder:
-        target, projector = write_vision_pair(Path(folder))
+        if args.real_shape:
+            target = ensure_pypi_model()
+            projector = write_projector(replace(VIT_B16, out_width=576), Path(folder) / "mmproj-vit-b16.gguf")
+        else:
+            target, projector = write_vision_pair(Path(folder))
         drafter = drafter_file(args.strategy, target, Path(folder))
         started = time.perf_counter()
         with load(
@@ -188,13 +207,15 @@ def main() -> None:
             draft_tokens="auto",
             memory=False,
             calibrate=False,
-            n_ctx=512,
+            n_ctx=1024 if args.real_shape else 512,
             threads=args.threads,
         ) as rt:
             sides = speculation(rt, args.answers, args.n)
             costs = encode_against_prefill(rt, args.repeats)
     print(report(sides, costs, args.n, args.answers, args.strategy))
-    print(f"\n(whole run {time.perf_counter() - started:.1f} s; random weights: plumbing figures, not a real model's)")
+    pair = "SmolLM2-135M Q4_1 + a random ViT-B/16-shaped projector" if args.real_shape else "the tiny random pair"
+    took = time.perf_counter() - started
+    print(f"\n(whole run {took:.1f} s; {pair}: random projector weights, not a trained pair's answers)")
     if args.json:
         figures = {
             "sides": {k: v.row() for k, v in sides.items()},
