@@ -2,9 +2,11 @@
 (backends/llamacpp/lanes.py), each with its own drafter, policy, grammar and stop state; or a
 single runtime. What `serve --parallel N` runs its generation threads on, one per runtime.
 
-Only strategies whose drafter is the request's own state (plain decoding, n-gram lookup)
-batch: a draft model, a head or a block drafter keeps a cache of its own that would need lanes
-too. Such a pair is served one request at a time, and the pool says why (`note`).
+Strategies whose drafter is the request's own state (plain decoding, n-gram lookup) batch, and
+so does a draft model of its own: it is loaded once with as many lanes, lane i drafting for
+lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). A head, an assistant or a
+block drafter reads the target's own context, which would need its lanes too: such a pair is
+served one request at a time, and the pool says why (`note`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from localspec.core.options import LoadOptions
 from localspec.core.progress import Announce, announced
 from localspec.core.protocol import Backend, SharesPasses
 from localspec.dispatch import Dispatcher, Ticket
+from localspec.drafters.files import head_kind, is_assistant
+from localspec.drafters.memory import NgramMemory
 from localspec.prompts import Prompt
 from localspec.runtime import Completion, Runtime
-from localspec.strategies import TABLE, named, resolve
+from localspec.strategies import TABLE, Plan, named, plan, resolve
 
 # More lanes than this gain nothing on a consumer machine (a pass's cost grows with its rows)
 # and cost a context of n_ctx cells each.
@@ -38,7 +42,7 @@ class Lane(Backend, SharesPasses, Protocol):
 
 
 class LaneHost(Protocol):
-    lanes: list[Lane]
+    lanes: Sequence[Lane]
 
     def busy_lanes(self) -> int:
         """The lanes inside a request now."""
@@ -49,7 +53,9 @@ class LaneHost(Protocol):
 class HostsLanes(Protocol):
     """A backend loaded with lanes=N (llama.cpp's)."""
 
-    def lane_host(self) -> LaneHost: ...
+    def lane_host(self, beside: object = None) -> LaneHost:
+        """Its lanes; beside: the target's host, where this model drafts for it."""
+        ...
 
 
 class Pool:
@@ -183,12 +189,27 @@ def batches(opts: LoadOptions) -> str | None:
         return "shared passes run on this machine's CPU; with --rpc or --gpu-layers one request runs at a time"
     if opts.mmproj is not None:
         return "a model that reads images (--mmproj) is served one request at a time: lanes read text only yet"
-    if opts.draft_model is not None or (not row.batches and not row.chooses):
+    head = _reads_the_target(opts.draft_model) if opts.draft_model is not None else None
+    if head is not None:
+        return (
+            f"the drafter {os.path.basename(str(opts.draft_model))} is {head}, which shared passes do not "
+            "serve yet: one request runs at a time (a draft model of its own, n-gram lookup and plain decoding batch)"
+        )
+    if (opts.draft_model is not None and row.name not in ("auto", "draft")) or (not row.batches and not row.chooses):
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "
-            "one request runs at a time (n-gram lookup and plain decoding batch)"
+            "one request runs at a time (a draft model, n-gram lookup and plain decoding batch)"
         )
     return None
+
+
+def _reads_the_target(path: str) -> str | None:
+    """What a drafter file is where it drafts from inside the target's context (a head, an
+    assistant), which would need the target's lanes; None for a model of its own."""
+    kind = head_kind(path)
+    if kind is not None:
+        return f"an {kind} head reading the target's hidden layers"
+    return "an MTP assistant drafting inside the target's context" if is_assistant(path) else None
 
 
 def shared_pricing(calibrated: Calibrated, target: Backend, busy: Callable[[], int]) -> Calibrated:
@@ -223,28 +244,14 @@ def load_pool(
     parallel = check_parallel(parallel)
     if parallel == 1 or why is not None:
         return Pool.single(load(opts, on_progress=on_progress), True, why if parallel > 1 else None, max_waiting)
-    with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
-        backend = load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel)
-    runtimes: list[Runtime] = []
+    backends = _lane_backends(opts, parallel, on_progress)
     try:
-        assert isinstance(backend, HostsLanes)
-        host = backend.lane_host()
-        for lane in host.lanes:
-            plan = resolve(opts, lane, on_progress)
-            if not TABLE[plan.strategy].batches:  # auto chose a drafter of the model's own (mtp)
-                plan.close()
-                break
-            priced = shared_pricing(calibrate(plan, on_progress), lane, host.busy_lanes)
-            runtimes.append(Runtime(plan, assemble(plan, priced, opts.trees)))
+        runtimes = _lane_runtimes(opts, backends, on_progress)
     except BaseException:
-        for runtime in runtimes:
-            runtime.plan.close()
-        backend.close()
+        _close(backends)
         raise
-    if len(runtimes) < parallel:
-        for runtime in runtimes:
-            runtime.plan.close()
-        backend.close()
+    if runtimes is None:
+        _close(backends)
         why = "the model drafts for itself (its MTP head), which shared passes do not serve yet"
         note = f"{why}: one request runs at a time"
         return Pool.single(load(opts, on_progress=on_progress), True, note, max_waiting)
@@ -252,6 +259,83 @@ def load_pool(
     def release() -> None:
         for runtime in runtimes:
             runtime.close()
-        backend.close()
+        _close(backends)
 
     return Pool(tuple(runtimes), release, max_waiting=max_waiting)
+
+
+def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | None) -> list[Backend]:
+    """The target loaded with `parallel` lanes, and the draft model beside it with as many
+    (one model each, a KV stream per lane: backends/llamacpp/lanes.py)."""
+    assert opts.model is not None
+    with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
+        loaded = [load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel)]
+    if opts.draft_model is None:
+        return loaded
+    try:
+        with announced(f"loading the drafter {os.path.basename(opts.draft_model)} with {parallel} lanes", on_progress):
+            loaded.append(load_backend("llamacpp", opts.draft_model, **opts.backend_options(), lanes=parallel))
+    except BaseException:
+        _close(loaded)
+        raise
+    return loaded
+
+
+def _lane_runtimes(opts: LoadOptions, backends: list[Backend], on_progress: Announce | None) -> list[Runtime] | None:
+    """A runtime per lane, each with its own drafter (lane i of the draft model's host where
+    one drafts) and its policy priced on shared passes; None where auto chose a drafter of
+    the model's own (its MTP head), which lanes do not serve."""
+    target = backends[0]
+    assert isinstance(target, HostsLanes)
+    host = target.lane_host()
+    drafts = _drafter_lanes(backends[1], host) if len(backends) > 1 else None
+    runtimes: list[Runtime] = []
+    try:
+        for i, lane in enumerate(host.lanes):
+            draft = drafts[i] if drafts is not None else None
+            planned = _lane_plan(opts, lane, draft, on_progress)
+            if not TABLE[planned.strategy].batches:
+                planned.close()
+                break
+            priced = shared_pricing(calibrate(planned, on_progress), lane, host.busy_lanes)
+            for used in (lane, draft):  # calibration may have run passes: they hold the others up no more
+                if used is not None:
+                    used.idle()
+            runtimes.append(Runtime(planned, assemble(planned, priced, opts.trees)))
+    except BaseException:
+        for runtime in runtimes:
+            runtime.plan.close()
+        raise
+    if len(runtimes) < len(host.lanes):
+        for runtime in runtimes:
+            runtime.plan.close()
+        return None
+    return runtimes
+
+
+def _drafter_lanes(draft: Backend, host: LaneHost) -> Sequence[Lane]:
+    """The draft model's lanes, taking turns with the target's (lane i drafts for lane i)."""
+    assert isinstance(draft, HostsLanes)
+    return draft.lane_host(beside=host).lanes
+
+
+def _lane_plan(opts: LoadOptions, lane: Lane, draft: Lane | None, on_progress: Announce | None) -> Plan:
+    """One lane's plan: opts' strategy for the lane, drafting with the draft model's lane."""
+    if draft is None:
+        return resolve(opts, lane, on_progress)
+    memory = NgramMemory() if opts.memory else None
+    return plan(
+        lane,
+        draft,
+        opts.strategy,
+        draft_tokens=opts.draft_tokens,
+        calibrate=opts.calibrate,
+        memory=memory,
+        on_progress=on_progress,
+    )
+
+
+def _close(backends: list[Backend]) -> None:
+    """The drafter first: its lanes take turns with the target's."""
+    for backend in reversed(backends):
+        backend.close()

@@ -191,17 +191,20 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
 
-    def lane_host(self) -> LaneHost:
+    def lane_host(self, beside: object = None) -> LaneHost:
         """The lanes of a backend loaded with lanes=N, made once: each a Backend of its own
-        whose blocks share passes (lanes.py)."""
+        whose blocks share passes (lanes.py). beside: the target's LaneHost, where this model
+        drafts for it (its lanes then take turns with the target's)."""
         self._live()
         if not self._lanes:
             raise InvalidRequestError("this model was loaded for one sequence", "load it with lanes=N")
+        if beside is not None and not isinstance(beside, LaneHost):
+            raise InvalidRequestError(f"beside must be a LaneHost, got {type(beside).__name__}")
         if self._lane_host is None:
             limit = self.capabilities.exactness.prompt_rows
             rows = self.capabilities.max_block if limit is None else max(limit, 1)
             curve = starting_calibration(self).verify_seconds
-            self._lane_host = LaneHost(self, self._ctx, self._lanes, rows, partial(pass_seconds, curve))
+            self._lane_host = LaneHost(self, self._ctx, self._lanes, rows, partial(pass_seconds, curve), beside)
         return self._lane_host
 
     def aborting(self, stop: Callable[[], bool]) -> AbstractContextManager[None]:

@@ -17,8 +17,14 @@ Why a lane's answer is the one it gives alone, bit for bit:
   evaluates, so its cells hold the same values.
 
 Who runs a pass: the lane thread that finds every busy lane waiting (or the oldest ask waiting
-longer than STRAGGLER_SECONDS) runs it for all of them; llama.cpp's calls are never made
-concurrently, as a rollback waits for the pass in flight.
+longer than STRAGGLER_SECONDS) runs it for all of them; llama.cpp's calls on one context are
+never made concurrently, as a rollback waits for the pass in flight.
+
+A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
+the target's (`beside=`): lane i of both serves the same request, and the two share one lock
+and one roster of busy lanes, so a pass of either runs once every busy lane waits in one of
+them (a lane verifying does not hold up the others' drafter passes, nor one drafting their
+verify passes). The drafter only proposes, so its lanes need no exactness of their own.
 """
 
 from __future__ import annotations
@@ -59,6 +65,20 @@ class _Ask:
     done: bool = False
 
 
+class _Turns:
+    """What the lane hosts of one pool share (a target's and its draft model's): one lock, and
+    the lanes inside a request, by sequence (lane i of every host serves the same request)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.hosts: list[LaneHost] = []
+        self.busy: set[int] = set()
+
+    def waiting(self) -> set[int]:
+        """The lanes whose block waits for a pass in any of the hosts (the lock held)."""
+        return {ask.lane.seq for host in self.hosts for ask in host._pending}
+
+
 @dataclass
 class _Figures:
     """What the host has run, for /metrics and the tests."""
@@ -68,15 +88,28 @@ class _Figures:
     rows: int = 0
     padded_rows: int = 0
     widest: int = 0  # the most rows one pass held
+    rollbacks: int = 0  # a lane's cells dropped from a position on (a rejected draft's, a new prompt's)
 
 
 class LaneHost:
     """The lanes of one llama.cpp context made for them (LlamaCppBackend(lanes=N)), and the
     passes that serve them."""
 
-    def __init__(self, backend: Backend, ctx: Any, lanes: int, row_limit: int, cost: Callable[[int], float]) -> None:
+    lanes: list[Lane]
+    _turns: _Turns
+
+    def __init__(
+        self,
+        backend: Backend,
+        ctx: Any,
+        lanes: int,
+        row_limit: int,
+        cost: Callable[[int], float],
+        beside: LaneHost | None = None,
+    ) -> None:
         """cost: the seconds of a pass over that many rows (the calibrated curve), which
-        decides whether a narrower block is padded into a wider pass or waits for its own."""
+        decides whether a narrower block is padded into a wider pass or waits for its own.
+        beside: the target's host, where these are a draft model's lanes (the module says why)."""
         self.model = backend
         self.cost = cost
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
@@ -89,9 +122,15 @@ class LaneHost:
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))[:] = 1
         self._logits = LogitsRows(ctx, self._n_vocab)
-        self._cond = threading.Condition()
+        if beside is not None and len(beside.lanes) != lanes:
+            raise InvalidRequestError(
+                f"a host of {lanes} lanes cannot run beside one of {len(beside.lanes)}", "load both with the same lanes"
+            )
+        self._turns = beside._turns if beside is not None else _Turns()
+        self._turns.hosts.append(self)
+        self._cond = self._turns.cond
         self._pending: list[_Ask] = []
-        self._busy: set[int] = set()  # lanes inside a request
+        self._busy = self._turns.busy  # lanes inside a request, shared with the hosts beside
         self._running = False
         self._closed = False
         self.figures = _Figures()
@@ -127,6 +166,7 @@ class LaneHost:
                 self._cond.wait()
             if not self._closed:
                 llama.llama_memory_seq_rm(self._mem, lane.seq, n, -1)
+                self.figures.rollbacks += 1
 
     def busy_lanes(self) -> int:
         """The lanes inside a request now (read without the lock: a price, not a decision)."""
@@ -158,13 +198,12 @@ class LaneHost:
     # -- passes (the caller holds the lock) -----------------------------------------------------
 
     def _ready(self) -> bool:
-        """Whether a pass runs now: once every busy lane waits, or the oldest ask has waited a
-        straggler's limit. (Running for whoever waits, so that host work overlaps the pass, was
+        """Whether a pass runs now: once every busy lane waits (here or in a host beside), or the
+        oldest ask has waited a straggler's limit. (Running for whoever waits, so that host work overlaps the pass, was
         slower: 4 lanes at one thread took 4.5 s where waiting took 3.9 s.)"""
         if not self._pending:
             return False
-        waiting = {ask.lane.seq for ask in self._pending}
-        if self._busy <= waiting:
+        if self._busy <= self._turns.waiting():
             return True
         return time.perf_counter() - self._pending[0].since >= STRAGGLER_SECONDS
 
