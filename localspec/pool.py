@@ -187,8 +187,6 @@ def batches(opts: LoadOptions) -> str | None:
         return f"shared passes are llama.cpp's; the {opts.backend} backend serves one request at a time"
     if opts.rpc or (opts.gpu_layers or 0) > 0:
         return "shared passes run on this machine's CPU; with --rpc or --gpu-layers one request runs at a time"
-    if opts.mmproj is not None:
-        return "a model that reads images (--mmproj) is served one request at a time: lanes read text only yet"
     head = _reads_the_target(opts.draft_model) if opts.draft_model is not None else None
     if head is not None:
         return (
@@ -269,7 +267,8 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
     (one model each, a KV stream per lane: backends/llamacpp/lanes.py)."""
     assert opts.model is not None
     with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
-        loaded = [load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel)]
+        sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
+        loaded = [load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel, **sees)]
     if opts.draft_model is None:
         return loaded
     try:

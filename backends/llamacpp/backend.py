@@ -58,7 +58,7 @@ from .head import ContextHead
 from .hosting import HostsDrafters
 from .images import SeesImages
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
-from .lanes import LaneHost
+from .lanes import LaneHost, PassShape
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
@@ -84,8 +84,6 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
     """One GGUF model with its own context (KV cache) on the CPU. Loaded with lanes=N, its
     context serves N requests in shared passes instead (lane_host(), lanes.py), each lane a
     context of n_ctx."""
-
-    _lane_host: LaneHost | None  # made by lane_host(), once
 
     def __init__(
         self,
@@ -204,7 +202,9 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             limit = self.capabilities.exactness.prompt_rows
             rows = self.capabilities.max_block if limit is None else max(limit, 1)
             curve = starting_calibration(self).verify_seconds
-            self._lane_host = LaneHost(self, self._ctx, self._lanes, rows, partial(pass_seconds, curve), beside)
+            shape = PassShape(rows, partial(pass_seconds, curve))
+            images = self._images[0] if self._images is not None else None
+            self._lane_host = LaneHost(self, self._ctx, self._lanes, shape, beside, images)
         return self._lane_host
 
     def aborting(self, stop: Callable[[], bool]) -> AbstractContextManager[None]:

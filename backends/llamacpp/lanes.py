@@ -14,7 +14,8 @@ Why a lane's answer is the one it gives alone, bit for bit:
   in a pass brings the same number of rows: a shorter block is padded with rows whose logits
   are not asked for and whose cells are dropped right after the pass.
 - A prompt's block longer than the share runs in a pass of its own, the block a lone request
-  evaluates, so its cells hold the same values.
+  evaluates, so its cells hold the same values. So does an image's block of embedding rows
+  (--mmproj, vision.py), into the lane's sequence: the projector is the model's, shared.
 
 Who runs a pass: the lane thread that finds every busy lane waiting (or the oldest ask waiting
 longer than STRAGGLER_SECONDS) runs it for all of them; llama.cpp's calls on one context are
@@ -43,6 +44,7 @@ from localspec.core.records import block_too_long, check_rollback, context_full,
 
 from . import library
 from .outputs import LogitsRows
+from .vision import EmbeddingBatch, Projector, eval_runs
 
 llama = library.llama
 
@@ -52,17 +54,34 @@ llama = library.llama
 STRAGGLER_SECONDS = 0.02
 
 
+@dataclass(frozen=True)
+class PassShape:
+    """How a host's passes are shaped: at most row_limit rows (the rows its kernels keep
+    one-token-exact), and cost(rows), the seconds of a pass over that many rows (the calibrated
+    curve), which decides whether a narrower block is padded into a wider pass or waits."""
+
+    row_limit: int
+    cost: Callable[[int], float]
+
+
 @dataclass
 class _Ask:
-    """One lane's block waiting for a pass."""
+    """One lane's block waiting for a pass: token ids, or an image's embedding rows recorded as
+    its placeholder ids (`embeddings`)."""
 
     lane: Lane
     tokens: list[int]
     logits: LogitsMode
     since: float
+    embeddings: np.ndarray | None = None
     rows: Logits | None = None
     error: BaseException | None = None
     done: bool = False
+
+    @property
+    def alone(self) -> bool:
+        """Whether it runs in a pass of its own (the module says why)."""
+        return self.embeddings is not None
 
 
 class _Turns:
@@ -103,17 +122,16 @@ class LaneHost:
         backend: Backend,
         ctx: Any,
         lanes: int,
-        row_limit: int,
-        cost: Callable[[int], float],
+        shape: PassShape,
         beside: LaneHost | None = None,
+        images: Projector | None = None,
     ) -> None:
-        """cost: the seconds of a pass over that many rows (the calibrated curve), which
-        decides whether a narrower block is padded into a wider pass or waits for its own.
-        beside: the target's host, where these are a draft model's lanes (the module says why)."""
+        """beside: the target's host, where these are a draft model's lanes (the module says
+        why); images: the target's projector, where it reads images (--mmproj)."""
         self.model = backend
-        self.cost = cost
+        self.cost = shape.cost
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
-        self.row_limit = max(1, row_limit)
+        self.row_limit = max(1, shape.row_limit)
         self._n_vocab = backend.info.n_vocab
         capacity = max(backend.capabilities.max_block, self.row_limit)
         self._batch = llama.llama_batch_init(capacity, 0, 1)
@@ -122,6 +140,8 @@ class LaneHost:
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))[:] = 1
         self._logits = LogitsRows(ctx, self._n_vocab)
+        self.images = images
+        self._embeddings = EmbeddingBatch(images.n_embd, capacity) if images is not None else None
         if beside is not None and len(beside.lanes) != lanes:
             raise InvalidRequestError(
                 f"a host of {lanes} lanes cannot run beside one of {len(beside.lanes)}", "load both with the same lanes"
@@ -141,9 +161,12 @@ class LaneHost:
 
     # -- what a lane asks ---------------------------------------------------------------------
 
-    def evaluate(self, lane: Lane, tokens: list[int], logits: LogitsMode) -> Logits:
-        """The block's rows once a pass has taken it (with other lanes' blocks, or alone)."""
-        ask = _Ask(lane, tokens, logits, time.perf_counter())
+    def evaluate(
+        self, lane: Lane, tokens: list[int], logits: LogitsMode, embeddings: np.ndarray | None = None
+    ) -> Logits:
+        """The block's rows once a pass has taken it (with other lanes' blocks, or alone); an
+        image's embeddings, recorded as the placeholder ids `tokens`, go in a pass of their own."""
+        ask = _Ask(lane, tokens, logits, time.perf_counter(), embeddings)
         with self._cond:
             self._live()
             self._busy.add(lane.seq)
@@ -189,6 +212,8 @@ class LaneHost:
                 ask.error, ask.done = BackendClosedError("the model was closed", "load it again"), True
             self._pending.clear()
             llama.llama_batch_free(self._batch)
+            if self._embeddings is not None:
+                self._embeddings.free()
             self._cond.notify_all()
 
     def _live(self) -> None:
@@ -229,13 +254,14 @@ class LaneHost:
         and the narrower ones whose padding costs less than their share of a pass of their own;
         the rest wait for the next pass."""
         first = self._pending[0]
-        if len(first.tokens) > self.row_limit:  # a prompt's block: alone, as a lone request evaluates it
+        if first.alone or len(first.tokens) > self.row_limit:  # alone, as a lone request evaluates it
             self._pending.remove(first)
             return [first]
-        widths = sorted({len(a.tokens) for a in self._pending if len(first.tokens) <= len(a.tokens) <= self.row_limit})
+        shared = [a for a in self._pending if not a.alone]
+        widths = sorted({len(a.tokens) for a in shared if len(first.tokens) <= len(a.tokens) <= self.row_limit})
         best: tuple[float, list[_Ask]] = (-1.0, [first])
         for width in widths:
-            chosen = self._at_width(first, width)
+            chosen = self._at_width(first, width, shared)
             real = sum(len(a.tokens) for a in chosen)
             value = real / max(self.cost(width * len(chosen)), 1e-9)
             if value > best[0]:
@@ -244,16 +270,17 @@ class LaneHost:
             self._pending.remove(ask)
         return best[1]
 
-    def _at_width(self, first: _Ask, width: int) -> list[_Ask]:
+    def _at_width(self, first: _Ask, width: int, shared: list[_Ask]) -> list[_Ask]:
         """A pass `width` rows a lane, holding `first`: the blocks of that width, then narrower
-        ones where padding them costs less than their share of a pass of their own."""
+        ones where padding them costs less than their share of a pass of their own (of the
+        asks that may share a pass)."""
         room = self.row_limit // width
-        same = [a for a in self._pending if a is not first and len(a.tokens) == width]
+        same = [a for a in shared if a is not first and len(a.tokens) == width]
         chosen = [first, *same[: room - 1]]
-        for ask in self._pending:
+        for ask in shared:
             if len(chosen) >= room or ask in chosen or len(ask.tokens) > width:
                 continue
-            narrow = [a for a in self._pending if len(a.tokens) == len(ask.tokens) and a not in chosen]
+            narrow = [a for a in shared if len(a.tokens) == len(ask.tokens) and a not in chosen]
             own_share = self.cost(len(narrow) * len(ask.tokens)) / len(narrow)
             if self.cost((len(chosen) + 1) * width) - self.cost(len(chosen) * width) <= own_share:
                 chosen.append(ask)
@@ -265,8 +292,7 @@ class LaneHost:
         asks.sort(key=lambda ask: ask.lane.seq)
         width = max(len(ask.tokens) for ask in asks)
         try:
-            self._fill(asks, width)
-            rc = llama.llama_decode(self._ctx, self._batch)
+            rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(asks, width)
             if rc != 0:
                 raise InvalidRequestError(f"llama_decode failed with code {rc}", "shorten the prompt or the answer")
         except BaseException as exc:
@@ -286,6 +312,16 @@ class LaneHost:
         figures.rows += width * len(asks)
         figures.widest = max(figures.widest, width * len(asks))
         figures.padded_rows += sum(width - len(ask.tokens) for ask in asks)
+
+    def _decode(self, asks: list[_Ask], width: int) -> int:
+        self._fill(asks, width)
+        return int(llama.llama_decode(self._ctx, self._batch))
+
+    def _decode_image(self, ask: _Ask) -> int:
+        """An image's rows at the lane's next positions, in its sequence (vision.py)."""
+        assert self._embeddings is not None and ask.embeddings is not None
+        last, every = ask.logits == "last", ask.logits == "all"
+        return self._embeddings.decode(self._ctx, ask.embeddings, ask.lane.n_past, last, every, ask.lane.seq)
 
     def _rows(self, asks: list[_Ask]) -> list[Logits]:
         """Each ask's logits rows, copied out of the pass's output (in batch order, as
@@ -352,10 +388,17 @@ class Lane:
             raise block_too_long(n, self.capabilities.max_block)
         if len(self._tokens) + n > self.info.n_ctx:
             raise context_full(self.info.n_ctx)
+        images = self.host.images
+        if images is not None and images.holds(tokens):  # image positions: their runs in turn (vision.py)
+            return eval_runs(images, tokens, logits, self.eval_block, self._eval_image)
         bad = next((int(t) for t in tokens if not 0 <= t < self.info.n_vocab), None)
         if bad is not None:
             raise outside_vocabulary(bad, self.info.name, self.info.n_vocab)
         return self.host.evaluate(self, list(tokens), logits)
+
+    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
+        """An image's rows, recorded as its placeholder ids, in a pass of their own."""
+        return self.host.evaluate(self, ids, logits, rows)
 
     def record(self, tokens: Sequence[int]) -> None:
         """What a pass added to this lane's cache (LaneHost calls it)."""
@@ -375,6 +418,18 @@ class Lane:
 
     def close(self) -> None:
         """The host closes the context; a lane has nothing of its own."""
+
+    # -- images: the target's projector, shared by the lanes -----------------------------------
+
+    def image_marker(self) -> str | None:
+        """localspec.core.media.SeesImages: the text that stands for an image; None: the model
+        was loaded without a projector."""
+        return self.host.images.marker if self.host.images is not None else None
+
+    def tokenize_images(self, text: str, images: Sequence[bytes], names: Sequence[str]) -> list[int]:
+        if self.host.images is None:
+            raise InvalidRequestError(f"{self.info.name} was loaded without a projector", "load it with --mmproj FILE")
+        return self.host.images.tokenize(text, images, names)
 
     # -- text: the model's vocabulary ---------------------------------------------------------
 

@@ -1,0 +1,84 @@
+"""serve --parallel with images: each lane evaluates its prompt's images into its own
+sequence, an image's rows in a pass of their own, so an answer about an image is the one the
+request gets alone. The tiny vision pair (a Q8_0 target, so passes hold up to 63 rows and are
+shared), a real server, four real HTTP clients."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from localspec.backends.llamacpp.copies import derived
+from localspec.pool import Pool, load_pool
+from localspec.server import LocalServer, Settings
+from localspec.testing.vision_writer import png_bytes, write_vision_pair
+
+MODEL = "tiny-vision"
+SEEDS = (0, 3, 5)  # images whose answers differ: a lane reading another's image would show
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, Pool]]:
+    folder = tmp_path_factory.mktemp("vision-lanes")
+    target, projector = write_vision_pair(folder)
+    quantized = derived(target, "Q8_0", folder)  # an F32 model's lanes take one row a pass
+    pool = load_pool(
+        str(quantized), mmproj=str(projector), parallel=4, strategy="ngram", calibrate=False, n_ctx=256, threads=1
+    )
+    server = LocalServer(None, MODEL, lambda _: pool, port=0, settings=Settings(log=lambda line: None))
+    with server:
+        server.start()
+        assert server.wait_ready(120)
+        yield server, pool
+
+
+def _image(seed: int) -> dict[str, Any]:
+    url = "data:image/png;base64," + base64.b64encode(png_bytes(24, 20, seed)).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _bodies() -> list[dict[str, Any]]:
+    asks: list[list[dict[str, Any]]] = [
+        [{"role": "user", "content": [_image(seed), {"type": "text", "text": "What is in the picture?"}]}]
+        for seed in SEEDS
+    ]
+    asks.append([{"role": "user", "content": "Describe a picture you like."}])  # text beside the images
+    knobs: list[dict[str, Any]] = [{"temperature": 0}, {"temperature": 0.9, "seed": 7}]
+    return [{"model": MODEL, "messages": m, "max_tokens": 24, **k} for m in asks for k in knobs]
+
+
+def _ask(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_clients(
+    served: tuple[LocalServer, Pool],
+) -> None:
+    server, pool = served
+    assert len(pool.runtimes) == 4 and pool.note is None
+    host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+    bodies = _bodies()
+    alone = [_ask(server.url, body)["choices"][0]["message"]["content"] for body in bodies]
+    assert len({alone[2 * i] for i in range(len(SEEDS))}) == len(SEEDS)  # each image its own answer
+    shared_before = host.figures.shared_passes
+    together: list[str] = [""] * len(bodies)
+
+    def client(k: int) -> None:
+        for i in range(k, len(bodies), 4):
+            together[i] = _ask(server.url, bodies[i])["choices"][0]["message"]["content"]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert together == alone
+    assert host.figures.shared_passes > shared_before  # the lanes' steps really shared passes
