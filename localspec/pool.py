@@ -166,15 +166,17 @@ def check_parallel(parallel: object) -> int:
 DEFAULT_LANES = 4  # llama-server's default slots too
 
 
-def default_parallel(path: str, n_ctx: int) -> int:
+def default_parallel(path: str, n_ctx: int, draft: str | None = None) -> int:
     """The lanes `serve` runs when none are asked for: DEFAULT_LANES, fewer where that many
-    contexts of n_ctx would take more than a quarter of the memory free now."""
+    contexts of n_ctx (the target's, and the draft model's beside it) would take more than a
+    quarter of the memory free now."""
     import psutil
 
     from localspec.core.gguf_header import read_header
 
     try:
-        per_lane = max(n_ctx * read_header(path).kv_bytes_per_token, 1)
+        per_token = sum(read_header(file).kv_bytes_per_token for file in (path, draft) if file is not None)
+        per_lane = max(n_ctx * per_token, 1)
     except (LocalspecError, OSError):  # the load says what is wrong with the file, and how to fix it
         return 1
     return int(max(1, min(DEFAULT_LANES, psutil.virtual_memory().available // 4 // per_lane)))
@@ -238,7 +240,8 @@ def load_pool(
     assert opts.model is not None
     why = batches(opts)
     if parallel is None:  # a pair that cannot batch is not told so: it was not asked to
-        parallel, why = (1, None) if why is not None else (default_parallel(opts.model, opts.n_ctx), None)
+        parallel = 1 if why is not None else default_parallel(opts.model, opts.n_ctx, opts.draft_model)
+        why = None
     parallel = check_parallel(parallel)
     if parallel == 1 or why is not None:
         return Pool.single(load(opts, on_progress=on_progress), True, why if parallel > 1 else None, max_waiting)
