@@ -1,7 +1,8 @@
 """serve --parallel with images: each lane evaluates its prompt's images into its own
 sequence, an image's rows in a pass of their own, so an answer about an image is the one the
-request gets alone. The tiny vision pair (a Q8_0 target, so passes hold up to 63 rows and are
-shared), a real server, four real HTTP clients."""
+request gets alone, drafted for by n-gram lookup or by a draft model's lanes. The tiny vision
+pair (a Q8_0 target, so passes hold up to 63 rows and are shared), a real server, four real
+HTTP clients."""
 
 from __future__ import annotations
 
@@ -22,13 +23,25 @@ MODEL = "tiny-vision"
 SEEDS = (0, 3, 5)  # images whose answers differ: a lane reading another's image would show
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalServer, Pool]]:
+@pytest.fixture(scope="module", params=["ngram", "draft"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LocalServer, Pool]]:
+    """n-gram lookup, or a draft model (the F32 original, reading the prompt's text alone) with
+    lanes of its own drafting 3 tokens a step."""
     folder = tmp_path_factory.mktemp("vision-lanes")
     target, projector = write_vision_pair(folder)
     quantized = derived(target, "Q8_0", folder)  # an F32 model's lanes take one row a pass
+    drafting: dict[str, Any] = {"draft_model": str(target), "draft_tokens": 3} if request.param == "draft" else {}
     pool = load_pool(
-        str(quantized), mmproj=str(projector), parallel=4, strategy="ngram", calibrate=False, n_ctx=256, threads=1
+        str(quantized),
+        mmproj=str(projector),
+        parallel=4,
+        strategy=request.param,
+        calibrate=False,
+        n_ctx=256,
+        threads=1,
+        **drafting,
     )
     server = LocalServer(None, MODEL, lambda _: pool, port=0, settings=Settings(log=lambda line: None))
     with server:
@@ -69,16 +82,19 @@ def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_client
     alone = [_ask(server.url, body)["choices"][0]["message"]["content"] for body in bodies]
     assert len({alone[2 * i] for i in range(len(SEEDS))}) == len(SEEDS)  # each image its own answer
     shared_before = host.figures.shared_passes
-    together: list[str] = [""] * len(bodies)
+    together: list[dict[str, Any]] = [{} for _ in bodies]
 
     def client(k: int) -> None:
         for i in range(k, len(bodies), 4):
-            together[i] = _ask(server.url, bodies[i])["choices"][0]["message"]["content"]
+            together[i] = _ask(server.url, bodies[i])
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert together == alone
+    assert [answer["choices"][0]["message"]["content"] for answer in together] == alone
     assert host.figures.shared_passes > shared_before  # the lanes' steps really shared passes
+    drafted = sum(answer["speculation"]["drafted_tokens"] for answer in together)
+    accepted = sum(answer["speculation"]["accepted_tokens"] for answer in together)
+    assert drafted > accepted > 0  # drafts were taken, and some rolled back
