@@ -224,8 +224,8 @@ class LaneHost:
 
     def _ready(self) -> bool:
         """Whether a pass runs now: once every busy lane waits (here or in a host beside), or the
-        oldest ask has waited a straggler's limit. (Running for whoever waits, so that host work overlaps the pass, was
-        slower: 4 lanes at one thread took 4.5 s where waiting took 3.9 s.)"""
+        oldest ask has waited a straggler's limit. (Running for whoever waits, so that host work
+        overlaps the pass, was slower: 4 lanes at one thread took 4.5 s where waiting took 3.9 s.)"""
         if not self._pending:
             return False
         if self._busy <= self._turns.waiting():

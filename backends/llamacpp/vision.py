@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -48,6 +48,7 @@ KEPT_IMAGES = 16
 FORMATS = "PNG, JPEG, GIF or BMP"
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 # mtmd_input_chunk types
 _TEXT, _IMAGE = 0, 1
@@ -128,14 +129,14 @@ class _Image:
     rows: np.ndarray | None = None  # (n, n_embd) float32
 
 
-def _one_at_a_time(method: Callable[..., _T]) -> Callable[..., _T]:
+def _one_at_a_time(method: Callable[Concatenate[Projector, _P], _T]) -> Callable[Concatenate[Projector, _P], _T]:
     """A Projector method that waits for any other thread's: lanes (lanes.py) and a server's
     prompt reading share one mtmd context, which is not safe to call concurrently."""
 
     @functools.wraps(method)
-    def locked(self: Projector, *args: Any) -> _T:
+    def locked(self: Projector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         with self._lock:
-            return method(self, *args)
+            return method(self, *args, **kwargs)
 
     return locked
 
