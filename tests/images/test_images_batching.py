@@ -62,7 +62,7 @@ def _bodies() -> list[dict[str, Any]]:
     ]
     asks.append([{"role": "user", "content": "Describe a picture you like."}])  # text beside the images
     knobs: list[dict[str, Any]] = [{"temperature": 0}, {"temperature": 0.9, "seed": 7}]
-    return [{"model": MODEL, "messages": m, "max_tokens": 24, **k} for m in asks for k in knobs]
+    return [{"model": MODEL, "messages": m, "max_tokens": 48, **k} for m in asks for k in knobs]
 
 
 def _ask(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +70,24 @@ def _ask(url: str, body: dict[str, Any]) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
+
+
+def _from_four_clients(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each body's answer, asked by four clients that send each round of requests together."""
+    together: list[dict[str, Any]] = [{} for _ in bodies]
+    start = threading.Barrier(4)
+
+    def client(k: int) -> None:
+        for i in range(k, len(bodies), 4):
+            start.wait(60)
+            together[i] = _ask(url, bodies[i])
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return together
 
 
 def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_clients(
@@ -81,19 +99,14 @@ def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_client
     bodies = _bodies()
     alone = [_ask(server.url, body)["choices"][0]["message"]["content"] for body in bodies]
     assert len({alone[2 * i] for i in range(len(SEEDS))}) == len(SEEDS)  # each image its own answer
-    shared_before = host.figures.shared_passes
-    together: list[dict[str, Any]] = [{} for _ in bodies]
-
-    def client(k: int) -> None:
-        for i in range(k, len(bodies), 4):
-            together[i] = _ask(server.url, bodies[i])
-
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert [answer["choices"][0]["message"]["content"] for answer in together] == alone
+    # The tiny model answers in milliseconds: a round may pass without two requests meeting in
+    # a pass on a busy host, so rounds run (each answer checked) until the lanes have shared one.
+    for _ in range(3):
+        shared_before = host.figures.shared_passes
+        together = _from_four_clients(server.url, bodies)
+        assert [answer["choices"][0]["message"]["content"] for answer in together] == alone
+        if host.figures.shared_passes > shared_before:
+            break
     assert host.figures.shared_passes > shared_before  # the lanes' steps really shared passes
     drafted = sum(answer["speculation"]["drafted_tokens"] for answer in together)
     accepted = sum(answer["speculation"]["accepted_tokens"] for answer in together)
