@@ -195,7 +195,7 @@ def batches(opts: LoadOptions) -> str | None:
             f"the drafter {os.path.basename(str(opts.draft_model))} is {head}, which shared passes do not "
             "serve yet: one request runs at a time (a draft model of its own, n-gram lookup and plain decoding batch)"
         )
-    if (opts.draft_model is not None and row.name not in ("auto", "draft")) or (not row.batches and not row.chooses):
+    if not row.batches and not row.chooses:
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "
             "one request runs at a time (a draft model, n-gram lookup and plain decoding batch)"
@@ -272,7 +272,7 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
     with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
         loaded = [load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel, **sees)]
-    if opts.draft_model is None:
+    if opts.draft_model is None or named(opts.strategy)[0].drafter_file == "never":  # no draft model drafts
         return loaded
     try:
         with announced(f"loading the drafter {os.path.basename(opts.draft_model)} with {parallel} lanes", on_progress):
