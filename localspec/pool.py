@@ -2,9 +2,11 @@
 (backends/llamacpp/lanes.py), each with its own drafter, policy, grammar and stop state; or a
 single runtime. What `serve --parallel N` runs its generation threads on, one per runtime.
 
-Only strategies whose drafter is the request's own state (plain decoding, n-gram lookup)
-batch: a draft model, a head or a block drafter keeps a cache of its own that would need lanes
-too. Such a pair is served one request at a time, and the pool says why (`note`).
+Strategies whose drafter is the request's own state (plain decoding, n-gram lookup) batch, and
+so does a draft model of its own: it is loaded once with as many lanes, lane i drafting for
+lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). A head, an assistant or a
+block drafter reads the target's own context, which would need its lanes too: such a pair is
+served one request at a time, and the pool says why (`note`).
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from localspec.common.progress import Announce, announced
 from localspec.control.factory import shared_policy
 from localspec.core.backend_loader import load_backend
 from localspec.core.drafting import common_prefix
-from localspec.core.errors import InvalidRequestError, LocalspecError
+from localspec.core.errors import InvalidRequestError, LocalspecError, NotSharedError
 from localspec.core.options import LoadOptions
 from localspec.core.protocol import Backend, SharesPasses
 from localspec.dispatch import Dispatcher, Ticket
+from localspec.drafters.files import head_kind, is_assistant
+from localspec.drafters.memory import NgramMemory
 from localspec.prompts import Prompt
 from localspec.request import Options
 from localspec.runtime import Completion, Runtime
-from localspec.strategies import TABLE, named, resolve
+from localspec.strategies import TABLE, Plan, named, plan, resolve
 
 # More lanes than this gain nothing on a consumer machine (a pass's cost grows with its rows)
 # and cost a context of n_ctx cells each.
@@ -42,7 +46,7 @@ class Lane(Backend, SharesPasses, Protocol):
 
 
 class LaneHost(Protocol):
-    lanes: list[Lane]
+    lanes: Sequence[Lane]
 
     def busy_lanes(self) -> int:
         """The lanes inside a request now."""
@@ -53,7 +57,9 @@ class LaneHost(Protocol):
 class HostsLanes(Protocol):
     """A backend loaded with lanes=N (llama.cpp's)."""
 
-    def lane_host(self) -> LaneHost: ...
+    def lane_host(self, beside: object = None) -> LaneHost:
+        """Its lanes; beside: the target's host, where this model drafts for it."""
+        ...
 
 
 class Pool:
@@ -170,15 +176,17 @@ def check_parallel(parallel: object) -> int:
 DEFAULT_LANES = 4  # llama-server's default slots too
 
 
-def default_parallel(path: str, n_ctx: int) -> int:
+def default_parallel(path: str, n_ctx: int, draft: str | None = None) -> int:
     """The lanes `serve` runs when none are asked for: DEFAULT_LANES, fewer where that many
-    contexts of n_ctx would take more than a quarter of the memory free now."""
+    contexts of n_ctx (the target's, and the draft model's beside it) would take more than a
+    quarter of the memory free now."""
     import psutil
 
     from localspec.common.gguf_header import read_header
 
     try:
-        per_lane = max(n_ctx * read_header(path).kv_bytes_per_token, 1)
+        per_token = sum(read_header(file).kv_bytes_per_token for file in (path, draft) if file is not None)
+        per_lane = max(n_ctx * per_token, 1)
     except (LocalspecError, OSError):  # the load says what is wrong with the file, and how to fix it
         return 1
     return int(max(1, min(DEFAULT_LANES, psutil.virtual_memory().available // 4 // per_lane)))
@@ -191,14 +199,27 @@ def batches(opts: LoadOptions) -> str | None:
         return f"shared passes are llama.cpp's; the {opts.backend} backend serves one request at a time"
     if opts.rpc or (opts.gpu_layers or 0) > 0:
         return "shared passes run on this machine's CPU; with --rpc or --gpu-layers one request runs at a time"
-    if opts.mmproj is not None:
-        return "a model that reads images (--mmproj) is served one request at a time: lanes read text only yet"
-    if opts.draft_model is not None or (not row.batches and not row.chooses):
+    head = _reads_the_target(opts.draft_model) if opts.draft_model is not None else None
+    if head is not None:
+        return (
+            f"the drafter {os.path.basename(str(opts.draft_model))} is {head}, which shared passes do not "
+            "serve yet: one request runs at a time (a draft model of its own, n-gram lookup and plain decoding batch)"
+        )
+    if not row.batches and not row.chooses:
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "
-            "one request runs at a time (n-gram lookup and plain decoding batch)"
+            "one request runs at a time (a draft model, n-gram lookup and plain decoding batch)"
         )
     return None
+
+
+def _reads_the_target(path: str) -> str | None:
+    """What a drafter file is where it drafts from inside the target's context (a head, an
+    assistant), which would need the target's lanes; None for a model of its own."""
+    kind = head_kind(path)
+    if kind is not None:
+        return f"an {kind} head reading the target's hidden layers"
+    return "an MTP assistant drafting inside the target's context" if is_assistant(path) else None
 
 
 def shared_pricing(calibrated: Calibrated, target: Backend, busy: Callable[[], int]) -> Calibrated:
@@ -229,32 +250,24 @@ def load_pool(
     assert opts.model is not None
     why = batches(opts)
     if parallel is None:  # a pair that cannot batch is not told so: it was not asked to
-        parallel, why = (1, None) if why is not None else (default_parallel(opts.model, opts.n_ctx), None)
+        parallel = 1 if why is not None else default_parallel(opts.model, opts.n_ctx, opts.draft_model)
+        why = None
     parallel = check_parallel(parallel)
     if parallel == 1 or why is not None:
         return Pool.single(load(opts, on_progress=on_progress), True, why if parallel > 1 else None, max_waiting)
-    with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
-        backend = load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel)
-    runtimes: list[Runtime] = []
+    backends = _lane_backends(opts, parallel, on_progress)
     try:
-        assert isinstance(backend, HostsLanes)
-        host = backend.lane_host()
-        for lane in host.lanes:
-            plan = resolve(opts, lane, on_progress)
-            if not TABLE[plan.strategy].batches:  # auto chose a drafter of the model's own (mtp)
-                plan.close()
-                break
-            priced = shared_pricing(calibrate(plan, on_progress), lane, host.busy_lanes)
-            runtimes.append(Runtime(plan, assemble(plan, priced, opts.trees)))
+        runtimes = _lane_runtimes(opts, backends, on_progress)
+    except NotSharedError as exc:  # found only once the files are open (an M-RoPE projector)
+        _close(backends)
+        return Pool.single(
+            load(opts, on_progress=on_progress), True, f"{exc.message}: one request runs at a time", max_waiting
+        )
     except BaseException:
-        for runtime in runtimes:
-            runtime.plan.close()
-        backend.close()
+        _close(backends)
         raise
-    if len(runtimes) < parallel:
-        for runtime in runtimes:
-            runtime.plan.close()
-        backend.close()
+    if runtimes is None:
+        _close(backends)
         why = "the model drafts for itself (its MTP head), which shared passes do not serve yet"
         note = f"{why}: one request runs at a time"
         return Pool.single(load(opts, on_progress=on_progress), True, note, max_waiting)
@@ -262,6 +275,84 @@ def load_pool(
     def release() -> None:
         for runtime in runtimes:
             runtime.close()
-        backend.close()
+        _close(backends)
 
     return Pool(tuple(runtimes), release, max_waiting=max_waiting)
+
+
+def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | None) -> list[Backend]:
+    """The target loaded with `parallel` lanes, and the draft model beside it with as many
+    (one model each, a KV stream per lane: backends/llamacpp/lanes.py)."""
+    assert opts.model is not None
+    with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
+        sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
+        loaded = [load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel, **sees)]
+    if opts.draft_model is None or named(opts.strategy)[0].drafter_file == "never":  # no draft model drafts
+        return loaded
+    try:
+        with announced(f"loading the drafter {os.path.basename(opts.draft_model)} with {parallel} lanes", on_progress):
+            loaded.append(load_backend("llamacpp", opts.draft_model, **opts.backend_options(), lanes=parallel))
+    except BaseException:
+        _close(loaded)
+        raise
+    return loaded
+
+
+def _lane_runtimes(opts: LoadOptions, backends: list[Backend], on_progress: Announce | None) -> list[Runtime] | None:
+    """A runtime per lane, each with its own drafter (lane i of the draft model's host where
+    one drafts) and its policy priced on shared passes; None where auto chose a drafter of
+    the model's own (its MTP head), which lanes do not serve."""
+    target = backends[0]
+    assert isinstance(target, HostsLanes)
+    host = target.lane_host()
+    drafts = _drafter_lanes(backends[1], host) if len(backends) > 1 else None
+    runtimes: list[Runtime] = []
+    try:
+        for i, lane in enumerate(host.lanes):
+            draft = drafts[i] if drafts is not None else None
+            planned = _lane_plan(opts, lane, draft, on_progress)
+            if not TABLE[planned.strategy].batches:
+                planned.close()
+                break
+            priced = shared_pricing(calibrate(planned, on_progress), lane, host.busy_lanes)
+            for used in (lane, draft):  # calibration may have run passes: they hold the others up no more
+                if used is not None:
+                    used.idle()
+            runtimes.append(Runtime(planned, assemble(planned, priced, opts.trees)))
+    except BaseException:
+        for runtime in runtimes:
+            runtime.plan.close()
+        raise
+    if len(runtimes) < len(host.lanes):
+        for runtime in runtimes:
+            runtime.plan.close()
+        return None
+    return runtimes
+
+
+def _drafter_lanes(draft: Backend, host: LaneHost) -> Sequence[Lane]:
+    """The draft model's lanes, taking turns with the target's (lane i drafts for lane i)."""
+    assert isinstance(draft, HostsLanes)
+    return draft.lane_host(beside=host).lanes
+
+
+def _lane_plan(opts: LoadOptions, lane: Lane, draft: Lane | None, on_progress: Announce | None) -> Plan:
+    """One lane's plan: opts' strategy for the lane, drafting with the draft model's lane."""
+    if draft is None:
+        return resolve(opts, lane, on_progress)
+    memory = NgramMemory() if opts.memory else None
+    return plan(
+        lane,
+        draft,
+        opts.strategy,
+        draft_tokens=opts.draft_tokens,
+        calibrate=opts.calibrate,
+        memory=memory,
+        on_progress=on_progress,
+    )
+
+
+def _close(backends: list[Backend]) -> None:
+    """The drafter first: its lanes take turns with the target's."""
+    for backend in reversed(backends):
+        backend.close()

@@ -104,7 +104,9 @@ class Strategy:
     exports_as: str = "ngram"  # the serving engines' method it is handed to them as (localspec export)
     option: str = ""  # what may follow a colon in its name: qspec:TYPE
     peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
-    # Its drafter is the request's own state, so requests can share passes (localspec.pool).
+    # Requests can share passes (localspec.pool): its drafter is the request's own state, or a
+    # model of its own loaded with lanes beside the target's (a head in a --draft-model file
+    # reads the target's context and does not: localspec.pool.batches says so).
     batches: bool = False
 
     @property
@@ -246,7 +248,9 @@ _ROWS = (
     Strategy("auto", _auto, "chosen", drafter_file="may", exports_as="auto"),
     Strategy("none", _plain, "none", batches=True),
     Strategy("ngram", _lookup, "lookup", peer="llama-lookup", batches=True),
-    Strategy("draft", _model, "file", drafter_file="must", exports_as="draft", peer="llama-speculative-simple"),
+    Strategy(
+        "draft", _model, "file", drafter_file="must", exports_as="draft", peer="llama-speculative-simple", batches=True
+    ),
     Strategy(
         "dflash",
         _block,

@@ -58,7 +58,7 @@ from .head import ContextHead
 from .hosting import HostsDrafters
 from .images import SeesImages
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
-from .lanes import LaneHost
+from .lanes import LaneHost, PassShape
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
 from .library import batch_invariant_build as batch_invariant_build
@@ -84,8 +84,6 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
     """One GGUF model with its own context (KV cache) on the CPU. Loaded with lanes=N, its
     context serves N requests in shared passes instead (lane_host(), lanes.py), each lane a
     context of n_ctx."""
-
-    _lane_host: LaneHost | None  # made by lane_host(), once
 
     def __init__(
         self,
@@ -191,17 +189,22 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
 
-    def lane_host(self) -> LaneHost:
+    def lane_host(self, beside: object = None) -> LaneHost:
         """The lanes of a backend loaded with lanes=N, made once: each a Backend of its own
-        whose blocks share passes (lanes.py)."""
+        whose blocks share passes (lanes.py). beside: the target's LaneHost, where this model
+        drafts for it (its lanes then take turns with the target's)."""
         self._live()
         if not self._lanes:
             raise InvalidRequestError("this model was loaded for one sequence", "load it with lanes=N")
+        if beside is not None and not isinstance(beside, LaneHost):
+            raise InvalidRequestError(f"beside must be a LaneHost, got {type(beside).__name__}")
         if self._lane_host is None:
             limit = self.capabilities.exactness.prompt_rows
             rows = self.capabilities.max_block if limit is None else max(limit, 1)
             curve = starting_calibration(self).verify_seconds
-            self._lane_host = LaneHost(self, self._ctx, self._lanes, rows, partial(pass_seconds, curve))
+            shape = PassShape(rows, partial(pass_seconds, curve))
+            images = self._images[0] if self._images is not None else None
+            self._lane_host = LaneHost(self, self._ctx, self._lanes, shape, beside, images)
         return self._lane_host
 
     def aborting(self, stop: Callable[[], bool]) -> AbstractContextManager[None]:

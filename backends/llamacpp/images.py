@@ -21,8 +21,8 @@ class SeesImages(TargetState):
         """Read images through the projector GGUF mmproj (vision.py); a projector that fails to
         load closes this backend: nothing stays loaded half-way."""
         try:
-            if self._lanes:  # a lane's blocks go through lanes.py, which reads token ids only
-                raise InvalidRequestError("images are not served in shared passes yet", "serve it with --parallel 1")
+            if self._lane_host is not None:  # its lanes take the projector when they are made
+                raise InvalidRequestError("this model's lanes were made before its projector", "read images first")
             projector = Projector(mmproj, self._model, self._options["threads"], bool(self._options["gpu_layers"]))
         except BaseException:
             self.close()

@@ -14,11 +14,18 @@ Why a lane's answer is the one it gives alone, bit for bit:
   in a pass brings the same number of rows: a shorter block is padded with rows whose logits
   are not asked for and whose cells are dropped right after the pass.
 - A prompt's block longer than the share runs in a pass of its own, the block a lone request
-  evaluates, so its cells hold the same values.
+  evaluates, so its cells hold the same values. So does an image's block of embedding rows
+  (--mmproj, vision.py), into the lane's sequence: the projector is the model's, shared.
 
 Who runs a pass: the lane thread that finds every busy lane waiting (or the oldest ask waiting
-longer than STRAGGLER_SECONDS) runs it for all of them; llama.cpp's calls are never made
-concurrently, as a rollback waits for the pass in flight.
+longer than STRAGGLER_SECONDS) runs it for all of them; llama.cpp's calls on one context are
+never made concurrently, as a rollback waits for the pass in flight.
+
+A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
+the target's (`beside=`): lane i of both serves the same request, and the two share one lock
+and one roster of busy lanes, so a pass of either runs once every busy lane waits in one of
+them (a lane verifying does not hold up the others' drafter passes, nor one drafting their
+verify passes). The drafter only proposes, so its lanes need no exactness of their own.
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from localspec.core.errors import BackendClosedError, InvalidRequestError
+from localspec.core.errors import BackendClosedError, InvalidRequestError, NotSharedError
 from localspec.core.protocol import Backend, Logits, LogitsMode, VocabIdentity
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 
 from . import library
 from .outputs import LogitsRows
+from .vision import EmbeddingBatch, Projector, eval_runs
 
 llama = library.llama
 
@@ -46,17 +54,48 @@ llama = library.llama
 STRAGGLER_SECONDS = 0.02
 
 
+@dataclass(frozen=True)
+class PassShape:
+    """How a host's passes are shaped: at most row_limit rows (the rows its kernels keep
+    one-token-exact), and cost(rows), the seconds of a pass over that many rows (the calibrated
+    curve), which decides whether a narrower block is padded into a wider pass or waits."""
+
+    row_limit: int
+    cost: Callable[[int], float]
+
+
 @dataclass
 class _Ask:
-    """One lane's block waiting for a pass."""
+    """One lane's block waiting for a pass: token ids, or an image's embedding rows recorded as
+    its placeholder ids (`embeddings`)."""
 
     lane: Lane
     tokens: list[int]
     logits: LogitsMode
     since: float
+    embeddings: np.ndarray | None = None
     rows: Logits | None = None
     error: BaseException | None = None
     done: bool = False
+
+    @property
+    def alone(self) -> bool:
+        """Whether it runs in a pass of its own (the module says why)."""
+        return self.embeddings is not None
+
+
+class _Turns:
+    """What the lane hosts of one pool share (a target's and its draft model's): one lock, and
+    the lanes inside a request, by sequence (lane i of every host serves the same request)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.hosts: list[LaneHost] = []
+        self.busy: set[int] = set()
+
+    def waiting(self) -> set[int]:
+        """The lanes whose block waits for a pass in any of the hosts (the lock held)."""
+        return {ask.lane.seq for host in self.hosts for ask in host._pending}
 
 
 @dataclass
@@ -68,19 +107,31 @@ class _Figures:
     rows: int = 0
     padded_rows: int = 0
     widest: int = 0  # the most rows one pass held
+    rollbacks: int = 0  # a lane's cells dropped from a position on (a rejected draft's, a new prompt's)
 
 
 class LaneHost:
     """The lanes of one llama.cpp context made for them (LlamaCppBackend(lanes=N)), and the
     passes that serve them."""
 
-    def __init__(self, backend: Backend, ctx: Any, lanes: int, row_limit: int, cost: Callable[[int], float]) -> None:
-        """cost: the seconds of a pass over that many rows (the calibrated curve), which
-        decides whether a narrower block is padded into a wider pass or waits for its own."""
+    lanes: list[Lane]
+    _turns: _Turns
+
+    def __init__(
+        self,
+        backend: Backend,
+        ctx: Any,
+        lanes: int,
+        shape: PassShape,
+        beside: LaneHost | None = None,
+        images: Projector | None = None,
+    ) -> None:
+        """beside: the target's host, where these are a draft model's lanes (the module says
+        why); images: the target's projector, where it reads images (--mmproj)."""
         self.model = backend
-        self.cost = cost
+        self.cost = shape.cost
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
-        self.row_limit = max(1, row_limit)
+        self.row_limit = max(1, shape.row_limit)
         self._n_vocab = backend.info.n_vocab
         capacity = max(backend.capabilities.max_block, self.row_limit)
         self._batch = llama.llama_batch_init(capacity, 0, 1)
@@ -89,9 +140,22 @@ class LaneHost:
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))[:] = 1
         self._logits = LogitsRows(ctx, self._n_vocab)
-        self._cond = threading.Condition()
+        if images is not None and images.places is not None:  # M-RoPE: a lane's positions would need its own Places
+            raise NotSharedError(
+                "images on an M-RoPE model (Qwen-VL, Qwen3.5/3.6) are not served in shared passes yet",
+                "serve it with --parallel 1",
+            )
+        self.images = images
+        self._embeddings = EmbeddingBatch(images.n_embd, capacity) if images is not None else None
+        if beside is not None and len(beside.lanes) != lanes:
+            raise InvalidRequestError(
+                f"a host of {lanes} lanes cannot run beside one of {len(beside.lanes)}", "load both with the same lanes"
+            )
+        self._turns = beside._turns if beside is not None else _Turns()
+        self._turns.hosts.append(self)
+        self._cond = self._turns.cond
         self._pending: list[_Ask] = []
-        self._busy: set[int] = set()  # lanes inside a request
+        self._busy = self._turns.busy  # lanes inside a request, shared with the hosts beside
         self._running = False
         self._closed = False
         self.figures = _Figures()
@@ -102,9 +166,12 @@ class LaneHost:
 
     # -- what a lane asks ---------------------------------------------------------------------
 
-    def evaluate(self, lane: Lane, tokens: list[int], logits: LogitsMode) -> Logits:
-        """The block's rows once a pass has taken it (with other lanes' blocks, or alone)."""
-        ask = _Ask(lane, tokens, logits, time.perf_counter())
+    def evaluate(
+        self, lane: Lane, tokens: list[int], logits: LogitsMode, embeddings: np.ndarray | None = None
+    ) -> Logits:
+        """The block's rows once a pass has taken it (with other lanes' blocks, or alone); an
+        image's embeddings, recorded as the placeholder ids `tokens`, go in a pass of their own."""
+        ask = _Ask(lane, tokens, logits, time.perf_counter(), embeddings)
         with self._cond:
             self._live()
             self._busy.add(lane.seq)
@@ -127,6 +194,7 @@ class LaneHost:
                 self._cond.wait()
             if not self._closed:
                 llama.llama_memory_seq_rm(self._mem, lane.seq, n, -1)
+                self.figures.rollbacks += 1
 
     def busy_lanes(self) -> int:
         """The lanes inside a request now (read without the lock: a price, not a decision)."""
@@ -149,6 +217,8 @@ class LaneHost:
                 ask.error, ask.done = BackendClosedError("the model was closed", "load it again"), True
             self._pending.clear()
             llama.llama_batch_free(self._batch)
+            if self._embeddings is not None:
+                self._embeddings.free()
             self._cond.notify_all()
 
     def _live(self) -> None:
@@ -158,13 +228,12 @@ class LaneHost:
     # -- passes (the caller holds the lock) -----------------------------------------------------
 
     def _ready(self) -> bool:
-        """Whether a pass runs now: once every busy lane waits, or the oldest ask has waited a
-        straggler's limit. (Running for whoever waits, so that host work overlaps the pass, was
-        slower: 4 lanes at one thread took 4.5 s where waiting took 3.9 s.)"""
+        """Whether a pass runs now: once every busy lane waits (here or in a host beside), or the
+        oldest ask has waited a straggler's limit. (Running for whoever waits, so that host work
+        overlaps the pass, was slower: 4 lanes at one thread took 4.5 s where waiting took 3.9 s.)"""
         if not self._pending:
             return False
-        waiting = {ask.lane.seq for ask in self._pending}
-        if self._busy <= waiting:
+        if self._busy <= self._turns.waiting():
             return True
         return time.perf_counter() - self._pending[0].since >= STRAGGLER_SECONDS
 
@@ -190,13 +259,14 @@ class LaneHost:
         and the narrower ones whose padding costs less than their share of a pass of their own;
         the rest wait for the next pass."""
         first = self._pending[0]
-        if len(first.tokens) > self.row_limit:  # a prompt's block: alone, as a lone request evaluates it
+        if first.alone or len(first.tokens) > self.row_limit:  # alone, as a lone request evaluates it
             self._pending.remove(first)
             return [first]
-        widths = sorted({len(a.tokens) for a in self._pending if len(first.tokens) <= len(a.tokens) <= self.row_limit})
+        shared = [a for a in self._pending if not a.alone]
+        widths = sorted({len(a.tokens) for a in shared if len(first.tokens) <= len(a.tokens) <= self.row_limit})
         best: tuple[float, list[_Ask]] = (-1.0, [first])
         for width in widths:
-            chosen = self._at_width(first, width)
+            chosen = self._at_width(first, width, shared)
             real = sum(len(a.tokens) for a in chosen)
             value = real / max(self.cost(width * len(chosen)), 1e-9)
             if value > best[0]:
@@ -205,16 +275,17 @@ class LaneHost:
             self._pending.remove(ask)
         return best[1]
 
-    def _at_width(self, first: _Ask, width: int) -> list[_Ask]:
+    def _at_width(self, first: _Ask, width: int, shared: list[_Ask]) -> list[_Ask]:
         """A pass `width` rows a lane, holding `first`: the blocks of that width, then narrower
-        ones where padding them costs less than their share of a pass of their own."""
+        ones where padding them costs less than their share of a pass of their own (of the
+        asks that may share a pass)."""
         room = self.row_limit // width
-        same = [a for a in self._pending if a is not first and len(a.tokens) == width]
+        same = [a for a in shared if a is not first and len(a.tokens) == width]
         chosen = [first, *same[: room - 1]]
-        for ask in self._pending:
+        for ask in shared:
             if len(chosen) >= room or ask in chosen or len(ask.tokens) > width:
                 continue
-            narrow = [a for a in self._pending if len(a.tokens) == len(ask.tokens) and a not in chosen]
+            narrow = [a for a in shared if len(a.tokens) == len(ask.tokens) and a not in chosen]
             own_share = self.cost(len(narrow) * len(ask.tokens)) / len(narrow)
             if self.cost((len(chosen) + 1) * width) - self.cost(len(chosen) * width) <= own_share:
                 chosen.append(ask)
@@ -226,8 +297,7 @@ class LaneHost:
         asks.sort(key=lambda ask: ask.lane.seq)
         width = max(len(ask.tokens) for ask in asks)
         try:
-            self._fill(asks, width)
-            rc = llama.llama_decode(self._ctx, self._batch)
+            rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(asks, width)
             if rc != 0:
                 raise InvalidRequestError(f"llama_decode failed with code {rc}", "shorten the prompt or the answer")
         except BaseException as exc:
@@ -247,6 +317,17 @@ class LaneHost:
         figures.rows += width * len(asks)
         figures.widest = max(figures.widest, width * len(asks))
         figures.padded_rows += sum(width - len(ask.tokens) for ask in asks)
+
+    def _decode(self, asks: list[_Ask], width: int) -> int:
+        self._fill(asks, width)
+        return int(llama.llama_decode(self._ctx, self._batch))
+
+    def _decode_image(self, ask: _Ask) -> int:
+        """An image's rows at the lane's next positions, in its sequence (vision.py)."""
+        assert self._embeddings is not None and ask.embeddings is not None
+        past, n = ask.lane.n_past, len(ask.embeddings)
+        positions = np.arange(past, past + n, dtype=np.int32)  # lanes take linear projectors only (LaneHost)
+        return self._embeddings.decode(self._ctx, ask.embeddings, positions, ask.logits, seq=ask.lane.seq)
 
     def _rows(self, asks: list[_Ask]) -> list[Logits]:
         """Each ask's logits rows, copied out of the pass's output (in batch order, as
@@ -313,10 +394,23 @@ class Lane:
             raise block_too_long(n, self.capabilities.max_block)
         if len(self._tokens) + n > self.info.n_ctx:
             raise context_full(self.info.n_ctx)
+        images = self.host.images
+        if images is not None and images.holds(tokens):  # image positions: their runs in turn (vision.py)
+            return eval_runs(images, tokens, logits, self.eval_block, self._eval_image)
         bad = next((int(t) for t in tokens if not 0 <= t < self.info.n_vocab), None)
         if bad is not None:
             raise outside_vocabulary(bad, self.info.name, self.info.n_vocab)
         return self.host.evaluate(self, list(tokens), logits)
+
+    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
+        """An image's rows, recorded as its placeholder ids, in a pass of their own."""
+        images = self.host.images
+        if images is not None and images.image_of(ids[0])[0].whole:  # Gemma 3's: attended to whole
+            raise InvalidRequestError(
+                "images this projector reads whole (its rows attend to each other) are not served in shared passes yet",
+                "serve it with --parallel 1",
+            )
+        return self.host.evaluate(self, ids, logits, rows)
 
     def record(self, tokens: Sequence[int]) -> None:
         """What a pass added to this lane's cache (LaneHost calls it)."""
@@ -336,6 +430,18 @@ class Lane:
 
     def close(self) -> None:
         """The host closes the context; a lane has nothing of its own."""
+
+    # -- images: the target's projector, shared by the lanes -----------------------------------
+
+    def image_marker(self) -> str | None:
+        """localspec.core.media.SeesImages: the text that stands for an image; None: the model
+        was loaded without a projector."""
+        return self.host.images.marker if self.host.images is not None else None
+
+    def tokenize_images(self, text: str, images: Sequence[bytes], names: Sequence[str]) -> list[int]:
+        if self.host.images is None:
+            raise InvalidRequestError(f"{self.info.name} was loaded without a projector", "load it with --mmproj FILE")
+        return self.host.images.tokenize(text, images, names)
 
     # -- text: the model's vocabulary ---------------------------------------------------------
 

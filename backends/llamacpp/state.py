@@ -19,6 +19,7 @@ from .features import HiddenRows
 from .greedy import DeviceGreedy
 from .head import ContextHead
 from .kernels import KernelPlan
+from .lanes import LaneHost
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
 from .tree import TreePass
@@ -32,6 +33,7 @@ class TargetState:
     capabilities: Capabilities
     _options: dict[str, Any]  # what a derived drafter is loaded with
     _lanes: int
+    _lane_host: LaneHost | None  # made by lane_host(), once
     _plan: KernelPlan
     _model: Any
     _devices: Any

@@ -28,14 +28,16 @@ it whole and decodes it again.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import secrets
 import struct
+import threading
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -55,6 +57,9 @@ MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 # dropped from here gets new ids when it comes again (its cached positions are not reused).
 KEPT_IMAGES = 16
 FORMATS = "PNG, JPEG, GIF or BMP"
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 # mtmd_input_chunk types
 _TEXT, _IMAGE = 0, 1
@@ -138,10 +143,24 @@ class _Image:
     rows: np.ndarray | None = None  # (n, n_embd) float32
 
 
+def _one_at_a_time(method: Callable[Concatenate[Projector, _P], _T]) -> Callable[Concatenate[Projector, _P], _T]:
+    """A Projector method that waits for any other thread's: lanes (lanes.py) and a server's
+    prompt reading share one mtmd context, which is not safe to call concurrently."""
+
+    @functools.wraps(method)
+    def locked(self: Projector, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class Projector:
     """A projector GGUF read by llama.cpp's mtmd beside a loaded target: prompts with images
     become token ids with placeholder positions (tokenize), and blocks holding placeholders
     are decoded from the images' embeddings (runs, embeddings)."""
+
+    _lock = threading.RLock()  # every projector's: images are rare enough not to need one each
 
     def __init__(self, path: str, model: Any, threads: int, gpu: bool) -> None:
         if not os.path.isfile(path):
@@ -178,6 +197,7 @@ class Projector:
 
     # -- prompts -------------------------------------------------------------------------------
 
+    @_one_at_a_time
     def tokenize(self, text: str, images: Sequence[bytes], names: Sequence[str]) -> list[int]:
         """The ids of text with self.marker where each image goes (special tokens parsed, as a
         rendered chat's markup is)."""
@@ -307,6 +327,7 @@ class Projector:
         image, row = self._by_id[ids[0]]
         return self.places.image_rows(past, image, row, len(ids))
 
+    @_one_at_a_time
     def runs(self, tokens: Sequence[int]) -> list[tuple[_Image | None, list[int]]]:
         """tokens cut into runs: (None, text ids) and (image, its row indices), in order."""
         parts: list[tuple[_Image | None, list[int]]] = []
@@ -322,6 +343,7 @@ class Projector:
                 parts.append((image, [row]))
         return parts
 
+    @_one_at_a_time
     def embeddings(self, image: _Image) -> np.ndarray:
         """The image's rows for the target, encoded by the projector on first use."""
         if image.rows is None:
@@ -420,9 +442,14 @@ class EmbeddingBatch:
         for i in range(max_block):
             self._batch.seq_id[i][0] = 0
 
-    def decode(self, ctx: Any, rows: np.ndarray, positions: np.ndarray, logits: LogitsMode, causal: bool = True) -> int:
-        """One pass; causal False: every row attends to every other (an image read whole)."""
+    def decode(
+        self, ctx: Any, rows: np.ndarray, positions: np.ndarray, logits: LogitsMode, causal: bool = True, seq: int = 0
+    ) -> int:
+        """One pass over sequence seq (a lane's, backends/llamacpp/lanes.py); causal False: every
+        row attends to every other (an image read whole)."""
         n = len(rows)
+        for i in range(n):
+            self._batch.seq_id[i][0] = seq
         self._embd[:n] = rows
         self._pos[: len(positions)] = positions
         self._out[:n] = 1 if logits == "all" else 0

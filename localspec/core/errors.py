@@ -34,6 +34,11 @@ class InvalidRequestError(LocalspecError):
     """A generation request that cannot be served as given (empty prompt, bad option...)."""
 
 
+class NotSharedError(InvalidRequestError):
+    """What a model loaded for shared passes (lanes) cannot serve there yet: a pool then serves
+    it one request at a time, with this message as its note."""
+
+
 class ContextFullError(LocalspecError):
     """The prompt alone does not fit in the model's context window."""
 

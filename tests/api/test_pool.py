@@ -85,3 +85,19 @@ def test_a_conversations_next_turn_runs_on_the_lane_that_caches_it(pool: Pool) -
     follow_up = [*chat, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Another."}]
     with pool.lane(prompt=pool.runtimes[0].prepare(messages=follow_up)) as runtime:
         assert runtime is cached_on
+
+
+def test_the_default_lanes_leave_room_for_a_draft_models_caches_too(
+    smollm2_q4_1: Path, derived_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psutil
+
+    from localspec.core.gguf_header import read_header
+    from localspec.pool import default_parallel
+
+    per_lane = TEST_N_CTX * read_header(str(smollm2_q4_1)).kv_bytes_per_token
+    free = psutil.virtual_memory()._replace(available=4 * 4 * per_lane)  # a quarter holds 4 target lanes
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    assert default_parallel(str(smollm2_q4_1), TEST_N_CTX) == 4
+    # A Q8_0 copy drafts beside it: each lane holds two caches of the same size, so 2 fit.
+    assert default_parallel(str(smollm2_q4_1), TEST_N_CTX, str(derived_models["Q8_0"])) == 2

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -39,8 +40,8 @@ PROMPTS = [
 
 
 @contextmanager
-def pooled(model: Path, parallel: int, strategy: str = "ngram") -> Iterator[tuple[LocalServer, Pool]]:
-    opts = LoadOptions(model=str(model), n_ctx=TEST_N_CTX, strategy=strategy, threads=1, memory=False)
+def pooled(model: Path, parallel: int, strategy: str = "ngram", **more: Any) -> Iterator[tuple[LocalServer, Pool]]:
+    opts = LoadOptions(model=str(model), n_ctx=TEST_N_CTX, strategy=strategy, threads=1, memory=False, **more)
     pool = load_pool(opts, parallel=parallel)
     server = LocalServer(None, MODEL, lambda _: pool, port=0, settings=Settings(log=lambda line: None))
     with server:
@@ -50,9 +51,30 @@ def pooled(model: Path, parallel: int, strategy: str = "ngram") -> Iterator[tupl
 
 
 def _ask(url: str, body: dict[str, object]) -> str:
+    return str(_answer(url, body)["choices"][0]["message"]["content"])
+
+
+def _answer(url: str, body: dict[str, object]) -> dict[str, Any]:
     response = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
     assert response.status_code == 200, response.text
-    return str(response.json()["choices"][0]["message"]["content"])
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _from_four_clients(url: str, bodies: list[dict[str, object]]) -> list[dict[str, Any]]:
+    """Each body's answer, asked by four clients at once, each taking every fourth body."""
+    together: list[dict[str, Any]] = [{} for _ in bodies]
+
+    def client(k: int) -> None:
+        for i in range(k, len(bodies), 4):
+            together[i] = _answer(url, bodies[i])
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return together
 
 
 def _bodies() -> list[dict[str, object]]:
@@ -86,6 +108,31 @@ def test_twenty_answers_are_the_same_alone_and_from_four_concurrent_clients(smol
     # The concurrent round really shared passes, with drafts (rows of several widths) in them.
     assert figures.shared_passes - shared_before > 20
     assert figures.rows > figures.passes
+
+
+def test_a_draft_models_lanes_leave_each_answer_the_one_it_gets_alone(smollm2_q4_1: Path, derived_models) -> None:
+    # A Q8_0 copy of the target drafts 4 tokens a step for each of 4 lanes, in lanes of its
+    # own whose passes are shared too: it agrees often, so drafts are accepted, and where it
+    # does not they are rolled back, in the target's lanes and the drafter's alike.
+    bodies = [body for pair in zip(_bodies()[:6], _bodies()[10:16], strict=True) for body in pair]
+    draft = str(derived_models["Q8_0"])
+    with pooled(smollm2_q4_1, 4, strategy="draft", draft_model=draft, draft_tokens=4) as (server, pool):
+        assert len(pool.runtimes) == 4 and pool.note is None
+        drafters = {id(runtime.plan.draft) for runtime in pool.runtimes}
+        assert len(drafters) == 4  # a drafter lane each
+        drafter_host = pool.runtimes[0].plan.draft.host  # type: ignore[union-attr]
+        alone = [_answer(server.url, body) for body in bodies]
+        shared_before, rollbacks_before = drafter_host.figures.shared_passes, drafter_host.figures.rollbacks
+        together = _from_four_clients(server.url, bodies)
+        figures = drafter_host.figures
+    assert [a["choices"][0]["message"]["content"] for a in together] == [
+        a["choices"][0]["message"]["content"] for a in alone
+    ]
+    drafted = sum(a["speculation"]["drafted_tokens"] for a in together)
+    accepted = sum(a["speculation"]["accepted_tokens"] for a in together)
+    assert drafted > accepted > drafted // 2, (drafted, accepted)
+    # The drafter's lanes shared passes, and rolled back what the target refused.
+    assert figures.shared_passes > shared_before and figures.rollbacks > rollbacks_before
 
 
 def test_a_padded_shared_pass_gives_each_lane_the_rows_it_gets_alone(smollm2_q4_1: Path) -> None:
@@ -231,14 +278,21 @@ def _lane_of_last(server: LocalServer, served: int) -> int | None:
     return ticket.lane if ticket is not None else None
 
 
-def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_why() -> None:
+def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_why(tmp_path: Path) -> None:
+    from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+    from localspec.testing.gguf_writer import Spec
+
     why = batches(LoadOptions(model="reference:seed=0", backend="reference"))
     assert why is not None and "one request at a time" in why
-    why = batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy="draft"))
-    assert why is not None and "'draft'" in why and "n-gram lookup and plain decoding batch" in why
+    why = batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy="dflash"))
+    assert why is not None and "'dflash'" in why and "a draft model, n-gram lookup and plain decoding batch" in why
+    head = str(write_eagle3_gguf(Spec("llama"), HeadSpec(), tmp_path / "eagle3-head.gguf"))
+    why = batches(LoadOptions(model="t.gguf", draft_model=head, strategy="auto"))
+    assert why is not None and "eagle3 head" in why and "one request runs at a time" in why
+    for strategy in ("draft", "auto"):  # a draft model of its own gets lanes beside the target's
+        assert batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy=strategy)) is None
     assert batches(LoadOptions(model="t.gguf", strategy="ngram")) is None
-    why = batches(LoadOptions(model="t.gguf", mmproj="p.gguf"))
-    assert why is not None and "--mmproj" in why
+    assert batches(LoadOptions(model="t.gguf", mmproj="p.gguf")) is None  # lanes read images too
     pool = load_pool("reference:seed=0", backend="reference", parallel=4)
     try:
         assert len(pool.runtimes) == 1 and pool.note is not None
