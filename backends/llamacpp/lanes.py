@@ -145,6 +145,11 @@ class LaneHost:
                 "images on an M-RoPE model (Qwen-VL, Qwen3.5/3.6) are not served in shared passes yet",
                 "serve it with --parallel 1",
             )
+        if images is not None and images.reads_whole:  # Gemma 3's: an image's rows attend to each other
+            raise NotSharedError(
+                "images this projector reads whole (Gemma 3's) are not served in shared passes yet",
+                "serve it with --parallel 1",
+            )
         self.images = images
         self._embeddings = EmbeddingBatch(images.n_embd, capacity) if images is not None else None
         if beside is not None and len(beside.lanes) != lanes:
@@ -404,12 +409,6 @@ class Lane:
 
     def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
         """An image's rows, recorded as its placeholder ids, in a pass of their own."""
-        images = self.host.images
-        if images is not None and images.image_of(ids[0])[0].whole:  # Gemma 3's: attended to whole
-            raise InvalidRequestError(
-                "images this projector reads whole (its rows attend to each other) are not served in shared passes yet",
-                "serve it with --parallel 1",
-            )
         return self.host.evaluate(self, ids, logits, rows)
 
     def record(self, tokens: Sequence[int]) -> None:

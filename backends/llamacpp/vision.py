@@ -190,6 +190,8 @@ class Projector:
         # The target's rotation decides: M-RoPE targets place images on their grid (Places).
         self.places = Places() if m.mtmd_decode_use_mrope(self._ctx) else None
         self.sections = 1 if self.places is None else 4  # positions per image row
+        # The projector's type decides (no chunk asked): Gemma 3's images are read whole.
+        self.reads_whole = bool(m.mtmd_decode_use_non_causal(self._ctx, None))
         # Placeholder ids, counting down; never reused (see the module's docstring).
         self._next = -1
         self._by_digest: dict[bytes, _Image] = {}

@@ -111,3 +111,26 @@ def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_client
     drafted = sum(answer["speculation"]["drafted_tokens"] for answer in together)
     accepted = sum(answer["speculation"]["accepted_tokens"] for answer in together)
     assert drafted > accepted > 0  # drafts were taken, and some rolled back
+
+
+@pytest.mark.parametrize("writer", ["grid", "pooled"])
+def test_a_projector_lanes_do_not_place_yet_serves_one_request_at_a_time_and_says_why(
+    writer: str, tmp_path: Any
+) -> None:
+    # M-RoPE's grid (Qwen-VL) and Gemma 3's whole-image attention place rows that a lane's
+    # linear positions would not: the pool falls back to one runtime instead of failing.
+    from localspec.testing.vision_writer import write_grid_pair, write_pooled_pair
+
+    target, projector = (write_grid_pair if writer == "grid" else write_pooled_pair)(tmp_path)
+    quantized = derived(target, "Q8_0", tmp_path)
+    with load_pool(
+        str(quantized), mmproj=str(projector), parallel=2, strategy="ngram", calibrate=False, n_ctx=256, threads=1
+    ) as pool:
+        assert len(pool.runtimes) == 1
+        assert pool.note is not None and "one request runs at a time" in pool.note
+        assert ("M-RoPE" if writer == "grid" else "whole") in pool.note
+        image = {"type": "image", "data": png_bytes(24, 20, 3)}
+        answer = pool.generate(
+            messages=[{"role": "user", "content": [image, {"type": "text", "text": "Hi"}]}], max_tokens=4
+        )
+        assert answer.stats.generated_tokens > 0
