@@ -433,7 +433,7 @@ class Lane:
     # -- images: the target's projector, shared by the lanes -----------------------------------
 
     def image_marker(self) -> str | None:
-        """localspec.core.media.SeesImages: the text that stands for an image; None: the model
+        """localspec.common.media.SeesImages: the text that stands for an image; None: the model
         was loaded without a projector."""
         return self.host.images.marker if self.host.images is not None else None
 

@@ -92,7 +92,7 @@ def test_the_default_lanes_leave_room_for_a_draft_models_caches_too(
 ) -> None:
     import psutil
 
-    from localspec.core.gguf_header import read_header
+    from localspec.common.gguf_header import read_header
     from localspec.pool import default_parallel
 
     per_lane = TEST_N_CTX * read_header(str(smollm2_q4_1)).kv_bytes_per_token
