@@ -215,7 +215,7 @@ def main() -> None:
     print(report(sides, costs, args.n, args.answers, args.strategy))
     pair = "SmolLM2-135M Q4_1 + a random ViT-B/16-shaped projector" if args.real_shape else "the tiny random pair"
     took = time.perf_counter() - started
-    print(f"\n(whole run {took:.1f} s; {pair}: random projector weights, not a trained pair's answers)")
+    print(f"\n(whole run {took:.1f} s; {pair}: random weights: plumbing figures, not a trained pair's answers)")
     if args.json:
         figures = {
             "sides": {k: v.row() for k, v in sides.items()},
