@@ -206,7 +206,7 @@ def main() -> None:
             draft_model=str(drafter) if drafter else None,
             draft_tokens="auto",
             memory=False,
-            calibrate=False,
+            calibrate=args.real_shape,  # the real target drafts on its measured curve; the tiny pair needs none
             n_ctx=1024 if args.real_shape else 512,
             threads=args.threads,
         ) as rt:
