@@ -21,6 +21,7 @@ export CMAKE_ARGS="-DGGML_VULKAN=on -DGGML_RPC=on"
 DEFAULT_TESTS=(
     tests/test_llamacpp_gpu.py            # the device found, every layer on it, doctor's line
     tests/test_llamacpp_device_greedy.py  # the graph's argmax against the host's
+    tests/test_llamacpp_device_check.py   # bit_exact checked on the device, block size by block size
     tests/test_llamacpp_rollback.py       # rollback on the device's KV cache
     tests/test_llamacpp_hybrid.py         # hybrid (recurrent) targets
     tests/test_llamacpp_mtp.py            # MTP heads

@@ -55,15 +55,16 @@ from localspec.drafters import cannot_attach
 
 from . import drafters, library
 from .abort import Abort
+from .device_check import CHECKED_ROWS, device_exactness
 from .dflash import DFlashDrafter
 from .dspark import DSparkDrafter
 from .eagle3 import Eagle3Head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
-from .gpu import auto_gpu_layers, gpu_device, output_on_gpu
+from .gpu import auto_gpu_layers, gpu_backends, gpu_device, output_on_gpu
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
-from .greedy import DeviceGreedy
+from .greedy import DeviceGreedy, rows_aligned
 from .head import ContextHead
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
 from .lanes import LaneHost
@@ -166,6 +167,7 @@ class LlamaCppBackend:
         self._mem = llama.llama_get_memory(ctx)
         self._logits = LogitsRows(ctx, self._n_vocab)
         on_device = output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))) and not lanes  # lanes: host rows
+        on_device = on_device and rows_aligned(self._n_vocab, gpu_backends())  # greedy.py
         self._greedy = DeviceGreedy(ctx, wanted=on_device)
         self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
@@ -187,6 +189,7 @@ class LlamaCppBackend:
         self._closed = False
         self._pieces: dict[int, bytes] = {}
         self._describe(path, threads, rpc, exact, gpu_layers, max_block)
+        self._check_device_kernels()
 
     def see_images(self, mmproj: str) -> None:
         """Read images through the projector GGUF mmproj (vision.py); a projector that fails to
@@ -331,6 +334,13 @@ class LlamaCppBackend:
             replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
             exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
+
+    def _check_device_kernels(self) -> None:
+        if self.capabilities.device == "gpu" and not self._lanes:  # a device's kernels, checked (device_check.py)
+            up_to = min(CHECKED_ROWS, self.capabilities.max_block)
+            self.capabilities = replace(
+                self.capabilities, exactness=device_exactness(self, self.capabilities.extra["gpu"], up_to)
+            )
 
     def lane_host(self) -> LaneHost:
         """The lanes of a backend loaded with lanes=N, made once: each a Backend of its own
