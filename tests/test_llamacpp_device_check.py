@@ -110,3 +110,14 @@ def test_a_tiny_vocabulary_verifies_on_the_vulkan_device_with_the_hosts_argmax(t
     target.rollback(0)
     spec = runtime_for(target, strategy="ngram", draft_tokens=4, calibrate=False)
     assert spec.generate(prompt=REPEATING, max_tokens=40, temperature=0).tokens == plain.tokens
+
+
+def test_doctor_names_the_drafts_a_device_check_covered() -> None:
+    from localspec.cli.doctor import _bit_exact_line
+    from localspec.core.protocol import Exactness
+
+    why = "on llvmpipe a block of 3 tokens gave other logits than one-token passes (checked at load)"
+    line = _bit_exact_line(Exactness(None, why, rows=2, prompt_rows=2))
+    assert "drafts of up to 1 token;" in line and why in line
+    assert "near-ties" in _bit_exact_line(Exactness(None, why, rows=1, prompt_rows=1))
+    assert _bit_exact_line(Exactness(None, rows=64)).endswith("at any length")  # the CPU's split K-quants
