@@ -58,6 +58,7 @@ class Outcome:
 
 
 Prompt = str | list[int]
+VOCAB = 320
 Run = Callable[[Prompt], Outcome]
 
 
@@ -166,6 +167,7 @@ class TinyFiles:
     drafter: Path  # a noisy copy of the target
     eagle3: Path | None = None
     dflash: Path | None = None
+    every_row: bool = True  # False: its own drafter's rows only (the other rows are another target's)
 
 
 def write_tiny(work: Path) -> dict[str, TinyFiles]:
@@ -173,25 +175,29 @@ def write_tiny(work: Path) -> dict[str, TinyFiles]:
     from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
     from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
-    dense, hybrid, mtp = Spec("llama", mix=0.02, head=1.0), HybridSpec(), HybridSpec(nextn=1, mtp_echo=1.0)
+    # 320 tokens, 1,280 bytes a row: the graph's argmax can view every row (greedy.rows_aligned).
+    dense, hybrid = Spec("llama", mix=0.02, head=1.0, vocab=VOCAB), HybridSpec(vocab=VOCAB)
+    mtp = HybridSpec(nextn=1, mtp_echo=1.0, vocab=VOCAB)
     llama = write_gguf(dense, work / "llama.gguf")
     qwen35 = write_qwen35_gguf(hybrid, work / "qwen35.gguf")
     return {
         "dense llama": TinyFiles(
             llama,
-            write_gguf(Spec("llama", mix=0.02, head=1.0, noise=0.3), work / "llama-drafter.gguf"),
+            write_gguf(Spec("llama", mix=0.02, head=1.0, noise=0.3, vocab=VOCAB), work / "llama-drafter.gguf"),
             write_eagle3_gguf(dense, HeadSpec(), work / "llama-eagle3.gguf"),
             write_dflash_gguf(llama, work / "llama-dflash.gguf", DFlashSpec(target_layers=(1, 2))),
         ),
         "hybrid qwen35 (recurrent)": TinyFiles(
             qwen35,
-            write_qwen35_gguf(HybridSpec(noise=0.3), work / "qwen35-drafter.gguf"),
+            write_qwen35_gguf(HybridSpec(noise=0.3, vocab=VOCAB), work / "qwen35-drafter.gguf"),
             write_eagle3_gguf(hybrid, HeadSpec(layer_ids=(0, 1, 3)), work / "qwen35-eagle3.gguf"),
             write_dflash_gguf(qwen35, work / "qwen35-dflash.gguf", DFlashSpec(target_layers=(1, 3))),
         ),
         "hybrid qwen35 with its MTP block": TinyFiles(
             write_qwen35_gguf(mtp, work / "qwen35-mtp.gguf"),
-            write_qwen35_gguf(HybridSpec(nextn=1, mtp_echo=1.0, noise=0.3), work / "qwen35-mtp-drafter.gguf"),
+            write_qwen35_gguf(
+                HybridSpec(nextn=1, mtp_echo=1.0, noise=0.3, vocab=VOCAB), work / "qwen35-mtp-drafter.gguf"
+            ),
         ),
     }
 
@@ -219,6 +225,8 @@ def tiny_rows(files: TinyFiles, load: Loads, target: LlamaCppBackend, n: int) ->
         ("prefix reuse: none on a warm cache", warm_prefix(target, strategy(target, "none", 0), n)),
         ("prefix reuse: ngram γ 4 on a warm cache", warm_prefix(target, strategy(target, "ngram", 4), n)),
     ]
+    if not files.every_row:
+        rows = rows[:1]
     if files.eagle3 is not None:
         head = str(files.eagle3)
         rows += [(f"EAGLE-3 head γ {g}", headed(lambda t: t.eagle3_head(head), "draft", g)) for g in (3, 8)]
