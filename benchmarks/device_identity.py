@@ -198,6 +198,7 @@ def write_tiny(work: Path) -> dict[str, TinyFiles]:
             write_qwen35_gguf(
                 HybridSpec(nextn=1, mtp_echo=1.0, noise=0.3, vocab=VOCAB), work / "qwen35-mtp-drafter.gguf"
             ),
+            every_row=False,
         ),
     }
 
