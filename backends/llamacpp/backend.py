@@ -339,7 +339,8 @@ class LlamaCppBackend:
         if self.capabilities.device == "gpu" and not self._lanes:  # a device's kernels, checked (device_check.py)
             up_to = min(CHECKED_ROWS, self.capabilities.max_block)
             self.capabilities = replace(
-                self.capabilities, exactness=device_exactness(self, self.capabilities.extra["gpu"], up_to)
+                self.capabilities,
+                exactness=device_exactness(self, self.capabilities.extra["gpu"].rsplit(" (", 1)[0], up_to),
             )
 
     def lane_host(self) -> LaneHost:
