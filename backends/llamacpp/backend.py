@@ -342,6 +342,8 @@ class LlamaCppBackend:
                 self.capabilities,
                 exactness=device_exactness(self, self.capabilities.extra["gpu"].rsplit(" (", 1)[0], up_to),
             )
+            if self._recurrent is not None:
+                self._recurrent.forget()
 
     def lane_host(self) -> LaneHost:
         """The lanes of a backend loaded with lanes=N, made once: each a Backend of its own
