@@ -133,5 +133,9 @@ for arg in "$@"; do case $arg in tests/* | *.py | *.py::*) named=1 ;; esac; done
 if [ $named = 1 ]; then
     pytest "$@"
 else
-    pytest "$@" "${DEFAULT_TESTS[@]}" && pytest "$@" "${IDENTITY[@]}"
+    # Both parts run whatever the first gives: a failure there must not hide the identity cases.
+    status=0
+    pytest "$@" "${DEFAULT_TESTS[@]}" || status=$?
+    pytest "$@" "${IDENTITY[@]}" || status=$?
+    exit $status
 fi
