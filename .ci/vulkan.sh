@@ -21,6 +21,7 @@ export CMAKE_ARGS="-DGGML_VULKAN=on -DGGML_RPC=on"
 DEFAULT_TESTS=(
     tests/backends/llamacpp/test_llamacpp_gpu.py            # the device found, every layer on it, doctor's line
     tests/backends/llamacpp/test_llamacpp_device_greedy.py  # the graph's argmax against the host's
+    tests/backends/llamacpp/test_llamacpp_device_check.py   # bit_exact checked on the device, block size by block size
     tests/specification/test_llamacpp_rollback.py       # rollback on the device's KV cache
     tests/backends/llamacpp/test_llamacpp_hybrid.py         # hybrid (recurrent) targets
     tests/backends/llamacpp/test_llamacpp_mtp.py            # MTP heads
@@ -132,5 +133,9 @@ for arg in "$@"; do case $arg in tests/* | *.py | *.py::*) named=1 ;; esac; done
 if [ $named = 1 ]; then
     pytest "$@"
 else
-    pytest "$@" "${DEFAULT_TESTS[@]}" && pytest "$@" "${IDENTITY[@]}"
+    # Both parts run whatever the first gives: a failure there must not hide the identity cases.
+    status=0
+    pytest "$@" "${DEFAULT_TESTS[@]}" || status=$?
+    pytest "$@" "${IDENTITY[@]}" || status=$?
+    exit $status
 fi

@@ -48,6 +48,20 @@ def assert_calibrated_as_users_run_it(target: Backend, head: Backend, policy: ob
     assert policy.draft_seconds_per_token == calibrate.starting_drafting_seconds(head)
 
 
+# On a GPU device whose load check found blocks parting from one-token passes
+# (device_check.py), rows the same text gave in blocks of other sizes differ by its kernels'
+# rounding (up to 1e-2 on lavapipe, logits of 5-20); another token's row differs by whole units.
+DEVICE_ATOL = 0.05
+
+
+def blocks_atol(backend: Backend, atol: float, block: int) -> float:
+    """atol where blocks of up to `block` tokens give one-token passes' logits, else DEVICE_ATOL."""
+    rows = backend.capabilities.exactness.rows
+    if backend.capabilities.device == "gpu" and rows is not None and rows < block:
+        return max(atol, DEVICE_ATOL)
+    return atol
+
+
 def assert_each_row_is_the_token_asked_for(
     target: Backend, head: Backend, text: Sequence[int], frontier: int, atol: float
 ) -> None:
@@ -58,6 +72,7 @@ def assert_each_row_is_the_token_asked_for(
     The reference asks for every row of the same text: what it gives does not depend on which
     rows llama.cpp hands back first. The target holds text[:frontier]: the last token read is
     one it has not decoded, so the token drafted after it is read with the head's own state."""
+    atol = blocks_atol(target, atol, frontier + 1)
     target.eval_block(text[:frontier], "none")
     clean = head.eval_block(text[: frontier + 1], "all").copy()
     drafted = head.eval_block(text[frontier + 1 : frontier + 2], "last").copy()

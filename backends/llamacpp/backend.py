@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -47,13 +48,14 @@ from localspec.core.sampling import Distribution, SamplingConfig
 
 from . import drafters, library
 from .build import BuildsTarget, check_block_size
+from .device_check import CHECKED_ROWS, device_exactness
 from .dflash import DFlashDrafter
 from .features import HiddenRows
 from .gpu import GPU_RESERVE as GPU_RESERVE  # the old import paths, which tests use
 from .gpu import GpuDevice as GpuDevice
-from .gpu import auto_gpu_layers, gpu_device, output_on_gpu
+from .gpu import auto_gpu_layers, gpu_backends, gpu_device, output_on_gpu
 from .gpu import gpu_layers_that_fit as gpu_layers_that_fit
-from .greedy import DeviceGreedy
+from .greedy import DeviceGreedy, rows_aligned
 from .head import ContextHead
 from .hosting import HostsDrafters
 from .images import SeesImages
@@ -123,6 +125,7 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         self._mem = llama.llama_get_memory(ctx)
         self._logits = LogitsRows(ctx, self._n_vocab)
         on_device = output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))) and not lanes  # lanes: host rows
+        on_device = on_device and rows_aligned(self._n_vocab, gpu_backends())  # greedy.py
         self._greedy = DeviceGreedy(ctx, wanted=on_device)
         self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
@@ -144,6 +147,7 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         self._closed = False
         self._pieces: dict[int, bytes] = {}
         self._describe(path, threads, rpc, exact, gpu_layers, max_block)
+        self._check_device_kernels()
 
     def _describe(
         self, path: str, threads: int, rpc: Sequence[str], exact: bool, gpu_layers: int, max_block: int
@@ -188,6 +192,16 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             replays_beyond=self._recurrent.snapshots if self._recurrent is not None else None,
             exactness=self._plan.exactness,  # whether greedy answers are plain decoding's (core.exactness)
         )
+
+    def _check_device_kernels(self) -> None:
+        if self.capabilities.device == "gpu" and not self._lanes:  # a device's kernels, checked (device_check.py)
+            up_to = min(CHECKED_ROWS, self.capabilities.max_block)
+            self.capabilities = replace(
+                self.capabilities,
+                exactness=device_exactness(self, self.capabilities.extra["gpu"].rsplit(" (", 1)[0], up_to),
+            )
+            if self._recurrent is not None:
+                self._recurrent.forget()
 
     def lane_host(self, beside: object = None) -> LaneHost:
         """The lanes of a backend loaded with lanes=N, made once: each a Backend of its own

@@ -18,6 +18,16 @@ from typing import Any
 import llama_cpp as llama
 
 _SEQ = 0  # the backend's one sequence
+# llama.cpp's backend sampling hands the argmax each output row as a view at row x n_vocab x 4
+# bytes, and ggml's Vulkan argmax aborts the process (GGML_ASSERT in init_pushconst_tensor_offsets)
+# unless that offset is a multiple of the device's minStorageBufferOffsetAlignment: 16 on lavapipe,
+# at most 256 by Vulkan's spec. Real vocabularies are multiples of 64 tokens; the tests' tiny ones not.
+VULKAN_ROW_BYTES = 256
+
+
+def rows_aligned(n_vocab: int, backends: tuple[str, ...]) -> bool:
+    """Whether the in-graph argmax may take a block of several rows on this build's devices."""
+    return "Vulkan" not in backends or n_vocab * 4 % VULKAN_ROW_BYTES == 0
 
 
 class DeviceGreedy:

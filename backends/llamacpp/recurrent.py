@@ -41,6 +41,11 @@ class RecurrentRollback:
         # no copy is taken inside an image, whose rows share one position (cut only whole).
         self.places: Places | None = None
 
+    def forget(self) -> None:
+        """Back to a fresh load's state, the cache empty: a load's own passes (device_check.py)
+        say nothing of the rollbacks requests will need."""
+        self._last_block, self._pending, self._copying, self._copy_due, self._copy = 0, False, False, False, None
+
     def before_decode(self, past: int) -> None:
         if self._copying and self._copy_due and (self.places is None or self.places.inside(past) is None):
             size = llama.llama_state_seq_get_size_ext(self._ctx, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)

@@ -251,6 +251,15 @@ def _bit_exact_line(exactness: Exactness) -> str:
     """What this model's greedy speculation is, by construction, with the default kernels."""
     if exactness.cells == 0:
         return f"speculation may part from plain decoding at near-ties: {exactness.why} (--exact: bit for bit)"
+    rows = exactness.rows
+    if rows is not None and rows <= DEFAULT.max_draft:  # a device's checked block sizes (device_check.py)
+        if rows <= 1:
+            return f"speculation may part from plain decoding at near-ties: {exactness.why}"
+        return (
+            f"speculation gives plain decoding's output bit for bit with drafts of up to {rows - 1} token"
+            f"{'s' if rows > 2 else ''}; "
+            f"longer ones may part at near-ties: {exactness.why}"
+        )
     if exactness.cells is None:
         return "speculation gives plain decoding's output bit for bit at any length"
     return (

@@ -179,7 +179,7 @@ def _curve(
     """Median seconds of a pass over probe[:k] behind the cache as it is, k = 1..len(probe),
     and what a pass costs on top after a pass of another size: (into a block, into one token).
 
-    The sizes are timed in rounds (1, 2, 3, 4, 5, 6, 8, ... then again), not each one
+    The sizes are timed in rounds (1, 2, 3, 4, 5, 6, 8, 9, 10, 12, ... then again), not each one
     `repeats` times in a row: a burst of noise on a shared machine then spreads over every
     size instead of making one of them look dear, and the curve's shape is what decides the
     draft length. Each size is timed twice in a row: llama.cpp reuses its compute graph
@@ -192,7 +192,11 @@ def _curve(
     (AdaptiveDraftLength.margin): pricing them exactly did no better on recorded answers
     replayed on a clock that charges them (benchmarks/replay_variants.py)."""
     past = backend.n_past
-    sizes = sorted({k for k in (*range(1, 7), *range(8, len(probe) + 1, 2), len(probe)) if k <= len(probe)})
+    # 9 beside the even sizes: llama.cpp's Vulkan backend takes blocks of up to 8 rows with its
+    # matrix-vector kernels and 9+ with matrix-matrix ones (mul_mat_vec_max_cols), a cliff at 9
+    # (2.5x t(8) on lavapipe, benchmarks/pages/gpu.md) that interpolating 8 and 10 would halve.
+    timed_sizes = (*range(1, 7), *range(8, len(probe) + 1, 2), 9, len(probe))
+    sizes = sorted({k for k in timed_sizes if k <= len(probe)})
     samples: dict[int, list[float]] = {k: [] for k in sizes}
     excess: dict[int, list[float]] = {k: [] for k in sizes}
     for _ in range(repeats):

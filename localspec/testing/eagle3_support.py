@@ -99,5 +99,5 @@ def write_eagle3_gguf(target: Spec | HybridSpec, head: HeadSpec, path: Path) -> 
     writer.add_uint32(f"{arch}.target_hidden_size", head.target_width or target.hidden)
     if not head.reads_g:
         writer.add_bool(f"{arch}.norm_before_residual", True)
-    vocab = add_bpe_vocab(writer, pre="smollm")  # the target's tokenizer, as the converter copies it
+    vocab = add_bpe_vocab(writer, target.vocab, pre="smollm")  # the target's tokenizer, as the converter copies it
     return write_out(writer, head_tensors(target, head, vocab), path)

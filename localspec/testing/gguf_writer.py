@@ -44,6 +44,7 @@ class Spec:
     n_ctx: int = N_CTX  # the trained context length, which caps a loader's n_ctx
     mix: float = 1.0  # scales what each block adds to the residual: small, a model close to a bigram
     head: float = 0.0  # > 0: an output head of its own (untied), of this standard deviation per row
+    vocab: int = 0  # > the tiny vocabulary: padded with control tokens to this size (llama and qwen2)
 
 
 def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -188,7 +189,7 @@ def write_gguf(spec: Spec, path: Path) -> Path:
         vocab = len(tokens)
     else:
         writer.add_rope_freq_base(10_000.0)
-        vocab = add_bpe_vocab(writer, pre="qwen2" if spec.arch == "qwen2" else "smollm")
+        vocab = add_bpe_vocab(writer, spec.vocab, pre="qwen2" if spec.arch == "qwen2" else "smollm")
     tensors: dict[str, np.ndarray] = {}
     for name, w in hf_weights(spec, vocab).items():
         short = gguf_name(name, spec)

@@ -1,7 +1,7 @@
 """One owner of a runtime's concurrency (localspec.turns, issue 56): requests queue in the
 order they asked, a call can bound its wait, close() from any thread stops a busy reader within
 one step, and asyncio readers never block their event loop. Reference backend: the ownership
-is under test; the real model's long prompts are in tests/test_cancel_latency.py."""
+is under test; the real model's long prompts are in tests/backends/llamacpp/test_long_prompt_cancel.py."""
 
 from __future__ import annotations
 

@@ -241,3 +241,19 @@ def test_a_disturbed_size_takes_the_larger_sizes_figure_instead_of_lifting_them(
     assert calibrate.nondecreasing(timed) == [12.5, 21.2, 24.1, 27.0, 27.0, 30.0, 39.7]
     assert calibrate.nondecreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
     assert calibrate.nondecreasing([]) == []
+
+
+def test_the_calibration_times_a_block_of_9_where_llama_cpps_vulkan_kernels_switch() -> None:
+    # Blocks of up to 8 rows take matrix-vector kernels on Vulkan, 9+ matrix-matrix ones: a
+    # cliff at 9 that interpolating 8 and 10 would halve (benchmarks/pages/gpu.md).
+    target = load("reference:seed=3")
+    sizes: list[int] = []
+    evaluate = target.eval_block
+
+    def spy(tokens, logits="all"):  # type: ignore[no-untyped-def]
+        sizes.append(len(tokens))
+        return evaluate(tokens, logits)
+
+    target.eval_block = spy  # type: ignore[method-assign]
+    calibrate.measure(target, max_k=12, repeats=1)
+    assert {8, 9, 10} <= set(sizes) and 7 not in sizes

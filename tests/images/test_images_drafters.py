@@ -2,9 +2,9 @@
 around the images (it cannot see them), and an EAGLE-3 head and a DFlash drafter read every
 position through the target's own states. Each keeps the target's output exactly: greedy
 answers are plain decoding's, and sampled ones keep the target's joint law of the first two
-tokens (tests/test_llamacpp_sampling.py's exact law and chi-square).
+tokens (tests/specification/test_llamacpp_sampling.py's exact law and chi-square).
 
-The tiny vision pair of tests/test_images.py; the draft model is its target's weights
+The tiny vision pair of tests/images/test_images.py; the draft model is its target's weights
 perturbed a little, so it agrees with the target often: on text it is right almost always,
 and on an image prompt it is right where the image leaves the answer as the text alone would
 have it, and wrong (its guesses rolled back) where the image changes it.
@@ -27,7 +27,7 @@ from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.testing.vision_writer import png_bytes, write_vision_pair
 
 N = 24  # tokens an answer
-OTHER = 3  # an image seed whose answer differs from the text-only one early (tests/test_images.py)
+OTHER = 3  # an image seed whose answer differs from the text-only one early (tests/images/test_images.py)
 TARGET = Spec(arch="llama")  # the vision pair's target (vision_writer.write_vision_pair)
 
 

@@ -1,7 +1,7 @@
 """`localspec add` and a vision model's projector: an mmproj GGUF given with --mmproj, or found
 beside the target, becomes the pair's `mmproj`, so the pair reads images with no --mmproj;
 a projector that does not fit, or one given as a model, is refused with nothing written.
-The tiny vision pair of tests/test_images.py."""
+The tiny vision pair of tests/images/test_images.py."""
 
 from __future__ import annotations
 

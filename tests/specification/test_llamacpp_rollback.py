@@ -73,9 +73,20 @@ def logits_after(backend: Backend, prefill: Sequence[int], rest: Sequence[int]) 
     return row
 
 
-def assert_same_next_token_logits(cont: npt.NDArray[np.float32], fresh: npt.NDArray[np.float32]) -> None:
+# On a GPU device whose load check found blocks of the verify size parting from one-token
+# passes (device_check.py; lavapipe's rows of 5-token blocks by 1.4e-2), cached rows that verify
+# blocks computed differ from a fresh evaluation's by that much; a row left from a rejected
+# draft would differ by far more.
+DEVICE_LOGIT_TOLERANCE = 0.25
+
+
+def assert_same_next_token_logits(
+    cont: npt.NDArray[np.float32], fresh: npt.NDArray[np.float32], backend: Backend, block: int = 6
+) -> None:
+    rows = backend.capabilities.exactness.rows
+    exact_blocks = backend.capabilities.device != "gpu" or rows is None or rows >= block
     assert int(np.argmax(cont)) == int(np.argmax(fresh))
-    assert float(np.max(np.abs(cont - fresh))) < LOGIT_TOLERANCE
+    assert float(np.max(np.abs(cont - fresh))) < (LOGIT_TOLERANCE if exact_blocks else DEVICE_LOGIT_TOLERANCE)
 
 
 def generate_with_rejections(target: Backend, drafter: Backend) -> tuple[list[int], Completion]:
@@ -107,7 +118,7 @@ def test_target_cache_after_rejected_drafts_continues_like_a_fresh_evaluation_of
     continued = target_backend.eval_block([probe], "all")[-1].copy()
     fresh = logits_after(fresh_target, prompt[:-1], [*cached[len(prompt) - 1 :], probe])
 
-    assert_same_next_token_logits(continued, fresh)
+    assert_same_next_token_logits(continued, fresh, target_backend)
 
 
 def test_drafter_cache_after_rejected_drafts_continues_like_a_fresh_evaluation_of_the_committed_text(
@@ -120,7 +131,7 @@ def test_drafter_cache_after_rejected_drafts_continues_like_a_fresh_evaluation_o
     continued = q4_drafter_backend.eval_block([probe], "all")[-1].copy()
     fresh = logits_after(fresh_drafter, prompt[:-1], [*cached[len(prompt) - 1 :], probe])
 
-    assert_same_next_token_logits(continued, fresh)
+    assert_same_next_token_logits(continued, fresh, q4_drafter_backend)
 
 
 def test_a_second_chat_turn_evaluates_only_its_new_tokens_in_target_and_drafter(

@@ -52,6 +52,18 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     return get
 
 
+# Rows a pass computed in other blocks than the clean pass's agree to 1e-4 on the CPU. On a GPU
+# device whose load check found blocks parting from one-token passes (device_check.py) they
+# differ by its kernels' rounding (2e-2 on lavapipe, logits up to 15); a wrong recurrent state
+# differs by the logits' own scale.
+DEVICE_ATOL = 0.1
+
+
+def atol(model: LlamaCppBackend, block: int = 5) -> float:
+    rows = model.capabilities.exactness.rows
+    return 1e-4 if model.capabilities.device != "gpu" or rows is None or rows >= block else DEVICE_ATOL
+
+
 def clean_logits(load: Callable[..., LlamaCppBackend], path: Path, tokens: list[int], rows: int) -> np.ndarray:
     """The last `rows` rows of a fresh model's pass over tokens: where no rollback happened."""
     return load(path).eval_block(tokens, "all")[-rows:].copy()
@@ -70,7 +82,7 @@ def test_a_rejected_draft_leaves_a_hybrid_where_a_clean_decode_of_the_kept_token
         model.eval_block([40, 41, 42, 43, 44], "all")
         model.rollback(kept)
         after = model.eval_block([7, 8], "all").copy()
-        np.testing.assert_allclose(after, clean_logits(opened, path, list(model.cached_tokens()), 2), atol=1e-4)
+        np.testing.assert_allclose(after, clean_logits(opened, path, list(model.cached_tokens()), 2), atol=atol(model))
 
 
 def test_llama_cpps_snapshots_take_back_a_verify_block_without_copying_state(hybrid, opened) -> None:
@@ -93,7 +105,9 @@ def test_a_hybrid_drafter_takes_back_drafts_made_one_token_at_a_time(hybrid, ope
             drafter.eval_block([token], "last")
         drafter.rollback(start + accepted)
         after = drafter.eval_block([9, 10], "all").copy()
-        np.testing.assert_allclose(after, clean_logits(opened, path, list(drafter.cached_tokens()), 2), atol=1e-4)
+        np.testing.assert_allclose(
+            after, clean_logits(opened, path, list(drafter.cached_tokens()), 2), atol=atol(drafter)
+        )
 
 
 def test_going_back_behind_every_copy_replays_the_kept_prefix(hybrid, opened) -> None:
@@ -102,7 +116,7 @@ def test_going_back_behind_every_copy_replays_the_kept_prefix(hybrid, opened) ->
     model.eval_block(TEXT, "none")
     model.rollback(3)  # another request that shares only the first 3 tokens
     after = model.eval_block([12, 13], "all").copy()
-    np.testing.assert_allclose(after, clean_logits(opened, path, [*TEXT[:3], 12, 13], 2), atol=1e-4)
+    np.testing.assert_allclose(after, clean_logits(opened, path, [*TEXT[:3], 12, 13], 2), atol=atol(model))
 
 
 # -- every strategy stays lossless on a hybrid target --------------------------------------------
