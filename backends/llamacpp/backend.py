@@ -125,13 +125,11 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         self._mem = llama.llama_get_memory(ctx)
         self._logits = LogitsRows(ctx, self._n_vocab)
         on_device = output_on_gpu(gpu_layers, int(llama.llama_model_n_layer(model))) and not lanes  # lanes: host rows
-        on_device = on_device and rows_aligned(self._n_vocab, gpu_backends())  # greedy.py
-        self._greedy = DeviceGreedy(ctx, wanted=on_device)
+        self._greedy = DeviceGreedy(ctx, wanted=on_device and rows_aligned(self._n_vocab, gpu_backends()))  # greedy.py
         self._picks = False  # set by verify_block around its pass (see eval_block)
         # llama.cpp gives snapshots only to the architectures it lists (0 for the others).
         self._recurrent = RecurrentRollback(ctx, self._mem, int(llama.llama_n_rs_seq(ctx))) if stateful else None
-        self._in_flight = 0  # tokens of a decode not yet in self._tokens (see _unrecorded)
-        self._states: HiddenRows | None = None  # hidden states an MTP head reads (mtp_head)
+        self._in_flight, self._states = 0, None  # tokens not yet in self._tokens (_unrecorded); MTP's states
         self._captures: dict[tuple[int, ...], HiddenRows] = {}  # layer inputs drafters read (layer_features)
         self._recorded: list[HiddenRows] = []  # both of the above, each added once: the rows eval_block keeps
         self._heads: list[ContextHead | DFlashDrafter] = []  # drafters reading this context, closed before it
