@@ -69,6 +69,13 @@ class ModelDrafter:
         # in the prompt only, so a later context's view is this one's and the text after it.
         self._imaged: tuple[int, list[int]] | None = None
 
+    def _view_length(self, context: Sequence[int]) -> int:
+        """The length of _view(context), without copying the context each step to count it."""
+        if self._imaged is None:
+            return len(context)
+        length, seen = self._imaged
+        return len(seen) + len(context) - length if len(context) >= length else sum(1 for t in context if t >= 0)
+
     def _view(self, context: Sequence[int]) -> Sequence[int]:
         """The context as this drafter reads it: a prompt's image positions left out unless it
         reads them (see the module doc); the context itself for a prompt without images."""
@@ -138,13 +145,13 @@ class ModelDrafter:
         # The context's last token is evaluated with the first guess in any case.
         if self.off_notice is not None:
             return 0
-        return max(0, len(self._view(context)) - 1 - self.backend.n_past)
+        return max(0, self._view_length(context) - 1 - self.backend.n_past)
 
     def commit(self, context: Sequence[int], n_accepted: int) -> None:
         # context = committed text; what the drafter cached beyond its accepted part goes. A
         # tree's path may leave the drafted chain for a branch: only the chain's kept tokens
         # (n_accepted) agree with the text.
-        keep = min(self.backend.n_past, len(self._view(context)) - 1, self._agreed + n_accepted)
+        keep = min(self.backend.n_past, self._view_length(context) - 1, self._agreed + n_accepted)
         self.backend.rollback(keep)
         self._agreed = keep
 
