@@ -65,6 +65,7 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(f"pulled {name}: fetched {fetched}")
     print("\n".join("  " + line for line in table(rows)))
+    print("\n".join(result.notes), end="\n" if result.notes else "")
     if result.offline:
         print(
             "the hub could not be reached: files and sizes are models.toml's (~ an estimate from the "

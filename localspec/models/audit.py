@@ -1,7 +1,8 @@
 """`localspec registry check`: every entry of models.toml asked of the hub without downloading
 weights. For each pair and backend: do the repo, the revision and each file exist, do their
 sizes and sha256s (the hub's LFS oids) agree with the registry, and do the pair's two
-tokenizers fit (read from the GGUF headers by range requests, or from tokenizer.json).
+tokenizers fit (read from the GGUF headers by range requests, or from tokenizer.json); a
+pair's vision projector is checked as a file.
 A pair drafting with an MTP head needs nextn layers in the target's GGUF; a sidecar drafter
 (mtp-*.gguf) must be an MTP drafter made for the target: its width and tokenizer. A backend
 that does not run the pair's strategy (torch and mtp) is a finding of its own, asking nothing."""
@@ -77,7 +78,7 @@ def check_registry(
                 findings.append(Finding(pair.id, backend, "strategy", False, refusal))
                 continue
             hubs = {}
-            for model in pair.models:
+            for model in pair.models_for(backend):  # the projector too: its file name is checked like the others
                 key = (model.id, backend)
                 if key not in seen:
                     seen[key] = _check_model(pair, model, backend, settings)

@@ -98,7 +98,7 @@ def export_pair(
     pair's, or "mtp" for a pair whose target ships an MTP assistant) is "draft", "ngram",
     "mtp", "dflash", "dspark" or "eagle3"; ggufs finds the pulled GGUF files for llama-server.
     A pair with a vision projector gets each engine's image settings (_with_vision)."""
-    return _with_vision(_export(pair, engine, draft_tokens, strategy, ggufs), pair)
+    return _with_vision(_export(pair, engine, draft_tokens, strategy, ggufs), pair, ggufs)
 
 
 def _export(
@@ -170,14 +170,14 @@ def _export_llama_server(
     return Export(engine, _llama_server(target, drafter if method == "draft" else None, k), tuple(notes))
 
 
-def _with_vision(export: Export, pair: Pair) -> Export:
+def _with_vision(export: Export, pair: Pair, ggufs: GgufResolver | None) -> Export:
     """The command of a pair with a vision projector, taking images as localspec does (no
     video or audio): llama-server its pulled projector; vLLM and SGLang read the projector
     from the target's own checkpoint, so they get their switches for it."""
     if pair.mmproj is None:
         return export
     if export.engine == "llama-server":
-        return _with_projector(export, pair)
+        return _with_projector(export, pair, ggufs)
     if export.engine == "sglang":
         return Export(export.engine, (*export.argv, *SGLANG_VISION), export.notes)
     if _vllm_drafts_with_a_model(export.argv):
@@ -199,12 +199,13 @@ def _vllm_drafts_with_a_model(argv: tuple[str, ...]) -> bool:
     return method in ("draft_model", "dflash") or (method == "mtp" and "model" in config)
 
 
-def _with_projector(export: Export, pair: Pair) -> Export:
+def _with_projector(export: Export, pair: Pair, ggufs: GgufResolver | None) -> Export:
     """llama-server's command with the pair's pulled vision projector (`--mmproj FILE`, as
-    llama.cpp's common/arg.cpp spells it), so that its chats may hold images as localspec's do."""
+    llama.cpp's common/arg.cpp spells it), so that its chats may hold images as localspec's do;
+    none where the pull found the repo without it."""
     from localspec.models.pull import resolve_pair
 
-    projector = resolve_pair(pair.id, backend="llamacpp").mmproj
+    projector = resolve_pair(pair.id, backend="llamacpp").mmproj if ggufs is None else _projector_beside(pair, ggufs)
     if projector is None:
         return export
     return Export(export.engine, (*export.argv, "--mmproj", str(projector)), export.notes)
@@ -391,10 +392,27 @@ def _sidecar_path(pair: Pair, target: Path) -> Path | None:
     sidecar, artifact = sidecar_of(pair.target), pair.target.artifacts.get("llamacpp")
     if sidecar is None or not isinstance(artifact, HubArtifact):
         return None
-    root = target
+    return _snapshot_of(target, artifact).joinpath(*PurePosixPath(sidecar.name).parts)
+
+
+def _projector_beside(pair: Pair, ggufs: GgufResolver) -> Path | None:
+    """The projector where ggufs (the caller's own resolver) put the target: beside it, in the
+    same snapshot folder, when it comes from the target's repo at its revision and is there."""
+    assert pair.mmproj is not None
+    projector, target = pair.mmproj.artifacts.get("llamacpp"), pair.target.artifacts.get("llamacpp")
+    if not isinstance(projector, HubArtifact) or not isinstance(target, HubArtifact):
+        return None
+    if (projector.repo, projector.revision) != (target.repo, target.revision):
+        return None
+    path = _snapshot_of(ggufs(pair)[0], target).joinpath(*PurePosixPath(projector.files[0].name).parts)
+    return path if path.is_file() else None
+
+
+def _snapshot_of(path: Path, artifact: HubArtifact) -> Path:
+    """The snapshot folder holding the artifact's first file at path."""
     for _ in PurePosixPath(artifact.files[0].name).parts:
-        root = root.parent
-    return root.joinpath(*PurePosixPath(sidecar.name).parts)
+        path = path.parent
+    return path
 
 
 def _llama_server(target: Path, drafter: Path | None, k: int) -> tuple[str, ...]:

@@ -33,10 +33,20 @@ class ChecksumMismatchError(PullError):
         self.kept = kept
 
 
-def missing_file(artifact: HubArtifact, name: str, settings: HubSettings) -> PullError:
-    return PullError(
+class FileNotOnHubError(PullError):
+    """The hub answered, and the repo has no such file at that revision: known to be absent,
+    unlike a file the hub could not be asked about."""
+
+    def __init__(self, message: str, hint: str, name: str) -> None:
+        super().__init__(message, hint)
+        self.name = name
+
+
+def missing_file(artifact: HubArtifact, name: str, settings: HubSettings) -> FileNotOnHubError:
+    return FileNotOnHubError(
         f"{artifact.repo} has no file {name!r} at revision {artifact.revision} on {settings.endpoint}",
         "the models.toml entry names a file the repo does not have: fix `files`",
+        name,
     )
 
 

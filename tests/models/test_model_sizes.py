@@ -51,7 +51,7 @@ def test_list_shows_a_size_for_every_downloadable_pair_marking_estimates(
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines()[1:] if line and not line.startswith("~")}
     assert "98.4 MB" in rows["smollm2-135m"]  # pinned: exact, no mark
-    assert "~16.5 GB" in rows["qwen3.6-27b"]
+    assert "~17.4 GB" in rows["qwen3.6-27b"]
     unknown = [pair for pair, line in rows.items() if " ? " in line]
     assert unknown == ["gemma-4-e4b"], "only effective-parameter models have no estimate"
     assert "~ an estimate from the parameter count" in out
@@ -63,7 +63,7 @@ def test_an_offline_dry_run_says_what_it_would_fetch_from_the_registry(
     code = main(["pull", "qwen3.6-27b", "--dry-run", "--endpoint", "http://127.0.0.1:9", "-q"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "would fetch ~16.5 GB" in out
+    assert "would fetch ~17.4 GB" in out
     assert "Qwen3.6-27B-Q4_K_M.gguf" in out
     assert "the hub could not be reached" in out
 
@@ -100,4 +100,4 @@ def test_the_chats_pull_dialog_says_how_much_it_will_download(temporary_localspe
     missing = missing_pair(ChatSettings().with_changes(model="qwen3.6-27b"))
     assert missing is not None
     assert "Pull it now?" in missing.description
-    assert "~16.5 GB to download" in missing.description
+    assert "~17.4 GB to download" in missing.description

@@ -1,6 +1,7 @@
 """A pair that names its target's vision projector (`mmproj` in models.toml): `pull` fetches it
 beside the target, loading the pair reads images without `--mmproj`, `export --to
-llama-server` passes it, `rm` deletes it. Against the fake hub on 127.0.0.1, with the tiny
+llama-server` passes it, `rm` deletes it; a projector the repo does not have costs images
+only, never the text model. Against the fake hub on 127.0.0.1, with the tiny
 vision pair of tests/images/test_images.py as the repo's files."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 from localspec.api import load
 from localspec.cli.main import main
+from localspec.models.hub_errors import PullError
 from localspec.models.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
 from localspec.models.registry import RegistryError, load_registry
 from localspec.testing.fakehub import FakeHub, model_toml
@@ -107,3 +109,101 @@ def test_show_and_list_name_the_projector(hub: FakeHub, capsys: pytest.CaptureFi
     assert "projector (images): Tiny-Vision-Mmproj" in capsys.readouterr().out
     assert main(["list", "--json"]) == 0
     assert '"mmproj": "tiny-vision-mmproj"' in capsys.readouterr().out
+
+
+# -- a projector the repo does not have: the text model is pulled, images are off
+
+
+def without_projector(hub: FakeHub) -> None:
+    """The repo as if models.toml had guessed a projector name it does not have."""
+    del hub.repos[REPO].files["mmproj.gguf"]
+
+
+def pulled_files(home: Path) -> list[str]:
+    return sorted(p.relative_to(home / "pulled").as_posix() for p in (home / "pulled").rglob("*") if p.is_file())
+
+
+def test_a_projector_the_repo_lacks_leaves_the_text_model_pulled_and_says_so_in_one_line(
+    hub: FakeHub, temporary_localspec_home: Path
+) -> None:
+    without_projector(hub)
+    result = pull("tiny-vision", endpoint=hub.endpoint, progress=False)
+    assert [(f.role, f.name) for f in result.files] == [("target", "vision-target.gguf")]
+    (note,) = result.notes
+    assert f"{REPO}@main has no mmproj.gguf" in note and "images are off for this pair" in note
+    assert "--mmproj PATH" in note and "localspec add NAME --target" in note and "\n" not in note
+    resolved = resolve_pair("tiny-vision")
+    assert resolved.mmproj is None and resolved.target.read_bytes() == hub.repos[REPO].files["vision-target.gguf"]
+    assert is_pulled(load_registry().pair("tiny-vision"), "llamacpp")
+    # Whole records only: the target's, the projector's absence, the pair's mark; nothing half-written.
+    assert pulled_files(temporary_localspec_home) == [
+        "llamacpp/absent/tiny-vision-mmproj.json",
+        "llamacpp/pairs/tiny-vision",
+        "llamacpp/tiny-vision.json",
+    ]
+
+
+def test_pull_prints_the_missing_projector_line_once_even_when_quiet(
+    hub: FakeHub, capsys: pytest.CaptureFixture[str]
+) -> None:
+    without_projector(hub)
+    assert main(["pull", "tiny-vision", "--endpoint", hub.endpoint, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("without its projector") == 1 and "images are off" in out
+
+
+def test_an_app_pulling_with_its_own_progress_line_is_told_of_the_missing_projector(hub: FakeHub) -> None:
+    without_projector(hub)
+    told: list[str] = []
+    pull("tiny-vision", endpoint=hub.endpoint, progress=False, on_progress=lambda _d, _t, what: told.append(what))
+    assert [line for line in told if "without its projector" in line] != []
+
+
+def test_a_dry_run_says_the_projector_is_missing_and_records_nothing(
+    hub: FakeHub, temporary_localspec_home: Path
+) -> None:
+    without_projector(hub)
+    result = pull("tiny-vision", endpoint=hub.endpoint, progress=False, dry_run=True)
+    assert [f.role for f in result.files] == ["target"]
+    assert result.notes[0].startswith("would pull tiny-vision without its projector")
+    assert not (temporary_localspec_home / "pulled").exists()
+
+
+def test_a_projector_published_later_is_fetched_by_the_next_pull(hub: FakeHub, temporary_localspec_home: Path) -> None:
+    files = dict(hub.repos[REPO].files)
+    without_projector(hub)
+    pull("tiny-vision", endpoint=hub.endpoint, progress=False)
+    hub.add(REPO, files)  # a new commit with the projector
+    result = pull("tiny-vision", endpoint=hub.endpoint, progress=False)
+    assert result.notes == () and ("mmproj", "mmproj.gguf") in [(f.role, f.name) for f in result.files]
+    assert resolve_pair("tiny-vision").mmproj is not None
+    assert not (temporary_localspec_home / "pulled" / "llamacpp" / "absent" / "tiny-vision-mmproj.json").exists()
+
+
+def test_a_pair_pulled_without_its_projector_pulls_again_offline_and_stays_text_only(
+    hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without_projector(hub)
+    pull("tiny-vision", endpoint=hub.endpoint, progress=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (note,) = pull("tiny-vision", endpoint=hub.endpoint, progress=False).notes
+    assert "stays without its projector (images off)" in note
+    assert resolve_pair("tiny-vision").mmproj is None
+
+
+def test_a_projector_download_that_fails_still_fails_the_pull(hub: FakeHub) -> None:
+    hub.cut_after("mmproj.gguf", 100, then_down=True)
+    with pytest.raises(PullError, match=r"the download of mmproj.gguf from test/tiny-vision-GGUF failed"):
+        pull("tiny-vision", endpoint=hub.endpoint, progress=False)
+    assert not is_pulled(load_registry().pair("tiny-vision"), "llamacpp")
+    with pytest.raises(NotPulledError, match="missing: Tiny-Vision-Mmproj"):
+        resolve_pair("tiny-vision")
+
+
+def test_rm_of_a_pair_pulled_without_its_projector_leaves_no_record_of_it(
+    hub: FakeHub, temporary_localspec_home: Path
+) -> None:
+    without_projector(hub)
+    pull("tiny-vision", endpoint=hub.endpoint, progress=False)
+    assert [model for model, _ in remove("tiny-vision").removed] == ["tiny-vision"]
+    assert pulled_files(temporary_localspec_home) == []
