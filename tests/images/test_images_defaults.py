@@ -117,9 +117,7 @@ def test_sampling_with_a_draft_model_at_the_default_draft_length_keeps_the_targe
             counts[pair] += 1
             first_steps[first_step] += 1
     p = chi_square_p_value(counts, law)
-    print(
-        f"\ndraft model at the default length, sampling on an image prompt: first steps {dict(first_steps)}, p = {p:.3f}"
-    )
+    print(f"\ndefault-length draft model sampling an image prompt: first steps {dict(first_steps)}, p = {p:.3f}")
     assert p > P_FLOOR, worst_cells(counts, law)
     # A first step of 3 tokens kept a two-token draft whole (max_tokens=3 caps γ at 2): the
     # controller drafted at T > 0. Rejections at T > 0 are test_images_drafters.py's, at a fixed γ.
