@@ -4,13 +4,16 @@ queued, with a size cap, a time limit, a bounded number of redirects and the byt
 be an image. Loopback, private and link-local addresses stay refused (SSRF: a web page could
 otherwise make the server read the router, a cloud's metadata service or a local admin page)
 unless --allow-private-image-urls says so. Each hop connects to the address that was checked,
-not to a second lookup's (DNS rebinding), and no proxy from the environment is used."""
+not to a second lookup's (DNS rebinding), and no proxy from the environment is used; the
+certificate authorities trusted over https are certifi's, or in their place those
+SSL_CERT_FILE or SSL_CERT_DIR name."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import socket
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 from localspec.server.schemas import ApiError
 
 INLINE = "send the image inline as a data URL (data:image/png;base64,...)"
+TRUST = f"{INLINE}, or, for an image server of your own, start serve with SSL_CERT_FILE set to its CA's PEM file"
 REDIRECTS = (301, 302, 303, 307, 308)
 # The leading bytes of the formats llama.cpp's image decoder (stb_image) reads.
 SIGNATURES = (
@@ -95,7 +99,8 @@ async def _follow(part: _Part, rule: ImageUrls) -> bytes:
     import httpx  # only a server that fetches images needs it
 
     url = httpx.URL(part.url)
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=rule.timeout_s) as client:
+    options: dict[str, Any] = {"follow_redirects": False, "timeout": rule.timeout_s}
+    async with httpx.AsyncClient(trust_env=False, verify=_authorities(), **options) as client:
         for _ in range(rule.max_redirects + 1):
             if url.scheme not in ("http", "https") or not url.host:
                 raise _refused(part, f"the image URL redirected to {url}, which is not an http(s) URL", INLINE)
@@ -104,6 +109,15 @@ async def _follow(part: _Part, rule: ImageUrls) -> bytes:
                 return answer
             url = answer
     raise _refused(part, f"the image URL redirected more than {rule.max_redirects} times", "give the image's own URL")
+
+
+def _authorities() -> ssl.SSLContext:
+    """certifi's certificate authorities, or in their place those SSL_CERT_FILE or SSL_CERT_DIR
+    name (a company's own CA), as httpx reads them when it trusts the environment: the client
+    does not (trust_env=False), since that would take proxies from the environment too."""
+    import httpx
+
+    return httpx.create_ssl_context(trust_env=True)
 
 
 async def _get(part: _Part, client: Any, url: Any, addresses: Sequence[str], rule: ImageUrls) -> Any:
@@ -119,11 +133,25 @@ async def _get(part: _Part, client: Any, url: Any, addresses: Sequence[str], rul
                     return url.join(reply.headers["location"])
                 return await _body(part, reply, rule)
         except httpx.ConnectError as exc:
+            untrusted = _certificate_refusal(exc)
+            if untrusted is not None:
+                raise _refused(part, f"cannot verify the certificate of {url.host}: {untrusted}", TRUST) from None
             if k + 1 == len(addresses):
                 raise _refused(part, f"cannot connect to {url.host}: {exc or 'refused'}", INLINE) from None
         except httpx.HTTPError as exc:
             raise _refused(part, f"cannot fetch the image at {url}: {exc or type(exc).__name__}", INLINE) from None
     raise AssertionError("getaddrinfo gave no address")
+
+
+def _certificate_refusal(exc: BaseException) -> str | None:
+    """Why the server's certificate was not trusted, where that is what failed the connection
+    (httpx's ConnectError wraps httpcore's, which wraps the ssl module's error)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return str(cause.verify_message or cause.reason or cause)
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _pinned(url: Any, address: str) -> tuple[Any, dict[str, Any]]:

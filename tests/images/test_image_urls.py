@@ -1,13 +1,15 @@
 """serve and remote images: an http(s) image_url is fetched only when the server was started
 to (--allow-image-urls), from public addresses only unless --allow-private-image-urls says
 so, within a size cap, a time limit and a bounded number of redirects, and checked to be an
-image. A real HTTP server on this machine serves the images (hence the private permission
-where a fetch is meant to succeed)."""
+image. Real HTTP and HTTPS servers on this machine serve the images (hence the private
+permission where a fetch is meant to succeed); the HTTPS ones hold certificates of
+certificate authorities made here (trustme), one trusted through SSL_CERT_FILE."""
 
 from __future__ import annotations
 
 import base64
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from localspec.api import Runtime, load
 from localspec.cli.main import build_parser
@@ -43,6 +46,14 @@ class Images(ThreadingHTTPServer):
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def over_tls(self, certificate: trustme.LeafCert) -> Images:
+        """The same server answering over TLS with this certificate; the handshake in each
+        request's own thread, so a client that refuses the certificate holds up no other."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        certificate.configure_cert(context)
+        self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+        return self
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,15 +96,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-@pytest.fixture(scope="module")
-def images() -> Iterator[Images]:
-    server = Images()
+def running(server: Images) -> Iterator[Images]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
     server.release.set()
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def images() -> Iterator[Images]:
+    yield from running(Images())
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +282,77 @@ def test_only_public_addresses_count_as_public(address: str, public: bool) -> No
 def test_serve_fetches_image_urls_only_when_a_flag_says_so(flags: list[str], allow: bool, private: bool) -> None:
     rule = _image_urls(build_parser().parse_args(["serve", *flags]))
     assert (rule.allow, rule.private) == (allow, private)
+
+
+# -- over TLS: the certificate checked against the URL's name, by the authorities trusted -----------
+
+
+@pytest.fixture(scope="module")
+def authority() -> trustme.CA:
+    """A certificate authority of this machine's own, trusted where SSL_CERT_FILE names it."""
+    return trustme.CA()
+
+
+@pytest.fixture
+def trusting(authority: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve started with SSL_CERT_FILE naming the authority's PEM file."""
+    bundle = tmp_path / "authority.pem"
+    authority.cert_pem.write_to_path(str(bundle))
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+
+
+@pytest.fixture(scope="module")
+def secure(authority: trustme.CA) -> Iterator[Images]:
+    """Images over https, with a certificate the authority issued to localhost."""
+    yield from running(Images().over_tls(authority.issue_cert("localhost")))
+
+
+def https(server: Images, path: str = "/cat.png") -> str:
+    return f"https://localhost:{server.server_address[1]}{path}"
+
+
+def test_an_https_image_url_answers_as_the_same_image_sent_inline(
+    pair: tuple[Path, Path], fetching: LocalServer, secure: Images, trusting: None
+) -> None:
+    before = len(secure.asked)
+    reply = ask(fetching, https(secure))
+    assert reply.status_code == 200, reply.text
+    assert secure.asked[before:] == ["/cat.png"]  # fetched over TLS, from the server named
+    inline = "data:image/png;base64," + base64.b64encode(PICTURE).decode()
+    with fresh(pair, "none") as plain:
+        expected = plain.generate(messages=chat(inline), max_tokens=N, temperature=0).text
+    assert reply.json()["choices"][0]["message"]["content"] == expected
+
+
+def test_an_https_image_url_is_fetched_through_its_redirects(
+    fetching: LocalServer, secure: Images, trusting: None
+) -> None:
+    assert ask(fetching, https(secure, "/hop/1")).status_code == 200
+
+
+def test_an_https_image_url_whose_authority_is_not_trusted_is_refused_saying_how_to_trust_it(
+    fetching: LocalServer, secure: Images
+) -> None:
+    # No SSL_CERT_FILE: certifi's authorities alone, which never issued this certificate.
+    before = len(secure.asked)
+    message = refusal(ask(fetching, https(secure)))
+    assert "cannot verify the certificate of localhost" in message and "local issuer" in message
+    assert "SSL_CERT_FILE" in message and "data URL" in message
+    assert "Traceback" not in message
+    assert len(secure.asked) == before  # no request was sent over the untrusted connection
+
+
+@pytest.fixture(scope="module")
+def misnamed(authority: trustme.CA) -> Iterator[Images]:
+    """Images over https with a certificate the trusted authority issued to another name."""
+    yield from running(Images().over_tls(authority.issue_cert("images.example")))
+
+
+def test_a_certificate_issued_to_another_name_is_refused(
+    fetching: LocalServer, misnamed: Images, trusting: None
+) -> None:
+    # The connection goes to the checked address; the certificate is still checked against
+    # the URL's name (SNI and hostname both), not against the address.
+    message = refusal(ask(fetching, https(misnamed)))
+    assert "cannot verify the certificate of localhost" in message and "not valid for 'localhost'" in message
+    assert not misnamed.asked
