@@ -78,6 +78,7 @@ def test_gemma_4_pairs_bring_their_assistant_sidecar_and_draft_with_it() -> None
         pair = registry.pair(pair_id)
         artifact = pair.target.artifacts["llamacpp"]
         assert isinstance(artifact, HubArtifact)
+        assert artifact.repo == f"unsloth/gemma-4-{size}-it-qat-GGUF"  # unsloth keeps QAT files apart
         assert [f.name for f in artifact.files] == [
             f"gemma-4-{size}-it-qat-UD-Q4_K_XL.gguf",
             f"mtp-gemma-4-{size}-it.gguf",
