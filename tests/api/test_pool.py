@@ -5,8 +5,10 @@ lands on the lane that caches it."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from model_support import TEST_N_CTX
@@ -101,3 +103,25 @@ def test_the_default_lanes_leave_room_for_a_draft_models_caches_too(
     assert default_parallel(str(smollm2_q4_1), TEST_N_CTX) == 4
     # A Q8_0 copy drafts beside it: each lane holds two caches of the same size, so 2 fit.
     assert default_parallel(str(smollm2_q4_1), TEST_N_CTX, str(derived_models["Q8_0"])) == 2
+
+
+def test_every_shared_pass_runs_on_one_thread_whichever_lane_asked(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama.cpp's OpenMP workers belong to the thread that starts a pass: passes started from
+    # each request's own thread kept a team per thread spinning against each other (lanes.py).
+    from localspec.backends.llamacpp import lanes
+
+    ran_on: set[str] = set()
+    run = lanes.LaneHost._run
+
+    def recording(host: lanes.LaneHost, asks: list[Any]) -> None:
+        ran_on.add(threading.current_thread().name)
+        run(host, asks)
+
+    monkeypatch.setattr(lanes.LaneHost, "_run", recording)
+
+    async def together() -> list[str]:
+        answers = await asyncio.gather(*(pool.agenerate(p, max_tokens=n, temperature=0) for p, n in ASKS))
+        return [answer.text for answer in answers]
+
+    asyncio.run(together())
+    assert len(ran_on) == 1 and ran_on.pop().startswith("localspec-passes")
