@@ -261,13 +261,16 @@ def _alone() -> int:
 
 @dataclass
 class SharedPassCurve(CostCurve):
-    """A lane's curve when requests share passes (backends/llamacpp/lanes.py): beside n-1 other
-    busy lanes a pass's fixed cost is paid already, so k rows of this lane cost what they add
-    to the others' rows, t(n-1+k) - t(n-1), on the lone curve. A plain step then looks cheap
-    and a draft must be accepted more often to pay, as it must for the batch's throughput.
-    Alone it is the lone curve. It learns only from steps taken alone: beside other lanes a
-    step's time holds their passes and waits too, which would teach the lone curve (and the
-    learnt curve kept on disk for later loads) the batch's round instead of a pass."""
+    """A lane's curve when requests share passes (backends/llamacpp/lanes.py), priced as what
+    this lane's k rows add to the passes of n-1 other busy lanes taking plain steps, on the lone
+    curve t. A plain step joins their pass: t(n) - t(n-1). A longer block cannot join it as it
+    is, since a shared pass gives every lane the same rows (lanes.py): it either runs in a pass
+    of its own, t(k), or pads the others' rows to k, t(n*k) - t(n-1); whichever costs less,
+    as lanes.py shapes the passes. A plain step then looks cheap and a draft must be accepted
+    more often to pay, as it must for the batch's throughput. Alone it is the lone curve. It
+    learns only from steps taken alone: beside other lanes a step's time holds their passes and
+    waits too, which would teach the lone curve (and the learnt curve kept on disk for later
+    loads) the batch's round instead of a pass."""
 
     busy: Callable[[], int] = field(default=_alone, repr=False, compare=False)  # lanes in a request, this one too
 
@@ -275,7 +278,8 @@ class SharedPassCurve(CostCurve):
         others = self.busy() - 1
         if others <= 0:
             return super().verify(k, depth)
-        return max(super().verify(others + k, depth) - super().verify(others, depth), 1e-6)
+        joined = super().verify(others * k + k, depth) - super().verify(others, depth)
+        return max(joined if k == 1 else min(super().verify(k, depth), joined), 1e-6)
 
     def update(self, k: int, seconds: float, depth: int = 0) -> None:
         if self.busy() <= 1:

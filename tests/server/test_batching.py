@@ -342,13 +342,19 @@ def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
     from localspec.control.costs import SharedPassCurve
 
     # 5 ms a pass and 6 ms a row, as a small model on this CPU: alone a 5-row block costs 35 ms
-    # against 11 for one row; beside three busy lanes it adds 30 ms against 6.
-    lone = [0.005 + 0.006 * k for k in range(1, 17)]
+    # against 11 for one row. Beside three busy lanes a plain step adds 6 ms to their pass; a
+    # 5-row block cannot join their 1-row pass (every lane of a pass has the same rows), so it
+    # costs a pass of its own, 35 ms, which is less than padding the three others to 5 rows
+    # (t(20) - t(3) = 102 ms).
+    lone = [0.005 + 0.006 * k for k in range(1, 33)]
     busy = [1]
     shared = SharedPassCurve(lone, busy=lambda: busy[0])
     assert shared.verify(1) == pytest.approx(0.011) and shared.verify(5) == pytest.approx(0.035)
     busy[0] = 4
-    assert shared.verify(1) == pytest.approx(0.006) and shared.verify(5) == pytest.approx(0.030)
+    assert shared.verify(1) == pytest.approx(0.006) and shared.verify(5) == pytest.approx(0.035)
+    # On a flat curve (a GPU's: 10 ms a pass, 0.1 ms a row) padding the others costs less.
+    flat = SharedPassCurve([0.010 + 0.0001 * k for k in range(1, 33)], busy=lambda: busy[0])
+    assert flat.verify(5) == pytest.approx(0.0001 * (20 - 3))
     # Beside others a step's time holds their passes: nothing is learnt from it, and what a
     # later load starts from stays the lone curve.
     before = shared.scale
@@ -378,7 +384,9 @@ def test_a_lanes_policy_is_the_lone_policy_priced_on_the_targets_calibration_as_
         alone = [lone.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)]
         assert [lane.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)] == alone
         busy[0] = 3
-        assert lane.costs.verify(2) == pytest.approx(lone.costs.verify(4) - lone.costs.verify(2))
+        assert lane.costs.verify(1) == pytest.approx(lone.costs.verify(3) - lone.costs.verify(2))
+        joined = lone.costs.verify(6) - lone.costs.verify(2)  # the two others padded to 2 rows
+        assert lane.costs.verify(2) == pytest.approx(min(lone.costs.verify(2), joined))
     finally:
         target.close()
 
