@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psutil
 
 from localspec.control.hardware import host_kind
 from localspec.models.default_model import ensure_pypi_model
@@ -137,13 +139,20 @@ def side_requests(base: str) -> tuple[float, float]:
     return title, tags
 
 
-def throughput(base: str, clients: int) -> tuple[float, float]:
-    """Aggregate tokens/s and the mean stream's tokens/s, `clients` greedy requests at once."""
-    t0 = time.perf_counter()
+def throughput(base: str, clients: int, server: psutil.Process) -> tuple[float, float, float]:
+    """Aggregate tokens/s, the mean stream's tokens/s and the server's CPU milliseconds a token
+    (its process's user and system time, which other programs stretch far less than wall time),
+    `clients` greedy requests at once."""
+    cpu0, t0 = _cpu(server), time.perf_counter()
     answers = at_once([lambda i=i: chat(base, PROMPTS[i % len(PROMPTS)], 128, temperature=0) for i in range(clients)])
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu(server) - cpu0
     tokens = sum(a[1] for a in answers)
-    return tokens / wall, sum(a[1] / a[2] for a in answers) / clients
+    return tokens / wall, sum(a[1] / a[2] for a in answers) / clients, 1000 * cpu / max(tokens, 1)
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def identity(base: str) -> int:
@@ -155,12 +164,33 @@ def identity(base: str) -> int:
     return sum(a != b for a, b in zip(alone, together, strict=True))
 
 
+def side(servers: tuple[Server, ...]) -> None:
+    """The Open WebUI flow's table, a row a server."""
+    print("## side requests while a 300-token stream runs (seconds to the whole answer)\n")
+    print("| server | title | tags |\n|---|---|---|")
+    for server in servers:
+        proc, base = start(server)
+        try:
+            chat(base, "Hi", 4, temperature=0)  # warm
+            title, tags = side_requests(base)
+            print(f"| {server.name} | {title:.2f} | {tags:.2f} |", flush=True)
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def _median(runs: list[tuple[float, float, float]], *fields: int) -> str:
+    return " / ".join(f"{statistics.median(r[f] for r in runs):.1f}" for f in fields)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--model", default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-identity", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="throughput rounds a cell (its median)")
+    parser.add_argument("--skip-side", action="store_true", help="leave out the side-request flow")
     args = parser.parse_args()
     model = args.model or str(ensure_pypi_model())
     t = str(args.threads)
@@ -181,36 +211,36 @@ def main() -> None:
     ngram = ["--spec-type", "ngram-simple"]
     name, day = model.rsplit("/", 1)[-1], time.strftime("%Y-%m-%d")
     print(f"# concurrency: {host_kind()} host, {args.threads} thread(s), {name}, {day}\n")
-    print("## side requests while a 300-token stream runs (seconds to the whole answer)\n")
-    print("| server | title | tags |\n|---|---|---|")
-    for server in (localspec(4, "ngram"), localspec(1, "ngram"), llama(4, [], ""), llama(2, [], "")):
-        proc, base = start(server)
-        try:
-            chat(base, "Hi", 4, temperature=0)  # warm
-            title, tags = side_requests(base)
-            print(f"| {server.name} | {title:.2f} | {tags:.2f} |", flush=True)
-        finally:
-            proc.kill()
-            proc.wait()
-    print("\n## tokens/s with N clients streaming at once (aggregate / per stream)\n")
-    print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
+    if not args.skip_side:
+        side((localspec(4, "ngram"), localspec(1, "ngram"), llama(4, [], ""), llama(2, [], "")))
     rows = [
         (lambda n: localspec(n, "ngram"), "localspec, n-gram"),
         (lambda n: localspec(n, "none"), "localspec, plain"),
         (lambda n: llama(n, ngram, ", ngram-simple"), "llama-server, ngram-simple"),
         (lambda n: llama(n, [], ""), "llama-server, plain"),
     ]
-    for make, label in rows:
-        cells = []
-        for n in (1, 2, 4):
-            proc, base = start(make(max(n, 1)))
-            try:
-                chat(base, "Explain how a bicycle works.", 64, temperature=0)  # warm, with a prompt of its size
-                total, per = throughput(base, n)
-                cells.append(f"{total:.1f} / {per:.1f}")
-            finally:
-                proc.kill()
-                proc.wait()
+    # Every round starts each server afresh, the rows in turn, so that a slow minute of the
+    # host falls on all of them; a cell is the median round.
+    runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    for n in (1, 2, 4):
+        for _ in range(args.rounds):
+            for make, label in rows:
+                proc, base = start(make(n))
+                try:
+                    chat(base, "Explain how a bicycle works.", 64, temperature=0)  # warm, with a prompt of its size
+                    runs.setdefault((label, n), []).append(throughput(base, n, psutil.Process(proc.pid)))
+                finally:
+                    proc.kill()
+                    proc.wait()
+    print(f"\n## tokens/s with N clients streaming at once (aggregate / per stream; median of {args.rounds})\n")
+    print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
+    for _, label in rows:
+        cells = [_median(runs[label, n], 0, 1) for n in (1, 2, 4)]
+        print(f"| {label} | {' | '.join(cells)} |", flush=True)
+    print("\n## the server's CPU milliseconds a generated token (median)\n")
+    print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
+    for _, label in rows:
+        cells = [f"{statistics.median(r[2] for r in runs[label, n]):.2f}" for n in (1, 2, 4)]
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
     if not args.skip_identity:
         print("\n## answers that differ, alone vs 4 clients at once (of 10: 5 greedy, 5 seeded)\n")
