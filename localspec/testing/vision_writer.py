@@ -61,12 +61,15 @@ def normal_weights(seed: int) -> Weights:
     return w
 
 
-def tower_blocks(w: Weights, d: int, ffn: int, blocks: int) -> dict[str, np.ndarray]:
-    """A vision tower's transformer blocks under clip.cpp's names."""
+def tower_blocks(w: Weights, d: int, ffn: int, blocks: int, fused_qkv: bool = False) -> dict[str, np.ndarray]:
+    """A vision tower's transformer blocks under clip.cpp's names; fused_qkv: Q, K and V in one
+    attn_qkv matrix, as clip.cpp's qwen3vl graph reads them."""
     out: dict[str, np.ndarray] = {}
     for i in range(blocks):
         b = f"v.blk.{i}."
-        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        if fused_qkv:
+            out |= {b + "attn_qkv.weight": w(3 * d, d, std=d**-0.5), b + "attn_qkv.bias": w(3 * d, std=0.1)}
+        for part in ("attn_out",) if fused_qkv else ("attn_q", "attn_k", "attn_v", "attn_out"):
             out |= {b + part + ".weight": w(d, d, std=d**-0.5), b + part + ".bias": w(d, std=0.1)}
         out |= {
             b + "ln1.weight": w(d, std=0.1, center=1.0),

@@ -23,34 +23,19 @@ import pytest
 from localspec.api import load
 from localspec.core.errors import ModelLoadError
 from localspec.testing.gguf_writer import Spec, add_bpe_vocab, add_decoder_header, gguf_name, hf_weights, write_out
-from localspec.testing.vision_writer import GRID_ROPE_SECTIONS, GridSpec, clip_writer, normal_weights, png_bytes
+from localspec.testing.vision_writer import (
+    GRID_ROPE_SECTIONS,
+    GridSpec,
+    clip_writer,
+    normal_weights,
+    png_bytes,
+    tower_blocks,
+)
 
 N = 24
 DEEPSTACK = (0,)  # the tower blocks whose output also goes to the target, each as a slice of the row
 TARGET = Spec(arch="qwen2")  # weights drawn as a Qwen2 decoder's; its biases left out
 TOWER = GridSpec(out_width=TARGET.hidden, blocks=2, seed=17)
-
-
-def tower(w: Any, d: int, ffn: int, blocks: int) -> dict[str, np.ndarray]:
-    """The vision tower's blocks as clip.cpp's qwen3vl graph reads them: Q, K and V fused."""
-    out: dict[str, np.ndarray] = {}
-    for i in range(blocks):
-        b = f"v.blk.{i}."
-        out |= {
-            b + "attn_qkv.weight": w(3 * d, d, std=d**-0.5),
-            b + "attn_qkv.bias": w(3 * d, std=0.1),
-            b + "attn_out.weight": w(d, d, std=d**-0.5),
-            b + "attn_out.bias": w(d, std=0.1),
-            b + "ln1.weight": w(d, std=0.1, center=1.0),
-            b + "ln1.bias": w(d, std=0.1),
-            b + "ln2.weight": w(d, std=0.1, center=1.0),
-            b + "ln2.bias": w(d, std=0.1),
-            b + "ffn_up.weight": w(ffn, d, std=d**-0.5),
-            b + "ffn_up.bias": w(ffn, std=0.1),
-            b + "ffn_down.weight": w(d, ffn, std=ffn**-0.5),
-            b + "ffn_down.bias": w(d, std=0.1),
-        }
-    return out
 
 
 def write_projector(spec: GridSpec, path: Path, deepstack: tuple[int, ...] = DEEPSTACK, loudness: float = 1.0) -> Path:
@@ -68,7 +53,7 @@ def write_projector(spec: GridSpec, path: Path, deepstack: tuple[int, ...] = DEE
         "mm.0.bias": w(merged, std=0.1),
         "mm.2.weight": w(out, merged, std=spec.scale * merged**-0.5),
         "mm.2.bias": w(out, std=0.1 * spec.scale),
-    } | tower(w, d, spec.ffn, spec.blocks)
+    } | tower_blocks(w, d, spec.ffn, spec.blocks, fused_qkv=True)
     for i in deepstack:
         s = f"v.deepstack.{i}."
         tensors |= {
