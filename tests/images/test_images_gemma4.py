@@ -38,7 +38,10 @@ def tower(w: Any, d: int, ffn: int, blocks: int, head_dim: int) -> dict[str, np.
     for i in range(blocks):
         b = f"v.blk.{i}."
         out |= {b + part + ".weight": w(d, d, std=d**-0.5) for part in ("attn_q", "attn_k", "attn_v", "attn_out")}
-        out |= {b + norm + ".weight": w(d, std=0.1, center=1.0) for norm in ("ln1", "ln2", "attn_post_norm", "ffn_post_norm")}
+        out |= {
+            b + norm + ".weight": w(d, std=0.1, center=1.0)
+            for norm in ("ln1", "ln2", "attn_post_norm", "ffn_post_norm")
+        }
         out |= {
             b + "attn_q_norm.weight": w(head_dim, std=0.1, center=1.0),
             b + "attn_k_norm.weight": w(head_dim, std=0.1, center=1.0),
