@@ -13,6 +13,7 @@ otherwise decide whether anything is drafted at all.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -22,9 +23,12 @@ import pytest
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, first_two, worst_cells
 
 from localspec.api import Runtime, load
+from localspec.backends.llamacpp.copies import derived
 from localspec.control import calibrate, hardware
 from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.sampling import SamplingConfig
+from localspec.events import Completion
+from localspec.pool import load_pool
 from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.testing.vision_writer import png_bytes, write_vision_pair
 
@@ -122,3 +126,60 @@ def test_sampling_with_a_draft_model_at_the_default_draft_length_keeps_the_targe
     # A first step of 3 tokens kept a two-token draft whole (max_tokens=3 caps γ at 2): the
     # controller drafted at T > 0. Rejections at T > 0 are test_images_drafters.py's, at a fixed γ.
     assert first_steps[3] > 0, "no draft was kept whole: the controller declined the drafter when sampling"
+
+
+def together(ask: Any, seeds: tuple[int, ...]) -> list[Completion]:
+    """ask(seed) for every seed, each from a thread of its own, all sent at the same moment."""
+    answers: list[Completion | None] = [None] * len(seeds)
+    start = threading.Barrier(len(seeds))
+
+    def client(i: int) -> None:
+        start.wait(60)
+        answers[i] = ask(seeds[i])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(seeds))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(answer is not None for answer in answers), "a client failed (its exception is printed above)"
+    return [answer for answer in answers if answer is not None]
+
+
+def test_two_lanes_at_the_default_draft_length_answer_image_prompts_at_once_as_each_alone(
+    files: dict[str, Path],
+) -> None:
+    # As `localspec serve --parallel 2 --mmproj MMPROJ --strategy ngram`: calibration on, "auto"
+    # draft lengths priced on passes the lanes share. A Q8_0 target, so that a pass holds
+    # several rows and the two lanes' steps can meet in one. Alone: plain decoding of the same
+    # request on its own runtime, so the lanes start cold and their prompts overlap in time.
+    target = derived(files["target"], "Q8_0", files["target"].parent)
+    pairs = (SEEDS, (1, 4), (2, 5))  # images whose answers differ, two at a time
+    with load(str(target), mmproj=str(files["mmproj"]), strategy="none", threads=1) as plain:
+        alone = {
+            seed: list(plain.generate(messages=question(seed), max_tokens=N, temperature=0).tokens)
+            for pair in pairs
+            for seed in pair
+        }
+    with load_pool(str(target), mmproj=str(files["mmproj"]), parallel=2, strategy="ngram", threads=1) as pool:
+        assert len(pool.runtimes) == 2 and pool.note is None
+        assert all(isinstance(runtime.policy, AdaptiveDraftLength) for runtime in pool.runtimes)
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+
+        def ask(seed: int) -> Completion:
+            return pool.generate(messages=question(seed), max_tokens=N, temperature=0)
+
+        # n-gram lookup has little to draft from in a first answer (later ones recall earlier
+        # answers), and on a busy host two requests may pass without meeting in a pass: rounds
+        # run (each checked) until one both drafted and shared passes.
+        for pair in pairs:
+            assert alone[pair[0]] != alone[pair[1]]  # a lane reading the other's image would show
+            shared_before = host.figures.shared_passes
+            answers = together(ask, pair)
+            assert [list(answer.tokens) for answer in answers] == [alone[seed] for seed in pair]
+            assert not any(answer.stats.notices for answer in answers)
+            drafted = sum(answer.stats.drafted for answer in answers)
+            if host.figures.shared_passes > shared_before and drafted > 0:
+                break
+        assert host.figures.shared_passes > shared_before, "the two requests never shared a pass"
+        assert drafted > 0, "nothing was drafted: the controller declined every draft"
