@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from model_support import llamacpp_target
 from test_images_mrope import mtmd_oracle
 
 from localspec.api import Runtime, load
-from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair, write_out
 from localspec.testing.vision_writer import PooledSpec, clip_writer, normal_weights, png_bytes
 
@@ -85,11 +85,6 @@ def chat(seed: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [image, {"type": "text", "text": "Describe it"}]}]
 
 
-def backend(runtime: Runtime) -> LlamaCppBackend:
-    assert isinstance(runtime.target, LlamaCppBackend)
-    return runtime.target
-
-
 @pytest.fixture(scope="module")
 def plain_answers(pair: tuple[Path, Path]) -> dict[int, list[int]]:
     with fresh(pair, "none") as plain:
@@ -99,7 +94,7 @@ def plain_answers(pair: tuple[Path, Path]) -> dict[int, list[int]]:
 def test_a_gemma4v_image_is_read_whole_and_evaluated_as_llama_cpps_mtmd_helper_does(pair: tuple[Path, Path]) -> None:
     image = png_bytes(24, 20, SEEDS[1])
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         assert target._images is not None and target._images[0].reads_whole
         text = f"Look: {target._images[0].marker} and say"
         ids = target.tokenize_images(text, [image], ["the image"])

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from model_support import llamacpp_target
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 from localspec.api import Runtime, load
@@ -46,11 +47,6 @@ def chat(seed: int, text: str = TEXT) -> list[dict[str, Any]]:
 
 def answer(runtime: Runtime, messages: list[dict[str, Any]]) -> list[int]:
     return list(runtime.generate(messages=messages, max_tokens=N, temperature=0).tokens)
-
-
-def backend(runtime: Runtime) -> LlamaCppBackend:
-    assert isinstance(runtime.target, LlamaCppBackend)
-    return runtime.target
 
 
 # -- positions: as llama.cpp's own mtmd helper places them --------------------------------------
@@ -90,7 +86,7 @@ def test_an_image_prompt_is_evaluated_where_llama_cpps_mtmd_helper_places_it(
 ) -> None:
     image = png_bytes(24, 20, seed)
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         assert target._images is not None
         text = f"Look: {target._images[0].marker} and say"
         ids = target.tokenize_images(text, [image], ["the image"])
@@ -104,7 +100,7 @@ def test_an_image_prompt_is_evaluated_where_llama_cpps_mtmd_helper_places_it(
 
 def test_a_rollback_into_an_image_leaves_the_cache_as_a_fresh_evaluation(pair: tuple[Path, Path]) -> None:
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         ids = runtime.prepare(messages=chat(0)).ids
         first = next(i for i, t in enumerate(ids) if t < 0)
         expected = np.array(target.eval_block(list(ids), "last")).copy()
@@ -121,7 +117,7 @@ def test_a_tree_after_an_image_gives_each_node_its_root_paths_rows_and_keeps_one
     # record indices): each node's rows are a chain's over its root path, and the kept
     # branch leaves the cache as that chain would.
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         ids = list(runtime.prepare(messages=chat(0)).ids)
         tokens, parents = [ids[-1], 13, 118, 13, 49], [-1, 0, 1, 0, 3]
         target.eval_block(ids[:-1], "none")

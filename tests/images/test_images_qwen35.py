@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from model_support import llamacpp_target
 from test_images_mrope import mtmd_oracle
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
 from localspec.api import Runtime, load
-from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.core.sampling import SamplingConfig
 from localspec.prompts import Prompt
 from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
@@ -46,11 +46,6 @@ def chat(seed: int, text: str = "Describe it") -> list[dict[str, Any]]:
     return [{"role": "user", "content": [image, {"type": "text", "text": text}]}]
 
 
-def backend(runtime: Runtime) -> LlamaCppBackend:
-    assert isinstance(runtime.target, LlamaCppBackend)
-    return runtime.target
-
-
 @pytest.fixture(scope="module")
 def plain_answers(pair: tuple[Path, Path]) -> dict[int, list[int]]:
     with fresh(pair, "none") as plain:
@@ -60,7 +55,7 @@ def plain_answers(pair: tuple[Path, Path]) -> dict[int, list[int]]:
 def test_an_image_prompt_is_evaluated_where_llama_cpps_mtmd_helper_places_it(pair: tuple[Path, Path]) -> None:
     image = png_bytes(24, 20, 0)
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         assert target._images is not None and target._places is not None  # qwen35 rotates by M-RoPE's sections
         text = f"Look: {target._images[0].marker} and say"
         ids = target.tokenize_images(text, [image], ["the image"])
@@ -76,7 +71,7 @@ def test_the_image_changes_the_answer(plain_answers: dict[int, list[int]]) -> No
 
 def test_a_rollback_into_an_image_restores_the_state_a_fresh_evaluation_has(pair: tuple[Path, Path]) -> None:
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         ids = runtime.prepare(messages=chat(0)).ids
         first = next(i for i, t in enumerate(ids) if t < 0)
         expected = np.array(target.eval_block(list(ids), "last")).copy()
@@ -90,7 +85,7 @@ def test_a_rollback_of_a_few_rows_into_the_image_just_decoded_takes_it_whole(pai
     # Within the last pass, a few rows back: llama.cpp's own snapshots would cut the cache
     # at a position, but the image's rows share one; the state goes back further instead.
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         ids = list(runtime.prepare(messages=chat(0)).ids)
         end = max(i for i, t in enumerate(ids) if t < 0) + 1
         expected = np.array(target.eval_block(ids, "last")).copy()

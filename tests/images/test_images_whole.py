@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from model_support import llamacpp_target
 from test_images_mrope import mtmd_oracle
 from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, sample_first_two, worst_cells
 
@@ -55,11 +56,6 @@ def answer(runtime: Runtime, messages: list[dict[str, Any]]) -> list[int]:
     return list(runtime.generate(messages=messages, max_tokens=N, temperature=0).tokens)
 
 
-def backend(runtime: Runtime) -> LlamaCppBackend:
-    assert isinstance(runtime.target, LlamaCppBackend)
-    return runtime.target
-
-
 @pytest.fixture(scope="module")
 def plain_answers(pair: tuple[Path, Path]) -> dict[int, list[int]]:
     with fresh(pair, "none") as plain:
@@ -70,7 +66,7 @@ def plain_answers(pair: tuple[Path, Path]) -> dict[int, list[int]]:
 def test_an_image_read_whole_is_evaluated_as_llama_cpps_mtmd_helper_does(pair: tuple[Path, Path], seed: int) -> None:
     image = png_bytes(24, 20, seed)
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         assert target._images is not None
         text = f"Look: {target._images[0].marker} and say"
         ids = target.tokenize_images(text, [image], ["the image"])
@@ -96,7 +92,7 @@ def test_a_prompt_whose_blocks_cut_the_image_answers_as_one_block_does(
 
 def test_a_rollback_into_the_image_leaves_the_cache_as_a_fresh_evaluation(pair: tuple[Path, Path]) -> None:
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         ids = runtime.prepare(messages=chat(0)).ids
         first = next(i for i, t in enumerate(ids) if t < 0)
         expected = np.array(target.eval_block(list(ids), "last")).copy()
@@ -118,7 +114,7 @@ def test_an_image_longer_than_a_pass_is_refused_naming_the_batch(tmp_path: Path)
 
 def test_an_image_asked_for_from_its_middle_is_refused_saying_where_to_start(pair: tuple[Path, Path]) -> None:
     with fresh(pair, "none") as runtime:
-        target = backend(runtime)
+        target = llamacpp_target(runtime)
         assert target._images is not None
         ids = target.tokenize_images(f"a {target._images[0].marker} b", [png_bytes(24, 20, 0)], ["x"])
         rows = [t for t in ids if t < 0]
