@@ -41,6 +41,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
+from localspec.common.media import AUDIO_FORMATS, audio_format
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Logits, LogitsMode
 
@@ -57,12 +58,15 @@ MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 # dropped from here gets new ids when it comes again (its cached positions are not reused).
 KEPT_IMAGES = 16
 FORMATS = "PNG, JPEG, GIF or BMP"
+# An audio clip past this size is refused before decoding: 32 MiB is over 15 minutes of 16-bit
+# WAV at 16 kHz, 22 500 positions in the context at a Whisper-style projector's 25 a second.
+MAX_AUDIO_BYTES = 32 * 1024 * 1024
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
 # mtmd_input_chunk types
-_TEXT, _IMAGE = 0, 1
+_TEXT, _IMAGE, _AUDIO = 0, 1, 2
 
 
 @cache
@@ -126,6 +130,15 @@ def check_image(data: bytes, name: str) -> None:
         )
 
 
+def check_audio(data: bytes, name: str) -> None:
+    """Refuse an audio clip too large to decode (its format was recognised by audio_format)."""
+    if len(data) > MAX_AUDIO_BYTES:
+        raise InvalidRequestError(
+            f"{name} is {len(data) / 2**20:.0f} MiB, past the {MAX_AUDIO_BYTES // 2**20} MiB a clip may take",
+            "send a shorter clip, or one compressed as MP3",
+        )
+
+
 # -- the projector and the images it has read ----------------------------------------------------
 
 
@@ -181,12 +194,9 @@ class Projector:
                 "as the model's embeddings are",
             )
         self.n_embd = n_embd
-        if not m.mtmd_support_vision(self._ctx):
-            self.close()
-            raise ModelLoadError(
-                f"the projector {os.path.basename(path)} reads no images (audio only), which localspec does not read",
-                "load the model without --mmproj",
-            )
+        self.name = os.path.basename(path)
+        # What its encoders read: images, audio (an audio projector: Qwen2-Audio's, Ultravox's), or both.
+        self.sees, self.hears = bool(m.mtmd_support_vision(self._ctx)), bool(m.mtmd_support_audio(self._ctx))
         # The target's rotation decides: M-RoPE targets place images on their grid (Places).
         self.places = Places() if m.mtmd_decode_use_mrope(self._ctx) else None
         self.sections = 1 if self.places is None else 4  # positions per image row
@@ -209,13 +219,31 @@ class Projector:
                 "give one image per image part",
             )
         for data, name in zip(images, names, strict=True):
-            check_image(data, name)
+            self._check(data, name)
         bitmaps = [self._bitmap(data, name) for data, name in zip(images, names, strict=True)]
         try:
             return self._tokens(text, bitmaps)
         finally:
             for bitmap in bitmaps:
                 self._m.mtmd_bitmap_free(bitmap)
+
+    def _check(self, data: bytes, name: str) -> None:
+        """Refuse what this projector's encoders do not read, before any decoder sees it."""
+        kind = audio_format(data)
+        if kind is None:
+            check_image(data, name)
+        else:
+            check_audio(data, name)
+        if kind is not None and not self.hears:
+            raise InvalidRequestError(
+                f"{name} is audio, but the projector {self.name} reads images only",
+                "load the model with a projector that has an audio encoder (--mmproj), or send text and images only",
+            )
+        if kind is None and not self.sees:
+            raise InvalidRequestError(
+                f"{name} is an image, but the projector {self.name} reads audio only",
+                "send the image to a vision model, or send text and audio only",
+            )
 
     def _bitmap(self, data: bytes, name: str) -> Any:
         m = self._m
@@ -226,8 +254,9 @@ class Projector:
         opt.video_params.ffmpeg_bin_dir = b"/nonexistent/localspec-no-ffmpeg"
         bitmap = m.mtmd_helper_bitmap_init_from_buf(self._ctx, buf, len(data), False, opt)
         if not bitmap:
+            formats = AUDIO_FORMATS if audio_format(data) else FORMATS
             raise InvalidRequestError(
-                f"{name} could not be decoded (truncated or corrupt)", f"send the whole file, as {FORMATS}"
+                f"{name} could not be decoded (truncated or corrupt)", f"send the whole file, as {formats}"
             )
         return bitmap
 
@@ -241,38 +270,46 @@ class Projector:
             if (rc := m.mtmd_tokenize(self._ctx, chunks, ctypes.byref(given), array, len(bitmaps))) != 0:
                 raise InvalidRequestError(f"llama.cpp's mtmd could not read the prompt's images (code {rc})")
             tokens: list[int] = []
+            seen: dict[bytes, int] = {}  # a clip past 30 s comes as several chunks of one digest
             for i in range(m.mtmd_input_chunks_size(chunks)):
                 chunk = m.mtmd_input_chunks_get(chunks, i)
-                tokens += self._chunk_ids(chunk)
+                tokens += self._chunk_ids(chunk, seen)
             return tokens
         finally:
             m.mtmd_input_chunks_free(chunks)
 
-    def _chunk_ids(self, chunk: Any) -> list[int]:
+    def _chunk_ids(self, chunk: Any, seen: dict[bytes, int]) -> list[int]:
         m = self._m
         n = int(m.mtmd_input_chunk_get_n_tokens(chunk))
-        if m.mtmd_input_chunk_get_type(chunk) == _TEXT:
+        kind = m.mtmd_input_chunk_get_type(chunk)
+        if kind == _TEXT:
             count = ctypes.c_size_t(0)
             ids = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
             return [int(ids[i]) for i in range(count.value)]
-        if m.mtmd_input_chunk_get_type(chunk) != _IMAGE:
-            raise InvalidRequestError("only images are read here, not audio", "send an image")
+        if kind == _AUDIO and self.places is not None:
+            raise InvalidRequestError(
+                "audio on an M-RoPE target (Qwen2.5-Omni's kind) is not read by localspec yet",
+                "send the audio to a model whose positions are linear (Qwen2-Audio, Ultravox, Voxtral)",
+            )
         n_pos = int(m.mtmd_input_chunk_get_n_pos(chunk))
         if self.places is None and n_pos != n:
             raise InvalidRequestError(
                 f"this projector places an image's {n} rows at {n_pos} positions, a layout localspec does not read",
                 "load the model without --mmproj",
             )
-        image = self._image(chunk, n, n_pos)
+        digest = self._digest(chunk)
+        seen[digest] = part = seen.get(digest, -1) + 1
+        image = self._image(chunk, digest + part.to_bytes(4, "little"), n, n_pos)
         image.whole = bool(m.mtmd_decode_use_non_causal(self._ctx, chunk))
         return [image.first - r for r in range(image.n)]
 
-    def _image(self, chunk: Any, n: int, n_pos: int) -> _Image:
-        """The image this chunk holds, registered once per distinct digest of its pixels."""
-        digest = self._digest(chunk)
+    def _image(self, chunk: Any, digest: bytes, n: int, n_pos: int) -> _Image:
+        """The image (or 30 s window of audio) this chunk holds, registered once per distinct
+        digest of its bytes and its place among the chunks they make."""
         image = self._by_digest.pop(digest, None)
         if image is None:
-            nx = int(self._m.mtmd_image_tokens_get_nx(self._m.mtmd_input_chunk_get_tokens_image(chunk)))
+            tokens = self._m.mtmd_input_chunk_get_tokens_image(chunk)  # none for audio: its rows are linear
+            nx = int(self._m.mtmd_image_tokens_get_nx(tokens)) if tokens else 0
             copy = self._m.mtmd_input_chunk_copy(chunk)
             image = _Image(self._next, n, nx if self.places is not None else 0, n_pos, chunk=copy)
             self._next -= n

@@ -1,6 +1,8 @@
-"""Images in chat messages: OpenAI's `image_url` content parts (data: URLs), and
-{"type": "image", "path": ...} or {"type": "image", "data": bytes} parts in Python, become a
-marker in the rendered chat and the images' bytes beside it, for a target that sees images."""
+"""Images and audio in chat messages: OpenAI's `image_url` content parts (data: URLs) and
+`input_audio` parts ({"data": base64, "format": "wav"}), and {"type": "image", "path": ...} or
+{"type": "image", "data": bytes} parts in Python, become a marker in the rendered chat and the
+media's bytes beside it, for a target whose projector reads them (llama.cpp's mtmd tells an
+audio clip from an image by its bytes)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,22 @@ from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend
 
 IMAGE_PARTS = ("image_url", "image")
+MEDIA_PARTS = (*IMAGE_PARTS, "input_audio")
 INLINE_HINT = "send the image inline as a data URL (data:image/png;base64,...)"
+AUDIO_FORMATS = "WAV or MP3"
+AUDIO_HINT = 'send {"type": "input_audio", "input_audio": {"data": "<base64 of the file>", "format": "wav"}}'
+
+
+def audio_format(data: bytes) -> str | None:
+    """ "wav", "mp3" or "flac" from a file's first bytes, as llama.cpp's mtmd tells audio from
+    images (mtmd-helper.cpp, is_audio_file); None: not audio."""
+    if len(data) < 12:
+        return None
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "wav"
+    if data[:3] == b"ID3" or (data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return "mp3"
+    return "flac" if data[:4] == b"fLaC" else None
 
 
 @runtime_checkable
@@ -39,22 +56,30 @@ class Images:
     names: list[str] = field(default_factory=list)
 
 
-def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
-    return any(
-        isinstance(m, Mapping)
-        and isinstance(m.get("content"), list)
-        and any(isinstance(p, Mapping) and p.get("type") in IMAGE_PARTS for p in m["content"])
+def media_types(messages: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The media part types the messages hold ("image_url", "image", "input_audio")."""
+    return {
+        p["type"]
         for m in messages
-    )
+        if isinstance(m, Mapping) and isinstance(m.get("content"), list)
+        for p in m["content"]
+        if isinstance(p, Mapping) and p.get("type") in MEDIA_PARTS
+    }
 
 
-def marker_of(target: Backend) -> str:
-    """The target's image marker, or the refusal that says how to load one that reads images."""
+def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the messages hold an image or audio part (both are read through the projector)."""
+    return bool(media_types(messages))
+
+
+def marker_of(target: Backend, what: str = "an image") -> str:
+    """The target's media marker, or the refusal that says how to load one that reads what
+    the chat holds."""
     marker = target.image_marker() if isinstance(target, SeesImages) else None
     if marker is None:
         where = "" if isinstance(target, SeesImages) else f" on the {target.info.backend} backend"
         raise InvalidRequestError(
-            f"{target.info.name} reads text only{where}: a chat message's content holds an image",
+            f"{target.info.name} reads text only{where}: a chat message's content holds {what}",
             "load the model with its projector: --mmproj FILE (the llama.cpp backend), or send text only",
         )
     return marker
@@ -75,8 +100,11 @@ def take_images(
             continue
         parts: list[Any] = []
         for j, part in enumerate(content):
-            if isinstance(part, Mapping) and part.get("type") in IMAGE_PARTS:
-                data, name = image_part(part, f"message {i} part {j}", paths)
+            if isinstance(part, Mapping) and part.get("type") in MEDIA_PARTS:
+                where = f"message {i} part {j}"
+                data, name = (
+                    audio_part(part, where) if part["type"] == "input_audio" else image_part(part, where, paths)
+                )
                 images.data.append(data)
                 images.names.append(name)
                 parts.append({"type": "text", "text": marker})
@@ -87,7 +115,36 @@ def take_images(
 
 
 def image_part(part: Mapping[str, Any], where: str, paths: bool) -> tuple[bytes, str]:
-    """The bytes of one image part, and the name errors call it by."""
+    """The bytes of one image part, and the name errors call it by; audio is refused here, so
+    that a clip goes in an input_audio part, as OpenAI's API sends it."""
+    data, name = _image_bytes(part, where, paths)
+    if audio_format(data) is not None:
+        raise InvalidRequestError(f"{name} holds audio, not an image", AUDIO_HINT)
+    return data, name
+
+
+def audio_part(part: Mapping[str, Any], where: str) -> tuple[bytes, str]:
+    """The bytes of one input_audio part (base64 text, or bytes from Python), checked to be a
+    clip mtmd decodes, and the name errors call it by."""
+    given = part.get("input_audio")
+    data = given.get("data") if isinstance(given, Mapping) else None
+    if isinstance(data, str):
+        try:
+            data = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequestError(f"{where}: input_audio's base64 is malformed", AUDIO_HINT) from None
+    if not isinstance(data, bytes | bytearray):
+        raise InvalidRequestError(f"{where}: an input_audio part needs input_audio.data", AUDIO_HINT)
+    fmt = given.get("format") if isinstance(given, Mapping) else None
+    if fmt is not None and fmt not in ("wav", "mp3", "flac"):
+        raise InvalidRequestError(f"{where}: input_audio's format {fmt!r} is not read", f"send {AUDIO_FORMATS}")
+    name = f"the audio in {where}"
+    if audio_format(bytes(data)) is None:
+        raise InvalidRequestError(f"{name} is not audio localspec reads", f"send a {AUDIO_FORMATS} file")
+    return bytes(data), name
+
+
+def _image_bytes(part: Mapping[str, Any], where: str, paths: bool) -> tuple[bytes, str]:
     if part.get("type") == "image_url":
         url = part.get("image_url")
         url = url.get("url") if isinstance(url, Mapping) else url
@@ -131,7 +188,9 @@ def data_url(url: str, where: str) -> bytes:
 def image_chat_tokens(target: Backend, messages: Sequence[Mapping[str, Any]], paths: bool = True) -> list[int]:
     """A chat holding images as the target's token ids, each image's positions as the
     placeholder ids its backend gives them."""
-    marker = marker_of(target)
+    kinds = media_types(messages)
+    what = "audio" if kinds == {"input_audio"} else "an image and audio" if "input_audio" in kinds else "an image"
+    marker = marker_of(target, what)
     given, images = take_images(messages, marker, paths)
     chat = normalize_messages(given)
     pieces = [c.replace(marker, "") for c in (m["content"] for m in chat)]

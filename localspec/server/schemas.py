@@ -356,20 +356,33 @@ class CompletionRequest(GenerationRequest):
         return super().refuse_unsupported()
 
 
+MEDIA_PARTS = ("image_url", "input_audio")
+
+
 def _content_of(message: ChatMessage, i: int) -> str | list[dict[str, Any]]:
-    """The message's text, or its parts where it holds images (image_url parts: an http(s)
-    URL is refused or fetched by server/image_urls.py)."""
-    if not isinstance(message.content, list) or all(part.type != "image_url" for part in message.content):
+    """The message's text, or its parts where it holds images or audio (image_url parts: an
+    http(s) URL is refused or fetched by server/image_urls.py; input_audio parts: base64
+    inline, as OpenAI sends them)."""
+    if not isinstance(message.content, list) or all(part.type not in MEDIA_PARTS for part in message.content):
         return _text_of(message, i)
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(message.content):
         if part.type == "text" and part.text is not None:
             parts.append({"type": "text", "text": part.text})
             continue
-        url = (part.model_extra or {}).get("image_url")
+        extra = part.model_extra or {}
+        if part.type == "input_audio" and isinstance(extra.get("input_audio"), dict):
+            audio = extra["input_audio"]
+            parts.append(
+                {"type": "input_audio", "input_audio": {"data": audio.get("data"), "format": audio.get("format")}}
+            )
+            continue
+        url = extra.get("image_url")
         url = url.get("url") if isinstance(url, dict) else url
         if part.type != "image_url" or not isinstance(url, str):
-            raise ApiError(400, "a content part must be text or image_url", param=f"messages[{i}].content[{j}]")
+            raise ApiError(
+                400, "a content part must be text, image_url or input_audio", param=f"messages[{i}].content[{j}]"
+            )
         parts.append({"type": "image_url", "image_url": {"url": url}})
     return parts
 
@@ -386,7 +399,7 @@ def _text_of(message: ChatMessage, i: int) -> str:
         if part.type != "text" or part.text is None:
             raise ApiError(
                 400,
-                f"content part of type {part.type!r} is not supported: only text and image_url",
+                f"content part of type {part.type!r} is not supported: only text, image_url and input_audio",
                 param=f"messages[{i}].content[{j}]",
             )
         texts.append(part.text)
