@@ -23,6 +23,10 @@ An image whose rows attend to each other (Gemma 3's, causal attention off while 
 goes into the cache whole, in one pass: a pass that asks for its first rows decodes them all
 and holds the rest past the record for the pass that asks for them; a rollback into it takes
 it whole and decodes it again.
+
+Audio takes the same path: mtmd tells a clip from an image by its bytes, and a projector with
+an audio encoder (Qwen2-Audio's "qwen2a", Ultravox's) makes each 30 s window of it a chunk of
+rows at linear positions, an image's here in all but their source (M-RoPE targets: refused).
 """
 
 from __future__ import annotations
