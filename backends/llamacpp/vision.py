@@ -35,7 +35,6 @@ import ctypes
 import functools
 import os
 import secrets
-import struct
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -45,7 +44,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
-from localspec.common.media import AUDIO_FORMATS, audio_format
+from localspec.common.media import AUDIO_FORMATS, FORMATS, audio_format, check_audio, check_image
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Logits, LogitsMode
 
@@ -53,18 +52,9 @@ from . import library
 
 llama = library.llama
 
-# Refused before decoding: an image file past this size, or past this many pixels, would
-# take the decoder's memory (stb_image holds every pixel) for a picture the projector
-# shrinks to a few hundred positions anyway.
-MAX_IMAGE_BYTES = 32 * 1024 * 1024
-MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 # Encoded images kept for reuse and for decoding rows again after a rollback; an image
 # dropped from here gets new ids when it comes again (its cached positions are not reused).
 KEPT_IMAGES = 16
-FORMATS = "PNG, JPEG, GIF or BMP"
-# An audio clip past this size is refused before decoding: 32 MiB is over 15 minutes of 16-bit
-# WAV at 16 kHz, 22 500 positions in the context at a Whisper-style projector's 25 a second.
-MAX_AUDIO_BYTES = 32 * 1024 * 1024
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -86,61 +76,6 @@ def _mtmd() -> Any:
     mtmd_cpp.mtmd_log_set(library._quiet_log, ctypes.c_void_p(0))
     mtmd_cpp.mtmd_helper_log_set(library._quiet_log, ctypes.c_void_p(0))
     return mtmd_cpp
-
-
-# -- the bytes of one image, checked before any decoder sees them --------------------------------
-
-
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a PNG, GIF, BMP or JPEG header; None: not one of those."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) >= 24:
-        return struct.unpack(">II", data[16:24])
-    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
-        return struct.unpack("<HH", data[6:10])
-    if data.startswith(b"BM") and len(data) >= 26:
-        w, h = struct.unpack("<ii", data[18:26])
-        return abs(w), abs(h)
-    if data.startswith(b"\xff\xd8"):
-        return _jpeg_size(data)
-    return None
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """The frame header's size, walking the markers before it (none found: None)."""
-    at = 2
-    while at + 9 <= len(data) and data[at] == 0xFF:
-        marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            h, w = struct.unpack(">HH", data[at + 5 : at + 9])
-            return w, h
-        at += 2 + length
-    return (0, 0) if data.startswith(b"\xff\xd8\xff") else None
-
-
-def check_image(data: bytes, name: str) -> None:
-    """Refuse, naming the fix, what is not a still image the decoder takes or is too large."""
-    if len(data) > MAX_IMAGE_BYTES:
-        raise InvalidRequestError(
-            f"{name} is {len(data) / 2**20:.0f} MiB, past the {MAX_IMAGE_BYTES // 2**20} MiB an image may take",
-            "send a smaller image (the model sees it at its projector's size anyway)",
-        )
-    size = image_size(data)
-    if size is None:
-        raise InvalidRequestError(f"{name} is not an image localspec reads", f"send a {FORMATS} file")
-    if size[0] * size[1] > MAX_IMAGE_PIXELS:
-        raise InvalidRequestError(
-            f"{name} is {size[0]}x{size[1]} pixels, past the {MAX_IMAGE_PIXELS // 2**20} megapixels an image may take",
-            "scale the image down first",
-        )
-
-
-def check_audio(data: bytes, name: str) -> None:
-    """Refuse an audio clip too large to decode (its format was recognised by audio_format)."""
-    if len(data) > MAX_AUDIO_BYTES:
-        raise InvalidRequestError(
-            f"{name} is {len(data) / 2**20:.0f} MiB, past the {MAX_AUDIO_BYTES // 2**20} MiB a clip may take",
-            "send a shorter clip, or one compressed as MP3",
-        )
 
 
 # -- the projector and the images it has read ----------------------------------------------------

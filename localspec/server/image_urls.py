@@ -39,7 +39,7 @@ class ImageUrls:
 
     allow: bool = False  # --allow-image-urls
     private: bool = False  # --allow-private-image-urls: loopback and private networks too
-    max_bytes: int = 32 << 20  # the most the llama.cpp backend decodes (MAX_IMAGE_BYTES)
+    max_bytes: int = 32 << 20  # the most an image may take (common.media.MAX_IMAGE_BYTES)
     timeout_s: float = 10.0  # the whole fetch, redirects included
     max_redirects: int = 3
 
