@@ -76,7 +76,7 @@ def add_local_pair(
 
 
 def _is_projector(path: Path) -> bool:
-    """Whether the GGUF is a vision projector (llama.cpp's mmproj files: architecture clip)."""
+    """Whether the GGUF is a projector, vision or audio (llama.cpp's mmproj files: architecture clip)."""
     from localspec.common.gguf_header import read_header
 
     return read_header(path).architecture == "clip"
@@ -116,16 +116,20 @@ _MMPROJ_FIX = "give the projector made for this model (its repo's mmproj-*.gguf)
 
 
 def _projector_misfit(target: Path, projector: Path) -> str | None:
-    """Why the projector cannot feed the target (its output width is not the target's), or
-    None; a file that declares no width is left to llama.cpp's check at load."""
+    """Why the projector cannot feed the target (an output width, its vision or audio
+    encoder's, that is not the target's), or None; a file that declares no width is left to
+    llama.cpp's check at load."""
     from localspec.common.gguf_header import read_header
 
     model, clip = read_header(target), read_header(projector).meta
-    if not clip.get("clip.has_vision_encoder", False):
-        return "it reads no images (no vision encoder)"
-    width, out = model.meta.get(f"{model.architecture}.embedding_length"), clip.get("clip.vision.projection_dim")
-    if isinstance(width, int) and isinstance(out, int) and width != out:
-        return f"its output is {out} wide, the model's embeddings {width}"
+    encoders = [kind for kind in ("vision", "audio") if clip.get(f"clip.has_{kind}_encoder", False)]
+    if not encoders:
+        return "it reads neither images nor audio (no vision or audio encoder)"
+    width = model.meta.get(f"{model.architecture}.embedding_length")
+    for kind in encoders:
+        out = clip.get(f"clip.{kind}.projection_dim")
+        if isinstance(width, int) and isinstance(out, int) and width != out:
+            return f"its {kind} output is {out} wide, the model's embeddings {width}"
     return None
 
 

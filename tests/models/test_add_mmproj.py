@@ -62,7 +62,7 @@ def test_a_projector_given_for_another_width_is_refused_and_nothing_written(
     vision: tuple[Path, Path], tmp_path: Path
 ) -> None:
     wrong = write_projector(ProjectorSpec(out_width=48), tmp_path / "mmproj-48.gguf")
-    with pytest.raises(InvalidRequestError, match="its output is 48 wide, the model's embeddings 64"):
+    with pytest.raises(InvalidRequestError, match="its vision output is 48 wide, the model's embeddings 64"):
         add_local_pair("eyes", vision[0], mmproj=wrong)
     assert not user_registry_file().exists()
 
@@ -86,3 +86,10 @@ def test_two_fitting_projectors_beside_the_target_ask_for_one(vision: tuple[Path
         add_local_pair("eyes", target)
     assert "--mmproj" in str(refused.value.hint)
     assert add_local_pair("eyes", target, mmproj=projector).mmproj is not None
+
+
+def test_add_takes_an_audio_projector_beside_the_target_and_the_pair_hears_clips(tmp_path: Path) -> None:
+    from localspec.testing.audio_writer import write_audio_pair
+
+    target, projector = write_audio_pair(tmp_path / "ears")
+    assert resolve_pair(add_local_pair("ears", target).id).mmproj == projector
