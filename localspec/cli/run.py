@@ -10,6 +10,7 @@ from typing import Any
 
 from localspec.api import Finished, TextDelta, load
 from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
+from localspec.common.media import AUDIO_FORMATS, audio_format
 from localspec.common.progress import Steps, announced
 from localspec.control.contention import threads_notice
 from localspec.core.choices import STRATEGY_HELP
@@ -42,6 +43,14 @@ def register(sub: Any) -> None:
         default=[],
         help="an image the prompt is about, before its text (repeatable; needs the model's --mmproj)",
     )
+    p.add_argument(
+        "--audio",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="a WAV or MP3 clip the prompt is about, before its text (repeatable; needs a projector "
+        "with an audio encoder as --mmproj)",
+    )
     p.add_argument("--stop", type=arg_text, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--verbose", "-v", action="store_true", help="print statistics on stderr")
     p.add_argument("--json", action="store_true", help="print the answer and statistics as one JSON object")
@@ -59,9 +68,10 @@ def handle(args: argparse.Namespace) -> int:
     prompt = read_stdin() if args.prompt == "-" else joined_with_piped(args.prompt, piped_stdin())
     if not prompt.strip():
         raise InvalidRequestError("the prompt is empty", 'give some text: localspec run "Why is the sky blue?"')
-    if args.image and args.raw:
-        raise InvalidRequestError("--image goes into a chat message", "drop --raw")
-    images = [image_file(path) for path in args.image]  # read before a model is loaded for them
+    if (args.image or args.audio) and args.raw:
+        raise InvalidRequestError("--image and --audio go into a chat message", "drop --raw")
+    # Read before a model is loaded for them: a missing file is refused at once.
+    images = [image_file(path) for path in args.image] + [audio_file(path) for path in args.audio]
     config = sampling(args)  # refused before a model is loaded for it
     schema = read_schema(args.json_schema) if args.json_schema else None
     progress = Steps("localspec:")
@@ -120,6 +130,21 @@ def image_file(path: str) -> dict[str, Any]:
         raise InvalidRequestError(
             f"cannot read the image {path}: {exc.strerror}", "check the path given to --image"
         ) from None
+
+
+def audio_file(path: str) -> dict[str, Any]:
+    """An input_audio part holding the clip's bytes, read now, its format told by its bytes."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError as exc:
+        raise InvalidRequestError(
+            f"cannot read the clip {path}: {exc.strerror}", "check the path given to --audio"
+        ) from None
+    fmt = audio_format(data)
+    if fmt is None:
+        raise InvalidRequestError(f"{path} is not audio localspec reads", f"give a {AUDIO_FORMATS} file to --audio")
+    return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
 
 
 def joined_with_piped(prompt: str, piped: str | None) -> str:

@@ -5,6 +5,7 @@ OpenAI's input_audio parts as users send them."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,37 @@ def test_serve_refuses_bad_audio_with_400(server: LocalServer) -> None:
     reply = httpx.post(f"{server.url}/chat/completions", json=body, timeout=30)
     assert reply.status_code == 400
     assert "not audio" in reply.json()["error"]["message"]
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+
+def test_run_with_a_clip_answers_as_plain_decoding_does(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localspec.cli.main import main
+
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(wav_bytes(pitch=PITCH))
+    args = ["run", "What is said?", "-m", str(pair[0]), "--mmproj", str(pair[1]), "--audio", str(clip)]
+    answers = []
+    for strategy in ("none", "ngram"):
+        code = main([*args, "-s", strategy, "-t", "0", "-n", str(N), "--json", "--ctx", str(N_CTX), "--threads", "1"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        answers.append(json.loads(out)["text"])
+    assert answers[0] == answers[1] and answers[0]
+
+
+def test_run_with_a_file_that_is_no_clip_is_refused_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localspec.cli.main import main
+
+    notes = tmp_path / "notes.wav"
+    notes.write_text("not a recording at all")
+    assert main(["run", "What is said?", "-m", "nowhere.gguf", "--audio", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert "is not audio localspec reads" in err and "--audio" in err and "Traceback" not in err
+    assert main(["run", "What is said?", "-m", "nowhere.gguf", "--audio", str(tmp_path / "gone.wav")]) == 2
+    assert "cannot read the clip" in capsys.readouterr().err
