@@ -603,3 +603,13 @@ def test_machines_mlx_cannot_run_on_are_named(
     monkeypatch.setattr(platform, "machine", lambda: machine)
     reason = unavailable_reason()
     assert reason is None if expected is None else expected in str(reason)
+
+
+def test_an_image_sent_to_the_mlx_backend_is_refused_saying_it_reads_text_only(mlx_target: Backend) -> None:
+    from localspec.testing.vision_writer import png_bytes
+
+    image = {"type": "image", "data": png_bytes(24, 20)}
+    rt = runtime_for(mlx_target, None, strategy="none", calibrate=False)
+    with pytest.raises(InvalidRequestError, match="reads text only on the mlx backend") as refused:
+        rt.generate(messages=[{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}])
+    assert "--mmproj" in str(refused.value.hint) and "llama.cpp" in str(refused.value.hint)
