@@ -146,7 +146,7 @@ class ChatApp(ModelLoading, SavedChats, ChatCommands):
 
     async def start_turn(self, text: str, images: tuple[Attachment, ...] = ()) -> None:
         assert self.runtime is not None
-        user = UserMessage(text, [a.name for a in images])
+        user = UserMessage(text, [a.label for a in images])
         reply = AssistantMessage()
         await self.transcript.add(user)
         await self.transcript.add(reply)

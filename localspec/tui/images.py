@@ -1,6 +1,7 @@
-"""Images attached to a chat message: `/image PATH` in the prompt reads the file now (a wrong
-path is said at once, not after the model has started), and the next message carries it as an
-image part; the saved chat keeps the paths, read again when the chat is reopened."""
+"""Images and audio clips attached to a chat message: `/image PATH` (or `/audio PATH`) in the
+prompt reads the file now (a wrong path is said at once, not after the model has started), and
+the next message carries it as an image part, or an input_audio part where its bytes are a
+clip; the saved chat keeps the paths, read again when the chat is reopened."""
 
 from __future__ import annotations
 
@@ -10,33 +11,53 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localspec.common.media import image_part
+from localspec.common.media import audio_format, check_audio, image_part
 from localspec.core.errors import InvalidRequestError
 
-COMMAND = "/image"
-USAGE = "/image PATH attaches an image to your next message; /image alone removes what is attached"
+COMMANDS = ("/image", "/audio")  # either attaches a file; its bytes say which it is
+USAGE = (
+    "/image PATH attaches an image to your next message, /audio PATH a WAV or MP3 clip; "
+    "/image alone removes what is attached"
+)
+AUDIO_SUFFIXES = (".wav", ".mp3", ".flac")
 
 
 @dataclass(frozen=True)
 class Attachment:
-    """One image file, its bytes read when it was attached."""
+    """One image or audio file, its bytes read when it was attached; audio: the clip's format
+    (None: an image)."""
 
     path: str
     data: bytes
+    audio: str | None = None
 
     @property
     def name(self) -> str:
         return os.path.basename(self.path) or self.path
 
+    @property
+    def label(self) -> str:
+        """How the transcript shows it (a terminal draws no pictures and plays no sound)."""
+        return f"{'audio' if self.audio else 'image'}: {self.name}"
+
     def part(self) -> dict[str, Any]:
+        if self.audio is not None:
+            return {"type": "input_audio", "input_audio": {"data": self.data, "format": self.audio}, "path": self.path}
         return {"type": "image", "data": self.data, "path": self.path}
 
 
+def label_of(path: str) -> str:
+    """A saved attachment's label, from its file name (its bytes are read only when reopened)."""
+    kind = "audio" if path.lower().endswith(AUDIO_SUFFIXES) else "image"
+    return f"{kind}: {os.path.basename(path) or path}"
+
+
 def attach_command(text: str) -> list[str] | None:
-    """The paths `/image PATH...` names ([] for `/image` alone); None: not the command, a message."""
+    """The paths `/image PATH...` (or `/audio`) names ([] for the command alone); None: not the
+    command, a message."""
     stripped = text.strip()
     head, _, rest = stripped.partition(" ")
-    if head != COMMAND:
+    if head not in COMMANDS:
         return None
     try:
         words = shlex.split(rest)  # a path with spaces is given in quotes, as in a shell
@@ -49,6 +70,16 @@ def read_attachment(path: str) -> Attachment:
     """The file's bytes, or the refusal that names it and says to check its path."""
     if os.path.isdir(path):
         raise InvalidRequestError(f"{path} is a folder, not an image", "give the path of an image file")
+    try:
+        with open(path, "rb") as file:
+            head = file.read(16)
+    except OSError:
+        head = b""  # image_part below names the path and what is wrong with it
+    if (fmt := audio_format(head)) is not None:
+        with open(path, "rb") as file:
+            data = file.read()
+        check_audio(data, path)
+        return Attachment(os.path.abspath(path), data, fmt)
     data, _ = image_part({"type": "image", "path": path}, "the attachment", paths=True)
     return Attachment(os.path.abspath(path), data)
 
@@ -72,9 +103,14 @@ def attachments_of(message: Mapping[str, Any]) -> list[Attachment]:
     content = message.get("content")
     if not isinstance(content, list):
         return []
-    return [
-        Attachment(str(p["path"]), p["data"]) for p in content if isinstance(p, Mapping) and p.get("type") == "image"
-    ]
+    found: list[Attachment] = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "image":
+            found.append(Attachment(str(part["path"]), part["data"]))
+        elif isinstance(part, Mapping) and part.get("type") == "input_audio" and "path" in part:
+            clip = part["input_audio"]
+            found.append(Attachment(str(part["path"]), clip["data"], clip["format"]))
+    return found
 
 
 def stored_paths(stats: Mapping[str, Any] | None) -> list[str]:

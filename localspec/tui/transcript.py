@@ -4,13 +4,11 @@ scroll back down."""
 
 from __future__ import annotations
 
-import os
-
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from localspec.tui.history import StoredMessage
-from localspec.tui.images import stored_paths
+from localspec.tui.images import label_of, stored_paths
 from localspec.tui.widgets import STOPPED_NOTE, AssistantMessage, ErrorMessage, UserMessage
 
 WELCOME = """\
@@ -39,8 +37,8 @@ class Transcript(VerticalScroll):
             await self.mount(Static(WELCOME, id="welcome"))
         for message in messages:
             if message.role == "user":
-                names = [os.path.basename(path) for path in stored_paths(message.stats)]
-                await self.mount(UserMessage(message.content, names))
+                labels = [label_of(path) for path in stored_paths(message.stats)]
+                await self.mount(UserMessage(message.content, labels))
             elif message.role == "assistant":
                 note = STOPPED_NOTE if message.is_stopped else ""
                 await self.mount(AssistantMessage(message.content, message.drafted_spans, note))

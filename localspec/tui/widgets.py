@@ -28,12 +28,12 @@ class UserMessage(Static):
     }
     """
 
-    def __init__(self, text: str, images: Sequence[str] = ()) -> None:
-        # Attached images show as their file names above the text (a terminal draws no pictures).
-        shown = "\n".join([*(f"[image: {name}]" for name in images), text])
+    def __init__(self, text: str, attached: Sequence[str] = ()) -> None:
+        # Attachments show as their labels ("image: photo.png") above the text.
+        shown = "\n".join([*(f"[{label}]" for label in attached), text])
         super().__init__(shown, markup=False)
         self.text = text
-        self.images = tuple(images)
+        self.attached = tuple(attached)
 
 
 class ErrorMessage(Static):
