@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,12 +20,20 @@ MODEL = "smollm2-135m"
 
 @contextmanager
 def serving(model: Path) -> Iterator[LocalServer]:
+    with serving_runtimes(lambda: load(str(model), n_ctx=TEST_N_CTX, calibrate=False), MODEL) as srv:
+        yield srv
+
+
+@contextmanager
+def serving_runtimes(make: Callable[[], Runtime], name: str) -> Iterator[LocalServer]:
+    """A started server for `name`, every runtime it loads made by make()."""
+
     def loader(model_id: str) -> Runtime:
-        return load(str(model), n_ctx=TEST_N_CTX, calibrate=False)
+        return make()
 
     with (
-        loader(MODEL) as runtime,  # the server leaves a runtime it is given open
-        LocalServer(runtime, MODEL, loader, port=0, settings=Settings(log=lambda line: None)) as srv,
+        loader(name) as runtime,  # the server leaves a runtime it is given open
+        LocalServer(runtime, name, loader, port=0, settings=Settings(log=lambda line: None)) as srv,
     ):
         srv.start()
         yield srv

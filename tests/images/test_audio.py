@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from server_support import serving_runtimes
 
 from localspec.api import Runtime, load
 from localspec.core.errors import InvalidRequestError
-from localspec.server import LocalServer, Settings
+from localspec.server import LocalServer
 from localspec.testing.audio_writer import AudioSpec, wav_bytes, write_audio_pair, write_vision_projector_beside
 from localspec.testing.gguf_writer import Spec
 
@@ -138,14 +139,7 @@ def test_audio_sent_to_a_model_loaded_without_a_projector_names_mmproj(pair: tup
 
 @pytest.fixture(scope="module")
 def server(pair: tuple[Path, Path]) -> Iterator[LocalServer]:
-    def loader(model_id: str) -> Runtime:
-        return fresh(pair, "ngram")
-
-    with (
-        loader("tiny-audio") as runtime,
-        LocalServer(runtime, "tiny-audio", loader, port=0, settings=Settings(log=lambda line: None)) as srv,
-    ):
-        srv.start()
+    with serving_runtimes(lambda: fresh(pair, "ngram"), "tiny-audio") as srv:
         yield srv
 
 

@@ -11,11 +11,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from server_support import serving_runtimes
 
 from localspec.api import Runtime, load
 from localspec.cli.main import main
 from localspec.core.errors import InvalidRequestError, LocalspecError, ModelLoadError
-from localspec.server import LocalServer, Settings
+from localspec.server import LocalServer
 from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.testing.vision_writer import ProjectorSpec, png_bytes, write_projector, write_vision_pair
 
@@ -182,14 +183,7 @@ def test_run_with_a_missing_image_is_refused_before_loading(capsys: pytest.Captu
 
 @pytest.fixture(scope="module")
 def server(pair: tuple[Path, Path]) -> Iterator[LocalServer]:
-    def loader(model_id: str) -> Runtime:
-        return fresh(pair, "ngram")
-
-    with (
-        loader("tiny-vision") as runtime,
-        LocalServer(runtime, "tiny-vision", loader, port=0, settings=Settings(log=lambda line: None)) as srv,
-    ):
-        srv.start()
+    with serving_runtimes(lambda: fresh(pair, "ngram"), "tiny-vision") as srv:
         yield srv
 
 
