@@ -94,7 +94,7 @@ class _Turns:
     One thread, because llama.cpp's CPU backend is built with OpenMP here, whose worker threads
     belong to the thread that opens a parallel region: passes run by whichever lane led kept a
     team of workers per lane thread, spinning against each other on the cores. On the 2-core
-    EPYC at 2 threads, 4 clients went from 131 to 147 tok/s (cold prompts) and 149 to 177 (warm)."""
+    EPYC at 2 threads, 4 clients went from 124 to 143 tok/s (fresh prompts) and 145 to 172 (cached)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()

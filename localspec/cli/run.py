@@ -10,7 +10,7 @@ from typing import Any
 
 from localspec.api import Finished, TextDelta, load
 from localspec.cli.options import add_model_options, add_sampling_options, load_options, sampling
-from localspec.common.media import AUDIO_FORMATS, audio_format
+from localspec.common.media import AUDIO_FORMATS, file_part
 from localspec.common.progress import Steps, announced
 from localspec.control.contention import threads_notice
 from localspec.core.choices import STRATEGY_HELP
@@ -71,7 +71,8 @@ def handle(args: argparse.Namespace) -> int:
     if (args.image or args.audio) and args.raw:
         raise InvalidRequestError("--image and --audio go into a chat message", "drop --raw")
     # Read before a model is loaded for them: a missing file is refused at once.
-    images = [image_file(path) for path in args.image] + [audio_file(path) for path in args.audio]
+    images = [file_part(path, "image", "check the path given to --image") for path in args.image]
+    images += [audio_file(path) for path in args.audio]
     config = sampling(args)  # refused before a model is loaded for it
     schema = read_schema(args.json_schema) if args.json_schema else None
     progress = Steps("localspec:")
@@ -120,31 +121,12 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def image_file(path: str) -> dict[str, Any]:
-    """An image part holding the file's bytes, read now: a missing file is refused before a
-    model loads."""
-    try:
-        with open(path, "rb") as file:
-            return {"type": "image", "data": file.read(), "path": path}
-    except OSError as exc:
-        raise InvalidRequestError(
-            f"cannot read the image {path}: {exc.strerror}", "check the path given to --image"
-        ) from None
-
-
 def audio_file(path: str) -> dict[str, Any]:
-    """An input_audio part holding the clip's bytes, read now, its format told by its bytes."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError as exc:
-        raise InvalidRequestError(
-            f"cannot read the clip {path}: {exc.strerror}", "check the path given to --audio"
-        ) from None
-    fmt = audio_format(data)
-    if fmt is None:
+    """--audio's part: the file read now, refused unless its bytes are a clip."""
+    part = file_part(path, "clip", "check the path given to --audio")
+    if part["type"] != "input_audio":
         raise InvalidRequestError(f"{path} is not audio localspec reads", f"give a {AUDIO_FORMATS} file to --audio")
-    return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
+    return part
 
 
 def joined_with_piped(prompt: str, piped: str | None) -> str:

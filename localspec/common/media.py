@@ -170,6 +170,23 @@ def _image_bytes(part: Mapping[str, Any], where: str, paths: bool) -> tuple[byte
         ) from None
 
 
+def file_part(path: str, what: str, fix: str) -> dict[str, Any]:
+    """A file's content part, read now (a wrong path is said before any model loads): an
+    input_audio part where its bytes are a clip (size checked), else an image part; both name
+    the path. what: the file as the user gave it ("image", "clip"); fix: how to correct an
+    unreadable path (the option or command that named it)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot read the {what} {path}: {exc.strerror}", fix) from None
+    fmt = audio_format(data)
+    if fmt is None:
+        return {"type": "image", "data": data, "path": path}
+    check_audio(data, path)
+    return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}, "path": path}
+
+
 def data_url(url: str, where: str) -> bytes:
     """The bytes of a base64 data: URL; a remote URL is refused, saying why."""
     if url.startswith(("http://", "https://")):

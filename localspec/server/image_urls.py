@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.common.media import MAX_IMAGE_BYTES
 from localspec.server.schemas import ApiError
 
 INLINE = "send the image inline as a data URL (data:image/png;base64,...)"
@@ -39,7 +40,7 @@ class ImageUrls:
 
     allow: bool = False  # --allow-image-urls
     private: bool = False  # --allow-private-image-urls: loopback and private networks too
-    max_bytes: int = 32 << 20  # the most an image may take (common.media.MAX_IMAGE_BYTES)
+    max_bytes: int = MAX_IMAGE_BYTES  # the most an image may take, fetched or inline
     timeout_s: float = 10.0  # the whole fetch, redirects included
     max_redirects: int = 3
 

@@ -356,14 +356,14 @@ class CompletionRequest(GenerationRequest):
         return super().refuse_unsupported()
 
 
-MEDIA_PARTS = ("image_url", "input_audio")
+WIRE_MEDIA_PARTS = ("image_url", "input_audio")  # the media parts a request may send (no local paths)
 
 
 def _content_of(message: ChatMessage, i: int) -> str | list[dict[str, Any]]:
     """The message's text, or its parts where it holds images or audio (image_url parts: an
     http(s) URL is refused or fetched by server/image_urls.py; input_audio parts: base64
     inline, as OpenAI sends them)."""
-    if not isinstance(message.content, list) or all(part.type not in MEDIA_PARTS for part in message.content):
+    if not isinstance(message.content, list) or all(part.type not in WIRE_MEDIA_PARTS for part in message.content):
         return _text_of(message, i)
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(message.content):

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localspec.common.media import audio_format, check_audio, image_part
+from localspec.common.media import file_part
 from localspec.core.errors import InvalidRequestError
 
 COMMANDS = ("/image", "/audio")  # either attaches a file; its bytes say which it is
@@ -70,18 +70,12 @@ def read_attachment(path: str) -> Attachment:
     """The file's bytes, or the refusal that names it and says to check its path."""
     if os.path.isdir(path):
         raise InvalidRequestError(f"{path} is a folder, not an image", "give the path of an image file")
-    try:
-        with open(path, "rb") as file:
-            head = file.read(16)
-    except OSError:
-        head = b""  # image_part below names the path and what is wrong with it
-    if (fmt := audio_format(head)) is not None:
-        with open(path, "rb") as file:
-            data = file.read()
-        check_audio(data, path)
-        return Attachment(os.path.abspath(path), data, fmt)
-    data, _ = image_part({"type": "image", "path": path}, "the attachment", paths=True)
-    return Attachment(os.path.abspath(path), data)
+    what = "clip" if path.lower().endswith(AUDIO_SUFFIXES) else "image"
+    part = file_part(path, what, "check its path")
+    clip = part.get("input_audio")
+    if clip is not None:
+        return Attachment(os.path.abspath(path), clip["data"], clip["format"])
+    return Attachment(os.path.abspath(path), part["data"])
 
 
 def user_message(text: str, images: Sequence[Attachment]) -> dict[str, Any]:
