@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
 from model_support import TEST_N_CTX
 
 from localspec.api import Runtime, load
@@ -65,3 +67,11 @@ def serve_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def chat_answer(url: str, body: Mapping[str, object]) -> dict[str, Any]:
+    """A served chat completion's whole reply, checked to be a 200."""
+    response = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer

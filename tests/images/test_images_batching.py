@@ -11,8 +11,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
+from server_support import chat_answer
 
 from localspec.backends.llamacpp.copies import derived
 from localspec.pool import Pool, load_pool
@@ -65,13 +65,6 @@ def _bodies() -> list[dict[str, Any]]:
     return [{"model": MODEL, "messages": m, "max_tokens": 48, **k} for m in asks for k in knobs]
 
 
-def _ask(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
-    assert response.status_code == 200, response.text
-    answer: dict[str, Any] = response.json()
-    return answer
-
-
 def _from_four_clients(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each body's answer, asked by four clients that send each round of requests together."""
     together: list[dict[str, Any]] = [{} for _ in bodies]
@@ -80,7 +73,7 @@ def _from_four_clients(url: str, bodies: list[dict[str, Any]]) -> list[dict[str,
     def client(k: int) -> None:
         for i in range(k, len(bodies), 4):
             start.wait(60)
-            together[i] = _ask(url, bodies[i])
+            together[i] = chat_answer(url, bodies[i])
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
     for thread in threads:
@@ -97,7 +90,7 @@ def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_client
     assert len(pool.runtimes) == 4 and pool.note is None
     host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
     bodies = _bodies()
-    alone = [_ask(server.url, body)["choices"][0]["message"]["content"] for body in bodies]
+    alone = [chat_answer(server.url, body)["choices"][0]["message"]["content"] for body in bodies]
     assert len({alone[2 * i] for i in range(len(SEEDS))}) == len(SEEDS)  # each image its own answer
     # The tiny model answers in milliseconds: a round may pass without two requests meeting in
     # a pass on a busy host, so rounds run (each answer checked) until the lanes have shared one.

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from model_support import TEST_N_CTX
+from server_support import chat_answer
 
 from localspec.api import TextDelta
 from localspec.core.backend_loader import load_backend
@@ -51,14 +52,7 @@ def pooled(model: Path, parallel: int, strategy: str = "ngram", **more: Any) -> 
 
 
 def _ask(url: str, body: dict[str, object]) -> str:
-    return str(_answer(url, body)["choices"][0]["message"]["content"])
-
-
-def _answer(url: str, body: dict[str, object]) -> dict[str, Any]:
-    response = httpx.post(f"{url}/chat/completions", json=body, timeout=300)
-    assert response.status_code == 200, response.text
-    answer: dict[str, Any] = response.json()
-    return answer
+    return str(chat_answer(url, body)["choices"][0]["message"]["content"])
 
 
 def _from_four_clients(url: str, bodies: list[dict[str, object]]) -> list[dict[str, Any]]:
@@ -67,7 +61,7 @@ def _from_four_clients(url: str, bodies: list[dict[str, object]]) -> list[dict[s
 
     def client(k: int) -> None:
         for i in range(k, len(bodies), 4):
-            together[i] = _answer(url, bodies[i])
+            together[i] = chat_answer(url, bodies[i])
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
     for thread in threads:
@@ -121,7 +115,7 @@ def test_a_draft_models_lanes_leave_each_answer_the_one_it_gets_alone(smollm2_q4
         drafters = {id(runtime.plan.draft) for runtime in pool.runtimes}
         assert len(drafters) == 4  # a drafter lane each
         drafter_host = pool.runtimes[0].plan.draft.host  # type: ignore[union-attr]
-        alone = [_answer(server.url, body) for body in bodies]
+        alone = [chat_answer(server.url, body) for body in bodies]
         shared_before, rollbacks_before = drafter_host.figures.shared_passes, drafter_host.figures.rollbacks
         together = _from_four_clients(server.url, bodies)
         figures = drafter_host.figures
