@@ -32,7 +32,7 @@ from sources import AlternatingSources, alternating_runtime
 
 from localspec.api import Finished, Runtime, derive_drafter, runtime_for
 from localspec.backends.llamacpp.backend import LlamaCppBackend
-from localspec.core.protocol import Backend
+from localspec.core.protocol import Backend, eval_chunked
 from localspec.core.sampling import SamplingConfig, process
 from localspec.testing.gguf_writer import Spec, write_gguf
 
@@ -51,7 +51,7 @@ def exact_first_two(target: Backend, prompt: Sequence[int], cfg: SamplingConfig)
     """P(t1, t2) for plain sampling from the target; a turn that ends early is (END,) or (t1, END)."""
     eog = target.end_of_generation()
     target.rollback(0)
-    target.eval_block(list(prompt[:-1]), "none")  # one block, like the engine's prefill
+    eval_chunked(target, list(prompt[:-1]), "none")  # in max_block's blocks, like the engine's prefill
     first = process(target.eval_block([prompt[-1]], "all")[-1].copy(), cfg)
     law: dict[Pair, float] = {}
     for t1, p1 in zip(first.ids.tolist(), first.probs.tolist(), strict=True):
