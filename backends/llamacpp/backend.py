@@ -214,7 +214,8 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             limit = self.capabilities.exactness.prompt_rows
             rows = self.capabilities.max_block if limit is None else max(limit, 1)
             curve = starting_calibration(self).verify_seconds
-            shape = PassShape(rows, partial(pass_seconds, curve))
+            snapshots = self._recurrent.snapshots if self._recurrent is not None else None
+            shape = PassShape(rows, partial(pass_seconds, curve), snapshots)
             images = self._images[0] if self._images is not None else None
             self._lane_host = LaneHost(self, self._ctx, self._lanes, shape, beside, images)
         return self._lane_host

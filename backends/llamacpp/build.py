@@ -99,12 +99,6 @@ class BuildsTarget(TargetState):
         cparams.n_seq_max = BRANCHES if snapshots is None else 1
         if self._lanes:  # a stream per lane (lanes.py says why)
             cparams.kv_unified, cparams.n_seq_max = False, self._lanes
-        if snapshots is not None and self._lanes:
-            llama.llama_model_free(model)
-            raise InvalidRequestError(
-                f"{os.path.basename(path)} keeps recurrent state, which shared passes do not serve yet",
-                "serve it with --parallel 1",
-            )
         if snapshots is not None:
             cparams.n_rs_seq = snapshots
             # The snapshots come from the last ubatch: a verify block must fit in one.

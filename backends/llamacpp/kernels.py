@@ -35,6 +35,10 @@ TILED_ROWS = 8
 REPACKED_PARTING = frozenset({10, 12, 13, 14, 20})
 # F32, F16, BF16: weights llamafile's tinyBLAS multiplies from 2 rows.
 FLOAT_TYPES = frozenset({0, 1, 30})
+# The matrices a pass multiplies are the 2-D tensors but these: a recurrent layer's convolution
+# kernel (Mamba's, Qwen3.5's Gated DeltaNet), kept F32 in quantized files, feeds ggml_ssm_conv,
+# a per-channel sum no matmul kernel takes.
+CONV_WEIGHTS = "ssm_conv1d.weight"
 # Verify blocks (a draft and the token before it) are split up to this size; longer blocks
 # (prefill, agreement measurements) keep the fast kernels. Flash attention's own tiled path
 # starts at 64 query rows too.
@@ -120,7 +124,7 @@ def prompt_block_limit(types: set[int], *, llamafile: bool, flash: bool) -> tupl
 def kernels_for(path: str, exact: bool, offloaded: bool, threads: int | None, stateful: bool = False) -> KernelPlan:
     """kernel_plan for the model file at path, on this llama.cpp and with this process's settings."""
     return kernel_plan(
-        (t.qtype for t in read_header(path).tensors if len(t.dims) > 1),  # matrices, not norms
+        (t.qtype for t in read_header(path).tensors if len(t.dims) > 1 and not t.name.endswith(CONV_WEIGHTS)),
         KernelSettings(
             exact=exact,
             llamafile=not batch_invariant_build(),

@@ -16,6 +16,9 @@ Why a lane's answer is the one it gives alone, bit for bit:
 - A prompt's block longer than the share runs in a pass of its own, the block a lone request
   evaluates, so its cells hold the same values. So does an image's block of embedding rows
   (--mmproj, vision.py), into the lane's sequence: the projector is the model's, shared.
+- A model with recurrent state (a hybrid's Gated DeltaNet layers) keeps it per sequence, and a
+  lane takes its own back (recurrent.py; llama.cpp keeps snapshots per sequence). Its passes
+  share only blocks of one width: padding rows would move a lane's state.
 
 Who runs a pass: the lane thread that finds every busy lane waiting (or the oldest ask waiting
 longer than STRAGGLER_SECONDS) takes the asks for all of them, and the pass runs on the pool's
@@ -46,6 +49,8 @@ from localspec.core.records import block_too_long, check_rollback, context_full,
 
 from . import library
 from .outputs import LogitsRows
+from .recurrent import RecurrentRollback
+from .sharing import next_pass
 from .vision import EmbeddingBatch, Projector, eval_runs
 
 llama = library.llama
@@ -64,6 +69,7 @@ class PassShape:
 
     row_limit: int
     cost: Callable[[int], float]
+    snapshots: int | None = None  # a model with recurrent state: its snapshots a decode (recurrent.py)
 
 
 @dataclass
@@ -141,6 +147,9 @@ class LaneHost:
         self.cost = shape.cost
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
         self.row_limit = max(1, shape.row_limit)
+        # Padding rows would move a lane's recurrent state, which only a snapshot takes back (one
+        # a decode, and its own drafts may need it): such a host shares passes between equal blocks.
+        self.snapshots = shape.snapshots
         self._n_vocab = backend.info.n_vocab
         capacity = max(backend.capabilities.max_block, self.row_limit)
         self._batch = llama.llama_batch_init(capacity, 0, 1)
@@ -210,6 +219,17 @@ class LaneHost:
                 llama.llama_memory_seq_rm(self._mem, lane.seq, n, -1)
                 self.figures.rollbacks += 1
 
+    def rewind(self, lane: Lane, n: int) -> int | None:
+        """A recurrent lane's state taken back to its first n positions once no pass is in
+        flight; from where its tokens must be decoded again (None: nothing to decode)."""
+        assert lane.state is not None
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+            self._live()
+            self.figures.rollbacks += 1
+            return lane.state.rewind(n, lane.n_past)
+
     def busy_lanes(self) -> int:
         """The lanes inside a request now (read without the lock: a price, not a decision)."""
         return len(self._busy)
@@ -270,42 +290,10 @@ class LaneHost:
             self._cond.notify_all()
 
     def _take(self) -> list[_Ask]:
-        """The next pass: the oldest ask, and beside it the asks that make the pass worth most
-        real rows per second on the cost curve. A pass is as wide as its widest block (narrower
-        ones are padded), so for each width it could have, it takes the blocks of that width
-        and the narrower ones whose padding costs less than their share of a pass of their own;
-        the rest wait for the next pass."""
-        first = self._pending[0]
-        if first.alone or len(first.tokens) > self.row_limit:  # alone, as a lone request evaluates it
-            self._pending.remove(first)
-            return [first]
-        shared = [a for a in self._pending if not a.alone]
-        widths = sorted({len(a.tokens) for a in shared if len(first.tokens) <= len(a.tokens) <= self.row_limit})
-        best: tuple[float, list[_Ask]] = (-1.0, [first])
-        for width in widths:
-            chosen = self._at_width(first, width, shared)
-            real = sum(len(a.tokens) for a in chosen)
-            value = real / max(self.cost(width * len(chosen)), 1e-9)
-            if value > best[0]:
-                best = (value, chosen)
-        for ask in best[1]:
+        """The next pass's asks (sharing.next_pass), taken out of those waiting."""
+        chosen = next_pass(self._pending, self.row_limit, self.cost, equal_only=self.snapshots is not None)
+        for ask in chosen:
             self._pending.remove(ask)
-        return best[1]
-
-    def _at_width(self, first: _Ask, width: int, shared: list[_Ask]) -> list[_Ask]:
-        """A pass `width` rows a lane, holding `first`: the blocks of that width, then narrower
-        ones where padding them costs less than their share of a pass of their own (of the
-        asks that may share a pass)."""
-        room = self.row_limit // width
-        same = [a for a in shared if a is not first and len(a.tokens) == width]
-        chosen = [first, *same[: room - 1]]
-        for ask in shared:
-            if len(chosen) >= room or ask in chosen or len(ask.tokens) > width:
-                continue
-            narrow = [a for a in shared if len(a.tokens) == len(ask.tokens) and a not in chosen]
-            own_share = self.cost(len(narrow) * len(ask.tokens)) / len(narrow)
-            if self.cost((len(chosen) + 1) * width) - self.cost(len(chosen) * width) <= own_share:
-                chosen.append(ask)
         return chosen
 
     def _run(self, asks: list[_Ask]) -> None:
@@ -313,6 +301,9 @@ class LaneHost:
         # order (split_equal); others it evaluates in passes of their own, with the same rows.
         asks.sort(key=lambda ask: ask.lane.seq)
         width = max(len(ask.tokens) for ask in asks)
+        for ask in asks:
+            if ask.lane.state is not None:
+                ask.lane.state.before_decode(ask.lane.n_past)
         try:
             rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(asks, width)
             if rc != 0:
@@ -327,6 +318,8 @@ class LaneHost:
             if n < width:  # the padding's cells go at once: the lane's next block takes their place
                 llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past + n, -1)
             lane.record(ask.tokens)
+            if lane.state is not None:
+                lane.state.after_decode(n)
             ask.rows = rows
         figures = self.figures
         figures.passes += 1
@@ -393,6 +386,8 @@ class Lane:
         self.capabilities = capabilities
         self._model: Backend = host.model
         self._tokens: list[int] = []
+        snapshots = host.snapshots
+        self.state = None if snapshots is None else RecurrentRollback(host._ctx, host._mem, snapshots, seq)
 
     # -- the cache --------------------------------------------------------------------------
 
@@ -432,8 +427,19 @@ class Lane:
             check_rollback(n)
         if n >= len(self._tokens):
             return
-        self.host.drop(self, n)
+        if self.state is None:
+            self.host.drop(self, n)
+            del self._tokens[n:]
+            return
+        kept = self._tokens[:n]
+        start = self.host.rewind(self, n)
+        if start is not None:  # the state went back further: decode what it lacks again
+            del self._tokens[start:]
+            step = self.capabilities.max_block
+            for at in range(start, n, step):
+                self.eval_block(kept[at : at + step], "none")
         del self._tokens[n:]
+        self.state.settled()
 
     def idle(self) -> None:
         """This lane's request ended: the other lanes' passes stop waiting for it."""

@@ -28,10 +28,11 @@ class RecurrentRollback:
        rollback on an architecture without snapshots. Copies start once a rollback needed one;
     3. a replay from the start (a rollback behind the copy: another request's prefix).
 
-    rewind() says from which position the caller must replay (None: nothing to replay)."""
+    rewind() says from which position the caller must replay (None: nothing to replay). seq:
+    the sequence whose state this is (a lane's, lanes.py; llama.cpp keeps snapshots per sequence)."""
 
-    def __init__(self, ctx: Any, mem: Any, snapshots: int) -> None:
-        self._ctx, self._mem, self.snapshots = ctx, mem, snapshots
+    def __init__(self, ctx: Any, mem: Any, snapshots: int, seq: int = 0) -> None:
+        self._ctx, self._mem, self.snapshots, self.seq = ctx, mem, snapshots, seq
         self._last_block = 0  # tokens in the last decode: the snapshots cover these
         self._pending = False  # a snapshot rollback waits for the next decode (one per decode)
         self._copying = False  # rollbacks have needed copies: take one where each rollback ends
@@ -48,9 +49,10 @@ class RecurrentRollback:
 
     def before_decode(self, past: int) -> None:
         if self._copying and self._copy_due and (self.places is None or self.places.inside(past) is None):
-            size = llama.llama_state_seq_get_size_ext(self._ctx, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            size = llama.llama_state_seq_get_size_ext(self._ctx, self.seq, flags)
             buf = (ctypes.c_uint8 * size)()
-            llama.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            llama.llama_state_seq_get_data_ext(self._ctx, buf, size, self.seq, flags)
             self._copy = (past, buf)
         self._copy_due = False
         self._last_block = 0  # until this decode is known to have finished (after_decode)
@@ -73,7 +75,7 @@ class RecurrentRollback:
             and drop <= self.snapshots
             and drop < self._last_block
             and (places is None or places.inside(n) is None)
-            and llama.llama_memory_seq_rm(self._mem, 0, n if places is None else places.at(n), -1)
+            and llama.llama_memory_seq_rm(self._mem, self.seq, n if places is None else places.at(n), -1)
         ):
             self._pending = True
             return None
@@ -81,12 +83,12 @@ class RecurrentRollback:
         if self._copy is not None and self._copy[0] <= n:
             at, buf = self._copy
             flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-            if llama.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, flags) == len(buf):
+            if llama.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), self.seq, flags) == len(buf):
                 cut = at if places is None else places.at(at)
-                llama.llama_memory_seq_rm(self._mem, 0, cut, -1)  # the attention layers' rows
+                llama.llama_memory_seq_rm(self._mem, self.seq, cut, -1)  # the attention layers' rows
                 self._pending = False
                 return at
         self._copy = None
-        llama.llama_memory_seq_rm(self._mem, 0, 0, -1)
+        llama.llama_memory_seq_rm(self._mem, self.seq, 0, -1)
         self._pending = False
         return 0

@@ -128,3 +128,35 @@ def test_exact_after_a_model_has_run_in_this_process_is_refused(target_backend: 
         pytest.skip("this process started with the exact kernel switch")
     with pytest.raises(InvalidRequestError, match="before the first model of this process runs"):
         load(str(smollm2_q4_1), exact=True, calibrate=False)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_quantized_hybrids_blocks_give_one_token_passes_logits_up_to_its_plans_prompt_rows(
+    tmp_path: Path, threads: int
+) -> None:
+    # A quantized Qwen3.5-style file keeps its convolution kernels F32. They feed ggml_ssm_conv,
+    # not a matmul, so the plan does not count them as float weights (tinyBLAS's 2+ row order):
+    # its blocks up to prompt_rows (63) must then give the one-token passes' rows, bit for bit,
+    # on the host's kernels, which is what lets a hybrid's lanes share passes.
+    import numpy as np
+
+    from localspec.backends.llamacpp.copies import quantize
+    from localspec.core.backend_loader import load_backend
+    from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
+
+    source = write_qwen35_gguf(HybridSpec(), tmp_path / "hybrid-f32.gguf")
+    backend = load_backend(
+        "llamacpp", str(quantize(source, tmp_path / "hybrid.gguf", "Q8_0")), n_ctx=256, threads=threads
+    )
+    try:
+        limit = backend.capabilities.exactness.prompt_rows
+        assert limit == 63, backend.capabilities.exactness
+        tokens = [int(t) for t in np.random.default_rng(3).integers(5, 200, size=limit)]
+        one = np.stack([np.array(backend.eval_block([t], "all")[0]) for t in tokens])
+        for block in (2, 5, 8, 40, limit):
+            backend.rollback(0)
+            # Copied as they come: a pass's rows are a view the next pass overwrites.
+            pieces = [np.array(backend.eval_block(tokens[at : at + block], "all")) for at in range(0, limit, block)]
+            assert np.array_equal(np.concatenate(pieces), one), block
+    finally:
+        backend.close()

@@ -1,0 +1,92 @@
+"""Shared passes on a model with recurrent state (a Qwen3.5-style hybrid: Gated DeltaNet layers
+beside attention): each lane keeps and takes back its own state, and every answer is the one
+the request gets alone, greedy and seeded, with drafts accepted and rolled back."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from model_support import TEST_N_CTX
+
+import localspec
+from localspec import Completion
+from localspec.backends.llamacpp.copies import quantize
+from localspec.pool import Pool
+from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
+
+ASKS = [
+    "one two three one two three one two",
+    "the cat sat on the mat and the cat",
+    "red green blue red green blue red",
+    "a b c d a b c d a b",
+    "hello world hello world hello",
+    "north south east west north south",
+]
+
+
+@pytest.fixture(scope="module")
+def hybrids(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny hybrid target and a drafter close to it (its weights perturbed), so drafts are
+    often accepted and, where they part, rolled back: inside llama.cpp's snapshots (4 tokens)
+    and beyond them (a state copy, or the lane's tokens decoded again)."""
+    folder = tmp_path_factory.mktemp("hybrid-lanes")
+    # Q8_0: an F32 or F16 model's kernels keep only one-row passes exact, so its lanes would
+    # take turns a row a pass; Q8_0's keep 63 rows.
+    target = quantize(write_qwen35_gguf(HybridSpec(), folder / "hybrid-f32.gguf"), folder / "hybrid.gguf", "Q8_0")
+    draft = write_qwen35_gguf(HybridSpec(noise=0.35), folder / "draft-f32.gguf")
+    return target, quantize(draft, folder / "hybrid-draft.gguf", "Q8_0")
+
+
+def _together(pool: Pool, asks: list[tuple[str, dict[str, object]]]) -> list[Completion]:
+    """Each ask's answer, asked by as many threads at once as the pool has lanes."""
+    out: list[Completion | None] = [None] * len(asks)
+    lanes = len(pool.runtimes)
+
+    def client(k: int) -> None:
+        for i in range(k, len(asks), lanes):
+            prompt, knobs = asks[i]
+            out[i] = pool.generate(messages=[{"role": "user", "content": prompt}], max_tokens=32, **knobs)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert all(result is not None for result in out)
+    return [result for result in out if result is not None]
+
+
+@pytest.mark.parametrize("strategy", ["draft", "none"])
+def test_a_hybrid_targets_lanes_give_each_answer_the_one_it_gets_alone(
+    hybrids: tuple[Path, Path], strategy: str
+) -> None:
+    target, draft = hybrids
+    more: dict[str, object] = {"draft_model": str(draft), "draft_tokens": 6} if strategy == "draft" else {}
+    asks = [(p, {"temperature": 0.0}) for p in ASKS]
+    asks += [(p, {"temperature": 0.9, "seed": 5 + i}) for i, p in enumerate(ASKS)]
+    with localspec.load_pool(
+        str(target), parallel=3, n_ctx=TEST_N_CTX, threads=1, strategy=strategy, memory=False, **more
+    ) as pool:
+        assert len(pool.runtimes) == 3 and pool.note is None
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        assert host.snapshots is not None  # the lanes keep recurrent state
+        alone = [
+            pool.runtimes[0].generate(messages=[{"role": "user", "content": p}], max_tokens=32, **knobs)
+            for p, knobs in asks
+        ]
+        shared, rollbacks = host.figures.shared_passes, host.figures.rollbacks
+        together = _together(pool, asks)
+        figures = host.figures
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert figures.shared_passes - shared > 10  # the lanes really shared passes
+    assert figures.padded_rows == 0  # equal blocks only: padding would move a lane's state
+    assert figures.rollbacks > rollbacks  # a lane's next prompt, and rejected drafts, took state back
+    if strategy == "draft":
+        drafted = sum(r.stats.drafted for r in together)
+        accepted = sum(r.stats.accepted for r in together)
+        assert drafted > accepted > 0, (drafted, accepted)
+        # Drafts were cut inside the snapshots and beyond them.
+        assert [r.stats.drafted for r in together] == [r.stats.drafted for r in alone]
