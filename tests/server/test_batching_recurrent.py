@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from model_support import TEST_N_CTX
+from server_support import chat_answer
 
 import localspec
 from localspec import Completion
@@ -90,3 +91,36 @@ def test_a_hybrid_targets_lanes_give_each_answer_the_one_it_gets_alone(
         assert drafted > accepted > 0, (drafted, accepted)
         # Drafts were cut inside the snapshots and beyond them.
         assert [r.stats.drafted for r in together] == [r.stats.drafted for r in alone]
+
+
+def test_serve_batches_a_hybrid_targets_requests_over_http(hybrids: tuple[Path, Path]) -> None:
+    # The server on a hybrid's pool: requests from three clients at once share passes and get
+    # the answers they get alone.
+    from localspec.server import LocalServer, Settings
+
+    bodies = [
+        {"model": "hybrid", "messages": [{"role": "user", "content": p}], "max_tokens": 24, **knobs}
+        for p, knobs in zip(ASKS, [{"temperature": 0}, {"temperature": 0.8, "seed": 3}] * 3, strict=True)
+    ]
+    opts: dict[str, object] = {"n_ctx": TEST_N_CTX, "threads": 1, "strategy": "ngram", "memory": False}
+    with localspec.load_pool(str(hybrids[0]), parallel=3, **opts) as pool:
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        server = LocalServer(None, "hybrid", lambda _: pool, port=0, settings=Settings(log=lambda line: None))
+        with server:
+            server.start()
+            assert server.wait_ready(120)
+            alone = [chat_answer(server.url, body)["choices"][0]["message"]["content"] for body in bodies]
+            shared = host.figures.shared_passes
+            together: list[str] = [""] * len(bodies)
+
+            def client(k: int) -> None:
+                for i in range(k, len(bodies), 3):
+                    together[i] = chat_answer(server.url, bodies[i])["choices"][0]["message"]["content"]
+
+            threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(300)
+        assert together == alone
+        assert host.figures.shared_passes > shared
