@@ -268,7 +268,7 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             self.rollback(past)
         self._batch.n_tokens = n
         if self._recurrent is not None:
-            self._recurrent.before_decode(past)
+            self._recurrent.before_decode(past, n)
         self._unrecorded, self._in_flight = True, n
         rc = llama.llama_decode(self._ctx, self._batch)
         if rc != 0:

@@ -45,7 +45,7 @@ class SeesImages(TargetState):
         if self._unrecorded:
             self.rollback(past)
         if self._recurrent is not None:
-            self._recurrent.before_decode(past)
+            self._recurrent.before_decode(past, n)
         self._unrecorded, self._in_flight = True, n
         at = self._images[0].positions(past, ids)
         if (rc := self._images[1].decode(self._ctx, rows, at, logits, causal=not whole)) != 0:

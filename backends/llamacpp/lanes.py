@@ -303,7 +303,7 @@ class LaneHost:
         width = max(len(ask.tokens) for ask in asks)
         for ask in asks:
             if ask.lane.state is not None:
-                ask.lane.state.before_decode(ask.lane.n_past)
+                ask.lane.state.before_decode(ask.lane.n_past, len(ask.tokens))
         try:
             rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(asks, width)
             if rc != 0:
@@ -426,6 +426,9 @@ class Lane:
         if n < 0:
             check_rollback(n)
         if n >= len(self._tokens):
+            if self.state is not None:  # nothing dropped; a drafter's run of decodes still arms a copy
+                self.state.rewind(n, len(self._tokens))
+                self.state.settled()
             return
         if self.state is None:
             self.host.drop(self, n)
