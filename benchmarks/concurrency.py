@@ -143,12 +143,14 @@ def side_requests(base: str) -> tuple[float, float]:
     return title, tags
 
 
-def throughput(base: str, clients: int, server: psutil.Process) -> tuple[float, float, float]:
+def throughput(base: str, clients: int, server: psutil.Process, round_: int) -> tuple[float, float, float]:
     """Aggregate tokens/s, the mean stream's tokens/s and the server's CPU milliseconds a token
     (its process's user and system time, which other programs stretch far less than wall time),
-    `clients` greedy requests at once."""
+    `clients` greedy requests at once. Each round's prompts open with its number, so none is one
+    a server saw before (llama-server restores those from its cache of prompts in RAM)."""
+    asks = [f"Request {round_ + 1}. {PROMPTS[i % len(PROMPTS)]}" for i in range(clients)]
     cpu0, t0 = _cpu(server), time.perf_counter()
-    answers = at_once([lambda i=i: chat(base, PROMPTS[i % len(PROMPTS)], 128, temperature=0) for i in range(clients)])
+    answers = at_once([lambda p=p: chat(base, p, 128, temperature=0) for p in asks])
     wall, cpu = time.perf_counter() - t0, _cpu(server) - cpu0
     tokens = sum(a[1] for a in answers)
     return tokens / wall, sum(a[1] / a[2] for a in answers) / clients, 1000 * cpu / max(tokens, 1)
@@ -245,7 +247,7 @@ def main() -> None:
                 for k in [*range(turn, len(rows)), *range(turn)]:
                     time.sleep(0.3)  # llama.cpp's spinning threads settle before the next server runs
                     proc, base = started[k]
-                    runs.setdefault((rows[k][1], n), []).append(throughput(base, n, psutil.Process(proc.pid)))
+                    runs.setdefault((rows[k][1], n), []).append(throughput(base, n, psutil.Process(proc.pid), r))
         finally:
             for proc, _ in started:
                 proc.kill()

@@ -10,8 +10,12 @@ over the request).
 
     python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 6] [--model GGUF]
 
-Both run plain decoding (localspec `-s none --parallel 1 --no-memory`, llama-server
-`--parallel 1`), so only the serving paths and the decoding loops differ. The idle server
+Every prompt is new to both servers: each round's requests open with their round's number.
+Repeated prompts would measure llama-server's cache of earlier prompts' states in RAM
+(`--cache-ram`), which restores a prompt it saw before without evaluating it, where localspec
+keeps only each lane's last conversation. Both run plain decoding (localspec `-s none
+--parallel 1 --no-memory`, llama-server `--parallel 1`), so only the serving paths and the
+decoding loops differ. The idle server
 sleeps while the other answers (both poll nothing; a pause between requests lets llama.cpp's
 spinning threads settle).
 """
@@ -88,7 +92,7 @@ def main() -> None:
                 for k in order:
                     time.sleep(0.3)
                     proc, base = started[k]
-                    wall, own, cpu = ask(base, prompt, proc.pid)
+                    wall, own, cpu = ask(base, f"Request {r + 1}. {prompt}", proc.pid)
                     rates[k] = wall
                     walls[servers[k].name].append(wall)
                     owns[servers[k].name].append(own)
