@@ -7,14 +7,20 @@ and sampling keeps the target's joint law of the first two tokens."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_images_defaults import a_measured_machine  # noqa: F401  (the pinned probe, autouse)
-from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, first_two, worst_cells
+from test_llamacpp_sampling import (
+    P_FLOOR,
+    SAMPLING,
+    chi_square_p_value,
+    exact_first_two,
+    sample_first_two,
+    worst_cells,
+)
 
 from localspec.api import Runtime, load
 from localspec.control.policy import AdaptiveDraftLength
@@ -72,13 +78,8 @@ def test_sampling_an_audio_prompt_with_a_draft_model_at_the_default_draft_length
     with at_defaults(files, "draft") as runtime:
         prompt = runtime.prepare(messages=question(440.0))  # the clip decoded once, not once a run
         law = exact_first_two(runtime.target, prompt.ids, SamplingConfig(**SAMPLING))
-        counts: Counter[tuple[int, ...]] = Counter()
-        first_steps: Counter[int] = Counter()
-        for seed in range(1000):
-            pair, first_step = first_two(runtime, prompt, seed)  # type: ignore[arg-type]
-            counts[pair] += 1
-            first_steps[first_step] += 1
-    p = chi_square_p_value(counts, law)
-    print(f"\ndefault-length draft model sampling an audio prompt: first steps {dict(first_steps)}, p = {p:.3f}")
-    assert p > P_FLOOR, worst_cells(counts, law)
-    assert first_steps[3] > 0, "no draft was kept whole: the controller declined the drafter when sampling"
+        samples = sample_first_two(runtime, prompt, 1000)  # type: ignore[arg-type]
+    p = chi_square_p_value(samples.counts, law)
+    print(f"\ndefault-length draft model sampling an audio prompt: {samples.summary(law)}, p = {p:.3f}")
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
+    assert samples.whole_drafts > 0, "no draft was kept whole: the controller declined the drafter when sampling"

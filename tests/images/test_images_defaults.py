@@ -14,13 +14,19 @@ otherwise decide whether anything is drafted at all.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_llamacpp_sampling import P_FLOOR, SAMPLING, chi_square_p_value, exact_first_two, first_two, worst_cells
+from test_llamacpp_sampling import (
+    P_FLOOR,
+    SAMPLING,
+    chi_square_p_value,
+    exact_first_two,
+    sample_first_two,
+    worst_cells,
+)
 
 from localspec.api import Runtime, load
 from localspec.backends.llamacpp.copies import derived
@@ -114,18 +120,13 @@ def test_sampling_with_a_draft_model_at_the_default_draft_length_keeps_the_targe
     with at_defaults(files, "draft") as runtime:
         prompt = runtime.prepare(messages=question(SEEDS[1]))  # the image decoded once, not once a run
         law = exact_first_two(runtime.target, prompt.ids, SamplingConfig(**SAMPLING))
-        counts: Counter[tuple[int, ...]] = Counter()
-        first_steps: Counter[int] = Counter()
-        for seed in range(1000):
-            pair, first_step = first_two(runtime, prompt, seed)  # type: ignore[arg-type]
-            counts[pair] += 1
-            first_steps[first_step] += 1
-    p = chi_square_p_value(counts, law)
-    print(f"\ndefault-length draft model sampling an image prompt: first steps {dict(first_steps)}, p = {p:.3f}")
-    assert p > P_FLOOR, worst_cells(counts, law)
+        samples = sample_first_two(runtime, prompt, 1000)  # type: ignore[arg-type]
+    p = chi_square_p_value(samples.counts, law)
+    print(f"\ndefault-length draft model sampling an image prompt: {samples.summary(law)}, p = {p:.3f}")
+    assert p > P_FLOOR, worst_cells(samples.counts, law)
     # A first step of 3 tokens kept a two-token draft whole (max_tokens=3 caps γ at 2): the
     # controller drafted at T > 0. Rejections at T > 0 are test_images_drafters.py's, at a fixed γ.
-    assert first_steps[3] > 0, "no draft was kept whole: the controller declined the drafter when sampling"
+    assert samples.whole_drafts > 0, "no draft was kept whole: the controller declined the drafter when sampling"
 
 
 def together(ask: Any, seeds: tuple[int, ...]) -> list[Completion]:
