@@ -92,9 +92,9 @@ def main() -> None:
                 for k in order:
                     time.sleep(0.3)
                     proc, base = started[k]
-                    wall, own, cpu = ask(base, f"Request {r + 1}. {prompt}", proc.pid)
-                    rates[k] = wall
-                    walls[servers[k].name].append(wall)
+                    rate, own, cpu = ask(base, f"Request {r + 1}. {prompt}", proc.pid)
+                    rates[k] = rate
+                    walls[servers[k].name].append(rate)
                     owns[servers[k].name].append(own)
                     cpus[servers[k].name].append(cpu)
                 pairs.append(rates[0] / rates[1])
