@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -67,6 +67,14 @@ class Branching(Protocol):
 
     # The first positions that also offer another candidate token; 0: a chain only.
     branching: int
+
+
+@runtime_checkable
+class NeverGuesses(Protocol):
+    """A drafter that guesses nothing, ever (plain decoding's): the engine then puts the
+    prompt's last token in with the prompt, as no draft can ride along with it."""
+
+    never_guesses: Literal[True]
 
 
 @runtime_checkable

@@ -12,11 +12,21 @@ from typing import Literal
 import numpy as np
 
 from localspec.core.acceptance import accept_greedy, accept_rejection_sampling, accept_seeded
-from localspec.core.drafting import MAX_DRAFT, Draft, Drafter, DraftLengthPolicy, StopsUnsure, TreeShaper, common_prefix
+from localspec.core.drafting import (
+    MAX_DRAFT,
+    Draft,
+    Drafter,
+    DraftLengthPolicy,
+    NeverGuesses,
+    StopsUnsure,
+    TreeShaper,
+    common_prefix,
+)
 from localspec.core.errors import ContextFullError, InvalidRequestError
 from localspec.core.proposal import Proposal, Source, admissible
 from localspec.core.protocol import Backend, Logits, TreeBackend, Verifier, eval_chunked
 from localspec.core.sampling import SamplingConfig, shape
+from localspec.core.shadow import Shadow, shadow_of
 from localspec.core.stats import Stats, Step
 from localspec.core.tree import accept_tree, branch_heads, grow
 
@@ -76,6 +86,9 @@ class Engine:
         # guessed for nothing and right more often than a small model's guess; elsewhere the
         # model drafts. The policy picks per step (choose_source).
         self.lookup = lookup
+        # False: no step ever guesses (plain decoding), so the prompt's last token goes in with
+        # the prompt, as llama-server does, and the first token needs no pass of its own.
+        self.drafts = not isinstance(drafter, NeverGuesses)
         # A backend that verifies where its logits are (a GPU) is handed the whole rule.
         self.verifier = target if target.capabilities.verifies and isinstance(target, Verifier) else None
         self._canonical: list[int] = []  # the cached prompt prefix evaluated in fresh blocks
@@ -113,7 +126,12 @@ class Engine:
         # a draft come after all, the drafter catches up then.
         stop = cancelled or _never
         warm = choices.guess and (self.free_drafter or policy.would_draft(len(prompt)))
-        if not self._prefill(prompt, stats, warm, stop, choices.reuse_prefix):
+        # Where the first step cannot guess, its pass would hold the prompt's last token alone:
+        # that token goes in with the prompt instead. A head or a draft model reads the target's
+        # passes as they come, so only plain decoding and an idle n-gram lookup fold it.
+        fold = cfg.constraint is None and (not self.drafts or (not choices.guess and self.free_drafter))
+        went_in, first = self._prefill(prompt, stats, warm, stop, choices.reuse_prefix, fold)
+        if not went_in:
             stats.finish_reason = "cancelled"
             return
         if max_tokens == 0:
@@ -126,14 +144,24 @@ class Engine:
         req = _Request(cfg, policy, stats, rng, cancelled, max_tokens, len(prompt), before, eog, forced, numpy_rule)
         req.guess, req.max_draft = choices.guess, choices.max_draft  # the request's own state
         req.min_confidence = choices.min_confidence
+        req.first = first
         yield from self._decode(list(prompt), req)
 
     def _prefill(
-        self, prompt: Sequence[int], stats: Stats, warm_drafter: bool, stop: Callable[[], bool], reuse: ReusePrefix
-    ) -> bool:
-        """False when cancelled before the prompt was all in."""
+        self,
+        prompt: Sequence[int],
+        stats: Stats,
+        warm_drafter: bool,
+        stop: Callable[[], bool],
+        reuse: ReusePrefix,
+        fold: bool,
+    ) -> tuple[bool, Logits | None]:
+        """False when cancelled before the prompt was all in; with True, the row of logits
+        after the prompt where its last token went in too (fold), else None."""
         # Everything but the last prompt token goes in now; that token opens the first
-        # verify block, so even the first generated token can come with a draft.
+        # verify block, so even the first generated token can come with a draft. Folded, it
+        # goes in with the last piece where that piece still sums as one-token passes, so
+        # its row has the bits the first verify pass would have given it.
         t0 = self.clock()
         cached = self.target.cached_tokens() if reuse != "none" else ()
         keep = min(common_prefix(cached, prompt), len(prompt) - 1)
@@ -144,20 +172,24 @@ class Engine:
             stats.reused_fresh_rows = min(self.target.capabilities.max_block, len(prompt) - 1 - exact)
         self.target.rollback(keep)
         todo = list(prompt[keep:-1])
-        eval_chunked(self.target, todo, "none", stop)
+        rows_limit = self.target.capabilities.exactness.prompt_rows
+        tail_rows = (self.target.capabilities.max_block if rows_limit is None else rows_limit) if fold else 0
+        rows = eval_chunked(self.target, todo, "none", stop, prompt[-1], tail_rows)
+        # A copy: the backend's next pass writes over the rows it hands back.
+        first = rows[-1].copy() if len(rows) else None
         self._rows_kept(keep, len(todo), len(todo))
         # From a fresh block boundary the blocks are the fresh ones; otherwise only what was
         # fresh before the reused prefix stays so.
         self._canonical = list(prompt[:-1] if keep == exact else prompt[:exact])
         if stop():
-            return False
+            return False, None
         self.drafter.start(prompt, warm_drafter)
         self._note_drafter_off(stats, self.drafter.off_notice)
         if self.lookup is not None:
             self.lookup.start(prompt)
         stats.prefill_tokens = len(todo) + 1
         stats.prefill_seconds = self.clock() - t0
-        return True
+        return True, first
 
     def _exact_keep(self, prompt: Sequence[int], keep: int) -> int:
         """How much of the cached prefix (keep tokens match) a fresh evaluation would have
@@ -196,10 +228,11 @@ class Engine:
         target, clock = self.target, self.clock
         req.t_start = clock()
         try:
-            while (limit := self._limit(req, past := target.n_past)) is not None:
+            # A folded prompt's last token is in the cache already: past counts it out.
+            while (limit := self._limit(req, past := target.n_past - (req.first is not None))) is not None:
                 t0 = clock()
                 proposal, tree = self._propose(ctx, limit, req, past), (0, 0)
-                if proposal.branches and self.trees is not None:
+                if proposal.branches and self.trees is not None and req.first is None:
                     proposal = self._widen(proposal, req)
                 if proposal.parents is None:
                     tokens, refused = admissible(proposal.tokens, self.target.info.n_vocab, req.cfg.constraint)
@@ -286,12 +319,18 @@ class Engine:
         """One target pass over the pending token (ctx[-1]) and the draft: how many draft tokens
         the target accepts, the token it adds after them, and the target's logits as the request
         shapes them (None where a verifying backend kept them). refused: where the draft was
-        cut at an id the target may not evaluate (admissible)."""
+        cut at an id the target may not evaluate (admissible). After a folded prompt the
+        pending token's row is the prompt pass's, and only a draft needs a pass."""
         cfg, rng, dists = req.cfg, req.rng, proposal.dists
-        if self.verifier is not None and refused is None and not req.numpy_rule:  # a refused id takes it too
+        first, req.first = req.first, None
+        if first is not None:
+            rows = first[None] if not tokens else np.concatenate([first[None], self.target.eval_block(tokens, "all")])
+        elif self.verifier is not None and refused is None and not req.numpy_rule:  # a refused id takes it too
             return (*self.verifier.verify_block([ctx[-1], *tokens], dists, cfg, rng), None)
+        else:
+            rows = self.target.eval_block([ctx[-1], *tokens], "all")
         generated = ctx[req.prompt_len :] if cfg.shapes_logits else ()  # penalties count them
-        logits = shape(self.target.eval_block([ctx[-1], *tokens], "all"), cfg, generated, tokens, req.before)
+        logits = shape(rows, cfg, generated, tokens, req.before)
         if cfg.greedy:
             return (*accept_greedy(tokens, logits), logits)
         if cfg.seed is not None:  # the same answer whatever was drafted (accept_seeded)
@@ -389,7 +428,7 @@ class Engine:
         )
         req.stats.record_step(step)
         if req.shadow is None and proposal.guess is not None and not tree[0]:  # a tree's path need not be its guess's
-            req.shadow = _shadow_of(proposal, verified, n_acc, len(ctx) - n_acc - 1)
+            req.shadow = shadow_of(proposal, verified, n_acc, len(ctx) - n_acc - 1)
         if proposal.source is not Source.GRAMMAR:  # a forced step says nothing of the drafter
             req.policy.observe(step)
         if req.shadow is not None and req.shadow.settle(ctx, req.policy):
@@ -424,6 +463,10 @@ class _Request:
     produced: int = 0
     shadow: Shadow | None = None
     t_start: float = 0.0
+    # The row after a folded prompt (Engine.generate), until the first step takes it. Only a
+    # request that cannot guess folds, so its policy is a fixed one that learns no cost from
+    # that step, which ran no pass.
+    first: Logits | None = None
 
 
 def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
@@ -434,41 +477,5 @@ def check_fits(prompt: Sequence[int], n_ctx: int) -> None:
         )
 
 
-def _shadow_of(proposal: Proposal, verified: int, n_acc: int, at: int) -> Shadow | None:
-    """What of the step's free guess (at context position `at`) no step verified, to be scored
-    once the text is known: free evidence. Past a rejected token a guess cannot come true."""
-    guess = proposal.guess
-    checked = verified if proposal.guessed else 0  # all of a guess the model drafted instead
-    if guess is None or checked >= len(guess.tokens) or (proposal.guessed and n_acc != checked):
-        return None
-    return Shadow(guess.tokens, at, guess.support, checked)
-
-
 def _never() -> bool:
     return False
-
-
-@dataclass
-class Shadow:
-    """The part of a free drafter's guess from position `start` on, which no verify step
-    checked; scored as free acceptance evidence token by token as the text it guessed
-    becomes known. Scored only once the whole guess was known, a copy in progress would hold
-    its evidence back for up to FREE_GUESS_TOKENS steps, just while the controller decides
-    whether the text is being copied (benchmarks/replay_variants.py)."""
-
-    guess: list[int]
-    at: int  # where the guess begins in the context
-    support: int
-    start: int  # the first position not yet scored
-
-    def settle(self, ctx: list[int], policy: DraftLengthPolicy) -> bool:
-        """Score what is known of the guess so far; True when nothing is left to score."""
-        actual = ctx[self.at : self.at + len(self.guess)]
-        matched = common_prefix(self.guess, actual)
-        if matched < len(actual) or len(actual) == len(self.guess):
-            policy.observe_shadow(len(self.guess), matched, self.support, self.start)
-            return True
-        if matched > self.start:  # all known so far came true: learn those hits now
-            policy.observe_shadow(matched, matched, self.support, self.start)
-            self.start = matched
-        return False

@@ -335,11 +335,16 @@ def eval_chunked(
     tokens: Sequence[int],
     logits: Literal["last", "none"],
     stop: Callable[[], bool] | None = None,
+    tail: int | None = None,
+    tail_rows: int = 0,
 ) -> Logits:
     """eval_block over any number of tokens, in max_block's blocks from the first token;
     logits (if asked) are those of the last piece. stop is asked before each piece: once it
     says so the rest is left out and no rows come back. With a stop, a CPU backend's blocks
-    go in pieces of PIECE_SECONDS (64 rows first), so a long prompt is abandoned within one."""
+    go in pieces of PIECE_SECONDS (64 rows first), so a long prompt is abandoned within one.
+    tail: one token more, evaluated in the last piece with its row's logits (that one row
+    comes back) where the piece then holds at most tail_rows rows; else it is left out. The
+    pieces of `tokens` are the same either way."""
     step = backend.capabilities.max_block
     cut = stop is not None and backend.capabilities.device == "cpu"
     piece = BLOCK_KERNEL_ROWS if cut else step
@@ -356,6 +361,8 @@ def eval_chunked(
             size = left if left < piece + BLOCK_KERNEL_ROWS else piece
             try:
                 if start + size >= len(tokens):
+                    if tail is not None and len(tokens) - start < min(tail_rows, step):
+                        return backend.eval_block([*tokens[start:], tail], "last")
                     return backend.eval_block(tokens[start:], logits)
                 t0 = time.perf_counter()
                 backend.eval_block(tokens[start : start + size], "none")

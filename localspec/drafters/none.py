@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from localspec.drafters import Draft
 class NoDrafter:
     name = "none"
     off_notice: str | None = None
+    never_guesses: Literal[True] = True  # core.drafting.NeverGuesses
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         pass
