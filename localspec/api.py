@@ -124,8 +124,8 @@ def resolved_files(
 def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     opts = resolved_files(opts, on_progress)
     assert opts.model is not None
-    strategies.check(opts)  # a drafter's file checked before the target loads
-    options = opts.backend_options()
+    row = strategies.check(opts)  # a drafter's file checked before the target loads
+    options = opts.backend_options() | row.target_options(opts.backend)
     with announced(f"loading {os.path.basename(opts.model)}", on_progress):
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
         target = load_backend(opts.backend, opts.model, **options, **split_options(opts.backend, opts.rpc), **sees)

@@ -286,8 +286,10 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
     assert opts.model is not None
     with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
-        loaded = [load_backend("llamacpp", opts.model, **opts.backend_options(), lanes=parallel, **sees)]
-    if opts.draft_model is None or named(opts.strategy)[0].drafter_file == "never":  # no draft model drafts
+        row = named(opts.strategy)[0]
+        options = opts.backend_options() | row.target_options("llamacpp")
+        loaded = [load_backend("llamacpp", opts.model, **options, lanes=parallel, **sees)]
+    if opts.draft_model is None or row.drafter_file == "never":  # no draft model drafts
         return loaded
     try:
         with announced(f"loading the drafter {os.path.basename(opts.draft_model)} with {parallel} lanes", on_progress):

@@ -26,6 +26,9 @@ class BackendKind:
     specs: bool = False  # a "model" is a spec built in memory: never a file, never a pair
     default_model: bool = False  # loads the embedded default model when none is given
     images: bool = False  # reads images beside text through a projector file (--mmproj)
+    # Keeps snapshots of a recurrent model's state with every pass, for a rejected draft's
+    # rollback (load(recurrent_snapshots=N)); plain decoding asks for none.
+    snapshots: bool = False
 
 
 KINDS = {
@@ -39,6 +42,7 @@ KINDS = {
         exact=True,
         default_model=True,
         images=True,
+        snapshots=True,
     ),
     "torch": BackendKind("localspec.backends.torch"),
     "mlx": BackendKind("localspec.backends.mlx", mtp=True),

@@ -26,7 +26,9 @@ from test_llamacpp_sampling import (
     worst_cells,
 )
 
+import localspec
 from localspec.api import runtime_for
+from localspec.backends.llamacpp import library
 from localspec.backends.llamacpp.backend import LlamaCppBackend
 from localspec.cli.main import main
 from localspec.core.protocol import Backend
@@ -220,6 +222,27 @@ def test_the_default_strategy_answers_on_a_hybrid_gguf_as_plain_decoding_does(hy
         assert code == 0, captured.err
         outputs.append(captured.out)
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_plain_decoding_loads_a_hybrid_without_the_snapshots_only_a_drafts_rollback_takes(hybrid) -> None:
+    """llama.cpp writes a hybrid's recurrent-state snapshots with every pass; plain decoding never
+    takes a draft back, so it asks for none (as llama-server does without a drafter that needs
+    them), and its answer is the one a target with snapshots gives."""
+    path = str(hybrid())
+    plain, lookup = localspec.load(path, strategy="none", threads=1), localspec.load(path, strategy="ngram", threads=1)
+    try:
+        for runtime, snapshots in ((plain, 0), (lookup, 4)):
+            target = runtime.target
+            assert isinstance(target, LlamaCppBackend) and target._recurrent is not None
+            assert target._recurrent.snapshots == snapshots == int(library.llama.llama_n_rs_seq(target._ctx))
+        answers = [
+            runtime.generate(prompt=LOOPING, max_tokens=60, temperature=0, speculation={"strategy": "none"}).tokens
+            for runtime in (plain, lookup)
+        ]
+        assert answers[0] == answers[1] and len(answers[0]) == 60
+    finally:
+        plain.close()
+        lookup.close()
 
 
 def test_layer_skipping_on_a_hybrid_is_refused_with_what_works_instead(hybrid, capsys) -> None:
