@@ -110,10 +110,12 @@ class Calibration:
             [float(e) for e in evidence] if evidence else None,
         )
 
-    def cost_curve(self, config: ControlConfig = DEFAULT, busy: Callable[[], int] | None = None) -> CostCurve:
+    def cost_curve(
+        self, config: ControlConfig = DEFAULT, busy: Callable[[], int] | None = None, pads: bool = True
+    ) -> CostCurve:
         """The curve a policy prices on; given busy (a pool's count of busy lanes), the curve
-        of one lane whose passes are shared (SharedPassCurve)."""
-        make: Callable[..., CostCurve] = CostCurve if busy is None else partial(SharedPassCurve, busy=busy)
+        of one lane whose passes are shared (SharedPassCurve; pads: whether a pass may pad lanes)."""
+        make: Callable[..., CostCurve] = CostCurve if busy is None else partial(SharedPassCurve, busy=busy, pads=pads)
         return make(
             list(self.verify_seconds),
             deep_seconds=list(self.deep_verify_seconds) if self.deep_verify_seconds else None,

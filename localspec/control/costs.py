@@ -267,19 +267,24 @@ class SharedPassCurve(CostCurve):
     is, since a shared pass gives every lane the same rows (lanes.py): it either runs in a pass
     of its own, t(k), or pads the others' rows to k, t(n*k) - t(n-1); whichever costs less,
     as lanes.py shapes the passes. A plain step then looks cheap and a draft must be accepted
-    more often to pay, as it must for the batch's throughput. Alone it is the lone curve. It
+    more often to pay, as it must for the batch's throughput. A model with recurrent state pads
+    no lane (pads False: a padded row would move its state), so there a longer block always runs
+    in a pass of its own. Alone it is the lone curve. It
     learns only from steps taken alone: beside other lanes a step's time holds their passes and
     waits too, which would teach the lone curve (and the learnt curve kept on disk for later
     loads) the batch's round instead of a pass."""
 
     busy: Callable[[], int] = field(default=_alone, repr=False, compare=False)  # lanes in a request, this one too
+    pads: bool = field(default=True, compare=False)  # False: passes share only blocks of one width
 
     def verify(self, k: int, depth: int = 0) -> float:
         others = self.busy() - 1
         if others <= 0:
             return super().verify(k, depth)
         joined = super().verify(others * k + k, depth) - super().verify(others, depth)
-        return max(joined if k == 1 else min(super().verify(k, depth), joined), 1e-6)
+        if k == 1:
+            return max(joined, 1e-6)
+        return max(min(super().verify(k, depth), joined) if self.pads else super().verify(k, depth), 1e-6)
 
     def update(self, k: int, seconds: float, depth: int = 0) -> None:
         if self.busy() <= 1:

@@ -113,5 +113,7 @@ def _drafted_policy(
 def shared_policy(policy: AdaptiveDraftLength, target: Backend, busy: Callable[[], int]) -> AdaptiveDraftLength:
     """policy as one lane of a pool prices drafts: on the target's calibration as a
     SharedPassCurve, what k rows add to a pass beside the other busy lanes (busy(): the lanes
-    in a request, this one too)."""
-    return replace(policy, costs=starting_calibration(target).cost_curve(policy.config, busy))
+    in a request, this one too). A target with recurrent state (replays_beyond set) pads no
+    lane, so its lanes share passes only among blocks of one width (backends/llamacpp/lanes.py)."""
+    pads = target.capabilities.replays_beyond is None
+    return replace(policy, costs=starting_calibration(target).cost_curve(policy.config, busy, pads))

@@ -349,6 +349,9 @@ def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
     # On a flat curve (a GPU's: 10 ms a pass, 0.1 ms a row) padding the others costs less.
     flat = SharedPassCurve([0.010 + 0.0001 * k for k in range(1, 33)], busy=lambda: busy[0])
     assert flat.verify(5) == pytest.approx(0.0001 * (20 - 3))
+    # A model with recurrent state pads no lane: there a 5-row block runs in a pass of its own.
+    unpadded = SharedPassCurve([0.010 + 0.0001 * k for k in range(1, 33)], busy=lambda: busy[0], pads=False)
+    assert unpadded.verify(5) == pytest.approx(0.0105) and unpadded.verify(1) == pytest.approx(0.0001)
     # Beside others a step's time holds their passes: nothing is learnt from it, and what a
     # later load starts from stays the lone curve.
     before = shared.scale

@@ -59,6 +59,18 @@ def _together(pool: Pool, asks: list[tuple[str, dict[str, object]]]) -> list[Com
     return [result for result in out if result is not None]
 
 
+def test_a_hybrid_lanes_policy_prices_a_draft_as_the_pass_of_its_own_it_gets(hybrids: tuple[Path, Path]) -> None:
+    """A hybrid's passes never pad a lane, so beside busy lanes a draft's block runs alone:
+    its price is that pass, not the cheaper padded one a dense model's lane may take."""
+    from localspec.control.costs import SharedPassCurve
+
+    with localspec.load_pool(
+        str(hybrids[0]), parallel=2, n_ctx=TEST_N_CTX, threads=1, strategy="ngram", memory=False
+    ) as pool:
+        costs = pool.runtimes[0].policy.costs  # type: ignore[attr-defined]
+        assert isinstance(costs, SharedPassCurve) and not costs.pads
+
+
 @pytest.mark.parametrize("strategy", ["draft", "none"])
 def test_a_hybrid_targets_lanes_give_each_answer_the_one_it_gets_alone(
     hybrids: tuple[Path, Path], strategy: str
