@@ -3,9 +3,11 @@ that evaluates every prompt as a fresh request would (what a served answer must 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +16,9 @@ from typing import Any
 import httpx
 from model_support import TEST_N_CTX
 
+from localspec import Finished
 from localspec.api import Runtime, load
+from localspec.pool import Pool
 from localspec.server import LocalServer, Settings
 
 MODEL = "smollm2-135m"
@@ -75,3 +79,52 @@ def chat_answer(url: str, body: Mapping[str, object]) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
+
+
+def close_and_cancel_mid_answer(
+    pool: Pool,
+    messages: list[dict[str, str]],
+    read: int,
+    ready: Callable[[], bool] = lambda: True,
+    beside: Callable[[], None] | None = None,
+) -> dict[str, str]:
+    """Two lanes stopped mid-answer (their answers asked far longer than the stop): lane 0's
+    stream closed from this thread while another thread reads it (after `read` events), and
+    lane 1's asyncio answer cancelled once it decodes beside the others and ready() says so;
+    beside runs in a thread of its own from the first stop's reading on. The outcomes: lane 0's
+    finish reason ("closed") and whether lane 1's task ended "cancelled" or "finished" ("task")."""
+    stream = pool.runtimes[0].stream(messages=messages, max_tokens=400, temperature=0)
+    reading, got = threading.Event(), {}
+
+    def reader() -> None:
+        for n, event in enumerate(stream):
+            if n == read:
+                reading.set()
+            if isinstance(event, Finished):
+                got["closed"] = event.finish_reason
+
+    async def cancelled() -> str:
+        task = asyncio.ensure_future(pool.runtimes[1].agenerate(messages=messages, max_tokens=400, temperature=0))
+        lane = pool.runtimes[1].target
+        for _ in range(12000):  # it decodes beside the others before it is cancelled
+            if lane.n_past > 0 and ready():
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "finished"
+
+    threads = [threading.Thread(target=reader), *([threading.Thread(target=beside)] if beside else [])]
+    threads[0].start()
+    assert reading.wait(120)
+    for thread in threads[1:]:
+        thread.start()
+    got["task"] = asyncio.run(cancelled())
+    stream.close()  # from this thread, while the reader iterates it
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    return got

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from model_support import TEST_N_CTX
-from server_support import chat_answer
+from server_support import chat_answer, close_and_cancel_mid_answer
 
 from localspec.api import TextDelta
 from localspec.core.backend_loader import load_backend
@@ -392,8 +392,6 @@ def test_closing_and_cancelling_lanes_mid_answer_leaves_the_others_their_lone_an
     # One lane's stream closed from another thread and another's asyncio task cancelled, both
     # mid-answer, while a third lane answers: it still gets its lone answer, the stopped lanes
     # no longer hold the passes up, and every lane answers again afterwards.
-    import asyncio
-
     import localspec
 
     ask = [{"role": "user", "content": "Count from one to thirty in words."}]
@@ -402,44 +400,13 @@ def test_closing_and_cancelling_lanes_mid_answer_leaves_the_others_their_lone_an
     ) as pool:
         host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
         alone = pool.runtimes[2].generate(messages=ask, max_tokens=48, temperature=0).text
-        stream = pool.runtimes[0].stream(messages=ask, max_tokens=200, temperature=0)
-        got: dict[str, object] = {}
-        reading = threading.Event()
+        third: dict[str, str] = {}
 
-        def reader() -> None:
-            for n, event in enumerate(stream):
-                if n == 5:
-                    reading.set()
-                if isinstance(event, localspec.Finished):
-                    got["closed"] = event.finish_reason
+        def answer_beside() -> None:
+            third["text"] = pool.runtimes[2].generate(messages=ask, max_tokens=48, temperature=0).text
 
-        def third() -> None:
-            got["third"] = pool.runtimes[2].generate(messages=ask, max_tokens=48, temperature=0).text
-
-        async def cancelled() -> str:
-            task = asyncio.ensure_future(pool.runtimes[1].agenerate(messages=ask, max_tokens=200, temperature=0))
-            lane = pool.runtimes[1].target
-            for _ in range(12000):  # it decodes beside the others before it is cancelled
-                if lane.n_past > 0 and host.busy_lanes() >= 2:
-                    break
-                await asyncio.sleep(0.01)
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                return "cancelled"
-            return "finished"
-
-        threads = [threading.Thread(target=reader), threading.Thread(target=third)]
-        threads[0].start()
-        assert reading.wait(120)
-        threads[1].start()
-        got["task"] = asyncio.run(cancelled())
-        stream.close()  # from this thread, while the reader iterates it
-        for thread in threads:
-            thread.join(120)
-        assert not any(thread.is_alive() for thread in threads)
-        assert got == {"closed": "cancelled", "task": "cancelled", "third": alone}
+        got = close_and_cancel_mid_answer(pool, ask, read=5, ready=lambda: host.busy_lanes() >= 2, beside=answer_beside)
+        assert got == {"closed": "cancelled", "task": "cancelled"} and third == {"text": alone}
         # Every lane answers again, its lone answer.
         again = [pool.runtimes[i].generate(messages=ask, max_tokens=48, temperature=0).text for i in range(3)]
         assert again == [alone] * 3

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from model_support import TEST_N_CTX
-from server_support import chat_answer
+from server_support import chat_answer, close_and_cancel_mid_answer
 
 import localspec
 from localspec import Completion
@@ -144,43 +144,10 @@ def test_a_hybrid_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone
     # One lane's stream closed from another thread and another's asyncio task cancelled, both
     # mid-answer, beside a third: the stopped lanes' states end wherever the cut fell, so their
     # next requests take them back, and every lane then answers as alone.
-    import asyncio
-
     ask = [{"role": "user", "content": ASKS[1]}]  # its answer runs to max_tokens (ASKS[0]'s stops at 8)
     opts: dict[str, object] = {"n_ctx": TEST_N_CTX, "threads": 1, "strategy": "ngram", "memory": False}
     with localspec.load_pool(str(hybrids[0]), parallel=3, **opts) as pool:
         alone = pool.runtimes[2].generate(messages=ask, max_tokens=24, temperature=0).text
-        stream = pool.runtimes[0].stream(messages=ask, max_tokens=400, temperature=0)  # far past the cancel
-        reading, got = threading.Event(), {}
-
-        def reader() -> None:
-            for n, event in enumerate(stream):
-                if n == 3:
-                    reading.set()
-                if isinstance(event, localspec.Finished):
-                    got["closed"] = event.finish_reason
-
-        async def cancelled() -> str:
-            task = asyncio.ensure_future(pool.runtimes[1].agenerate(messages=ask, max_tokens=400, temperature=0))
-            lane = pool.runtimes[1].target
-            for _ in range(12000):  # it decodes beside the stream before it is cancelled
-                if lane.n_past > 0:
-                    break
-                await asyncio.sleep(0.01)
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                return "cancelled"
-            return "finished"
-
-        thread = threading.Thread(target=reader)
-        thread.start()
-        assert reading.wait(120)
-        got["task"] = asyncio.run(cancelled())
-        stream.close()  # from this thread, while the reader iterates it
-        thread.join(120)
-        assert not thread.is_alive()
-        assert got == {"closed": "cancelled", "task": "cancelled"}
+        assert close_and_cancel_mid_answer(pool, ask, read=3) == {"closed": "cancelled", "task": "cancelled"}
         again = [pool.runtimes[i].generate(messages=ask, max_tokens=24, temperature=0).text for i in range(3)]
     assert again == [alone] * 3
