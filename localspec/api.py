@@ -125,7 +125,7 @@ def _load_files(opts: LoadOptions, on_progress: Announce | None) -> Runtime:
     opts = resolved_files(opts, on_progress)
     assert opts.model is not None
     row = strategies.check(opts)  # a drafter's file checked before the target loads
-    options = opts.backend_options() | row.target_options(opts.backend)
+    options = row.target_options(opts, opts.backend)
     with announced(f"loading {os.path.basename(opts.model)}", on_progress):
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
         target = load_backend(opts.backend, opts.model, **options, **split_options(opts.backend, opts.rpc), **sees)

@@ -287,8 +287,7 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
     with announced(f"loading {os.path.basename(opts.model)} for {parallel} requests at once", on_progress):
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
         row = named(opts.strategy)[0]
-        options = opts.backend_options() | row.target_options("llamacpp")
-        loaded = [load_backend("llamacpp", opts.model, **options, lanes=parallel, **sees)]
+        loaded = [load_backend("llamacpp", opts.model, **row.target_options(opts, "llamacpp"), lanes=parallel, **sees)]
     if opts.draft_model is None or row.drafter_file == "never":  # no draft model drafts
         return loaded
     try:

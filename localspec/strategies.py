@@ -118,12 +118,14 @@ class Strategy:
         """Whether it leaves the choice to the model or the pair (auto)."""
         return self.source == "chosen"
 
-    def target_options(self, backend: str) -> dict[str, Any]:
-        """What loading the target takes from this strategy beside LoadOptions.backend_options().
-        Plain decoding never takes a draft back, so a hybrid's target keeps no recurrent-state
-        snapshots: llama.cpp writes them with every pass (5 % of a small hybrid's plain step,
-        benchmarks/pages/serve.md), and llama-server asks for them only for the drafters that need them."""
-        return {"recurrent_snapshots": 0} if self.source == "none" and kind_of(backend).snapshots else {}
+    def target_options(self, opts: LoadOptions, backend: str) -> dict[str, Any]:
+        """The keywords loading the target on `backend` takes: opts.backend_options(), and this
+        strategy's own. Plain decoding never takes a draft back, so a hybrid's target keeps no
+        recurrent-state snapshots: llama.cpp writes them with every pass (5 % of a small
+        hybrid's plain step, benchmarks/pages/serve.md), and llama-server asks for them only
+        for the drafters that need them."""
+        plain = self.source == "none" and kind_of(backend).snapshots
+        return opts.backend_options() | ({"recurrent_snapshots": 0} if plain else {})
 
     def check_backend(self, backend: str) -> None:
         """Refuse a backend that cannot run it, before a load that can take minutes."""
