@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from localspec.common.gguf_header import read_header
 from localspec.common.progress import Announce, announced
 from localspec.control.factory import fixed_policy, priced_policy
 from localspec.control.policy import AdaptiveDraftLength
@@ -120,12 +121,24 @@ class Strategy:
 
     def target_options(self, opts: LoadOptions, backend: str) -> dict[str, Any]:
         """The keywords loading the target on `backend` takes: opts.backend_options(), and this
-        strategy's own. Plain decoding never takes a draft back, so a hybrid's target keeps no
-        recurrent-state snapshots: llama.cpp writes them with every pass (5 % of a small
-        hybrid's plain step, benchmarks/pages/serve.md), and llama-server asks for them only
-        for the drafters that need them."""
-        plain = self.source == "none" and kind_of(backend).snapshots
-        return opts.backend_options() | ({"recurrent_snapshots": 0} if plain else {})
+        strategy's own. A hybrid's target keeps recurrent-state snapshots only for the drafters
+        that need them, as llama-server asks for them: llama.cpp writes them with every pass
+        (5 % of a small hybrid's plain step, benchmarks/pages/hybrid.md). Plain decoding never
+        takes a draft back; n-gram lookup drafts now and then and takes a rejection back from a
+        copy of the state, with the replay priced (as llama-server's checkpoints do)."""
+        if not kind_of(backend).snapshots or not (self.source in ("none", "lookup") or self._looks_up(opts)):
+            return opts.backend_options()
+        return opts.backend_options() | {"recurrent_snapshots": 0}
+
+    def _looks_up(self, opts: LoadOptions) -> bool:
+        """Whether "auto" will draft by lookup alone (_auto): no drafter file, and a target
+        without an MTP head of its own."""
+        return (
+            self.chooses
+            and opts.draft_model is None
+            and opts.model is not None
+            and not read_header(opts.model).nextn_layers
+        )
 
     def check_backend(self, backend: str) -> None:
         """Refuse a backend that cannot run it, before a load that can take minutes."""

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 # Per-token recurrent-state snapshots llama.cpp keeps from each decode of a hybrid model
 # (n_rs_seq): up to this many rejected tokens go back with no replay. Every decode pays for
 # them, plain steps too (BENCHMARKS.md §7), so they cover the short drafts a hybrid mostly
-# gets; a longer rejection takes the state-copy path.
+# gets; a longer rejection takes the state-copy path. Only the drafters that read the target's
+# passes load them (Strategy.target_options): n-gram lookup and plain decoding take none.
 RECURRENT_SNAPSHOTS = 4
 
 
@@ -25,11 +26,11 @@ class RecurrentRollback:
        list names get them): a rejected draft inside the last block costs nothing;
     2. a copy of the recurrent state taken where the last rollback left off, restored, and
        the tokens since replayed: what a draft model's token-by-token drafts need, and any
-       rollback on an architecture without snapshots. Copies start once a rollback needed one,
-       and are taken where a rollback dropped tokens, after a run of decodes a later rollback
-       may cross (a drafter's), and before a block longer than the snapshots cover. A plain
-       step's rollback drops nothing and takes none: a 1.7 MB copy every step cost a small
-       hybrid 6 % of its decoding (benchmarks/pages/serve.md);
+       rollback on a context without snapshots. Copies start once a rollback needed one (at
+       once without snapshots), and are taken where a rollback dropped tokens, after a run of
+       decodes a later rollback may cross (a drafter's), and before a block longer than the
+       snapshots cover. A plain step's rollback drops nothing and takes none: a 1.7 MB copy
+       every step cost a small hybrid 6 % of its decoding (benchmarks/pages/serve.md);
     3. a replay from the start (a rollback behind the copy: another request's prefix).
 
     rewind() says from which position the caller must replay (None: nothing to replay). seq:
@@ -39,7 +40,9 @@ class RecurrentRollback:
         self._ctx, self._mem, self.snapshots, self.seq = ctx, mem, snapshots, seq
         self._last_block = 0  # tokens in the last decode: the snapshots cover these
         self._pending = False  # a snapshot rollback waits for the next decode (one per decode)
-        self._copying = False  # rollbacks have needed copies: take one where each rollback ends
+        # Rollbacks need copies: take one where each rollback ends. Without snapshots every one
+        # does, so from the start: else the first rejection replays the whole context.
+        self._copying = snapshots == 0
         self._copy_due = False
         self._arm = False  # whether the rollback in progress makes a copy due (settled)
         self._decodes = 0  # decodes since the last rollback
@@ -52,7 +55,8 @@ class RecurrentRollback:
     def forget(self) -> None:
         """Back to a fresh load's state, the cache empty: a load's own passes (device_check.py)
         say nothing of the rollbacks requests will need."""
-        self._last_block, self._pending, self._copying, self._copy_due, self._copy = 0, False, False, False, None
+        self._last_block, self._pending, self._copy_due, self._copy = 0, False, False, None
+        self._copying = self.snapshots == 0
 
     def before_decode(self, past: int, n: int = 1) -> None:
         """Before a decode of n tokens at position past: the copy, where one is due."""

@@ -224,25 +224,64 @@ def test_the_default_strategy_answers_on_a_hybrid_gguf_as_plain_decoding_does(hy
     assert outputs[0] == outputs[1] == outputs[2]
 
 
-def test_plain_decoding_loads_a_hybrid_without_the_snapshots_only_a_drafts_rollback_takes(hybrid) -> None:
-    """llama.cpp writes a hybrid's recurrent-state snapshots with every pass; plain decoding never
-    takes a draft back, so it asks for none (as llama-server does without a drafter that needs
-    them), and its answer is the one a target with snapshots gives."""
+def test_only_the_drafters_that_read_the_targets_passes_load_a_hybrid_with_snapshots(hybrid, tmp_path: Path) -> None:
+    """llama.cpp writes a hybrid's recurrent-state snapshots with every pass. Plain decoding never
+    takes a draft back, and n-gram lookup (auto's choice without an MTP head) takes its rare
+    rejections back from state copies, so both ask for none, as llama-server does; a draft
+    model and an MTP head keep them. The answers are the same either way."""
     path = str(hybrid())
-    plain, lookup = localspec.load(path, strategy="none", threads=1), localspec.load(path, strategy="ngram", threads=1)
-    try:
-        for runtime, snapshots in ((plain, 0), (lookup, 4)):
+    drafter = write_qwen35_gguf(HybridSpec(noise=0.3), tmp_path / "drafter.gguf")
+    loads = {
+        ("none", path, None): 0,
+        ("ngram", path, None): 0,
+        ("auto", path, None): 0,
+        ("draft", path, str(drafter)): 4,
+        ("auto", str(hybrid(nextn=1, mtp_echo=1.0)), None): 4,
+    }
+    answers = {}
+    for (strategy, model, draft), snapshots in loads.items():
+        runtime = localspec.load(model, strategy=strategy, draft_model=draft, threads=1)
+        try:
             target = runtime.target
             assert isinstance(target, LlamaCppBackend) and target._recurrent is not None
-            assert target._recurrent.snapshots == snapshots == int(library.llama.llama_n_rs_seq(target._ctx))
-        answers = [
-            runtime.generate(prompt=LOOPING, max_tokens=60, temperature=0, speculation={"strategy": "none"}).tokens
-            for runtime in (plain, lookup)
-        ]
-        assert answers[0] == answers[1] and len(answers[0]) == 60
+            assert target._recurrent.snapshots == snapshots == int(library.llama.llama_n_rs_seq(target._ctx)), strategy
+            if model == path:
+                answers[strategy] = runtime.generate(
+                    prompt=LOOPING, max_tokens=60, temperature=0, speculation={"strategy": "none"}
+                ).tokens
+        finally:
+            runtime.close()
+    assert len(set(map(tuple, answers.values()))) == 1 and len(answers["none"]) == 60
+
+
+def test_n_gram_on_a_hybrid_takes_its_first_rejection_back_from_a_copy_not_from_the_start(
+    hybrid, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without snapshots every rejection takes the copy path. Copies must be there from the
+    # first draft on: a first rejection replayed from position 0 would evaluate the whole
+    # conversation again.
+    from localspec.backends.llamacpp.recurrent import RecurrentRollback
+
+    replays: list[int | None] = []
+    real = RecurrentRollback.rewind
+    monkeypatch.setattr(
+        RecurrentRollback, "rewind", lambda self, n, cached: replays.append(real(self, n, cached)) or replays[-1]
+    )
+    path = str(hybrid())
+    plain = localspec.load(path, strategy="none", threads=1)
+    try:
+        expected = plain.generate(prompt=LOOPING, max_tokens=80, temperature=0)
     finally:
         plain.close()
-        lookup.close()
+    runtime = localspec.load(path, strategy="ngram", draft_tokens=4, threads=1)
+    try:
+        spec = runtime.generate(prompt=LOOPING, max_tokens=80, temperature=0)  # the load's first request
+    finally:
+        runtime.close()
+    assert spec.tokens == expected.tokens
+    assert spec.stats.accepted > 0 and spec.stats.drafted > spec.stats.accepted  # kept and cut
+    taken_back = [at for at in replays if at is not None]
+    assert taken_back and 0 not in taken_back, replays
 
 
 def test_layer_skipping_on_a_hybrid_is_refused_with_what_works_instead(hybrid, capsys) -> None:
