@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
+from localspec.core.choices import PerRequest, ReusePrefix
 from localspec.core.drafting import DraftLengthPolicy
-from localspec.core.engine import PerRequest, ReusePrefix
 from localspec.core.errors import InvalidRequestError
 from localspec.core.sampling import KNOBS, PENALTIES, LogprobRecorder, SamplingConfig, check_top_logprobs
 from localspec.core.validate import check_cancel

@@ -17,8 +17,9 @@ from localspec.common.tools import ToolRequest, tool_request
 from localspec.constraints import Constraints
 from localspec.control.calibrate import note_drift, remember_learnt
 from localspec.control.contention import threads_notice
+from localspec.core.choices import REUSE_PREFIX, PerRequest
 from localspec.core.drafting import DraftLengthPolicy
-from localspec.core.engine import REUSE_PREFIX, Engine, PerRequest
+from localspec.core.engine import Engine
 from localspec.core.errors import InvalidRequestError
 from localspec.core.exactness import judge as judge_exactness
 from localspec.core.grammar import GRAMMAR_DEAD_END, GrammarConstraint, Grammars

@@ -20,7 +20,7 @@ from localspec.control.policy import AdaptiveDraftLength
 from localspec.core.backend_loader import BACKENDS, kind_of
 from localspec.core.choices import EVERY_STRATEGY, FEATURE_DRAFTERS, DraftTokens
 from localspec.core.drafting import Drafter, DraftLengthPolicy
-from localspec.core.errors import InvalidRequestError, PairMismatchError
+from localspec.core.errors import InvalidRequestError, ModelLoadError, PairMismatchError
 from localspec.core.exactness import greedy_exact_within
 from localspec.core.options import LoadOptions
 from localspec.core.protocol import Backend, SelfDrafting, vocab_mismatch
@@ -132,13 +132,14 @@ class Strategy:
 
     def _looks_up(self, opts: LoadOptions) -> bool:
         """Whether "auto" will draft by lookup alone (_auto): no drafter file, and a target
-        without an MTP head of its own."""
-        return (
-            self.chooses
-            and opts.draft_model is None
-            and opts.model is not None
-            and not read_header(opts.model).nextn_layers
-        )
+        without an MTP head of its own. A file that is no GGUF is the load's to refuse, in
+        its own words."""
+        if not self.chooses or opts.draft_model is not None or opts.model is None:
+            return False
+        try:
+            return not read_header(opts.model).nextn_layers
+        except ModelLoadError:
+            return False
 
     def check_backend(self, backend: str) -> None:
         """Refuse a backend that cannot run it, before a load that can take minutes."""

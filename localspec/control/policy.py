@@ -52,6 +52,9 @@ class FixedDraftLength:
     def would_draft(self, depth: int = 0) -> bool:
         return self.gamma > 0
 
+    def would_guess(self, guessed: int, support: int, depth: int = 0) -> bool:
+        return self.gamma > 0 and guessed > 0
+
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         return min(self.gamma, limit)
 
@@ -183,6 +186,16 @@ class AdaptiveDraftLength:
     def would_draft(self, depth: int = 0) -> bool:
         """Whether a model draft would pay at this depth; reads the estimates, changes nothing."""
         return self._best(self.max_gamma, 0, 0, depth, self.draft_seconds_per_token, self.margin)[0] > 0
+
+    def would_guess(self, guessed: int, support: int, depth: int = 0) -> bool:
+        """What choose(guessed, support) would make of a free guess: a draft or not; what the
+        choice weighed (explain) and the probe's count stay as they were."""
+        if guessed <= 0:
+            return False
+        weighed = self._weighed, self._cut
+        best = self._best(guessed, support, 0, depth, self.draft_seconds_per_token, self.margin)[0]
+        self._weighed, self._cut = weighed
+        return self._probe(best, guessed, support)[0] > 0
 
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         best = self._best(limit, support, backlog, depth, self.draft_seconds_per_token, self.margin)[0]

@@ -128,6 +128,9 @@ class Traced:
     def would_draft(self, depth: int = 0) -> bool:
         return self.inner.would_draft(depth)
 
+    def would_guess(self, guessed: int, support: int, depth: int = 0) -> bool:
+        return self.inner.would_guess(guessed, support, depth)
+
     def begin(self, sampled: bool) -> None:
         self.inner.begin(self.sampled)
 

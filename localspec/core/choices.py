@@ -1,5 +1,6 @@
-"""The backend and strategy names localspec knows, and the draft-length and tree choices, named
-here once for the CLI, the chat, the API, the backend loader and the models.toml check."""
+"""The backend and strategy names localspec knows, the draft-length and tree choices, and what a
+request chooses beside its sampling (PerRequest), named here once for the CLI, the chat, the
+API, the engine, the backend loader and the models.toml check."""
 
 from __future__ import annotations
 
@@ -86,3 +87,26 @@ def parse_trees(text: str) -> Trees:
     if len(numbers) > 2 or min(numbers) < 1:
         raise InvalidRequestError(f"a tree's positions and alternatives are 1 or more, got {text!r}", _TREE_HINT)
     return TreeAsk(*numbers)
+
+
+# How much of what the target cached for earlier requests a request may reuse: "any" matching
+# prefix (fastest), only what a fresh evaluation of its prompt would have computed in the same
+# blocks ("exact": the answer does not depend on what came before), or nothing ("none").
+ReusePrefix = Literal["any", "exact", "none"]
+REUSE_PREFIX: tuple[ReusePrefix, ...] = ("any", "exact", "none")
+
+
+@dataclass(frozen=True)
+class PerRequest:
+    """What one request chooses beside its sampling, held by that request alone."""
+
+    # A backend's logits depend on the size of the block each position was evaluated in
+    # (llama.cpp's CPU kernels change at 64 rows), so a prefix cached by an earlier request
+    # (its answer evaluated a few tokens at a time) can tip a near-tie another way than a
+    # fresh evaluation: "exact" reuses only what the fresh evaluation's own blocks computed.
+    reuse_prefix: ReusePrefix = "any"
+    guess: bool = True  # False: plain decoding, no drafter asked (a free one neither)
+    max_draft: int | None = None  # the longest draft a step may verify; None: the backend's block
+    # The floor under which a drafter that stops unsure ends a draft (StopsUnsure: a draft
+    # model, a head); None: the drafter's own. Other drafters draft as they do.
+    min_confidence: float | None = None

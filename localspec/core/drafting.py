@@ -162,6 +162,12 @@ class DraftLengthPolicy(Protocol):
         not draft spares a draft model its prefill."""
         ...
 
+    def would_guess(self, guessed: int, support: int, depth: int = 0) -> bool:
+        """Whether choose() would draft a free drafter's guess of `guessed` tokens backed by
+        `support` now; reads the estimates, changes nothing. A request whose first guess would
+        be declined takes its first token from the prompt's pass (Engine.generate)."""
+        ...
+
     def choose(self, limit: int, support: int = 0, backlog: int = 0, depth: int = 0) -> int:
         """γ for the next step, at most limit; support: how well the context backs a draft
         already made (0: unknown, or not drafted yet); backlog: tokens a draft model must

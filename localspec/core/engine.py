@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from localspec.core.acceptance import accept_greedy, accept_rejection_sampling, accept_seeded
+from localspec.core.choices import PerRequest, ReusePrefix
 from localspec.core.drafting import (
     MAX_DRAFT,
     Draft,
@@ -39,29 +39,7 @@ Clock = Callable[[], float]  # seconds from any fixed start
 # A step with no guess (γ 0, nothing to catch up on): one shared value, as nothing changes a
 # proposal's lists (the engine and the backends copy what they keep).
 NO_GUESS = Proposal([], None, Source.MODEL)
-
-# How much of what the target cached for earlier requests a request may reuse: "any" matching
-# prefix (fastest), only what a fresh evaluation of its prompt would have computed in the same
-# blocks ("exact": the answer does not depend on what came before), or nothing ("none").
-ReusePrefix = Literal["any", "exact", "none"]
-REUSE_PREFIX: tuple[ReusePrefix, ...] = ("any", "exact", "none")
-
-
-@dataclass(frozen=True)
-class PerRequest:
-    """What one request chooses beside its sampling, held by that request alone."""
-
-    # A backend's logits depend on the size of the block each position was evaluated in
-    # (llama.cpp's CPU kernels change at 64 rows), so a prefix cached by an earlier request
-    # (its answer evaluated a few tokens at a time) can tip a near-tie another way than a
-    # fresh evaluation: "exact" reuses only what the fresh evaluation's own blocks computed.
-    reuse_prefix: ReusePrefix = "any"
-    guess: bool = True  # False: plain decoding, no drafter asked (a free one neither)
-    max_draft: int | None = None  # the longest draft a step may verify; None: the backend's block
-    # The floor under which a drafter that stops unsure ends a draft (StopsUnsure: a draft
-    # model, a head); None: the drafter's own. Other drafters draft as they do.
-    min_confidence: float | None = None
-
+EVERY_DEFAULT = PerRequest()  # a request that chooses nothing of its own
 
 class Engine:
     """Runs requests for one target and one drafter. The caches outlive requests, so a new
@@ -109,7 +87,7 @@ class Engine:
         stats: Stats,
         rng: np.random.Generator,
         cancelled: Callable[[], bool] | None = None,
-        choices: PerRequest = PerRequest(),
+        choices: PerRequest = EVERY_DEFAULT,
     ) -> Iterator[Step]:
         """cancelled: polled between prompt chunks and verify steps; once true the request
         ends with finish reason "cancelled" and the caches stay consistent. choices: what
@@ -126,10 +104,14 @@ class Engine:
         # a draft come after all, the drafter catches up then.
         stop = cancelled or _never
         warm = choices.guess and (self.free_drafter or policy.would_draft(len(prompt)))
-        # Where the first step cannot guess, its pass would hold the prompt's last token alone:
+        # Where the first step will not draft, its pass would hold the prompt's last token alone:
         # that token goes in with the prompt instead. A head or a draft model reads the target's
-        # passes as they come, so only plain decoding and an idle n-gram lookup fold it.
-        fold = cfg.constraint is None and (not self.drafts or (not choices.guess and self.free_drafter))
+        # passes as they come, so only plain decoding and a free lookup whose first guess the
+        # policy declines (nearly always: it is backed by the prompt alone) fold it.
+        fold = cfg.constraint is None and (
+            not self.drafts
+            or (self.free_drafter and not self._first_guess_drafted(prompt, max_tokens, cfg, policy, choices, rng))
+        )
         went_in, first = self._prefill(prompt, stats, warm, stop, choices.reuse_prefix, fold)
         if not went_in:
             stats.finish_reason = "cancelled"
@@ -146,6 +128,28 @@ class Engine:
         req.min_confidence = choices.min_confidence
         req.first = first
         yield from self._decode(list(prompt), req)
+
+    def _first_guess_drafted(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        cfg: SamplingConfig,
+        policy: DraftLengthPolicy,
+        choices: PerRequest,
+        rng: np.random.Generator,
+    ) -> bool:
+        """Whether the free drafter's guess after the prompt would be drafted at the first step
+        (what _propose will ask then, asked now without changing the policy's state)."""
+        if not choices.guess:
+            return False
+        longest = self.target.capabilities.max_block - 1
+        longest = longest if choices.max_draft is None else min(longest, choices.max_draft)
+        limit = min(self.target.info.n_ctx - len(prompt) - 1, max_tokens - 1, longest)
+        if limit <= 0:
+            return False
+        self.drafter.start(prompt)
+        guess = self.drafter.propose(prompt, min(limit, FREE_GUESS_TOKENS), cfg, rng)
+        return policy.would_guess(len(guess.tokens), guess.support, depth=len(prompt) - 1)
 
     def _prefill(
         self,
@@ -323,6 +327,7 @@ class Engine:
         pending token's row is the prompt pass's, and only a draft needs a pass."""
         cfg, rng, dists = req.cfg, req.rng, proposal.dists
         first, req.first = req.first, None
+        req.folded = first is not None
         if first is not None:
             rows = first[None] if not tokens else np.concatenate([first[None], self.target.eval_block(tokens, "all")])
         elif self.verifier is not None and refused is None and not req.numpy_rule:  # a refused id takes it too
@@ -429,7 +434,10 @@ class Engine:
         req.stats.record_step(step)
         if req.shadow is None and proposal.guess is not None and not tree[0]:  # a tree's path need not be its guess's
             req.shadow = shadow_of(proposal, verified, n_acc, len(ctx) - n_acc - 1)
-        if proposal.source is not Source.GRAMMAR:  # a forced step says nothing of the drafter
+        # A forced step says nothing of the drafter, and one that took the prompt pass's row
+        # timed no pass of its own (the cost curve would learn a pass that cost nothing).
+        folded, req.folded = req.folded, False
+        if proposal.source is not Source.GRAMMAR and not folded:
             req.policy.observe(step)
         if req.shadow is not None and req.shadow.settle(ctx, req.policy):
             req.shadow = None
@@ -463,10 +471,10 @@ class _Request:
     produced: int = 0
     shadow: Shadow | None = None
     t_start: float = 0.0
-    # The row after a folded prompt (Engine.generate), until the first step takes it. Only a
-    # request that cannot guess folds, so its policy is a fixed one that learns no cost from
-    # that step, which ran no pass.
+    # The row after a folded prompt (Engine.generate), until the first step takes it; folded:
+    # the step that took it, which ran no pass of its own (its policy learns nothing from it).
     first: Logits | None = None
+    folded: bool = False
 
 
 def check_fits(prompt: Sequence[int], n_ctx: int) -> None:

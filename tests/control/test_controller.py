@@ -563,3 +563,24 @@ def test_a_prior_that_never_timed_a_block_waits_for_a_likely_guess_to_time_one()
     assert prior.timed_a_block() and policy.choose(16, support=3) > 0
     measured = AdaptiveDraftLength(CostCurve([4e-3 * (1 + 0.05 * (k - 1)) for k in range(1, 17)]), 2e-5, max_gamma=15)
     assert measured.choose(16, support=3) > 0  # a measured curve has timed its blocks
+
+
+@pytest.mark.parametrize("curve", [Q4_1, NEARLY_FREE], ids=["cpu", "nearly-free"])
+def test_would_guess_answers_what_choose_will_do_and_changes_nothing(curve: list[float]) -> None:
+    # The engine asks it before the prefill to decide whether the first token comes from the
+    # prompt's pass: the answer must be choose()'s, and asking must not move the probe's count
+    # or what explain() says of the last choice.
+    for guessed, support in [(0, 0), (1, 1), (4, 1), (8, 3), (8, 9), (16, 20)]:
+        asked, chose = (
+            AdaptiveDraftLength(CostCurve(list(curve)), 2e-5),
+            AdaptiveDraftLength(CostCurve(list(curve)), 2e-5),
+        )
+        for policy in (asked, chose):
+            policy.begin(False)
+            policy.choose(6, 12)
+        before = (asked.explain(), asked._declined)
+        answer = asked.would_guess(guessed, support, depth=40)
+        assert (asked.explain(), asked._declined) == before
+        assert answer == (guessed > 0 and chose.choose(guessed, support, depth=40) > 0), (guessed, support)
+    assert FixedDraftLength(0).would_guess(4, 9) is False and FixedDraftLength(3).would_guess(4, 1) is True
+    assert FixedDraftLength(3).would_guess(0, 0) is False

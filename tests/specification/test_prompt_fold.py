@@ -4,8 +4,9 @@ so the first token needs no pass of its own; the answer stays the one the unfold
 Unfolded, that token opens the first verify block (a pass of one row, where a draft could
 ride along). Folded, its row is computed in the prompt's last piece, and only where that
 piece still sums as one-token passes (the kernels' prompt_rows: a short prompt, or the new
-part of a conversation), so the row's bits are the one-row pass's. The unfolded loop here is
-n-gram lookup held at draft length 0: it drafts nothing, yet may guess, so it keeps the
+part of a conversation), so the row's bits are the one-row pass's. n-gram lookup folds too
+where its policy declines the first guess. The unfolded loop here is n-gram lookup held at
+draft length 0 under a policy that says it would draft the first guess, so it keeps the
 separate pass. The AVX2 kernels run this file too (.ci/run).
 """
 
@@ -19,6 +20,7 @@ import pytest
 
 from localspec.api import Runtime, runtime_for
 from localspec.core.protocol import BLOCK_KERNEL_ROWS, Backend, Logits, eval_chunked
+from localspec.testing.policies import DraftsFirstGuess
 
 pytestmark = pytest.mark.model
 
@@ -53,7 +55,8 @@ class Passes:
 @pytest.fixture(scope="module")
 def runtimes(target_backend: Backend) -> tuple[Runtime, Runtime]:
     """Not closed: closing a runtime closes its target, the session's."""
-    return runtime_for(target_backend, strategy="none"), runtime_for(target_backend, strategy="ngram", draft_tokens=0)
+    unfolded = runtime_for(target_backend, strategy="ngram", policy=DraftsFirstGuess(0))
+    return runtime_for(target_backend, strategy="none"), unfolded
 
 
 def _answer(rt: Runtime, prompt: str, **knobs: Any) -> tuple[list[int], list[float], list[int]]:
@@ -85,6 +88,28 @@ def test_plain_decoding_takes_its_first_token_from_a_short_prompts_pass_with_the
     else:  # the piece with it would not sum as one-token passes: the first token has its own pass
         assert rows == rows_u
     assert (rows_u[0] < limit) == (prompt is PROMPTS[0])
+
+
+def test_n_gram_folds_where_its_policy_declines_the_first_guess_and_not_where_it_drafts(
+    runtimes: tuple[Runtime, Runtime],
+) -> None:
+    """The default strategy's first guess is backed by the prompt alone, which the adaptive
+    policy declines: its first token comes from the prompt's pass, as plain decoding's, with
+    plain decoding's answer. A fixed draft length drafts that guess, in the first step's pass."""
+    plain, unfolded = runtimes
+    target = plain.target
+    adaptive = runtime_for(target, strategy="ngram")
+    drafting = runtime_for(target, strategy="ngram", draft_tokens=4, calibrate=False)
+    prompt = "Repeat after me: the quick brown fox jumps over the lazy dog."
+    tokens, logprobs, rows = _answer(plain, prompt, temperature=0)
+    tokens_a, logprobs_a, rows_a = _answer(adaptive, prompt, temperature=0)
+    assert tokens_a == tokens and logprobs_a == logprobs
+    assert rows_a[0] == rows[0]  # the prompt's last token in the prompt's piece
+    _, _, rows_u = _answer(unfolded, prompt, temperature=0)
+    assert rows_u[0] == rows[0] - 1 and rows_u[1] == 1
+    tokens_d, _, rows_d = _answer(drafting, prompt, temperature=0)
+    assert tokens_d == tokens
+    assert rows_d[0] == rows[0] - 1 and rows_d[1] > 1  # the first step's pass holds a draft
 
 
 def test_eval_chunked_folds_a_token_only_into_a_piece_that_sums_as_one_token_passes(target_backend: Backend) -> None:
