@@ -41,6 +41,7 @@ Clock = Callable[[], float]  # seconds from any fixed start
 NO_GUESS = Proposal([], None, Source.MODEL)
 EVERY_DEFAULT = PerRequest()  # a request that chooses nothing of its own
 
+
 class Engine:
     """Runs requests for one target and one drafter. The caches outlive requests, so a new
     turn only evaluates what changed since the last one."""
