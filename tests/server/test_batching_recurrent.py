@@ -71,12 +71,17 @@ def test_a_hybrid_lanes_policy_prices_a_draft_as_the_pass_of_its_own_it_gets(hyb
         assert isinstance(costs, SharedPassCurve) and not costs.pads
 
 
-@pytest.mark.parametrize("strategy", ["draft", "none"])
+@pytest.mark.parametrize("strategy", ["draft", "ngram", "none"])
 def test_a_hybrid_targets_lanes_give_each_answer_the_one_it_gets_alone(
     hybrids: tuple[Path, Path], strategy: str
 ) -> None:
+    # n-gram's lanes keep no snapshots: its rejections go back from each lane's state copy.
     target, draft = hybrids
-    more: dict[str, object] = {"draft_model": str(draft), "draft_tokens": 6} if strategy == "draft" else {}
+    more: dict[str, object] = {
+        "draft": {"draft_model": str(draft), "draft_tokens": 6},
+        "ngram": {"draft_tokens": 4},
+        "none": {},
+    }[strategy]
     asks = [(p, {"temperature": 0.0}) for p in ASKS]
     asks += [(p, {"temperature": 0.9, "seed": 5 + i}) for i, p in enumerate(ASKS)]
     with localspec.load_pool(
@@ -84,7 +89,8 @@ def test_a_hybrid_targets_lanes_give_each_answer_the_one_it_gets_alone(
     ) as pool:
         assert len(pool.runtimes) == 3 and pool.note is None
         host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
-        assert host.snapshots is not None  # the lanes keep recurrent state
+        # Every lane keeps recurrent state; only a draft model's lanes keep llama.cpp's snapshots.
+        assert host.snapshots == (4 if strategy == "draft" else 0)
         alone = [
             pool.runtimes[0].generate(messages=[{"role": "user", "content": p}], max_tokens=32, **knobs)
             for p, knobs in asks
@@ -97,11 +103,12 @@ def test_a_hybrid_targets_lanes_give_each_answer_the_one_it_gets_alone(
     assert figures.shared_passes - shared > 10  # the lanes really shared passes
     assert figures.padded_rows == 0  # equal blocks only: padding would move a lane's state
     assert figures.rollbacks > rollbacks  # a lane's next prompt, and rejected drafts, took state back
-    if strategy == "draft":
+    if strategy != "none":
         drafted = sum(r.stats.drafted for r in together)
         accepted = sum(r.stats.accepted for r in together)
         assert drafted > accepted > 0, (drafted, accepted)
-        # Drafts were cut inside the snapshots and beyond them.
+        # Drafts were cut (inside the snapshots and beyond them, or from state copies alone),
+        # and each lane drafted what it drafts alone.
         assert [r.stats.drafted for r in together] == [r.stats.drafted for r in alone]
 
 
