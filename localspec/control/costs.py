@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from localspec.control.config import DEFAULT, ControlConfig
 
@@ -45,6 +46,8 @@ class CostCurve:
     evidence: list[float] = field(default_factory=list)  # passes behind each correction
     config: ControlConfig = field(default=DEFAULT, repr=False, compare=False)
     _effective: list[float] | None = field(default=None, repr=False, compare=False)
+    # rises() within the deep curve's depth and beyond it, while the prices hold.
+    _rises: tuple[bool, bool] | None = field(default=None, repr=False, compare=False)
     _updates: int = field(default=0, repr=False, compare=False)
     # Each size's last passes this session (ratios to the base curve), for the quantile.
     _windows: dict[int, deque[float]] = field(default_factory=dict, repr=False, compare=False)
@@ -131,6 +134,20 @@ class CostCurve:
         slope = (t_last - self.base(before + 1) * self.corrections[before]) / (last - before)
         return max(self.corrections[last], (t_last + slope * (i - last)) / self.base(i + 1))
 
+    def rises(self, depth: int = 0) -> bool:
+        """Whether a pass over more tokens never costs less behind `depth` tokens: the shallow
+        and the deep curve as corrected each nondecreasing in k (and, past the deep curve's
+        depth, what the deep one adds too), the slope carried past the last timed size
+        included. Then no longer draft costs less than a shorter one, which lets a choice stop
+        pricing drafts that could not win (AdaptiveDraftLength._best)."""
+        if self._rises is None:
+            c = [self.correction(k) for k in range(1, len(self.verify_seconds) + 1)]
+            shallow, deep = self.verify_seconds, self.deep_seconds
+            within = _nondecreasing(shallow, c) and (deep is None or _nondecreasing(deep, c))
+            gap = [d - v for v, d in zip(shallow, deep, strict=True)] if deep is not None else None
+            self._rises = (within, within and (gap is None or _nondecreasing(gap, c)))
+        return self._rises[depth > self.deep_depth and self.deep_seconds is not None]
+
     def timed_a_block(self) -> bool:
         """False while a learning curve has priced no pass over 2 tokens or more on its own
         passes (a prior, whose blocks may be far too cheap); a measured curve always has."""
@@ -169,7 +186,7 @@ class CostCurve:
             self.corrections[i] = self.correction(k)
         self._since_load[i] += 1
         if self.evidence[i] < cfg.learnt_passes or self._updates % cfg.learnt_passes == 0:
-            self._effective = None
+            self._effective, self._rises = None, None
         ratio = min(max(ratio, cfg.shape_clip[0]), cfg.shape_clip[1])
         if i > 0 and ratio < cfg.stale_shape * self.correction(k):
             if self.evidence[i] >= cfg.learnt_passes:
@@ -177,7 +194,7 @@ class CostCurve:
             else:
                 # A price read off the neighbours: this pass, no slower than load allows, is it.
                 self.corrections[i], self.evidence[i] = ratio, float(cfg.learnt_passes)
-                self._effective = None
+                self._effective, self._rises = None, None
             return
         window = self._windows.setdefault(i, deque(maxlen=cfg.cost_window))
         window.append(ratio)
@@ -206,7 +223,7 @@ class CostCurve:
             self.corrections[j], self.evidence[j], self._since_load[j] = 1.0, 0.0, 0
             self._windows.pop(j, None)  # timed against the old base
         self.evidence[i], self._since_load[i] = float(self.config.learnt_passes), 1
-        self._effective = None
+        self._effective, self._rises = None, None
 
     def learnt(self) -> tuple[list[float], list[float] | None]:
         """The curve as the passes so far have shown it (drift included), behind a short
@@ -253,6 +270,14 @@ def _extend(curve: Sequence[float], k: int) -> float:
     last = curve[-1]
     slope = last - curve[-2] if len(curve) > 1 else last
     return last + slope * (k - len(curve))
+
+
+def _nondecreasing(curve: Sequence[float], corrections: Sequence[float]) -> bool:
+    """Whether curve[k] * corrections[k] never falls as k grows, and the slope _extend carries
+    past the end (under the last correction) does not either."""
+    priced = [t * c for t, c in zip(curve, corrections, strict=True)]
+    beyond = len(curve) < 2 or curve[-1] >= curve[-2]
+    return beyond and all(b >= a for a, b in pairwise(priced))
 
 
 def _alone() -> int:

@@ -298,11 +298,16 @@ class AdaptiveDraftLength:
         bar = plain if model else plain * (1.0 + margin)
         charged = 1.0 + (margin if model and not self._model_drafting else 0.0)
         best, best_rate, best_charged = 0, plain, plain
-        expected, run = 1.0, 1.0
+        expected, run, top = 1.0, 1.0, plain
         # The drafter runs on the same cores over the same text: the target's drift is its too.
         draft_cost = per_token * self.costs.scale
         catch_up = backlog * self.catch_up_seconds_per_token * self.costs.scale / self.config.catch_up_horizon
-        for g in range(1, min(limit, self.max_gamma) + 1):
+        longest = min(limit, self.max_gamma)
+        # Where no longer pass costs less (a hybrid's replays aside), a longer draft adds at most
+        # `run` tokens a position for no less time: once even that bound wins nothing, the
+        # longer ones are not priced (the choice and what explain() ranks first stay the same).
+        bounded = self.replays_beyond is None and self.costs.rises(depth)
+        for g in range(1, longest + 1):
             run *= alpha[g - 1]
             expected += run
             price = catch_up + self.costs.verify(g + 1, depth)
@@ -314,6 +319,11 @@ class AdaptiveDraftLength:
             charged_rate = expected / (price + drafting * charged)
             if charged_rate > bar and charged_rate > best_charged:
                 best, best_rate, best_charged = g, r, charged_rate
+            if bounded:
+                top = r if r > top else top
+                most = expected + run * (longest - g)
+                if most / (price + drafting) <= top and most / (price + drafting * charged) <= max(bar, best_charged):
+                    break
         return best, best_rate
 
     def observe(self, step: Step) -> None:

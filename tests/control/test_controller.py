@@ -584,3 +584,45 @@ def test_would_guess_answers_what_choose_will_do_and_changes_nothing(curve: list
         assert answer == (guessed > 0 and chose.choose(guessed, support, depth=40) > 0), (guessed, support)
     assert FixedDraftLength(0).would_guess(4, 9) is False and FixedDraftLength(3).would_guess(4, 1) is True
     assert FixedDraftLength(3).would_guess(0, 0) is False
+
+
+DIPS = [10e-3, 12e-3, 11e-3, 14e-3]
+# The Q4_1 host's curves (tests/data/replay_curves.json): what the deep one adds dips at k = 2, so past its
+# depth (512) a longer pass may cost less there, and only within it does the choice stop early.
+Q4_1_SHALLOW = [6.2e-3, 13.8e-3, 16.3e-3, 18.6e-3, 23.3e-3, 25.5e-3, 26.7e-3, 28.0e-3, 31.4e-3]
+Q4_1_DEEP = [7.9e-3, 15.4e-3, 18.7e-3, 22.3e-3, 27.4e-3, 30.8e-3, 32.4e-3, 34.1e-3, 38.4e-3]
+
+
+@pytest.mark.parametrize(
+    ("curve", "deep"),
+    [(Q4_1, None), (NEARLY_FREE, None), (DIPS, None), (Q4_1_SHALLOW, Q4_1_DEEP)],
+    ids=["cpu", "nearly-free", "dips", "cpu-deep"],
+)
+def test_stopping_once_no_longer_draft_can_win_changes_no_choice(
+    curve: list[float], deep: list[float] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # _best stops pricing longer drafts on a curve that never falls (CostCurve.rises), once the
+    # most they could add cannot win: the same γ, rate and best-ranked candidate as pricing all.
+    rng = np.random.default_rng(7)
+    gap_dips = deep is not None and (deep[1] - curve[1]) < (deep[0] - curve[0])
+    shortened = {True: 0, False: 0}  # by whether the curve rises at the trial's depth
+    for trial in range(400):
+        estimates = sorted(rng.uniform(0.0, 1.0, len(DEFAULT.support_priors)).tolist())
+        draft_cost = float(rng.choice([0.0, 2e-5, 1e-3]))
+        costs = CostCurve(list(curve), deep_seconds=list(deep) if deep else None)
+        policy = AdaptiveDraftLength(costs, draft_cost, by_support=estimates, margin=0.05)
+        policy.alpha = rng.uniform(0.0, 1.0, 16).tolist()
+        limit, support, depth = int(rng.integers(1, 17)), int(rng.integers(0, 12)), int(rng.integers(0, 900))
+        rises = costs.rises(depth)
+        assert rises == (curve != DIPS and not (gap_dips and depth > costs.deep_depth))
+        stopped = policy._best(limit, support, 0, depth, draft_cost, 0.05)
+        top = max(policy._weighed, key=lambda c: c[1])[0]
+        shortened[rises] += len(policy._weighed) < min(limit, policy.max_gamma) + 1
+        with monkeypatch.context() as m:
+            m.setattr(policy.costs, "rises", lambda depth=0: False)
+            priced_all = policy._best(limit, support, 0, depth, draft_cost, 0.05)
+            assert len(policy._weighed) == min(limit, policy.max_gamma) + 1
+        assert stopped == priced_all, trial
+        assert top == max(policy._weighed, key=lambda c: c[1])[0], trial
+    assert shortened[False] == 0  # never where a longer pass may cost less
+    assert shortened[True] > 50 or curve == DIPS, shortened  # and often where none does
