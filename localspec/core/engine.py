@@ -143,9 +143,7 @@ class Engine:
         (what _propose will ask then, asked now without changing the policy's state)."""
         if not choices.guess:
             return False
-        longest = self.target.capabilities.max_block - 1
-        longest = longest if choices.max_draft is None else min(longest, choices.max_draft)
-        limit = min(self.target.info.n_ctx - len(prompt) - 1, max_tokens - 1, longest)
+        limit = min(self.target.info.n_ctx - len(prompt) - 1, max_tokens - 1, self._longest(choices.max_draft))
         if limit <= 0:
             return False
         self.drafter.start(prompt)
@@ -277,10 +275,12 @@ class Engine:
         if room < 0:
             req.stats.finish_reason = "context_full"
             return None
-        longest = self.target.capabilities.max_block - 1  # a pass holds the pending token and the draft
-        if req.max_draft is not None:
-            longest = min(longest, req.max_draft)
-        return min(room, req.max_tokens - req.produced - 1, longest)
+        return min(room, req.max_tokens - req.produced - 1, self._longest(req.max_draft))
+
+    def _longest(self, max_draft: int | None) -> int:
+        """The longest draft a pass takes: it holds the pending token too, within the request's cap."""
+        longest = self.target.capabilities.max_block - 1
+        return longest if max_draft is None else min(longest, max_draft)
 
     def _propose(self, ctx: list[int], limit: int, req: _Request, past: int) -> Proposal:
         """The step's guess: what the grammar forces, else the free drafter's, the lookup's
