@@ -5,8 +5,9 @@ drifts by 10-30 % over minutes (other tenants, frequency), which whole rounds a 
 time caught as a difference between the servers; a pair's ratio cancels it. The figures are
 the median pair's ratio of tokens/s over the whole request (prompt, decoding and HTTP), the
 median of each server's own decode rate (localspec's `speculation` figures, llama-server's
-`timings`), and the CPU seconds each server's process spent a generated token (utime + stime
-over the request).
+`timings`), the CPU seconds each server's process spent a generated token (utime + stime
+over the request), the prompt's evaluation as each server times it, and the request's wall
+time outside both servers' timings (HTTP, the template, tokenizing, the reply).
 
     python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 6] [--model GGUF]
 
@@ -27,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import httpx
 from concurrency import Server, start  # the same server starter as the concurrency benchmark
@@ -49,9 +51,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def ask(base: str, prompt: str, pid: int) -> tuple[float, float, float]:
-    """Tokens/s over the request's wall time, the server's own decode rate, and its CPU
-    milliseconds a generated token."""
+@dataclass
+class Answer:
+    rate: float  # tokens/s over the request's wall time
+    own: float  # the server's own decode rate
+    cpu: float  # its CPU milliseconds a generated token
+    prompt_tokens: int  # the prompt as the server templated and tokenized it
+    evaluated: int  # those it evaluated (the rest it kept from the request before)
+    prompt_ms: float  # the prompt's evaluation, as the server times it
+    rest_ms: float  # the request's wall time outside the server's prompt and decode timings
+
+
+def ask(base: str, prompt: str, pid: int) -> Answer:
     model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 128, "temperature": 0}
     c0, t0 = cpu_seconds(pid), time.perf_counter()
@@ -59,8 +70,27 @@ def ask(base: str, prompt: str, pid: int) -> tuple[float, float, float]:
     wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
     tokens = reply["usage"]["completion_tokens"]
     timings = reply.get("timings") or {}
-    own = timings["predicted_per_second"] if timings else reply["speculation"]["decode_tokens_per_s"]
-    return tokens / wall, float(own), cpu / tokens * 1000
+    if timings:
+        own, prompt_ms, decode_ms = timings["predicted_per_second"], timings["prompt_ms"], timings["predicted_ms"]
+        evaluated = timings["prompt_n"]
+    else:
+        spec = reply["speculation"]
+        own, prompt_ms, decode_ms = (
+            spec["decode_tokens_per_s"],
+            spec["prompt_seconds"] * 1e3,
+            spec["decode_seconds"] * 1e3,
+        )
+        evaluated = spec["prompt_tokens_evaluated"]
+    rest = wall * 1e3 - prompt_ms - decode_ms
+    return Answer(
+        tokens / wall,
+        float(own),
+        cpu / tokens * 1000,
+        reply["usage"]["prompt_tokens"],
+        evaluated,
+        float(prompt_ms),
+        rest,
+    )
 
 
 def main() -> None:
@@ -77,9 +107,7 @@ def main() -> None:
         Server("localspec serve", lambda p: [*ours, "--parallel", "1", "-s", "none", "--port", str(p)]),
         Server("llama-server", lambda p: [*theirs, "--port", str(p)]),
     ]
-    walls: dict[str, list[float]] = {s.name: [] for s in servers}
-    owns: dict[str, list[float]] = {s.name: [] for s in servers}
-    cpus: dict[str, list[float]] = {s.name: [] for s in servers}
+    answers: dict[str, list[Answer]] = {s.name: [] for s in servers}
     pairs: list[float] = []  # localspec's tokens/s over llama-server's, on one prompt, seconds apart
     started = [start(server) for server in servers]
     try:
@@ -92,11 +120,9 @@ def main() -> None:
                 for k in order:
                     time.sleep(0.3)
                     proc, base = started[k]
-                    rate, own, cpu = ask(base, f"Request {r + 1}. {prompt}", proc.pid)
-                    rates[k] = rate
-                    walls[servers[k].name].append(rate)
-                    owns[servers[k].name].append(own)
-                    cpus[servers[k].name].append(cpu)
+                    answer = ask(base, f"Request {r + 1}. {prompt}", proc.pid)
+                    rates[k] = answer.rate
+                    answers[servers[k].name].append(answer)
                 pairs.append(rates[0] / rates[1])
     finally:
         for proc, _ in started:
@@ -104,16 +130,25 @@ def main() -> None:
             proc.wait()
     day = time.strftime("%Y-%m-%d")
     print(f"# serve against llama-server on fresh text: {host_kind()} host, {args.threads} thread(s), {day}\n")
-    print("| server | tok/s over the request | its own decode tok/s | CPU ms a token |\n|---|---|---|---|")
-    for name in walls:
-        row = (statistics.median(walls[name]), statistics.median(owns[name]), statistics.median(cpus[name]))
-        print(f"| {name} | {row[0]:.1f} | {row[1]:.1f} | {row[2]:.2f} |")
+    print(
+        "| server | tok/s over the request | its own decode tok/s | CPU ms a token | prompt tokens | evaluated "
+        "| prompt ms (its own timing) | ms outside its timings |\n|---|---|---|---|---|---|---|---|"
+    )
+    for name, given in answers.items():
+        cells = [
+            statistics.median(getattr(a, field) for a in given)
+            for field in ("rate", "own", "cpu", "prompt_tokens", "evaluated", "prompt_ms", "rest_ms")
+        ]
+        print(
+            f"| {name} | {cells[0]:.1f} | {cells[1]:.1f} | {cells[2]:.2f} | {cells[3]:.0f} | {cells[4]:.0f} "
+            f"| {cells[5]:.1f} | {cells[6]:.1f} |"
+        )
     quart = statistics.quantiles(pairs, n=4)
     print(
         f"\nlocalspec / llama-server over the request: **{statistics.median(pairs):.3f}x** (median of {len(pairs)} "
         f"pairs asked seconds apart; quartiles {quart[0]:.3f}-{quart[2]:.3f})"
     )
-    a, b = (statistics.median(cpus[s.name]) for s in servers)
+    a, b = (statistics.median(a.cpu for a in answers[s.name]) for s in servers)
     print(f"llama-server's CPU a token / localspec's: **{b / a:.3f}x** (above 1: localspec spends less)")
 
 

@@ -76,6 +76,10 @@ def speculation(stats: Stats) -> dict[str, Any]:
         "mean_draft_length": round(stats.mean_gamma, 4),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
         "prompt_tokens_evaluated": stats.prefill_tokens,
+        # The prompt's evaluation (with the first token where it came from the prompt's pass) and
+        # the decoding after it, as llama-server's timings split a request.
+        "prompt_seconds": round(stats.prefill_seconds, 4),
+        "decode_seconds": round(stats.decode_seconds, 4),
         # Greedy: plain decoding's answer bit for bit by construction (null when sampled).
         "bit_exact": stats.bit_exact,
         "inexact_reason": stats.inexact_reason or None,  # why bit_exact is false

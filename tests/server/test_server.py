@@ -97,7 +97,10 @@ def test_chat_completion_at_temperature_0_equals_the_python_api_and_localspec_ru
         "tokens_per_step",
         "mean_draft_length",
         "decode_tokens_per_s",
+        "prompt_seconds",
+        "decode_seconds",
     }
+    assert spec["prompt_seconds"] > 0 and spec["decode_seconds"] > 0
     assert spec["bit_exact"] is True  # greedy on Q4_1 within 256 tokens: plain decoding's by construction
 
     capsys.readouterr()
