@@ -46,7 +46,7 @@ from localspec.core.protocol import (
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 from localspec.core.sampling import Distribution, SamplingConfig
 
-from . import drafters, library
+from . import compute, drafters, library
 from .build import BuildsTarget, check_block_size
 from .device_check import CHECKED_ROWS, device_exactness
 from .dflash import DFlashDrafter
@@ -270,7 +270,7 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         if self._recurrent is not None:
             self._recurrent.before_decode(past, n)
         self._unrecorded, self._in_flight = True, n
-        rc = llama.llama_decode(self._ctx, self._batch)
+        rc = compute.decode(self._ctx, self._batch)
         if rc != 0:
             # A failed or stopped decode leaves the cache as it was before the batch.
             self._unrecorded = False

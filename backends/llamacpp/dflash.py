@@ -42,7 +42,7 @@ from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives, top_k_branches
 from localspec.drafters.draw import draw
 
-from . import library
+from . import compute, library
 from .features import HiddenRows, target_layer_ids
 
 llama = library.llama
@@ -213,7 +213,7 @@ class DFlashDrafter:
         return np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[self.first_row : self.first_row + wanted]
 
     def _process(self, what: str) -> None:
-        rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
             raise InvalidRequestError(f"{self.file}: {what} failed with code {rc}", "draft with --strategy ngram")
 

@@ -34,6 +34,7 @@ from localspec.common.gguf_header import GGUFHeader, check_gguf, diagnose_gguf, 
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Backend, Capabilities
 
+from . import compute
 from .features import EAGLE3_KIND, HiddenRows, target_layer_ids
 from .head import ContextHead, head_context
 
@@ -118,7 +119,7 @@ class Eagle3Head(ContextHead):
                 position = llama.llama_pos(after + i)
                 llama.llama_batch_ext_set_pos(self._features, idx, ctypes.byref(position))
                 llama.llama_batch_ext_set_output_embd(self._features, idx, True)
-            rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_ENCODE, self._features)
+            rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_ENCODE, self._features)
             if rc != 0:
                 raise InvalidRequestError(
                     f"the {KIND} {self.info.name}'s fc pass failed with code {rc}", "draft with --strategy ngram"

@@ -28,6 +28,7 @@ from localspec.core.errors import InvalidRequestError
 from localspec.core.protocol import Backend, Logits, LogitsMode
 from localspec.core.records import HeadOfTarget
 
+from . import compute
 from .features import HiddenRows
 
 # The token a head reads at an image position (see the module doc): llama.cpp's draft-simple
@@ -135,7 +136,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
             llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
             (self._guessed.discard if exact else self._guessed.add)(q)
             llama.llama_batch_ext_set_output_logits(self._batch, idx, outputs)
-        rc = llama.llama_process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
             raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {entries[0][0]}")
         for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch

@@ -37,7 +37,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,7 +46,7 @@ from localspec.core.errors import BackendClosedError, InvalidRequestError, NotSh
 from localspec.core.protocol import Backend, Logits, LogitsMode, VocabIdentity
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
 
-from . import library
+from . import compute, library
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
 from .sharing import next_pass
@@ -94,19 +93,15 @@ class _Ask:
 
 class _Turns:
     """What the lane hosts of one pool share (a target's and its draft model's): one lock, the
-    lanes inside a request, by sequence (lane i of every host serves the same request), and the
-    one thread every pass runs on.
-
-    One thread, because llama.cpp's CPU backend is built with OpenMP here, whose worker threads
-    belong to the thread that opens a parallel region: passes run by whichever lane led kept a
-    team of workers per lane thread, spinning against each other on the cores. On the 2-core
-    EPYC at 2 threads, 4 clients went from 124 to 143 tok/s (fresh prompts) and 145 to 172 (cached)."""
+    lanes inside a request, by sequence (lane i of every host serves the same request). Every
+    pass runs on the process's compute thread (compute.py), not on the lane that led it: passes
+    run by whichever lane led kept an OpenMP team per lane thread (on the 2-core EPYC at 2
+    threads, 4 clients went from 124 to 143 tok/s, fresh prompts, once they no longer did)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.hosts: list[LaneHost] = []
         self.busy: set[int] = set()
-        self.passes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-passes")
 
     def waiting(self) -> set[int]:
         """The lanes whose block waits for a pass in any of the hosts (the lock held)."""
@@ -251,8 +246,6 @@ class LaneHost:
                 ask.error, ask.done = BackendClosedError("the model was closed", "load it again"), True
             self._pending.clear()
             self._turns.hosts.remove(self)
-            if not self._turns.hosts:
-                self._turns.passes.shutdown(wait=False)
             llama.llama_batch_free(self._batch)
             if self._embeddings is not None:
                 self._embeddings.free()
@@ -281,7 +274,7 @@ class LaneHost:
         self._running = True
         self._cond.release()
         try:
-            self._turns.passes.submit(self._run, asks).result()
+            compute.run_there(self._run, asks)
         finally:
             self._cond.acquire()
             self._running = False
@@ -330,7 +323,7 @@ class LaneHost:
 
     def _decode(self, asks: list[_Ask], width: int) -> int:
         self._fill(asks, width)
-        return int(llama.llama_decode(self._ctx, self._batch))
+        return compute.decode(self._ctx, self._batch)
 
     def _decode_image(self, ask: _Ask) -> int:
         """An image's rows at the lane's next positions, in its sequence (vision.py)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import library
+from . import compute, library
 
 llama = library.llama
 
@@ -90,7 +90,7 @@ class TreePass:
             for j, s in enumerate(seqs):
                 ids[j] = s
         self._batch.n_tokens = n
-        return int(llama.llama_decode(self._ctx, self._batch))
+        return compute.decode(self._ctx, self._batch)
 
     def keep(self, path: Sequence[int]) -> int:
         """The path's sequence becomes sequence 0, cut after the path; the other branches go.

@@ -48,7 +48,7 @@ from localspec.common.media import AUDIO_FORMATS, FORMATS, audio_format, check_a
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Logits, LogitsMode
 
-from . import library
+from . import compute, library
 
 llama = library.llama
 
@@ -120,6 +120,7 @@ class Projector:
         self._m = m = _mtmd()
         params = m.mtmd_context_params_default()
         params.use_gpu, params.n_threads, params.warmup = gpu, threads, False
+        self._threads = threads
         # A marker of this load's own, so no text a user sends can stand for an image.
         self.marker = f"<__localspec_image_{secrets.token_hex(8)}__>"
         self._marker_bytes = self.marker.encode()
@@ -326,7 +327,7 @@ class Projector:
         """The image's rows for the target, encoded by the projector on first use."""
         if image.rows is None:
             m = self._m
-            if (rc := m.mtmd_encode_chunk(self._ctx, image.chunk)) != 0:
+            if (rc := compute.run(self._threads, m.mtmd_encode_chunk, self._ctx, image.chunk)) != 0:
                 raise InvalidRequestError(f"llama.cpp's projector failed to encode an image (code {rc})")
             out = m.mtmd_get_output_embd(self._ctx)
             image.rows = np.ctypeslib.as_array(out, shape=(image.n * self.n_embd,)).reshape(image.n, -1).copy()
@@ -435,10 +436,10 @@ class EmbeddingBatch:
             self._out[n - 1] = 1
         self._batch.n_tokens = n
         if causal:
-            return int(llama.llama_decode(ctx, self._batch))
+            return compute.decode(ctx, self._batch)
         llama.llama_set_causal_attn(ctx, False)
         try:
-            return int(llama.llama_decode(ctx, self._batch))
+            return compute.decode(ctx, self._batch)
         finally:
             llama.llama_set_causal_attn(ctx, True)
 

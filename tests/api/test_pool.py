@@ -124,4 +124,4 @@ def test_every_shared_pass_runs_on_one_thread_whichever_lane_asked(pool: Pool, m
         return [answer.text for answer in answers]
 
     asyncio.run(together())
-    assert len(ran_on) == 1 and ran_on.pop().startswith("localspec-passes")
+    assert len(ran_on) == 1 and ran_on.pop().startswith("localspec-compute")  # compute.py's, every pass's

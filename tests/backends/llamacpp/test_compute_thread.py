@@ -1,0 +1,127 @@
+"""Every llama.cpp pass of more than one CPU thread runs on one thread of the process, whichever
+thread asks: a second living thread that had run passes would keep a second OpenMP team, and
+from then on every pass of the process would run 30-45 % slower (backends/llamacpp/compute.py).
+A pool's shared passes: tests/api/test_pool.py."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.model_support import TEST_N_CTX
+
+ASK = [{"role": "user", "content": "Name three rivers."}]
+
+
+@contextmanager
+def decoding_threads() -> Iterator[set[str]]:
+    """The names of the threads that call llama_decode while the block runs."""
+    from localspec.backends.llamacpp import library
+
+    names: set[str] = set()
+    real = library.llama.llama_decode
+
+    def noted(ctx: object, batch: object) -> int:
+        names.add(threading.current_thread().name)
+        return int(real(ctx, batch))
+
+    library.llama.llama_decode = noted
+    try:
+        yield names
+    finally:
+        library.llama.llama_decode = real
+
+
+def test_an_app_asking_from_several_threads_has_every_pass_run_on_one(smollm2_q4_1: Path) -> None:
+    import localspec
+
+    runtime = localspec.load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=2, strategy="none", calibrate=False)
+    try:
+        with decoding_threads() as names:
+            alone = runtime.generate(messages=ASK, max_tokens=12, temperature=0).text
+            from_worker = ThreadPoolExecutor(max_workers=1).submit(
+                lambda: runtime.generate(messages=ASK, max_tokens=12, temperature=0).text
+            )
+
+            async def streamed() -> str:
+                return "".join(
+                    [
+                        e.text
+                        async for e in runtime.astream(messages=ASK, max_tokens=12, temperature=0)
+                        if isinstance(e, localspec.TextDelta)
+                    ]
+                )
+
+            assert from_worker.result() == alone
+            assert asyncio.run(streamed()) == alone
+    finally:
+        runtime.close()
+    assert len(names) == 1 and next(iter(names)).startswith("localspec-compute")
+
+
+def test_a_context_on_one_cpu_thread_decodes_where_it_is_asked(smollm2_q4_1: Path) -> None:
+    # One CPU thread makes no OpenMP team: handing its passes over would only cost a wake-up.
+    import localspec
+
+    runtime = localspec.load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=1, strategy="none", calibrate=False)
+    try:
+        with decoding_threads() as names:
+            runtime.generate(messages=ASK, max_tokens=4, temperature=0)
+    finally:
+        runtime.close()
+    assert names == {threading.current_thread().name}
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_caller_interrupted_while_its_pass_runs_waits_the_pass_out() -> None:
+    # The context must not be touched (a rollback, a close) while its pass still runs there.
+    from localspec.backends.llamacpp import compute
+
+    ended: list[float] = []
+
+    def pass_of_a_while() -> int:
+        time.sleep(0.3)
+        ended.append(time.perf_counter())
+        return 0
+
+    def interrupt(*_: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    timer = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1))
+    try:
+        timer.start()
+        with pytest.raises(Interrupted):
+            compute.run(2, pass_of_a_while)
+        assert ended, "the caller went on while its pass still ran"
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_passes_in_place_run_on_the_asking_thread_and_shared_passes_still_on_one(smollm2_q4_1: Path) -> None:
+    # `localspec serve` runs a request a thread, one at a time: its passes stay where asked.
+    import localspec
+    from localspec.backends.llamacpp import compute
+
+    runtime = localspec.load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=2, strategy="none", calibrate=False)
+    try:
+        with compute.in_place(), decoding_threads() as names:
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="a-request").submit(
+                lambda: runtime.generate(messages=ASK, max_tokens=4, temperature=0)
+            ).result()
+            assert compute.run_there(threading.current_thread) is not threading.current_thread()
+    finally:
+        runtime.close()
+    assert len(names) == 1 and next(iter(names)).startswith("a-request")
