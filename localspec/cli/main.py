@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from localspec.cli.signals import interrupt_on_termination
 from localspec.core.errors import LocalspecError, cli_terms
@@ -42,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     interrupt_on_termination()
     try:
-        with cli_terms():  # fixes name this command line's flags, not load()'s arguments
+        with cli_terms(), _passes(args):  # fixes name this command line's flags, not load()'s arguments
             code: int = args.handler(args)
         return code
     except LocalspecError as exc:
@@ -53,6 +54,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0  # `localspec run ... | head` closed our stdout: not an error
+
+
+# Commands whose llama.cpp passes run one at a time, each on a thread that ends with its work
+# (the main thread; serve's thread a request, its models loaded on one of their own): there a
+# pass runs where it is asked, as handing each to the compute thread costs two wake-ups
+# (benchmarks/pages/threads.md). The chat's TUI answers from Textual's workers: handed over.
+IN_PLACE = frozenset({"run", "bench", "doctor", "serve"})
+
+
+def _passes(args: argparse.Namespace) -> AbstractContextManager[None]:
+    if args.command not in IN_PLACE or getattr(args, "backend", "llamacpp") != "llamacpp":
+        return nullcontext()
+    from localspec.backends.llamacpp import compute
+
+    in_place: AbstractContextManager[None] = compute.in_place()
+    return in_place
 
 
 if __name__ == "__main__":

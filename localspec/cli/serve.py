@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -167,20 +166,9 @@ def handle(args: argparse.Namespace) -> int:
     for warning in _access_warnings(args, cors.warning()):
         say(warning)
     say(f"localspec serve: listening at {server.url}; loading {served}, requests wait for it  (Ctrl+C stops)")
-    with _passes_in_place(args.backend):
-        server.serve()
+    server.serve()
     say("localspec serve: stopped")
     return 0
-
-
-def _passes_in_place(backend: str) -> AbstractContextManager[None]:
-    """llama.cpp's passes on each request's own thread (backends/llamacpp/compute.py's in_place):
-    the server's threads run them one at a time and end with their request."""
-    if backend != "llamacpp":
-        return nullcontext()
-    from localspec.backends.llamacpp import compute
-
-    return compute.in_place()
 
 
 def _image_urls(args: argparse.Namespace) -> Any:

@@ -125,3 +125,14 @@ def test_passes_in_place_run_on_the_asking_thread_and_shared_passes_still_on_one
     finally:
         runtime.close()
     assert len(names) == 1 and next(iter(names)).startswith("a-request")
+
+
+def test_localspec_run_decodes_on_its_own_thread(smollm2_q4_1: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The CLI's one-thread commands keep their passes where asked (localspec/cli/main.py).
+    from localspec.cli.main import main
+
+    args = ["run", "Name three rivers.", "-t", "0", "-n", "4", "--model", str(smollm2_q4_1), "--ctx", str(TEST_N_CTX)]
+    with decoding_threads() as names:
+        assert main([*args, "--threads", "2", "-s", "none"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert names == {threading.current_thread().name}
