@@ -56,26 +56,23 @@ def _forget() -> None:
 os.register_at_fork(after_in_child=_forget)
 
 
-def on_compute_thread() -> bool:
-    return threading.get_ident() == _ident
-
-
 def run(threads: int, fn: Callable[..., R], *args: Any) -> R:
     """fn(*args), a pass on `threads` CPU threads: on the compute thread where it takes more
     than one (here, where already on it), else on the caller's."""
     if threads <= 1 or _in_place or threading.get_ident() == _ident:
         return fn(*args)
-    return wait(_thread().submit(fn, *args))
+    return _there(fn, *args)
 
 
 @contextmanager
 def in_place() -> Iterator[None]:
     """run()'s passes run on the thread that asks while the block runs, for a process whose
-    threads run passes one at a time and end with their request, each team with its thread
-    (`localspec serve`: a thread a request, the model loaded on one of its own). There a team
-    built each request costs less than two wake-ups each pass: at 2 threads serving read 0.95x-0.96x
-    llama-server handing passes over, 0.97x-0.98x in place (benchmarks/pages/threads.md). A pool's
-    shared passes still run on the compute thread (run_there)."""
+    threads run passes one at a time and end with their work, each team with its thread
+    (`localspec run`'s main thread; `serve`'s thread a request, its models loaded on one of
+    their own: localspec/cli/main.py). There a team built each request costs less than two
+    wake-ups each pass: at 2 threads serving read 0.95x-0.96x llama-server handing passes over,
+    0.98x in place (benchmarks/pages/threads.md). A pool's shared passes still run on the
+    compute thread (run_there)."""
     global _in_place
     _in_place = True
     try:
@@ -89,7 +86,15 @@ def run_there(fn: Callable[..., R], *args: Any) -> R:
     bookkeeping with it: lanes.py)."""
     if threading.get_ident() == _ident:
         return fn(*args)
-    return wait(_thread().submit(fn, *args))
+    return _there(fn, *args)
+
+
+def _there(fn: Callable[..., R], *args: Any) -> R:
+    try:
+        future = _thread().submit(fn, *args)
+    except RuntimeError:  # the interpreter is shutting down and starts no thread: a last pass runs here
+        return fn(*args)
+    return wait(future)
 
 
 def wait(future: Future[R]) -> R:

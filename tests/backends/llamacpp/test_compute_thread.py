@@ -136,3 +136,16 @@ def test_localspec_run_decodes_on_its_own_thread(smollm2_q4_1: Path, capsys: pyt
         assert main([*args, "--threads", "2", "-s", "none"]) == 0
     assert capsys.readouterr().out.strip()
     assert names == {threading.current_thread().name}
+
+
+def test_a_pass_asked_once_no_thread_can_start_runs_where_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At interpreter shutdown an executor takes no new work: a last pass (a stream closed at
+    # exit rolling back a hybrid's state) must still run, not end the program in a traceback.
+    from localspec.backends.llamacpp import compute
+
+    class Refusing:
+        def submit(self, *_: object) -> None:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(compute, "_thread", Refusing)
+    assert compute.run(2, threading.current_thread) is threading.current_thread()
