@@ -8,8 +8,9 @@ CPUs. A team lives as long as its calling thread, so once a second living thread
 pass, every barrier of every pass sleeps and wakes instead: a pass 30-45 % slower on 2 cores
 (benchmarks/raw_loop.py threads). Apps do call from many threads: a UI thread that loads and
 a worker that answers, asyncio's reader thread per stream, a server's thread per request.
-Handing a pass over costs a thread's wake-up each way (about 50 us here, under 1 % of a
-small model's pass), and a pass on one CPU thread makes no team: it runs where it is asked.
+Handing a pass over costs a thread's wake-up each way (31 us on the 2-core EPYC with nothing
+to compute, benchmarks/api_threads.py), and a pass on one CPU thread makes no team: it runs
+where it is asked.
 """
 
 from __future__ import annotations
@@ -74,11 +75,11 @@ def in_place() -> Iterator[None]:
     0.98x in place (benchmarks/pages/threads.md). A pool's shared passes still run on the
     compute thread (run_there)."""
     global _in_place
-    _in_place = True
+    before, _in_place = _in_place, True
     try:
         yield
     finally:
-        _in_place = False
+        _in_place = before
 
 
 def run_there(fn: Callable[..., R], *args: Any) -> R:
@@ -109,7 +110,7 @@ def wait(future: Future[R]) -> R:
 
 def decode(ctx: Any, batch: Any) -> int:
     """llama_decode, on the compute thread where the context's passes use several threads."""
-    return int(run(int(llama.llama_n_threads_batch(ctx)), _decode, ctx, batch))
+    return run(llama.llama_n_threads_batch(ctx), _decode, ctx, batch)
 
 
 def _decode(ctx: Any, batch: Any) -> int:
@@ -118,7 +119,7 @@ def _decode(ctx: Any, batch: Any) -> int:
 
 def process(ctx: Any, kind: int, batch: Any) -> int:
     """llama_process (the staging API heads use), as decode()."""
-    return int(run(int(llama.llama_n_threads_batch(ctx)), _process, ctx, kind, batch))
+    return run(llama.llama_n_threads_batch(ctx), _process, ctx, kind, batch)
 
 
 def _process(ctx: Any, kind: int, batch: Any) -> int:

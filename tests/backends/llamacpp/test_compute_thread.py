@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,3 +150,82 @@ def test_a_pass_asked_once_no_thread_can_start_runs_where_asked(monkeypatch: pyt
 
     monkeypatch.setattr(compute, "_thread", Refusing)
     assert compute.run(2, threading.current_thread) is threading.current_thread()
+
+
+@pytest.fixture(scope="module")
+def handed_over(smollm2_q4_1: Path) -> Iterator[Any]:
+    """A runtime whose passes use 2 CPU threads, so each goes to the compute thread."""
+    import localspec
+
+    runtime = localspec.load(str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=2, strategy="none", calibrate=False)
+    yield runtime
+    runtime.close()
+
+
+def test_a_stream_closed_from_another_thread_mid_answer_ends_and_the_runtime_answers_again(handed_over: Any) -> None:
+    import localspec
+
+    alone = handed_over.generate(messages=ASK, max_tokens=24, temperature=0).text
+    stream = handed_over.stream(messages=ASK, max_tokens=24, temperature=0)
+    got: list[object] = []
+    started = threading.Event()
+
+    def read() -> None:
+        for event in stream:
+            got.append(event)
+            started.set()
+
+    with decoding_threads() as names:
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert started.wait(60)
+        stream.close()
+        reader.join(60)
+    assert not reader.is_alive() and isinstance(got[-1], localspec.Finished)
+    assert got[-1].finish_reason in ("cancelled", "max_tokens")  # a fast host may finish first
+    assert handed_over.generate(messages=ASK, max_tokens=24, temperature=0).text == alone
+    assert len(names) == 1 and next(iter(names)).startswith("localspec-compute")
+
+
+def test_a_long_prompt_closed_mid_prefill_is_stopped_by_the_compute_thread(handed_over: Any) -> None:
+    # llama.cpp asks the stop from inside the pass, which now runs on the compute thread.
+    import localspec
+
+    notes = " ".join(f"Note {i}: the ferry leaves pier {i % 12 + 1} with {i * 7} crates." for i in range(200))
+    prompt = handed_over.target.tokenize(notes, add_special=True, parse_special=False)[:1500]
+    handed_over.target.rollback(0)
+    stream = handed_over.stream(prompt, max_tokens=4, temperature=0)
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.extend(stream))
+    reader.start()
+    while handed_over.target.n_past == 0 and reader.is_alive():
+        time.sleep(0.001)  # the first piece is in
+    stream.close()
+    reader.join(120)
+    assert not reader.is_alive() and len(got) == 1
+    assert isinstance(got[0], localspec.Finished) and got[0].finish_reason == "cancelled"
+    assert handed_over.target.n_past < len(prompt) - 1
+
+
+def test_an_astream_task_cancelled_mid_answer_frees_the_runtime_for_the_same_answer(handed_over: Any) -> None:
+    import localspec
+
+    alone = handed_over.generate(messages=ASK, max_tokens=24, temperature=0).text
+
+    async def cancelled_then_again() -> str:
+        started = asyncio.Event()
+
+        async def read() -> None:
+            async for _ in handed_over.astream(messages=ASK, max_tokens=24, temperature=0):
+                started.set()
+
+        task = asyncio.create_task(read())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        answer = await handed_over.agenerate(messages=ASK, max_tokens=24, temperature=0)
+        assert isinstance(answer, localspec.Completion)
+        return answer.text
+
+    assert asyncio.run(cancelled_then_again()) == alone
