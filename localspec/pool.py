@@ -4,9 +4,11 @@ single runtime. What `serve --parallel N` runs its generation threads on, one pe
 
 Strategies whose drafter is the request's own state (plain decoding, n-gram lookup) batch, and
 so does a draft model of its own: it is loaded once with as many lanes, lane i drafting for
-lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). A head, an assistant or a
-block drafter reads the target's own context, which would need its lanes too: such a pair is
-served one request at a time, and the pool says why (`note`).
+lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). So does the model's own
+MTP head (auto on a Qwen3.5/3.6 GGUF that ships one): each lane gets a head context of its own,
+reading that lane's hidden states. A head or an assistant in a file of its own, or a block
+drafter, reads the target's context in ways lanes do not give yet: such a pair is served one
+request at a time, and the pool says why (`note`).
 """
 
 from __future__ import annotations
@@ -266,11 +268,6 @@ def load_pool(
     except BaseException:
         _close(backends)
         raise
-    if runtimes is None:
-        _close(backends)
-        why = "the model drafts for itself (its MTP head), which shared passes do not serve yet"
-        note = f"{why}: one request runs at a time"
-        return Pool.single(load(opts, on_progress=on_progress), True, note, max_waiting)
 
     def release() -> None:
         for runtime in runtimes:
@@ -299,10 +296,10 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
     return loaded
 
 
-def _lane_runtimes(opts: LoadOptions, backends: list[Backend], on_progress: Announce | None) -> list[Runtime] | None:
+def _lane_runtimes(opts: LoadOptions, backends: list[Backend], on_progress: Announce | None) -> list[Runtime]:
     """A runtime per lane, each with its own drafter (lane i of the draft model's host where
-    one drafts) and its policy priced on shared passes; None where auto chose a drafter of
-    the model's own (its MTP head), which lanes do not serve."""
+    one drafts, or the model's MTP head for that lane) and its policy priced on shared passes;
+    NotSharedError where auto chose a drafter that lanes do not serve."""
     target = backends[0]
     assert isinstance(target, HostsLanes)
     host = target.lane_host()
@@ -314,7 +311,7 @@ def _lane_runtimes(opts: LoadOptions, backends: list[Backend], on_progress: Anno
             planned = _lane_plan(opts, lane, draft, on_progress)
             if not TABLE[planned.strategy].batches:
                 planned.close()
-                break
+                raise NotSharedError(f"{opts.strategy} chose {planned.label}, which shared passes do not serve yet")
             priced = shared_pricing(calibrate(planned, on_progress), lane, host.busy_lanes)
             for used in (lane, draft):  # calibration may have run passes: they hold the others up no more
                 if used is not None:
@@ -324,10 +321,6 @@ def _lane_runtimes(opts: LoadOptions, backends: list[Backend], on_progress: Anno
         for runtime in runtimes:
             runtime.plan.close()
         raise
-    if len(runtimes) < len(host.lanes):
-        for runtime in runtimes:
-            runtime.plan.close()
-        return None
     return runtimes
 
 

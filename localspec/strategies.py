@@ -105,9 +105,10 @@ class Strategy:
     exports_as: str = "ngram"  # the serving engines' method it is handed to them as (localspec export)
     option: str = ""  # what may follow a colon in its name: qspec:TYPE
     peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
-    # Requests can share passes (localspec.pool): its drafter is the request's own state, or a
-    # model of its own loaded with lanes beside the target's (a head in a --draft-model file
-    # reads the target's context and does not: localspec.pool.batches says so).
+    # Requests can share passes (localspec.pool): its drafter is the request's own state, a
+    # model of its own loaded with lanes beside the target's, or the model's own MTP head in a
+    # context per lane (a head in a --draft-model file reads the target's context and does
+    # not: localspec.pool.batches says so).
     batches: bool = False
 
     @property
@@ -297,7 +298,16 @@ _ROWS = (
     Strategy("qspec", _derived, "derived", option="TYPE"),
     Strategy("layerskip", _derived, "derived", option="L"),
     # The model's own MTP head, or its assistant (Gemma 4's), a file of its own.
-    Strategy("mtp", _derived, "derived", drafter_file="may", backend="mtp", refusal=_MTP_REFUSAL, exports_as="mtp"),
+    Strategy(
+        "mtp",
+        _derived,
+        "derived",
+        drafter_file="may",
+        backend="mtp",
+        refusal=_MTP_REFUSAL,
+        exports_as="mtp",
+        batches=True,
+    ),
 )
 TABLE = {row.name: row for row in _ROWS}
 # Drafters in files that name their own kind (capabilities.self_draft): they label the plan.

@@ -51,19 +51,25 @@ class Host:
 
 def mtp_head(host: Host) -> MtpHead:
     """The model's own MTP block as a drafter (strategy mtp)."""
-    info = host.target.info
-    if not host.mtp_layers and info.architecture == "gemma4":
+    return own_mtp_head(host.target, host.model, host.ctx, host.mtp_layers, host.states)
+
+
+def own_mtp_head(target: Backend, model: Any, ctx: Any, mtp_layers: int, states: Callable[[], HiddenRows]) -> MtpHead:
+    """The MTP block of `model` drafting for `target` (the model's context, or one of its
+    lanes: lanes.py), reading the hidden states `states` gives; refused where it has none."""
+    info = target.info
+    if not mtp_layers and info.architecture == "gemma4":
         raise InvalidRequestError(
             f"{info.name} has no MTP head of its own: Gemma 4 drafts with its assistant, a GGUF beside it",
             "give the assistant with --draft-model (mtp-gemma-4-12B-it.gguf for gemma-4-12B-it; "
             "`localspec pull gemma-4-12b` fetches both), or --strategy ngram",
         )
-    if not host.mtp_layers:
+    if not mtp_layers:
         raise InvalidRequestError(
             f"{info.name} has no MTP head: its GGUF keeps no nextn layers",
             "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
         )
-    return MtpHead(host.target, host.model, host.ctx, host.states())
+    return MtpHead(target, model, ctx, states())
 
 
 def assistant_head(host: Host, path: str) -> MtpHead:

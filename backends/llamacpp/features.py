@@ -171,13 +171,16 @@ class HiddenRows:
         # Zeros from calloc: memory is committed only for the positions decoded.
         self.rows = np.zeros((n_ctx, self.width), dtype=np.float32)
 
-    def record(self, past: int, n: int) -> None:
-        """Copy the rows of the n tokens just decoded at positions past.. ."""
+    def record(self, past: int, n: int, first: int = 0) -> None:
+        """Copy the rows of the n tokens just decoded at positions past.., from the decode's
+        row `first` on (a lane's block in a shared pass, lanes.py: llama.cpp hands them out in
+        the batch's order)."""
         w = self.part_width
         for k, part in enumerate(self._parts):
             ptr = part()
             if ptr:
-                self.rows[past : past + n, k * w : (k + 1) * w] = np.ctypeslib.as_array(ptr, shape=(n, w))
+                decoded = np.ctypeslib.as_array(ptr, shape=(first + n, w))
+                self.rows[past : past + n, k * w : (k + 1) * w] = decoded[first:]
 
     def keep_path(self, past: int, path: Sequence[int]) -> None:
         """After a tree pass recorded its nodes' rows at past + node: the rows of a kept root

@@ -59,6 +59,8 @@ class ContextHead(HeadOfTarget[np.ndarray]):
     # Image positions are read at the target's positions (module doc): ModelDrafter passes
     # a prompt's image ids through rather than leaving them out of the head's view.
     reads_image_positions = True
+    # A lane's head (lanes.py): its passes run on the compute thread (compute.process).
+    beside_lanes = False
 
     def __init__(self, target: Backend, ctx: Any, states: HiddenRows, width: int, model: Any = None) -> None:
         """ctx: the head's context; states: the target's rows it reads; width: its states';
@@ -136,7 +138,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
             llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
             (self._guessed.discard if exact else self._guessed.add)(q)
             llama.llama_batch_ext_set_output_logits(self._batch, idx, outputs)
-        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, self.beside_lanes)
         if rc != 0:
             raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {entries[0][0]}")
         for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch

@@ -25,6 +25,11 @@ longer than STRAGGLER_SECONDS) takes the asks for all of them, and the pass runs
 one pass thread (_Turns says why); llama.cpp's calls on one context are never made
 concurrently, as a rollback waits for the pass in flight.
 
+A model's own MTP head drafts for each lane in a context of its own (the nextn block's cache,
+the lane's length), reading the lane's hidden states, which the host copies out of every
+shared pass (llama.cpp hands them out in the batch's order, padding rows included). Its passes
+run on the compute thread too, one lane's at a time, between the shared passes.
+
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
 and one roster of busy lanes, so a pass of either runs once every busy lane waits in one of
@@ -36,21 +41,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from localspec.core.errors import BackendClosedError, InvalidRequestError, NotSharedError
-from localspec.core.protocol import Backend, Logits, LogitsMode, VocabIdentity
-from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
+from localspec.core.protocol import Backend, Logits, LogitsMode
 
-from . import compute, library
+from . import compute, drafters, library
+from .features import last_hidden_states
+from .lane import Lane, empty_rows
+from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
 from .sharing import next_pass
-from .vision import EmbeddingBatch, Projector, eval_runs
+from .vision import EmbeddingBatch, Projector
 
 llama = library.llama
 
@@ -176,11 +183,15 @@ class LaneHost:
         self._busy = self._turns.busy  # lanes inside a request, shared with the hosts beside
         self._running = False
         self._closed = False
+        self._heads: list[MtpHead] = []  # the lanes' MTP heads: their contexts go first
         self.figures = _Figures()
         per_lane = backend.info.n_ctx // lanes
         info = replace(backend.info, n_ctx=per_lane)
         caps = replace(backend.capabilities, verifies=False, branches=1, repasses_branch=False, folds_branch=False)
-        self.lanes = [Lane(self, seq, info, caps) for seq in range(lanes)]
+        self.lanes = [Lane(self, seq, info, caps, self._recurrent_state(seq)) for seq in range(lanes)]
+
+    def _recurrent_state(self, seq: int) -> RecurrentRollback | None:
+        return None if self.snapshots is None else RecurrentRollback(self._ctx, self._mem, self.snapshots, seq)
 
     # -- what a lane asks ---------------------------------------------------------------------
 
@@ -235,7 +246,30 @@ class LaneHost:
             self._busy.discard(lane.seq)
             self._cond.notify_all()
 
+    def mtp_head(self, lane: Lane) -> MtpHead:
+        """The model's MTP head drafting for one lane (the module doc says how); refused, as
+        for a lone context, where the model has none."""
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+            self._live()
+            model = llama.llama_get_model(self._ctx)
+            fresh = lane.states is None
+            if lane.states is None:
+                width = int(llama.llama_model_n_embd_out(model))
+                lane.states = last_hidden_states(self._ctx, lane.info.n_ctx, width)
+            states = lane.states
+        layers = int(llama.llama_model_n_layer_nextn(model))
+        head = drafters.own_mtp_head(lane, model, self._ctx, layers, lambda: states)
+        head.beside_lanes = True
+        self._heads.append(head)
+        if fresh and lane.n_past:  # positions decoded before have no states: decode them again
+            lane.rollback(0)
+        return head
+
     def close(self) -> None:
+        for head in self._heads:  # their contexts read this model
+            head.close()
         with self._cond:
             while self._running:
                 self._cond.wait()
@@ -306,8 +340,10 @@ class LaneHost:
                 ask.error = exc
                 llama.llama_memory_seq_rm(self._mem, ask.lane.seq, ask.lane.n_past, -1)
             return
-        for ask, rows in zip(asks, self._rows(asks), strict=True):
+        for k, (ask, rows) in enumerate(zip(asks, self._rows(asks), strict=True)):
             lane, n = ask.lane, len(ask.tokens)
+            if lane.states is not None:  # its head's: the ask's rows, `width` a lane in seq order
+                lane.states.record(lane.n_past, n, k * width)
             if n < width:  # the padding's cells go at once: the lane's next block takes their place
                 llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past + n, -1)
             lane.record(ask.tokens)
@@ -339,7 +375,7 @@ class LaneHost:
         rows = self._logits.rows(sum(wanted)) if sum(wanted) else None
         out, at = [], 0
         for n in wanted:
-            out.append(rows[at : at + n].copy() if rows is not None and n else _empty(self._n_vocab))
+            out.append(rows[at : at + n].copy() if rows is not None and n else empty_rows(self._n_vocab))
             at += n
         return out
 
@@ -362,119 +398,3 @@ class LaneHost:
                 self._batch.seq_id[i][0] = lane.seq
             row = end
         self._batch.n_tokens = row
-
-
-def _empty(n_vocab: int) -> Logits:
-    return np.empty((0, n_vocab), dtype=np.float32)
-
-
-class Lane:
-    """One request's sequence in a LaneHost: a Backend (localspec.core.protocol) whose blocks
-    are evaluated in passes shared with the other lanes. Its text side is the model's."""
-
-    def __init__(self, host: LaneHost, seq: int, info: Any, capabilities: Any) -> None:
-        self.host = host
-        self.seq = seq
-        self.info = info
-        self.capabilities = capabilities
-        self._model: Backend = host.model
-        self._tokens: list[int] = []
-        snapshots = host.snapshots
-        self.state = None if snapshots is None else RecurrentRollback(host._ctx, host._mem, snapshots, seq)
-
-    # -- the cache --------------------------------------------------------------------------
-
-    @property
-    def n_past(self) -> int:
-        return len(self._tokens)
-
-    def cached_tokens(self) -> Sequence[int]:
-        return self._tokens
-
-    def eval_block(self, tokens: Sequence[int], logits: LogitsMode = "all") -> Logits:
-        n = len(tokens)
-        if n == 0:
-            return _empty(self.info.n_vocab)
-        if n > self.capabilities.max_block:
-            raise block_too_long(n, self.capabilities.max_block)
-        if len(self._tokens) + n > self.info.n_ctx:
-            raise context_full(self.info.n_ctx)
-        images = self.host.images
-        if images is not None and images.holds(tokens):  # image positions: their runs in turn (vision.py)
-            return eval_runs(images, tokens, logits, self.eval_block, self._eval_image)
-        bad = next((int(t) for t in tokens if not 0 <= t < self.info.n_vocab), None)
-        if bad is not None:
-            raise outside_vocabulary(bad, self.info.name, self.info.n_vocab)
-        return self.host.evaluate(self, list(tokens), logits)
-
-    def _eval_image(self, rows: np.ndarray, ids: list[int], logits: LogitsMode) -> Logits:
-        """An image's rows, recorded as its placeholder ids, in a pass of their own."""
-        return self.host.evaluate(self, ids, logits, rows)
-
-    def record(self, tokens: Sequence[int]) -> None:
-        """What a pass added to this lane's cache (LaneHost calls it)."""
-        self._tokens.extend(tokens)
-
-    def rollback(self, n: int) -> None:
-        if n < 0:
-            check_rollback(n)
-        if n >= len(self._tokens):
-            if self.state is not None:  # nothing dropped; a drafter's run of decodes still arms a copy
-                self.state.rewind(n, len(self._tokens))
-                self.state.settled()
-            return
-        if self.state is None:
-            self.host.drop(self, n)
-            del self._tokens[n:]
-            return
-        kept = self._tokens[:n]
-        start = self.host.rewind(self, n)
-        if start is not None:  # the state went back further: decode what it lacks again
-            del self._tokens[start:]
-            step = self.capabilities.max_block
-            for at in range(start, n, step):
-                self.eval_block(kept[at : at + step], "none")
-        del self._tokens[n:]
-        self.state.settled()
-
-    def idle(self) -> None:
-        """This lane's request ended: the other lanes' passes stop waiting for it."""
-        self.host.idle(self)
-
-    def close(self) -> None:
-        """The host closes the context; a lane has nothing of its own."""
-
-    # -- images: the target's projector, shared by the lanes -----------------------------------
-
-    def image_marker(self) -> str | None:
-        """localspec.common.media.SeesImages: the text that stands for an image; None: the model
-        was loaded without a projector."""
-        return self.host.images.marker if self.host.images is not None else None
-
-    def tokenize_images(self, text: str, images: Sequence[bytes], names: Sequence[str]) -> list[int]:
-        if self.host.images is None:
-            raise InvalidRequestError(f"{self.info.name} was loaded without a projector", "load it with --mmproj FILE")
-        return self.host.images.tokenize(text, images, names)
-
-    # -- text: the model's vocabulary ---------------------------------------------------------
-
-    def vocab_identity(self) -> VocabIdentity:
-        return self._model.vocab_identity()
-
-    def end_of_generation(self) -> frozenset[int]:
-        return self._model.end_of_generation()
-
-    def chat_template(self) -> str | None:
-        return self._model.chat_template()
-
-    def special_texts(self) -> dict[str, str]:
-        return self._model.special_texts()
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self._model.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._model.token_bytes(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._model.detokenize(tokens)

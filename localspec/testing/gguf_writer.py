@@ -282,6 +282,7 @@ class HybridSpec:
     head_scale: float = 4.0  # larger: sharper next-token distributions
     tied: float = 0.2  # how much of the output head is the embedding (see qwen35_tensors)
     mtp_echo: float = 0.0  # > 0: the MTP block guesses its input token again (see qwen35_tensors)
+    mtp_echo_state: bool = False  # the echo reads the hidden state instead (see qwen35_tensors)
     vocab: int = 0  # > the tiny vocabulary: padded with control tokens to this size (a real head's cost)
     half: bool = False  # matrices stored as F16 (a real size, to quantize with llama.cpp's own call)
     n_ctx: int = N_CTX  # the trained context the file declares
@@ -357,8 +358,12 @@ def qwen35_tensors(spec: HybridSpec, vocab: int) -> dict[str, np.ndarray]:
         if spec.mtp_echo:
             # A head that guesses its input token again: right wherever the text repeats a
             # token, so tests see drafts both kept and cut.
+            # With mtp_echo_state it reads the hidden state it is given instead: the target's
+            # last one, whose own guess was the input token, so it guesses alike, but only
+            # from the right row of the target's states.
             project = np.zeros((h, 2 * h), dtype=np.float32)
-            project[:, :h] = spec.mtp_echo * np.eye(h, dtype=np.float32)
+            half = slice(h, 2 * h) if spec.mtp_echo_state else slice(0, h)
+            project[:, half] = spec.mtp_echo * np.eye(h, dtype=np.float32)
             out[p + "nextn.eh_proj.weight"] = project
             out[p + "attn_output.weight"] = np.zeros_like(out[p + "attn_output.weight"])
             out[p + "ffn_down.weight"] = np.zeros_like(out[p + "ffn_down.weight"])

@@ -1,0 +1,133 @@
+"""Shared passes with the model's own MTP head drafting (Qwen3.5/3.6's nextn block, `auto` on a
+GGUF that ships one): each lane's head reads that lane's hidden states, copied out of the shared
+passes, and every answer is the one the request gets alone.
+
+The head here guesses from the hidden state it is given alone (HybridSpec.mtp_echo_state), so
+a lane whose head read another lane's row, or the pass's first rows, drafts differently from a
+lone runtime: the draft and acceptance counts below would part (they did when the rows were
+taken from the pass's start), though the answers, which the target verifies, would not."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from model_support import TEST_N_CTX
+from server_support import close_and_cancel_mid_answer
+
+import localspec
+from localspec import Completion
+from localspec.backends.llamacpp import compute
+from localspec.backends.llamacpp.copies import quantize
+from localspec.pool import Pool
+from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
+
+ASKS = [
+    "one two three one two three one two",
+    "the cat sat on the mat and the cat",
+    "red green blue red green blue red",
+    "a b c d a b c d a b",
+    "hello world hello world hello",
+    "north south east west north south",
+]
+KNOBS: list[dict[str, object]] = [{"temperature": 0.0}] * 6 + [{"temperature": 0.9, "seed": 5 + i} for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def with_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Q8_0 hybrid with an MTP block that guesses from the state it reads (module doc)."""
+    folder = tmp_path_factory.mktemp("mtp-lanes")
+    f32 = write_qwen35_gguf(HybridSpec(nextn=1, mtp_echo=1.0, mtp_echo_state=True), folder / "mtp-f32.gguf")
+    return quantize(f32, folder / "mtp.gguf", "Q8_0")
+
+
+def _chat(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _together(pool: Pool) -> list[Completion]:
+    """Every ask's answer, asked by as many threads at once as the pool has lanes."""
+    out: list[Completion | None] = [None] * len(ASKS) * 2
+    lanes = len(pool.runtimes)
+
+    def client(k: int) -> None:
+        for i in range(k, len(out), lanes):
+            out[i] = pool.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i])  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert all(result is not None for result in out)
+    return [result for result in out if result is not None]
+
+
+def _counts(answers: list[Completion]) -> list[tuple[int, int]]:
+    return [(a.stats.drafted, a.stats.accepted) for a in answers]
+
+
+def test_each_lanes_mtp_head_drafts_what_a_lone_runtimes_head_drafts(with_head: Path) -> None:
+    opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
+    with localspec.load(model=str(with_head), n_ctx=TEST_N_CTX // 3, **opts) as single:
+        lone = [single.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
+    with localspec.load_pool(str(with_head), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
+        assert len(pool.runtimes) == 3 and pool.note is None
+        assert {runtime.label for runtime in pool.runtimes} == {"mtp"}
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        alone = [pool.runtimes[1].generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
+        shared = host.figures.shared_passes
+        together = _together(pool)
+        assert host.figures.shared_passes - shared > 10  # the lanes really shared passes
+    assert [a.tokens for a in alone] == [a.tokens for a in lone]
+    assert [a.tokens for a in together] == [a.tokens for a in lone]
+    drafted, accepted = sum(d for d, _ in _counts(lone)), sum(a for _, a in _counts(lone))
+    assert drafted > accepted > 0, (drafted, accepted)
+    # The heads read the right rows: the same drafts as a lone runtime's, kept and cut alike.
+    assert _counts(alone) == _counts(lone)
+    assert _counts(together) == _counts(lone)
+
+
+def test_auto_serves_a_gguf_with_an_mtp_head_in_lanes_its_head_passes_on_the_compute_thread(
+    with_head: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `auto` on such a GGUF drafts with its head (calibrated, as users run it), and the pool
+    # no longer falls back to one request at a time. At 2 threads a lane's head passes run on
+    # the compute thread even where the process runs its passes in place (`serve`), so the
+    # requests' threads keep no OpenMP teams of their own.
+    where: list[str] = []
+    process = compute._process
+
+    def recorded(ctx: object, kind: int, batch: object) -> int:
+        where.append(threading.current_thread().name)
+        return process(ctx, kind, batch)
+
+    monkeypatch.setattr(compute, "_process", recorded)
+    with compute.in_place(), localspec.load_pool(str(with_head), parallel=2, n_ctx=TEST_N_CTX, threads=2) as pool:
+        assert pool.note is None and [runtime.label for runtime in pool.runtimes] == ["mtp", "mtp"]
+        alone = [pool.runtimes[0].generate(messages=_chat(p), max_tokens=24, temperature=0).tokens for p in ASKS[:4]]
+        out: list[list[int]] = [[] for _ in range(4)]
+
+        def client(k: int) -> None:
+            for i in range(k, 4, 2):
+                out[i] = pool.generate(messages=_chat(ASKS[i]), max_tokens=24, temperature=0).tokens
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    assert out == alone
+    assert where and all(name.startswith("localspec-compute") for name in where), set(where)
+
+
+def test_an_mtp_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone_answer(with_head: Path) -> None:
+    opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
+    ask = _chat(ASKS[1])
+    with localspec.load_pool(str(with_head), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
+        alone = pool.runtimes[2].generate(messages=ask, max_tokens=24, temperature=0)
+        assert close_and_cancel_mid_answer(pool, ask, read=3) == {"closed": "cancelled", "task": "cancelled"}
+        again = [pool.runtimes[i].generate(messages=ask, max_tokens=24, temperature=0) for i in range(3)]
+    assert [a.tokens for a in again] == [alone.tokens] * 3
+    assert _counts(again) == [_counts([alone])[0]] * 3
