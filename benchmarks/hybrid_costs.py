@@ -52,6 +52,12 @@ SHAPES = {
         layers=16, interval=4, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536, ssm_state=64,
         ssm_groups=4, ssm_heads=8, vocab=32_000, half=True, tied=0.0, n_ctx=32_768,
     ),
+    # The same with an MTP block (Qwen3.5's nextn layer), which `auto` drafts with: serving it
+    # to several clients at once (concurrency.py --mtp).
+    "hybrid-87m-mtp": HybridSpec(
+        layers=16, interval=4, nextn=1, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536, ssm_state=64,
+        ssm_groups=4, ssm_heads=8, vocab=32_000, half=True, tied=0.0, n_ctx=32_768,
+    ),
     # The same, its output head partly tied to the embedding: its answers fall into loops,
     # which n-gram lookup copies (hybrid_ngram.py).
     "hybrid-87m-loops": HybridSpec(

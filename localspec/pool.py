@@ -260,7 +260,7 @@ def load_pool(
     backends = _lane_backends(opts, parallel, on_progress)
     try:
         runtimes = _lane_runtimes(opts, backends, on_progress)
-    except NotSharedError as exc:  # found only once the files are open (an M-RoPE projector)
+    except NotSharedError as exc:  # found only once the files are open (an M-RoPE projector, what auto chose)
         _close(backends)
         return Pool.single(
             load(opts, on_progress=on_progress), True, f"{exc.message}: one request runs at a time", max_waiting

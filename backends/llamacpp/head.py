@@ -102,6 +102,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
                 wanted = [past + k in into or past + k >= frontier for k in range(n)]
                 self._pass([(past + k, int(t), wanted[k]) for k, t in enumerate(tokens)], None, into)
         except InvalidRequestError:
+            self._forget(past)  # whatever a failed pass left: the cache holds the record's positions alone
             del self._tokens[past:]
             raise
         return out

@@ -130,7 +130,8 @@ class HeadOfTarget(TextFromVocab, Generic[State]):
         again = len(kept)
         if not self.shared:
             again = next((q for q in sorted(self._guessed) if q < again and self._known(q - 1)), again)
-            self._forget(again)
+            if again < len(self._tokens):  # its cache holds its record's positions alone: else nothing to drop
+                self._forget(again)
         del self._tokens[again:]
         self._guessed = {q for q in self._guessed if q < again}
         self._own = {q: h for q, h in self._own.items() if q < again}
