@@ -303,10 +303,11 @@ class AdaptiveDraftLength:
         draft_cost = per_token * self.costs.scale
         catch_up = backlog * self.catch_up_seconds_per_token * self.costs.scale / self.config.catch_up_horizon
         longest = min(limit, self.max_gamma)
-        # Where no longer pass costs less (a hybrid's replays aside), a longer draft adds at most
-        # `run` tokens a position for no less time: once even that bound wins nothing, the
-        # longer ones are not priced (the choice and what explain() ranks first stay the same).
-        bounded = self.replays_beyond is None and self.costs.rises(depth)
+        # Where no longer pass costs less, a longer draft adds at most `run` tokens a position
+        # for no less time (a hybrid's replay too: each position adds a term to replay_seconds):
+        # once even that bound wins nothing, the longer ones are not priced (the choice and what
+        # explain() ranks first stay the same).
+        bounded = self.costs.rises(depth)
         for g in range(1, longest + 1):
             run *= alpha[g - 1]
             expected += run

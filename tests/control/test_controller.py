@@ -593,16 +593,18 @@ Q4_1_SHALLOW = [6.2e-3, 13.8e-3, 16.3e-3, 18.6e-3, 23.3e-3, 25.5e-3, 26.7e-3, 28
 Q4_1_DEEP = [7.9e-3, 15.4e-3, 18.7e-3, 22.3e-3, 27.4e-3, 30.8e-3, 32.4e-3, 34.1e-3, 38.4e-3]
 
 
+@pytest.mark.parametrize("replays_beyond", [None, 0, 4], ids=["dense", "hybrid-copies", "hybrid-snapshots"])
 @pytest.mark.parametrize(
     ("curve", "deep"),
     [(Q4_1, None), (NEARLY_FREE, None), (DIPS, None), (Q4_1_SHALLOW, Q4_1_DEEP)],
     ids=["cpu", "nearly-free", "dips", "cpu-deep"],
 )
 def test_stopping_once_no_longer_draft_can_win_changes_no_choice(
-    curve: list[float], deep: list[float] | None, monkeypatch: pytest.MonkeyPatch
+    curve: list[float], deep: list[float] | None, replays_beyond: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # _best stops pricing longer drafts on a curve that never falls (CostCurve.rises), once the
     # most they could add cannot win: the same γ, rate and best-ranked candidate as pricing all.
+    # On a hybrid (replays_beyond) a longer draft's replay costs no less either.
     rng = np.random.default_rng(7)
     gap_dips = deep is not None and (deep[1] - curve[1]) < (deep[0] - curve[0])
     shortened = {True: 0, False: 0}  # by whether the curve rises at the trial's depth
@@ -612,6 +614,7 @@ def test_stopping_once_no_longer_draft_can_win_changes_no_choice(
         costs = CostCurve(list(curve), deep_seconds=list(deep) if deep else None)
         policy = AdaptiveDraftLength(costs, draft_cost, by_support=estimates, margin=0.05)
         policy.alpha = rng.uniform(0.0, 1.0, 16).tolist()
+        policy.replays_beyond, policy.replay_overhead = replays_beyond, float(rng.choice([0.0, 1e-3, 5e-3]))
         limit, support, depth = int(rng.integers(1, 17)), int(rng.integers(0, 12)), int(rng.integers(0, 900))
         rises = costs.rises(depth)
         assert rises == (curve != DIPS and not (gap_dips and depth > costs.deep_depth))
