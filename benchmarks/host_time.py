@@ -21,8 +21,9 @@ benchmarks/prompts_sessions.jsonl (tests/data/session_answers.json) through the 
 n-gram drafter on a simulated clock, the memory holding each session's earlier requests as a
 runtime's does, plus two harder cases: a memory of 100,000 tokens and a copy-like answer whose
 every line repeats. --drafters runs a session of real requests through Runtime (plain, n-gram,
-n-gram with the memory, and the draft model given), timing the drafters' own calls, llama_decode
-excluded, so a draft model's figure is its host-side work.
+n-gram with the memory, the draft model given, and the model's own MTP head where its GGUF ships
+one), timing the drafters' own calls, llama_decode excluded, so a draft model's figure is its
+host-side work; and the controller's (the draft-length policy's calls) a step apart.
 
 The random model (localspec/testing/gguf_writer.py's qwen35 shape, 248,320 tokens as Qwen3.5's) is where
 the vocabulary-sized work of a step (reading a row of logits) dominates.
@@ -232,6 +233,8 @@ class DrafterSteps:
         self.guessed = False
         self._seen = (0.0, 0.0)
         self.steps: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        self._controller = 0.0
+        self.controller: list[float] = []  # the policy's CPU seconds a step, where watched
 
     def watch(self, drafter: Any, name: str) -> Callable[[], None]:
         """Time one drafter's calls under `name`; returns what undoes it."""
@@ -252,12 +255,25 @@ class DrafterSteps:
 
         return undo
 
+    def watch_policy(self, policy: Any) -> Callable[[], None]:
+        """Time the draft-length policy's calls of a step (the controller) apart; returns what undoes it."""
+        names = [a for a in ("choose", "choose_source", "would_guess", "observe") if hasattr(policy, a)]
+        for attr in names:
+            setattr(policy, attr, self.clock.wrap("controller", getattr(policy, attr)))
+
+        def undo() -> None:
+            for attr in names:
+                delattr(policy, attr)
+
+        return undo
+
     def step(self) -> None:
         """One engine step is over: its drafter time goes to its bucket."""
         wall = sum(self.clock.wall[n] for n in ("drafter", "lookup"))
         cpu = sum(self.clock.cpu[n] for n in ("drafter", "lookup"))
         self.steps[self.guessed].append((wall - self._seen[0], cpu - self._seen[1]))
-        self._seen, self.guessed = (wall, cpu), False
+        self.controller.append(self.clock.cpu["controller"] - self._controller)
+        self._seen, self.guessed, self._controller = (wall, cpu), False, self.clock.cpu["controller"]
 
     def recording(self) -> Callable[[], None]:
         """Close a step at every Stats.record_step (the engine records each step once)."""
@@ -282,6 +298,8 @@ class DrafterSteps:
                 "cpu_us_p99": cpu[int(len(cpu) * 0.99)] if cpu else 0.0,
                 "wall_us_mean": sum(wall) / len(wall) if wall else 0.0,
             }
+        if any(self.controller):
+            out["controller"] = {"cpu_us_mean": 1e6 * sum(self.controller) / len(self.controller)}
         return out
 
 
@@ -410,6 +428,8 @@ def measure_drafters(path: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.draft:
         draft = load_backend("llamacpp", args.draft, threads=args.threads)
         runtimes["draft model"] = runtime_for(target, draft, strategy="draft")
+    if target.capabilities.mtp_layers:  # the model's own MTP head, as `auto` drafts with it
+        runtimes["MTP head"] = runtime_for(target, strategy="mtp")
     prompts = session_prompts(args.session)
     records = {name: DrafterSteps(Clock()) for name in runtimes}
     loads = [os.getloadavg()[0]]
@@ -418,6 +438,7 @@ def measure_drafters(path: str, args: argparse.Namespace) -> dict[str, Any]:
         record = records[name]
         undo = [instrument(record.clock, runtime, parts=False), record.recording()]
         undo += [record.watch(d, n) for d, n in ((runtime.drafter, "drafter"), (runtime.engine.lookup, "lookup")) if d]
+        undo.append(record.watch_policy(runtime.policy))
         try:
             for _ in range(args.repeats):
                 for prompt in prompts:
@@ -458,6 +479,10 @@ def print_drafters(r: dict[str, Any]) -> None:
     for name, buckets in r["drafters"].items():
         for label, v in buckets.items():
             share = 100 * v["cpu_us_mean"] / Q4_1_STEP_US
+            if label == "controller":  # the policy's calls, a step, guessing or not
+                blank = " " * 26
+                print(f"{name + ', the controller':<38} {'':>6} {v['cpu_us_mean']:>12.2f} {blank} {share:>7.2f}%")
+                continue
             print(
                 f"{name + ', ' + label:<38} {v['steps']:>6} {v['cpu_us_mean']:>12.2f} {v['cpu_us_median']:>8.2f} "
                 f"{v['cpu_us_p99']:>8.2f} {v['wall_us_mean']:>8.2f} {share:>7.2f}%"
