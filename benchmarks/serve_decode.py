@@ -10,13 +10,15 @@ over the request), the prompt's evaluation as each server times it, and the requ
 time outside both servers' timings (HTTP, the template, tokenizing, the reply).
 
     python benchmarks/serve_decode.py --llama-server BIN/llama-server [--threads 1] [--rounds 6] [--model GGUF]
+        [--strategy none] [--parallel 1]
 
 Every prompt is new to both servers: each round's requests open with their round's number.
 Repeated prompts would measure llama-server's cache of earlier prompts' states in RAM
 (`--cache-ram`), which restores a prompt it saw before without evaluating it, where localspec
 keeps only each lane's last conversation. Both run plain decoding (localspec `-s none
 --parallel 1 --no-memory`, llama-server `--parallel 1`), so only the serving paths and the
-decoding loops differ. The idle server
+decoding loops differ; --strategy and --parallel set localspec's instead (`--strategy auto
+--parallel 4` on a GGUF with an MTP head: the head in lanes, against plain llama-server). The idle server
 sleeps while the other answers (both poll nothing; a pause between requests lets llama.cpp's
 spinning threads settle).
 """
@@ -99,12 +101,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--model", default=None, help="a GGUF (default: the embedded SmolLM2-135M Q4_1)")
+    parser.add_argument("--strategy", default="none", help="localspec's (default none: plain decoding)")
+    parser.add_argument("--parallel", type=int, default=1, help="localspec's lanes (default 1)")
     args = parser.parse_args()
     model, t = args.model or str(ensure_pypi_model()), str(args.threads)
     ours = [sys.executable, "-m", "localspec", "serve", "--model", model, "--threads", t, "--no-memory"]
     theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "4096", "--jinja", "--parallel", "1"]
     servers = [
-        Server("localspec serve", lambda p: [*ours, "--parallel", "1", "-s", "none", "--port", str(p)]),
+        Server(
+            f"localspec serve -s {args.strategy} --parallel {args.parallel}",
+            lambda p: [*ours, "--parallel", str(args.parallel), "-s", args.strategy, "--port", str(p)],
+        ),
         Server("llama-server", lambda p: [*theirs, "--port", str(p)]),
     ]
     answers: dict[str, list[Answer]] = {s.name: [] for s in servers}
