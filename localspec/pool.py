@@ -4,11 +4,12 @@ single runtime. What `serve --parallel N` runs its generation threads on, one pe
 
 Strategies whose drafter is the request's own state (plain decoding, n-gram lookup) batch, and
 so does a draft model of its own: it is loaded once with as many lanes, lane i drafting for
-lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). So does the model's own
-MTP head (auto on a Qwen3.5/3.6 GGUF that ships one): each lane gets a head context of its own,
-reading that lane's hidden states. A head or an assistant in a file of its own, or a block
-drafter, reads the target's context in ways lanes do not give yet: such a pair is served one
-request at a time, and the pool says why (`note`).
+lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). So do heads that read
+the target's hidden states: the model's own MTP head (auto on a Qwen3.5/3.6 GGUF that ships
+one) and an EAGLE-3 head in a file of its own, each lane with a head context of its own reading
+that lane's rows (an EAGLE-3 file's weights loaded once). An assistant (Gemma 4's) reads the
+target's KV cache, and a block drafter (DFlash, DSpark) its own context beside it, which lanes
+do not give yet: such a pair is served one request at a time, and the pool says why (`note`).
 """
 
 from __future__ import annotations
@@ -205,22 +206,21 @@ def batches(opts: LoadOptions) -> str | None:
     if head is not None:
         return (
             f"the drafter {os.path.basename(str(opts.draft_model))} is {head}, which shared passes do not "
-            "serve yet: one request runs at a time (a draft model of its own, n-gram lookup and plain decoding batch)"
+            "serve yet: one request runs at a time "
+            "(plain decoding, n-gram lookup, a draft model and MTP or EAGLE-3 heads batch)"
         )
     if not row.batches and not row.chooses:
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "
-            "one request runs at a time (a draft model, n-gram lookup and plain decoding batch)"
+            "one request runs at a time (plain decoding, n-gram lookup, a draft model and MTP or EAGLE-3 heads batch)"
         )
     return None
 
 
 def _reads_the_target(path: str) -> str | None:
-    """What a drafter file is where it drafts from inside the target's context (a head, an
-    assistant), which would need the target's lanes; None for a model of its own."""
-    kind = head_kind(path)
-    if kind is not None:
-        return f"an {kind} head reading the target's hidden layers"
+    """What a drafter file is where it drafts from inside the target's KV cache (Gemma 4's
+    assistant), which lanes do not give it; None for a model of its own, or a head that reads
+    the target's hidden layers (an EAGLE-3 head, which gets a context per lane)."""
     return "an MTP assistant drafting inside the target's context" if is_assistant(path) else None
 
 
@@ -285,8 +285,8 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
         row = named(opts.strategy)[0]
         loaded = [load_backend("llamacpp", opts.model, **row.target_options(opts, "llamacpp"), lanes=parallel, **sees)]
-    if opts.draft_model is None or row.drafter_file == "never":  # no draft model drafts
-        return loaded
+    if opts.draft_model is None or row.drafter_file == "never" or head_kind(opts.draft_model):
+        return loaded  # no draft model drafts, or a head does: a context of its own per lane (lanes.py)
     try:
         with announced(f"loading the drafter {os.path.basename(opts.draft_model)} with {parallel} lanes", on_progress):
             loaded.append(load_backend("llamacpp", opts.draft_model, **opts.backend_options(), lanes=parallel))

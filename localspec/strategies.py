@@ -106,9 +106,9 @@ class Strategy:
     option: str = ""  # what may follow a colon in its name: qspec:TYPE
     peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
     # Requests can share passes (localspec.pool): its drafter is the request's own state, a
-    # model of its own loaded with lanes beside the target's, or the model's own MTP head in a
-    # context per lane (a head in a --draft-model file reads the target's context and does
-    # not: localspec.pool.batches says so).
+    # model of its own loaded with lanes beside the target's, or a head reading the target's
+    # hidden states (the model's MTP head, an EAGLE-3 head) in a context per lane (an assistant
+    # or a block drafter does not: localspec.pool.batches says so).
     batches: bool = False
 
     @property
@@ -294,7 +294,7 @@ _ROWS = (
         refusal="does not run DSpark drafters",
         exports_as="dspark",
     ),
-    Strategy("eagle3", _model, "file", drafter_file="must", exports_as="eagle3"),
+    Strategy("eagle3", _model, "file", drafter_file="must", exports_as="eagle3", batches=True),
     Strategy("qspec", _derived, "derived", option="TYPE"),
     Strategy("layerskip", _derived, "derived", option="L"),
     # The model's own MTP head, or its assistant (Gemma 4's), a file of its own.

@@ -104,8 +104,7 @@ def assistant_head(host: Host, path: str) -> MtpHead:
 def eagle3_head(host: Host, path: str) -> Eagle3Head:
     """An EAGLE-3 head GGUF (architecture eagle3) drafting for this target (strategy eagle3)."""
     mparams = library.model_params(host.options["gpu_layers"])
-    n_embd = int(llama.llama_model_n_embd(host.model))
-    return load_eagle3_head(host.target, host.ctx, n_embd, host.target.layer_features, mparams, path)
+    return load_eagle3_head(host.target, host.ctx, host.target.layer_features, mparams, path)
 
 
 def dflash_drafter(host: Host, path: str) -> DFlashDrafter:

@@ -54,21 +54,25 @@ class Eagle3Head(ContextHead):
     every_row = True
 
     def __init__(
-        self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, path: str, borrows_output: bool
+        self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, file: HeadFile, owned: bool = True
     ) -> None:
+        """file: what its GGUF's header says; owned: the model is freed with the head (False: a
+        lane's head reads its host's copy)."""
+        path = file.path
         ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
         if not ctx:
-            llama.llama_model_free(model)
+            if owned:
+                llama.llama_model_free(model)
             raise ModelLoadError(
                 f"llama.cpp could not open a context for the {KIND} {os.path.basename(path)}",
                 "free memory (a smaller --ctx), or draft with --strategy ngram",
             )
         # Its output rows carry the pre-norm state of each output (and of the fc).
-        super().__init__(target, ctx, features, int(llama.llama_model_n_embd(model)), model)
+        super().__init__(target, ctx, features, int(llama.llama_model_n_embd(model)), model if owned else None)
         self.shift = 1
         self._features = llama.llama_batch_ext_init(ctx)  # the encoder's batch
         self._ubatch = int(llama.llama_n_ubatch(ctx))
-        size, params = _cost(target, model, borrows_output)
+        size, params = _cost(target, model, file.borrows_output)
         self.info = replace(
             target.info,
             name=os.path.basename(path),
@@ -149,6 +153,7 @@ def _cost(target: Backend, model: Any, borrows_output: bool) -> tuple[int, int]:
 class HeadFile:
     """What an EAGLE-3 GGUF's header says it needs of its target."""
 
+    path: str
     layer_ids: tuple[int, ...]  # the target layers whose inputs it reads
     target_width: int  # the target's hidden size it was made for
     borrows_output: bool  # no output head of its own: it uses the target's
@@ -186,14 +191,24 @@ def check_head_file(header: GGUFHeader, target: Backend, n_embd: int) -> HeadFil
         )
     ids = meta.get(f"{ARCHITECTURE}.target_layers") or []
     return HeadFile(
-        tuple(int(i) for i in ids), int(meta.get(f"{ARCHITECTURE}.target_hidden_size", 0)), "output head" in borrowed
+        header.path,
+        tuple(int(i) for i in ids),
+        int(meta.get(f"{ARCHITECTURE}.target_hidden_size", 0)),
+        "output head" in borrowed,
     )
 
 
 def load_eagle3_head(
-    target: Backend, target_ctx: Any, n_embd: int, features: Features, mparams: Any, path: str
+    target: Backend,
+    target_ctx: Any,
+    features: Features,
+    mparams: Any,
+    path: str,
+    models: dict[str, Any] | None = None,
 ) -> Eagle3Head:
-    """The EAGLE-3 head in `path`, checked against its target before llama.cpp reads it."""
+    """The EAGLE-3 head in `path`, checked against its target before llama.cpp reads it.
+    models: the heads' weights a host keeps by file and frees itself (lanes.py: one copy for
+    every lane's head), loaded into it once; the head then reads them and does not free them."""
     if not os.path.exists(path):
         raise ModelLoadError(
             f"no such file: {path}",
@@ -201,20 +216,25 @@ def load_eagle3_head(
             "or draft with --strategy ngram",
         )
     check_gguf(path)
+    n_embd = int(llama.llama_model_n_embd(llama.llama_get_model(target_ctx)))
     head = check_head_file(read_header(path), target, n_embd)
     rows = features(
         head.layer_ids, head.target_width, os.path.basename(path), KIND
     )  # refuses layers or widths that do not fit
-    model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
-    if not model:
-        raise ModelLoadError(
-            f"llama.cpp could not load the {KIND} {path}: {diagnose_gguf(path)}",
-            "convert it again with llama.cpp's convert_hf_to_gguf.py --target-model-dir, or --strategy ngram",
-        )
-    if target_layer_ids(model) != head.layer_ids:  # what llama.cpp read is what was checked
-        llama.llama_model_free(model)
-        raise ModelLoadError(
-            f"llama.cpp read other target layers from {path} than its header names",
-            "convert the head again with llama.cpp's convert_hf_to_gguf.py, or draft with --strategy ngram",
-        )
-    return Eagle3Head(target, model, target_ctx, rows, path, head.borrows_output)
+    model = models.get(path) if models is not None else None
+    if model is None:
+        model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"llama.cpp could not load the {KIND} {path}: {diagnose_gguf(path)}",
+                "convert it again with llama.cpp's convert_hf_to_gguf.py --target-model-dir, or --strategy ngram",
+            )
+        if target_layer_ids(model) != head.layer_ids:  # what llama.cpp read is what was checked
+            llama.llama_model_free(model)
+            raise ModelLoadError(
+                f"llama.cpp read other target layers from {path} than its header names",
+                "convert the head again with llama.cpp's convert_hf_to_gguf.py, or draft with --strategy ngram",
+            )
+        if models is not None:
+            models[path] = model
+    return Eagle3Head(target, model, target_ctx, rows, head, owned=models is None)

@@ -9,9 +9,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localspec.core.errors import InvalidRequestError
+from localspec.core.errors import InvalidRequestError, NotSharedError
 from localspec.core.protocol import Backend, Logits, LogitsMode, VocabIdentity
 from localspec.core.records import block_too_long, check_rollback, context_full, outside_vocabulary
+from localspec.drafters import BlockDrafter
 
 from .features import HiddenRows
 from .recurrent import RecurrentRollback
@@ -34,6 +35,10 @@ class Host(Protocol):
 
     def mtp_head(self, lane: Lane) -> Backend: ...
 
+    def eagle3_head(self, lane: Lane, path: str) -> Backend: ...
+
+    def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows: ...
+
     def idle(self, lane: Lane) -> None: ...
 
 
@@ -55,7 +60,9 @@ class Lane:
         self.capabilities = capabilities
         self._model: Backend = host.model
         self._tokens: list[int] = []
-        self.states: HiddenRows | None = None  # the hidden states its MTP head reads, once it has one
+        # What its heads read of the target (an MTP head's last hidden states, an EAGLE-3 head's
+        # layer inputs), by what they are; every pass writes the lane's rows into each.
+        self.captures: dict[object, HiddenRows] = {}
         self.state = state
 
     # -- the cache --------------------------------------------------------------------------
@@ -121,6 +128,24 @@ class Lane:
                 f"requests served at once draft with the model's MTP head, not {kind}", "serve it with --parallel 1"
             )
         return self.host.mtp_head(self)
+
+    # -- drafters in files that read the target (localspec.drafters.DrafterHost) ----------------
+
+    def attach_head(self, kind: str, path: str) -> Backend:
+        """An EAGLE-3 head drafting for this lane alone. An assistant (Gemma 4's) reads the
+        target's KV cache, which lanes do not give it (localspec.pool.batches says so first)."""
+        if kind != "eagle3":
+            raise NotSharedError(f"a {kind} drafter is not served in shared passes yet", "serve it with --parallel 1")
+        return self.host.eagle3_head(self, path)
+
+    def attach_block_drafter(self, path: str) -> BlockDrafter:
+        raise NotSharedError(
+            "block drafters (DFlash, DSpark) are not served in shared passes yet", "serve with --parallel 1"
+        )
+
+    def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
+        """The inputs of layers `ids` at this lane's positions, for an EAGLE-3 head."""
+        return self.host.layer_features(self, ids, width, drafter, kind)
 
     def idle(self) -> None:
         """This lane's request ended: the other lanes' passes stop waiting for it."""

@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -51,7 +52,9 @@ from localspec.core.errors import BackendClosedError, InvalidRequestError, NotSh
 from localspec.core.protocol import Backend, Logits, LogitsMode
 
 from . import compute, drafters, library
-from .features import last_hidden_states
+from .eagle3 import Eagle3Head, load_eagle3_head
+from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
+from .head import ContextHead
 from .lane import Lane, empty_rows
 from .mtp import MtpHead
 from .outputs import LogitsRows
@@ -60,6 +63,7 @@ from .sharing import next_pass
 from .vision import EmbeddingBatch, Projector
 
 llama = library.llama
+H = TypeVar("H", bound=ContextHead)
 
 # A busy lane that has not asked for its next block this long after another did is doing
 # host work (a stop string, a slow client) or has ended without saying so: the pass runs
@@ -183,7 +187,8 @@ class LaneHost:
         self._busy = self._turns.busy  # lanes inside a request, shared with the hosts beside
         self._running = False
         self._closed = False
-        self._heads: list[MtpHead] = []  # the lanes' MTP heads: their contexts go first
+        self._heads: list[ContextHead] = []  # the lanes' heads: their contexts go first
+        self._head_models: dict[str, Any] = {}  # an EAGLE-3 file's weights, by path: one copy for every lane
         self.figures = _Figures()
         per_lane = backend.info.n_ctx // lanes
         info = replace(backend.info, n_ctx=per_lane)
@@ -246,30 +251,61 @@ class LaneHost:
             self._busy.discard(lane.seq)
             self._cond.notify_all()
 
+    # -- heads drafting for a lane (the module doc says how) -------------------------------------
+
     def mtp_head(self, lane: Lane) -> MtpHead:
-        """The model's MTP head drafting for one lane (the module doc says how); refused, as
-        for a lone context, where the model has none."""
+        """The model's MTP head drafting for one lane; refused, as for a lone context, where the
+        model has none."""
+        model = llama.llama_get_model(self._ctx)
+        width = int(llama.llama_model_n_embd_out(model))
+
+        def states() -> HiddenRows:
+            return self._capture(lane, "nextn", lambda: last_hidden_states(self._ctx, lane.info.n_ctx, width))
+
+        layers = int(llama.llama_model_n_layer_nextn(model))
+        return self._adopt(drafters.own_mtp_head(lane, model, self._ctx, layers, states))
+
+    def eagle3_head(self, lane: Lane, path: str) -> Eagle3Head:
+        """An EAGLE-3 head drafting for one lane, its weights loaded once for every lane's."""
+        features = partial(self.layer_features, lane)
+        mparams = library.model_params(0)  # lanes run on the CPU
+        return self._adopt(load_eagle3_head(lane, self._ctx, features, mparams, path, self._head_models))
+
+    def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
+        """The inputs of layers `ids` at the lane's positions (as LlamaCppBackend.layer_features)."""
+        n_embd = int(llama.llama_model_n_embd(llama.llama_get_model(self._ctx)))
+        info = lane.info
+        check_capture(TargetShape(info.name, info.architecture, info.n_layers, n_embd), drafter, kind, ids, width)
+        key = tuple(ids)
+        return self._capture(lane, key, lambda: layer_inputs(self._ctx, info.n_ctx, key, n_embd))
+
+    def _capture(self, lane: Lane, key: object, make: Callable[[], HiddenRows]) -> HiddenRows:
+        """The lane's rows under key, made where new (once no pass is in flight: a capture turned
+        on changes the passes' outputs) and written by every pass from then on. Positions the
+        lane decoded before have none: they are decoded again."""
         with self._cond:
             while self._running:
                 self._cond.wait()
             self._live()
-            model = llama.llama_get_model(self._ctx)
-            fresh = lane.states is None
-            if lane.states is None:
-                width = int(llama.llama_model_n_embd_out(model))
-                lane.states = last_hidden_states(self._ctx, lane.info.n_ctx, width)
-            states = lane.states
-        layers = int(llama.llama_model_n_layer_nextn(model))
-        head = drafters.own_mtp_head(lane, model, self._ctx, layers, lambda: states)
-        head.beside_lanes = True
-        self._heads.append(head)
-        if fresh and lane.n_past:  # positions decoded before have no states: decode them again
+            rows = lane.captures.get(key)
+            fresh = rows is None
+            if rows is None:
+                rows = lane.captures[key] = make()
+        if fresh and lane.n_past:
             lane.rollback(0)
+        return rows
+
+    def _adopt(self, head: H) -> H:
+        head.beside_lanes = True
+        self._heads.append(head)  # closed before the model its context reads
         return head
 
     def close(self) -> None:
-        for head in self._heads:  # their contexts read this model
+        for head in self._heads:  # their contexts read this model, and the heads' own weights
             head.close()
+        for weights in self._head_models.values():
+            llama.llama_model_free(weights)
+        self._head_models.clear()
         with self._cond:
             while self._running:
                 self._cond.wait()
@@ -342,8 +378,8 @@ class LaneHost:
             return
         for k, (ask, rows) in enumerate(zip(asks, self._rows(asks), strict=True)):
             lane, n = ask.lane, len(ask.tokens)
-            if lane.states is not None:  # its head's: the ask's rows, `width` a lane in seq order
-                lane.states.record(lane.n_past, n, k * width)
+            for rows_kept in lane.captures.values():  # its head's: the ask's rows, `width` a lane in seq order
+                rows_kept.record(lane.n_past, n, k * width)
             if n < width:  # the padding's cells go at once: the lane's next block takes their place
                 llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past + n, -1)
             lane.record(ask.tokens)

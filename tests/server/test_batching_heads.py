@@ -1,11 +1,13 @@
-"""Shared passes with the model's own MTP head drafting (Qwen3.5/3.6's nextn block, `auto` on a
-GGUF that ships one): each lane's head reads that lane's hidden states, copied out of the shared
-passes, and every answer is the one the request gets alone.
+"""Shared passes with heads that read the target's hidden states: the model's own MTP head
+(Qwen3.5/3.6's nextn block, `auto` on a GGUF that ships one) and an EAGLE-3 head. Each lane's
+head reads that lane's rows, copied out of the shared passes, and every answer is the one the
+request gets alone.
 
-The head here guesses from the hidden state it is given alone (HybridSpec.mtp_echo_state), so
-a lane whose head read another lane's row, or the pass's first rows, drafts differently from a
-lone runtime: the draft and acceptance counts below would part (they did when the rows were
-taken from the pass's start), though the answers, which the target verifies, would not."""
+The heads here guess from the state they are given (HybridSpec.mtp_echo_state; an EAGLE-3 head
+whose fc weighs the target's layers as much as the token), so a lane whose head read another
+lane's row, or the pass's first rows, drafts differently from a lone runtime: the draft and
+acceptance counts below would part (they did when the rows were taken from the pass's start),
+though the answers, which the target verifies, would not."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from localspec import Completion
 from localspec.backends.llamacpp import compute
 from localspec.backends.llamacpp.copies import quantize
 from localspec.pool import Pool
-from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
+from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
 ASKS = [
     "one two three one two three one two",
@@ -124,10 +127,60 @@ def test_auto_serves_a_gguf_with_an_mtp_head_in_lanes_its_head_passes_on_the_com
 
 def test_an_mtp_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone_answer(with_head: Path) -> None:
     opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
-    ask = _chat(ASKS[1])
+    ask = _chat(ASKS[4])  # its answer runs until the lane's context is full: far past the stops
     with localspec.load_pool(str(with_head), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
         alone = pool.runtimes[2].generate(messages=ask, max_tokens=24, temperature=0)
         assert close_and_cancel_mid_answer(pool, ask, read=3) == {"closed": "cancelled", "task": "cancelled"}
         again = [pool.runtimes[i].generate(messages=ask, max_tokens=24, temperature=0) for i in range(3)]
     assert [a.tokens for a in again] == [alone.tokens] * 3
     assert _counts(again) == [_counts([alone])[0]] * 3
+
+
+EAGLE3_TARGET = Spec("llama", mix=0.02, head=1.0)  # close to a bigram model (test_llamacpp_eagle3.py's)
+
+
+@pytest.fixture(scope="module")
+def eagle3_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A Q8_0 near-bigram target (63 rows a pass stay exact, so lanes share passes) and an
+    EAGLE-3 head whose guesses follow the target's layers it reads (fc=3.0)."""
+    folder = tmp_path_factory.mktemp("eagle3-lanes")
+    target = quantize(write_gguf(EAGLE3_TARGET, folder / "target-f32.gguf"), folder / "target.gguf", "Q8_0")
+    return target, write_eagle3_gguf(EAGLE3_TARGET, HeadSpec(fc=3.0), folder / "eagle3.gguf")
+
+
+def test_each_lanes_eagle3_head_drafts_what_a_lone_runtimes_head_drafts(eagle3_pair: tuple[Path, Path]) -> None:
+    target, head = eagle3_pair
+    opts: dict[str, object] = {
+        "threads": 1,
+        "strategy": "eagle3",
+        "draft_model": str(head),
+        "draft_tokens": 4,
+        "memory": False,
+    }
+    with localspec.load(model=str(target), n_ctx=TEST_N_CTX // 3, **opts) as single:
+        lone = [single.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
+    with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
+        assert len(pool.runtimes) == 3 and pool.note is None
+        assert {runtime.label for runtime in pool.runtimes} == {"eagle3"}
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        assert len(host._head_models) == 1  # the head's weights once, for the three lanes' heads
+        shared = host.figures.shared_passes
+        together = _together(pool)
+        assert host.figures.shared_passes - shared > 10
+    assert [a.tokens for a in together] == [a.tokens for a in lone]
+    drafted, accepted = sum(d for d, _ in _counts(lone)), sum(a for _, a in _counts(lone))
+    assert drafted > accepted > 0, (drafted, accepted)
+    assert _counts(together) == _counts(lone)
+
+
+def test_an_assistant_or_a_block_drafter_is_still_served_one_request_at_a_time_and_says_why(
+    eagle3_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from localspec.testing.dflash_support import write_dflash_gguf
+
+    target, _ = eagle3_pair
+    block = write_dflash_gguf(write_gguf(EAGLE3_TARGET, tmp_path / "f32.gguf"), tmp_path / "dflash.gguf")
+    with localspec.load_pool(
+        str(target), parallel=2, n_ctx=TEST_N_CTX, threads=1, strategy="dflash", draft_model=str(block)
+    ) as pool:
+        assert len(pool.runtimes) == 1 and pool.note is not None and "one request" in pool.note
