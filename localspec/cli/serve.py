@@ -34,8 +34,8 @@ def register(sub: Any) -> None:
         default=None,
         metavar="N",
         help="requests decoded at once, in shared passes (default 4, fewer where 4 contexts of --ctx would take "
-        "over a quarter of the free memory; 1: one at a time). Plain decoding, n-gram lookup, a draft model "
-        "and the model's own MTP head batch; other strategies serve one request at a time",
+        "over a quarter of the free memory; 1: one at a time). Plain decoding, n-gram lookup, a draft model, "
+        "an MTP head and an EAGLE-3 head batch; other strategies serve one request at a time",
     )
     p.add_argument(
         "--max-queue",
