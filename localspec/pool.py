@@ -4,12 +4,12 @@ single runtime. What `serve --parallel N` runs its generation threads on, one pe
 
 Strategies whose drafter is the request's own state (plain decoding, n-gram lookup) batch, and
 so does a draft model of its own: it is loaded once with as many lanes, lane i drafting for
-lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). So do heads that read
-the target's hidden states: the model's own MTP head (auto on a Qwen3.5/3.6 GGUF that ships
-one) and an EAGLE-3 head in a file of its own, each lane with a head context of its own reading
-that lane's rows (an EAGLE-3 file's weights loaded once). An assistant (Gemma 4's) reads the
-target's KV cache, and a block drafter (DFlash, DSpark) its own context beside it, which lanes
-do not give yet: such a pair is served one request at a time, and the pool says why (`note`).
+lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). So do drafters that
+read the target's hidden states: the model's own MTP head (auto on a Qwen3.5/3.6 GGUF that
+ships one), an EAGLE-3 head, a DFlash or DSpark block drafter, each lane with a context of its
+own reading that lane's rows (a drafter file's weights loaded once). An assistant (Gemma 4's)
+reads the target's KV cache, which lanes do not give it yet: such a pair is served one request
+at a time, and the pool says why (`note`).
 """
 
 from __future__ import annotations
@@ -207,12 +207,13 @@ def batches(opts: LoadOptions) -> str | None:
         return (
             f"the drafter {os.path.basename(str(opts.draft_model))} is {head}, which shared passes do not "
             "serve yet: one request runs at a time "
-            "(plain decoding, n-gram lookup, a draft model and MTP or EAGLE-3 heads batch)"
+            "(plain decoding, n-gram lookup, a draft model and drafters reading the target batch)"
         )
     if not row.batches and not row.chooses:
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "
-            "one request runs at a time (plain decoding, n-gram lookup, a draft model and MTP or EAGLE-3 heads batch)"
+            "one request runs at a time "
+            "(plain decoding, n-gram lookup, a draft model and drafters reading the target batch)"
         )
     return None
 
@@ -285,8 +286,8 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
         row = named(opts.strategy)[0]
         loaded = [load_backend("llamacpp", opts.model, **row.target_options(opts, "llamacpp"), lanes=parallel, **sees)]
-    if opts.draft_model is None or row.drafter_file == "never" or head_kind(opts.draft_model):
-        return loaded  # no draft model drafts, or a head does: a context of its own per lane (lanes.py)
+    if opts.draft_model is None or row.drafter_file == "never" or row.source == "block" or head_kind(opts.draft_model):
+        return loaded  # no draft model drafts, or one that reads the target does: a context of its own per lane
     try:
         with announced(f"loading the drafter {os.path.basename(opts.draft_model)} with {parallel} lanes", on_progress):
             loaded.append(load_backend("llamacpp", opts.draft_model, **opts.backend_options(), lanes=parallel))

@@ -106,9 +106,9 @@ class Strategy:
     option: str = ""  # what may follow a colon in its name: qspec:TYPE
     peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
     # Requests can share passes (localspec.pool): its drafter is the request's own state, a
-    # model of its own loaded with lanes beside the target's, or a head reading the target's
-    # hidden states (the model's MTP head, an EAGLE-3 head) in a context per lane (an assistant
-    # or a block drafter does not: localspec.pool.batches says so).
+    # model of its own loaded with lanes beside the target's, or a drafter reading the target's
+    # hidden states (an MTP or EAGLE-3 head, a DFlash or DSpark drafter) in a context per lane
+    # (an assistant, which reads the target's KV cache, does not: localspec.pool.batches says so).
     batches: bool = False
 
     @property
@@ -283,6 +283,7 @@ _ROWS = (
         backend="dflash",
         refusal="does not run DFlash drafters",
         exports_as="dflash",
+        batches=True,
     ),
     # A DFlash drafter with a Markov head (llama.cpp's draft-dspark): a block per pass, as dflash.
     Strategy(
@@ -293,6 +294,7 @@ _ROWS = (
         backend="dflash",
         refusal="does not run DSpark drafters",
         exports_as="dspark",
+        batches=True,
     ),
     Strategy("eagle3", _model, "file", drafter_file="must", exports_as="eagle3", batches=True),
     Strategy("qspec", _derived, "derived", option="TYPE"),

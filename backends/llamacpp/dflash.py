@@ -104,8 +104,14 @@ class DFlashDrafter:
     # The block pass's first row that guesses a token: DFlash's anchor row guesses nothing.
     first_row = 1
 
-    def __init__(self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int) -> None:
-        self._target, self._model = target, model
+    # A lane's drafter (lanes.py): its passes run on the compute thread (compute.process).
+    beside_lanes = False
+
+    def __init__(
+        self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int, owned: bool = True
+    ) -> None:
+        """owned: the model is freed with the drafter (False: a lane's drafter reads its host's copy)."""
+        self._target, self._model, self._owned = target, model, owned
         self.file = os.path.basename(path)
         self._closed = True  # until the context exists
         try:
@@ -119,7 +125,8 @@ class DFlashDrafter:
                 raise ModelLoadError(f"{self.file} has no mask token (tokenizer.ggml.mask_token_id)", self._refit)
             self._ctx = self._context(target, target_ctx, threads)
         except BaseException:
-            llama.llama_model_free(model)
+            if owned:
+                llama.llama_model_free(model)
             raise
         self._closed = False
         self._mem = llama.llama_get_memory(self._ctx)
@@ -213,7 +220,7 @@ class DFlashDrafter:
         return np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[self.first_row : self.first_row + wanted]
 
     def _process(self, what: str) -> None:
-        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, self.beside_lanes)
         if rc != 0:
             raise InvalidRequestError(f"{self.file}: {what} failed with code {rc}", "draft with --strategy ngram")
 
@@ -253,7 +260,8 @@ class DFlashDrafter:
         self._closed = True
         llama.llama_batch_ext_free(self._batch)
         llama.llama_free(self._ctx)
-        llama.llama_model_free(self._model)
+        if self._owned:
+            llama.llama_model_free(self._model)
 
     @property
     def _refit(self) -> str:

@@ -34,10 +34,12 @@ class DSparkDrafter(DFlashDrafter):
 
     name = "dspark"
 
-    def __init__(self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int) -> None:
+    def __init__(
+        self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int, owned: bool = True
+    ) -> None:
         # Before the pass is timed (DFlashDrafter.__init__): which row guesses first.
         self.first_row = 0 if _anchor_first(model) else 1
-        super().__init__(target, target_ctx, model, path, threads)
+        super().__init__(target, target_ctx, model, path, threads, owned)
 
 
 def _anchor_first(model: Any) -> bool:

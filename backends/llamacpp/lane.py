@@ -37,6 +37,8 @@ class Host(Protocol):
 
     def eagle3_head(self, lane: Lane, path: str) -> Backend: ...
 
+    def block_drafter(self, lane: Lane, path: str) -> BlockDrafter: ...
+
     def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows: ...
 
     def idle(self, lane: Lane) -> None: ...
@@ -139,9 +141,8 @@ class Lane:
         return self.host.eagle3_head(self, path)
 
     def attach_block_drafter(self, path: str) -> BlockDrafter:
-        raise NotSharedError(
-            "block drafters (DFlash, DSpark) are not served in shared passes yet", "serve with --parallel 1"
-        )
+        """A DFlash or DSpark drafter drafting blocks for this lane alone."""
+        return self.host.block_drafter(self, path)
 
     def layer_features(self, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at this lane's positions, for an EAGLE-3 head."""

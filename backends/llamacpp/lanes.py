@@ -48,10 +48,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from localspec.common.gguf_header import check_gguf, read_header
 from localspec.core.errors import BackendClosedError, InvalidRequestError, NotSharedError
 from localspec.core.protocol import Backend, Logits, LogitsMode
 
 from . import compute, drafters, library
+from .dflash import DFlashDrafter, load_dflash_model
+from .dspark import DSparkDrafter
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .head import ContextHead
@@ -63,7 +66,7 @@ from .sharing import next_pass
 from .vision import EmbeddingBatch, Projector
 
 llama = library.llama
-H = TypeVar("H", bound=ContextHead)
+H = TypeVar("H", bound=ContextHead | DFlashDrafter)
 
 # A busy lane that has not asked for its next block this long after another did is doing
 # host work (a stop string, a slow client) or has ended without saying so: the pass runs
@@ -187,8 +190,8 @@ class LaneHost:
         self._busy = self._turns.busy  # lanes inside a request, shared with the hosts beside
         self._running = False
         self._closed = False
-        self._heads: list[ContextHead] = []  # the lanes' heads: their contexts go first
-        self._head_models: dict[str, Any] = {}  # an EAGLE-3 file's weights, by path: one copy for every lane
+        self._heads: list[ContextHead | DFlashDrafter] = []  # the lanes' heads and drafters: their contexts go first
+        self._head_models: dict[str, Any] = {}  # a drafter file's weights, by path: one copy for every lane
         self.figures = _Figures()
         per_lane = backend.info.n_ctx // lanes
         info = replace(backend.info, n_ctx=per_lane)
@@ -270,6 +273,18 @@ class LaneHost:
         features = partial(self.layer_features, lane)
         mparams = library.model_params(0)  # lanes run on the CPU
         return self._adopt(load_eagle3_head(lane, self._ctx, features, mparams, path, self._head_models))
+
+    def block_drafter(self, lane: Lane, path: str) -> DFlashDrafter:
+        """A DFlash or DSpark drafter drafting blocks for one lane, in a context of its own
+        beside the lanes', its weights loaded once for every lane's."""
+        check_gguf(path)
+        kind = "dspark" if read_header(path).block_kind == "dspark" else "dflash"
+        model = self._head_models.get(path)
+        if model is None:
+            model = self._head_models[path] = load_dflash_model(path, 0, kind)  # lanes run on the CPU
+        made = DSparkDrafter if kind == "dspark" else DFlashDrafter
+        threads = int(lane.capabilities.extra.get("threads", "1"))
+        return self._adopt(made(lane, self._ctx, model, path, threads, owned=False))
 
     def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at the lane's positions (as LlamaCppBackend.layer_features)."""

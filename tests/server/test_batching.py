@@ -278,11 +278,13 @@ def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_w
 
     why = batches(LoadOptions(model="reference:seed=0", backend="reference"))
     assert why is not None and "one request at a time" in why
-    why = batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy="dflash"))
-    assert why is not None and "'dflash'" in why and "a draft model and MTP or EAGLE-3 heads batch" in why
+    why = batches(LoadOptions(model="t.gguf", strategy="qspec"))
+    assert why is not None and "'qspec'" in why and "a draft model and drafters reading the target batch" in why
     head = str(write_eagle3_gguf(Spec("llama"), HeadSpec(), tmp_path / "eagle3-head.gguf"))
     for strategy in ("auto", "eagle3"):  # a head gets a context per lane (test_batching_heads.py)
         assert batches(LoadOptions(model="t.gguf", draft_model=head, strategy=strategy)) is None
+    for strategy in ("dflash", "dspark"):  # and so does a block drafter
+        assert batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy=strategy)) is None
     for strategy in ("draft", "auto"):  # a draft model of its own gets lanes beside the target's
         assert batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy=strategy)) is None
     assert batches(LoadOptions(model="t.gguf", strategy="ngram")) is None

@@ -173,14 +173,35 @@ def test_each_lanes_eagle3_head_drafts_what_a_lone_runtimes_head_drafts(eagle3_p
     assert _counts(together) == _counts(lone)
 
 
-def test_an_assistant_or_a_block_drafter_is_still_served_one_request_at_a_time_and_says_why(
-    eagle3_pair: tuple[Path, Path], tmp_path: Path
-) -> None:
-    from localspec.testing.dflash_support import write_dflash_gguf
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, tmp_path: Path) -> None:
+    # Each lane's DFlash or DSpark drafter injects that lane's layer inputs into a cache of its
+    # own; the drafters' weights are loaded once. Its guesses carry the injected features
+    # (dflash_support: focus), so a lane fed another lane's rows drafts otherwise than alone.
+    from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+    from localspec.testing.dspark_support import DSparkSpec, write_dspark_gguf
 
-    target, _ = eagle3_pair
-    block = write_dflash_gguf(write_gguf(EAGLE3_TARGET, tmp_path / "f32.gguf"), tmp_path / "dflash.gguf")
-    with localspec.load_pool(
-        str(target), parallel=2, n_ctx=TEST_N_CTX, threads=1, strategy="dflash", draft_model=str(block)
-    ) as pool:
-        assert len(pool.runtimes) == 1 and pool.note is not None and "one request" in pool.note
+    dense = Spec("llama", embed_scale=0.05, seed=1)  # runs of one token, as test_llamacpp_dflash.py's
+    f32 = write_gguf(dense, tmp_path / "f32.gguf")
+    target = quantize(f32, tmp_path / "target.gguf", "Q8_0")
+    if kind == "dflash":
+        # focus 0.5: the anchor weighs less against the injected features than its default
+        drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(target_layers=(1, 2), focus=0.5))
+    else:
+        spec = DSparkSpec(backbone=DFlashSpec(target_layers=(1, 2), focus=0.5))
+        drafter = write_dspark_gguf(f32, tmp_path / "dspark.gguf", spec)
+    opts: dict[str, object] = {"threads": 1, "strategy": kind, "draft_model": str(drafter), "draft_tokens": 4}
+    opts["memory"] = False
+    with localspec.load(model=str(target), n_ctx=TEST_N_CTX // 3, **opts) as single:
+        lone = [single.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
+    with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
+        assert len(pool.runtimes) == 3 and pool.note is None and {r.label for r in pool.runtimes} == {kind}
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        assert len(host._head_models) == 1
+        shared = host.figures.shared_passes
+        together = _together(pool)
+        assert host.figures.shared_passes - shared > 10
+    assert [a.tokens for a in together] == [a.tokens for a in lone]
+    drafted, accepted = sum(d for d, _ in _counts(lone)), sum(a for _, a in _counts(lone))
+    assert drafted > accepted > 0, (drafted, accepted)
+    assert _counts(together) == _counts(lone)
