@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
         metavar="N",
         help="requests decoded at once, in shared passes (default 4, fewer where 4 contexts of --ctx would take "
         "over a quarter of the free memory; 1: one at a time). Plain decoding, n-gram lookup, a draft model, "
-        "an MTP head and an EAGLE-3 head batch; other strategies serve one request at a time",
+        "MTP and EAGLE-3 heads and DFlash/DSpark drafters batch; others serve one request at a time",
     )
     p.add_argument(
         "--max-queue",
