@@ -22,6 +22,15 @@ from localspec.pool import Pool
 from localspec.server import LocalServer, Settings
 
 MODEL = "smollm2-135m"
+# Short prompts the tiny written models answer in lanes (test_batching_recurrent.py, test_batching_heads.py).
+LANE_ASKS = [
+    "one two three one two three one two",
+    "the cat sat on the mat and the cat",
+    "red green blue red green blue red",
+    "a b c d a b c d a b",
+    "hello world hello world hello",
+    "north south east west north south",
+]
 
 
 @contextmanager
@@ -128,3 +137,23 @@ def close_and_cancel_mid_answer(
         thread.join(120)
     assert not any(thread.is_alive() for thread in threads)
     return got
+
+
+def asked_at_once(pool: Pool, asks: list[tuple[str, dict[str, Any]]], max_tokens: int = 32) -> list[Any]:
+    """Each (prompt, knobs) ask's Completion, asked by as many threads at once as the pool has
+    lanes, each thread taking every lanes-th ask in turn."""
+    out: list[Any] = [None] * len(asks)
+    lanes = len(pool.runtimes)
+
+    def client(k: int) -> None:
+        for i in range(k, len(asks), lanes):
+            prompt, knobs = asks[i]
+            out[i] = pool.generate(messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, **knobs)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert all(result is not None for result in out)
+    return out

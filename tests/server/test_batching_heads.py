@@ -16,24 +16,16 @@ from pathlib import Path
 
 import pytest
 from model_support import TEST_N_CTX
-from server_support import close_and_cancel_mid_answer
+from server_support import LANE_ASKS, asked_at_once, close_and_cancel_mid_answer
 
 import localspec
-from localspec import Completion
+from localspec import Completion, Runtime
 from localspec.backends.llamacpp import compute
 from localspec.backends.llamacpp.copies import quantize
-from localspec.pool import Pool
 from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
 from localspec.testing.gguf_writer import HybridSpec, Spec, write_gguf, write_qwen35_gguf
 
-ASKS = [
-    "one two three one two three one two",
-    "the cat sat on the mat and the cat",
-    "red green blue red green blue red",
-    "a b c d a b c d a b",
-    "hello world hello world hello",
-    "north south east west north south",
-]
+ASKS = LANE_ASKS
 KNOBS: list[dict[str, object]] = [{"temperature": 0.0}] * 6 + [{"temperature": 0.9, "seed": 5 + i} for i in range(6)]
 
 
@@ -49,47 +41,40 @@ def _chat(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def _together(pool: Pool) -> list[Completion]:
-    """Every ask's answer, asked by as many threads at once as the pool has lanes."""
-    out: list[Completion | None] = [None] * len(ASKS) * 2
-    lanes = len(pool.runtimes)
-
-    def client(k: int) -> None:
-        for i in range(k, len(out), lanes):
-            out[i] = pool.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i])  # type: ignore[arg-type]
-
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(lanes)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    assert all(result is not None for result in out)
-    return [result for result in out if result is not None]
-
-
 def _counts(answers: list[Completion]) -> list[tuple[int, int]]:
     return [(a.stats.drafted, a.stats.accepted) for a in answers]
 
 
-def test_each_lanes_mtp_head_drafts_what_a_lone_runtimes_head_drafts(with_head: Path) -> None:
-    opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
-    with localspec.load(model=str(with_head), n_ctx=TEST_N_CTX // 3, **opts) as single:
-        lone = [single.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
-    with localspec.load_pool(str(with_head), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
+def _asked(runtime: Runtime) -> list[Completion]:
+    return [runtime.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
+
+
+def assert_lanes_draft_as_alone(target: Path, opts: dict[str, object], label: str, weights: int) -> None:
+    """12 answers (greedy and seeded) from a lone runtime, then from one lane of three, then
+    from three clients at once: the same tokens, and the same draft and acceptance counts
+    (the module doc says why those); weights: the drafter files the lanes' host loaded."""
+    with localspec.load(model=str(target), n_ctx=TEST_N_CTX // 3, **opts) as single:
+        lone = _asked(single)
+    with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
         assert len(pool.runtimes) == 3 and pool.note is None
-        assert {runtime.label for runtime in pool.runtimes} == {"mtp"}
+        assert {runtime.label for runtime in pool.runtimes} == {label}
         host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
-        alone = [pool.runtimes[1].generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
+        assert len(host._head_models) == weights  # a file's weights once, for every lane's drafter
+        alone = _asked(pool.runtimes[1])
         shared = host.figures.shared_passes
-        together = _together(pool)
+        together = asked_at_once(pool, [(ASKS[i % 6], KNOBS[i]) for i in range(12)])
         assert host.figures.shared_passes - shared > 10  # the lanes really shared passes
-    assert [a.tokens for a in alone] == [a.tokens for a in lone]
-    assert [a.tokens for a in together] == [a.tokens for a in lone]
     drafted, accepted = sum(d for d, _ in _counts(lone)), sum(a for _, a in _counts(lone))
     assert drafted > accepted > 0, (drafted, accepted)
-    # The heads read the right rows: the same drafts as a lone runtime's, kept and cut alike.
-    assert _counts(alone) == _counts(lone)
-    assert _counts(together) == _counts(lone)
+    for answers in (alone, together):
+        assert [a.tokens for a in answers] == [a.tokens for a in lone]
+        # The drafters read the right rows: a lone runtime's drafts, kept and cut alike.
+        assert _counts(answers) == _counts(lone)
+
+
+def test_each_lanes_mtp_head_drafts_what_a_lone_runtimes_head_drafts(with_head: Path) -> None:
+    opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
+    assert_lanes_draft_as_alone(with_head, opts, "mtp", weights=0)  # the model's own block
 
 
 def test_auto_serves_a_gguf_with_an_mtp_head_in_lanes_its_head_passes_on_the_compute_thread(
@@ -150,27 +135,8 @@ def eagle3_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_each_lanes_eagle3_head_drafts_what_a_lone_runtimes_head_drafts(eagle3_pair: tuple[Path, Path]) -> None:
     target, head = eagle3_pair
-    opts: dict[str, object] = {
-        "threads": 1,
-        "strategy": "eagle3",
-        "draft_model": str(head),
-        "draft_tokens": 4,
-        "memory": False,
-    }
-    with localspec.load(model=str(target), n_ctx=TEST_N_CTX // 3, **opts) as single:
-        lone = [single.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
-    with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
-        assert len(pool.runtimes) == 3 and pool.note is None
-        assert {runtime.label for runtime in pool.runtimes} == {"eagle3"}
-        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
-        assert len(host._head_models) == 1  # the head's weights once, for the three lanes' heads
-        shared = host.figures.shared_passes
-        together = _together(pool)
-        assert host.figures.shared_passes - shared > 10
-    assert [a.tokens for a in together] == [a.tokens for a in lone]
-    drafted, accepted = sum(d for d, _ in _counts(lone)), sum(a for _, a in _counts(lone))
-    assert drafted > accepted > 0, (drafted, accepted)
-    assert _counts(together) == _counts(lone)
+    opts: dict[str, object] = {"threads": 1, "strategy": "eagle3", "draft_model": str(head), "draft_tokens": 4}
+    assert_lanes_draft_as_alone(target, opts | {"memory": False}, "eagle3", weights=1)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
@@ -191,17 +157,4 @@ def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, 
         spec = DSparkSpec(backbone=DFlashSpec(target_layers=(1, 2), focus=0.5))
         drafter = write_dspark_gguf(f32, tmp_path / "dspark.gguf", spec)
     opts: dict[str, object] = {"threads": 1, "strategy": kind, "draft_model": str(drafter), "draft_tokens": 4}
-    opts["memory"] = False
-    with localspec.load(model=str(target), n_ctx=TEST_N_CTX // 3, **opts) as single:
-        lone = [single.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
-    with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
-        assert len(pool.runtimes) == 3 and pool.note is None and {r.label for r in pool.runtimes} == {kind}
-        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
-        assert len(host._head_models) == 1
-        shared = host.figures.shared_passes
-        together = _together(pool)
-        assert host.figures.shared_passes - shared > 10
-    assert [a.tokens for a in together] == [a.tokens for a in lone]
-    drafted, accepted = sum(d for d, _ in _counts(lone)), sum(a for _, a in _counts(lone))
-    assert drafted > accepted > 0, (drafted, accepted)
-    assert _counts(together) == _counts(lone)
+    assert_lanes_draft_as_alone(target, opts | {"memory": False}, kind, weights=1)

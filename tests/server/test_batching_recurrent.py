@@ -9,22 +9,13 @@ from pathlib import Path
 
 import pytest
 from model_support import TEST_N_CTX
-from server_support import chat_answer, close_and_cancel_mid_answer
+from server_support import LANE_ASKS, asked_at_once, chat_answer, close_and_cancel_mid_answer
 
 import localspec
-from localspec import Completion
 from localspec.backends.llamacpp.copies import quantize
-from localspec.pool import Pool
 from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
 
-ASKS = [
-    "one two three one two three one two",
-    "the cat sat on the mat and the cat",
-    "red green blue red green blue red",
-    "a b c d a b c d a b",
-    "hello world hello world hello",
-    "north south east west north south",
-]
+ASKS = LANE_ASKS
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +29,6 @@ def hybrids(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     target = quantize(write_qwen35_gguf(HybridSpec(), folder / "hybrid-f32.gguf"), folder / "hybrid.gguf", "Q8_0")
     draft = write_qwen35_gguf(HybridSpec(noise=0.35), folder / "draft-f32.gguf")
     return target, quantize(draft, folder / "hybrid-draft.gguf", "Q8_0")
-
-
-def _together(pool: Pool, asks: list[tuple[str, dict[str, object]]]) -> list[Completion]:
-    """Each ask's answer, asked by as many threads at once as the pool has lanes."""
-    out: list[Completion | None] = [None] * len(asks)
-    lanes = len(pool.runtimes)
-
-    def client(k: int) -> None:
-        for i in range(k, len(asks), lanes):
-            prompt, knobs = asks[i]
-            out[i] = pool.generate(messages=[{"role": "user", "content": prompt}], max_tokens=32, **knobs)
-
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(lanes)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    assert all(result is not None for result in out)
-    return [result for result in out if result is not None]
 
 
 def test_a_hybrid_lanes_policy_prices_a_draft_as_the_pass_of_its_own_it_gets(hybrids: tuple[Path, Path]) -> None:
@@ -96,7 +68,7 @@ def test_a_hybrid_targets_lanes_give_each_answer_the_one_it_gets_alone(
             for p, knobs in asks
         ]
         shared, rollbacks = host.figures.shared_passes, host.figures.rollbacks
-        together = _together(pool, asks)
+        together = asked_at_once(pool, asks)
         figures = host.figures
     assert [r.text for r in together] == [r.text for r in alone]
     assert [r.tokens for r in together] == [r.tokens for r in alone]
