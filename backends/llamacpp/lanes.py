@@ -25,10 +25,12 @@ longer than STRAGGLER_SECONDS) takes the asks for all of them, and the pass runs
 one pass thread (_Turns says why); llama.cpp's calls on one context are never made
 concurrently, as a rollback waits for the pass in flight.
 
-A model's own MTP head drafts for each lane in a context of its own (the nextn block's cache,
-the lane's length), reading the lane's hidden states, which the host copies out of every
-shared pass (llama.cpp hands them out in the batch's order, padding rows included). Its passes
-run on the compute thread too, one lane's at a time, between the shared passes.
+A drafter that reads the target's hidden states (the model's MTP head, an EAGLE-3 head, a
+DFlash or DSpark drafter) drafts for each lane in a context of its own, the lane's length,
+reading the lane's rows, which the host copies out of every shared pass (llama.cpp hands the
+last hidden states and the layer inputs out in the batch's order, padding rows included). A
+drafter file's weights are loaded once for every lane. The drafters' passes run on the compute
+thread too, one lane's at a time, between the shared passes.
 
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
