@@ -23,16 +23,28 @@ MODEL = "tiny-vision"
 SEEDS = (0, 3, 5)  # images whose answers differ: a lane reading another's image would show
 
 
-@pytest.fixture(scope="module", params=["ngram", "draft"])
+@pytest.fixture(scope="module", params=["ngram", "draft", "eagle3", "dflash"])
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[LocalServer, Pool]]:
-    """n-gram lookup, or a draft model (the F32 original, reading the prompt's text alone) with
-    lanes of its own drafting 3 tokens a step."""
+    """n-gram lookup; a draft model (the F32 original, reading the prompt's text alone) with
+    lanes of its own; or a drafter reading the target's layers (an EAGLE-3 head, a DFlash
+    drafter), a context per lane, which sees the image through the target's rows. Drafters
+    draft 3 tokens a step."""
+    from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+    from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
+    from localspec.testing.gguf_writer import Spec
+
     folder = tmp_path_factory.mktemp("vision-lanes")
     target, projector = write_vision_pair(folder)
     quantized = derived(target, "Q8_0", folder)  # an F32 model's lanes take one row a pass
-    drafting: dict[str, Any] = {"draft_model": str(target), "draft_tokens": 3} if request.param == "draft" else {}
+    files = {
+        "draft": lambda: target,
+        "eagle3": lambda: write_eagle3_gguf(Spec(arch="llama"), HeadSpec(), folder / "eagle3.gguf"),
+        "dflash": lambda: write_dflash_gguf(target, folder / "dflash.gguf", DFlashSpec(target_layers=(1, 2))),
+    }
+    drafter = files[request.param]() if request.param in files else None
+    drafting: dict[str, Any] = {"draft_model": str(drafter), "draft_tokens": 3} if drafter is not None else {}
     pool = load_pool(
         str(quantized),
         mmproj=str(projector),
@@ -90,7 +102,8 @@ def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_client
     assert len(pool.runtimes) == 4 and pool.note is None
     host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
     bodies = _bodies()
-    alone = [chat_answer(server.url, body)["choices"][0]["message"]["content"] for body in bodies]
+    answers = [chat_answer(server.url, body) for body in bodies]
+    alone = [answer["choices"][0]["message"]["content"] for answer in answers]
     assert len({alone[2 * i] for i in range(len(SEEDS))}) == len(SEEDS)  # each image its own answer
     # The tiny model answers in milliseconds: a round may pass without two requests meeting in
     # a pass on a busy host, so rounds run (each answer checked) until the lanes have shared one.
@@ -104,6 +117,12 @@ def test_answers_about_images_are_the_same_alone_and_from_four_concurrent_client
     drafted = sum(answer["speculation"]["drafted_tokens"] for answer in together)
     accepted = sum(answer["speculation"]["accepted_tokens"] for answer in together)
     assert drafted > accepted > 0  # drafts were taken, and some rolled back
+
+    def counts(given: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        return [(a["speculation"]["drafted_tokens"], a["speculation"]["accepted_tokens"]) for a in given]
+
+    if pool.runtimes[0].label != "ngram":  # a fixed draft length: each lane drafted what it drafts alone
+        assert counts(together) == counts(answers)  # (n-gram's lengths are priced beside the busy lanes)
 
 
 @pytest.mark.parametrize("writer", ["grid", "pooled"])
