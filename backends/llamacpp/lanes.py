@@ -29,8 +29,9 @@ A drafter that reads the target's hidden states (the model's MTP head, an EAGLE-
 DFlash or DSpark drafter) drafts for each lane in a context of its own, the lane's length,
 reading the lane's rows, which the host copies out of every shared pass (llama.cpp hands the
 last hidden states and the layer inputs out in the batch's order, padding rows included). A
-drafter file's weights are loaded once for every lane. The drafters' passes run on the compute
-thread too, one lane's at a time, between the shared passes.
+drafter file's weights are loaded once for every lane. On more than one CPU thread the
+drafters' passes run on the compute thread too, one lane's at a time, between the shared
+passes (compute.process); on one, which makes no OpenMP team, on the lane's own thread.
 
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
