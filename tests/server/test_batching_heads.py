@@ -110,6 +110,18 @@ def test_auto_serves_a_gguf_with_an_mtp_head_in_lanes_its_head_passes_on_the_com
     assert where and all(name.startswith("localspec-compute") for name in where), set(where)
 
 
+def test_a_hybrid_targets_lanes_feed_their_dflash_drafters_across_recurrent_rollback(tmp_path: Path) -> None:
+    # A hybrid's lane takes a rejected block back from its snapshots or a copy of its state and
+    # decodes the kept tokens again: the rows those passes write are its drafter's too.
+    from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+
+    f32 = write_qwen35_gguf(HybridSpec(), tmp_path / "hybrid-f32.gguf")
+    target = quantize(f32, tmp_path / "hybrid.gguf", "Q8_0")
+    drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(target_layers=(1, 3), focus=0.5))
+    opts: dict[str, object] = {"threads": 1, "strategy": "dflash", "draft_model": str(drafter), "draft_tokens": 6}
+    assert_lanes_draft_as_alone(target, opts | {"memory": False}, "dflash", weights=1)
+
+
 def test_an_mtp_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone_answer(with_head: Path) -> None:
     opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
     ask = _chat(ASKS[4])  # its answer runs until the lane's context is full: far past the stops
