@@ -37,7 +37,7 @@ import numpy as np
 from localspec.common.gguf_header import check_gguf, diagnose_gguf, read_header
 from localspec.core.drafting import Draft, common_prefix
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.protocol import ModelInfo
+from localspec.core.protocol import ModelInfo, SharesPasses
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives, top_k_branches
 from localspec.drafters.draw import draw
@@ -104,14 +104,13 @@ class DFlashDrafter:
     # The block pass's first row that guesses a token: DFlash's anchor row guesses nothing.
     first_row = 1
 
-    # A lane's drafter (lanes.py): its passes run on the compute thread (compute.process).
-    beside_lanes = False
-
     def __init__(
         self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int, owned: bool = True
     ) -> None:
         """owned: the model is freed with the drafter (False: a lane's drafter reads its host's copy)."""
         self._target, self._model, self._owned = target, model, owned
+        # A lane's drafter (lanes.py): its passes, the timing pass below too, run where the lanes' do.
+        self.beside_lanes = isinstance(target, SharesPasses)
         self.file = os.path.basename(path)
         self._closed = True  # until the context exists
         try:

@@ -25,7 +25,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as ext
 
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Backend, Logits, LogitsMode
+from localspec.core.protocol import Backend, Logits, LogitsMode, SharesPasses
 from localspec.core.records import HeadOfTarget
 
 from . import compute
@@ -59,13 +59,13 @@ class ContextHead(HeadOfTarget[np.ndarray]):
     # Image positions are read at the target's positions (module doc): ModelDrafter passes
     # a prompt's image ids through rather than leaving them out of the head's view.
     reads_image_positions = True
-    # A lane's head (lanes.py): its passes run on the compute thread (compute.process).
-    beside_lanes = False
 
     def __init__(self, target: Backend, ctx: Any, states: HiddenRows, width: int, model: Any = None) -> None:
         """ctx: the head's context; states: the target's rows it reads; width: its states';
         model: a file's own model, freed with the context (None: the target's own blocks)."""
         super().__init__(target)
+        # A lane's head (lanes.py): its passes run where the lanes' do (compute.process).
+        self.beside_lanes = isinstance(target, SharesPasses)
         self._states, self._model = states, model
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
         self.shift = 0  # a token at position q is read at the head's cache position q - shift

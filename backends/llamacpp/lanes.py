@@ -314,7 +314,6 @@ class LaneHost:
         return rows
 
     def _adopt(self, head: H) -> H:
-        head.beside_lanes = True
         self._heads.append(head)  # closed before the model its context reads
         return head
 

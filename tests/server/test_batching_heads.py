@@ -170,3 +170,30 @@ def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, 
         drafter = write_dspark_gguf(f32, tmp_path / "dspark.gguf", spec)
     opts: dict[str, object] = {"threads": 1, "strategy": kind, "draft_model": str(drafter), "draft_tokens": 4}
     assert_lanes_draft_as_alone(target, opts | {"memory": False}, kind, weights=1)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_lanes_drafter_runs_every_pass_on_the_compute_thread_from_its_load_on(
+    kind: str, eagle3_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 2 threads, in place as `serve` runs: an EAGLE-3 head's fc passes and a DFlash
+    # drafter's passes (its timing pass at load among them) run on the compute thread, so
+    # neither the loading thread nor a request's keeps an OpenMP team of its own.
+    from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+
+    target, head = eagle3_pair
+    if kind == "dflash":
+        f32 = write_gguf(EAGLE3_TARGET, tmp_path / "f32.gguf")
+        head = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(target_layers=(1, 2)))
+    where: list[str] = []
+    process = compute._process
+
+    def recorded(ctx: object, kind: int, batch: object) -> int:
+        where.append(threading.current_thread().name)
+        return process(ctx, kind, batch)
+
+    monkeypatch.setattr(compute, "_process", recorded)
+    opts: dict[str, object] = {"threads": 2, "strategy": kind, "draft_model": str(head), "draft_tokens": 3}
+    with compute.in_place(), localspec.load_pool(str(target), parallel=2, n_ctx=TEST_N_CTX, **opts) as pool:
+        asked_at_once(pool, [(p, {"temperature": 0.0}) for p in ASKS[:4]], max_tokens=16)
+    assert where and all(name.startswith("localspec-compute") for name in where), set(where)
