@@ -37,7 +37,7 @@ import numpy as np
 from localspec.common.gguf_header import check_gguf, diagnose_gguf, read_header
 from localspec.core.drafting import Draft, common_prefix
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.protocol import ModelInfo, SharesPasses
+from localspec.core.protocol import Capabilities, ModelInfo, SharesPasses
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives, top_k_branches
 from localspec.drafters.draw import draw
@@ -57,6 +57,7 @@ class FeatureTarget(Protocol):
     """What a DFlash drafter needs of its target (LlamaCppBackend)."""
 
     info: ModelInfo
+    capabilities: Capabilities
 
     def cached_tokens(self) -> Sequence[int]: ...
 

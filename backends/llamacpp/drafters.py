@@ -21,8 +21,8 @@ from localspec.core.protocol import Backend
 
 from . import library
 from .copies import QSPEC_SWEEP, Candidate, candidates, derived, derived_home
-from .dflash import DFlashDrafter, FeatureTarget, load_dflash_model
-from .dspark import DSparkDrafter, load_dspark
+from .dflash import DFlashDrafter, FeatureTarget
+from .dspark import load_block_drafter
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows
 from .mtp import MtpHead
@@ -107,17 +107,9 @@ def eagle3_head(host: Host, path: str) -> Eagle3Head:
     return load_eagle3_head(host.target, host.ctx, host.target.layer_features, mparams, path)
 
 
-def dflash_drafter(host: Host, path: str) -> DFlashDrafter:
-    """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
-    model = load_dflash_model(path, host.options["gpu_layers"])
-    threads = int(host.target.capabilities.extra.get("threads", "1"))
-    return DFlashDrafter(host.target, host.ctx, model, path, threads)
-
-
-def dspark_drafter(host: Host, path: str) -> DSparkDrafter:
-    """A DSpark drafter GGUF (a DFlash file with a Markov head) drafting blocks for this target."""
-    threads = int(host.target.capabilities.extra.get("threads", "1"))
-    return load_dspark(host.target, host.ctx, path, host.options["gpu_layers"], threads)
+def block_drafter(host: Host, path: str, kind: str) -> DFlashDrafter:
+    """A DFlash or DSpark (`kind`) drafter GGUF drafting blocks for this target."""
+    return load_block_drafter(host.target, host.ctx, path, kind, host.options["gpu_layers"])
 
 
 def make_self_drafter(host: Host, kind: str, option: str | None) -> Backend:

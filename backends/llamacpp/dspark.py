@@ -23,6 +23,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from localspec.common.gguf_header import check_gguf, read_header
+
 from . import library
 from .dflash import DFlashDrafter, FeatureTarget, load_dflash_model
 
@@ -51,8 +53,24 @@ def _anchor_first(model: Any) -> bool:
     return buf.value == b"true"
 
 
-def load_dspark(target: FeatureTarget, target_ctx: Any, path: str, gpu_layers: int, threads: int) -> DSparkDrafter:
-    """The DSpark drafter in `path` drafting for `target`, refused with what to use instead
-    when the file is not one."""
-    model = load_dflash_model(path, gpu_layers, "dspark")
-    return DSparkDrafter(target, target_ctx, model, path, threads)
+def block_kind(path: str) -> str:
+    """Which block drafter a GGUF holds: "dspark" (a DFlash file with a Markov head), else "dflash"."""
+    check_gguf(path)
+    return "dspark" if read_header(path).block_kind == "dspark" else "dflash"
+
+
+def load_block_drafter(
+    target: FeatureTarget, target_ctx: Any, path: str, kind: str, gpu_layers: int, models: dict[str, Any] | None = None
+) -> DFlashDrafter:
+    """The `kind` ("dflash", "dspark") drafter in `path` drafting blocks for `target`, refused
+    with what to use instead when the file is not one. models: the drafters' weights a host
+    keeps by file and frees itself (lanes.py: one copy for every lane's drafter), loaded into it
+    once; the drafter then reads them and does not free them."""
+    model = models.get(path) if models is not None else None
+    if model is None:
+        model = load_dflash_model(path, gpu_layers, kind)
+        if models is not None:
+            models[path] = model
+    made = DSparkDrafter if kind == "dspark" else DFlashDrafter
+    threads = int(target.capabilities.extra.get("threads", "1"))
+    return made(target, target_ctx, model, path, threads, owned=models is None)

@@ -9,13 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from localspec.common.gguf_header import check_gguf, read_header
 from localspec.core.protocol import Backend
 from localspec.drafters import cannot_attach
 
 from . import drafters
 from .dflash import DFlashDrafter
-from .dspark import DSparkDrafter
+from .dspark import DSparkDrafter, block_kind
 from .eagle3 import Eagle3Head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .head import ContextHead
@@ -73,18 +72,19 @@ class HostsDrafters(TargetState):
 
     def attach_block_drafter(self, path: str) -> DFlashDrafter:
         """DrafterHost: the DFlash drafter in `path`, or the DSpark drafter (a DFlash file with a Markov head)."""
-        check_gguf(path)
-        return self.dspark_drafter(path) if read_header(path).block_kind == "dspark" else self.dflash_drafter(path)
+        return self.dspark_drafter(path) if block_kind(path) == "dspark" else self.dflash_drafter(path)
 
     def dspark_drafter(self, path: str) -> DSparkDrafter:
         """A DSpark drafter GGUF drafting blocks for this target (strategy dspark)."""
         self._live()
-        return self._adopt(drafters.dspark_drafter(self._host(), path))
+        drafter = self._adopt(drafters.block_drafter(self._host(), path, "dspark"))
+        assert isinstance(drafter, DSparkDrafter)
+        return drafter
 
     def dflash_drafter(self, path: str) -> DFlashDrafter:
         """A DFlash drafter GGUF drafting blocks for this target (strategy dflash)."""
         self._live()
-        return self._adopt(drafters.dflash_drafter(self._host(), path))
+        return self._adopt(drafters.block_drafter(self._host(), path, "dflash"))
 
     def _target_states(self) -> HiddenRows:
         if self._states is None:

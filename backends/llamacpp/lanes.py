@@ -51,13 +51,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from localspec.common.gguf_header import check_gguf, read_header
 from localspec.core.errors import BackendClosedError, InvalidRequestError, NotSharedError
 from localspec.core.protocol import Backend, Logits, LogitsMode
 
 from . import compute, drafters, library
-from .dflash import DFlashDrafter, load_dflash_model
-from .dspark import DSparkDrafter
+from .dflash import DFlashDrafter
+from .dspark import block_kind, load_block_drafter
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .head import ContextHead
@@ -280,14 +279,8 @@ class LaneHost:
     def block_drafter(self, lane: Lane, path: str) -> DFlashDrafter:
         """A DFlash or DSpark drafter drafting blocks for one lane, in a context of its own
         beside the lanes', its weights loaded once for every lane's."""
-        check_gguf(path)
-        kind = "dspark" if read_header(path).block_kind == "dspark" else "dflash"
-        model = self._head_models.get(path)
-        if model is None:
-            model = self._head_models[path] = load_dflash_model(path, 0, kind)  # lanes run on the CPU
-        made = DSparkDrafter if kind == "dspark" else DFlashDrafter
-        threads = int(lane.capabilities.extra.get("threads", "1"))
-        return self._adopt(made(lane, self._ctx, model, path, threads, owned=False))
+        kind = block_kind(path)  # lanes run on the CPU: no layers on a GPU
+        return self._adopt(load_block_drafter(lane, self._ctx, path, kind, 0, self._head_models))
 
     def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at the lane's positions (as LlamaCppBackend.layer_features)."""

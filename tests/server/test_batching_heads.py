@@ -37,6 +37,20 @@ def with_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return quantize(f32, folder / "mtp.gguf", "Q8_0")
 
 
+@pytest.fixture
+def where(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread each drafter pass (llama_process) runs on, in order."""
+    threads: list[str] = []
+    process = compute._process
+
+    def recorded(ctx: object, kind: int, batch: object) -> int:
+        threads.append(threading.current_thread().name)
+        return process(ctx, kind, batch)
+
+    monkeypatch.setattr(compute, "_process", recorded)
+    return threads
+
+
 def _chat(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
@@ -78,20 +92,12 @@ def test_each_lanes_mtp_head_drafts_what_a_lone_runtimes_head_drafts(with_head: 
 
 
 def test_auto_serves_a_gguf_with_an_mtp_head_in_lanes_its_head_passes_on_the_compute_thread(
-    with_head: Path, monkeypatch: pytest.MonkeyPatch
+    with_head: Path, where: list[str]
 ) -> None:
     # `auto` on such a GGUF drafts with its head (calibrated, as users run it), and the pool
     # no longer falls back to one request at a time. At 2 threads a lane's head passes run on
     # the compute thread even where the process runs its passes in place (`serve`), so the
     # requests' threads keep no OpenMP teams of their own.
-    where: list[str] = []
-    process = compute._process
-
-    def recorded(ctx: object, kind: int, batch: object) -> int:
-        where.append(threading.current_thread().name)
-        return process(ctx, kind, batch)
-
-    monkeypatch.setattr(compute, "_process", recorded)
     with compute.in_place(), localspec.load_pool(str(with_head), parallel=2, n_ctx=TEST_N_CTX, threads=2) as pool:
         assert pool.note is None and [runtime.label for runtime in pool.runtimes] == ["mtp", "mtp"]
         alone = [pool.runtimes[0].generate(messages=_chat(p), max_tokens=24, temperature=0).tokens for p in ASKS[:4]]
@@ -174,7 +180,7 @@ def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_a_lanes_drafter_runs_every_pass_on_the_compute_thread_from_its_load_on(
-    kind: str, eagle3_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, eagle3_pair: tuple[Path, Path], tmp_path: Path, where: list[str]
 ) -> None:
     # At 2 threads, in place as `serve` runs: an EAGLE-3 head's fc passes and a DFlash
     # drafter's passes (its timing pass at load among them) run on the compute thread, so
@@ -185,14 +191,6 @@ def test_a_lanes_drafter_runs_every_pass_on_the_compute_thread_from_its_load_on(
     if kind == "dflash":
         f32 = write_gguf(EAGLE3_TARGET, tmp_path / "f32.gguf")
         head = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(target_layers=(1, 2)))
-    where: list[str] = []
-    process = compute._process
-
-    def recorded(ctx: object, kind: int, batch: object) -> int:
-        where.append(threading.current_thread().name)
-        return process(ctx, kind, batch)
-
-    monkeypatch.setattr(compute, "_process", recorded)
     opts: dict[str, object] = {"threads": 2, "strategy": kind, "draft_model": str(head), "draft_tokens": 3}
     with compute.in_place(), localspec.load_pool(str(target), parallel=2, n_ctx=TEST_N_CTX, **opts) as pool:
         asked_at_once(pool, [(p, {"temperature": 0.0}) for p in ASKS[:4]], max_tokens=16)
