@@ -7,9 +7,10 @@ so does a draft model of its own: it is loaded once with as many lanes, lane i d
 lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). So do drafters that
 read the target's hidden states: the model's own MTP head (auto on a Qwen3.5/3.6 GGUF that
 ships one), an EAGLE-3 head, a DFlash or DSpark block drafter, each lane with a context of its
-own reading that lane's rows (a drafter file's weights loaded once). An assistant (Gemma 4's)
-reads the target's KV cache, which lanes do not give it yet: such a pair is served one request
-at a time, and the pool says why (`note`).
+own reading that lane's rows (a drafter file's weights loaded once), and Gemma 4's assistant,
+reading the lane's stream of the target's KV cache. The derived self-drafters (qspec,
+layerskip) keep a drafter's cache of their own: such a pair is served one request at a time,
+and the pool says why (`note`).
 """
 
 from __future__ import annotations
@@ -202,13 +203,6 @@ def batches(opts: LoadOptions) -> str | None:
         return f"shared passes are llama.cpp's; the {opts.backend} backend serves one request at a time"
     if opts.rpc or (opts.gpu_layers or 0) > 0:
         return "shared passes run on this machine's CPU; with --rpc or --gpu-layers one request runs at a time"
-    head = _reads_the_target(opts.draft_model) if opts.draft_model is not None else None
-    if head is not None:
-        return (
-            f"the drafter {os.path.basename(str(opts.draft_model))} is {head}, which shared passes do not "
-            "serve yet: one request runs at a time "
-            "(plain decoding, n-gram lookup, a draft model and drafters reading the target batch)"
-        )
     if not row.batches and not row.chooses:
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "
@@ -216,13 +210,6 @@ def batches(opts: LoadOptions) -> str | None:
             "(plain decoding, n-gram lookup, a draft model and drafters reading the target batch)"
         )
     return None
-
-
-def _reads_the_target(path: str) -> str | None:
-    """What a drafter file is where it drafts from inside the target's KV cache (Gemma 4's
-    assistant), which lanes do not give it; None for a model of its own, or a head that reads
-    the target's hidden layers (an EAGLE-3 head, which gets a context per lane)."""
-    return "an MTP assistant drafting inside the target's context" if is_assistant(path) else None
 
 
 def shared_pricing(calibrated: Calibrated, target: Backend, busy: Callable[[], int]) -> Calibrated:
@@ -286,7 +273,8 @@ def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | Non
         sees = {"mmproj": opts.mmproj} if opts.mmproj is not None else {}  # the target's alone, not a drafter's
         row = named(opts.strategy)[0]
         loaded = [load_backend("llamacpp", opts.model, **row.target_options(opts, "llamacpp"), lanes=parallel, **sees)]
-    if opts.draft_model is None or row.drafter_file == "never" or row.source == "block" or head_kind(opts.draft_model):
+    reads_target = row.source == "block" or head_kind(opts.draft_model or "") or is_assistant(opts.draft_model or "")
+    if opts.draft_model is None or row.drafter_file == "never" or reads_target:
         return loaded  # no draft model drafts, or one that reads the target does: a context of its own per lane
     try:
         with announced(f"loading the drafter {os.path.basename(opts.draft_model)} with {parallel} lanes", on_progress):

@@ -107,8 +107,8 @@ class Strategy:
     peer: str | None = None  # llama.cpp's program for the same strategy (bench --peers)
     # Requests can share passes (localspec.pool): its drafter is the request's own state, a
     # model of its own loaded with lanes beside the target's, or a drafter reading the target's
-    # hidden states (an MTP or EAGLE-3 head, a DFlash or DSpark drafter) in a context per lane
-    # (an assistant, which reads the target's KV cache, does not: localspec.pool.batches says so).
+    # hidden states (an MTP or EAGLE-3 head, a DFlash or DSpark drafter, Gemma 4's assistant)
+    # in a context per lane.
     batches: bool = False
 
     @property

@@ -25,7 +25,7 @@ from .dflash import DFlashDrafter, FeatureTarget
 from .dspark import load_block_drafter
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows
-from .mtp import MtpHead
+from .mtp import MtpHead, SharedCache
 
 llama = library.llama
 
@@ -74,15 +74,21 @@ def own_mtp_head(target: Backend, model: Any, ctx: Any, mtp_layers: int, states:
 
 def assistant_head(host: Host, path: str) -> MtpHead:
     """A Gemma 4 assistant GGUF (architecture gemma4-assistant) drafting for this target."""
+    model = load_assistant(host.target, host.model, path, host.options["gpu_layers"])
+    return own_assistant(host.target, (model, path), host.ctx, host.states(), SharedCache())
+
+
+def load_assistant(target: Backend, target_model: Any, path: str, gpu_layers: int) -> Any:
+    """A Gemma 4 assistant file's weights, checked against the target it drafts for."""
     check_gguf(path)
-    info = host.target.info
+    info = target.info
     if info.architecture != "gemma4":
         raise InvalidRequestError(
             f"{os.path.basename(path)} is a Gemma 4 assistant: it drafts for a gemma4 model, "
             f"not {info.name} ({info.architecture})",
             "pair it with the Gemma 4 model it was made for, or use --strategy ngram",
         )
-    mparams = library.model_params(host.options["gpu_layers"])
+    mparams = library.model_params(gpu_layers)
     mparams.load_mtp = True  # its blocks are all MTP blocks
     model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
     if not model:
@@ -90,13 +96,22 @@ def assistant_head(host: Host, path: str) -> MtpHead:
             f"llama.cpp could not load {path}: {diagnose_gguf(path)}",
             "download the assistant again, or draft without it (--strategy ngram)",
         )
-    if llama.llama_model_n_embd_out(model) != llama.llama_model_n_embd_out(host.model):
+    if llama.llama_model_n_embd_out(model) != llama.llama_model_n_embd_out(target_model):
         llama.llama_model_free(model)
         raise InvalidRequestError(
             f"{os.path.basename(path)} was made for a Gemma 4 model of another width than {info.name}",
             "use the assistant of the same size (E4B with E4B, 12B with 12B, 31B with 31B)",
         )
-    head = MtpHead(host.target, model, host.ctx, host.states(), assistant=True)
+    return model
+
+
+def own_assistant(
+    target: Backend, loaded: tuple[Any, str], ctx: Any, states: HiddenRows, cache: SharedCache
+) -> MtpHead:
+    """An assistant's weights (loaded from the path beside them) drafting for `target` (the
+    model's context, or one of its lanes: lanes.py), reading its KV cache where `cache` says."""
+    model, path = loaded
+    head = MtpHead(target, model, ctx, states, cache)
     head.info = replace(head.info, name=os.path.basename(path), size_bytes=int(llama.llama_model_size(model)))
     return head
 

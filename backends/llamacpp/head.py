@@ -36,11 +36,15 @@ from .features import HiddenRows
 IMAGE_STAND_IN = 0
 
 
-def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int) -> Any:
+def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int, streams: int = 1) -> Any:
     """A context for a drafter that reads its target's context (ctx_other), as large as the
-    target's; NULL when llama.cpp cannot make it."""
+    target's; NULL when llama.cpp cannot make it. streams: the target context's sequences, each
+    a stream of its own (lanes.py), where the drafter reads the target's KV cache in place
+    (Gemma 4's assistant): llama.cpp maps a sequence to its stream by the reading context's."""
     cparams = llama.llama_context_default_params()
-    cparams.n_ctx = target.info.n_ctx
+    cparams.n_ctx = target.info.n_ctx * streams
+    cparams.n_seq_max = streams
+    cparams.kv_unified = False
     cparams.n_batch = cparams.n_ubatch = target.capabilities.max_block
     threads = int(target.capabilities.extra.get("threads", "1"))
     cparams.n_threads = cparams.n_threads_batch = threads
@@ -69,6 +73,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         self._states, self._model = states, model
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
         self.shift = 0  # a token at position q is read at the head's cache position q - shift
+        self.seq = 0  # its sequence: a lane's, where it reads a lanes' target cache in place (mtp.py)
         ext.llama_set_embeddings_nextn(ctx, True, True)  # a row for each output only
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = width
@@ -131,7 +136,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         states: list[np.ndarray] = []  # kept alive until the pass has read them
         read = self._states_for([q for q, _, _ in entries])
         for (q, token, _), (state, exact) in zip(entries, read, strict=True):
-            idx = llama.llama_batch_ext_add_token(self._batch, 0, token if token >= 0 else IMAGE_STAND_IN)
+            idx = llama.llama_batch_ext_add_token(self._batch, self.seq, token if token >= 0 else IMAGE_STAND_IN)
             position = llama.llama_pos(q - self.shift if at is None else at)
             llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
             states.append(np.ascontiguousarray(state, dtype=np.float32))
@@ -150,7 +155,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
                 into[q][:] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,))
 
     def _forget(self, position: int) -> None:
-        llama.llama_memory_seq_rm(self._mem, 0, max(position - self.shift, 0), -1)
+        llama.llama_memory_seq_rm(self._mem, self.seq, max(position - self.shift, 0), -1)
 
     def close(self) -> None:
         if self._closed:

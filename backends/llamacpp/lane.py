@@ -35,6 +35,8 @@ class Host(Protocol):
 
     def mtp_head(self, lane: Lane) -> Backend: ...
 
+    def assistant_head(self, lane: Lane, path: str) -> Backend: ...
+
     def eagle3_head(self, lane: Lane, path: str) -> Backend: ...
 
     def block_drafter(self, lane: Lane, path: str) -> BlockDrafter: ...
@@ -134,8 +136,10 @@ class Lane:
     # -- drafters in files that read the target (localspec.drafters.DrafterHost) ----------------
 
     def attach_head(self, kind: str, path: str) -> Backend:
-        """An EAGLE-3 head drafting for this lane alone. An assistant (Gemma 4's) reads the
-        target's KV cache, which lanes do not give it (localspec.pool.batches says so first)."""
+        """A Gemma 4 assistant ("assistant"), reading this lane's stream of the target's KV cache,
+        or an EAGLE-3 head ("eagle3"), drafting for this lane alone."""
+        if kind == "assistant":
+            return self.host.assistant_head(self, path)
         if kind != "eagle3":
             raise NotSharedError(f"a {kind} drafter is not served in shared passes yet", "serve it with --parallel 1")
         return self.host.eagle3_head(self, path)

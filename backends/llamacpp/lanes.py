@@ -29,7 +29,9 @@ A drafter that reads the target's hidden states (the model's MTP head, an EAGLE-
 DFlash or DSpark drafter) drafts for each lane in a context of its own, the lane's length,
 reading the lane's rows, which the host copies out of every shared pass (llama.cpp hands the
 last hidden states and the layer inputs out in the batch's order, padding rows included). A
-drafter file's weights are loaded once for every lane. On more than one CPU thread the
+Gemma 4 assistant reads the target's KV cache in place: its context has as many sequences as
+the lanes', so the lane's sequence id maps to the lane's own stream. A drafter file's weights
+are loaded once for every lane. On more than one CPU thread the
 drafters' passes run on the compute thread too, one lane's at a time, between the shared
 passes (compute.process); on one, which makes no OpenMP team, on the lane's own thread.
 
@@ -61,7 +63,7 @@ from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
 from .head import ContextHead
 from .lane import Lane, empty_rows
-from .mtp import MtpHead
+from .mtp import MtpHead, SharedCache
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
 from .sharing import next_pass
@@ -262,13 +264,25 @@ class LaneHost:
         """The model's MTP head drafting for one lane; refused, as for a lone context, where the
         model has none."""
         model = llama.llama_get_model(self._ctx)
-        width = int(llama.llama_model_n_embd_out(model))
-
-        def states() -> HiddenRows:
-            return self._capture(lane, "nextn", lambda: last_hidden_states(self._ctx, lane.info.n_ctx, width))
-
         layers = int(llama.llama_model_n_layer_nextn(model))
-        return self._adopt(drafters.own_mtp_head(lane, model, self._ctx, layers, states))
+        return self._adopt(drafters.own_mtp_head(lane, model, self._ctx, layers, partial(self._last_states, lane)))
+
+    def assistant_head(self, lane: Lane, path: str) -> MtpHead:
+        """A Gemma 4 assistant drafting for one lane: its context has a sequence for every lane,
+        so it reads the lane's own stream of the shared KV cache in place; the file's weights
+        are loaded once for every lane's."""
+        weights = self._head_models.get(path)
+        if weights is None:
+            model = llama.llama_get_model(self._ctx)
+            weights = self._head_models[path] = drafters.load_assistant(lane, model, path, 0)  # lanes: the CPU
+        cache = SharedCache(lane.seq, len(self.lanes), owned=False)
+        head = drafters.own_assistant(lane, (weights, path), self._ctx, self._last_states(lane), cache)
+        return self._adopt(head)
+
+    def _last_states(self, lane: Lane) -> HiddenRows:
+        """The target's last hidden states at the lane's positions, which MTP heads read."""
+        width = int(llama.llama_model_n_embd_out(llama.llama_get_model(self._ctx)))
+        return self._capture(lane, "nextn", lambda: last_hidden_states(self._ctx, lane.info.n_ctx, width))
 
     def eagle3_head(self, lane: Lane, path: str) -> Eagle3Head:
         """An EAGLE-3 head drafting for one lane, its weights loaded once for every lane's."""

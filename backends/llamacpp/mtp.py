@@ -18,7 +18,7 @@ next position and nothing is ever taken back (MtpHead.shared).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import llama_cpp as llama
@@ -31,21 +31,36 @@ from .features import HiddenRows
 from .head import ContextHead, head_context
 
 
+@dataclass(frozen=True)
+class SharedCache:
+    """Where an assistant reads its target's KV cache: sequence `seq` of a context of `streams`
+    sequences, each a stream of its own (a lane's, lanes.py; 0 of 1 for a lone target); owned:
+    its model is freed with it (False: one copy of the file's weights serves every lane's)."""
+
+    seq: int = 0
+    streams: int = 1
+    owned: bool = True
+
+
 class MtpHead(ContextHead):
     """The target's MTP block, drafting for it (see the module doc)."""
 
     def __init__(
-        self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: bool = False
+        self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: SharedCache | None = None
     ) -> None:
-        ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_MTP)
+        """assistant: a Gemma 4 assistant's file, reading the target's cache as it says."""
+        streams = assistant.streams if assistant is not None else 1
+        ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_MTP, streams)
         if not ctx:
             raise ModelLoadError(f"llama.cpp could not open the MTP head of {target.info.name}")
-        super().__init__(target, ctx, states, states.width, model if assistant else None)
+        owned = assistant is not None and assistant.owned  # else the target's own block, or a lanes' copy
+        super().__init__(target, ctx, states, states.width, model if owned else None)
         # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
         # guess goes to the target's next position, and nothing is ever removed from it.
-        self.shared = assistant
+        self.shared = assistant is not None
+        self.seq = assistant.seq if assistant is not None else 0
         layers = max(target.info.n_layers, 1)
-        if assistant:  # a file of its own: priced by its own size (calibrate.prior_calibration)
+        if assistant is not None:  # a file of its own: priced by its own size (calibrate.prior_calibration)
             size, params = int(llama.llama_model_size(model)), int(llama.llama_model_n_params(model))
         else:  # one block of the target's
             size, params = target.info.size_bytes // layers, target.info.n_params // layers

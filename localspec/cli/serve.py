@@ -35,7 +35,8 @@ def register(sub: Any) -> None:
         metavar="N",
         help="requests decoded at once, in shared passes (default 4, fewer where 4 contexts of --ctx would take "
         "over a quarter of the free memory; 1: one at a time). Plain decoding, n-gram lookup, a draft model, "
-        "MTP and EAGLE-3 heads and DFlash/DSpark drafters batch; others serve one request at a time",
+        "MTP heads, Gemma 4 assistants, EAGLE-3 heads and DFlash/DSpark drafters batch; "
+        "qspec and layerskip serve one request at a time",
     )
     p.add_argument(
         "--max-queue",

@@ -440,6 +440,9 @@ class Gemma4Spec:
     embed_scale: float = 0.5
     head_scale: float = 4.0
     echo: bool = False  # the assistant guesses its input token again (see write_gemma4_pair)
+    # An echoing assistant's attention output kept at this scale (0: none), so that what it
+    # reads of the target's KV cache tilts its guesses.
+    echo_attention: float = 0.0
 
 
 def _gemma4_common(writer: Any, arch: str, spec: Gemma4Spec, blocks: int, pattern: list[bool]) -> None:
@@ -521,8 +524,8 @@ def write_gemma4_pair(spec: Gemma4Spec, folder: Path) -> tuple[Path, Path]:
         assistant["nextn.pre_projection.weight"] = np.concatenate([basis, np.zeros_like(basis)], axis=1)
         assistant["token_embd.weight"] = embed @ basis.T
         for i in range(2):
-            for part in ("attn_output", "ffn_down"):
-                assistant[f"blk.{i}.{part}.weight"] = np.zeros_like(assistant[f"blk.{i}.{part}.weight"])
+            assistant[f"blk.{i}.post_attention_norm.weight"] *= spec.echo_attention  # the output is normed
+            assistant[f"blk.{i}.ffn_down.weight"] = np.zeros_like(assistant[f"blk.{i}.ffn_down.weight"])
 
     paths = (folder / "gemma4.gguf", folder / "gemma4-assistant.gguf")
     for path, arch, tensors in ((paths[0], "gemma4", target), (paths[1], "gemma4-assistant", assistant)):

@@ -283,6 +283,11 @@ def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_w
     head = str(write_eagle3_gguf(Spec("llama"), HeadSpec(), tmp_path / "eagle3-head.gguf"))
     for strategy in ("auto", "eagle3"):  # a head gets a context per lane (test_batching_heads.py)
         assert batches(LoadOptions(model="t.gguf", draft_model=head, strategy=strategy)) is None
+    from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair
+
+    assistant = str(write_gemma4_pair(Gemma4Spec(), tmp_path)[1])
+    for strategy in ("auto", "mtp"):  # an assistant reads each lane's stream of the target's cache
+        assert batches(LoadOptions(model="t.gguf", draft_model=assistant, strategy=strategy)) is None
     for strategy in ("dflash", "dspark"):  # and so does a block drafter
         assert batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy=strategy)) is None
     for strategy in ("draft", "auto"):  # a draft model of its own gets lanes beside the target's

@@ -128,17 +128,6 @@ def test_a_hybrid_targets_lanes_feed_their_dflash_drafters_across_recurrent_roll
     assert_lanes_draft_as_alone(target, opts | {"memory": False}, "dflash", weights=1)
 
 
-def test_an_mtp_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone_answer(with_head: Path) -> None:
-    opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
-    ask = _chat(ASKS[4])  # its answer runs until the lane's context is full: far past the stops
-    with localspec.load_pool(str(with_head), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
-        alone = pool.runtimes[2].generate(messages=ask, max_tokens=24, temperature=0)
-        assert close_and_cancel_mid_answer(pool, ask, read=3) == {"closed": "cancelled", "task": "cancelled"}
-        again = [pool.runtimes[i].generate(messages=ask, max_tokens=24, temperature=0) for i in range(3)]
-    assert [a.tokens for a in again] == [alone.tokens] * 3
-    assert _counts(again) == [_counts([alone])[0]] * 3
-
-
 EAGLE3_TARGET = Spec("llama", mix=0.02, head=1.0)  # close to a bigram model (test_llamacpp_eagle3.py's)
 
 
@@ -195,3 +184,93 @@ def test_a_lanes_drafter_runs_every_pass_on_the_compute_thread_from_its_load_on(
     with compute.in_place(), localspec.load_pool(str(target), parallel=2, n_ctx=TEST_N_CTX, **opts) as pool:
         asked_at_once(pool, [(p, {"temperature": 0.0}) for p in ASKS[:4]], max_tokens=16)
     assert where and all(name.startswith("localspec-compute") for name in where), set(where)
+
+
+@pytest.fixture(scope="module")
+def gemma4_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A Q8_0 tiny Gemma 4 target and its assistant, which reads the target's KV cache in place
+    and guesses its input token again, tilted by what its attention reads there (at 3.0 its
+    counts part from an assistant that reads nothing)."""
+    from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair
+
+    folder = tmp_path_factory.mktemp("gemma4-lanes")
+    f32, assistant = write_gemma4_pair(Gemma4Spec(echo=True, seed=1, head_scale=8.0, echo_attention=3.0), folder)
+    return quantize(f32, folder / "gemma4-q8.gguf", "Q8_0"), assistant
+
+
+def test_each_lanes_gemma4_assistant_drafts_what_a_lone_runtimes_drafts(gemma4_pair: tuple[Path, Path]) -> None:
+    # Each lane's assistant has a context with a sequence for every lane, so llama.cpp maps
+    # the lane's sequence to the lane's own stream of the target's cache (lanes.py). One that
+    # read lane 0's stream, or the next lane's, for every lane failed here.
+    target, assistant = gemma4_pair
+    opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_model": str(assistant), "draft_tokens": 4}
+    assert_lanes_draft_as_alone(target, opts | {"memory": False}, "mtp", weights=1)
+
+
+def test_serve_answers_a_gemma4_pairs_side_request_beside_a_stream(gemma4_pair: tuple[Path, Path]) -> None:
+    # The issue's chat front end: a title request sent with a long answer, over real HTTP, to a
+    # Gemma 4 pair drafting with its assistant: both decode in shared passes, each its lone answer.
+    from server_support import chat_answer
+
+    from localspec.core.options import LoadOptions
+    from localspec.server import LocalServer, Settings
+
+    target, assistant = gemma4_pair
+    opts = LoadOptions(model=str(target), draft_model=str(assistant), n_ctx=TEST_N_CTX, threads=1, memory=False)
+    asks = [(ASKS[4], 400), (ASKS[1], 12)]  # the long answer runs until its lane's context is full
+    with localspec.load_pool(opts, parallel=2) as pool:
+        assert pool.note is None and [rt.label for rt in pool.runtimes] == ["mtp", "mtp"]
+        alone = [pool.generate(messages=_chat(p), max_tokens=n, temperature=0).text for p, n in asks]
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        shared = host.figures.shared_passes
+        server = LocalServer(None, "g", lambda _: pool, port=0, settings=Settings(log=lambda line: None))
+        together = [""] * len(asks)
+
+        def client(i: int) -> None:
+            body = {"model": "g", "messages": _chat(asks[i][0]), "max_tokens": asks[i][1], "temperature": 0}
+            together[i] = chat_answer(server.url, body)["choices"][0]["message"]["content"]
+
+        with server:
+            server.start()
+            assert server.wait_ready(120)
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(asks))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(300)
+        assert host.figures.shared_passes > shared  # the title decoded beside the answer
+    assert together == alone
+
+
+@pytest.mark.parametrize("kind", ["mtp", "assistant", "eagle3", "dflash"])
+def test_a_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone_answer(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # Lane 0's stream closed from another thread and lane 1's asyncio task cancelled while
+    # they draft: every lane's drafter then drafts its lone answer and counts again.
+    from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+
+    opts: dict[str, object] = {"threads": 1, "strategy": kind, "draft_tokens": 4, "memory": False}
+    if kind == "mtp":
+        target = request.getfixturevalue("with_head")
+    elif kind == "assistant":
+        target, opts["draft_model"] = request.getfixturevalue("gemma4_pair")
+        opts["strategy"] = "mtp"
+    else:  # a target whose answer runs on (the near-bigram one ends within 6 tokens)
+        dense = Spec("llama", embed_scale=0.05, seed=1)
+        f32 = write_gguf(dense, tmp_path / "f32.gguf")
+        target = quantize(f32, tmp_path / "target.gguf", "Q8_0")
+        if kind == "eagle3":
+            drafter = write_eagle3_gguf(dense, HeadSpec(fc=3.0), tmp_path / "eagle3.gguf")
+        else:
+            drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(target_layers=(1, 2)))
+        opts["draft_model"] = str(drafter)
+    opts["draft_model"] = str(opts["draft_model"]) if "draft_model" in opts else None
+    ask = _chat(ASKS[4])  # its answer runs until the lane's context is full: far past the stops
+    with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
+        alone = pool.runtimes[2].generate(messages=ask, max_tokens=24, temperature=0)
+        assert close_and_cancel_mid_answer(pool, ask, read=3) == {"closed": "cancelled", "task": "cancelled"}
+        again = [pool.runtimes[i].generate(messages=ask, max_tokens=24, temperature=0) for i in range(3)]
+    assert alone.stats.drafted > 0
+    assert [a.tokens for a in again] == [alone.tokens] * 3
+    assert _counts(again) == [_counts([alone])[0]] * 3
