@@ -36,9 +36,12 @@ class Assistant(App[None]):
         self.busy_ticks = 0  # timer ticks that saw the runtime busy: the UI ran on meanwhile
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="status")
-        yield Static("", id="title")
-        yield Static("", id="answer")
+        # Kept, not queried: the timer may tick once more while the app closes, after its screen
+        # has gone, where query_one finds nothing and raises.
+        self.status, self.title_line, self.answer_text = Static(""), Static(""), Static("")
+        yield self.status
+        yield self.title_line
+        yield self.answer_text
         yield Footer()
 
     def on_mount(self) -> None:
@@ -49,7 +52,7 @@ class Assistant(App[None]):
         busy = self.rt.busy  # answers at once, even while a step runs
         self.busy_ticks += busy
         waiting = f", {self.rt.waiting} waiting" if self.rt.waiting else ""
-        self.query_one("#status", Static).update(("busy" + waiting) if busy else "idle")
+        self.status.update(("busy" + waiting) if busy else "idle")
 
     @work(thread=True)
     def read_answer(self) -> None:
@@ -63,11 +66,11 @@ class Assistant(App[None]):
 
     def add_text(self, text: str) -> None:
         self.answer += text
-        self.query_one("#answer", Static).update(self.answer)
+        self.answer_text.update(self.answer)
 
     def finished(self, reason: str) -> None:
         self.finish_reason = reason
-        self.query_one("#answer", Static).update(f"{self.answer}\n[{reason}]")
+        self.answer_text.update(f"{self.answer}\n[{reason}]")
 
     def action_stop(self) -> None:
         if self.stream is not None:
@@ -79,7 +82,7 @@ class Assistant(App[None]):
         ask = [{"role": "user", "content": "Give a three-word title for a story about a lighthouse keeper."}]
         title = await self.rt.agenerate(messages=ask, max_tokens=8, temperature=0)
         self.story_title = title.text.strip() or "(no title)"
-        self.query_one("#title", Static).update(self.story_title)
+        self.title_line.update(self.story_title)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,10 @@ from localspec.core.errors import InvalidRequestError
 from localspec.core.options import LoadOptions
 from localspec.runtime import Runtime
 
-# A list the model copies: n-gram lookup finds second continuations to branch on.
-PROMPT = "Repeat this list twice: apple, banana, cherry, date, apple, fig."
+# A list the model copies, continued as raw text: n-gram lookup finds second continuations to
+# branch on ("apple," is followed by "banana" and by "fig"). Asked through the chat template,
+# SmolLM2 Q4_1 copied the list on AVX-512 kernels and answered something else on AVX2's.
+PROMPT = "apple, banana, cherry, date, apple, fig, apple, banana, cherry, date, apple, fig, apple, banana,"
 
 
 @pytest.mark.parametrize(
@@ -79,7 +81,7 @@ def test_a_greedy_answer_with_a_tree_at_every_step_is_plain_decodings(
     monkeypatch.setattr(localspec.cli.run, "load", load)
     answers = []
     for options in (["--strategy", "none"], ["--tree", "2", "--draft-tokens", "4"]):
-        assert main(["run", PROMPT, "-t", "0", "-n", "64", "--json", *options]) == 0
+        assert main(["run", PROMPT, "--raw", "-t", "0", "-n", "64", "--json", *options]) == 0
         answers.append(json.loads(capsys.readouterr().out))
     plain, tree = answers
     assert tree["text"] == plain["text"]
