@@ -66,11 +66,7 @@ def load_block_drafter(
     with what to use instead when the file is not one. models: the drafters' weights a host
     keeps by file and frees itself (lanes.py: one copy for every lane's drafter), loaded into it
     once; the drafter then reads them and does not free them."""
-    model = models.get(path) if models is not None else None
-    if model is None:
-        model = load_dflash_model(path, gpu_layers, kind)
-        if models is not None:
-            models[path] = model
+    model, owned = library.weights_once(models, path, lambda: load_dflash_model(path, gpu_layers, kind))
     made = DSparkDrafter if kind == "dspark" else DFlashDrafter
     threads = int(target.capabilities.extra.get("threads", "1"))
-    return made(target, target_ctx, model, path, threads, owned=models is None)
+    return made(target, target_ctx, model, path, threads, owned=owned)

@@ -34,7 +34,7 @@ from localspec.common.gguf_header import GGUFHeader, check_gguf, diagnose_gguf, 
 from localspec.core.errors import InvalidRequestError, ModelLoadError
 from localspec.core.protocol import Backend, Capabilities
 
-from . import compute
+from . import compute, library
 from .features import EAGLE3_KIND, HiddenRows, target_layer_ids
 from .head import ContextHead, head_context
 
@@ -221,8 +221,8 @@ def load_eagle3_head(
     rows = features(
         head.layer_ids, head.target_width, os.path.basename(path), KIND
     )  # refuses layers or widths that do not fit
-    model = models.get(path) if models is not None else None
-    if model is None:
+
+    def load() -> Any:
         model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
             raise ModelLoadError(
@@ -235,6 +235,7 @@ def load_eagle3_head(
                 f"llama.cpp read other target layers from {path} than its header names",
                 "convert the head again with llama.cpp's convert_hf_to_gguf.py, or draft with --strategy ngram",
             )
-        if models is not None:
-            models[path] = model
-    return Eagle3Head(target, model, target_ctx, rows, head, owned=models is None)
+        return model
+
+    model, owned = library.weights_once(models, path, load)
+    return Eagle3Head(target, model, target_ctx, rows, head, owned=owned)

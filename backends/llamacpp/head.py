@@ -64,16 +64,19 @@ class ContextHead(HeadOfTarget[np.ndarray]):
     # a prompt's image ids through rather than leaving them out of the head's view.
     reads_image_positions = True
 
-    def __init__(self, target: Backend, ctx: Any, states: HiddenRows, width: int, model: Any = None) -> None:
+    def __init__(
+        self, target: Backend, ctx: Any, states: HiddenRows, width: int, model: Any = None, seq: int = 0
+    ) -> None:
         """ctx: the head's context; states: the target's rows it reads; width: its states';
-        model: a file's own model, freed with the context (None: the target's own blocks)."""
+        model: a file's own model, freed with the context (None: the target's own blocks); seq:
+        the sequence its passes go to (a lane's, where it reads a lanes' target cache in place: mtp.py)."""
         super().__init__(target)
         # A lane's head (lanes.py): its passes run where the lanes' do (compute.process).
         self.beside_lanes = isinstance(target, SharesPasses)
         self._states, self._model = states, model
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
         self.shift = 0  # a token at position q is read at the head's cache position q - shift
-        self.seq = 0  # its sequence: a lane's, where it reads a lanes' target cache in place (mtp.py)
+        self.seq = seq
         ext.llama_set_embeddings_nextn(ctx, True, True)  # a row for each output only
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = width

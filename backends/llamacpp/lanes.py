@@ -271,11 +271,11 @@ class LaneHost:
         """A Gemma 4 assistant drafting for one lane: its context has a sequence for every lane,
         so it reads the lane's own stream of the shared KV cache in place; the file's weights
         are loaded once for every lane's."""
-        weights = self._head_models.get(path)
-        if weights is None:
-            model = llama.llama_get_model(self._ctx)
-            weights = self._head_models[path] = drafters.load_assistant(lane, model, path, 0)  # lanes: the CPU
-        cache = SharedCache(lane.seq, len(self.lanes), owned=False)
+        model = llama.llama_get_model(self._ctx)  # lanes run on the CPU: no layers on a GPU
+        weights, owned = library.weights_once(
+            self._head_models, path, lambda: drafters.load_assistant(lane, model, path, 0)
+        )
+        cache = SharedCache(lane.seq, len(self.lanes), owned)
         head = drafters.own_assistant(lane, (weights, path), self._ctx, self._last_states(lane), cache)
         return self._adopt(head)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -73,6 +74,17 @@ EXACT_BUILD = (
     "llama-cpp-python==0.3.36"
 )
 _passes_ran = False  # a context of this process has run with ggml's default kernel choice
+
+
+def weights_once(models: dict[str, Any] | None, path: str, load: Callable[[], Any]) -> tuple[Any, bool]:
+    """A drafter file's weights, and whether the drafter owns (frees) them. models: the weights a
+    host keeps by file and frees itself (lanes.py: one copy for every lane's drafter), loaded
+    into it once; None: loaded for this drafter alone."""
+    if models is None:
+        return load(), True
+    if path not in models:
+        models[path] = load()
+    return models[path], False
 
 
 def note_default_kernels() -> None:

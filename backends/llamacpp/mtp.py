@@ -54,11 +54,11 @@ class MtpHead(ContextHead):
         if not ctx:
             raise ModelLoadError(f"llama.cpp could not open the MTP head of {target.info.name}")
         owned = assistant is not None and assistant.owned  # else the target's own block, or a lanes' copy
-        super().__init__(target, ctx, states, states.width, model if owned else None)
+        seq = assistant.seq if assistant is not None else 0
+        super().__init__(target, ctx, states, states.width, model if owned else None, seq)
         # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
         # guess goes to the target's next position, and nothing is ever removed from it.
         self.shared = assistant is not None
-        self.seq = assistant.seq if assistant is not None else 0
         layers = max(target.info.n_layers, 1)
         if assistant is not None:  # a file of its own: priced by its own size (calibrate.prior_calibration)
             size, params = int(llama.llama_model_size(model)), int(llama.llama_model_n_params(model))
