@@ -225,16 +225,17 @@ def test_serve_answers_a_gemma4_pairs_side_request_beside_a_stream(gemma4_pair: 
         alone = [pool.generate(messages=_chat(p), max_tokens=n, temperature=0).text for p, n in asks]
         host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
         shared = host.figures.shared_passes
-        # From its fourth pass on, an answer waits until the other request has a lane too, so
-        # the two overlap on any host, however fast the tiny pair answers alone. (Gated from its
-        # first step on, the second request was not admitted until the gate gave up: not
-        # looked into.)
-        evaluate, met, calls = host.evaluate, threading.Event(), {0: 0, 1: 0}
+        # The first request to reach a pass (either one) waits from its second ask on, until the
+        # other has a lane too: so the two overlap on any host, however fast the tiny pair answers
+        # alone. A lane counts as busy from its first ask: held before it, the other request runs
+        # its passes alone and may end between two looks at busy_lanes().
+        evaluate, met, asked = host.evaluate, threading.Event(), []
 
         def overlapping(lane: Any, *args: Any) -> Any:
-            calls[lane.seq] += 1
+            asked.append(lane.seq)
             deadline = time.monotonic() + 60
-            while not met.is_set() and calls[lane.seq] > 3 and time.monotonic() < deadline:
+            held = lane.seq == asked[0] and asked.count(lane.seq) > 1
+            while held and not met.is_set() and time.monotonic() < deadline:
                 if host.busy_lanes() >= 2:
                     met.set()
                 time.sleep(0.002)
