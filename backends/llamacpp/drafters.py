@@ -25,7 +25,8 @@ from .dflash import DFlashDrafter, FeatureTarget
 from .dspark import load_block_drafter
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows
-from .mtp import MtpHead, SharedCache
+from .head import SharedCache
+from .mtp import MtpHead
 
 llama = library.llama
 

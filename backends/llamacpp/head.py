@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import llama_cpp as llama
 import numpy as np
@@ -53,6 +54,40 @@ def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int, st
     return llama.llama_init_from_model(model, cparams)
 
 
+@dataclass(frozen=True)
+class Entries:
+    """A head's pass: (position, token, output?) entries; `at`, the position a shared-cache head
+    writes every token to; `into`, the rows its logits go to; outputs: every row an output."""
+
+    entries: list[tuple[int, int, bool]]
+    at: int | None
+    into: dict[int, np.ndarray]
+    outputs: bool
+
+
+class MergedPasses(Protocol):
+    """Where a lane's head runs its passes together with the other lanes' heads (head_passes.py)."""
+
+    ctx: Any
+
+    def run(self, head: ContextHead, asked: Entries) -> None:
+        """The head's entries, in a pass shared with the other lanes' asks; their outputs read."""
+        ...
+
+
+@dataclass(frozen=True)
+class SharedCache:
+    """Where an assistant reads its target's KV cache: sequence `seq` of a context of `streams`
+    sequences, each a stream of its own (a lane's, lanes.py; 0 of 1 for a lone target); owned:
+    its model is freed with it (False: one copy of the file's weights serves every lane's);
+    passes: the lanes' merged passes, whose context it drafts in (None: a context of its own)."""
+
+    seq: int = 0
+    streams: int = 1
+    owned: bool = True
+    passes: MergedPasses | None = None
+
+
 class ContextHead(HeadOfTarget[np.ndarray]):
     """A head drafting in a llama.cpp context beside its target's (see the module doc). A
     subclass sets info and capabilities and says which state each position is read with."""
@@ -65,18 +100,26 @@ class ContextHead(HeadOfTarget[np.ndarray]):
     reads_image_positions = True
 
     def __init__(
-        self, target: Backend, ctx: Any, states: HiddenRows, width: int, model: Any = None, seq: int = 0
+        self,
+        target: Backend,
+        ctx: Any,
+        states: HiddenRows,
+        width: int,
+        model: Any = None,
+        cache: SharedCache | None = None,
     ) -> None:
-        """ctx: the head's context; states: the target's rows it reads; width: its states';
-        model: a file's own model, freed with the context (None: the target's own blocks); seq:
-        the sequence its passes go to (a lane's, where it reads a lanes' target cache in place: mtp.py)."""
+        """ctx: the head's context (a merged one's, where cache.passes has one); states: the
+        target's rows it reads; width: its states'; model: a file's own model, freed with the
+        context (None: the target's own blocks); cache: where it reads a lanes' target cache in
+        place (mtp.py): its passes go to cache.seq, and with cache.passes beside the other lanes'."""
         super().__init__(target)
+        self.merged = cache.passes if cache is not None else None
         # A lane's head (lanes.py): its passes run where the lanes' do (compute.process).
         self.beside_lanes = isinstance(target, SharesPasses)
         self._states, self._model = states, model
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
         self.shift = 0  # a token at position q is read at the head's cache position q - shift
-        self.seq = seq
+        self.seq = cache.seq if cache is not None else 0
         ext.llama_set_embeddings_nextn(ctx, True, True)  # a row for each output only
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = width
@@ -134,28 +177,45 @@ class ContextHead(HeadOfTarget[np.ndarray]):
     def _run(
         self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray], outputs: bool
     ) -> None:
-        """One llama.cpp pass over the entries, every row an output or none (see _pass)."""
+        """One llama.cpp pass over the entries, every row an output or none (see _pass); a
+        lanes' assistant's in a pass with the other lanes' (head_passes.py)."""
+        if self.merged is not None:
+            self.merged.run(self, Entries(entries, at, into, outputs))
+            return
         llama.llama_batch_ext_clear(self._batch)
-        states: list[np.ndarray] = []  # kept alive until the pass has read them
-        read = self._states_for([q for q, _, _ in entries])
-        for (q, token, _), (state, exact) in zip(entries, read, strict=True):
-            idx = llama.llama_batch_ext_add_token(self._batch, self.seq, token if token >= 0 else IMAGE_STAND_IN)
-            position = llama.llama_pos(q - self.shift if at is None else at)
-            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
-            states.append(np.ascontiguousarray(state, dtype=np.float32))
-            embd = llama.llama_embd(states[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
-            llama.llama_batch_ext_set_embd_token(self._batch, idx, embd)
-            (self._guessed.discard if exact else self._guessed.add)(q)
-            llama.llama_batch_ext_set_output_logits(self._batch, idx, outputs)
+        kept = self.fill(self._batch, Entries(entries, at, into, outputs))
         rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, self.beside_lanes)
+        del kept
         if rc != 0:
             raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {entries[0][0]}")
-        for k, (q, _, output) in enumerate(entries):  # both calls take the token's index in the batch
+        self.read(self._ctx, Entries(entries, at, into, outputs), 0)
+
+    def fill(self, batch: Any, asked: Entries) -> list[np.ndarray]:
+        """The entries' rows added to batch, in this head's sequence; the states they embed,
+        which must live until the pass has read them."""
+        states: list[np.ndarray] = []
+        read = self._states_for([q for q, _, _ in asked.entries])
+        for (q, token, _), (state, exact) in zip(asked.entries, read, strict=True):
+            idx = llama.llama_batch_ext_add_token(batch, self.seq, token if token >= 0 else IMAGE_STAND_IN)
+            position = llama.llama_pos(q - self.shift if asked.at is None else asked.at)
+            llama.llama_batch_ext_set_pos(batch, idx, ctypes.byref(position))
+            states.append(np.ascontiguousarray(state, dtype=np.float32))
+            embd = llama.llama_embd(states[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self._width)
+            llama.llama_batch_ext_set_embd_token(batch, idx, embd)
+            (self._guessed.discard if exact else self._guessed.add)(q)
+            llama.llama_batch_ext_set_output_logits(batch, idx, asked.outputs)
+        return states
+
+    def read(self, ctx: Any, asked: Entries, base: int) -> None:
+        """The entries' outputs out of ctx's last pass, where their rows began at index base:
+        each output's state kept, its logits written where asked.into holds a row for them."""
+        for k, (q, _, output) in enumerate(asked.entries):  # both calls take the token's index in the batch
             if output:
-                state_ptr = ext.llama_get_embeddings_nextn_ith(self._ctx, k)
+                state_ptr = ext.llama_get_embeddings_nextn_ith(ctx, base + k)
                 self._own[q] = np.ctypeslib.as_array(state_ptr, shape=(self._width,)).copy()
-            if q in into:
-                into[q][:] = np.ctypeslib.as_array(llama.llama_get_logits_ith(self._ctx, k), shape=(self._vocab,))
+            if q in asked.into:
+                logits = llama.llama_get_logits_ith(ctx, base + k)
+                asked.into[q][:] = np.ctypeslib.as_array(logits, shape=(self._vocab,))
 
     def _forget(self, position: int) -> None:
         llama.llama_memory_seq_rm(self._mem, self.seq, max(position - self.shift, 0), -1)
@@ -165,6 +225,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
             return
         self._closed = True
         llama.llama_batch_ext_free(self._batch)
-        llama.llama_free(self._ctx)
+        if self.merged is None:  # else the lanes' merged passes own it
+            llama.llama_free(self._ctx)
         if self._model is not None:
             llama.llama_model_free(self._model)

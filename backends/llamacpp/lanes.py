@@ -29,11 +29,12 @@ A drafter that reads the target's hidden states (the model's MTP head, an EAGLE-
 DFlash or DSpark drafter) drafts for each lane in a context of its own, the lane's length,
 reading the lane's rows, which the host copies out of every shared pass (llama.cpp hands the
 last hidden states and the layer inputs out in the batch's order, padding rows included). A
-Gemma 4 assistant reads the target's KV cache in place: its context has as many sequences as
-the lanes', so the lane's sequence id maps to the lane's own stream. A drafter file's weights
-are loaded once for every lane. On more than one CPU thread the
-drafters' passes run on the compute thread too, one lane's at a time, between the shared
-passes (compute.process); on one, which makes no OpenMP team, on the lane's own thread.
+Gemma 4 assistant reads the target's KV cache in place: one context for every lane's, with as
+many sequences as the lanes', so the lane's sequence id maps to the lane's own stream, and the
+lanes drafting at once draft in one pass (head_passes.py). A drafter file's weights are loaded
+once for every lane. On more than one CPU thread the drafters' passes run on the compute
+thread too, between the shared passes (compute.process); on one, which makes no OpenMP team,
+on the thread that asks.
 
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
@@ -44,6 +45,7 @@ verify passes). The drafter only proposes, so its lanes need no exactness of the
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,7 +55,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from localspec.core.errors import BackendClosedError, InvalidRequestError, NotSharedError
+from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError, NotSharedError
 from localspec.core.protocol import Backend, Logits, LogitsMode
 
 from . import compute, drafters, library
@@ -61,21 +63,17 @@ from .dflash import DFlashDrafter
 from .dspark import block_kind, load_block_drafter
 from .eagle3 import Eagle3Head, load_eagle3_head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
-from .head import ContextHead
+from .head import ContextHead, SharedCache, head_context
+from .head_passes import HeadPasses
 from .lane import Lane, empty_rows
-from .mtp import MtpHead, SharedCache
+from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
-from .sharing import next_pass
+from .sharing import STRAGGLER_SECONDS, next_pass
 from .vision import EmbeddingBatch, Projector
 
 llama = library.llama
 H = TypeVar("H", bound=ContextHead | DFlashDrafter)
-
-# A busy lane that has not asked for its next block this long after another did is doing
-# host work (a stop string, a slow client) or has ended without saying so: the pass runs
-# without it rather than hold the others.
-STRAGGLER_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -196,6 +194,7 @@ class LaneHost:
         self._closed = False
         self._heads: list[ContextHead | DFlashDrafter] = []  # the lanes' heads and drafters: their contexts go first
         self._head_models: dict[str, Any] = {}  # a drafter file's weights, by path: one copy for every lane
+        self._merged: dict[str, HeadPasses] = {}  # an assistant file's merged passes, by path
         self.figures = _Figures()
         per_lane = backend.info.n_ctx // lanes
         info = replace(backend.info, n_ctx=per_lane)
@@ -268,14 +267,21 @@ class LaneHost:
         return self._adopt(drafters.own_mtp_head(lane, model, self._ctx, layers, partial(self._last_states, lane)))
 
     def assistant_head(self, lane: Lane, path: str) -> MtpHead:
-        """A Gemma 4 assistant drafting for one lane: its context has a sequence for every lane,
-        so it reads the lane's own stream of the shared KV cache in place; the file's weights
-        are loaded once for every lane's."""
+        """A Gemma 4 assistant drafting for one lane: it reads the lane's own stream of the
+        shared KV cache in place, in one context with a sequence for every lane, where the
+        lanes' assistants draft in merged passes (head_passes.py); the file's weights and that
+        context are made once for every lane's."""
         model = llama.llama_get_model(self._ctx)  # lanes run on the CPU: no layers on a GPU
         weights, owned = library.weights_once(
             self._head_models, path, lambda: drafters.load_assistant(lane, model, path, 0)
         )
-        cache = SharedCache(lane.seq, len(self.lanes), owned)
+        passes = self._merged.get(path)
+        if passes is None:
+            ctx = head_context(lane, weights, self._ctx, llama.LLAMA_CONTEXT_TYPE_MTP, len(self.lanes))
+            if not ctx:
+                raise ModelLoadError(f"llama.cpp could not open {os.path.basename(path)} for {len(self.lanes)} lanes")
+            passes = self._merged[path] = HeadPasses(ctx, self._turns, lane.capabilities.max_block)
+        cache = SharedCache(lane.seq, len(self.lanes), owned, passes)
         head = drafters.own_assistant(lane, (weights, path), self._ctx, self._last_states(lane), cache)
         return self._adopt(head)
 
@@ -327,6 +333,9 @@ class LaneHost:
     def close(self) -> None:
         for head in self._heads:  # their contexts read this model, and the heads' own weights
             head.close()
+        for passes in self._merged.values():  # the context the lanes' assistants drafted in
+            passes.close()
+        self._merged.clear()
         for weights in self._head_models.values():
             llama.llama_model_free(weights)
         self._head_models.clear()

@@ -18,7 +18,7 @@ next position and nothing is ever taken back (MtpHead.shared).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import llama_cpp as llama
@@ -28,18 +28,7 @@ from localspec.core.errors import ModelLoadError
 from localspec.core.protocol import Backend, Capabilities
 
 from .features import HiddenRows
-from .head import ContextHead, head_context
-
-
-@dataclass(frozen=True)
-class SharedCache:
-    """Where an assistant reads its target's KV cache: sequence `seq` of a context of `streams`
-    sequences, each a stream of its own (a lane's, lanes.py; 0 of 1 for a lone target); owned:
-    its model is freed with it (False: one copy of the file's weights serves every lane's)."""
-
-    seq: int = 0
-    streams: int = 1
-    owned: bool = True
+from .head import ContextHead, SharedCache, head_context
 
 
 class MtpHead(ContextHead):
@@ -49,13 +38,15 @@ class MtpHead(ContextHead):
         self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: SharedCache | None = None
     ) -> None:
         """assistant: a Gemma 4 assistant's file, reading the target's cache as it says."""
-        streams = assistant.streams if assistant is not None else 1
-        ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_MTP, streams)
+        if assistant is not None and assistant.passes is not None:  # the lanes' one context
+            ctx = assistant.passes.ctx
+        else:
+            streams = assistant.streams if assistant is not None else 1
+            ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_MTP, streams)
         if not ctx:
             raise ModelLoadError(f"llama.cpp could not open the MTP head of {target.info.name}")
         owned = assistant is not None and assistant.owned  # else the target's own block, or a lanes' copy
-        seq = assistant.seq if assistant is not None else 0
-        super().__init__(target, ctx, states, states.width, model if owned else None, seq)
+        super().__init__(target, ctx, states, states.width, model if owned else None, assistant)
         # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
         # guess goes to the target's next position, and nothing is ever removed from it.
         self.shared = assistant is not None

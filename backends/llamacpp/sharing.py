@@ -19,6 +19,11 @@ class Block(Protocol):
 
 B = TypeVar("B", bound=Block)
 
+# A busy lane that has not asked for its next block this long after another did is doing
+# host work (a stop string, a slow client) or has ended without saying so: the pass runs
+# without it rather than hold the others.
+STRAGGLER_SECONDS = 0.02
+
 
 def next_pass(pending: Sequence[B], row_limit: int, cost: Callable[[int], float], equal_only: bool) -> list[B]:
     """The blocks of the next pass, pending[0] first. A pass is as wide as its widest block

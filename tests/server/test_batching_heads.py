@@ -65,10 +65,13 @@ def _asked(runtime: Runtime) -> list[Completion]:
     return [runtime.generate(messages=_chat(ASKS[i % 6]), max_tokens=32, **KNOBS[i]) for i in range(12)]  # type: ignore[arg-type]
 
 
-def assert_lanes_draft_as_alone(target: Path, opts: dict[str, object], label: str, weights: int) -> None:
+def assert_lanes_draft_as_alone(
+    target: Path, opts: dict[str, object], label: str, weights: int, merged: bool = False
+) -> None:
     """12 answers (greedy and seeded) from a lone runtime, then from one lane of three, then
     from three clients at once: the same tokens, and the same draft and acceptance counts
-    (the module doc says why those); weights: the drafter files the lanes' host loaded."""
+    (the module doc says why those); weights: the drafter files the lanes' host loaded;
+    merged: the lanes' drafters (assistants) drafted in passes shared between lanes too."""
     with localspec.load(model=str(target), n_ctx=TEST_N_CTX // 3, **opts) as single:
         lone = _asked(single)
     with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
@@ -78,14 +81,21 @@ def assert_lanes_draft_as_alone(target: Path, opts: dict[str, object], label: st
         assert len(host._head_models) == weights  # a file's weights once, for every lane's drafter
         alone = _asked(pool.runtimes[1])
         shared = host.figures.shared_passes
+        drafted_together = _merged_passes(host)
         together = asked_at_once(pool, [(ASKS[i % 6], KNOBS[i]) for i in range(12)])
         assert host.figures.shared_passes - shared > 10  # the lanes really shared passes
+        assert (_merged_passes(host) - drafted_together > 10) == merged
     drafted, accepted = sum(d for d, _ in _counts(lone)), sum(a for _, a in _counts(lone))
     assert drafted > accepted > 0, (drafted, accepted)
     for answers in (alone, together):
         assert [a.tokens for a in answers] == [a.tokens for a in lone]
         # The drafters read the right rows: a lone runtime's drafts, kept and cut alike.
         assert _counts(answers) == _counts(lone)
+
+
+def _merged_passes(host: Any) -> int:
+    """The drafter passes that held more than one lane's rows (head_passes.py)."""
+    return sum(passes.figures.merged for passes in host._merged.values())
 
 
 def test_each_lanes_mtp_head_drafts_what_a_lone_runtimes_head_drafts(with_head: Path) -> None:
@@ -206,7 +216,7 @@ def test_each_lanes_gemma4_assistant_drafts_what_a_lone_runtimes_drafts(gemma4_p
     # read lane 0's stream, or the next lane's, for every lane failed here.
     target, assistant = gemma4_pair
     opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_model": str(assistant), "draft_tokens": 4}
-    assert_lanes_draft_as_alone(target, opts | {"memory": False}, "mtp", weights=1)
+    assert_lanes_draft_as_alone(target, opts | {"memory": False}, "mtp", weights=1, merged=True)
 
 
 def test_serve_answers_a_gemma4_pairs_side_request_beside_a_stream(gemma4_pair: tuple[Path, Path]) -> None:

@@ -1,0 +1,160 @@
+"""The lanes' Gemma 4 assistants drafting in one pass (`serve --parallel N` with an assistant):
+each lane's assistant asks for its one-row pass, and the asks of every lane drafting then go
+through the assistant's model together, one row a lane, as llama-server drafts for all its
+slots at once. One pass a drafted token for all lanes, not one for each: a small model's pass
+costs nearly the same for one row as for four (on the 2-core EPYC, 4 clients ran 0.89x plain
+decoding while each lane drafted in passes of its own).
+
+One context holds a sequence for every lane, each read from the lane's own stream of the
+target's KV cache (head.py, head_context), so a lane's row reads what it reads alone, and a row
+of a small batch gives the logits it gives alone (the rows stay within what the CPU kernels
+keep one-token-exact: kernels.prompt_block_limit). The target's shared passes and these take
+turns under the lanes' one lock, and run on the compute thread (compute.py).
+
+When a pass runs: once every lane inside a request waits for one, here or for the target's next
+pass (a lane doing host work is about to ask), or once the oldest ask has waited a straggler's
+limit. A lane verifying does not make the target's pass wait for these: a target pass waits
+only on the lanes that will join it (lanes.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from localspec.core.errors import BackendClosedError, InvalidRequestError
+
+from . import compute, library
+from .head import ContextHead, Entries
+from .sharing import STRAGGLER_SECONDS
+
+llama = library.llama
+
+
+class Roster(Protocol):
+    """What the lane hosts of a pool share (lanes._Turns): their lock, the lanes inside a
+    request, and those whose block waits for a target pass."""
+
+    cond: threading.Condition
+    busy: set[int]
+
+    def waiting(self) -> set[int]: ...
+
+
+@dataclass
+class _Ask:
+    head: ContextHead
+    asked: Entries
+    since: float
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class HeadFigures:
+    """What the merged passes have run, for the tests and the benchmarks."""
+
+    passes: int = 0
+    merged: int = 0  # passes that held more than one lane's rows
+
+
+class HeadPasses:
+    """The passes of every lane's assistant, in one context (see the module doc)."""
+
+    def __init__(self, ctx: Any, roster: Roster, rows: int) -> None:
+        """ctx: the assistant's context, one sequence a lane (freed with this); rows: the most a
+        pass holds (the context's batch)."""
+        self.ctx = ctx
+        self._roster, self._cond = roster, roster.cond
+        self._rows = max(1, rows)
+        self._batch = llama.llama_batch_ext_init(ctx)
+        self._pending: list[_Ask] = []
+        self._running = False
+        self._closed = False
+        self.figures = HeadFigures()
+
+    def run(self, head: ContextHead, asked: Entries) -> None:
+        """The head's entries in the next merged pass; their outputs read into the head."""
+        ask = _Ask(head, asked, time.perf_counter())
+        with self._cond:
+            if self._closed:
+                raise BackendClosedError(f"{head.info.name} was closed", "load the model again")
+            self._pending.append(ask)
+            self._cond.notify_all()
+            while not ask.done:
+                if not self._running and self._ready():
+                    self._lead()
+                else:
+                    self._cond.wait(STRAGGLER_SECONDS / 2)
+        if ask.error is not None:
+            raise ask.error
+
+    def _ready(self) -> bool:
+        """Whether a pass runs now (the lock held; the module doc says when)."""
+        if not self._pending:
+            return False
+        waiting = self._roster.waiting() | {ask.head.seq for ask in self._pending}
+        if self._roster.busy <= waiting:
+            return True
+        return time.perf_counter() - self._pending[0].since >= STRAGGLER_SECONDS
+
+    def _lead(self) -> None:
+        """Take the asks that fit a pass and run it with the lock let go."""
+        asks: list[_Ask] = []
+        rows = 0
+        for ask in list(self._pending):
+            if asks and rows + len(ask.asked.entries) > self._rows:
+                break
+            asks.append(ask)
+            rows += len(ask.asked.entries)
+            self._pending.remove(ask)
+        self._running = True
+        self._cond.release()
+        try:
+            self._pass(sorted(asks, key=lambda ask: ask.head.seq))
+        finally:
+            self._cond.acquire()
+            self._running = False
+            for ask in asks:
+                ask.done = True
+            self._cond.notify_all()
+
+    def _pass(self, asks: list[_Ask]) -> None:
+        """One pass over the asks' rows (sequences in increasing order, as llama.cpp takes
+        separate streams together); each ask's error its own where it cannot be read."""
+        llama.llama_batch_ext_clear(self._batch)
+        kept, bases, base = [], [], 0
+        for ask in asks:
+            kept.append(ask.head.fill(self._batch, ask.asked))
+            bases.append(base)
+            base += len(ask.asked.entries)
+        try:
+            rc = compute.process(self.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, True)
+            if rc != 0:
+                raise InvalidRequestError(f"the assistant's pass failed with code {rc}")
+        except BaseException as exc:
+            for ask in asks:
+                ask.error = exc
+            return
+        del kept
+        self.figures.passes += 1
+        self.figures.merged += len(asks) > 1
+        for ask, at in zip(asks, bases, strict=True):
+            ask.head.read(self.ctx, ask.asked, at)
+
+    def close(self) -> None:
+        """Frees the context once no pass is in flight (after the heads that draft in it)."""
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+            if self._closed:
+                return
+            self._closed = True
+            for ask in self._pending:
+                ask.error, ask.done = BackendClosedError("the model was closed", "load it again"), True
+            self._pending.clear()
+            llama.llama_batch_ext_free(self._batch)
+            llama.llama_free(self.ctx)
+            self._cond.notify_all()
