@@ -170,25 +170,24 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         unless the graph computes every row anyway (every_row)."""
         split = 0 if self.every_row else next((i for i, (_, _, out) in enumerate(entries) if out), len(entries))
         if split:
-            self._run(entries[:split], at, into, outputs=False)
+            self._run(Entries(entries[:split], at, into, outputs=False))
         if split < len(entries):
-            self._run(entries[split:], at, into, outputs=True)
+            self._run(Entries(entries[split:], at, into, outputs=True))
 
-    def _run(
-        self, entries: list[tuple[int, int, bool]], at: int | None, into: dict[int, np.ndarray], outputs: bool
-    ) -> None:
+    def _run(self, asked: Entries) -> None:
         """One llama.cpp pass over the entries, every row an output or none (see _pass); a
         lanes' assistant's in a pass with the other lanes' (head_passes.py)."""
         if self.merged is not None:
-            self.merged.run(self, Entries(entries, at, into, outputs))
+            self.merged.run(self, asked)
             return
         llama.llama_batch_ext_clear(self._batch)
-        kept = self.fill(self._batch, Entries(entries, at, into, outputs))
+        kept = self.fill(self._batch, asked)  # the states the batch points at, alive until the pass has run
         rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, self.beside_lanes)
         del kept
         if rc != 0:
-            raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {entries[0][0]}")
-        self.read(self._ctx, Entries(entries, at, into, outputs), 0)
+            at = asked.entries[0][0]
+            raise InvalidRequestError(f"{self.info.name}'s pass failed with code {rc} at position {at}")
+        self.read(self._ctx, asked, 0)
 
     def fill(self, batch: Any, asked: Entries) -> list[np.ndarray]:
         """The entries' rows added to batch, in this head's sequence; the states they embed,
