@@ -8,9 +8,9 @@ lane i, its passes shared too (backends/llamacpp/lanes.py, `beside=`). So do dra
 read the target's hidden states: the model's own MTP head (auto on a Qwen3.5/3.6 GGUF that
 ships one), an EAGLE-3 head, a DFlash or DSpark block drafter, each lane with a context of its
 own reading that lane's rows (a drafter file's weights loaded once), and Gemma 4's assistant,
-reading the lane's stream of the target's KV cache, the lanes' drafts in shared passes too. The derived self-drafters (qspec,
-layerskip) keep a drafter's cache of their own: such a pair is served one request at a time,
-and the pool says why (`note`).
+reading the lane's stream of the target's KV cache, the lanes' drafts in shared passes too.
+The derived self-drafters (qspec, layerskip) keep a drafter's cache of their own: such a pair
+is served one request at a time, and the pool says why (`note`).
 """
 
 from __future__ import annotations

@@ -279,10 +279,13 @@ class AdaptiveDraftLength:
         self, limit: int, support: int, backlog: int, depth: int, per_token: float, margin: float
     ) -> tuple[int, float]:
         """The γ ≤ limit with the highest predicted rate, and that rate (tokens per second);
-        a draft must beat plain decoding's rate by `margin` to be chosen."""
+        a draft must beat plain decoding's rate by `margin` to be chosen. Beside other lanes
+        the rate is the shared pass's, their plain steps included (CostCurve.beside), and the
+        margin is this lane's share of it."""
         # One pass: E[tokens](γ) grows by Π α_i at each step, so no γ is recomputed from scratch.
         alpha = self.chain(min(limit, self.max_gamma), support)
-        plain = 1.0 / self.costs.verify(1, depth)
+        others, base = self.costs.beside(depth)
+        plain = (others + 1.0) / (base + self.costs.verify(1, depth))
         self._weighed, self._cut = [(0, plain)], ""
         if support > 0 and alpha[0] < self.config.first_block_alpha and not self.costs.timed_a_block():
             # A curve that never timed a block waits for a likely guess to time one.
@@ -295,7 +298,7 @@ class AdaptiveDraftLength:
         # near break-even is not stopped by noise in its estimate that it could not start back from.
         per_pass = self.draft_seconds_per_pass * self.costs.scale if support <= 0 else 0.0
         model = support <= 0 and (per_token > 0.0 or per_pass > 0.0)
-        bar = plain if model else plain * (1.0 + margin)
+        bar = plain if model else plain * (1.0 + margin / (1.0 + others))  # the lane's share of the pass
         charged = 1.0 + (margin if model and not self._model_drafting else 0.0)
         best, best_rate, best_charged = 0, plain, plain
         expected, run, top = 1.0, 1.0, plain
@@ -315,15 +318,16 @@ class AdaptiveDraftLength:
             if self.replays_beyond is not None:
                 price += self.replay_seconds(alpha[:g], depth)
             drafting = g * draft_cost + per_pass
-            r = expected / (price + drafting)
+            r = (others + expected) / (base + price + drafting)
             self._weighed.append((g, r))
-            charged_rate = expected / (price + drafting * charged)
+            charged_rate = (others + expected) / (base + price + drafting * charged)
             if charged_rate > bar and charged_rate > best_charged:
                 best, best_rate, best_charged = g, r, charged_rate
             if bounded:
                 top = r if r > top else top
-                most = expected + run * (longest - g)
-                if most / (price + drafting) <= top and most / (price + drafting * charged) <= max(bar, best_charged):
+                most = others + expected + run * (longest - g)
+                fastest, charged_most = most / (base + price + drafting), most / (base + price + drafting * charged)
+                if fastest <= top and charged_most <= max(bar, best_charged):
                     break
         return best, best_rate
 

@@ -371,6 +371,28 @@ def test_a_lane_prices_its_rows_on_what_they_add_to_a_shared_pass() -> None:
     assert shared.scale > before
 
 
+@pytest.mark.parametrize("kept", [0.97, 0.3])
+def test_a_lane_drafts_where_its_draft_adds_to_the_whole_pass_tokens_per_second(kept: float) -> None:
+    from dataclasses import replace
+
+    from localspec.control.costs import SharedPassCurve
+    from localspec.control.factory import ngram_policy
+
+    # A small model on a CPU: 31 ms a pass, 1 ms a row. Beside three busy lanes, a plain step
+    # adds 1 ms to their 33 ms pass and a 15-token draft adds 24 ms (padding the others to 16
+    # rows). Weighed against its own plain step alone (1 token for 1 ms), no draft ever paid,
+    # not even one whose every guess comes true; weighed on the whole pass (3 + 1 tokens in
+    # 34 ms), one kept 97 % of the time pays, one kept 30 % does not.
+    busy = [4]
+    curve = SharedPassCurve([0.030 + 0.001 * k for k in range(1, 33)], busy=lambda: busy[0])
+    assert curve.beside() == (3.0, pytest.approx(0.033))
+    policy = replace(ngram_policy(curve), by_support=[kept] * 9)
+    gamma = policy.choose(15, support=8)
+    assert (gamma >= 8) if kept > 0.5 else (gamma == 0), gamma
+    busy[0] = 1  # alone, the lone curve's choice: both draft on its own step of 31 ms
+    assert curve.beside() == (0.0, 0.0) and policy.choose(15, support=8) > 0
+
+
 def test_a_lanes_policy_is_the_lone_policy_priced_on_the_targets_calibration_as_shared_passes() -> None:
     from dataclasses import replace
 
