@@ -28,7 +28,7 @@ from localspec.core.errors import BackendClosedError, InvalidRequestError
 
 from . import compute, library
 from .head import ContextHead, Entries
-from .sharing import STRAGGLER_SECONDS
+from .sharing import PassTurns
 
 llama = library.llama
 
@@ -60,18 +60,17 @@ class HeadFigures:
     merged: int = 0  # passes that held more than one lane's rows
 
 
-class HeadPasses:
+class HeadPasses(PassTurns[_Ask]):
     """The passes of every lane's assistant, in one context (see the module doc)."""
 
     def __init__(self, ctx: Any, roster: Roster, rows: int) -> None:
         """ctx: the assistant's context, one sequence a lane (freed with this); rows: the most a
         pass holds (the context's batch)."""
+        super().__init__(roster.cond)
         self.ctx = ctx
-        self._roster, self._cond = roster, roster.cond
+        self._roster = roster
         self._rows = max(1, rows)
         self._batch = llama.llama_batch_ext_init(ctx)
-        self._pending: list[_Ask] = []
-        self._running = False
         self._closed = False
         self.figures = HeadFigures()
 
@@ -81,13 +80,7 @@ class HeadPasses:
         with self._cond:
             if self._closed:
                 raise BackendClosedError(f"{head.info.name} was closed", "load the model again")
-            self._pending.append(ask)
-            self._cond.notify_all()
-            while not ask.done:
-                if not self._running and self._ready():
-                    self._lead()
-                else:
-                    self._cond.wait(STRAGGLER_SECONDS / 2)
+            self._await(ask)
         if ask.error is not None:
             raise ask.error
 
@@ -96,12 +89,10 @@ class HeadPasses:
         if not self._pending:
             return False
         waiting = self._roster.waiting() | {ask.head.seq for ask in self._pending}
-        if self._roster.busy <= waiting:
-            return True
-        return time.perf_counter() - self._pending[0].since >= STRAGGLER_SECONDS
+        return self._roster.busy <= waiting or self._oldest_waited()
 
-    def _lead(self) -> None:
-        """Take the asks that fit a pass and run it with the lock let go."""
+    def _take(self) -> list[_Ask]:
+        """The asks that fit a pass, oldest first."""
         asks: list[_Ask] = []
         rows = 0
         for ask in list(self._pending):
@@ -110,34 +101,28 @@ class HeadPasses:
             asks.append(ask)
             rows += len(ask.asked.entries)
             self._pending.remove(ask)
-        self._running = True
-        self._cond.release()
+        return asks
+
+    def _run(self, asks: list[_Ask]) -> None:
+        """One pass over the asks' rows, on the compute thread (sequences in increasing order,
+        as llama.cpp takes separate streams together)."""
+        asks = sorted(asks, key=lambda ask: ask.head.seq)
         try:
-            self._pass(sorted(asks, key=lambda ask: ask.head.seq))
-        finally:
-            self._cond.acquire()
-            self._running = False
+            self._pass(asks)
+        except BaseException as exc:  # every ask of the pass ends with it: none has its rows
             for ask in asks:
-                ask.done = True
-            self._cond.notify_all()
+                ask.error = exc
 
     def _pass(self, asks: list[_Ask]) -> None:
-        """One pass over the asks' rows (sequences in increasing order, as llama.cpp takes
-        separate streams together); each ask's error its own where it cannot be read."""
         llama.llama_batch_ext_clear(self._batch)
         kept, bases, base = [], [], 0
         for ask in asks:
-            kept.append(ask.head.fill(self._batch, ask.asked))
+            kept.append(ask.head.fill(self._batch, ask.asked))  # alive until the pass has read them
             bases.append(base)
             base += len(ask.asked.entries)
-        try:
-            rc = compute.process(self.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, True)
-            if rc != 0:
-                raise InvalidRequestError(f"the assistant's pass failed with code {rc}")
-        except BaseException as exc:
-            for ask in asks:
-                ask.error = exc
-            return
+        rc = compute.process(self.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        if rc != 0:
+            raise InvalidRequestError(f"the assistant's pass failed with code {rc}")
         del kept
         self.figures.passes += 1
         self.figures.merged += len(asks) > 1
@@ -147,14 +132,10 @@ class HeadPasses:
     def close(self) -> None:
         """Frees the context once no pass is in flight (after the heads that draft in it)."""
         with self._cond:
-            while self._running:
-                self._cond.wait()
+            self._settled()
             if self._closed:
                 return
             self._closed = True
-            for ask in self._pending:
-                ask.error, ask.done = BackendClosedError("the model was closed", "load it again"), True
-            self._pending.clear()
             llama.llama_batch_ext_free(self._batch)
             llama.llama_free(self.ctx)
-            self._cond.notify_all()
+            self._refuse_waiting(BackendClosedError("the model was closed", "load it again"))

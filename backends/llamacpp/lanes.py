@@ -34,7 +34,7 @@ many sequences as the lanes', so the lane's sequence id maps to the lane's own s
 lanes drafting at once draft in one pass (head_passes.py). A drafter file's weights are loaded
 once for every lane. On more than one CPU thread the drafters' passes run on the compute
 thread too, between the shared passes (compute.process); on one, which makes no OpenMP team,
-on the thread that asks.
+on the thread that asks (the assistants' shared passes always on the compute thread).
 
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
@@ -69,7 +69,7 @@ from .lane import Lane, empty_rows
 from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
-from .sharing import STRAGGLER_SECONDS, next_pass
+from .sharing import PassTurns, next_pass
 from .vision import EmbeddingBatch, Projector
 
 llama = library.llama
@@ -136,7 +136,7 @@ class _Figures:
     rollbacks: int = 0  # a lane's cells dropped from a position on (a rejected draft's, a new prompt's)
 
 
-class LaneHost:
+class LaneHost(PassTurns[_Ask]):
     """The lanes of one llama.cpp context made for them (LlamaCppBackend(lanes=N)), and the
     passes that serve them."""
 
@@ -187,10 +187,8 @@ class LaneHost:
             )
         self._turns = beside._turns if beside is not None else _Turns()
         self._turns.hosts.append(self)
-        self._cond = self._turns.cond
-        self._pending: list[_Ask] = []
+        super().__init__(self._turns.cond)
         self._busy = self._turns.busy  # lanes inside a request, shared with the hosts beside
-        self._running = False
         self._closed = False
         self._heads: list[ContextHead | DFlashDrafter] = []  # the lanes' heads and drafters: their contexts go first
         self._head_models: dict[str, Any] = {}  # a drafter file's weights, by path: one copy for every lane
@@ -215,13 +213,7 @@ class LaneHost:
         with self._cond:
             self._live()
             self._busy.add(lane.seq)
-            self._pending.append(ask)
-            self._cond.notify_all()
-            while not ask.done:
-                if not self._running and self._ready():
-                    self._lead()
-                else:
-                    self._cond.wait(STRAGGLER_SECONDS / 2)
+            self._await(ask)
         if ask.error is not None:
             raise ask.error
         assert ask.rows is not None
@@ -230,8 +222,7 @@ class LaneHost:
     def drop(self, lane: Lane, n: int) -> None:
         """The lane's cells from position n on, removed once no pass is in flight."""
         with self._cond:
-            while self._running:
-                self._cond.wait()
+            self._settled()
             if not self._closed:
                 llama.llama_memory_seq_rm(self._mem, lane.seq, n, -1)
                 self.figures.rollbacks += 1
@@ -241,8 +232,7 @@ class LaneHost:
         flight; from where its tokens must be decoded again (None: nothing to decode)."""
         assert lane.state is not None
         with self._cond:
-            while self._running:
-                self._cond.wait()
+            self._settled()
             self._live()
             self.figures.rollbacks += 1
             return lane.state.rewind(n, lane.n_past)
@@ -315,8 +305,7 @@ class LaneHost:
         on changes the passes' outputs) and written by every pass from then on. Positions the
         lane decoded before have none: they are decoded again."""
         with self._cond:
-            while self._running:
-                self._cond.wait()
+            self._settled()
             self._live()
             rows = lane.captures.get(key)
             fresh = rows is None
@@ -340,19 +329,15 @@ class LaneHost:
             llama.llama_model_free(weights)
         self._head_models.clear()
         with self._cond:
-            while self._running:
-                self._cond.wait()
+            self._settled()
             if self._closed:
                 return
             self._closed = True
-            for ask in self._pending:
-                ask.error, ask.done = BackendClosedError("the model was closed", "load it again"), True
-            self._pending.clear()
             self._turns.hosts.remove(self)
             llama.llama_batch_free(self._batch)
             if self._embeddings is not None:
                 self._embeddings.free()
-            self._cond.notify_all()
+            self._refuse_waiting(BackendClosedError("the model was closed", "load it again"))
 
     def _live(self) -> None:
         if self._closed:
@@ -366,24 +351,7 @@ class LaneHost:
         overlaps the pass, was slower: 4 lanes at one thread took 4.5 s where waiting took 3.9 s.)"""
         if not self._pending:
             return False
-        if self._busy <= self._turns.waiting():
-            return True
-        return time.perf_counter() - self._pending[0].since >= STRAGGLER_SECONDS
-
-    def _lead(self) -> None:
-        """Take the next pass's asks and run it with the lock let go (llama_decode lets go of
-        the GIL too, so the other lanes' host work goes on meanwhile)."""
-        asks = self._take()
-        self._running = True
-        self._cond.release()
-        try:
-            compute.run_there(self._run, asks)
-        finally:
-            self._cond.acquire()
-            self._running = False
-            for ask in asks:
-                ask.done = True
-            self._cond.notify_all()
+        return self._busy <= self._turns.waiting() or self._oldest_waited()
 
     def _take(self) -> list[_Ask]:
         """The next pass's asks (sharing.next_pass), taken out of those waiting."""

@@ -3,8 +3,12 @@ it the blocks that make the pass worth most real rows per second on the cost cur
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
+
+from . import compute
 
 
 class Block(Protocol):
@@ -68,3 +72,77 @@ def _at_width(
         if cost((len(chosen) + 1) * width) - cost(len(chosen) * width) <= own_share:
             chosen.append(block)
     return chosen
+
+
+class Ask(Protocol):
+    """A lane's ask waiting for a pass: since when, and whether its pass has run."""
+
+    since: float
+    done: bool
+    error: BaseException | None
+
+
+A = TypeVar("A", bound=Ask)
+
+
+class PassTurns(Generic[A]):
+    """Asks that wait for a pass under the lanes' lock (`cond`), one of their threads leading
+    each pass once it is ready (_ready) and running it on the compute thread with the lock let
+    go (llama_decode lets go of the GIL too, so the other lanes' host work goes on meanwhile):
+    the lanes' shared passes (lanes.py) and their assistants' (head_passes.py)."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self._cond = cond
+        self._pending: list[A] = []
+        self._running = False
+
+    def _ready(self) -> bool:
+        """Whether a pass runs now (the lock held)."""
+        raise NotImplementedError
+
+    def _take(self) -> list[A]:
+        """The next pass's asks, taken out of those waiting (the lock held)."""
+        raise NotImplementedError
+
+    def _run(self, asks: list[A]) -> None:
+        """The pass over asks, on the compute thread; an ask that cannot be served gets an error."""
+        raise NotImplementedError
+
+    def _await(self, ask: A) -> None:
+        """Ask in line (the lock held), then its pass run, by this thread or another."""
+        self._pending.append(ask)
+        self._cond.notify_all()
+        while not ask.done:
+            if not self._running and self._ready():
+                self._lead()
+            else:
+                self._cond.wait(STRAGGLER_SECONDS / 2)
+
+    def _oldest_waited(self) -> bool:
+        """Whether the oldest ask has waited a straggler's limit (the lock held)."""
+        return time.perf_counter() - self._pending[0].since >= STRAGGLER_SECONDS
+
+    def _lead(self) -> None:
+        asks = self._take()
+        self._running = True
+        self._cond.release()
+        try:
+            compute.run_there(self._run, asks)
+        finally:
+            self._cond.acquire()
+            self._running = False
+            for ask in asks:
+                ask.done = True
+            self._cond.notify_all()
+
+    def _settled(self) -> None:
+        """Wait until no pass is in flight (the lock held)."""
+        while self._running:
+            self._cond.wait()
+
+    def _refuse_waiting(self, error: BaseException) -> None:
+        """Every ask still waiting ends with error (the lock held: closing)."""
+        for ask in self._pending:
+            ask.error, ask.done = error, True
+        self._pending.clear()
+        self._cond.notify_all()
