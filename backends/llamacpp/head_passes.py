@@ -2,8 +2,7 @@
 each lane's assistant asks for its one-row pass, and the asks of every lane drafting then go
 through the assistant's model together, one row a lane, as llama-server drafts for all its
 slots at once. One pass a drafted token for all lanes, not one for each: a small model's pass
-costs nearly the same for one row as for four (on the 2-core EPYC, 4 clients ran 0.89x plain
-decoding while each lane drafted in passes of its own).
+costs nearly the same for one row as for four.
 
 One context holds a sequence for every lane, each read from the lane's own stream of the
 target's KV cache (head.py, head_context), so a lane's row reads what it reads alone, and a row

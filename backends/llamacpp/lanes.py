@@ -269,7 +269,10 @@ class LaneHost(PassTurns[_Ask]):
         if passes is None:
             ctx = head_context(lane, weights, self._ctx, llama.LLAMA_CONTEXT_TYPE_MTP, len(self.lanes))
             if not ctx:
-                raise ModelLoadError(f"llama.cpp could not open {os.path.basename(path)} for {len(self.lanes)} lanes")
+                raise ModelLoadError(
+                    f"llama.cpp could not open {os.path.basename(path)} for {len(self.lanes)} lanes",
+                    "serve fewer requests at once (--parallel), or draft without it (--strategy ngram)",
+                )
             passes = self._merged[path] = HeadPasses(ctx, self._turns, lane.capabilities.max_block)
         cache = SharedCache(lane.seq, len(self.lanes), owned, passes)
         head = drafters.own_assistant(lane, (weights, path), self._ctx, self._last_states(lane), cache)
