@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from localspec.backends.llamacpp.build import MIN_CONTEXT, context_cells
 from localspec.core.errors import InvalidRequestError
 
 pytestmark = pytest.mark.model
 
 # One child process for the whole sweep: an abort kills it, and the lines it printed before
-# say which size did.
-CONTEXT_SWEEP = """
+# say which size did. Every size from 1 to 64 asks llama.cpp for the same 256 cells
+# (context_cells, checked for each below), so the loads take the sizes around the tree's
+# sequences and the powers of two, where llama.cpp's own padding and batch caps switch.
+LOADED = (1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64)
+CONTEXT_SWEEP = f"""
 import sys
 import localspec
-for n_ctx in range(1, 65):
+for n_ctx in {LOADED}:
     with localspec.load(sys.argv[1], n_ctx=n_ctx, strategy="none", calibrate=False, threads=1) as rt:
         out = rt.generate("Hello", max_tokens=2, temperature=0)
         print(n_ctx, rt.target.info.n_ctx, out.finish_reason, flush=True)
@@ -33,8 +37,9 @@ def test_a_context_of_1_to_64_tokens_is_served_as_256_cells_and_never_aborts(smo
     )
     served = [line.split() for line in child.stdout.splitlines()]
     assert child.returncode == 0, f"died after n_ctx={served[-1][0] if served else 'none'}: {child.stderr[-400:]}"
-    assert [int(row[0]) for row in served] == list(range(1, 65))
+    assert [int(row[0]) for row in served] == list(LOADED)
     assert {(row[1], row[2]) for row in served} == {("256", "max_tokens")}
+    assert {context_cells(n, 8192) for n in range(1, 65)} == {MIN_CONTEXT}
 
 
 @pytest.mark.parametrize("max_block", [0, 1, 15, -3, 2.5, True])
