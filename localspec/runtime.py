@@ -15,7 +15,7 @@ from localspec.assembly import Assembly, assemble
 from localspec.common.textstream import TextAssembler
 from localspec.common.tools import ToolRequest, tool_request
 from localspec.constraints import Constraints
-from localspec.control.calibrate import note_drift, remember_learnt
+from localspec.control.calibrate import LearntCurve, note_drift
 from localspec.control.contention import threads_notice
 from localspec.core.choices import REUSE_PREFIX, PerRequest
 from localspec.core.drafting import DraftLengthPolicy
@@ -81,6 +81,8 @@ class Runtime:
         # The cost curve the plan's policy learns (a policy the caller chose is not remembered).
         self._costs = parts.priced.costs if parts.priced is not None else None
         self._drift_noted = False
+        # Where the next load starts: what the curve learnt, stored now and then (not per request).
+        self._learnt = LearntCurve(self.target, self._costs) if self._costs is not None else None
         self._constraints = Constraints(self.target)  # its grammar engine is built on first use
 
     @property
@@ -291,8 +293,8 @@ class Runtime:
         # Once per load: a cache the machine has drifted from is not trusted next time.
         if self._costs is not None and not self._drift_noted:
             self._drift_noted = note_drift(self._costs, [b for b in (self.target, self.draft) if b is not None])
-        if self._costs is not None:
-            remember_learnt(self.target, self._costs)  # a learning curve: the next load starts there
+        if self._learnt is not None:
+            self._learnt.after_request()
 
     def remember(
         self, prompt: str | Sequence[int] | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None
@@ -342,6 +344,8 @@ class Runtime:
         BackendClosedError, and so does any later call; no model is freed under a thread using it."""
         if not self._turns.close():
             return
+        if self._learnt is not None:
+            self._learnt.close()
         self.drafter.close()
         self.target.close()
 

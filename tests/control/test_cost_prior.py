@@ -138,6 +138,29 @@ def test_what_a_session_learnt_is_where_the_next_load_starts(
     assert again.costs.verify_seconds == learnt.verify_seconds
 
 
+def test_a_learnt_curve_is_written_now_and_then_and_at_close_not_after_every_request(
+    temporary_localspec_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = load_reference("reference:seed=3")
+    runtime = runtime_for(target, strategy="ngram")
+    now = [100.0]
+    runtime._learnt = calibrate.LearntCurve(target, runtime._costs, clock=lambda: now[0])
+    writes: list[str] = []
+    real_put = CALIBRATION.put
+    monkeypatch.setattr(CALIBRATION, "put", lambda key, value: (writes.append(key), real_put(key, value)))
+    for _ in range(5):
+        runtime.generate("x y z x y z x y z", max_tokens=40, temperature=0.0)
+        now[0] += 1.0
+    assert len(writes) == 1  # the first request that learnt enough, then none for a while
+    now[0] += calibrate.LEARNT_SAVE_SECONDS
+    runtime.generate("x y z x y z x y z", max_tokens=40, temperature=0.0)
+    assert len(writes) == 2
+    runtime.generate("x y z x y z x y z", max_tokens=40, temperature=0.0)
+    runtime.close()
+    assert len(writes) == 3  # what the last request learnt is not lost
+    assert calibrate.starting_calibration(target).source == "learnt"
+
+
 def test_a_changed_machine_is_followed_and_stored(temporary_localspec_home: Path) -> None:
     # What a machine ten times faster learnt: this one's passes correct it within the session
     # and the next load starts from the corrected curve.
