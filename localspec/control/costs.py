@@ -153,6 +153,10 @@ class CostCurve:
         their rows' seconds (SharedPassCurve); nothing for a lone request."""
         return 0.0, 0.0
 
+    def learns(self) -> bool:
+        """Whether the pass a step runs now is timed into this curve (update)."""
+        return True
+
     def timed_a_block(self) -> bool:
         """False while a learning curve has priced no pass over 2 tokens or more on its own
         passes (a prior, whose blocks may be far too cheap); a measured curve always has."""
@@ -328,8 +332,11 @@ class SharedPassCurve(CostCurve):
             return 0.0, 0.0
         return float(others), super().verify(others, depth)
 
+    def learns(self) -> bool:
+        return self.busy() <= 1
+
     def update(self, k: int, seconds: float, depth: int = 0) -> None:
-        if self.busy() <= 1:
+        if self.learns():
             super().update(k, seconds, depth)
 
     def learnt(self) -> tuple[list[float], list[float] | None]:

@@ -236,6 +236,11 @@ class AdaptiveDraftLength:
         longest = min(guessed, self.max_gamma) if support > 0 else 0
         if gamma >= longest:
             return gamma, 0 if gamma > 0 else declined
+        # A probe is there to time a longer pass: beside other lanes the curve learns nothing
+        # from it (SharedPassCurve), so it would run a 16-row pass every few dozen steps, each
+        # priced a loss for the whole batch even when every token is kept.
+        if not self.costs.learns():
+            return gamma, declined
         # Per step only the next token's estimate is read; the whole chain only for a probe.
         if self.by_support[support_level(support + gamma, self.config) - 1] < self.config.probe_alpha:
             return gamma, declined

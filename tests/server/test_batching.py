@@ -393,6 +393,26 @@ def test_a_lane_drafts_where_its_draft_adds_to_the_whole_pass_tokens_per_second(
     assert curve.beside() == (0.0, 0.0) and policy.choose(15, support=8) > 0
 
 
+def test_beside_other_lanes_a_proven_copy_the_curve_keeps_short_is_not_probed() -> None:
+    from localspec.control.config import DEFAULT
+    from localspec.control.costs import SharedPassCurve
+    from localspec.control.factory import ngram_policy
+
+    # This AVX2 host's Q4_1 curve, lone (ms): a block of 16 costs 9.6 steps. Beside three busy
+    # lanes a 15-token draft runs a pass of its own, 197 ms on top of their 44: a loss for the
+    # batch even when every token is kept (19 tokens in 241 ms against 4 in 47 ms). The probe,
+    # there to time a longer pass, timed nothing here (the shared curve learns only alone), so
+    # it ran such a pass every 32 steps of a strong copy.
+    lone_ms = [20.5, 40.8, 43.7, 46.7, 58.3, 73.0, 87.6, 102.4, 115.0, 127.6, 140.3, 152.9, 163.8, 174.7, 185.6, 196.6]
+    busy = [4]
+    curve = SharedPassCurve([t / 1e3 for t in lone_ms], busy=lambda: busy[0])
+    policy = ngram_policy(curve)
+    gammas = [policy.choose(15, support=29) for _ in range(3 * DEFAULT.probe_after)]
+    assert gammas == [0] * len(gammas)  # a 12-token probe every 32 steps before
+    busy[0] = 1  # alone, the curve times what it runs: the proven copy is drafted long
+    assert max(policy.choose(15, support=29) for _ in range(DEFAULT.probe_after)) >= 8
+
+
 def test_a_lanes_policy_is_the_lone_policy_priced_on_the_targets_calibration_as_shared_passes() -> None:
     from dataclasses import replace
 
