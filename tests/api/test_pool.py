@@ -125,3 +125,15 @@ def test_every_shared_pass_runs_on_one_thread_whichever_lane_asked(pool: Pool, m
 
     asyncio.run(together())
     assert len(ran_on) == 1 and ran_on.pop().startswith("localspec-compute")  # compute.py's, every pass's
+
+
+def test_closing_a_pool_writes_what_its_lanes_learnt_since_their_last_write(
+    smollm2_q4_1: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localspec.control import calibrate
+
+    written: list[int] = []
+    monkeypatch.setattr(calibrate.LearntCurve, "close", lambda self: written.append(1))
+    pool = localspec.load_pool(str(smollm2_q4_1), parallel=2, n_ctx=TEST_N_CTX, threads=1, strategy="ngram")
+    pool.close()
+    assert len(written) == 2  # one a lane, before the models go
