@@ -44,6 +44,7 @@ from localspec.drafters.draw import draw
 
 from . import compute, library
 from .features import HiddenRows, target_layer_ids
+from .head import DRAFTER_ROWS
 
 llama = library.llama
 
@@ -159,7 +160,7 @@ class DFlashDrafter:
     def _context(self, target: FeatureTarget, target_ctx: Any, threads: int) -> Any:
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = target.info.n_ctx
-        cparams.n_batch = cparams.n_ubatch = max(self.block, 64)
+        cparams.n_batch = cparams.n_ubatch = max(self.block, DRAFTER_ROWS)
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.ctx_other = target_ctx  # the target's embeddings and head, where the drafter ships none
         ctx = llama.llama_init_from_model(self._model, cparams)

@@ -36,6 +36,12 @@ from .features import HiddenRows
 # feeds a draft model zeros there; a head's graph takes token ids, so a fixed one it is.
 IMAGE_STAND_IN = 0
 
+# The rows a drafter's context beside its target computes at once (its ubatch). llama.cpp
+# reserves buffers for a ubatch's logits over the whole vocabulary: at the target's 512 rows a
+# head took 68 MiB on a 32k vocabulary (about 500 MiB on Qwen3.5's 248k), for every lane, where
+# its passes are a few rows a step; a prompt's catch-up runs in ubatches of this many instead.
+DRAFTER_ROWS = 64
+
 
 def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int, streams: int = 1) -> Any:
     """A context for a drafter that reads its target's context (ctx_other), as large as the
@@ -46,7 +52,8 @@ def head_context(target: Backend, model: Any, target_ctx: Any, ctx_type: int, st
     cparams.n_ctx = target.info.n_ctx * streams
     cparams.n_seq_max = streams
     cparams.kv_unified = False
-    cparams.n_batch = cparams.n_ubatch = target.capabilities.max_block
+    cparams.n_batch = target.capabilities.max_block
+    cparams.n_ubatch = min(target.capabilities.max_block, DRAFTER_ROWS)
     threads = int(target.capabilities.extra.get("threads", "1"))
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.ctx_type = ctx_type
@@ -124,6 +131,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         self._batch = llama.llama_batch_ext_init(ctx)
         self._width = width
         self._vocab = target.info.n_vocab
+        self._rows = int(llama.llama_n_ubatch(ctx))  # the most outputs a pass asks for (DRAFTER_ROWS)
 
     def _admit(self, tokens: Sequence[int], logits: str) -> int:
         """As HeadOfTarget's, an image's ids checked as their stand-in and recorded as they are
@@ -167,12 +175,13 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         (Qwen3.5's MTP states, EAGLE-3's logits), whichever rows were flagged; so every row of
         a pass is an output, or none is. The outputs are always the last entries (the tokens
         the target has not decoded, or the one asked for): the rest go in a pass of their own,
-        unless the graph computes every row anyway (every_row)."""
+        unless the graph computes every row anyway (every_row). Outputs go a ubatch at a time,
+        so llama.cpp's output buffer holds no more rows than its compute buffer (DRAFTER_ROWS)."""
         split = 0 if self.every_row else next((i for i, (_, _, out) in enumerate(entries) if out), len(entries))
         if split:
             self._run(Entries(entries[:split], at, into, outputs=False))
-        if split < len(entries):
-            self._run(Entries(entries[split:], at, into, outputs=True))
+        for start in range(split, len(entries), self._rows):
+            self._run(Entries(entries[start : start + self._rows], at, into, outputs=True))
 
     def _run(self, asked: Entries) -> None:
         """One llama.cpp pass over the entries, every row an output or none (see _pass); a
