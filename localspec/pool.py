@@ -180,20 +180,28 @@ def check_parallel(parallel: object) -> int:
 DEFAULT_LANES = 4  # llama-server's default slots too
 
 
-def default_parallel(path: str, n_ctx: int, draft: str | None = None) -> int:
+def default_parallel(opts: LoadOptions) -> int:
     """The lanes `serve` runs when none are asked for: DEFAULT_LANES, fewer where that many
-    contexts of n_ctx (the target's, and the draft model's beside it) would take more than a
-    quarter of the memory free now."""
+    lanes (lane_estimate) would take more than a quarter of the memory free now."""
     import psutil
 
-    from localspec.common.gguf_header import read_header
-
     try:
-        per_token = sum(read_header(file).kv_bytes_per_token for file in (path, draft) if file is not None)
-        per_lane = max(n_ctx * per_token, 1)
+        per_lane = max(lane_estimate(opts), 1)
     except (LocalspecError, OSError):  # the load says what is wrong with the file, and how to fix it
         return 1
     return int(max(1, min(DEFAULT_LANES, psutil.virtual_memory().available // 4 // per_lane)))
+
+
+def lane_estimate(opts: LoadOptions) -> int:
+    """One lane's bytes (backends/llamacpp/lane_memory.py): a sequence of the target's context,
+    with the drafter file's context beside it where the strategy loads one, or the target's own
+    MTP head's where `auto` or `mtp` may draft with it."""
+    from localspec.backends.llamacpp.lane_memory import lane_bytes
+
+    assert opts.model is not None
+    row = named(opts.strategy)[0]
+    drafter = opts.draft_model if row.drafter_file != "never" else None
+    return int(lane_bytes(opts.model, opts.n_ctx, drafter, row.source in ("chosen", "derived")))
 
 
 def batches(opts: LoadOptions) -> str | None:
@@ -240,7 +248,7 @@ def load_pool(
     assert opts.model is not None
     why = batches(opts)
     if parallel is None:  # a pair that cannot batch is not told so: it was not asked to
-        parallel = 1 if why is not None else default_parallel(opts.model, opts.n_ctx, opts.draft_model)
+        parallel = 1 if why is not None else default_parallel(opts)
         why = None
     parallel = check_parallel(parallel)
     if parallel == 1 or why is not None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -23,13 +24,30 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 llama = llama_cpp  # the binding, for the modules beside this one to take from here
 
 _LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+_heard: list[str] | None = None  # llama.cpp's log while log_lines() listens
 
 
 @llama.llama_log_callback  # type: ignore[misc,untyped-decorator]
 def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
     # llama.cpp narrates every load on stderr; localspec explains failures itself.
+    if _heard is not None:
+        _heard.append(text.decode(errors="replace"))
     if os.environ.get("LOCALSPEC_LLAMA_LOG") == "1" and level == _LOG_LEVEL_ERROR:
         os.write(2, b"llama.cpp: " + text)
+
+
+@contextmanager
+def log_lines() -> Iterator[list[str]]:
+    """What llama.cpp logs while the block runs, in the pieces it writes (the buffer sizes it
+    reserves, which benchmarks/lane_memory.py reads); one listener at a time."""
+    global _heard
+    init_library()
+    heard: list[str] = []
+    _heard = heard
+    try:
+        yield heard
+    finally:
+        _heard = None
 
 
 @cache

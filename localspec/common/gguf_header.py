@@ -90,24 +90,6 @@ class GGUFHeader:
         return layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        """An F16 KV cache's bytes per token of context (keys and values of every layer), from
-        the attention shape the file declares; 0 where it declares none."""
-        arch, meta = self.architecture, self.meta
-
-        def number(key: str, default: int = 0) -> int:
-            value = meta.get(f"{arch}.{key}", default)
-            return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-        layers, heads = number("block_count"), number("attention.head_count")
-        kv_heads = meta.get(f"{arch}.attention.head_count_kv", heads)
-        kv_heads = max(kv_heads) if isinstance(kv_heads, list) and kv_heads else kv_heads
-        if not layers or not heads or not isinstance(kv_heads, int):
-            return 0
-        head_dim = number("attention.key_length", number("embedding_length") // heads)
-        return 2 * layers * kv_heads * head_dim * 2
-
-    @property
     def is_assistant(self) -> bool:
         """An MTP assistant file (Gemma 4's), which drafts from inside its target's context."""
         return self.architecture == ASSISTANT_ARCHITECTURE

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from model_support import TEST_N_CTX
 
 import localspec
+from localspec.core.options import LoadOptions
 from localspec.pool import Pool
 
 ASKS = [("Write the days of the week.", 40), ("A title for a chat about the week", 12)]
@@ -94,15 +96,17 @@ def test_the_default_lanes_leave_room_for_a_draft_models_caches_too(
 ) -> None:
     import psutil
 
-    from localspec.common.gguf_header import read_header
-    from localspec.pool import default_parallel
+    from localspec.pool import default_parallel, lane_estimate
 
-    per_lane = TEST_N_CTX * read_header(str(smollm2_q4_1)).kv_bytes_per_token
-    free = psutil.virtual_memory()._replace(available=4 * 4 * per_lane)  # a quarter holds 4 target lanes
+    opts = LoadOptions.of(model=str(smollm2_q4_1), n_ctx=TEST_N_CTX)
+    free = psutil.virtual_memory()._replace(available=4 * 4 * lane_estimate(opts))  # a quarter holds 4 lanes
     monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
-    assert default_parallel(str(smollm2_q4_1), TEST_N_CTX) == 4
-    # A Q8_0 copy drafts beside it: each lane holds two caches of the same size, so 2 fit.
-    assert default_parallel(str(smollm2_q4_1), TEST_N_CTX, str(derived_models["Q8_0"])) == 2
+    assert default_parallel(opts) == 4
+    # A Q8_0 copy drafts beside it: each lane holds two caches of the same size, so 2 fit
+    # (the target's output rows are counted once).
+    assert default_parallel(replace(opts, strategy="draft", draft_model=str(derived_models["Q8_0"]))) == 2
+    # n-gram lookup loads no drafter file, whatever was given.
+    assert default_parallel(replace(opts, strategy="ngram", draft_model=str(derived_models["Q8_0"]))) == 4
 
 
 def test_every_shared_pass_runs_on_one_thread_whichever_lane_asked(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -303,3 +303,28 @@ def test_a_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone_answer
     assert alone.stats.drafted > 0
     assert [a.tokens for a in again] == [alone.tokens] * 3
     assert _counts(again) == [_counts([alone])[0]] * 3
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle3", "dflash"])
+def test_the_lanes_memory_estimate_covers_what_llama_cpp_reserves_for_a_lanes_drafter(
+    kind: str, with_head: Path, eagle3_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # serve's default lanes come from this estimate (backends/llamacpp/lane_memory.py), made
+    # from the headers before anything loads; llama.cpp's log says what a lane really took, its
+    # drafter's context included, once every lane has caught up on a long prompt. A drafter's
+    # context sized at the target's 512-row ubatch took several times the estimate.
+    from localspec.core.options import LoadOptions
+    from localspec.pool import lane_estimate
+    from localspec.testing.dflash_support import write_dflash_gguf
+    from localspec.testing.lane_buffers import lane_reserved
+
+    target, drafter = eagle3_pair
+    if kind == "mtp":
+        target, drafter = with_head, None
+    elif kind == "dflash":
+        drafter = write_dflash_gguf(write_gguf(EAGLE3_TARGET, tmp_path / "f32.gguf"), tmp_path / "dflash.gguf")
+    opts = {"strategy": kind, "n_ctx": TEST_N_CTX, "draft_model": str(drafter) if drafter else None}
+    long = " ".join(ASKS) * 2  # a catch-up of several ubatches for a drafter that reads the target
+    measured = lane_reserved(str(target), [long, long[::-1]], **opts, threads=1, draft_tokens=3)
+    estimate = lane_estimate(LoadOptions.of(model=str(target), **opts))
+    assert measured <= estimate <= 2.5 * measured, (measured, estimate)
