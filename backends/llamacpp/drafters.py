@@ -55,9 +55,17 @@ def mtp_head(host: Host) -> MtpHead:
     return own_mtp_head(host.target, host.model, host.ctx, host.mtp_layers, host.states)
 
 
-def own_mtp_head(target: Backend, model: Any, ctx: Any, mtp_layers: int, states: Callable[[], HiddenRows]) -> MtpHead:
+def own_mtp_head(
+    target: Backend,
+    model: Any,
+    ctx: Any,
+    mtp_layers: int,
+    states: Callable[[], HiddenRows],
+    cache: SharedCache | None = None,
+) -> MtpHead:
     """The MTP block of `model` drafting for `target` (the model's context, or one of its
-    lanes: lanes.py), reading the hidden states `states` gives; refused where it has none."""
+    lanes: lanes.py), reading the hidden states `states` gives; refused where it has none.
+    cache: where a lane's head sits in the lanes' one context (None: a context of its own)."""
     info = target.info
     if not mtp_layers and info.architecture == "gemma4":
         raise InvalidRequestError(
@@ -70,7 +78,7 @@ def own_mtp_head(target: Backend, model: Any, ctx: Any, mtp_layers: int, states:
             f"{info.name} has no MTP head: its GGUF keeps no nextn layers",
             "use a GGUF converted with its MTP layers (the *-MTP-GGUF repositories), or --strategy ngram",
         )
-    return MtpHead(target, model, ctx, states())
+    return MtpHead(target, model, ctx, states(), cache)
 
 
 def assistant_head(host: Host, path: str) -> MtpHead:

@@ -81,18 +81,25 @@ class MergedPasses(Protocol):
         """The head's entries, in a pass shared with the other lanes' asks; their outputs read."""
         ...
 
+    def drop(self, head: ContextHead, position: int) -> None:
+        """The head's cache cells from position on, removed once no pass is in flight."""
+        ...
+
 
 @dataclass(frozen=True)
 class SharedCache:
-    """Where an assistant reads its target's KV cache: sequence `seq` of a context of `streams`
-    sequences, each a stream of its own (a lane's, lanes.py; 0 of 1 for a lone target); owned:
-    its model is freed with it (False: one copy of the file's weights serves every lane's);
-    passes: the lanes' merged passes, whose context it drafts in (None: a context of its own)."""
+    """Where a head sits in a context of several sequences: sequence `seq` of `streams`, each a
+    stream of its own (a lane's, lanes.py; 0 of 1 for a lone target); owned: its model is freed
+    with it (False: one copy of the weights serves every lane's); passes: the lanes' merged
+    passes, whose context it drafts in (None: a context of its own); reads_target: it reads its
+    target's KV cache in place (Gemma 4's assistant) rather than keeping a cache of its own (a
+    model's MTP block)."""
 
     seq: int = 0
     streams: int = 1
     owned: bool = True
     passes: MergedPasses | None = None
+    reads_target: bool = True
 
 
 class ContextHead(HeadOfTarget[np.ndarray]):
@@ -226,6 +233,9 @@ class ContextHead(HeadOfTarget[np.ndarray]):
                 asked.into[q][:] = np.ctypeslib.as_array(logits, shape=(self._vocab,))
 
     def _forget(self, position: int) -> None:
+        if self.merged is not None:  # another lane's pass may be running in that context
+            self.merged.drop(self, max(position - self.shift, 0))
+            return
         llama.llama_memory_seq_rm(self._mem, self.seq, max(position - self.shift, 0), -1)
 
     def close(self) -> None:

@@ -1,14 +1,18 @@
-"""The lanes' Gemma 4 assistants drafting in one pass (`serve --parallel N` with an assistant):
-each lane's assistant asks for its one-row pass, and the asks of every lane drafting then go
-through the assistant's model together, one row a lane, as llama-server drafts for all its
-slots at once. One pass a drafted token for all lanes, not one for each: a small model's pass
-costs nearly the same for one row as for four.
+"""The lanes' heads drafting in one pass (`serve --parallel N` with Gemma 4's assistant or a
+model's own MTP block): each lane's head asks for its pass, and the asks of every lane drafting
+then go through the head's model together, as llama-server drafts for all its slots at once.
+One pass a drafted token for all lanes, not one for each: a small model's pass costs nearly the
+same for one row as for four, and one context's buffers serve every lane.
 
-One context holds a sequence for every lane, each read from the lane's own stream of the
-target's KV cache (head.py, head_context), so a lane's row reads what it reads alone, and a row
-of a small batch gives the logits it gives alone (the rows stay within what the CPU kernels
-keep one-token-exact: kernels.prompt_block_limit). The target's shared passes and these take
-turns under the lanes' one lock, and run on the compute thread (compute.py).
+One context holds a sequence for every lane, each a stream of its own: an assistant's reads the
+lane's own stream of the target's KV cache (head.py, head_context), an MTP block's keeps the
+lane's cache of that block. So a lane's row reads what it reads alone, and a row of a small
+batch gives the logits it gives alone (the rows stay within what the CPU kernels keep
+one-token-exact: kernels.prompt_block_limit). A pass holds asks whose rows are all outputs, or
+asks with none: llama.cpp hands back a pass's first rows where a graph computes every row (the
+MTP block's states), so a pass mixing the two would give one lane another's rows. The target's
+shared passes and these take turns under the lanes' one lock, and run on the compute thread
+(compute.py); a lane's cache cells go (drop) only between passes.
 
 When a pass runs: once every lane inside a request waits for one, here or for the target's next
 pass (a lane doing host work is about to ask), or once the oldest ask has waited a straggler's
@@ -60,11 +64,11 @@ class HeadFigures:
 
 
 class HeadPasses(PassTurns[_Ask]):
-    """The passes of every lane's assistant, in one context (see the module doc)."""
+    """The passes of every lane's head, in one context (see the module doc)."""
 
     def __init__(self, ctx: Any, roster: Roster, rows: int) -> None:
-        """ctx: the assistant's context, one sequence a lane (freed with this); rows: the most a
-        pass holds (the context's batch)."""
+        """ctx: the heads' context, one sequence a lane (freed with this); rows: the most a pass
+        holds (the context's batch)."""
         super().__init__(roster.cond)
         self.ctx = ctx
         self._roster = roster
@@ -91,10 +95,13 @@ class HeadPasses(PassTurns[_Ask]):
         return self._roster.busy <= waiting or self._oldest_waited()
 
     def _take(self) -> list[_Ask]:
-        """The asks that fit a pass, oldest first."""
+        """The asks that fit a pass, oldest first, each with outputs as the oldest's (module doc)."""
         asks: list[_Ask] = []
         rows = 0
+        outputs = self._pending[0].asked.outputs
         for ask in list(self._pending):
+            if ask.asked.outputs != outputs:
+                continue
             if asks and rows + len(ask.asked.entries) > self._rows:
                 break
             asks.append(ask)
@@ -127,6 +134,13 @@ class HeadPasses(PassTurns[_Ask]):
         self.figures.merged += len(asks) > 1
         for ask, at in zip(asks, bases, strict=True):
             ask.head.read(self.ctx, ask.asked, at)
+
+    def drop(self, head: ContextHead, position: int) -> None:
+        """The head's cells from position on, removed once no pass is in flight."""
+        with self._cond:
+            self._settled()
+            if not self._closed:
+                llama.llama_memory_seq_rm(llama.llama_get_memory(self.ctx), head.seq, position, -1)
 
     def close(self) -> None:
         """Frees the context once no pass is in flight (after the heads that draft in it)."""

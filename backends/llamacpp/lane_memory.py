@@ -8,16 +8,18 @@ A lane is a sequence of the target's context. It takes:
   it for rollback (counted whichever strategy loads them);
 - its rows' logits in the target's output buffer, VERIFY_ROWS of them;
 - a draft model's cache and state likewise, where one drafts (its lanes are one context too);
-- the context of its own that a drafter reading the target keeps for each lane (the model's MTP
-  head, an EAGLE-3 head, a DFlash or DSpark drafter): its cache over n_ctx, and the buffers
-  llama.cpp reserves for a ubatch of DRAFTER_ROWS rows (a DFlash block's, where longer): each
-  row's logits over the vocabulary and its attention scores over the context, and the output
-  buffer the logits are read from.
+- the context of its own that a drafter reading the target keeps for each lane (an EAGLE-3
+  head, a DFlash or DSpark drafter): its cache over n_ctx, and the buffers llama.cpp reserves
+  for a ubatch of DRAFTER_ROWS rows (a DFlash block's, where longer): each row's logits over the
+  vocabulary and its attention scores over the context, and the output buffer the logits are
+  read from;
+- the lane's stream of the model's own MTP block's cache, over n_ctx.
 
 What the lanes share is not counted: the weights, the target's and the draft model's compute
-buffers, and a Gemma 4 assistant's one context. Each term is an upper bound: llama.cpp's
-allocator overlaps the compute buffer's tensors, and a sliding-window layer keeps less than
-n_ctx. benchmarks/lane_memory.py sets these sizes against the ones llama.cpp reports.
+buffers, and the buffers of the one context every lane's MTP block or Gemma 4 assistant drafts
+in. Each term is an upper bound: llama.cpp's allocator overlaps the compute buffer's tensors,
+and a sliding-window layer keeps less than n_ctx. benchmarks/lane_memory.py sets these sizes
+against the ones llama.cpp reports.
 """
 
 from __future__ import annotations
@@ -103,8 +105,8 @@ def lane_bytes(target: str, n_ctx: int, drafter: str | None, own_head: bool) -> 
     n_vocab = len(header.meta.get("tokenizer.ggml.tokens") or [])
     total = context_bytes(header, n_ctx) + VERIFY_ROWS * n_vocab * F32
     if drafter is None:
-        if own_head and header.nextn_layers:
-            total += drafter_context_bytes(header, n_ctx, n_vocab, header.nextn_layers)
+        if own_head and header.nextn_layers:  # one context for every lane's: its cache a lane
+            total += n_ctx * header.nextn_layers * kv_bytes_per_layer(header)
         return total
     other = read_header(drafter)
     if other.is_assistant:  # one context for every lane's, reading the target's cache

@@ -26,15 +26,17 @@ one pass thread (_Turns says why); llama.cpp's calls on one context are never ma
 concurrently, as a rollback waits for the pass in flight.
 
 A drafter that reads the target's hidden states (the model's MTP head, an EAGLE-3 head, a
-DFlash or DSpark drafter) drafts for each lane in a context of its own, the lane's length,
-reading the lane's rows, which the host copies out of every shared pass (llama.cpp hands the
-last hidden states and the layer inputs out in the batch's order, padding rows included). A
-Gemma 4 assistant reads the target's KV cache in place: one context for every lane's, with as
-many sequences as the lanes', so the lane's sequence id maps to the lane's own stream, and the
-lanes drafting at once draft in one pass (head_passes.py). A drafter file's weights are loaded
-once for every lane. On more than one CPU thread the drafters' passes run on the compute
-thread too, between the shared passes (compute.process); on one, which makes no OpenMP team,
-on the thread that asks (the assistants' shared passes always on the compute thread).
+DFlash or DSpark drafter) drafts for each lane from the lane's rows, which the host copies out
+of every shared pass (llama.cpp hands the last hidden states and the layer inputs out in the
+batch's order, padding rows included). An EAGLE-3 head and a block drafter do so in a context
+of their own, the lane's length. The model's MTP block and a Gemma 4 assistant draft in one
+context for every lane's, with as many sequences as the lanes' (the block keeps each lane's
+cache there; the assistant reads the target's KV cache in place, the lane's sequence id
+mapping to the lane's own stream), and the lanes drafting at once draft in one pass
+(head_passes.py). A drafter file's weights are loaded once for every lane. On more than one
+CPU thread the drafters' passes run on the compute thread too, between the shared passes
+(compute.process); on one, which makes no OpenMP team, on the thread that asks (the heads'
+merged passes always on the compute thread).
 
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
@@ -74,6 +76,7 @@ from .vision import EmbeddingBatch, Projector
 
 llama = library.llama
 H = TypeVar("H", bound=ContextHead | DFlashDrafter)
+OWN_HEAD = ""  # the model's own MTP block among the heads' merged passes (no file path)
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,7 @@ class LaneHost(PassTurns[_Ask]):
         self._closed = False
         self._heads: list[ContextHead | DFlashDrafter] = []  # the lanes' heads and drafters: their contexts go first
         self._head_models: dict[str, Any] = {}  # a drafter file's weights, by path: one copy for every lane
-        self._merged: dict[str, HeadPasses] = {}  # an assistant file's merged passes, by path
+        self._merged: dict[str, HeadPasses] = {}  # the heads' merged passes: an assistant file's by path, OWN_HEAD
         self.figures = _Figures()
         per_lane = backend.info.n_ctx // lanes
         info = replace(backend.info, n_ctx=per_lane)
@@ -250,11 +253,23 @@ class LaneHost(PassTurns[_Ask]):
     # -- heads drafting for a lane (the module doc says how) -------------------------------------
 
     def mtp_head(self, lane: Lane) -> MtpHead:
-        """The model's MTP head drafting for one lane; refused, as for a lone context, where the
-        model has none."""
+        """The model's MTP head drafting for one lane, in one context with a sequence for every
+        lane, where the lanes' heads draft in merged passes (head_passes.py); refused, as for a
+        lone context, where the model has none."""
         model = llama.llama_get_model(self._ctx)
         layers = int(llama.llama_model_n_layer_nextn(model))
-        return self._adopt(drafters.own_mtp_head(lane, model, self._ctx, layers, partial(self._last_states, lane)))
+        passes = self._merged.get(OWN_HEAD) if layers else None
+        if layers and passes is None:
+            ctx = head_context(lane, model, self._ctx, llama.LLAMA_CONTEXT_TYPE_MTP, len(self.lanes))
+            if not ctx:
+                raise ModelLoadError(
+                    f"llama.cpp could not open the MTP head of {lane.info.name} for {len(self.lanes)} lanes",
+                    "serve fewer requests at once (--parallel), or draft without it (--strategy ngram)",
+                )
+            passes = self._merged[OWN_HEAD] = HeadPasses(ctx, self._turns, self.row_limit)
+        cache = SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)
+        states = partial(self._last_states, lane)
+        return self._adopt(drafters.own_mtp_head(lane, model, self._ctx, layers, states, cache))
 
     def assistant_head(self, lane: Lane, path: str) -> MtpHead:
         """A Gemma 4 assistant drafting for one lane: it reads the lane's own stream of the

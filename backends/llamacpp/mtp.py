@@ -37,7 +37,8 @@ class MtpHead(ContextHead):
     def __init__(
         self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: SharedCache | None = None
     ) -> None:
-        """assistant: a Gemma 4 assistant's file, reading the target's cache as it says."""
+        """assistant: where it sits (head.SharedCache): a Gemma 4 assistant's file, reading the
+        target's cache as it says, or a lane's MTP block in the lanes' one context."""
         if assistant is not None and assistant.passes is not None:  # the lanes' one context
             ctx = assistant.passes.ctx
         else:
@@ -49,9 +50,9 @@ class MtpHead(ContextHead):
         super().__init__(target, ctx, states, states.width, model if owned else None, assistant)
         # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
         # guess goes to the target's next position, and nothing is ever removed from it.
-        self.shared = assistant is not None
+        self.shared = assistant is not None and assistant.reads_target
         layers = max(target.info.n_layers, 1)
-        if assistant is not None:  # a file of its own: priced by its own size (calibrate.prior_calibration)
+        if self.shared:  # a file of its own: priced by its own size (calibrate.prior_calibration)
             size, params = int(llama.llama_model_size(model)), int(llama.llama_model_n_params(model))
         else:  # one block of the target's
             size, params = target.info.size_bytes // layers, target.info.n_params // layers

@@ -100,7 +100,8 @@ def _merged_passes(host: Any) -> int:
 
 def test_each_lanes_mtp_head_drafts_what_a_lone_runtimes_head_drafts(with_head: Path) -> None:
     opts: dict[str, object] = {"threads": 1, "strategy": "mtp", "draft_tokens": 4, "memory": False}
-    assert_lanes_draft_as_alone(with_head, opts, "mtp", weights=0)  # the model's own block
+    # The model's own block: no file's weights; the lanes' blocks draft in merged passes.
+    assert_lanes_draft_as_alone(with_head, opts, "mtp", weights=0, merged=True)
 
 
 def test_auto_serves_a_gguf_with_an_mtp_head_in_lanes_its_head_passes_on_the_compute_thread(
