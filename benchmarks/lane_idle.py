@@ -3,6 +3,7 @@ once, in process: the rest is the lanes' own host work between passes (their ste
 handoffs), which llama-server spends in C++ (issue #57, "ahead of llama-server at every N").
 
     python benchmarks/lane_idle.py [--parallel 4] [--threads 2] [--rounds 4] [--strategy none]
+        [--model GGUF] [--draft-tokens N]
 
 Each round sends --parallel fresh chat requests of 128 greedy tokens at once from as many
 threads, and prints the wall time, the passes, the pass thread's busy share (LaneHost._run,
@@ -61,11 +62,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--strategy", default="none")
     parser.add_argument("--model", default=None, help="a GGUF (default: the embedded SmolLM2-135M Q4_1)")
+    parser.add_argument("--draft-tokens", default="auto", help="a fixed draft length (default: the controller's)")
     args = parser.parse_args()
     model = args.model or str(ensure_pypi_model())
-    pool = load_pool(model, parallel=args.parallel, strategy=args.strategy, threads=args.threads, memory=False)
+    drafts: int | str = int(args.draft_tokens) if args.draft_tokens.isdigit() else args.draft_tokens
+    options = {"strategy": args.strategy, "threads": args.threads, "memory": False, "draft_tokens": drafts}
+    pool = load_pool(model, parallel=args.parallel, **options)
     print(f"# lanes' pass thread: {host_kind()} host, {args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
-    print(f"\n{args.parallel} clients, strategy {args.strategy}, {TOKENS} tokens each\n")
+    print(f"\n{args.parallel} clients, strategy {args.strategy}, draft {args.draft_tokens}, {TOKENS} tokens each\n")
     print("| round | wall s | passes | pass thread busy | aggregate tok/s |\n|---|---|---|---|---|")
 
     def ask(i: int, r: int) -> None:
@@ -84,6 +88,11 @@ def main() -> None:
             wall = time.perf_counter() - t0
         rate = args.parallel * TOKENS / wall
         print(f"| {r + 1} | {wall:.2f} | {clock.passes} | {clock.seconds / wall:.1%} | {rate:.0f} |", flush=True)
+    merged = getattr(pool.runtimes[0].target, "host", None)
+    heads = getattr(merged, "_merged", {})
+    if heads:  # the heads' merged passes (head_passes.py), all rounds and the warm-up
+        ran = sum(passes.figures.passes for passes in heads.values())
+        print(f"\nheads' merged passes: {ran}, holding several lanes: {sum(p.figures.merged for p in heads.values())}")
     pool.close()
 
 
