@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +330,50 @@ def test_the_lanes_memory_estimate_covers_what_llama_cpp_reserves_for_a_lanes_dr
     measured = lane_reserved(str(target), [long, long[::-1]], **opts, threads=1, draft_tokens=3)
     estimate = lane_estimate(LoadOptions.of(model=str(target), **opts))
     assert measured <= estimate <= 2.5 * measured, (measured, estimate)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "assistant"])
+def test_sampling_in_lanes_whose_heads_share_passes_keeps_the_targets_joint_law(
+    kind: str, with_head: Path, gemma4_pair: tuple[Path, Path]
+) -> None:
+    # The heads that draft in merged passes (head_passes.py): 600 seeded runs spread over three
+    # lanes asking at once, their first two tokens against the target's exact joint law.
+    from test_llamacpp_sampling import (
+        P_FLOOR,
+        SAMPLING,
+        Samples,
+        chi_square_p_value,
+        exact_first_two,
+        first_two,
+        worst_cells,
+    )
+
+    from localspec.core.sampling import SamplingConfig
+
+    target, drafter = (with_head, None) if kind == "mtp" else gemma4_pair
+    prompt = "the world and the world and the"
+    with localspec.load(model=str(target), n_ctx=256, strategy="none") as plain:
+        start = plain.prompt_tokens(prompt)
+        context = start + plain.generate(prompt=start, max_tokens=30, temperature=0).tokens
+        law = exact_first_two(plain.target, context, SamplingConfig(**SAMPLING))
+    opts: dict[str, object] = {"strategy": "mtp", "draft_tokens": 2, "calibrate": False, "memory": False}
+    opts |= {"draft_model": str(drafter)} if drafter is not None else {}
+    per_lane = [Samples() for _ in range(3)]
+    with localspec.load_pool(str(target), parallel=3, n_ctx=3 * 256, threads=1, **opts) as pool:
+
+        def lane(k: int) -> None:
+            for seed in range(k, 600, 3):
+                pair, first_step = first_two(pool.runtimes[k], context, seed)  # type: ignore[arg-type]
+                per_lane[k].counts[pair] += 1
+                per_lane[k].cut_drafts += first_step < 3
+
+        threads = [threading.Thread(target=lane, args=(k,)) for k in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+        assert _merged_passes(pool.runtimes[0].target.host) > 10  # type: ignore[attr-defined]
+    counts = sum((s.counts for s in per_lane), Counter())
+    assert sum(counts.values()) == 600 and sum(s.cut_drafts for s in per_lane) > 0
+    p = chi_square_p_value(counts, law)
+    assert p > P_FLOOR, worst_cells(counts, law)
