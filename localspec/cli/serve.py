@@ -33,8 +33,9 @@ def register(sub: Any) -> None:
         type=_parallel_arg,
         default=None,
         metavar="N",
-        help="requests decoded at once, in shared passes (default 4, fewer where 4 contexts of --ctx would take "
-        "over a quarter of the free memory; 1: one at a time). Plain decoding, n-gram lookup, a draft model, "
+        help="requests decoded at once, in shared passes (default 4, fewer where 4 lanes, each a cache of --ctx "
+        "and its drafter's, would take over a quarter of the free memory; 1: one at a time). Plain decoding, "
+        "n-gram lookup, a draft model, "
         "MTP heads, Gemma 4 assistants, EAGLE-3 heads and DFlash/DSpark drafters batch; "
         "qspec and layerskip serve one request at a time",
     )
