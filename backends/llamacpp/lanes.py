@@ -258,15 +258,8 @@ class LaneHost(PassTurns[_Ask]):
         lone context, where the model has none."""
         model = llama.llama_get_model(self._ctx)
         layers = int(llama.llama_model_n_layer_nextn(model))
-        passes = self._merged.get(OWN_HEAD) if layers else None
-        if layers and passes is None:
-            ctx = head_context(lane, model, self._ctx, llama.LLAMA_CONTEXT_TYPE_MTP, len(self.lanes))
-            if not ctx:
-                raise ModelLoadError(
-                    f"llama.cpp could not open the MTP head of {lane.info.name} for {len(self.lanes)} lanes",
-                    "serve fewer requests at once (--parallel), or draft without it (--strategy ngram)",
-                )
-            passes = self._merged[OWN_HEAD] = HeadPasses(ctx, self._turns, self.row_limit)
+        # A model without a head gets own_mtp_head's refusal, before any context is made for it.
+        passes = self._merged_passes(OWN_HEAD, lane, model, self.row_limit) if layers else None
         cache = SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)
         states = partial(self._last_states, lane)
         return self._adopt(drafters.own_mtp_head(lane, model, self._ctx, layers, states, cache))
@@ -280,18 +273,26 @@ class LaneHost(PassTurns[_Ask]):
         weights, owned = library.weights_once(
             self._head_models, path, lambda: drafters.load_assistant(lane, model, path, 0)
         )
-        passes = self._merged.get(path)
-        if passes is None:
-            ctx = head_context(lane, weights, self._ctx, llama.LLAMA_CONTEXT_TYPE_MTP, len(self.lanes))
-            if not ctx:
-                raise ModelLoadError(
-                    f"llama.cpp could not open {os.path.basename(path)} for {len(self.lanes)} lanes",
-                    "serve fewer requests at once (--parallel), or draft without it (--strategy ngram)",
-                )
-            passes = self._merged[path] = HeadPasses(ctx, self._turns, lane.capabilities.max_block)
+        passes = self._merged_passes(path, lane, weights, lane.capabilities.max_block)
         cache = SharedCache(lane.seq, len(self.lanes), owned, passes)
         head = drafters.own_assistant(lane, (weights, path), self._ctx, self._last_states(lane), cache)
         return self._adopt(head)
+
+    def _merged_passes(self, key: str, lane: Lane, weights: Any, rows: int) -> HeadPasses:
+        """The merged passes of the heads under key (an assistant file's path, or OWN_HEAD): one
+        MTP context over `weights` with a sequence for every lane, made on the first lane's ask;
+        rows: the most a pass holds."""
+        passes = self._merged.get(key)
+        if passes is None:
+            ctx = head_context(lane, weights, self._ctx, llama.LLAMA_CONTEXT_TYPE_MTP, len(self.lanes))
+            if not ctx:
+                what = os.path.basename(key) if key != OWN_HEAD else f"the MTP head of {lane.info.name}"
+                raise ModelLoadError(
+                    f"llama.cpp could not open {what} for {len(self.lanes)} lanes",
+                    "serve fewer requests at once (--parallel), or draft without it (--strategy ngram)",
+                )
+            passes = self._merged[key] = HeadPasses(ctx, self._turns, rows)
+        return passes
 
     def _last_states(self, lane: Lane) -> HiddenRows:
         """The target's last hidden states at the lane's positions, which MTP heads read."""

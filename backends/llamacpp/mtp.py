@@ -35,22 +35,22 @@ class MtpHead(ContextHead):
     """The target's MTP block, drafting for it (see the module doc)."""
 
     def __init__(
-        self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, assistant: SharedCache | None = None
+        self, target: Backend, model: Any, target_ctx: Any, states: HiddenRows, cache: SharedCache | None = None
     ) -> None:
-        """assistant: where it sits (head.SharedCache): a Gemma 4 assistant's file, reading the
+        """cache: where it sits (head.SharedCache): a Gemma 4 assistant's file, reading the
         target's cache as it says, or a lane's MTP block in the lanes' one context."""
-        if assistant is not None and assistant.passes is not None:  # the lanes' one context
-            ctx = assistant.passes.ctx
+        if cache is not None and cache.passes is not None:  # the lanes' one context
+            ctx = cache.passes.ctx
         else:
-            streams = assistant.streams if assistant is not None else 1
+            streams = cache.streams if cache is not None else 1
             ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_MTP, streams)
         if not ctx:
             raise ModelLoadError(f"llama.cpp could not open the MTP head of {target.info.name}")
-        owned = assistant is not None and assistant.owned  # else the target's own block, or a lanes' copy
-        super().__init__(target, ctx, states, states.width, model if owned else None, assistant)
+        owned = cache is not None and cache.owned  # else the target's own block, or a lanes' copy
+        super().__init__(target, ctx, states, states.width, model if owned else None, cache)
         # Gemma 4's assistant reads the target's KV cache and keeps none of its own: every
         # guess goes to the target's next position, and nothing is ever removed from it.
-        self.shared = assistant is not None and assistant.reads_target
+        self.shared = cache is not None and cache.reads_target
         layers = max(target.info.n_layers, 1)
         if self.shared:  # a file of its own: priced by its own size (calibrate.prior_calibration)
             size, params = int(llama.llama_model_size(model)), int(llama.llama_model_n_params(model))

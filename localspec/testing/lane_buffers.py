@@ -33,16 +33,23 @@ def reserved(text: str) -> dict[str, float]:
 
 def pool_reserved(model: str, lanes: int, prompts: Sequence[str], **options: Any) -> dict[str, float]:
     """What a pool of `lanes` lanes reserved, once each lane has answered one of `prompts`."""
+    failed: list[BaseException] = []
+
+    def ask(prompt: str) -> None:
+        try:
+            pool.generate(prompt, max_tokens=8)
+        except BaseException as exc:  # a lane that did not answer reserved less: no figure then
+            failed.append(exc)
+
     with log_lines() as heard:
         with localspec.load_pool(model, parallel=lanes, calibrate=False, **options) as pool:
-            threads = [
-                threading.Thread(target=pool.generate, args=(prompts[i % len(prompts)],), kwargs={"max_tokens": 8})
-                for i in range(lanes)
-            ]
+            threads = [threading.Thread(target=ask, args=(prompts[i % len(prompts)],)) for i in range(lanes)]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
+        if failed:
+            raise failed[0]
         return reserved("".join(heard))
 
 

@@ -326,8 +326,9 @@ def test_the_lanes_memory_estimate_covers_what_llama_cpp_reserves_for_a_lanes_dr
     elif kind == "dflash":
         drafter = write_dflash_gguf(write_gguf(EAGLE3_TARGET, tmp_path / "f32.gguf"), tmp_path / "dflash.gguf")
     opts = {"strategy": kind, "n_ctx": TEST_N_CTX, "draft_model": str(drafter) if drafter else None}
-    long = " ".join(ASKS) * 2  # a catch-up of several ubatches for a drafter that reads the target
-    measured = lane_reserved(str(target), [long, long[::-1]], **opts, threads=1, draft_tokens=3)
+    # Prompts of about 160 tokens, inside a lane's 256: a catch-up of several of a drafter's 64-row ubatches.
+    long, other = " ".join(ASKS), " ".join(reversed(ASKS))
+    measured = lane_reserved(str(target), [long, other], **opts, threads=1, draft_tokens=3)
     estimate = lane_estimate(LoadOptions.of(model=str(target), **opts))
     assert measured <= estimate <= 2.5 * measured, (measured, estimate)
 
