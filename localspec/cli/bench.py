@@ -8,6 +8,7 @@ import json
 import statistics
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from localspec.api import derive_drafter, head_kind, load_drafter
@@ -99,6 +100,8 @@ def register(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     prompts, model, strategies = _checked(args)
     options = load_options(args).backend_options()
+    programs = (*PROGRAMS, LLAMA_BENCH)
+    bin_dir = find_or_build(args.peers_bin, build=args.build_peers, programs=programs) if args.peers else None
     samples = [contention.sample()]
     with Steps("localspec bench") as progress:
         progress.step(f"loading {canonical_name(model)}")
@@ -126,11 +129,13 @@ def handle(args: argparse.Namespace) -> int:
             min_seconds=args.min_seconds,
             trees=args.tree,
         )
-        rows = bench(target, contenders, prompts, plan, on_run)
+        peers = PeerPlan(bin_dir, model, peer_texts(target, prompts)) if bin_dir is not None else None
+        after = partial(run_peers, args, peers, progress) if peers is not None else None
+        rows = bench(target, contenders, prompts, plan, on_run, after)
     samples.append(contention.sample())
     busiest = contention.busiest(samples)
     busy = busiest.describe() if busiest is not None else None
-    vs_llama_bench = add_peer_figures(args, rows, prompts, target, model) if args.peers else None
+    vs_llama_bench = llama_bench_figures(args, peers, rows, target) if peers is not None else None
     # The figures first: a plot that cannot be written must not take them with it.
     _report(args, model, rows, vs_llama_bench, busy)
     if args.plot:
@@ -152,6 +157,8 @@ def _checked(args: argparse.Namespace) -> tuple[list[BenchPrompt], str, list[str
         from localspec.tooling.plot import check_plot_target
 
         check_plot_target(args.plot)
+    if args.peers and args.temperature != 0:
+        raise InvalidRequestError("the peer comparison runs greedy", "use --temperature 0 with --peers")
     if args.peers and args.rpc:
         raise InvalidRequestError(
             "--peers runs llama.cpp's programs on this machine only, so it cannot compare a split target",
@@ -236,33 +243,44 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
     return Contender(label, "draft", open_draft=partial(load_backend, args.backend, draft.info.path, **options))
 
 
-def add_peer_figures(
-    args: argparse.Namespace, rows: list[BenchRow], prompts: list[BenchPrompt], target: Backend, model: str
-) -> VsLlamaBench | None:
-    """Runs the peers beside every row; returns plain decoding against llama-bench when the
-    peers' folder has llama-bench."""
-    if args.temperature != 0:
-        raise InvalidRequestError("the peer comparison runs greedy", "use --temperature 0 with --peers")
-    bin_dir = find_or_build(args.peers_bin, build=args.build_peers, programs=(*PROGRAMS, LLAMA_BENCH))
+@dataclasses.dataclass(frozen=True)
+class PeerPlan:
+    """What llama.cpp's programs run beside the rows: their folder, the model, and each
+    prompt's chat text as the target's template renders it."""
+
+    bin_dir: Path
+    model: str
+    texts: dict[str, str]
+
+
+def peer_texts(target: Backend, prompts: list[BenchPrompt]) -> dict[str, str]:
     template, special, source = target.chat_template(), target.special_texts(), target.info.path
-    texts = {p.id: render_chat(template, p.messages, special, source=source) for p in prompts}
+    return {p.id: render_chat(template, p.messages, special, source=source) for p in prompts}
+
+
+def run_peers(args: argparse.Namespace, peers: PeerPlan, progress: Steps, rows: list[BenchRow]) -> None:
+    """The peers beside one prompt's rows, right after them (bench's after_prompt)."""
     for row in rows:
         program = TABLE[row.strategy].peer if row.strategy in TABLE else None
         if program is None:
             continue
         draft = args.draft_model if TABLE[row.strategy].source == "file" else None
         for gamma in args.peer_draft_tokens or [4, 8]:
-            results = [
-                run_peer(
-                    bin_dir, PeerRun(program, model, texts[row.prompt], args.max_tokens, gamma, draft, args.threads)
-                )
-                for _ in range(row.repeats or args.repeats)
-            ]
-            tokens = sum(r.tokens for r in results)
             label = f"{program} (γ={gamma})"
+            progress.step(f"prompt {row.prompt!r}, {label}")
+            run = PeerRun(program, peers.model, peers.texts[row.prompt], args.max_tokens, gamma, draft, args.threads)
+            results = [run_peer(peers.bin_dir, run) for _ in range(row.repeats or args.repeats)]
+            tokens = sum(r.tokens for r in results)
             row.add_peer(label, tokens / sum(r.seconds for r in results), tokens)
             if row.answer and any(r.text is not None and not same_answer(row.answer, r.text) for r in results):
                 row.other_answers.append(label)
+
+
+def llama_bench_figures(
+    args: argparse.Namespace, peers: PeerPlan, rows: list[BenchRow], target: Backend
+) -> VsLlamaBench | None:
+    """Plain decoding against llama-bench where the peers' folder has it."""
+    bin_dir, model, texts = peers.bin_dir, peers.model, peers.texts
     theirs = run_llama_bench(bin_dir, model, 128, args.threads)
     if theirs is None or not rows:
         return None

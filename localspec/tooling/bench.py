@@ -191,9 +191,12 @@ def bench(
     prompts: Sequence[BenchPrompt],
     plan: BenchPlan = BenchPlan(),
     on_run: OnRun | None = None,
+    after_prompt: Callable[[list[BenchRow]], None] | None = None,
 ) -> list[BenchRow]:
     """on_run(done, total, what) is told of each run before it starts; total counts the plan's
-    repeats (min_seconds may add runs beyond it)."""
+    repeats (min_seconds may add runs beyond it). after_prompt(rows) runs after each prompt's
+    rows are measured: the peers' runs of that prompt, so that the machine's drift between
+    localspec's runs and theirs is a minute's, not the whole suite's."""
     plain = Contender("none", "none")
     field_ = [plain, *[c for c in contenders if c.label != "none"]]
     total, done = len(prompts) * plan.repeats * (len(field_) + 1), [0]
@@ -203,7 +206,12 @@ def bench(
         if on_run is not None:
             on_run(done[0], max(total, done[0]), what)
 
-    return [row for prompt in prompts for row in _bench_prompt(target, field_, prompt, plan, told)]
+    rows: list[BenchRow] = []
+    for prompt in prompts:
+        rows += (measured := _bench_prompt(target, field_, prompt, plan, told))
+        if after_prompt is not None:
+            after_prompt(measured)
+    return rows
 
 
 def _bench_prompt(

@@ -66,6 +66,27 @@ def test_no_drafter_is_open_while_plain_decoding_or_ngram_is_timed(temporary_loc
     assert sum(1 for a, b in itertools.pairwise(seen) if a == 0 and b == 1) == 2
 
 
+def test_the_peers_of_a_prompt_run_right_after_its_rows(temporary_localspec_home: Path) -> None:
+    # The machine drifts over a suite's minutes: a peer timed minutes after localspec's runs of
+    # the same prompt is compared across that drift, one timed right after them is not.
+    target = load_reference("reference:seed=3")
+    target.__class__ = WatchedTarget
+    target.seen = []  # type: ignore[attr-defined]
+    calls: list[tuple[list[str], int]] = []
+
+    def peers(rows: list[BenchRow]) -> None:
+        calls.append(([r.prompt for r in rows], len(target.seen)))  # type: ignore[attr-defined]
+
+    rows = bench(
+        target, [Contender("ngram", "ngram")], SUITE[:2], BenchPlan(max_tokens=12, repeats=2), after_prompt=peers
+    )
+    first, second = SUITE[0].id, SUITE[1].id
+    assert [names for names, _ in calls] == [[first], [second]]
+    assert [r.prompt for r in rows] == [first, second]
+    # The first prompt's peers ran before any pass of the second prompt, and after all of the first's.
+    assert 0 < calls[0][1] < calls[1][1] == len(target.seen)  # type: ignore[attr-defined]
+
+
 def test_the_summary_gives_geometric_means_against_plain_and_each_peer() -> None:
     rows = []
     for prompt, speedup, ours, lookup4, lookup8 in (("a", 2.0, 100.0, 80.0, 100.0), ("b", 0.5, 25.0, 25.0, 20.0)):
