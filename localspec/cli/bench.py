@@ -113,9 +113,13 @@ def handle(args: argparse.Namespace) -> int:
         with reporting(progress.detail):
             contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
 
+        # The peers' runs of a prompt (run_peers) are steps of the count too, between its rows'.
+        peered = sum(1 for c in contenders if c.label in TABLE and TABLE[c.label].peer) if args.peers else 0
+        peer_steps = len(prompts) * peered * len(args.peer_draft_tokens or [4, 8])
+        progress.done = 0
+
         def on_run(done: int, total: int, what: str) -> None:
-            progress.total = total
-            progress.done = done - 1
+            progress.total = total + peer_steps
             progress.step(what)
             if done % 8 == 1:  # now and then, whether something else crowds the cores
                 samples.append(contention.sample(0.1))
