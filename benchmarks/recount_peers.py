@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
+
+from localspec.tooling.bench import geometric_mean
+from localspec.tooling.peers import answer_tokens
 
 ROW = re.compile(
     r"(\S+)\s+ngram\s+[\d.]+\s+([\d.]+).*?llama-lookup \(γ=4\)\s+([\d.]+)\s+\S+\s+llama-lookup \(γ=8\)\s+([\d.]+)"
 )
-
-
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def main() -> None:
@@ -38,9 +36,9 @@ def main() -> None:
     for label, recount in (("as printed", False), ("recounted", True)):
         ratios: dict[int, list[float]] = {4: [], 8: []}
         for prompt, ours, four, eight in rows:
-            n = lengths[prompt]
-            # The peer's count less its end of text: its rate times n / (n + 1).
-            scale = (n + 1) / n if recount and n < args.limit else 1.0
+            # What the peer printed: the answer and its end of text, or one past the limit.
+            printed = lengths[prompt] + 1
+            scale = printed / answer_tokens(printed, args.limit) if recount else 1.0
             ratios[4].append(float(ours) / float(four) * scale)
             ratios[8].append(float(ours) / float(eight) * scale)
         print(
