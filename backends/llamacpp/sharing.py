@@ -33,7 +33,10 @@ def next_pass(pending: Sequence[B], row_limit: int, cost: Callable[[int], float]
     """The blocks of the next pass, pending[0] first. A pass is as wide as its widest block
     (narrower ones are padded), so for each width it could have, it takes the blocks of that
     width and the narrower ones whose padding costs less than their share of a pass of their
-    own; the rest wait. equal_only: no padding (a model with recurrent state, which padding
+    own; the rest wait. Of those shapes it runs the one that serves every waiting block
+    soonest, the rest counted in passes of their own width after it: the oldest block padded
+    into a wide draft's pass is dear where a pass costs its rows (a CPU), cheap where rows
+    cost little (a GPU). equal_only: no padding (a model with recurrent state, which padding
     rows would move), so only blocks as wide as the first share its pass."""
     first = pending[0]
     if first.alone or len(first.tokens) > row_limit:  # alone, as a lone request evaluates it
@@ -43,14 +46,25 @@ def next_pass(pending: Sequence[B], row_limit: int, cost: Callable[[int], float]
         widths = [len(first.tokens)]
     else:
         widths = sorted({len(a.tokens) for a in shared if len(first.tokens) <= len(a.tokens) <= row_limit})
-    best: tuple[float, list[B]] = (-1.0, [first])
+    best: tuple[float, list[B]] = (float("inf"), [first])
     for width in widths:
         chosen = _at_width(first, width, shared, row_limit, cost, equal_only)
-        real = sum(len(a.tokens) for a in chosen)
-        value = real / max(cost(width * len(chosen)), 1e-9)
-        if value > best[0]:
-            best = (value, chosen)
+        rest = [a for a in shared if a not in chosen]
+        seconds = cost(width * len(chosen)) + _own_passes(rest, row_limit, cost)
+        if seconds < best[0]:
+            best = (seconds, chosen)
     return best[1]
+
+
+def _own_passes(blocks: Sequence[B], row_limit: int, cost: Callable[[int], float]) -> float:
+    """The seconds to serve blocks in passes of one width each (no padding), as many a pass as
+    the row limit holds."""
+    seconds = 0.0
+    for width in {len(b.tokens) for b in blocks}:
+        count, room = sum(1 for b in blocks if len(b.tokens) == width), max(row_limit // width, 1)
+        full, part = divmod(count, room)
+        seconds += full * cost(width * room) + (cost(width * part) if part else 0.0)
+    return seconds
 
 
 def _at_width(
