@@ -114,9 +114,10 @@ def handle(args: argparse.Namespace) -> int:
         with reporting(progress.detail):
             contenders = [c for s in strategies for c in contenders_for(s, target, args, options)]
 
-        # The peers' runs of a prompt (run_peers) are steps of the count too, between its rows'.
+        # The peers' runs of a prompt (run_peers), llama-bench's among them, are steps of the
+        # count too, between its rows'.
         peered = sum(1 for c in contenders if c.label in TABLE and TABLE[c.label].peer) if args.peers else 0
-        peer_steps = len(prompts) * peered * len(args.peer_draft_tokens or [4, 8])
+        peer_steps = len(prompts) * (peered * len(args.peer_draft_tokens or [4, 8]) + 1) if args.peers else 0
         progress.done = 0
 
         def on_run(done: int, total: int, what: str) -> None:
@@ -134,13 +135,13 @@ def handle(args: argparse.Namespace) -> int:
             min_seconds=args.min_seconds,
             trees=args.tree,
         )
-        peers = PeerPlan(bin_dir, model, peer_texts(target, prompts)) if bin_dir is not None else None
+        peers = peer_plan(bin_dir, model, target, prompts) if bin_dir is not None else None
         after = partial(run_peers, args, peers, progress) if peers is not None else None
         rows = bench(target, contenders, prompts, plan, on_run, after)
     samples.append(contention.sample())
     busiest = contention.busiest(samples)
     busy = busiest.describe() if busiest is not None else None
-    vs_llama_bench = llama_bench_figures(args, peers, rows, target) if peers is not None else None
+    vs_llama_bench = llama_bench_figures(args, peers, rows) if peers is not None else None
     # The figures first: a plot that cannot be written must not take them with it.
     _report(args, model, rows, vs_llama_bench, busy)
     if args.plot:
@@ -251,16 +252,25 @@ def contender(strategy: str, target: Backend, args: argparse.Namespace, options:
 @dataclasses.dataclass(frozen=True)
 class PeerPlan:
     """What llama.cpp's programs run beside the rows: their folder, the model, and each
-    prompt's chat text as the target's template renders it."""
+    prompt's chat text as the target's template renders it, and its length in tokens."""
 
     bin_dir: Path
     model: str
     texts: dict[str, str]
+    lengths: dict[str, int]
 
 
-def peer_texts(target: Backend, prompts: list[BenchPrompt]) -> dict[str, str]:
+def peer_plan(bin_dir: Path, model: str, target: Backend, prompts: list[BenchPrompt]) -> PeerPlan:
     template, special, source = target.chat_template(), target.special_texts(), target.info.path
-    return {p.id: render_chat(template, p.messages, special, source=source) for p in prompts}
+    texts = {p.id: render_chat(template, p.messages, special, source=source) for p in prompts}
+    lengths = {p: len(target.tokenize(t, add_special=True, parse_special=True)) for p, t in texts.items()}
+    return PeerPlan(bin_dir, model, texts, lengths)
+
+
+def like_run(row: BenchRow, length: int) -> tuple[int, int]:
+    """llama-bench's -d and -n for a prompt's plain decoding: the position of its first answer
+    token's pass, and its runs' mean passes (plain decoding runs twice a repeat)."""
+    return length - 1, round(row.plain_passes / (2 * row.repeats))
 
 
 def run_peers(args: argparse.Namespace, peers: PeerPlan, progress: Steps, rows: list[BenchRow]) -> None:
@@ -279,25 +289,31 @@ def run_peers(args: argparse.Namespace, peers: PeerPlan, progress: Steps, rows: 
             row.add_peer(label, tokens / sum(r.seconds for r in results), tokens)
             if row.answer and any(r.text is not None and not same_answer(row.answer, r.text) for r in results):
                 row.other_answers.append(label)
+    last = rows[-1] if rows else None
+    if last is not None and last.repeats:  # plain decoding like for like, beside its rows too
+        depth, passes = like_run(last, peers.lengths[last.prompt])
+        progress.step(f"prompt {last.prompt!r}, {LLAMA_BENCH}")
+        rate = run_llama_bench(peers.bin_dir, peers.model, passes, args.threads, depth) if passes else None
+        for row in rows:
+            row.llama_bench_like = rate
 
 
-def llama_bench_figures(
-    args: argparse.Namespace, peers: PeerPlan, rows: list[BenchRow], target: Backend
-) -> VsLlamaBench | None:
-    """Plain decoding against llama-bench where the peers' folder has it."""
-    bin_dir, model, texts = peers.bin_dir, peers.model, peers.texts
+def llama_bench_figures(args: argparse.Namespace, peers: PeerPlan, rows: list[BenchRow]) -> VsLlamaBench | None:
+    """Plain decoding against llama-bench where the peers' folder has it: from an empty
+    context and at the prompts' mean length, run now; like for like, as run_peers ran it
+    beside each prompt's rows."""
+    bin_dir, model, lengths = peers.bin_dir, peers.model, peers.lengths
     theirs = run_llama_bench(bin_dir, model, 128, args.threads)
     if theirs is None or not rows:
         return None
     plain = list(dict((r.prompt, r) for r in rows).values())
     ours = statistics.fmean(r.plain_tokens_per_s for r in plain)
-    lengths = {p: len(target.tokenize(t, add_special=True, parse_special=True)) for p, t in texts.items()}
     depth = round(statistics.fmean(lengths.values()))
     at_depth = run_llama_bench(bin_dir, model, 128, args.threads, depth)
     # Like for like, prompt by prompt: the same passes over the same positions (a pass's cost
     # steps up where the cache's cells in use pass a multiple of 256, so one mean depth is not).
-    like_runs = [(lengths[r.prompt] - 1, round(r.plain_passes / (2 * r.repeats))) for r in plain if r.repeats]
-    theirs_like = [x for d, n in like_runs if n and (x := run_llama_bench(bin_dir, model, n, args.threads, d))]
+    like_runs = [like_run(r, lengths[r.prompt]) for r in plain if r.repeats]
+    theirs_like = [r.llama_bench_like for r in plain if r.llama_bench_like]
     like = statistics.fmean(theirs_like) if theirs_like else None
     ours_passes = statistics.fmean(r.plain_passes_per_s for r in plain)
     like_depth = round(statistics.fmean(d for d, _ in like_runs)) if like_runs else 0

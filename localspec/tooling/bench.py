@@ -80,6 +80,9 @@ class BenchRow:
     # text: their speed is another answer's, not this one's.
     answer: str = ""
     other_answers: list[str] = field(default_factory=list)
+    # llama-bench over plain decoding's positions and passes here (tok/s), run right after the
+    # prompt's rows as its peers are (bench --peers): minutes later the host runs another speed.
+    llama_bench_like: float | None = None
 
     @property
     def contradicted(self) -> bool:

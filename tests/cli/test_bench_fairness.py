@@ -3,6 +3,8 @@ llama.cpp's programs run, and reports every peer it ran beside each row."""
 
 from __future__ import annotations
 
+import argparse
+import io
 import itertools
 import os
 import stat
@@ -11,6 +13,8 @@ from pathlib import Path
 
 from localspec.backends.reference import ReferenceBackend
 from localspec.backends.reference import load as load_reference
+from localspec.cli.bench import PeerPlan, llama_bench_figures, run_peers
+from localspec.common.progress import Steps
 from localspec.control.prompts import SUITE
 from localspec.core.protocol import Logits, LogitsMode
 from localspec.tooling.bench import (
@@ -177,3 +181,32 @@ def test_a_peers_end_of_text_is_not_counted_as_a_token_of_its_answer(tmp_path: P
         fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
         result = run_peer(tmp_path, PeerRun("llama-lookup", "model.gguf", "the prompt", max_tokens, 4))
         assert (result.tokens, result.seconds, result.tokens_per_s) == (answer, 2.0, answer / 2)
+
+
+def test_llama_bench_runs_like_for_like_right_after_each_prompts_rows(tmp_path: Path) -> None:
+    # llama-bench over a prompt's positions, timed minutes after that prompt's rows, read the
+    # host's drift as a difference between plain decoding and llama.cpp's.
+    log = tmp_path / "log"
+    lookup = tmp_path / "llama-lookup"
+    speed = "decoded   13 tokens in    0.100 seconds, speed:   130.000 t/s"
+    lookup.write_text(f'#!/bin/sh\necho lookup >> {log}\necho "{speed}" >&2\n')
+    bench_program = tmp_path / "llama-bench"
+    bench_program.write_text(
+        "#!/bin/sh\nn=128; d=0\n"
+        'while [ $# -gt 0 ]; do [ "$1" = "-n" ] && n=$2; [ "$1" = "-d" ] && d=$2; shift; done\n'
+        f'echo "bench -n $n -d $d" >> {log}\necho "[{{\\"n_gen\\": $n, \\"avg_ts\\": 75.4}}]"\n'
+    )
+    for fake in (lookup, bench_program):
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    row = BenchRow("a", "ngram", 50.0, 60.0, 1.2, 0.5, 1.5, 2.0, 10, 10, 100.0)
+    row.plain_passes, row.repeats, row.plain_passes_per_s = 40, 2, 51.0  # two plain runs a repeat: 10 passes each
+    args = argparse.Namespace(peer_draft_tokens=[4], max_tokens=12, threads=2, repeats=2, draft_model=None)
+    plan = PeerPlan(tmp_path, "model.gguf", {"a": "the prompt"}, {"a": 31})
+    run_peers(args, plan, Steps("bench", stream=io.StringIO()), [row])
+    # After the row's lookup runs (one a repeat), at the row's positions.
+    assert log.read_text().splitlines() == ["lookup", "lookup", "bench -n 10 -d 30"]
+    assert row.llama_bench_like == 75.4
+    figures = llama_bench_figures(args, plan, [row])
+    assert figures is not None and (figures.like, figures.like_depth, figures.like_passes) == (75.4, 30, 10)
+    # At the suite's end only the two reference runs (an empty context, the prompts' mean length).
+    assert log.read_text().splitlines()[3:] == ["bench -n 128 -d 0", "bench -n 128 -d 31"]
