@@ -4,8 +4,8 @@ on the same GGUF and threads (issue #57), every server started once and asked in
 - the Open WebUI flow: a 300-token chat stream (--stream-tokens), and 1 s into it a title request and a tags
   request sent together; each side request's seconds to its whole answer;
 - aggregate and per-request tokens/s with 1, 2 and 4 clients asking at once for whole answers
-  (greedy, 128 tokens each, prompts that repeat text and prompts that do not), speculation on
-  and off;
+  (greedy, 128 tokens each, prompts that repeat text and prompts that do not, or with
+  --prompts copying only prompts whose answers copy text), speculation on and off;
 - whether a greedy or seeded answer served beside others equals the same request alone.
 
     python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH | --hybrid | --mtp] [--threads 1]
@@ -61,6 +61,15 @@ PROMPTS = [
     f"Add type hints and docstrings to this code and show the whole code:\n{CODE}",
     "Write a long story about a lighthouse keeper and a storm.",
     "Write a Python class for a bank account with deposit, withdraw, a transaction history and docstrings.",
+]
+# --prompts copying: every client's answer copies text, n-gram's best case (an agent's code
+# edits, a record rewritten), where every lane's drafts are worth a wider pass at once.
+COPYING = [
+    PROMPTS[0],
+    PROMPTS[1],
+    f"Rename the function total to sum_prices in this code and show the whole code:\n{CODE}",
+    "Repeat this paragraph exactly: The lighthouse stood on the edge of the cliff, its light turning slowly "
+    "through the night. Ships passed far out at sea, and the keeper wrote their names in a book.",
 ]
 IDENTITY_PROMPTS = [
     "Count from one to fifteen in words.",
@@ -149,12 +158,14 @@ def side_requests(base: str, stream_tokens: int) -> tuple[float, float]:
     return title, tags
 
 
-def throughput(base: str, clients: int, server: psutil.Process, round_: int) -> tuple[float, float, float]:
+def throughput(
+    base: str, clients: int, server: psutil.Process, round_: int, prompts: list[str] = PROMPTS
+) -> tuple[float, float, float]:
     """Aggregate tokens/s, the mean stream's tokens/s and the server's CPU milliseconds a token
     (its process's user and system time, which other programs stretch far less than wall time),
     `clients` greedy requests at once. Each round's prompts open with its number, so none is one
     a server saw before (llama-server restores those from its cache of prompts in RAM)."""
-    asks = [f"Request {round_ + 1}. {PROMPTS[i % len(PROMPTS)]}" for i in range(clients)]
+    asks = [f"Request {round_ + 1}. {prompts[i % len(prompts)]}" for i in range(clients)]
     cpu0, t0 = _cpu(server), time.perf_counter()
     answers = at_once([lambda p=p: chat(base, p, 128, temperature=0) for p in asks])
     wall, cpu = time.perf_counter() - t0, _cpu(server) - cpu0
@@ -228,6 +239,12 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-identity", action="store_true")
+    parser.add_argument(
+        "--prompts",
+        choices=("mixed", "copying"),
+        default="mixed",
+        help="the throughput requests: two that copy text and two fresh (default), or four that copy",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds a cell (its median)")
     parser.add_argument("--skip-side", action="store_true", help="leave out the side-request flow")
     parser.add_argument("--side-only", action="store_true", help="the side-request flow alone")
@@ -263,7 +280,8 @@ def main() -> None:
         )
 
     name, day = model.rsplit("/", 1)[-1], time.strftime("%Y-%m-%d")
-    print(f"# concurrency: {host_kind()} host, {args.threads} thread(s), {name}, {day}\n")
+    prompts = COPYING if args.prompts == "copying" else PROMPTS
+    print(f"# concurrency: {host_kind()} host, {args.threads} thread(s), {name}, {day}, {args.prompts} prompts\n")
     if not args.skip_side:
         theirs_drafting = [llama(4, spec, f", {spec[1]}")] if args.assistant else []  # the assistant in their slots
         servers = (localspec(4, drafting), localspec(1, drafting), llama(4, [], ""), llama(2, [], ""), *theirs_drafting)
@@ -291,7 +309,8 @@ def main() -> None:
                 for k in [*range(turn, len(rows)), *range(turn)]:
                     time.sleep(0.3)  # llama.cpp's spinning threads settle before the next server runs
                     proc, base = started[k]
-                    runs.setdefault((rows[k][1], n), []).append(throughput(base, n, psutil.Process(proc.pid), r))
+                    figures = throughput(base, n, psutil.Process(proc.pid), r, prompts)
+                    runs.setdefault((rows[k][1], n), []).append(figures)
         finally:
             for proc, _ in started:
                 proc.kill()
