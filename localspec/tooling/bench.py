@@ -347,7 +347,7 @@ def format_summary(
     """Per strategy: the geometric mean speedup over plain decoding, and over each peer (with
     the lowest and highest prompt); then plain decoding against llama-bench, when run; then
     why the figures are unreliable, when the machine was busy (busy says how) or rows were
-    noise. Rows that are noise are left out of the mean: they measured nothing."""
+    noise. Rows that are noise are left out of every mean: they measured nothing."""
     lines = []
     for strategy in dict.fromkeys(r.strategy for r in rows):
         mine = [r for r in rows if r.strategy == strategy]
@@ -365,10 +365,16 @@ def format_summary(
         if line:
             lines.append(f"{strategy}: {line}")
         for program in dict.fromkeys(p for r in mine for p in r.peers):
-            ratios = [r.spec_tokens_per_s / r.peers[program] for r in mine if r.peers.get(program)]
+            # A row whose own runs disagree measured nothing against a peer either.
+            timed = [r for r in mine if r.peers.get(program)]
+            ratios = [r.spec_tokens_per_s / r.peers[program] for r in timed if not r.contradicted]
+            if not ratios:
+                continue
+            out = len(timed) - len(ratios)
             lines.append(
                 f"{strategy} vs {program}: {geometric_mean(ratios):.2f}x "
-                f"({min(ratios):.2f}x to {max(ratios):.2f}x, ahead on {sum(x > 1 for x in ratios)} of {len(ratios)})"
+                f"({min(ratios):.2f}x to {max(ratios):.2f}x, ahead on {sum(x > 1 for x in ratios)} of {len(ratios)}"
+                f"{f'; {out} within the noise, left out' if out else ''})"
             )
     if vs_llama_bench is not None:
         v = vs_llama_bench

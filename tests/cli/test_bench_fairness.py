@@ -210,3 +210,19 @@ def test_llama_bench_runs_like_for_like_right_after_each_prompts_rows(tmp_path: 
     assert figures is not None and (figures.like, figures.like_depth, figures.like_passes) == (75.4, 30, 10)
     # At the suite's end only the two reference runs (an empty context, the prompts' mean length).
     assert log.read_text().splitlines()[3:] == ["bench -n 128 -d 0", "bench -n 128 -d 31"]
+
+
+def test_a_row_whose_runs_disagree_is_left_out_of_the_peers_means_too() -> None:
+    # One disturbed run took a row to 25 tok/s while its paired ratio stayed 1.0: against a peer
+    # timed at another moment it would read 0.5x, a measurement of the disturbance.
+    kept = BenchRow("a", "ngram", 50.0, 60.0, 1.2, 0.5, 1.5, 2.0, 10, 10, 100.0)
+    noisy = BenchRow("b", "ngram", 50.0, 25.0, 1.0, 0.5, 1.5, 2.0, 10, 10, 100.0)
+    assert noisy.contradicted and not kept.contradicted
+    for row in (kept, noisy):
+        row.add_peer("llama-lookup (γ=4)", 50.0, 10)
+    summary = format_summary([kept, noisy])
+    assert (
+        "ngram vs llama-lookup (γ=4): 1.20x (1.20x to 1.20x, ahead on 1 of 1; 1 within the noise, left out)" in summary
+    )
+    only_noise = format_summary([noisy])
+    assert "vs llama-lookup" not in only_noise and "within the noise" in only_noise
