@@ -83,8 +83,9 @@ def register(sub: Any) -> None:
         "--peers",
         action="store_true",
         help="also run llama.cpp's llama-lookup (ngram) and llama-speculative-simple (draft) greedily "
-        "on the same models, prompts and token counts, each prompt's right after localspec's runs of it; "
-        "their rates count their answers' tokens, as localspec's do",
+        "on the same models, prompts and token counts, and llama-bench over plain decoding's positions, "
+        "each prompt's right after localspec's runs of it; their rates count their answers' tokens, as "
+        "localspec's do",
     )
     p.add_argument("--peers-bin", help="folder holding llama.cpp's programs (default: localspec's own build)")
     p.add_argument("--build-peers", action="store_true", help="build llama.cpp's programs if missing (~10 min)")

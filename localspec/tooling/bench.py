@@ -341,6 +341,24 @@ class VsLlamaBench:
     like_passes: int = 0
 
 
+def _peer_lines(strategy: str, rows: Sequence[BenchRow]) -> list[str]:
+    """A strategy's geometric mean over each peer it ran beside. A row whose own runs disagree
+    measured nothing against a peer either: it is left out, as from the mean against plain."""
+    lines = []
+    for program in dict.fromkeys(p for r in rows for p in r.peers):
+        timed = [r for r in rows if r.peers.get(program)]
+        ratios = [r.spec_tokens_per_s / r.peers[program] for r in timed if not r.contradicted]
+        if not ratios:
+            continue
+        out = len(timed) - len(ratios)
+        lines.append(
+            f"{strategy} vs {program}: {geometric_mean(ratios):.2f}x "
+            f"({min(ratios):.2f}x to {max(ratios):.2f}x, ahead on {sum(x > 1 for x in ratios)} of {len(ratios)}"
+            f"{f'; {out} within the noise, left out' if out else ''})"
+        )
+    return lines
+
+
 def format_summary(
     rows: Sequence[BenchRow], vs_llama_bench: VsLlamaBench | None = None, busy: str | None = None
 ) -> str:
@@ -364,18 +382,7 @@ def format_summary(
         line = _exactness_line(mine)
         if line:
             lines.append(f"{strategy}: {line}")
-        for program in dict.fromkeys(p for r in mine for p in r.peers):
-            # A row whose own runs disagree measured nothing against a peer either.
-            timed = [r for r in mine if r.peers.get(program)]
-            ratios = [r.spec_tokens_per_s / r.peers[program] for r in timed if not r.contradicted]
-            if not ratios:
-                continue
-            out = len(timed) - len(ratios)
-            lines.append(
-                f"{strategy} vs {program}: {geometric_mean(ratios):.2f}x "
-                f"({min(ratios):.2f}x to {max(ratios):.2f}x, ahead on {sum(x > 1 for x in ratios)} of {len(ratios)}"
-                f"{f'; {out} within the noise, left out' if out else ''})"
-            )
+        lines += _peer_lines(strategy, mine)
     if vs_llama_bench is not None:
         v = vs_llama_bench
         line = f"plain decoding {v.ours:.1f} tok/s (mean over the prompts) vs llama-bench -n 128 {v.empty:.1f} tok/s: "
