@@ -9,8 +9,8 @@ each lane takes its rows back after it. The table is t_N(w), the pass's median s
 From it, the most a drafter can add to N plain lanes (which take t_N(1) for N tokens): a lane
 drafting w-1 tokens of which each is kept with probability a (given the ones before it)
 yields 1 + a + ... + a^(w-1) tokens a pass, so the gain is that times t_N(1) / t_N(w), at
-the best w. Where a pass's cost grows with its rows as fast as it does alone (a CPU whose
-passes are compute-bound), that ceiling falls towards 1 as N grows, whoever drafts.
+the best w. Where a shared pass costs nearly its rows (a CPU whose passes are compute-bound),
+that ceiling stays low at every N, whoever drafts.
 
     python benchmarks/lane_ceiling.py [--model GGUF] [--threads 2] [--rounds 15]
 """
