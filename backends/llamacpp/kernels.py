@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from localspec.common.gguf_header import read_header
 from localspec.control.hardware import physical_cores
-from localspec.core.protocol import Exactness
+from localspec.core.protocol import BLOCK_KERNEL_ROWS, Exactness
 
 from .library import FLASH_ATTN, batch_invariant_build, extra_buffers, flash_attention
 
@@ -102,7 +102,12 @@ def kernel_plan(tensor_types: Iterable[int], settings: KernelSettings) -> Kernel
         limits.append((0, "with flash attention off, llamafile's tinyBLAS takes attention of 2+ rows"))
     rows = SPLIT_BLOCKS_UP_TO if max_rows else None
     cells, why = min(limits) if limits else (None, "")
-    return KernelPlan(repack, max_rows, Exactness(cells, why, rows, prompt_rows, prompt_why))
+    # Every kernel switch above happens below BLOCK_KERNEL_ROWS rows, so blocks of that many or
+    # more all take the tiled kernels, which compute each row alone (block_probe, each host
+    # kind); a recurrent layer's scan is not checked for it.
+    pieces = None if s.stateful else BLOCK_KERNEL_ROWS
+    exactness = Exactness(cells, why, rows, prompt_rows, prompt_why, pieces_from=pieces)
+    return KernelPlan(repack, max_rows, exactness)
 
 
 def prompt_block_limit(types: set[int], *, llamafile: bool, flash: bool) -> tuple[int | None, str]:

@@ -25,6 +25,7 @@ from localspec.core.drafting import (
 from localspec.core.errors import ContextFullError, InvalidRequestError
 from localspec.core.proposal import Proposal, Source, admissible
 from localspec.core.protocol import Backend, Logits, TreeBackend, Verifier, eval_chunked
+from localspec.core.reuse import CachedRows
 from localspec.core.sampling import SamplingConfig, shape
 from localspec.core.shadow import Shadow, shadow_of
 from localspec.core.stats import Stats, Step
@@ -70,11 +71,8 @@ class Engine:
         self.drafts = not isinstance(drafter, NeverGuesses)
         # A backend that verifies where its logits are (a GPU) is handed the whole rule.
         self.verifier = target if target.capabilities.verifies and isinstance(target, Verifier) else None
-        self._canonical: list[int] = []  # the cached prompt prefix evaluated in fresh blocks
-        # The cached prefix whose every row a block of at most the kernels' prompt_rows computed,
-        # as one-token passes would: a short prompt's fresh evaluation (one such block) gives
-        # those rows' bits too, so it may reuse them exactly.
-        self._one_token_like = 0
+        # How the cached rows went in: which of them a new prompt may keep exactly.
+        self._cached = CachedRows(target.capabilities.max_block, target.capabilities.exactness)
         # Which of a drafter's branches a step verifies beside its chain, on a target that takes
         # a tree in one pass (localspec.assembly chooses it); None: chains only.
         self.trees = trees
@@ -168,7 +166,7 @@ class Engine:
         t0 = self.clock()
         cached = self.target.cached_tokens() if reuse != "none" else ()
         keep = min(common_prefix(cached, prompt), len(prompt) - 1)
-        exact = self._exact_keep(prompt, keep)
+        exact = self._cached.exact_keep(prompt, keep)
         keep = exact if reuse == "exact" else keep
         if keep > exact:  # the fresh evaluation's block from `exact` would have computed these
             stats.reused_tokens = keep - exact
@@ -180,10 +178,7 @@ class Engine:
         rows = eval_chunked(self.target, todo, "none", stop, prompt[-1], tail_rows)
         # A copy: the backend's next pass writes over the rows it hands back.
         first = rows[-1].copy() if len(rows) else None
-        self._rows_kept(keep, len(todo), len(todo))
-        # From a fresh block boundary the blocks are the fresh ones; otherwise only what was
-        # fresh before the reused prefix stays so.
-        self._canonical = list(prompt[:-1] if keep == exact else prompt[:exact])
+        self._cached.prompt_in(prompt, keep, exact, len(todo))
         if stop():
             return False, None
         self.drafter.start(prompt, warm_drafter)
@@ -193,31 +188,6 @@ class Engine:
         stats.prefill_tokens = len(todo) + 1
         stats.prefill_seconds = self.clock() - t0
         return True, first
-
-    def _exact_keep(self, prompt: Sequence[int], keep: int) -> int:
-        """How much of the cached prefix (keep tokens match) a fresh evaluation would have
-        computed in the same blocks: eval_chunked's, max_block tokens each from position 0,
-        the last one ending before the prompt's last token. That is the whole recorded prompt
-        when it is this one's, else its whole blocks; and for a prompt short enough to go in
-        as one block that sums as one-token passes, every cached row computed so too."""
-        one_token_like = min(keep, self._one_token_like) if self._sums_as_one_token(len(prompt) - 1) else 0
-        if keep == len(self._canonical) == len(prompt) - 1:
-            return keep
-        step = self.target.capabilities.max_block
-        return max(min(keep, len(self._canonical) // step * step) // step * step, one_token_like)
-
-    def _sums_as_one_token(self, rows: int) -> bool:
-        """Whether a block of `rows` rows gives one-token passes' bits on the target's kernels."""
-        limit = self.target.capabilities.exactness.prompt_rows
-        return limit is None or rows <= limit
-
-    def _rows_kept(self, past: int, rows: int, block: int | None) -> None:
-        """The cache now holds `rows` rows after `past`, computed in a block of `block` rows
-        (None: a tree's pass): how far it holds one-token passes' rows."""
-        if self._one_token_like >= past and block is not None and self._sums_as_one_token(block):
-            self._one_token_like = past + rows
-        else:
-            self._one_token_like = min(self._one_token_like, past)
 
     def _note_drafter_off(self, stats: Stats, notice: str | None) -> None:
         # A model drafter that met a token it cannot read sits out the rest of the request.
@@ -247,7 +217,7 @@ class Engine:
                     n_acc = len(tokens)
                 t_kept = clock()
                 target.rollback(past + 1 + n_acc)  # the cache keeps the accepted and the pending token
-                self._rows_kept(past, 1 + n_acc, 1 + len(tokens) if proposal.parents is None else None)
+                self._cached.kept(past, 1 + n_acc, 1 + len(tokens) if proposal.parents is None else None)
                 t2 = clock()
                 new = [*tokens[:n_acc], nxt]
                 ctx.extend(new)

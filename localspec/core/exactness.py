@@ -34,8 +34,8 @@ def judge(stats: Stats, known: Exactness, greedy: bool) -> None:
 def _judge_reuse(stats: Stats, known: Exactness) -> None:
     """A cached prefix that earlier passes computed in other blocks than a fresh evaluation
     would gives its answer only where the backend's kernels sum both block sizes alike."""
-    # The engine counts as reused only rows that neither the fresh evaluation's own blocks nor
-    # blocks summing as one-token passes computed (Engine._exact_keep): those may part.
+    # The engine counts as reused only rows that neither the fresh evaluation's own blocks, nor
+    # blocks summing as one-token passes, nor large blocks computed (localspec.core.reuse): those may part.
     if known.prompt_rows is None or stats.reused_tokens == 0:
         stats.fresh_exact, stats.fresh_inexact_reason = True, ""
         return

@@ -101,6 +101,9 @@ class Exactness:
     # few tokens a pass can part from a fresh evaluation of the same text; prompt_why says which.
     prompt_rows: int | None = None
     prompt_why: str = ""
+    # Blocks of at least this many rows give each row the same bits whatever their size and
+    # where they start, so a prefix such blocks computed is a fresh large block's (None: not known).
+    pieces_from: int | None = None
 
 
 _UNKNOWN_WHY = "this backend's kernels are not known to give a block the logits of one-token passes"

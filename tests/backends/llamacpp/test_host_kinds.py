@@ -5,9 +5,11 @@ variants built here (localspec.tooling.cpu_variants) that this CPU can run. So a
 host checks the AVX2 kernels too; an AVX2 host cannot run AVX-512 kernels and leaves them to
 an AVX-512 host (CI runs on both kinds). What must hold on each: a block of up to the plan's
 prompt_rows gives one-token passes' logits bit for bit (what bit_exact and verify blocks rely
-on), and a prompt cut into other pieces of 64+ rows gives the same logits as whole blocks (what
-eval_chunked's cancellable pieces rely on). How far larger blocks part is not asserted: it is
-the near-ties it tips that differ between kinds.
+on), a prompt cut into other pieces of 64+ rows gives the same logits as whole blocks (what
+eval_chunked's cancellable pieces rely on), and a prefix kept from another text's 64+-row block
+with the rest in a 64+-row block gives them too (what localspec.core.reuse keeps a long prompt's
+cached prefix on). How far larger blocks part is not asserted: it is the near-ties it tips that
+differ between kinds.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from localspec.tooling import cpu_variants
 pytestmark = pytest.mark.model
 
 KINDS = ["native", *cpu_variants.VARIANTS]
-QUANTS = ("Q4_0", "Q8_0", "Q4_K_M")  # F16's rows are 1 (tinyBLAS): nothing past one-token passes to check
+QUANTS = ("Q4_0", "Q8_0", "Q4_K_M", "F16")  # F16: tinyBLAS from 2 rows, so its large blocks above all
 # Read before the tests point LOCALSPEC_HOME at a temporary folder: variants are built once a machine.
 BUILT_IN = cpu_variants.variants_dir()
 
@@ -74,6 +76,7 @@ def test_blocks_up_to_the_plans_rows_give_one_token_passes_logits_on_every_host_
             if int(size) <= rows:
                 assert parted == 0.0, f"{name}: a block of {size} rows parts by {parted} on {kind}"
         assert set(probed["pieces_vs_whole"].values()) == {0.0}, f"{name} on {kind}: {probed['pieces_vs_whole']}"
+        assert set(probed["kept_vs_whole"].values()) == {0.0}, f"{name} on {kind}: {probed['kept_vs_whole']}"
 
 
 def test_a_variant_not_built_is_refused_with_the_command_that_builds_it(tmp_path, monkeypatch) -> None:

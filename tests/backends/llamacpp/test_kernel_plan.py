@@ -98,7 +98,7 @@ def test_a_prefix_reused_from_decode_steps_is_judged_against_the_fresh_evaluatio
     assert "flash attention's tiled kernel" in reused.fresh_inexact_reason
     assert reused.bit_exact is True  # still plain decoding's answer on that cache
     # A short prompt's reuse of rows one-token passes computed is exact and not recorded as a
-    # reuse at all (Engine._exact_keep, tests/server/test_exact_reuse.py); one the engine records had
+    # reuse at all (localspec.core.reuse, tests/server/test_exact_reuse.py); one the engine records had
     # its rows from a larger block, which may part even where the fresh block is small.
     short = Stats(strategy="none", prompt_tokens=40, generated_tokens=20, reused_tokens=10, reused_fresh_rows=39)
     judge(short, known, greedy=True)
