@@ -16,8 +16,7 @@ on F16). Deterministic: simulated clock, no model runs.
 --replay: the geometric mean over each answer set of n-gram's speedup over plain decoding and
 over llama-lookup at γ=4 and γ=8, on the stored Q4_1 and F16 curves, with the drafter as it is
 and with each signal used: "counted" raises a weak guess's support (1 or 2 tokens) by one where
-the earlier occurrences of the last token agree with it (at least 2 of them, 2 in 3 followed by
-its first token), "resync" copies from the best match
+lookup's counted follower is its first token, "resync" copies from the best match
 across a substitution, at support 4, where the exact match is 1 or 2 tokens and that one 6+;
 "ceiling" drafts exactly what comes true of today's guesses, a bound no controller reaches.
 """
@@ -78,22 +77,31 @@ def across_one(text: Sequence[int], pos: int, most: int = 32) -> int:
     return matched
 
 
+def follower(counts: LookupCache, text: Sequence[int]) -> int | None:
+    """llama-lookup's guess of the next token: its counted follower under its lax thresholds."""
+    return counts.follower(text, LookupCache.MIN_SAMPLES, LookupCache.MIN_PERCENT)
+
+
 class Signalled(NgramDrafter):
     """The n-gram drafter with one signal used (mode "as is": none)."""
 
     def __init__(self, mode: str) -> None:
         super().__init__()
         self.mode = mode
+        self.counts = LookupCache([])
+
+    def start(self, context: Sequence[int], warm: bool = True) -> None:
+        super().start(context, warm)
+        self.counts = LookupCache(context)
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
         draft = super().propose(context, n, cfg, rng)
+        self.counts.add(context[len(self.counts.tokens) :])  # the committed text only grows
         if not draft.tokens or draft.support > 2 or self.mode == "as is":
             return draft
         if self.mode == "counted":
-            found = after_last(context)
-            same = sum(1 for p in found if context[p] == draft.tokens[0])
-            agree = len(found) >= 2 and 3 * same >= 2 * len(found)
-            return Draft(tokens=draft.tokens, support=draft.support + agree)
+            agrees = follower(self.counts, context) == draft.tokens[0]
+            return Draft(tokens=draft.tokens, support=draft.support + agrees)
         best = max(reversed(after_last(context)), key=lambda p: across_one(context, p))
         if across_one(context, best) < 6:
             return draft
@@ -112,8 +120,7 @@ def signal_table(answers: list[dict[str, Any]]) -> None:
             text = prompt + answer[:i]
             guess = drafter.propose(text, 16, cfg, rng)
             if guess.tokens:
-                follower = counts.follower(text, LookupCache.MIN_SAMPLES, LookupCache.MIN_PERCENT)
-                said = "none" if follower is None else "agrees" if follower == guess.tokens[0] else "disagrees"
+                said = {None: "none", guess.tokens[0]: "agrees"}.get(follower(counts, text), "disagrees")
                 resync = max((across_one(text, p) for p in after_last(text)), default=0)
                 level = support_level(guess.support)
                 keys = (
