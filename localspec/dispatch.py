@@ -5,7 +5,11 @@ an app's Pool.lane()/generate()/agenerate() and by the server's generation jobs 
   as one is free, and nobody behind it goes first (a request that needs every lane holds
   the line until all are free).
 - Prefix affinity: of the free lanes, a request takes the one whose cache holds the longest
-  part of its prompt, so a conversation's next turn lands where its last one is cached.
+  part of its prompt, so a conversation's next turn lands where its last one is cached. A
+  request that keeps only the rows a fresh evaluation computes alike (reuse_prefix "exact",
+  serve's default) counts those first: two lanes may hold the same system turn, computed by
+  a long prompt's large block in one and by one-token passes in the other, and only one of
+  them gives a short prompt or a long one its bits.
 - Bounded: beyond `max_waiting` requests in line, a new one is refused (LineFullError) at
   once; a request that waits longer than its timeout leaves the line (RuntimeBusyError).
 
@@ -24,10 +28,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from localspec.core.choices import ReusePrefix
 from localspec.core.errors import BackendClosedError, RuntimeBusyError
 
-# How long a lane's cache is, given a prompt: the tokens it holds of that prompt's start.
-Cached = Callable[[int, Sequence[int]], int]
+# What a lane's cache holds of a prompt's start: the tokens a request keeps with a fresh
+# evaluation's bits, and all the tokens it shares (Engine.keeps).
+Cached = Callable[[int, Sequence[int]], tuple[int, int]]
 
 
 class LineFullError(RuntimeBusyError):
@@ -50,6 +56,7 @@ class Ticket:
     prompt: Sequence[int] | None = None
     whole: bool = False
     key: str | None = None  # whom the caller asks for (a server's model id), for its figures
+    reuse: ReusePrefix = "any"  # how the request reuses a cache: "exact" weighs exact rows first
     lane: int | None = None  # given once granted; for a whole ticket, 0
     owner: Dispatcher | None = None  # whose line it is in, or whose lane it holds
     state: str = "new"  # then waiting, granted, left (freed or withdrawn) or refused
@@ -250,12 +257,19 @@ class Dispatcher:
         return not self._holders if ticket.whole else len(self._holders) < self.lanes
 
     def _best_lane(self, ticket: Ticket) -> int:
-        """The free lane caching the longest part of the ticket's prompt; the lowest of equals."""
+        """The free lane caching the longest part of the ticket's prompt that the request
+        keeps (the module says how); the lowest of equals."""
         free = [lane for lane in range(self.lanes) if lane not in self._holders]
         prompt, cached = ticket.prompt, self._cached
         if prompt is None or cached is None:
             return free[0]
-        return max(free, key=lambda lane: (cached(lane, prompt), -lane))
+        order = (0, 1) if ticket.reuse == "exact" else (1, 0)
+
+        def kept(lane: int) -> tuple[int, int, int]:
+            held = cached(lane, prompt)
+            return held[order[0]], held[order[1]], -lane
+
+        return max(free, key=kept)
 
 
 def _closed() -> BackendClosedError:

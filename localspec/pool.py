@@ -25,7 +25,7 @@ from localspec.assembly import Calibrated, assemble, calibrate
 from localspec.common.progress import Announce, announced
 from localspec.control.factory import shared_policy
 from localspec.core.backend_loader import load_backend
-from localspec.core.drafting import common_prefix
+from localspec.core.choices import ReusePrefix
 from localspec.core.errors import InvalidRequestError, LocalspecError, NotSharedError
 from localspec.core.options import LoadOptions
 from localspec.core.protocol import Backend, SharesPasses
@@ -97,15 +97,18 @@ class Pool:
     def label(self) -> str:
         return self.runtimes[0].label
 
-    def _cached(self, lane: int, prompt: Sequence[int]) -> int:
-        return common_prefix(self.runtimes[lane].target.cached_tokens(), prompt)
+    def _cached(self, lane: int, prompt: Sequence[int]) -> tuple[int, int]:
+        return self.runtimes[lane].engine.keeps(prompt)
 
     @contextmanager
-    def lane(self, timeout: float | None = None, prompt: Prompt | None = None) -> Iterator[Runtime]:
+    def lane(
+        self, timeout: float | None = None, prompt: Prompt | None = None, reuse: ReusePrefix = "any"
+    ) -> Iterator[Runtime]:
         """A runtime no other caller holds until the block ends, once the requests that asked
-        before have theirs: the free one caching the most of prompt (a runtime.prepare()), waiting at
-        most timeout seconds (None: as long as it takes), then RuntimeBusyError."""
-        ticket = self.dispatch.enter(Ticket(prompt.ids if prompt is not None else None))
+        before have theirs: the free one caching the most of prompt (a runtime.prepare()) that a
+        request reusing its cache so (reuse_prefix) keeps, waiting at most timeout seconds (None:
+        as long as it takes), then RuntimeBusyError."""
+        ticket = self.dispatch.enter(Ticket(prompt.ids if prompt is not None else None, reuse=reuse))
         try:
             index = self.dispatch.wait(ticket, timeout)
             yield self.runtimes[index]
@@ -113,10 +116,12 @@ class Pool:
             self.dispatch.leave(ticket)
 
     @asynccontextmanager
-    async def alane(self, timeout: float | None = None, prompt: Prompt | None = None) -> AsyncIterator[Runtime]:
+    async def alane(
+        self, timeout: float | None = None, prompt: Prompt | None = None, reuse: ReusePrefix = "any"
+    ) -> AsyncIterator[Runtime]:
         """lane() for asyncio (`async with pool.alane() as runtime:`, then its astream()): the
         event loop runs on while the request waits, and a cancelled task frees its runtime."""
-        ticket = self.dispatch.enter(Ticket(prompt.ids if prompt is not None else None))
+        ticket = self.dispatch.enter(Ticket(prompt.ids if prompt is not None else None, reuse=reuse))
         try:
             index = await self.dispatch.await_lane(ticket, timeout)
             yield self.runtimes[index]
@@ -139,7 +144,7 @@ class Pool:
         """Runtime.generate() on a runtime of the pool: several threads may call it at once."""
         request: dict[str, Any] = dict(options)
         tokenized = self._tokenized(prompt, request)
-        with self.lane(lane_timeout, tokenized) as runtime:
+        with self.lane(lane_timeout, tokenized, request.get("reuse_prefix", "any")) as runtime:
             return runtime.generate(tokenized or prompt, **request)
 
     async def agenerate(
@@ -150,7 +155,7 @@ class Pool:
         its runtime for the next."""
         request: dict[str, Any] = dict(options)
         tokenized = await asyncio.to_thread(self._tokenized, prompt, request)
-        async with self.alane(lane_timeout, tokenized) as runtime:
+        async with self.alane(lane_timeout, tokenized, request.get("reuse_prefix", "any")) as runtime:
             return await runtime.agenerate(tokenized or prompt, **request)
 
     def close(self) -> None:

@@ -148,6 +148,13 @@ class Engine:
         guess = self.drafter.propose(prompt, min(limit, FREE_GUESS_TOKENS), cfg, rng)
         return policy.would_guess(len(guess.tokens), guess.support, depth=len(prompt) - 1)
 
+    def keeps(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """How much of the prompt's start a request would take from the target's cache: the
+        rows a fresh evaluation computes with the same bits (reuse_prefix "exact"), and every
+        row the prompt shares with it ("any")."""
+        shared = min(common_prefix(self.target.cached_tokens(), prompt), len(prompt) - 1)
+        return self._cached.exact_keep(prompt, shared), shared
+
     def _prefill(
         self,
         prompt: Sequence[int],
@@ -164,9 +171,7 @@ class Engine:
         # goes in with the last piece where that piece still sums as one-token passes, so
         # its row has the bits the first verify pass would have given it.
         t0 = self.clock()
-        cached = self.target.cached_tokens() if reuse != "none" else ()
-        keep = min(common_prefix(cached, prompt), len(prompt) - 1)
-        exact = self._cached.exact_keep(prompt, keep)
+        exact, keep = self.keeps(prompt) if reuse != "none" else (0, 0)
         keep = exact if reuse == "exact" else keep
         if keep > exact:  # the fresh evaluation's block from `exact` would have computed these
             stats.reused_tokens = keep - exact

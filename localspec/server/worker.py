@@ -145,7 +145,8 @@ class Worker:
                 raise shutting_down()
             if self.load_error is not None:
                 raise not_loaded(self.model_id, self.load_error)
-            ticket = Ticket(job.prompt.ids if job.prompt is not None else None, self._swaps(job.model), job.model)
+            prompt, reuse = job.prompt.ids if job.prompt is not None else None, job.request.get("reuse_prefix", "any")
+            ticket = Ticket(prompt, self._swaps(job.model), job.model, reuse)
             try:
                 self._line().enter(ticket, self.max_queue)
             except LineFullError as full:

@@ -16,8 +16,15 @@ from localspec.core.errors import BackendClosedError, RuntimeBusyError
 from localspec.dispatch import Dispatcher, LineFullError, Ticket
 
 
-def lanes_caching(*caches: Sequence[int]) -> Dispatcher:
-    return Dispatcher(len(caches), lambda lane, prompt: common_prefix(caches[lane], prompt))
+def lanes_caching(*caches: Sequence[int], exact: Sequence[int] = ()) -> Dispatcher:
+    """Lanes caching these tokens, of which a request keeping only exact rows keeps the first
+    exact[lane] (all it shares where not given)."""
+
+    def held(lane: int, prompt: Sequence[int]) -> tuple[int, int]:
+        shared = common_prefix(caches[lane], prompt)
+        return (min(shared, exact[lane]) if exact else shared), shared
+
+    return Dispatcher(len(caches), held)
 
 
 def test_requests_get_lanes_in_the_order_they_asked() -> None:
@@ -53,6 +60,16 @@ def test_a_request_takes_the_free_lane_caching_the_longest_part_of_its_prompt() 
     assert other.lane == 1
     # Nothing cached of it anywhere free: the lowest free lane.
     assert line.enter(Ticket([5])).lane == 0
+
+
+def test_a_request_keeping_exact_rows_takes_the_lane_whose_rows_it_keeps_others_the_longest() -> None:
+    # Both lanes hold the same start; only lane 1's rows went in as this request's fresh
+    # evaluation computes them (one-token passes, where lane 0's came from a long prompt's block).
+    shared = [1, 2, 3, 4]
+    assert lanes_caching([*shared, 9], [*shared, 8], exact=[0, 4]).enter(Ticket([*shared, 5], reuse="exact")).lane == 1
+    # A request reusing any row takes the longest share, exact rows deciding only between equals.
+    assert lanes_caching([*shared, 5], shared, exact=[0, 4]).enter(Ticket([*shared, 5, 6])).lane == 0
+    assert lanes_caching(shared, shared, exact=[2, 4]).enter(Ticket([*shared, 5])).lane == 1
 
 
 def test_equal_caches_and_no_prompt_take_the_lowest_free_lane() -> None:

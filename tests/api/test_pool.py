@@ -91,6 +91,22 @@ def test_a_conversations_next_turn_runs_on_the_lane_that_caches_it(pool: Pool) -
         assert runtime is cached_on
 
 
+def test_a_short_prompt_keeping_exact_rows_runs_on_the_lane_whose_system_turn_it_keeps(pool: Pool) -> None:
+    # Both lanes cache the chat template's system turn: lane 0 from a long prompt's large block,
+    # lane 1 from a short prompt's one-token-like block. Only lane 1's rows give a short prompt
+    # a fresh evaluation's bits; by the tokens in common alone the lanes tie, and lane 0 won.
+    notes = " ".join(f"Note {i}: the ferry leaves pier {i % 7 + 1}." for i in range(40))
+    long = pool.runtimes[0].generate(messages=[{"role": "user", "content": notes}], max_tokens=2, temperature=0)
+    short = pool.runtimes[1].generate(messages=[{"role": "user", "content": "Name three birds."}], max_tokens=2)
+    assert long.stats.prompt_tokens > 128 and short.stats.prompt_tokens < 63
+    ask = [{"role": "user", "content": "Write two colours."}]
+    with pool.lane(prompt=pool.runtimes[0].prepare(messages=ask), reuse="exact") as runtime:
+        assert runtime is pool.runtimes[1]
+    answer = pool.generate(messages=ask, max_tokens=4, temperature=0, reuse_prefix="exact")
+    assert answer.stats.prefill_tokens < answer.stats.prompt_tokens - 10  # the system turn was kept
+    assert answer.stats.reused_tokens == 0  # and nothing that may part from a fresh evaluation
+
+
 def test_the_default_lanes_leave_room_for_a_draft_models_caches_too(
     smollm2_q4_1: Path, derived_models, monkeypatch: pytest.MonkeyPatch
 ) -> None:
