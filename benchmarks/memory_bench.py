@@ -11,8 +11,9 @@ every request but each session's first, which neither side can recall anything f
     python benchmarks/memory_bench.py MODEL.gguf --peers-bin DIR [-n 160] [-r 1]
         [--sessions benchmarks/prompts_sessions.jsonl] [--only SESSION] [--gamma 4 --gamma 8]
 
-Without --peers-bin only localspec's columns run. Tokens per target pass are printed beside
-tokens/s: a busy host moves the latter, not the former.
+localspec's three columns answer each request in turn, in an order rotated a place each
+request and each repeat. Without --peers-bin only localspec's columns run. Tokens per target
+pass are printed beside tokens/s: a busy host moves the latter, not the former.
 """
 
 from __future__ import annotations
@@ -61,7 +62,13 @@ class Tally:
 
 
 def run_session(
-    target: Backend, model: str, prompts: list[str], args: argparse.Namespace, tally: Tally, counts: dict[str, int]
+    target: Backend,
+    model: str,
+    prompts: list[str],
+    args: argparse.Namespace,
+    tally: Tally,
+    counts: dict[str, int],
+    rotation: int = 0,
 ) -> None:
     runtimes = {
         "plain": runtime_for(target, strategy="none"),
@@ -73,7 +80,11 @@ def run_session(
         for i, prompt in enumerate(prompts):
             messages = [{"role": "user", "content": prompt}]
             answers = {}
-            for column, runtime in runtimes.items():  # interleaved: drift hits every column alike
+            # Interleaved, so drift hits every column alike, and rotated a place each request, so
+            # no column always follows another on the same prompt (one order favoured a column).
+            order = list(runtimes.items())
+            shift = (i + rotation) % len(order)
+            for column, runtime in order[shift:] + order[:shift]:
                 out = runtime.generate(messages=messages, max_tokens=args.max_tokens, temperature=0.0)
                 answers[column] = out.tokens
                 if i > 0:
@@ -117,8 +128,8 @@ def main() -> None:
     counts = {"requests": 0, "identical": 0}
     for name, prompts in sessions.items():
         per_session[name] = tally = Tally()
-        for _ in range(args.repeats):
-            run_session(target, args.model, prompts, args, tally, counts)
+        for repeat in range(args.repeats):
+            run_session(target, args.model, prompts, args, tally, counts, rotation=repeat)
         print(name, {c: round(tally.rate(c), 1) for c in columns}, flush=True)
         passes = {c: round(tally.tokens[c] / tally.steps[c], 3) for c in columns if tally.steps[c]}
         print(name, "tokens per target pass", passes, flush=True)
