@@ -7,6 +7,8 @@ on the same GGUF and threads (issue #57), every server started once and asked in
   (greedy, 128 tokens each, prompts that repeat text and prompts that do not, or with
   --prompts copying only prompts whose answers copy text), speculation on and off;
 - whether a greedy or seeded answer served beside others equals the same request alone.
+- the prompt tokens each server evaluated and kept from its cache over the throughput rounds
+  (from /metrics: llama-server's names, which localspec's follow).
 
     python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH | --hybrid | --mtp] [--threads 1]
 
@@ -173,6 +175,17 @@ def throughput(
     return tokens / wall, sum(a[1] / a[2] for a in answers) / clients, 1000 * cpu / max(tokens, 1)
 
 
+def prompt_counts(base: str) -> tuple[int, int]:
+    """The prompt tokens a server evaluated and those it kept from its cache, from /metrics
+    (llama-server's names, which localspec's follow; llama-server needs --metrics)."""
+    totals = {"llamacpp:prompt_tokens_total": 0.0, "llamacpp:prompt_tokens_cached_total": 0.0}
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return int(totals["llamacpp:prompt_tokens_total"]), int(totals["llamacpp:prompt_tokens_cached_total"])
+
+
 def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -266,7 +279,7 @@ def main() -> None:
         model, assistant = str(pair[0]), str(pair[1])
         drafting, spec = "auto", ["--spec-type", "draft-mtp", "-md", assistant]
         ours = [*ours[:5], model, *ours[6:], "--draft-model", assistant]
-    theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "16384", "--jinja"]
+    theirs = [args.llama_server, "-m", model, "-t", t, "-tb", t, "-c", "16384", "--jinja", "--metrics"]
 
     def localspec(n: int, strategy: str) -> Server:
         return Server(
@@ -299,6 +312,7 @@ def main() -> None:
     # drifts 10-30 % over minutes, which whole runs a server at a time read as the servers'
     # difference. A cell is the median round; a ratio, the median of the rounds' ratios.
     runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    prompts_in: dict[tuple[str, int], tuple[int, int]] = {}  # prompt tokens evaluated, kept
     for n in (1, 2, 4):
         started = [start(make(n)) for make, _ in rows]
         try:
@@ -311,6 +325,8 @@ def main() -> None:
                     proc, base = started[k]
                     figures = throughput(base, n, psutil.Process(proc.pid), r, prompts)
                     runs.setdefault((rows[k][1], n), []).append(figures)
+            for (_, label), (_, base) in zip(rows, started, strict=True):
+                prompts_in[label, n] = prompt_counts(base)
         finally:
             for proc, _ in started:
                 proc.kill()
@@ -336,6 +352,11 @@ def main() -> None:
     print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
     for _, label in rows:
         cells = [f"{statistics.median(r[2] for r in runs[label, n]):.2f}" for n in (1, 2, 4)]
+        print(f"| {label} | {' | '.join(cells)} |", flush=True)
+    print("\n## prompt tokens evaluated / kept from the cache, the warm-up and every round\n")
+    print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
+    for _, label in rows:
+        cells = [" / ".join(map(str, prompts_in[label, n])) for n in (1, 2, 4)]
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
     if not args.skip_identity:
         print("\n## answers that differ, alone vs 4 clients at once (of 10: 5 greedy, 5 seeded)\n")
