@@ -7,8 +7,8 @@ on the same GGUF and threads (issue #57), every server started once and asked in
   (greedy, 128 tokens each, prompts that repeat text and prompts that do not, or with
   --prompts copying only prompts whose answers copy text), speculation on and off;
 - whether a greedy or seeded answer served beside others equals the same request alone.
-- the prompt tokens each server evaluated and kept from its cache over the throughput rounds
-  (from /metrics: llama-server's names, which localspec's follow).
+- the prompt tokens each server evaluated and kept from its cache over the throughput rounds,
+  and its llama_decode calls (from /metrics: llama-server's names, which localspec's follow).
 
     python benchmarks/concurrency.py --llama-server BIN/llama-server [--model PATH | --hybrid | --mtp] [--threads 1]
 
@@ -175,15 +175,18 @@ def throughput(
     return tokens / wall, sum(a[1] / a[2] for a in answers) / clients, 1000 * cpu / max(tokens, 1)
 
 
-def prompt_counts(base: str) -> tuple[int, int]:
-    """The prompt tokens a server evaluated and those it kept from its cache, from /metrics
+def prompt_counts(base: str) -> tuple[int, int, int | None]:
+    """The prompt tokens a server evaluated, those it kept from its cache, and its llama_decode
+    calls (None where it reports none: localspec serving one request at a time), from /metrics
     (llama-server's names, which localspec's follow; llama-server needs --metrics)."""
-    totals = {"llamacpp:prompt_tokens_total": 0.0, "llamacpp:prompt_tokens_cached_total": 0.0}
+    names = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total", "llamacpp:n_decode_total")
+    totals: dict[str, float] = {}
     for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return int(totals["llamacpp:prompt_tokens_total"]), int(totals["llamacpp:prompt_tokens_cached_total"])
+        if name in names:
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    decodes = totals.get(names[2])
+    return int(totals.get(names[0], 0)), int(totals.get(names[1], 0)), None if decodes is None else int(decodes)
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -312,7 +315,7 @@ def main() -> None:
     # drifts 10-30 % over minutes, which whole runs a server at a time read as the servers'
     # difference. A cell is the median round; a ratio, the median of the rounds' ratios.
     runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-    prompts_in: dict[tuple[str, int], tuple[int, int]] = {}  # prompt tokens evaluated, kept
+    prompts_in: dict[tuple[str, int], tuple[int, int, int | None]] = {}  # prompt tokens evaluated, kept; decodes
     for n in (1, 2, 4):
         started = [start(make(n)) for make, _ in rows]
         try:
@@ -353,10 +356,10 @@ def main() -> None:
     for _, label in rows:
         cells = [f"{statistics.median(r[2] for r in runs[label, n]):.2f}" for n in (1, 2, 4)]
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
-    print("\n## prompt tokens evaluated / kept from the cache, the warm-up and every round\n")
+    print("\n## prompt tokens evaluated / kept from the cache; llama_decode calls (the warm-up and every round)\n")
     print("| server | 1 | 2 | 4 |\n|---|---|---|---|")
     for _, label in rows:
-        cells = [" / ".join(map(str, prompts_in[label, n])) for n in (1, 2, 4)]
+        cells = [f"{a} / {b}; {'-' if c is None else c}" for a, b, c in (prompts_in[label, n] for n in (1, 2, 4))]
         print(f"| {label} | {' | '.join(cells)} |", flush=True)
     if not args.skip_identity:
         print("\n## answers that differ, alone vs 4 clients at once (of 10: 5 greedy, 5 seeded)\n")

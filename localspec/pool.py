@@ -56,6 +56,10 @@ class LaneHost(Protocol):
         """The lanes inside a request now."""
         ...
 
+    def passes(self) -> int:
+        """The passes it has run for its lanes (llama_decode calls), shared or not."""
+        ...
+
 
 @runtime_checkable
 class HostsLanes(Protocol):
@@ -78,13 +82,20 @@ class Pool:
         release: Callable[[], None],
         note: str | None = None,
         max_waiting: int | None = None,
+        passes: Callable[[], int] | None = None,
     ) -> None:
         """max_waiting: how many requests may wait for a runtime (None: any number); one more
-        is refused with LineFullError."""
+        is refused with LineFullError. passes: how many passes the target's lanes have run."""
         self.runtimes = runtimes
         self._release = release  # frees the runtimes and the model they share
         self.note = note  # why fewer runtimes than asked for, if so
         self.dispatch = Dispatcher(len(runtimes), self._cached, max_waiting)
+        self._passes = passes
+
+    def shared_passes(self) -> int | None:
+        """The target passes its lanes have run since it was loaded, each holding the blocks
+        of every lane that waited (llama-server's n_decode_total); None without lanes."""
+        return self._passes() if self._passes is not None else None
 
     @classmethod
     def single(
@@ -275,7 +286,9 @@ def load_pool(
             runtime.close()
         _close(backends)
 
-    return Pool(tuple(runtimes), release, max_waiting=max_waiting)
+    target = backends[0]
+    passes = target.lane_host().passes if isinstance(target, HostsLanes) else None
+    return Pool(tuple(runtimes), release, max_waiting=max_waiting, passes=passes)
 
 
 def _lane_backends(opts: LoadOptions, parallel: int, on_progress: Announce | None) -> list[Backend]:

@@ -244,6 +244,10 @@ class LaneHost(PassTurns[_Ask]):
         """The lanes inside a request now (read without the lock: a price, not a decision)."""
         return len(self._busy)
 
+    def passes(self) -> int:
+        """The passes run for the lanes so far (read without the lock: a count for /metrics)."""
+        return self.figures.passes
+
     def idle(self, lane: Lane) -> None:
         """The lane's request is over: passes no longer wait for it."""
         with self._cond:

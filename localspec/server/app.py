@@ -164,7 +164,9 @@ def _add_info_routes(app: FastAPI, api: APIRouter, worker: Worker, catalog: Cata
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(exposition(worker.metrics, worker.queue_by_model), media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            exposition(worker.metrics, worker.queue_by_model, worker.passes_by_model), media_type=CONTENT_TYPE_LATEST
+        )
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -21,10 +21,12 @@ from prometheus_client.registry import Collector
 
 from localspec.core.stats import Stats
 
-__all__ = ["CONTENT_TYPE_LATEST", "Queue", "ServerMetrics", "exposition"]
+__all__ = ["CONTENT_TYPE_LATEST", "Passes", "Queue", "ServerMetrics", "exposition"]
 
 # Per model: requests running and waiting (the worker's queue, read when scraped).
 Queue = Callable[[], Mapping[str, tuple[int, int]]]
+# Per model served in lanes: the target passes the lanes shared since it was loaded.
+Passes = Callable[[], Mapping[str, int]]
 
 
 @dataclass
@@ -117,9 +119,10 @@ class ServerMetrics:
 
 
 class _Collector(Collector):
-    def __init__(self, metrics: ServerMetrics, queue: Queue) -> None:
+    def __init__(self, metrics: ServerMetrics, queue: Queue, passes: Passes) -> None:
         self.metrics = metrics
         self.queue = queue
+        self.passes = passes
 
     def collect(self) -> Iterator[Metric]:
         tallies = self.metrics.snapshot()
@@ -137,6 +140,12 @@ class _Collector(Collector):
                 counter.add_metric([model], figure(tally))
             yield counter
         yield from _gauges(tallies, queue)
+        # A lane's steps share passes: llama_decode calls, as llama-server counts them, are fewer
+        # than the verify passes its requests' figures add up to.
+        decodes = CounterMetricFamily("llamacpp:n_decode", "Number of llama_decode() calls", labels=["model"])
+        for model, count in self.passes().items():
+            decodes.add_metric([model], count)
+        yield decodes
 
 
 def _gauges(tallies: Mapping[str, Tally], queue: Mapping[str, tuple[int, int]]) -> Iterator[Metric]:
@@ -155,8 +164,8 @@ def _gauges(tallies: Mapping[str, Tally], queue: Mapping[str, tuple[int, int]]) 
     yield from (longest, processing, deferred, waited)
 
 
-def exposition(metrics: ServerMetrics, queue: Queue) -> bytes:
-    """The metrics in Prometheus' text format."""
+def exposition(metrics: ServerMetrics, queue: Queue, passes: Passes) -> bytes:
+    """The metrics in Prometheus' text format; passes: the lanes' shared passes per model."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(metrics, queue))
+    registry.register(_Collector(metrics, queue, passes))
     return generate_latest(registry)

@@ -189,6 +189,13 @@ class Worker:
                 counts[job.model] = (running + (job.outcome != "waiting"), waiting + (job.outcome == "waiting"))
             return counts
 
+    def passes_by_model(self) -> dict[str, int]:
+        """The served model's shared passes since it was loaded, for /metrics (none without lanes)."""
+        with self._cond:
+            pool = self.pool
+        passes = pool.shared_passes() if pool is not None else None
+        return {self.model_id: passes} if passes is not None else {}
+
     def wait_until(self, condition: Callable[[dict[str, Any]], bool], timeout: float | None = None) -> bool:
         """Block until condition(status()) holds, e.g. lambda s: not s["busy"]; False on timeout."""
         with self._cond:

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from model_support import TEST_N_CTX
+from prometheus_client.parser import text_string_to_metric_families
 from server_support import chat_answer, close_and_cancel_mid_answer
 
 from localspec.api import TextDelta
@@ -234,7 +235,7 @@ def test_a_side_request_starts_within_a_step_while_a_stream_runs(smollm2_q4_1: P
 
 
 def test_a_burst_of_24_requests_is_answered_whole(smollm2_q4_1: Path) -> None:
-    with pooled(smollm2_q4_1, 4) as (server, _):
+    with pooled(smollm2_q4_1, 4) as (server, pool):
         statuses: list[int] = []
 
         def one(i: int) -> None:
@@ -247,7 +248,14 @@ def test_a_burst_of_24_requests_is_answered_whole(smollm2_q4_1: Path) -> None:
             thread.start()
         for thread in threads:
             thread.join()
+        metrics = httpx.get(server.url.removesuffix("/v1") + "/metrics", timeout=30).text
+        ran = pool.shared_passes()
     assert statuses == [200] * 24
+    # /metrics counts the lanes' passes as llama-server counts llama_decode calls: shared by
+    # the lanes that waited, so fewer than the requests' own verify passes added up.
+    samples = {s.name: s.value for f in text_string_to_metric_families(metrics) for s in f.samples}
+    assert samples["llamacpp:n_decode_total"] == ran
+    assert 0 < samples["llamacpp:n_decode_total"] < samples["localspec:verify_passes_total"]
 
 
 def test_the_server_and_the_app_share_the_pools_line_and_a_follow_up_runs_where_its_chat_is(
