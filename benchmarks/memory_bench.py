@@ -81,7 +81,7 @@ def run_session(
             messages = [{"role": "user", "content": prompt}]
             answers = {}
             # Interleaved, so drift hits every column alike, and rotated a place each request, so
-            # no column always follows another on the same prompt (one order favoured a column).
+            # no column always follows another on the same prompt (a fixed order could favour one).
             order = list(runtimes.items())
             shift = (i + rotation) % len(order)
             for column, runtime in order[shift:] + order[:shift]:
