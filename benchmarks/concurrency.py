@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.control.hardware import host_kind
 from localspec.models.default_model import ensure_pypi_model
@@ -181,10 +182,10 @@ def prompt_counts(base: str) -> tuple[int, int, int | None]:
     (llama-server's names, which localspec's follow; llama-server needs --metrics)."""
     names = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total", "llamacpp:n_decode_total")
     totals: dict[str, float] = {}
-    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in names:
-            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name in names:  # summed over the model label localspec adds
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     decodes = totals.get(names[2])
     return int(totals.get(names[0], 0)), int(totals.get(names[1], 0)), None if decodes is None else int(decodes)
 

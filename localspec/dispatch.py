@@ -263,13 +263,8 @@ class Dispatcher:
         prompt, cached = ticket.prompt, self._cached
         if prompt is None or cached is None:
             return free[0]
-        order = (0, 1) if ticket.reuse == "exact" else (1, 0)
-
-        def kept(lane: int) -> tuple[int, int, int]:
-            held = cached(lane, prompt)
-            return held[order[0]], held[order[1]], -lane
-
-        return max(free, key=kept)
+        first = 1 if ticket.reuse == "exact" else -1  # (exact, shared) or (shared, exact)
+        return max(free, key=lambda lane: (*cached(lane, prompt)[::first], -lane))
 
 
 def _closed() -> BackendClosedError:
