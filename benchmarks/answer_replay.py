@@ -13,12 +13,19 @@ least of 5 rounds of 5 replays, on the Q4_1 curve.
 
 --doctor replays on the curve a `localspec doctor --json` report measured instead of the two
 stored ones (benchmarks/results/avx2-host/doctor_f16.json, say).
+
+--bench RUN.json sets beside each replayed answer what a real `localspec bench --peers --json`
+run of the same prompts measured on the same model (its plain answers must be the recorded
+ones): n-gram and llama-lookup at 4 and 8 tokens, each over plain decoding, real / replayed,
+and their geometric means. The replays price every pass on the curve alone; a real run also
+pays each program's own host time a pass, which llama-lookup (C++) barely has.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +51,36 @@ def rows(answers: dict[str, Any], report: dict[str, Any], trace: str) -> list[tu
         lookups = [replay_lookup(prompt, answer, truth, n) / ours for n in (4, 8)]
         out.append((name, plain / ours, mean, lookups[0], lookups[1]))
     return out
+
+
+def against_bench(answers: dict[str, Any], report: dict[str, Any], bench: dict[str, Any]) -> None:
+    """Real over replayed, per answer and in geometric mean (see --bench)."""
+    cal = calibration_from_doctor(report)
+    truth, measured = Truth.of(cal), {r["prompt"]: r for r in bench["results"]}
+    logs: list[list[float]] = [[], [], [], [], [], []]
+    print("answer           n-gram real/replayed   lookup γ4 real/replayed   γ8 real/replayed (x plain)")
+    for name, rec in answers["answers"].items():
+        row = measured.get(name)
+        if row is None or row["answer"] == "":
+            continue
+        prompt, answer = list(rec["prompt"]), list(rec["answer"])
+        plain = truth.plain(prompt, answer)
+        replayed = [
+            plain / replay(prompt, answer, truth, answers["n_vocab"], ngram_policy(cal.cost_curve())),
+            *(plain / replay_lookup(prompt, answer, truth, n) for n in (4, 8)),
+        ]
+        real = [row["speedup"], *(row["peers"][f"llama-lookup (γ={n})"] / row["plain_tokens_per_s"] for n in (4, 8))]
+        for k, (a, b) in enumerate(zip(real, replayed, strict=True)):
+            logs[2 * k].append(math.log(a))
+            logs[2 * k + 1].append(math.log(b))
+        cells = "   ".join(f"{a:5.2f} / {b:5.2f}" for a, b in zip(real, replayed, strict=True))
+        print(f"{name:16s} {cells}{' (a peer answered another text)' if row['other_answers'] else ''}")
+    means = [math.exp(sum(v) / len(v)) for v in logs]
+    print("geometric mean   " + "   ".join(f"{means[k]:5.2f} / {means[k + 1]:5.2f}" for k in (0, 2, 4)))
+    print(
+        f"n-gram over lookup γ4, γ8: real {means[0] / means[2]:.3f}, {means[0] / means[4]:.3f}; "
+        f"replayed {means[1] / means[3]:.3f}, {means[1] / means[5]:.3f}"
+    )
 
 
 def controller_time(answers: dict[str, Any], report: dict[str, Any]) -> None:
@@ -72,6 +109,7 @@ def main() -> None:
     parser.add_argument("--doctor", type=Path, action="append", default=[], help="a `localspec doctor --json` report")
     parser.add_argument("--controller-time", action="store_true", help="the controller's host time a token")
     parser.add_argument("--trace", default="", help="print this answer's steps (support:drafted/accepted)")
+    parser.add_argument("--bench", type=Path, help="a `localspec bench --peers --json` run of the same prompts")
     args = parser.parse_args()
     stored = json.loads((DATA / "replay_curves.json").read_text())
     curves = {str(p): json.loads(p.read_text()) for p in args.doctor} or {c: stored[c] for c in CURVES}
@@ -82,6 +120,10 @@ def main() -> None:
             controller_time(answers, stored[CURVES[0]])
             continue
         for curve, report in curves.items():
+            if args.bench:
+                print(f"## {path.name} on {curve} against {args.bench.name}")
+                against_bench(answers, report, json.loads(args.bench.read_text()))
+                continue
             print(f"## {path.name} on {curve}: answer, x plain, mean drafted, lookup γ4 / ours, γ8 / ours")
             table = rows(answers, report, args.trace)
             for name, speedup, mean, g4, g8 in table:

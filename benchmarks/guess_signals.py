@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SETS = {
     "golden": ROOT / "tests/data/replay_answers.json",
     "held-out (Q4_1 answers)": ROOT / "tests/data/heldout_answers.json",
-    "held-out (F16 answers)": ROOT / "benchmarks/results/2026-11-30-heldout-avx2/heldout_answers_f16.json",
+    "held-out (F16 answers)": ROOT / "tests/data/heldout_answers_f16.json",
 }
 CURVES = ("smollm2-135m-q4_1", "smollm2-135m-f16")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -294,21 +294,36 @@ class LookupCache:
         return out
 
 
-def replay_lookup(
-    prompt: list[int], answer: list[int], truth: Truth, n_draft: int, dynamic: LookupCache | None = None
-) -> float:
-    """Simulated seconds of llama-lookup's loop (a fixed draft of up to n_draft tokens); with
-    `dynamic`, its -lcd cache, which takes this run's counts at the end as llama-lookup saves it."""
-    cache, done, seconds, last = LookupCache(prompt, dynamic), 0, 0.0, 0
+def lookup_passes(
+    prompt: list[int], answer: list[int], n_draft: int, dynamic: LookupCache | None = None
+) -> Iterator[tuple[int, int]]:
+    """llama-lookup's passes over the answer (examples/lookup/lookup.cpp), as (drafted, kept):
+    the prompt's last token goes alone and gives the first token, then each pass drafts up to
+    n_draft tokens (no more than the answer has left) and keeps the prefix the answer agrees
+    with, and the token after it. With `dynamic`, its -lcd cache, which takes this run's
+    counts at the end as llama-lookup saves it. benchmarks/lookup_fidelity.py checks these
+    passes against the program's own counts (tests/data/lookup_counts.json)."""
+    cache, done = LookupCache(prompt, dynamic), 0
     while done < len(answer):
-        guess = cache.draft(min(n_draft, len(answer) - done - 1))
+        guess = cache.draft(min(n_draft, len(answer) - done - 1)) if done else []
         accepted = common_prefix(guess, answer[done:])
-        seconds += truth.seconds(len(guess) + 1, len(prompt) - 1 + done, last)
-        last = len(guess) + 1
+        yield len(guess), accepted
         cache.add(answer[done : done + accepted + 1])
         done += accepted + 1
     if dynamic is not None:
         dynamic.merge(cache)
+
+
+def replay_lookup(
+    prompt: list[int], answer: list[int], truth: Truth, n_draft: int, dynamic: LookupCache | None = None
+) -> float:
+    """Simulated seconds of llama-lookup's loop (lookup_passes), every pass timed as the
+    replays time ours, the first one's too."""
+    seconds, done, last = 0.0, 0, 0
+    for drafted, accepted in lookup_passes(prompt, answer, n_draft, dynamic):
+        seconds += truth.seconds(drafted + 1, len(prompt) - 1 + done, last)
+        last = drafted + 1
+        done += accepted + 1
     return seconds
 
 

@@ -26,6 +26,9 @@ RPC_SERVER = "ggml-rpc-server"  # llama.cpp's own RPC server, for a target split
 LLAMA_BENCH = "llama-bench"
 _SPEED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
+# What a speculative peer printed it drafted and kept (llama-lookup, llama-speculative-simple).
+_DRAFTED = re.compile(r"n_drafted\s+=\s+(\d+)")
+_KEPT = re.compile(r"n_accept\s+=\s+(\d+)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,11 @@ class PeerResult:
     # What the program printed after the prompt (its answer, an end of text's token text
     # included); None where its output did not echo the prompt as given.
     text: str | None = None
+    # The tokens it drafted and kept over the run, and those it decoded, end of text included,
+    # as it printed them (0 where it did not).
+    drafted: int = 0
+    accepted: int = 0
+    decoded: int = 0
 
 
 def answer_after(stdout: str, prompt: str) -> str | None:
@@ -157,6 +165,7 @@ def run_peer(bin_dir: Path, run: PeerRun) -> PeerResult:
         tail = "\n".join(output.strip().splitlines()[-5:])
         raise BackendUnavailableError(f"{program} failed (exit {result.returncode}):\n{tail}")
     accept = _ACCEPT.search(output)
+    drafted, kept = _DRAFTED.search(output), _KEPT.search(output)
     tokens, seconds = answer_tokens(int(speed.group(1)), run.max_tokens), float(speed.group(2))
     return PeerResult(
         program,
@@ -165,6 +174,9 @@ def run_peer(bin_dir: Path, run: PeerRun) -> PeerResult:
         tokens / seconds if seconds > 0 else float(speed.group(3)),
         float(accept.group(1)) / 100 if accept else 0.0,
         answer_after(result.stdout, prompt),
+        int(drafted.group(1)) if drafted else 0,
+        int(kept.group(1)) if kept else 0,
+        int(speed.group(1)),
     )
 
 

@@ -11,6 +11,8 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from localspec.backends.reference import ReferenceBackend
 from localspec.backends.reference import load as load_reference
 from localspec.cli.bench import PeerPlan, llama_bench_figures, run_peers
@@ -181,6 +183,21 @@ def test_a_peers_end_of_text_is_not_counted_as_a_token_of_its_answer(tmp_path: P
         fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
         result = run_peer(tmp_path, PeerRun("llama-lookup", "model.gguf", "the prompt", max_tokens, 4))
         assert (result.tokens, result.seconds, result.tokens_per_s) == (answer, 2.0, answer / 2)
+
+
+def test_a_peers_drafted_and_kept_tokens_are_read_as_it_prints_them(tmp_path: Path) -> None:
+    # lookup.cpp's closing lines, as vendored; lookup_fidelity.py compares them with the replays'.
+    fake = tmp_path / "llama-lookup"
+    fake.write_text(
+        '#!/bin/sh\necho "the prompt the answer"\n'
+        'echo "decoded   53 tokens in    2.000 seconds, speed:   26.500 t/s" >&2\n'
+        'echo "n_draft      = 8" >&2\necho "n_predict    = 53" >&2\necho "n_drafted    = 48" >&2\n'
+        'echo "n_accept     = 41" >&2\necho "accept       = 85.417%" >&2\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    result = run_peer(tmp_path, PeerRun("llama-lookup", "model.gguf", "the prompt", 160, 8))
+    assert (result.drafted, result.accepted, result.decoded, result.tokens) == (48, 41, 53, 52)
+    assert result.acceptance_rate == pytest.approx(0.85417)
 
 
 def test_llama_bench_runs_like_for_like_right_after_each_prompts_rows(tmp_path: Path) -> None:
