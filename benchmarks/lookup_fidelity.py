@@ -27,11 +27,8 @@ from pathlib import Path
 
 import llama_cpp as llama
 
-from localspec.control.replay import lookup_passes
+from localspec.control.replay import lookup_timed_passes
 from localspec.tooling.peers import PeerRun, find_or_build, run_peer, same_answer
-
-# Stands for an answer's end of text, which the recorded answers leave out: no draft guesses it.
-END = -1
 
 
 @dataclass
@@ -43,11 +40,9 @@ class Counts:
     passes: int = 0
 
     def add(self, other: Counts) -> None:
-        self.drafted, self.accepted, self.passes = (
-            self.drafted + other.drafted,
-            self.accepted + other.accepted,
-            self.passes + other.passes,
-        )
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.passes += other.passes
 
     def line(self) -> str:
         rate = self.accepted / self.drafted if self.drafted else 0.0
@@ -55,13 +50,9 @@ class Counts:
 
 
 def simulated(prompt: list[int], answer: list[int], n_draft: int, ended: bool) -> Counts:
-    """The replays' llama-lookup (lookup_passes) over the answer, counted; ended: the answer
-    ended in an end of text (not recorded), a token of its own that llama-lookup counts."""
-    counts = Counts()
-    for drafted, kept in lookup_passes(prompt, [*answer, END] if ended else answer, n_draft):
-        counts.add(Counts(drafted, kept, 1))
-    counts.passes -= 1  # the first pass is the prompt's, outside llama-lookup's timed decode
-    return counts
+    """The replays' llama-lookup over the answer, the passes llama-lookup counts."""
+    passes = lookup_timed_passes(prompt, answer, n_draft, ended)
+    return Counts(sum(d for d, _ in passes), sum(k for _, k in passes), len(passes))
 
 
 class Vocab:
@@ -74,12 +65,12 @@ class Vocab:
         self._vocab = llama.llama_model_get_vocab(self._model)
 
     def text(self, ids: Sequence[int]) -> str:
-        out = bytearray()
-        buf = (ctypes.c_char * 256)()
-        for token in ids:
-            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-            out += bytes(buf[:n])
-        return out.decode("utf-8", errors="replace")
+        """The ids' text with their special tokens written out (LlamaCppBackend.detokenize
+        leaves them out, as an answer's text should)."""
+        tokens = (llama.llama_token * len(ids))(*ids)
+        buf = ctypes.create_string_buffer(8 * len(ids) + 64)
+        n = llama.llama_detokenize(self._vocab, tokens, len(ids), buf, len(buf), False, True)
+        return buf.raw[:n].decode("utf-8", errors="replace")
 
     def ids(self, text: str) -> list[int]:
         data = text.encode()

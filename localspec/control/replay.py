@@ -314,6 +314,17 @@ def lookup_passes(
         dynamic.merge(cache)
 
 
+# Stands for an answer's end of text, which recorded answers leave out: no draft guesses it.
+END_OF_TEXT = -1
+
+
+def lookup_timed_passes(prompt: list[int], answer: list[int], n_draft: int, ended: bool) -> list[tuple[int, int]]:
+    """The passes llama-lookup times and counts (its decode after the first token, which the
+    prompt's pass gives), as lookup_passes; ended: the answer ended in an end of text, a token
+    llama-lookup decodes and counts too."""
+    return list(lookup_passes(prompt, [*answer, END_OF_TEXT] if ended else answer, n_draft))[1:]
+
+
 def replay_lookup(
     prompt: list[int], answer: list[int], truth: Truth, n_draft: int, dynamic: LookupCache | None = None
 ) -> float:

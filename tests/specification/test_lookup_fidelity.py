@@ -14,19 +14,12 @@ from typing import Any
 
 import pytest
 
-from localspec.control.replay import lookup_passes
+from localspec.control.replay import lookup_timed_passes
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 COUNTS: dict[str, Any] = json.loads((DATA / "lookup_counts.json").read_text())
-END = -1  # an answer's end of text, left out of the recorded answers: no draft guesses it
 PER_ANSWER = 3  # passes an answer's simulation may differ by
 IN_TOTAL = 0.01
-
-
-def simulated_passes(prompt: list[int], answer: list[int], n_draft: int, ended: bool) -> int:
-    """The simulation's passes after the first token (llama-lookup's timed decode), an answer
-    that ended in an end of text decoding that token too, as the program does."""
-    return sum(1 for _ in lookup_passes(prompt, [*answer, END] if ended else answer, n_draft)) - 1
 
 
 CASES = [(name, n_draft) for name in sorted(COUNTS) for n_draft in (4, 8)]
@@ -43,7 +36,7 @@ def test_the_simulated_lookup_makes_llama_lookups_passes(answers: str, n_draft: 
         rec = recorded["answers"][name]
         answer = list(rec["answer"])
         real = counts[str(n_draft)][2]
-        sim = simulated_passes(list(rec["prompt"]), answer, n_draft, len(answer) < recorded["tokens"])
+        sim = len(lookup_timed_passes(list(rec["prompt"]), answer, n_draft, len(answer) < recorded["tokens"]))
         real_total, sim_total = real_total + real, sim_total + sim
         if abs(sim - real) > PER_ANSWER:
             off.append(f"{name}: {sim} simulated, {real} by llama-lookup")
