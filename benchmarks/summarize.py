@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -46,7 +47,19 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        print(table(Path(name)))
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("runs", nargs="+", type=Path, help="`localspec bench --json` outputs")
+    args = parser.parse_args(argv)
+    for path in args.runs:
+        try:
+            print(table(path))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"summarize: {path}: not a `localspec bench --json` output ({exc})", file=sys.stderr)
+            return 2
         print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

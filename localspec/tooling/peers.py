@@ -158,7 +158,7 @@ def run_peer(bin_dir: Path, run: PeerRun) -> PeerResult:
     if run.draft_model:
         cmd += ["-md", run.draft_model, "--spec-type", "draft-simple"]
     cmd += run.extra_args
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=_peer_env())
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=peer_env())
     output = result.stdout + result.stderr
     speed = _SPEED.search(output)
     if result.returncode != 0 or not speed:
@@ -199,7 +199,9 @@ def _same_settings() -> dict[str, str]:
     return {"LLAMA_ARG_REPACK": "1" if llamacpp.extra_buffers() else "0", "LLAMA_ARG_FLASH_ATTN": flash}
 
 
-def _peer_env() -> dict[str, str]:
+def peer_env() -> dict[str, str]:
+    """The environment a llama.cpp program runs in beside localspec: this one, with localspec's
+    llama.cpp settings (on an AMX build whose AMX buffers fault, no extra buffer types)."""
     return {**os.environ, **_same_settings()}
 
 

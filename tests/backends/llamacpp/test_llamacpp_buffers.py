@@ -43,9 +43,9 @@ def test_flash_attention_follows_llama_cpps_variable(monkeypatch, value):
 
 
 def test_the_peers_run_with_the_same_settings(monkeypatch):
-    from localspec.tooling.peers import _peer_env
+    from localspec.tooling.peers import peer_env
 
     monkeypatch.setenv("LLAMA_ARG_FLASH_ATTN", "off")
     monkeypatch.setenv("LLAMA_ARG_REPACK", "0")
-    env = _peer_env()
+    env = peer_env()
     assert env["LLAMA_ARG_FLASH_ATTN"] == "off" and env["LLAMA_ARG_REPACK"] == "0"
