@@ -25,6 +25,7 @@ run to run on these hosts).
 from __future__ import annotations
 
 import argparse
+import shlex
 import socket
 import statistics
 import subprocess
@@ -98,12 +99,16 @@ def free_port() -> int:
 
 def start(server: Server) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen(server.command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
+    cmd = server.command(port)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{server.name} exited with status {proc.returncode} before it got ready")
+        if proc.poll() is not None:  # its output is not kept: the command shows why
+            raise SystemExit(
+                f"{server.name} exited with status {proc.returncode} before it got ready; "
+                f"run it alone to see why: {shlex.join(cmd)}"
+            )
         try:
             if httpx.get(f"{base}/health", timeout=2).json().get("status") == "ok":
                 return proc, base

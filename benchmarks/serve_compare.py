@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -81,7 +82,10 @@ def start(cmd: list[str], base: str) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{cmd[0]} exited with status {proc.returncode} before it got ready")
+            raise SystemExit(
+                f"{cmd[0]} exited with status {proc.returncode} before it got ready; "
+                f"run it alone to see why: {shlex.join(cmd)}"
+            )
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                 return proc
