@@ -438,9 +438,12 @@ def test_a_lanes_policy_is_the_lone_policy_priced_on_the_targets_calibration_as_
         alone = [lone.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)]
         assert [lane.costs.verify(k, depth) for k in range(1, 9) for depth in (0, 2000)] == alone
         busy[0] = 3
-        assert lane.costs.verify(1) == pytest.approx(lone.costs.verify(3) - lone.costs.verify(2))
+        # The reference model's prior prices a row under a microsecond on a fast host (AMX), where
+        # the curve's floor holds, so the expected prices carry the floor too.
+        joined_one = lone.costs.verify(3) - lone.costs.verify(2)
+        assert lane.costs.verify(1) == pytest.approx(max(joined_one, 1e-6))
         joined = lone.costs.verify(6) - lone.costs.verify(2)  # the two others padded to 2 rows
-        assert lane.costs.verify(2) == pytest.approx(min(lone.costs.verify(2), joined))
+        assert lane.costs.verify(2) == pytest.approx(max(min(lone.costs.verify(2), joined), 1e-6))
     finally:
         target.close()
 
