@@ -38,6 +38,7 @@ from localspec.backends.llamacpp.copies import quantize
 from localspec.control.hardware import physical_cores
 from localspec.control.replay import projection_rows
 from localspec.testing.gguf_writer import HybridSpec, write_qwen35_gguf
+from localspec.tooling.peers import bench_flags
 
 # A Qwen3.5-0.8B-class layout: the family's head and state widths (its 27B's: head dim 256,
 # recurrent state 128, an attention block every 4th) at 0.8B's width and depth, and its vocabulary.
@@ -161,6 +162,7 @@ def llama_bench(bin_dir: Path, path: Path, threads: int) -> list[float] | None:
         return None
     sizes = ",".join(str(k) for k in range(1, MAX_K + 1))
     cmd = [str(program), "-m", str(path), "-p", sizes, "-n", "0", "-t", str(threads), "-r", "5", "-o", "json"]
+    cmd += bench_flags()  # on an AMX VM llama-bench's default repacking faults (llama.cpp#20824)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     by_k = {int(row["n_prompt"]): row["avg_ns"] / 1e9 for row in json.loads(out)}
     return [by_k[k] for k in range(1, MAX_K + 1)]
@@ -180,7 +182,8 @@ def main() -> None:
     snapshots = LlamaCppBackend(str(path), **options)
     print(f"# {args.shape} {args.ftype} ({snapshots.info.size_bytes / 2**30:.2f} GiB), {args.threads} threads")
     curve = pass_costs(snapshots, args.reps)
-    mtp = head_cost(snapshots, args.reps)
+    # A shape without a nextn layer has no head to time, and so no draft to project.
+    mtp = head_cost(snapshots, args.reps) if SHAPES[args.shape].nextn else None
     snapshots.close()
     bare = LlamaCppBackend(str(path), recurrent_snapshots=0, **options)
     floor = bare_costs(bare, args.reps)
@@ -200,9 +203,12 @@ def main() -> None:
         if peer:
             line += f"{peer[k - 1] * 1e3:16.1f}{curve[k - 1] / peer[k - 1]:13.2f}"
         print(line)
-    print(f"\nMTP head: {mtp * 1e3:.1f} ms a drafted token, {mtp / curve[0]:.2f} of a target step")
     steps = {n: step_cost(path, n, options, args.reps) for n in (0, 4, 16)}
-    print("plain step with n snapshots kept: " + ", ".join(f"{n}: {t * 1e3:.1f} ms" for n, t in steps.items()))
+    print("\nplain step with n snapshots kept: " + ", ".join(f"{n}: {t * 1e3:.1f} ms" for n, t in steps.items()))
+    if mtp is None:
+        print(f"{args.shape} has no MTP head: no draft length to project")
+        return
+    print(f"MTP head: {mtp * 1e3:.1f} ms a drafted token, {mtp / curve[0]:.2f} of a target step")
     print(f"\n{'alpha':>6}{'best γ':>8}{'speedup':>9}{'controller γ':>14}{'speedup':>9}{'of best':>9}")
     for alpha, best, best_speed, chosen, chosen_speed in projection_rows(curve, mtp, ALPHAS):
         print(

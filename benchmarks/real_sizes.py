@@ -329,12 +329,15 @@ def llama_bench(path: Path, threads: int) -> dict[str, object] | None:
     """llama-bench's plain decoding: with one thread in CPU seconds (the difference of a
     -n 192 and a -n 64 run's CPU time, which cancels loading and warm-up), so that other
     processes on the shared machine do not count; with more, its own wall-clock tok/s."""
+    from localspec.tooling.peers import bench_flags
+
     binary = PEERS_BIN / "llama-bench"
     if not binary.exists():
         return None
     runs = []
     for n in (64, 192) if threads == 1 else (64,):
         cmd = [str(binary), "-m", str(path), "-n", str(n), "-p", "0", "-t", str(threads), "-r", "1", "-o", "json"]
+        cmd += bench_flags()  # on an AMX VM llama-bench's default repacking faults (llama.cpp#20824)
         before, cpu0 = load1(), resource.getrusage(resource.RUSAGE_CHILDREN)
         row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)[0]
         cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)

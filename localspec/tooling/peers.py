@@ -205,6 +205,12 @@ def peer_env() -> dict[str, str]:
     return {**os.environ, **_same_settings()}
 
 
+def bench_flags() -> list[str]:
+    """The same settings as llama-bench's flags (it reads no LLAMA_ARG_ variables)."""
+    same = _same_settings()
+    return ["--repack", same["LLAMA_ARG_REPACK"], "-fa", same["LLAMA_ARG_FLASH_ATTN"]]
+
+
 def run_llama_bench(
     bin_dir: Path, model: str, tokens: int = 128, threads: int | None = None, depth: int = 0
 ) -> float | None:
@@ -216,8 +222,7 @@ def run_llama_bench(
         return None
     threads = threads or physical_cores()
     cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-d", str(depth), "-t", str(threads), "-o", "json"]
-    same = _same_settings()  # the other programs read these variables; llama-bench takes flags
-    cmd += ["--repack", same["LLAMA_ARG_REPACK"], "-fa", same["LLAMA_ARG_FLASH_ATTN"]]
+    cmd += bench_flags()
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     try:
         runs = json.loads(result.stdout)
