@@ -9,10 +9,13 @@ on F16). Deterministic: simulated clock, no model runs.
   "A B C x D" against "A B C y D" matches 4 tokens, not 1), the longest such match among the
   earlier occurrences of the last token.
 
-    python benchmarks/guess_signals.py [--signal] [--replay]
+    python benchmarks/guess_signals.py [--signal] [--replay] [--doctor REPORT.json ...]
 
 --signal: how often the guess's first token comes true, per support level (levels 1-5: supports 1,
 2, 3, 4-5 and 6-7 tokens), in all and per signal.
+--doctor REPORT.json (repeatable) replays on the curves `localspec doctor --json` measured instead
+of the two stored ones.
+
 --replay: the geometric mean over each answer set of n-gram's speedup over plain decoding and
 over llama-lookup at γ=4 and γ=8, on the stored Q4_1 and F16 curves, with the drafter as it is
 and with each signal used: "counted" raises a weak guess's support (1 or 2 tokens) by one where
@@ -146,11 +149,12 @@ def _seconds(mode: str, prompt: list[int], answer: list[int], truth: Truth, n_vo
     return replay(prompt, answer, truth, n_vocab, ngram_policy(cal.cost_curve()), drafter=Signalled(mode))
 
 
-def replay_table() -> None:
+def replay_table(doctor: Sequence[Path] = ()) -> None:
     stored = json.loads((ROOT / "tests/data/replay_curves.json").read_text())
+    curves = {p.stem: json.loads(p.read_text()) for p in doctor} or {c: stored[c] for c in CURVES}
     print("curve, answers, mode: x plain, x lookup γ=4, x lookup γ=8 (geometric means), worst x plain")
-    for curve in CURVES:
-        cal = calibration_from_doctor(stored[curve])
+    for curve, report in curves.items():
+        cal = calibration_from_doctor(report)
         truth = Truth.of(cal)
         for name, path in SETS.items():
             data = json.loads(path.read_text())
@@ -173,11 +177,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--signal", action="store_true")
     parser.add_argument("--replay", action="store_true")
+    parser.add_argument(
+        "--doctor", type=Path, action="append", default=[], help="replay on this `localspec doctor --json` curve"
+    )
     args = parser.parse_args()
     if args.signal or not args.replay:
         signal_table([rec for path in SETS.values() for rec in json.loads(path.read_text())["answers"].values()])
     if args.replay or not args.signal:
-        replay_table()
+        replay_table(args.doctor)
 
 
 if __name__ == "__main__":
