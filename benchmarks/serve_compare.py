@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shlex
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +26,7 @@ from openai import OpenAI
 from pydantic import BaseModel
 
 from localspec.models.default_model import ensure_pypi_model
-from localspec.tooling.peers import peer_env
+from localspec.tooling.peers import start_server
 
 ORIGIN = "http://localhost:5173"
 WEATHER_TOOL = {
@@ -75,25 +73,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def start(cmd: list[str], base: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(
-                f"{cmd[0]} exited with status {proc.returncode} before it got ready; "
-                f"run it alone to see why: {shlex.join(cmd)}"
-            )
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not get ready in 180 s")
 
 
 def chat(client: OpenAI, model: str, **kw: Any) -> Any:
@@ -248,7 +227,7 @@ def main() -> None:
         port = free_port()
         base = f"http://127.0.0.1:{port}/v1"
         print(f"{name} on {base}", file=sys.stderr, flush=True)
-        proc = start(command(port), f"http://127.0.0.1:{port}")
+        proc = start_server(command(port), f"http://127.0.0.1:{port}")
         try:
             served = httpx.get(f"{base}/models", timeout=10).json()["data"][0]["id"]
             results[name] = run_checks(base, served)

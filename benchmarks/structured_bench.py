@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from localspec.api import load
+from localspec.common.tools import ToolRequest
+from localspec.core.grammar import GrammarConstraint, Grammars, closed
 from localspec.core.sampling import SamplingConfig
 from localspec.models.default_model import ensure_pypi_model
-from localspec.server.grammar import GrammarConstraint, Grammars
-from localspec.server.tools import ToolRequest, closed
-from localspec.tooling.peers import peer_env
+from localspec.tooling.peers import start_server
 
 PERSON = {
     "type": "object",
@@ -139,19 +138,9 @@ def llama_server_row(
     tool_choice (then llama-server runs with --jinja, as it needs for tools)."""
     port = 8093
     jinja = ["--jinja"] if "tools" in constraint else []
-    proc = subprocess.Popen(
-        [str(binary), "-m", str(model), "--port", str(port), "-c", "2048", "-t", "2", "--no-webui", *jinja],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=peer_env(),
-    )
+    cmd = [str(binary), "-m", str(model), "--port", str(port), "-c", "2048", "-t", "2", "--no-webui", *jinja]
+    proc = start_server(cmd, f"http://127.0.0.1:{port}")
     try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
         body = {
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": n,

@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
+
+import httpx
 
 from localspec.control.hardware import physical_cores
 from localspec.core.errors import BackendUnavailableError
@@ -203,6 +207,28 @@ def peer_env() -> dict[str, str]:
     """The environment a llama.cpp program runs in beside localspec: this one, with localspec's
     llama.cpp settings (on an AMX build whose AMX buffers fault, no extra buffer types)."""
     return {**os.environ, **_same_settings()}
+
+
+def start_server(cmd: list[str], base: str, ready_seconds: float = 180.0) -> subprocess.Popen[bytes]:
+    """An HTTP server (llama-server, `localspec serve`) started beside localspec as a peer is
+    (peer_env), once GET base/health answers 200. Its output is not kept, so a server that
+    exits first is reported with the command to run alone to see why."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
+    deadline = time.monotonic() + ready_seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(
+                f"{cmd[0]} exited with status {proc.returncode} before it got ready; "
+                f"run it alone to see why: {shlex.join(cmd)}"
+            )
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"{cmd[0]} did not get ready in {ready_seconds:.0f} s")
 
 
 def bench_flags() -> list[str]:
