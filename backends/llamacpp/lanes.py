@@ -71,7 +71,7 @@ from .lane import Lane, empty_rows
 from .mtp import MtpHead
 from .outputs import LogitsRows
 from .recurrent import RecurrentRollback
-from .sharing import PassTurns, next_pass
+from .sharing import PassTurns, gaps_to_fill, next_pass
 from .vision import EmbeddingBatch, Projector
 
 llama = library.llama
@@ -135,6 +135,7 @@ class _Figures:
     shared_passes: int = 0  # passes that held more than one lane
     rows: int = 0
     padded_rows: int = 0
+    filled_passes: int = 0  # passes idle lanes joined as padding (LaneHost._fillers)
     widest: int = 0  # the most rows one pass held
     rollbacks: int = 0  # a lane's cells dropped from a position on (a rejected draft's, a new prompt's)
 
@@ -385,14 +386,17 @@ class LaneHost(PassTurns[_Ask]):
 
     def _run(self, asks: list[_Ask]) -> None:
         # llama.cpp takes sequences of separate streams together only in increasing, consecutive
-        # order (split_equal); others it evaluates in passes of their own, with the same rows.
+        # order (split_equal), others in passes of their own: the idle lanes between join as
+        # padding where one pass costs less (_fillers).
         asks.sort(key=lambda ask: ask.lane.seq)
         width = max(len(ask.tokens) for ask in asks)
+        fillers = [] if asks[0].alone else self._fillers(asks, width)
+        first = asks[0].lane.seq
         for ask in asks:
             if ask.lane.state is not None:
                 ask.lane.state.before_decode(ask.lane.n_past, len(ask.tokens))
         try:
-            rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(asks, width)
+            rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(asks, width, fillers)
             if rc != 0:
                 raise InvalidRequestError(f"llama_decode failed with code {rc}", "shorten the prompt or the answer")
         except BaseException as exc:
@@ -400,25 +404,38 @@ class LaneHost(PassTurns[_Ask]):
                 ask.error = exc
                 llama.llama_memory_seq_rm(self._mem, ask.lane.seq, ask.lane.n_past, -1)
             return
+        finally:  # a filler's cells go at once: its lane's cache is as it was
+            for lane in fillers:
+                llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past, -1)
         for k, (ask, rows) in enumerate(zip(asks, self._rows(asks), strict=True)):
             lane, n = ask.lane, len(ask.tokens)
+            at = (lane.seq - first if fillers else k) * width  # the ask's first row in the batch
             for rows_kept in lane.captures.values():  # its head's: the ask's rows, `width` a lane in seq order
-                rows_kept.record(lane.n_past, n, k * width)
+                rows_kept.record(lane.n_past, n, at)
             if n < width:  # the padding's cells go at once: the lane's next block takes their place
                 llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past + n, -1)
             lane.record(ask.tokens)
             if lane.state is not None:
                 lane.state.after_decode(n)
             ask.rows = rows
-        figures = self.figures
+        figures, lanes = self.figures, len(asks) + len(fillers)
         figures.passes += 1
         figures.shared_passes += len(asks) > 1
-        figures.rows += width * len(asks)
-        figures.widest = max(figures.widest, width * len(asks))
-        figures.padded_rows += sum(width - len(ask.tokens) for ask in asks)
+        figures.filled_passes += len(fillers) > 0
+        figures.rows += width * lanes
+        figures.widest = max(figures.widest, width * lanes)
+        figures.padded_rows += sum(width - len(ask.tokens) for ask in asks) + width * len(fillers)
 
-    def _decode(self, asks: list[_Ask], width: int) -> int:
-        self._fill(asks, width)
+    def _fillers(self, asks: list[_Ask], width: int) -> list[Lane]:
+        """The idle lanes between the pass's that join it with padding rows (sharing.gaps_to_fill);
+        none where padding would move a lane's recurrent state, or a lane has no room for it."""
+        if self.snapshots is not None:
+            return []
+        gaps = [self.lanes[seq] for seq in gaps_to_fill([a.lane.seq for a in asks], width, self.row_limit, self.cost)]
+        return gaps if all(lane.n_past + width <= lane.info.n_ctx for lane in gaps) else []
+
+    def _decode(self, asks: list[_Ask], width: int, fillers: list[Lane]) -> int:
+        self._fill(asks, width, fillers)
         return compute.decode(self._ctx, self._batch)
 
     def _decode_image(self, ask: _Ask) -> int:
@@ -439,20 +456,21 @@ class LaneHost(PassTurns[_Ask]):
             at += n
         return out
 
-    def _fill(self, asks: list[_Ask], width: int) -> None:
-        """The batch: each ask's tokens and then padding, `width` rows a lane."""
-        row = 0
-        for ask in asks:
-            lane, n = ask.lane, len(ask.tokens)
-            past = lane.n_past
-            end = row + width
-            self._tok[row : row + n] = ask.tokens
-            self._tok[row + n : end] = ask.tokens[-1]
+    def _fill(self, asks: list[_Ask], width: int, fillers: list[Lane]) -> None:
+        """The batch: each ask's tokens and then padding, `width` rows a lane, in sequence order;
+        a filler lane's rows all padding, at its next positions, with no output."""
+        row, pad = 0, asks[0].tokens[-1]
+        members = sorted([(ask.lane, ask) for ask in asks] + [(lane, None) for lane in fillers], key=lambda m: m[0].seq)
+        for lane, ask in members:
+            tokens = ask.tokens if ask is not None else [pad]
+            n, past, end = len(tokens), lane.n_past, row + width
+            self._tok[row : row + n] = tokens
+            self._tok[row + n : end] = tokens[-1]
             self._pos[row:end] = np.arange(past, past + width)
             self._out[row:end] = 0
-            if ask.logits == "all":
+            if ask is not None and ask.logits == "all":
                 self._out[row : row + n] = 1
-            elif ask.logits == "last":
+            elif ask is not None and ask.logits == "last":
                 self._out[row + n - 1] = 1
             for i in range(row, end):
                 self._batch.seq_id[i][0] = lane.seq

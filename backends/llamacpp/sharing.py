@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Generic, Protocol, TypeVar
 
 from . import compute
@@ -86,6 +87,24 @@ def _at_width(
         if cost((len(chosen) + 1) * width) - cost(len(chosen) * width) <= own_share:
             chosen.append(block)
     return chosen
+
+
+def gaps_to_fill(seqs: Sequence[int], width: int, row_limit: int, cost: Callable[[int], float]) -> list[int]:
+    """The sequences missing between a pass's (ascending) that should join it with `width`
+    padding rows each. llama.cpp evaluates separate streams together only in consecutive order
+    (split_equal), so lanes 0 and 2 alone run as two passes: where one pass over the whole span
+    costs less than those (and stays within the rows the kernels keep exact), the lanes between
+    are filled. On the 2-core Xeon, a plain step of lanes 0, 2 and 3 took 31.6 ms split and 27.7
+    filled (benchmarks/results/2026-12-02-xeon-amx/lane_gaps_plain.md)."""
+    span = seqs[-1] - seqs[0] + 1
+    if span == len(seqs) or span * width > row_limit:
+        return []
+    breaks = [i for i in range(1, len(seqs)) if seqs[i] != seqs[i - 1] + 1]
+    edges = [0, *breaks, len(seqs)]  # llama.cpp's passes: the runs of consecutive sequences
+    if cost(span * width) >= sum(cost((end - start) * width) for start, end in pairwise(edges)):
+        return []
+    present = set(seqs)
+    return [seq for seq in range(seqs[0], seqs[-1] + 1) if seq not in present]
 
 
 class Ask(Protocol):

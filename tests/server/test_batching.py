@@ -166,6 +166,47 @@ def test_a_padded_shared_pass_gives_each_lane_the_rows_it_gets_alone(smollm2_q4_
         backend.close()
 
 
+def test_an_idle_lane_between_two_fills_their_pass_and_keeps_its_own_cache(smollm2_q4_1: Path) -> None:
+    # Lanes 0 and 2 in one pass run in llama.cpp as two (split_equal takes consecutive streams
+    # only): lane 1, idle with a prompt cached, joins as padding. Each lane still gets its lone
+    # rows, and lane 1's next block reads its cache as it was.
+    prompts = [list(range(200, 240)), list(range(400, 420)), list(range(300, 330))]
+    steps = [[7], [8], [9]]
+    lone = load_backend("llamacpp", str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=1)
+    want = []
+    try:
+        for prompt, step in zip(prompts, steps, strict=True):
+            lone.rollback(0)
+            lone.eval_block(prompt, "none")
+            want.append(lone.eval_block(step, "all").copy())
+    finally:
+        lone.close()
+    backend = load_backend("llamacpp", str(smollm2_q4_1), n_ctx=TEST_N_CTX, threads=1, lanes=3)
+    try:
+        host = backend.lane_host()  # type: ignore[attr-defined]
+        lanes = host.lanes
+        for lane, prompt in zip(lanes, prompts, strict=True):
+            lane.eval_block(prompt, "none")
+        host.cost = lambda rows: float(rows > 0)  # a pass costs the same whatever its rows
+        got: dict[int, np.ndarray] = {}
+
+        def step(k: int) -> None:
+            got[k] = lanes[k].eval_block(steps[k], "all")
+
+        threads = [threading.Thread(target=step, args=(k,)) for k in (0, 2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        figures = host.figures
+        assert figures.filled_passes == 1 and figures.shared_passes == 1 and figures.padded_rows == 1
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[2], want[2])
+        assert lanes[1].n_past == len(prompts[1])
+        assert np.array_equal(lanes[1].eval_block(steps[1], "all"), want[1])
+    finally:
+        backend.close()
+
+
 def test_a_k_quant_pass_never_holds_more_rows_than_its_kernels_keep_exact(derived_models) -> None:
     # Q4_K_M's tiled matmul takes 8+ rows: passes stay at 7, so 4 lanes of 3 rows go 2 a pass.
     backend = load_backend("llamacpp", str(derived_models["Q4_K_M"]), n_ctx=TEST_N_CTX, threads=1, lanes=4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from localspec.backends.llamacpp.sharing import next_pass
+from localspec.backends.llamacpp.sharing import gaps_to_fill, next_pass
 
 
 @dataclass(eq=False)
@@ -59,3 +59,14 @@ def test_a_model_with_recurrent_state_shares_only_equal_widths_and_an_image_goes
     assert next_pass([step, draft], 63, lambda rows: float(rows > 0), equal_only=True) == [step]
     image = Block([5, 5, 5], alone=True)
     assert next_pass([image, step], 63, cpu, equal_only=False) == [image]
+
+
+def test_idle_lanes_between_a_passs_lanes_are_filled_where_one_pass_costs_less_than_llamacpps_split() -> None:
+    # llama.cpp runs lanes 0, 2 and 3 as two passes (0, then 2-3): lane 1 padded in makes one.
+    assert gaps_to_fill([0, 2, 3], 1, 63, cpu) == [1]  # 4 rows for 23.7 ms against 24.4 in 2 passes
+    assert gaps_to_fill([0, 3], 2, 63, cpu) == []  # 8 rows for 42.1 ms against 29.0: a pass costs its rows
+    assert gaps_to_fill([0, 3], 2, 63, gpu) == [1, 2]
+    assert gaps_to_fill([0, 1, 2], 1, 63, cpu) == []  # consecutive: one pass already
+    assert gaps_to_fill([0, 7], 8, 63, cpu) == []  # 64 rows: more than the kernels keep exact
+    assert gaps_to_fill([0, 7], 1, 63, cpu) == []  # 8 rows cost more than two passes of one
+    assert gaps_to_fill([0, 7], 1, 63, gpu) == [1, 2, 3, 4, 5, 6]
