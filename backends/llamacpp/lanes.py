@@ -391,12 +391,15 @@ class LaneHost(PassTurns[_Ask]):
         asks.sort(key=lambda ask: ask.lane.seq)
         width = max(len(ask.tokens) for ask in asks)
         fillers = [] if asks[0].alone else self._fillers(asks, width)
-        first = asks[0].lane.seq
+        # The batch's lanes in sequence order, a filler with no ask: each's rows start at k * width.
+        pairs: list[tuple[Lane, _Ask | None]] = [(ask.lane, ask) for ask in asks] + [(lane, None) for lane in fillers]
+        members = sorted(pairs, key=lambda m: m[0].seq)
+        starts = {lane.seq: k * width for k, (lane, _) in enumerate(members)}
         for ask in asks:
             if ask.lane.state is not None:
                 ask.lane.state.before_decode(ask.lane.n_past, len(ask.tokens))
         try:
-            rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(asks, width, fillers)
+            rc = self._decode_image(asks[0]) if asks[0].alone else self._decode(members, width)
             if rc != 0:
                 raise InvalidRequestError(f"llama_decode failed with code {rc}", "shorten the prompt or the answer")
         except BaseException as exc:
@@ -407,11 +410,10 @@ class LaneHost(PassTurns[_Ask]):
         finally:  # a filler's cells go at once: its lane's cache is as it was
             for lane in fillers:
                 llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past, -1)
-        for k, (ask, rows) in enumerate(zip(asks, self._rows(asks), strict=True)):
+        for ask, rows in zip(asks, self._rows(asks), strict=True):
             lane, n = ask.lane, len(ask.tokens)
-            at = (lane.seq - first if fillers else k) * width  # the ask's first row in the batch
             for rows_kept in lane.captures.values():  # its head's: the ask's rows, `width` a lane in seq order
-                rows_kept.record(lane.n_past, n, at)
+                rows_kept.record(lane.n_past, n, starts[lane.seq])
             if n < width:  # the padding's cells go at once: the lane's next block takes their place
                 llama.llama_memory_seq_rm(self._mem, lane.seq, lane.n_past + n, -1)
             lane.record(ask.tokens)
@@ -434,8 +436,8 @@ class LaneHost(PassTurns[_Ask]):
         gaps = [self.lanes[seq] for seq in gaps_to_fill([a.lane.seq for a in asks], width, self.row_limit, self.cost)]
         return gaps if all(lane.n_past + width <= lane.info.n_ctx for lane in gaps) else []
 
-    def _decode(self, asks: list[_Ask], width: int, fillers: list[Lane]) -> int:
-        self._fill(asks, width, fillers)
+    def _decode(self, members: list[tuple[Lane, _Ask | None]], width: int) -> int:
+        self._fill(members, width)
         return compute.decode(self._ctx, self._batch)
 
     def _decode_image(self, ask: _Ask) -> int:
@@ -456,11 +458,10 @@ class LaneHost(PassTurns[_Ask]):
             at += n
         return out
 
-    def _fill(self, asks: list[_Ask], width: int, fillers: list[Lane]) -> None:
+    def _fill(self, members: list[tuple[Lane, _Ask | None]], width: int) -> None:
         """The batch: each ask's tokens and then padding, `width` rows a lane, in sequence order;
         a filler lane's rows all padding, at its next positions, with no output."""
-        row, pad = 0, asks[0].tokens[-1]
-        members = sorted([(ask.lane, ask) for ask in asks] + [(lane, None) for lane in fillers], key=lambda m: m[0].seq)
+        row, pad = 0, next(ask.tokens[-1] for _, ask in members if ask is not None)
         for lane, ask in members:
             tokens = ask.tokens if ask is not None else [pad]
             n, past, end = len(tokens), lane.n_past, row + width

@@ -228,7 +228,7 @@ def start_server(cmd: list[str], base: str, ready_seconds: float = 180.0) -> sub
             pass
         time.sleep(0.3)
     proc.kill()
-    raise SystemExit(f"{cmd[0]} did not get ready in {ready_seconds:.0f} s")
+    raise SystemExit(f"{cmd[0]} did not get ready in {ready_seconds:.0f} s; run it alone to see why: {shlex.join(cmd)}")
 
 
 def bench_flags() -> list[str]:
