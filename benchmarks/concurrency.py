@@ -5,7 +5,8 @@ on the same GGUF and threads (issue #57), every server started once and asked in
   request sent together; each side request's seconds to its whole answer;
 - aggregate and per-request tokens/s with 1, 2 and 4 clients asking at once for whole answers
   (greedy, 128 tokens each, prompts that repeat text and prompts that do not, or with
-  --prompts copying only prompts whose answers copy text), speculation on and off;
+  --prompts copying only prompts whose answers copy text, or --prompts verbatim answers that
+  copy nearly word for word), speculation on and off;
 - whether a greedy or seeded answer served beside others equals the same request alone.
 - the prompt tokens each server evaluated and kept from its cache over the throughput rounds,
   and its llama_decode calls (from /metrics: llama-server's names, which localspec's follow).
@@ -74,6 +75,22 @@ COPYING = [
     f"Rename the function total to sum_prices in this code and show the whole code:\n{CODE}",
     "Repeat this paragraph exactly: The lighthouse stood on the edge of the cliff, its light turning slowly "
     "through the night. Ships passed far out at sea, and the keeper wrote their names in a book.",
+]
+# --prompts verbatim: answers the default model (SmolLM2-135M) copies nearly word for word, 2-9
+# tokens a pass drafted alone (two of the copying set's answers copy little with it: a rewrite
+# and a rename it answers in prose), the case where every lane has long drafts to offer.
+VERBATIM = [
+    PROMPTS[0],
+    "Repeat this list exactly:\n1. Paris, France\n2. Berlin, Germany\n3. Madrid, Spain\n4. Rome, Italy\n"
+    "5. Vienna, Austria\n6. Lisbon, Portugal\n7. Warsaw, Poland\n8. Prague, Czechia\n9. Dublin, Ireland\n"
+    "10. Oslo, Norway\n11. Athens, Greece\n12. Bern, Switzerland",
+    f"{COPYING[3]} Every evening he climbed the hundred steps, cleaned the great lens, and filled the lamp with "
+    "oil. In winter the storms came from the north, and the waves broke against the rocks below, throwing white "
+    "spray up to the windows of the lantern room.",
+    "Fix the spelling mistakes in this text and return the whole text: The lighthouse stood on the edge of the "
+    "clif, its light turning slowly through the nigth. Ships passed far out at sea, and the keeper wrote their "
+    "names in a book. Every evening he climbed the hundred steps, cleaned the great lens, and filled the lamp "
+    "with oil.",
 ]
 IDENTITY_PROMPTS = [
     "Count from one to fifteen in words.",
@@ -249,9 +266,10 @@ def main() -> None:
     parser.add_argument("--skip-identity", action="store_true")
     parser.add_argument(
         "--prompts",
-        choices=("mixed", "copying"),
+        choices=("mixed", "copying", "verbatim"),
         default="mixed",
-        help="the throughput requests: two that copy text and two fresh (default), or four that copy",
+        help="the throughput requests: two that copy text and two fresh (default), four that copy, or four "
+        "whose answers copy nearly word for word",
     )
     parser.add_argument("--rounds", type=int, default=1, help="throughput rounds a cell (its median)")
     parser.add_argument("--skip-side", action="store_true", help="leave out the side-request flow")
@@ -288,7 +306,7 @@ def main() -> None:
         )
 
     name, day = model.rsplit("/", 1)[-1], time.strftime("%Y-%m-%d")
-    prompts = COPYING if args.prompts == "copying" else PROMPTS
+    prompts = {"copying": COPYING, "verbatim": VERBATIM}.get(args.prompts, PROMPTS)
     print(f"# concurrency: {host_kind()} host, {args.threads} thread(s), {name}, {day}, {args.prompts} prompts\n")
     if not args.skip_side:
         theirs_drafting = [llama(4, spec, f", {spec[1]}")] if args.assistant else []  # the assistant in their slots
