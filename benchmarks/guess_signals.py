@@ -7,7 +7,11 @@ on F16). Deterministic: simulated clock, no model runs.
   has too few counts to say;
 - resync: the passage matches the text's end across one substituted token (a renamed value:
   "A B C x D" against "A B C y D" matches 4 tokens, not 1), the longest such match among the
-  earlier occurrences of the last token.
+  earlier occurrences of the last token;
+- consensus: the share of the last token's earlier occurrences that the guess's first token
+  followed (half or more, or less);
+- copied: whether the token the guess copies from was itself guessed right when it was written
+  (a line that copies the line before, whose own copy came true), or lies in the prompt.
 
     python benchmarks/guess_signals.py [--signal] [--replay] [--doctor REPORT.json ...]
 
@@ -21,6 +25,8 @@ over llama-lookup at γ=4 and γ=8, on the stored Q4_1 and F16 curves, with the 
 and with each signal used: "counted" raises a weak guess's support (1 or 2 tokens) by one where
 lookup's counted follower is its first token, "resync" copies from the best match
 across a substitution, at support 4, where the exact match is 1 or 2 tokens and that one 6+;
+"consensus" and "copied" raise a weak guess's support by one where the signal is for it and
+lower it by one (to no less than 1) where it is against;
 "ceiling" drafts exactly what comes true of today's guesses, a bound no controller reaches.
 """
 
@@ -49,7 +55,8 @@ from localspec.control.replay import (
 )
 from localspec.core.sampling import SamplingConfig
 from localspec.drafters import Draft
-from localspec.drafters.ngram import NgramDrafter
+from localspec.drafters.matching import longest_match
+from localspec.drafters.ngram import CANDIDATES, NgramDrafter
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = {
@@ -85,6 +92,20 @@ def follower(counts: LookupCache, text: Sequence[int]) -> int | None:
     return counts.follower(text, LookupCache.MIN_SAMPLES, LookupCache.MIN_PERCENT)
 
 
+def consensus(found: Sequence[int], text: Sequence[int], first: int) -> float:
+    """The share of the last token's earlier occurrences (the positions after them) that
+    `first` followed."""
+    followers = [text[q] for q in found if q < len(text)]
+    return sum(t == first for t in followers) / max(1, len(followers))
+
+
+def source(found: Sequence[int], text: Sequence[int]) -> int:
+    """Where the n-gram drafter's guess copies from (its longest match, the newest on a tie)."""
+    match = longest_match(text, text, list(found[-CANDIDATES:]), 1, 32)
+    assert match is not None
+    return match[0]
+
+
 class Signalled(NgramDrafter):
     """The n-gram drafter with one signal used (mode "as is": none)."""
 
@@ -92,19 +113,31 @@ class Signalled(NgramDrafter):
         super().__init__()
         self.mode = mode
         self.counts = LookupCache([])
+        self.guessed: dict[int, bool] = {}  # position: whether its token was the guess made before it
+        self._last: tuple[int, int] | None = None  # the last guess's position and first token
 
     def start(self, context: Sequence[int], warm: bool = True) -> None:
         super().start(context, warm)
         self.counts = LookupCache(context)
 
     def propose(self, context: Sequence[int], n: int, cfg: SamplingConfig, rng: np.random.Generator) -> Draft:
+        if self._last is not None and len(context) > self._last[0]:
+            self.guessed[self._last[0]] = context[self._last[0]] == self._last[1]
         draft = super().propose(context, n, cfg, rng)
         self.counts.add(context[len(self.counts.tokens) :])  # the committed text only grows
+        self._last = (len(context), draft.tokens[0]) if draft.tokens else None
         if not draft.tokens or draft.support > 2 or self.mode == "as is":
             return draft
         if self.mode == "counted":
             agrees = follower(self.counts, context) == draft.tokens[0]
             return Draft(tokens=draft.tokens, support=draft.support + agrees)
+        if self.mode in ("consensus", "copied"):
+            found = self._index.get((context[-1],), [])
+            if self.mode == "consensus":
+                vote = consensus(found, context, draft.tokens[0]) >= 0.5
+            else:
+                vote = self.guessed.get(source(found, context), False)
+            return Draft(tokens=draft.tokens, support=max(1, draft.support + (1 if vote else -1)))
         best = max(reversed(after_last(context)), key=lambda p: across_one(context, p))
         if across_one(context, best) < 6:
             return draft
@@ -119,17 +152,25 @@ def signal_table(answers: list[dict[str, Any]]) -> None:
         prompt, answer = list(rec["prompt"]), list(rec["answer"])
         drafter, counts = NgramDrafter(), LookupCache(prompt)
         drafter.start(prompt)
+        guessed: dict[int, bool] = {}
         for i in range(len(answer) - 1):
             text = prompt + answer[:i]
             guess = drafter.propose(text, 16, cfg, rng)
             if guess.tokens:
+                guessed[len(text)] = guess.tokens[0] == answer[i]
                 said = {None: "none", guess.tokens[0]: "agrees"}.get(follower(counts, text), "disagrees")
                 resync = max((across_one(text, p) for p in after_last(text)), default=0)
+                found = drafter._index.get((text[-1],), [])
+                share = consensus(found, text, guess.tokens[0])
+                at = source(found, text)
+                copied = "in the prompt" if at < len(prompt) else "yes" if guessed.get(at, False) else "no"
                 level = support_level(guess.support)
                 keys = (
                     (level, "all"),
                     (level, f"counted {said}"),
                     (level, "resync 6+" if resync >= 6 else "resync <6"),
+                    (level, "consensus >=0.5" if share >= 0.5 else "consensus <0.5"),
+                    (level, f"copied {copied}"),
                 )
                 for key in keys:
                     seen[key][0] += guess.tokens[0] == answer[i]
@@ -138,7 +179,7 @@ def signal_table(answers: list[dict[str, Any]]) -> None:
     print("support level, signal: guesses, first token right")
     for (level, signal), (right, total) in sorted(seen.items()):
         if level <= 5:
-            print(f"{level:2d} {signal:18s} {total:6d} {right / total:6.2f}")
+            print(f"{level:2d} {signal:20s} {total:6d} {right / total:6.2f}")
 
 
 def _seconds(mode: str, prompt: list[int], answer: list[int], truth: Truth, n_vocab: int, cal: Any) -> float:
@@ -158,7 +199,7 @@ def replay_table(doctor: Sequence[Path] = ()) -> None:
         truth = Truth.of(cal)
         for name, path in SETS.items():
             data = json.loads(path.read_text())
-            for mode in ("as is", "counted", "resync", "ceiling"):
+            for mode in ("as is", "counted", "resync", "consensus", "copied", "ceiling"):
                 logs, worst = [0.0, 0.0, 0.0], math.inf
                 for rec in data["answers"].values():
                     prompt, answer = list(rec["prompt"]), list(rec["answer"])
