@@ -225,8 +225,8 @@ def batches(opts: LoadOptions) -> str | None:
     row, _ = named(opts.strategy)
     if opts.backend != "llamacpp":
         return f"shared passes are llama.cpp's; the {opts.backend} backend serves one request at a time"
-    if opts.rpc or (opts.gpu_layers or 0) > 0:
-        return "shared passes run on this machine's CPU; with --rpc or --gpu-layers one request runs at a time"
+    if opts.rpc:
+        return "shared passes run on this machine (its CPU or GPU); with --rpc one request runs at a time"
     if not row.batches and not row.chooses:
         return (
             f"strategy {row.name!r} keeps a drafter's cache of its own, which shared passes do not serve yet: "

@@ -112,7 +112,8 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         if exact:
             self._options["exact"] = True
         self._lanes, self._lane_host = lanes, None  # lane_host()
-        self._plan = kernels_for(path, exact, bool(rpc or gpu_layers), threads)
+        # Device kernels where layers leave the CPU: a build without a GPU keeps them on it.
+        self._plan = kernels_for(path, exact, bool(rpc) or bool(gpu_layers and gpu_device()), threads)
         self._model = model = self._load_model(path, rpc, gpu_layers, exact)
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))
         self._vocab = llama.llama_model_get_vocab(model)
@@ -192,7 +193,9 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         )
 
     def _check_device_kernels(self) -> None:
-        if self.capabilities.device == "gpu" and not self._lanes:  # a device's kernels, checked (device_check.py)
+        # A device's kernels, checked (device_check.py); with lanes on sequence 0 before any lane
+        # runs: the blocks found identical are the most rows a shared pass holds (lane_host).
+        if self.capabilities.device == "gpu":
             up_to = min(CHECKED_ROWS, self.capabilities.max_block)
             self.capabilities = replace(
                 self.capabilities,
@@ -215,7 +218,7 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             rows = self.capabilities.max_block if limit is None else max(limit, 1)
             curve = starting_calibration(self).verify_seconds
             snapshots = self._recurrent.snapshots if self._recurrent is not None else None
-            shape = PassShape(rows, partial(pass_seconds, curve), snapshots)
+            shape = PassShape(rows, partial(pass_seconds, curve), snapshots, self._options["gpu_layers"])
             images = self._images[0] if self._images is not None else None
             self._lane_host = LaneHost(self, self._ctx, self._lanes, shape, beside, images)
         return self._lane_host

@@ -9,7 +9,9 @@ Why a lane's answer is the one it gives alone, bit for bit:
   near-tie then tips another way than alone.
 - A pass holds at most `row_limit` rows in all: the rows that llama.cpp's CPU kernels still
   compute as one-token passes (kernels.prompt_block_limit: 63 on Q4_0/Q4_1/Q8_0, 7 on
-  K-quants, 1 on F16). Within that, a row's logits do not depend on the rows beside it.
+  K-quants, 1 on F16); on a GPU, the blocks the load's device check found identical to
+  one-token passes (device_check.py; lavapipe: 1). Within that, a row's logits do not depend
+  on the rows beside it.
 - With separate streams llama.cpp splits a batch into equal shares per sequence, so every lane
   in a pass brings the same number of rows: a shorter block is padded with rows whose logits
   are not asked for and whose cells are dropped right after the pass.
@@ -88,6 +90,7 @@ class PassShape:
     row_limit: int
     cost: Callable[[int], float]
     snapshots: int | None = None  # a model with recurrent state: its snapshots a decode (recurrent.py)
+    gpu_layers: int = 0  # the model's layers on a GPU: its lanes' heads and drafters take as many, as alone
 
 
 @dataclass
@@ -165,6 +168,7 @@ class LaneHost(PassTurns[_Ask]):
         # Padding rows would move a lane's recurrent state, which only a snapshot takes back (one
         # a decode, and its own drafts may need it): such a host shares passes between equal blocks.
         self.snapshots = shape.snapshots
+        self._gpu_layers = shape.gpu_layers
         self._n_vocab = backend.info.n_vocab
         capacity = max(backend.capabilities.max_block, self.row_limit)
         self._batch = llama.llama_batch_init(capacity, 0, 1)
@@ -274,9 +278,9 @@ class LaneHost(PassTurns[_Ask]):
         shared KV cache in place, in one context with a sequence for every lane, where the
         lanes' assistants draft in merged passes (head_passes.py); the file's weights and that
         context are made once for every lane's."""
-        model = llama.llama_get_model(self._ctx)  # lanes run on the CPU: no layers on a GPU
+        model, layers = llama.llama_get_model(self._ctx), self._gpu_layers
         weights, owned = library.weights_once(
-            self._head_models, path, lambda: drafters.load_assistant(lane, model, path, 0)
+            self._head_models, path, lambda: drafters.load_assistant(lane, model, path, layers)
         )
         passes = self._merged_passes(path, lane, weights, lane.capabilities.max_block)
         cache = SharedCache(lane.seq, len(self.lanes), owned, passes)
@@ -307,14 +311,14 @@ class LaneHost(PassTurns[_Ask]):
     def eagle3_head(self, lane: Lane, path: str) -> Eagle3Head:
         """An EAGLE-3 head drafting for one lane, its weights loaded once for every lane's."""
         features = partial(self.layer_features, lane)
-        mparams = library.model_params(0)  # lanes run on the CPU
+        mparams = library.model_params(self._gpu_layers)
         return self._adopt(load_eagle3_head(lane, self._ctx, features, mparams, path, self._head_models))
 
     def block_drafter(self, lane: Lane, path: str) -> DFlashDrafter:
         """A DFlash or DSpark drafter drafting blocks for one lane, in a context of its own
         beside the lanes', its weights loaded once for every lane's."""
-        kind = block_kind(path)  # lanes run on the CPU: no layers on a GPU
-        return self._adopt(load_block_drafter(lane, self._ctx, path, kind, 0, self._head_models))
+        kind = block_kind(path)
+        return self._adopt(load_block_drafter(lane, self._ctx, path, kind, self._gpu_layers, self._head_models))
 
     def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at the lane's positions (as LlamaCppBackend.layer_features)."""

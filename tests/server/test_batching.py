@@ -343,6 +343,11 @@ def test_a_strategy_that_cannot_batch_is_served_one_request_at_a_time_and_says_w
         assert batches(LoadOptions(model="t.gguf", draft_model="d.gguf", strategy=strategy)) is None
     assert batches(LoadOptions(model="t.gguf", strategy="ngram")) is None
     assert batches(LoadOptions(model="t.gguf", mmproj="p.gguf")) is None  # lanes read images too
+    # Lanes run where a lone request would: on this machine's GPU too (its passes sized by the
+    # device check at load), not over RPC, whose servers take one request's passes.
+    assert batches(LoadOptions(model="t.gguf", gpu_layers=99)) is None
+    why = batches(LoadOptions(model="t.gguf", rpc=("127.0.0.1:50052",)))
+    assert why is not None and "--rpc" in why
     pool = load_pool("reference:seed=0", backend="reference", parallel=4)
     try:
         assert len(pool.runtimes) == 1 and pool.note is not None

@@ -122,3 +122,33 @@ def test_the_bindings_read_llama_cpps_own_model_defaults() -> None:
     assert not defaults.tensor_buft_overrides and not defaults.kv_overrides
     assert (defaults.vocab_only, defaults.check_tensors, defaults.use_extra_bufts) == (False, False, True)
     assert (defaults.no_host, defaults.no_alloc, defaults.load_mtp) == (False, False, False)
+
+
+def test_lanes_decode_where_a_lone_request_does_and_give_its_answers(tiny: Path) -> None:
+    """serve --parallel on a GPU build: the lanes on the device, as a lone request (not one
+    request at a time); a shared pass no wider than the blocks the load's device check found
+    identical to one-token passes (device_check.py; the CPU's kernel plan on a CPU build); each
+    answer the one the request gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from localspec.api import load
+    from localspec.pool import load_pool
+
+    prompts = ["one two three one two three one two", "a b c d a b c d a b c", "x y z x y z"]
+    options = {"n_ctx": 256, "strategy": "ngram", "memory": False, "gpu_layers": 99, "threads": 1}
+    with load(str(tiny), **options) as alone:
+        lone = [alone.generate(p, max_tokens=24, temperature=0).text for p in prompts]
+    pool = load_pool(str(tiny), parallel=2, **options)
+    try:
+        assert len(pool.runtimes) == 2 and pool.note is None
+        host = pool.runtimes[0].target.host
+        caps = host.model.capabilities
+        assert caps.device == ("gpu" if llamacpp.gpu_device() is not None else "cpu")
+        found = caps.exactness.prompt_rows
+        assert host.row_limit == (caps.max_block if found is None else max(found, 1))
+        with ThreadPoolExecutor(2) as ask:
+            together = list(ask.map(lambda p: pool.generate(p, max_tokens=24, temperature=0).text, prompts))
+        assert together == lone
+        assert host.figures.passes > 0
+    finally:
+        pool.close()
