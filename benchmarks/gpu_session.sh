@@ -73,4 +73,9 @@ print("t(k)/t(1):", " ".join(f"{t / target[0]:.2f}" for t in target[1:]))
 for alpha, best, speed, chosen, reached in projection_rows(target, draft, (0.6, 0.7, 0.8)):
     print(f"3B <- 1B at {alpha}: best fixed γ={best} {speed:.2f}x, controller γ={chosen} {reached:.2f}x ({reached / speed:.0%})")
 PY
+
+# 6. serve's lanes on the device: --parallel 4 against --parallel 1 (side requests while a stream
+#    runs, 1/2/4 clients, answers alone against 4 at once), the passes sized by the device check.
+say "serve --parallel on the device"
+timeout 240 python3 benchmarks/gpu_lanes.py --model "$T" --stream-tokens 300 | tee "$OUT/gpu_lanes.md"
 say "done"

@@ -112,7 +112,6 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
         if exact:
             self._options["exact"] = True
         self._lanes, self._lane_host = lanes, None  # lane_host()
-        # Device kernels where layers leave the CPU: a build without a GPU keeps them on it.
         self._plan = kernels_for(path, exact, bool(rpc) or bool(gpu_layers and gpu_device()), threads)
         self._model = model = self._load_model(path, rpc, gpu_layers, exact)
         self._mtp_layers = int(llama.llama_model_n_layer_nextn(model))

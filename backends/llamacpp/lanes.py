@@ -167,8 +167,7 @@ class LaneHost(PassTurns[_Ask]):
         self.row_limit = max(1, shape.row_limit)
         # Padding rows would move a lane's recurrent state, which only a snapshot takes back (one
         # a decode, and its own drafts may need it): such a host shares passes between equal blocks.
-        self.snapshots = shape.snapshots
-        self._gpu_layers = shape.gpu_layers
+        self.snapshots, self._gpu_layers = shape.snapshots, shape.gpu_layers
         self._n_vocab = backend.info.n_vocab
         capacity = max(backend.capabilities.max_block, self.row_limit)
         self._batch = llama.llama_batch_init(capacity, 0, 1)

@@ -99,6 +99,10 @@ class Calibration:
         source, evidence = data.get("source", "measured"), data.get("evidence")
         if source not in ("measured", "learnt") or not (evidence is None or isinstance(evidence, list)):
             return None
+        # A pass takes time: a curve with a price at or below zero (learnt from outliers by an
+        # older localspec) would fail every load that starts from it.
+        if not all(isinstance(t, float | int) and 0 < t < math.inf for t in [*curve, *(deep or [])]):
+            return None
         return cls(
             [float(t) for t in curve],
             decode,

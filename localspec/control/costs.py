@@ -251,7 +251,7 @@ class CostCurve:
 def redrawn(curve: Sequence[float], trusted: Sequence[bool]) -> list[float]:
     """The curve with each block size not trusted drawn again: on the line through the trusted
     block sizes around it, and past the last one on the slope from the first trusted block to
-    the last (one local slope is mostly its two ends' noise); sizes below the first trusted
+    the last, or flat where that falls (one local slope is mostly its two ends' noise); sizes below the first trusted
     block keep their price. Unchanged with fewer than two trusted block sizes. The single-token
     step is not a point of the line: a block takes other kernels."""
     points = [i for i in range(1, len(curve)) if trusted[i]]
@@ -259,7 +259,9 @@ def redrawn(curve: Sequence[float], trusted: Sequence[bool]) -> list[float]:
         return list(curve)
     out = list(curve)
     first, last = points[0], points[-1]
-    slope = (curve[last] - curve[first]) / (last - first)
+    # Never falling past the last trusted size: a falling slope is its ends' noise (a first
+    # pass that compiled its kernels, say), and would price a long block below a short one.
+    slope = max((curve[last] - curve[first]) / (last - first), 0.0)
     for i in range(first + 1, len(curve)):
         if trusted[i]:
             continue

@@ -258,3 +258,27 @@ def test_a_learnt_curve_follows_the_level_of_this_session_with_the_shape_it_stor
         busy.update(1, true_seconds(1))
     for k in (2, 5, 9, 16):
         assert busy.verify(k) / busy.verify(1) == pytest.approx(TRUE_MS[k - 1] / TRUE_MS[0], rel=0.02)
+
+
+def test_a_learnt_curve_never_falls_past_the_last_size_it_timed() -> None:
+    # Shaped on what a load on Mesa's software Vulkan device learnt (s, k = 1..16): its first
+    # passes of a size compiled the device's kernels, so the size timed first read dearer than
+    # one timed later, and the line from the first timed block to the last fell. Carried on
+    # past the last, it priced long blocks below short ones, and a later load past zero.
+    stored = [0.2004, 1.559, 1.929, 2.277, 2.496, 2.586, 2.547, 2.379]
+    stored += [2.082, 1.656, 1.101, 0.3227, 0.2, 0.2, 0.2, 0.2]
+    evidence = [40.0, 3.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    curve = CostCurve(stored, learning=True, evidence=evidence)
+    assert all(curve.verify(k) >= curve.verify(11) for k in range(12, 17))  # flat past it, not falling
+    assert min(curve.verify(k) for k in range(1, 17)) > 0
+
+
+def test_a_stored_curve_with_a_price_at_or_below_zero_is_not_started_from(temporary_localspec_home: Path) -> None:
+    # An older localspec stored such a curve; every load that started from it stopped with a
+    # ValueError. It is now left alone, as a damaged entry is: the load starts from the prior.
+    target = load_reference("reference:seed=3")
+    fallen = [0.2, 1.56, 1.93, 2.28, 0.32, -0.37, -1.15] + [-2.0] * 9
+    stored = calibrate.Calibration(fallen, 0.2, None, source="learnt", evidence=[40.0, 3.0] + [0.0] * 14)
+    CALIBRATION.put(f"learnt|{calibrate.backend_key(target)}", stored.to_json())
+    assert calibrate.starting_calibration(target).source == "prior"
+    assert runtime_for(target, strategy="ngram").generate("x y z x y z", max_tokens=8, temperature=0.0).text
