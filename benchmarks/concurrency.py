@@ -33,7 +33,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,17 @@ def start(server: Server) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     return start_server(server.command(port), base), base
+
+
+@contextmanager
+def serving(server: Server) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """The server started, and its process and base URL while the block runs; killed after."""
+    proc, base = start(server)
+    try:
+        yield proc, base
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 MODEL_IDS: dict[str, str] = {}  # the id each server lists first, by its base URL
@@ -217,14 +229,10 @@ def side(servers: tuple[Server, ...], stream_tokens: int) -> None:
     print(f"## side requests while a {stream_tokens}-token stream runs (seconds to the whole answer)\n")
     print("| server | title | tags |\n|---|---|---|")
     for server in servers:
-        proc, base = start(server)
-        try:
+        with serving(server) as (_, base):
             chat(base, "Hi", 4, temperature=0)  # warm
             title, tags = side_requests(base, stream_tokens)
             print(f"| {server.name} | {title:.2f} | {tags:.2f} |", flush=True)
-        finally:
-            proc.kill()
-            proc.wait()
 
 
 def _median(runs: list[tuple[float, float, float]], *fields: int) -> str:
@@ -375,12 +383,8 @@ def main() -> None:
         print("\n## answers that differ, alone vs 4 clients at once (of 10: 5 greedy, 5 seeded)\n")
         print("| server | differ |\n|---|---|")
         for server in (localspec(4, drafting), llama(4, [], "")):
-            proc, base = start(server)
-            try:
+            with serving(server) as (_, base):
                 print(f"| {server.name} | {identity(base)} |", flush=True)
-            finally:
-                proc.kill()
-                proc.wait()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 import time
 
 import psutil
-from concurrency import COPYING, Server, identity, side_requests, start, throughput
+from concurrency import COPYING, Server, identity, serving, side_requests, throughput
 
 from localspec.backends.llamacpp.gpu import gpu_device
 from localspec.models.default_model import ensure_pypi_model
@@ -48,18 +48,13 @@ def main() -> None:
     print(f"# serve on {device.name}, {model.rsplit('/', 1)[-1]}, {time.strftime('%Y-%m-%d')}\n")
     print(f"| server | title s | tags s (a {args.stream_tokens}-token stream running) |\n|---|---|---|")
     for server in servers:
-        proc, url = start(server)
-        try:
+        with serving(server) as (_, url):
             title, tags = side_requests(url, args.stream_tokens)
             print(f"| {server.name} | {title:.2f} | {tags:.2f} |", flush=True)
-        finally:
-            proc.kill()
-            proc.wait()
     print("\n| server | clients | aggregate tok/s | per-request tok/s | answers differing alone / 4 at once |")
     print("|---|---|---|---|---|")
     for server in servers:
-        proc, url = start(server)
-        try:
+        with serving(server) as (proc, url):
             process = psutil.Process(proc.pid)
             # Lavapipe compiles a pipeline the first time a process runs a pass of its shape:
             # a round first, not counted, so that the rounds time passes, not LLVM.
@@ -69,9 +64,6 @@ def main() -> None:
                 agg, each = (statistics.median(r[i] for r in runs) for i in (0, 1))
                 differ = f"{identity(url)} of 10" if clients == 4 else ""
                 print(f"| {server.name} | {clients} | {agg:.1f} | {each:.1f} | {differ} |", flush=True)
-        finally:
-            proc.kill()
-            proc.wait()
 
 
 if __name__ == "__main__":
