@@ -10,8 +10,8 @@ Why a lane's answer is the one it gives alone, bit for bit:
 - A pass holds at most `row_limit` rows in all: the rows that llama.cpp's CPU kernels still
   compute as one-token passes (kernels.prompt_block_limit: 63 on Q4_0/Q4_1/Q8_0, 7 on
   K-quants, 1 on F16); on a GPU, the blocks the load's device check found identical to
-  one-token passes (device_check.py; on lavapipe 1 or 2). Within that, a row's logits do not depend
-  on the rows beside it.
+  one-token passes (device_check.py; on lavapipe 1 or 2). Within that, a row's logits do not
+  depend on the rows beside it.
 - With separate streams llama.cpp splits a batch into equal shares per sequence, so every lane
   in a pass brings the same number of rows: a shorter block is padded with rows whose logits
   are not asked for and whose cells are dropped right after the pass.

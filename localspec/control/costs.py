@@ -251,9 +251,9 @@ class CostCurve:
 def redrawn(curve: Sequence[float], trusted: Sequence[bool]) -> list[float]:
     """The curve with each block size not trusted drawn again: on the line through the trusted
     block sizes around it, and past the last one on the slope from the first trusted block to
-    the last, or flat where that falls (one local slope is mostly its two ends' noise); sizes below the first trusted
-    block keep their price. Unchanged with fewer than two trusted block sizes. The single-token
-    step is not a point of the line: a block takes other kernels."""
+    the last, or flat where that falls (one local slope is mostly its two ends' noise); sizes
+    below the first trusted block keep their price. Unchanged with fewer than two trusted block
+    sizes. The single-token step is not a point of the line: a block takes other kernels."""
     points = [i for i in range(1, len(curve)) if trusted[i]]
     if len(points) < 2:
         return list(curve)
