@@ -27,6 +27,7 @@ DEFAULT_TESTS=(
     tests/backends/llamacpp/test_llamacpp_mtp.py            # MTP heads
     tests/backends/llamacpp/test_llamacpp_eagle3.py         # EAGLE-3 heads
     tests/backends/llamacpp/test_llamacpp_dflash.py         # DFlash
+    tests/server/test_batching_heads.py                     # lanes drafting with heads on the device (about 7 minutes)
 )
 # Greedy identity (n-gram, draft models on the device and the hybrid source, every draft length,
 # against none on the device) on one prompt: the file's 40 cases take hours on lavapipe.

@@ -152,3 +152,70 @@ def test_lanes_decode_where_a_lone_request_does_and_give_its_answers(tiny: Path)
         assert host.figures.passes > 0
     finally:
         pool.close()
+
+
+def test_lanes_on_the_device_stop_mid_answer_from_another_thread_or_a_cancelled_task(tiny: Path) -> None:
+    """A lane's answer ended mid-way on the device (its stream closed from another thread, or
+    its asyncio task cancelled) frees the lane within a step, leaves the lane beside it
+    answering as alone, and the next request on the freed lane gets its lone answer: what
+    close() and cancel do on the CPU's lanes (tests/api/test_pool.py), with the lanes' passes on
+    the device's cache."""
+    import asyncio
+    import threading
+
+    from localspec.api import load
+    from localspec.events import Finished
+    from localspec.pool import load_pool
+
+    long_prompt, side = "one two three one two three one two", "x y z x y z"
+    options = {"n_ctx": 256, "strategy": "ngram", "memory": False, "gpu_layers": 99, "threads": 1}
+    with load(str(tiny), **options) as alone:
+        lone_side = alone.generate(side, max_tokens=16, temperature=0).text
+        lone_long = alone.generate(long_prompt, max_tokens=200, temperature=0)
+    assert lone_long.stats.generated_tokens == 200  # long enough to be stopped mid-way
+    pool = load_pool(str(tiny), parallel=2, **options)
+    try:
+        on = pool.runtimes[0].target.host.model.capabilities.device
+        assert len(pool.runtimes) == 2 and on == ("gpu" if llamacpp.gpu_device() is not None else "cpu")
+        with pool.lane() as lane:  # closed from another thread once the lane beside it answered
+            stream = lane.stream(long_prompt, max_tokens=200, temperature=0)
+            answered: list[str] = []
+
+            def beside_then_close() -> None:
+                answered.append(pool.generate(side, max_tokens=16, temperature=0, lane_timeout=120).text)
+                stream.close()
+
+            closer = threading.Thread(target=beside_then_close)
+            closer.start()
+            rest = list(stream)
+            closer.join(120)
+        assert answered == [lone_side]
+        last = rest[-1]
+        assert isinstance(last, Finished) and last.finish_reason == "cancelled"
+        assert last.stats.generated_tokens < 200
+
+        async def cancelled_then_asked() -> str:
+            decoding = asyncio.Event()
+
+            async def read_long() -> None:
+                async with pool.alane() as runtime:
+                    async for _ in runtime.astream(long_prompt, max_tokens=200, temperature=0):
+                        decoding.set()
+
+            task = asyncio.ensure_future(read_long())
+            await asyncio.wait_for(decoding.wait(), 120)  # cancelled mid-answer
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            else:
+                raise AssertionError("the cancelled task read its answer to the end")
+            answers = await asyncio.gather(
+                *(pool.agenerate(side, max_tokens=16, temperature=0, lane_timeout=120) for _ in range(2))
+            )
+            return "|".join(answer.text for answer in answers)
+
+        assert asyncio.run(cancelled_then_asked()) == f"{lone_side}|{lone_side}"
+    finally:
+        pool.close()
