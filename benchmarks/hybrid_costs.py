@@ -162,7 +162,7 @@ def llama_bench(bin_dir: Path, path: Path, threads: int) -> list[float] | None:
         return None
     sizes = ",".join(str(k) for k in range(1, MAX_K + 1))
     cmd = [str(program), "-m", str(path), "-p", sizes, "-n", "0", "-t", str(threads), "-r", "5", "-o", "json"]
-    cmd += bench_flags()  # on an AMX VM llama-bench's default repacking faults (llama.cpp#20824)
+    cmd += bench_flags(str(path))  # on an AMX VM llama-bench's default repacking faults (llama.cpp#20824)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     by_k = {int(row["n_prompt"]): row["avg_ns"] / 1e9 for row in json.loads(out)}
     return [by_k[k] for k in range(1, MAX_K + 1)]

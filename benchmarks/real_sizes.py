@@ -337,7 +337,7 @@ def llama_bench(path: Path, threads: int) -> dict[str, object] | None:
     runs = []
     for n in (64, 192) if threads == 1 else (64,):
         cmd = [str(binary), "-m", str(path), "-n", str(n), "-p", "0", "-t", str(threads), "-r", "1", "-o", "json"]
-        cmd += bench_flags()  # on an AMX VM llama-bench's default repacking faults (llama.cpp#20824)
+        cmd += bench_flags(str(path))  # on an AMX VM llama-bench's default repacking faults (llama.cpp#20824)
         before, cpu0 = load1(), resource.getrusage(resource.RUSAGE_CHILDREN)
         row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)[0]
         cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)

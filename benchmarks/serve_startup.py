@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from localspec.models.default_model import ensure_pypi_model
-from localspec.tooling.peers import peer_env
+from localspec.tooling.peers import command_models, peer_env
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
 
@@ -54,7 +54,9 @@ def accepts(port: int) -> bool:
 
 def measure(command: list[str], port: int, timeout: float = 600.0) -> Startup:
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env(*command_models(command))
+    )
     base = f"http://127.0.0.1:{port}"
 
     def ask() -> tuple[float, int]:

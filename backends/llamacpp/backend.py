@@ -60,6 +60,7 @@ from .head import ContextHead
 from .hosting import HostsDrafters
 from .images import SeesImages
 from .kernels import SPLIT_BLOCKS_UP_TO, kernels_for
+from .kernels import buffers_for as buffers_for  # which tooling/peers.py reads through this module
 from .lanes import LaneHost, PassShape
 from .library import EXACT_BUILD as EXACT_BUILD
 from .library import FLASH_ATTN as FLASH_ATTN
@@ -163,7 +164,11 @@ class LlamaCppBackend(BuildsTarget, TargetText, SeesImages, VerifiesTrees, Hosts
             n_params=int(llama.llama_model_n_params(model)),
             n_layers=int(llama.llama_model_n_layer(model)),
         )
-        extra = {"threads": str(threads), "file_type": self._meta("general.file_type") or "1", "build": build_id()}
+        extra = {
+            "threads": str(threads),
+            "file_type": self._meta("general.file_type") or "1",
+            "build": build_id(self._plan.repack),
+        }
         if rpc:  # the servers are part of the cost curve: another list is another calibration
             extra["rpc"] = ",".join(rpc)
         if self._mtp_layers:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from localspec.common.gguf_header import read_header
 from localspec.control.hardware import physical_cores
+from localspec.core.errors import ModelLoadError
 from localspec.core.protocol import BLOCK_KERNEL_ROWS, Exactness
 
 from .library import FLASH_ATTN, batch_invariant_build, extra_buffers, flash_attention
@@ -126,16 +127,34 @@ def prompt_block_limit(types: set[int], *, llamafile: bool, flash: bool) -> tupl
     return min(limits) if limits else (None, "")
 
 
+def matrix_types(path: str) -> frozenset[int]:
+    """The ggml types of the matrices a pass over the model file at path multiplies."""
+    return frozenset(
+        t.qtype for t in read_header(path).tensors if len(t.dims) > 1 and not t.name.endswith(CONV_WEIGHTS)
+    )
+
+
+def buffers_for(*paths: str) -> bool:
+    """Whether one llama.cpp program loading these model files may put weights in its extra
+    buffer types: it has one setting for all of them, so only where localspec loads each of
+    them so (extra_buffers); a file it cannot read counts as any model."""
+    try:
+        return all(extra_buffers(matrix_types(path)) for path in paths) if paths else extra_buffers()
+    except ModelLoadError:
+        return extra_buffers()
+
+
 def kernels_for(path: str, exact: bool, offloaded: bool, threads: int | None, stateful: bool = False) -> KernelPlan:
     """kernel_plan for the model file at path, on this llama.cpp and with this process's settings."""
+    types = matrix_types(path)
     return kernel_plan(
-        (t.qtype for t in read_header(path).tensors if len(t.dims) > 1 and not t.name.endswith(CONV_WEIGHTS)),
+        types,
         KernelSettings(
             exact=exact,
             llamafile=not batch_invariant_build(),
             flash=not exact and flash_attention() != FLASH_ATTN["off"],
             threads=threads or physical_cores(),
-            repack=extra_buffers(),
+            repack=extra_buffers(types),
             repack_forced=os.environ.get("LLAMA_ARG_REPACK", "").lower() not in ("", "0", "false", "off"),
             stateful=stateful,
             offloaded=offloaded,

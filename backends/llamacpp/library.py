@@ -57,25 +57,37 @@ def init_library() -> None:
 
 
 @cache
-def build_id() -> str:
+def build_id(buffers: bool) -> str:
     """Which llama.cpp this is: the binding's version and a digest of the library's own
-    feature line (SIMD, LLAMAFILE, REPACK...). A rebuilt or upgraded library has other
-    kernels, hence another cost curve: calibrations are cached under this."""
-    features = (llama.llama_print_system_info() or b"") + (b"" if extra_buffers() else b"no-extra-buffers")
+    feature line (SIMD, LLAMAFILE, REPACK...), and whether the model's weights are in its extra
+    buffer types (buffers). A rebuilt or upgraded library has other kernels, hence another
+    cost curve: calibrations are cached under this."""
+    features = (llama.llama_print_system_info() or b"") + (b"" if buffers else b"no-extra-buffers")
     features += f"flash-attn={flash_attention()}".encode()
     return f"{llama.__version__}+{hashlib.sha1(features).hexdigest()[:10]}"
 
 
+# ggml types llama.cpp's AMX buffer multiplies on AMX tiles (ggml-cpu/amx/common.h,
+# qtype_has_amx_kernels): Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS. It takes F16 too, with
+# AVX-512 kernels alone, which run wherever the build does.
+AMX_TILE_TYPES = frozenset({2, 3, 8, 12, 13, 14, 23})
+
+
 @cache
-def extra_buffers() -> bool:
-    """Whether llama.cpp may put weights in its extra buffer types (repacked and AMX layouts).
-    LLAMA_ARG_REPACK decides when set, as for llama.cpp's own programs. Otherwise a build with
-    AMX kernels keeps them off: those faulted on the first matmul of a VM that advertises AMX
-    without running it."""
+def extra_buffers(types: frozenset[int] | None = None) -> bool:
+    """Whether llama.cpp may put a model's weights in its extra buffer types (repacked and AMX
+    layouts); types: the ggml types of the model's matrices (None: any model, as for a head's
+    file). LLAMA_ARG_REPACK decides when set, as for llama.cpp's own programs. Otherwise a build
+    with AMX kernels keeps them off for a model with a type its AMX tiles multiply: those
+    faulted on the first matmul of a VM that advertises AMX without running it (llama.cpp#20824).
+    An F16 model keeps them, as llama.cpp does: its verify passes of 2 to 4 rows cost less there
+    (benchmarks/pages/ngram.md)."""
     setting = os.environ.get("LLAMA_ARG_REPACK", "").lower()
     if setting:
         return setting not in ("0", "false", "off")
-    return b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b"")
+    if b"AMX_INT8 = 1" not in (llama.llama_print_system_info() or b""):
+        return True
+    return types is not None and not types & AMX_TILE_TYPES
 
 
 def model_params(gpu_layers: int) -> Any:

@@ -162,7 +162,8 @@ def run_peer(bin_dir: Path, run: PeerRun) -> PeerResult:
     if run.draft_model:
         cmd += ["-md", run.draft_model, "--spec-type", "draft-simple"]
     cmd += run.extra_args
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=peer_env())
+    env = peer_env(*command_models(cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=env)
     output = result.stdout + result.stderr
     speed = _SPEED.search(output)
     if result.returncode != 0 or not speed:
@@ -193,27 +194,35 @@ def answer_tokens(decoded: int, max_tokens: int) -> int:
     return decoded - 1 if 0 < decoded <= max_tokens else decoded
 
 
-def _same_settings() -> dict[str, str]:
-    """localspec's llama.cpp settings here (repacked weights, flash attention) as llama.cpp's
-    own variables, so the peers run alike."""
+def _same_settings(models: Sequence[str]) -> dict[str, str]:
+    """localspec's llama.cpp settings here (repacked weights, flash attention) for these model
+    files as llama.cpp's own variables, so the peers run alike."""
     from localspec.core.backend_loader import backend_module
 
     llamacpp = backend_module("llamacpp")
     flash = {int(v): k for k, v in llamacpp.FLASH_ATTN.items()}[llamacpp.flash_attention()]
-    return {"LLAMA_ARG_REPACK": "1" if llamacpp.extra_buffers() else "0", "LLAMA_ARG_FLASH_ATTN": flash}
+    return {"LLAMA_ARG_REPACK": "1" if llamacpp.buffers_for(*models) else "0", "LLAMA_ARG_FLASH_ATTN": flash}
 
 
-def peer_env() -> dict[str, str]:
-    """The environment a llama.cpp program runs in beside localspec: this one, with localspec's
-    llama.cpp settings (on an AMX build whose AMX buffers fault, no extra buffer types)."""
-    return {**os.environ, **_same_settings()}
+def peer_env(*models: str) -> dict[str, str]:
+    """The environment a llama.cpp program runs in beside localspec, given these model files:
+    this one, with localspec's llama.cpp settings (on an AMX build whose AMX buffers fault, no
+    extra buffer types for a model its AMX tiles would multiply)."""
+    return {**os.environ, **_same_settings(models)}
+
+
+def command_models(cmd: Sequence[str]) -> list[str]:
+    """The model files a llama.cpp command line loads (-m, -md and their long names)."""
+    flags = ("-m", "--model", "-md", "--model-draft")
+    return [cmd[i + 1] for i, arg in enumerate(cmd[:-1]) if arg in flags]
 
 
 def start_server(cmd: list[str], base: str, ready_seconds: float = 180.0) -> subprocess.Popen[bytes]:
     """An HTTP server (llama-server, `localspec serve`) started beside localspec as a peer is
     (peer_env), once GET base/health answers 200. Its output is not kept, so a server that
     exits first is reported with the command to run alone to see why."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peer_env())
+    env = peer_env(*command_models(cmd))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + ready_seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -231,9 +240,10 @@ def start_server(cmd: list[str], base: str, ready_seconds: float = 180.0) -> sub
     raise SystemExit(f"{cmd[0]} did not get ready in {ready_seconds:.0f} s; run it alone to see why: {shlex.join(cmd)}")
 
 
-def bench_flags() -> list[str]:
-    """The same settings as llama-bench's flags (it reads no LLAMA_ARG_ variables)."""
-    same = _same_settings()
+def bench_flags(model: str) -> list[str]:
+    """The same settings for this model file as llama-bench's flags (it reads no LLAMA_ARG_
+    variables)."""
+    same = _same_settings([model])
     return ["--repack", same["LLAMA_ARG_REPACK"], "-fa", same["LLAMA_ARG_FLASH_ATTN"]]
 
 
@@ -248,7 +258,7 @@ def run_llama_bench(
         return None
     threads = threads or physical_cores()
     cmd = [str(program), "-m", model, "-p", "0", "-n", str(tokens), "-d", str(depth), "-t", str(threads), "-o", "json"]
-    cmd += bench_flags()
+    cmd += bench_flags(model)
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     try:
         runs = json.loads(result.stdout)
