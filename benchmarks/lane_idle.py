@@ -3,7 +3,7 @@ once, in process: the rest is the lanes' own host work between passes (their ste
 handoffs), which llama-server spends in C++ (issue #57, "ahead of llama-server at every N").
 
     python benchmarks/lane_idle.py [--parallel 4] [--threads 2] [--rounds 4] [--strategy none]
-        [--model GGUF] [--draft-tokens N]
+        [--model GGUF] [--draft-model GGUF] [--draft-tokens N]
 
 Each round sends --parallel fresh chat requests of 128 greedy tokens at once from as many
 threads, and prints the wall time, the passes, the pass thread's busy share (LaneHost._run,
@@ -62,11 +62,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--strategy", default="none")
     parser.add_argument("--model", default=None, help="a GGUF (default: the embedded SmolLM2-135M Q4_1)")
+    parser.add_argument("--draft-model", default=None, help="the strategy's drafter file (an EAGLE-3 head, say)")
     parser.add_argument("--draft-tokens", default="auto", help="a fixed draft length (default: the controller's)")
     args = parser.parse_args()
     model = args.model or str(ensure_pypi_model())
     drafts: int | str = int(args.draft_tokens) if args.draft_tokens.isdigit() else args.draft_tokens
     options = {"strategy": args.strategy, "threads": args.threads, "memory": False, "draft_tokens": drafts}
+    if args.draft_model:
+        options["draft_model"] = args.draft_model
     pool = load_pool(model, parallel=args.parallel, **options)
     print(f"# lanes' pass thread: {host_kind()} host, {args.threads} thread(s), {time.strftime('%Y-%m-%d')}")
     print(f"\n{args.parallel} clients, strategy {args.strategy}, draft {args.draft_tokens}, {TOKENS} tokens each\n")
@@ -74,8 +77,12 @@ def main() -> None:
 
     def ask(i: int, r: int) -> None:
         text = f"Request {r}-{i}. {PROMPTS[i % len(PROMPTS)]}"
-        pool.generate(messages=[{"role": "user", "content": text}], max_tokens=TOKENS, temperature=0)
+        answer = pool.generate(messages=[{"role": "user", "content": text}], max_tokens=TOKENS, temperature=0)
+        kept[0] += answer.stats.accepted
+        kept[1] += answer.stats.drafted
+        kept[2] += len(answer.tokens)
 
+    kept = [0, 0, 0]  # accepted, drafted, tokens: all rounds
     ask(0, -1)  # warm
     for r in range(args.rounds):
         with PassClock() as clock:
@@ -88,6 +95,7 @@ def main() -> None:
             wall = time.perf_counter() - t0
         rate = args.parallel * TOKENS / wall
         print(f"| {r + 1} | {wall:.2f} | {clock.passes} | {clock.seconds / wall:.1%} | {rate:.0f} |", flush=True)
+    print(f"\naccepted {kept[0]} of {kept[1]} drafted; {kept[2]} tokens answered")
     merged = getattr(pool.runtimes[0].target, "host", None)
     heads = getattr(merged, "_merged", {})
     if heads:  # the heads' merged passes (head_passes.py), all rounds and the warm-up

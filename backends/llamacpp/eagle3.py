@@ -36,9 +36,10 @@ from localspec.core.protocol import Backend, Capabilities
 
 from . import compute, library
 from .features import EAGLE3_KIND, HiddenRows, target_layer_ids
-from .head import ContextHead, head_context
+from .head import ContextHead, LaneSeat, SharedCache, head_context
 
 ARCHITECTURE = "eagle3"
+DEFAULT = llama.LLAMA_CONTEXT_TYPE_DEFAULT  # the head's own context type (an MTP head's is MTP)
 KIND = EAGLE3_KIND
 
 # (layer ids, the target width they were made for, the head's file, its kind) -> the rows
@@ -54,21 +55,24 @@ class Eagle3Head(ContextHead):
     every_row = True
 
     def __init__(
-        self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, file: HeadFile, owned: bool = True
+        self, target: Backend, model: Any, target_ctx: Any, features: HiddenRows, file: HeadFile, cache: SharedCache
     ) -> None:
-        """file: what its GGUF's header says; owned: the model is freed with the head (False: a
-        lane's head reads its host's copy)."""
+        """file: what its GGUF's header says; cache: where it sits (head.SharedCache): a context
+        of its own, or a lane's sequence in the lanes' one context, where the lanes' heads draft
+        in merged passes; cache.owned: the model is freed with the head (False: the host's copy)."""
         path = file.path
-        ctx = head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
+        merged = cache.passes
+        ctx = merged.ctx if merged is not None else head_context(target, model, target_ctx, DEFAULT)
         if not ctx:
-            if owned:
+            if cache.owned:
                 llama.llama_model_free(model)
             raise ModelLoadError(
                 f"llama.cpp could not open a context for the {KIND} {os.path.basename(path)}",
                 "free memory (a smaller --ctx), or draft with --strategy ngram",
             )
         # Its output rows carry the pre-norm state of each output (and of the fc).
-        super().__init__(target, ctx, features, int(llama.llama_model_n_embd(model)), model if owned else None)
+        width = int(llama.llama_model_n_embd(model))
+        super().__init__(target, ctx, features, width, model if cache.owned else None, cache)
         self.shift = 1
         self._features = llama.llama_batch_ext_init(ctx)  # the encoder's batch
         self._ubatch = int(llama.llama_n_ubatch(ctx))
@@ -109,17 +113,19 @@ class Eagle3Head(ContextHead):
         ]
 
     def _encode(self, rows: np.ndarray) -> np.ndarray:
-        """The head's fc over the target's concatenated layer inputs: one ENCODE pass per ubatch."""
+        """The head's fc over the target's concatenated layer inputs: one ENCODE pass per ubatch.
+        It runs while a pass's rows are filled (ContextHead.fill), before the pass: in the lanes'
+        one context, inside their merged pass, on the thread that runs it."""
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         out = np.empty((len(rows), self._width), dtype=np.float32)
         for start in range(0, len(rows), self._ubatch):
             chunk = rows[start : start + self._ubatch]
             llama.llama_batch_ext_clear(self._features)
             # The fc reads no position, but the batch's must follow the cache's, as llama.cpp's own loop numbers them.
-            after = int(llama.llama_memory_seq_pos_max(self._mem, 0)) + 1
+            after = int(llama.llama_memory_seq_pos_max(self._mem, self.seq)) + 1
             for i, row in enumerate(chunk):
                 embd = llama.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
-                idx = llama.llama_batch_ext_add_embd(self._features, 0, embd)
+                idx = llama.llama_batch_ext_add_embd(self._features, self.seq, embd)
                 position = llama.llama_pos(after + i)
                 llama.llama_batch_ext_set_pos(self._features, idx, ctypes.byref(position))
                 llama.llama_batch_ext_set_output_embd(self._features, idx, True)
@@ -204,11 +210,11 @@ def load_eagle3_head(
     features: Features,
     mparams: Any,
     path: str,
-    models: dict[str, Any] | None = None,
+    seat: LaneSeat | None = None,
 ) -> Eagle3Head:
     """The EAGLE-3 head in `path`, checked against its target before llama.cpp reads it.
-    models: the heads' weights a host keeps by file and frees itself (lanes.py: one copy for
-    every lane's head), loaded into it once; the head then reads them and does not free them."""
+    seat: a lane's (lanes.py): the weights are loaded into the host's models once for every
+    lane's head, which reads them and does not free them, and it drafts where seat places it."""
     if not os.path.exists(path):
         raise ModelLoadError(
             f"no such file: {path}",
@@ -237,5 +243,6 @@ def load_eagle3_head(
             )
         return model
 
-    model, owned = library.weights_once(models, path, load)
-    return Eagle3Head(target, model, target_ctx, rows, head, owned=owned)
+    model, owned = library.weights_once(seat.models if seat is not None else None, path, load)
+    cache = seat.place(model) if seat is not None else SharedCache(owned=owned)
+    return Eagle3Head(target, model, target_ctx, rows, head, cache)

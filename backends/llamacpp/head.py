@@ -17,7 +17,7 @@ keeps the output exact (the target verifies every guess); it only shapes accepta
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -100,6 +100,16 @@ class SharedCache:
     owned: bool = True
     passes: MergedPasses | None = None
     reads_target: bool = True
+
+
+@dataclass(frozen=True)
+class LaneSeat:
+    """Where a lane's head from a file sits in a pool (lanes.py): models, the weights the host
+    keeps by file and frees itself (one copy for every lane's); place, its sequence in the
+    lanes' one context for those weights (made on the first lane's ask)."""
+
+    models: dict[str, Any]
+    place: Callable[[Any], SharedCache]
 
 
 class ContextHead(HeadOfTarget[np.ndarray]):

@@ -1,12 +1,13 @@
-"""The lanes' heads drafting in one pass (`serve --parallel N` with Gemma 4's assistant or a
-model's own MTP block): each lane's head asks for its pass, and the asks of every lane drafting
-then go through the head's model together, as llama-server drafts for all its slots at once.
-One pass a drafted token for all lanes, not one for each: a small model's pass costs nearly the
-same for one row as for four, and one context's buffers serve every lane.
+"""The lanes' heads drafting in one pass (`serve --parallel N` with Gemma 4's assistant, a
+model's own MTP block or an EAGLE-3 head): each lane's head asks for its pass, and the asks of
+every lane drafting then go through the head's model together, as llama-server drafts for all
+its slots at once. One pass a drafted token for all lanes, not one for each: a small model's
+pass costs nearly the same for one row as for four, and one context's buffers serve every lane.
 
 One context holds a sequence for every lane, each a stream of its own: an assistant's reads the
-lane's own stream of the target's KV cache (head.py, head_context), an MTP block's keeps the
-lane's cache of that block. So a lane's row reads what it reads alone, and a row of a small
+lane's own stream of the target's KV cache (head.py, head_context), an MTP block's or an
+EAGLE-3 head's keeps the lane's cache of it (the head's fc runs as its rows are filled, inside
+the pass). So a lane's row reads what it reads alone, and a row of a small
 batch gives the logits it gives alone (the rows stay within what the CPU kernels keep
 one-token-exact: kernels.prompt_block_limit). A pass holds asks whose rows are all outputs, or
 asks with none: llama.cpp hands back a pass's first rows where a graph computes every row (the
@@ -128,7 +129,7 @@ class HeadPasses(PassTurns[_Ask]):
             base += len(ask.asked.entries)
         rc = compute.process(self.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
-            raise InvalidRequestError(f"the assistant's pass failed with code {rc}")
+            raise InvalidRequestError(f"{asks[0].head.info.name}'s pass for {len(asks)} lanes failed with code {rc}")
         del kept
         self.figures.passes += 1
         self.figures.merged += len(asks) > 1

@@ -29,6 +29,7 @@ from .library import FLASH_ATTN, batch_invariant_build, extra_buffers, flash_att
 # ggml type ids (ggml.h) of the weights ggml's tiled matmul takes from 8 rows (tiled.cpp).
 TILED_TYPES = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29})  # Q2_K..Q6_K, IQ*
 TILED_ROWS = 8
+UNBOUNDED_ROWS = 1 << 16  # a pass no kernel switch bounds: a ubatch still does
 # Types ggml-cpu repacks (on x86: Q4_K; Q2_K with AVX-512; Q5_K and Q6_K on ARM) into a
 # layout whose kernel for 4+ rows sums in another order than the one-row kernel (measured on
 # Q4_K; the others assumed alike, IQ4_NL included). Q4_0 repacks too and measured the same
@@ -125,6 +126,18 @@ def prompt_block_limit(types: set[int], *, llamafile: bool, flash: bool) -> tupl
     if llamafile and (types & FLOAT_TYPES or not flash):
         limits.append((1, "llamafile's tinyBLAS takes products of 2+ rows"))
     return min(limits) if limits else (None, "")
+
+
+def one_token_rows(path: str, offloaded: bool) -> int:
+    """The most rows a pass over the model file at path may hold and still give each row its
+    one-token pass's logits, on this llama.cpp (a device's: as many as asked, its load check
+    bounds them). Where no kernel takes over, as many as a ubatch can hold."""
+    if offloaded:
+        return UNBOUNDED_ROWS
+    rows, _ = prompt_block_limit(
+        set(matrix_types(path)), llamafile=not batch_invariant_build(), flash=flash_attention() != FLASH_ATTN["off"]
+    )
+    return max(rows, 1) if rows is not None else UNBOUNDED_ROWS
 
 
 def matrix_types(path: str) -> frozenset[int]:

@@ -8,16 +8,15 @@ A lane is a sequence of the target's context. It takes:
   it for rollback (counted whichever strategy loads them);
 - its rows' logits in the target's output buffer, VERIFY_ROWS of them;
 - a draft model's cache and state likewise, where one drafts (its lanes are one context too);
-- the context of its own that a drafter reading the target keeps for each lane (an EAGLE-3
-  head, a DFlash or DSpark drafter): its cache over n_ctx, and the buffers llama.cpp reserves
-  for a ubatch of DRAFTER_ROWS rows (a DFlash block's, where longer): each row's logits over the
-  vocabulary and its attention scores over the context, and the output buffer the logits are
-  read from;
-- the lane's stream of the model's own MTP block's cache, over n_ctx.
+- the context of its own that a block drafter reading the target keeps for each lane (DFlash
+  or DSpark): its cache over n_ctx, and the buffers llama.cpp reserves for a ubatch of
+  DRAFTER_ROWS rows (the block's, where longer): each row's logits over the vocabulary and its
+  attention scores over the context, and the output buffer the logits are read from;
+- the lane's stream of the model's own MTP block's cache, or of an EAGLE-3 head's, over n_ctx.
 
 What the lanes share is not counted: the weights, the target's and the draft model's compute
-buffers, and the buffers of the one context every lane's MTP block or Gemma 4 assistant drafts
-in. Each term is an upper bound: llama.cpp's allocator overlaps the compute buffer's tensors,
+buffers, and the buffers of the one context every lane's MTP block, EAGLE-3 head or Gemma 4
+assistant drafts in. Each term is an upper bound: llama.cpp's allocator overlaps the compute buffer's tensors,
 and a sliding-window layer keeps less than n_ctx. benchmarks/lane_memory.py sets these sizes
 against the ones llama.cpp reports.
 """
@@ -111,6 +110,8 @@ def lane_bytes(target: str, n_ctx: int, drafter: str | None, own_head: bool) -> 
     other = read_header(drafter)
     if other.is_assistant:  # one context for every lane's, reading the target's cache
         return total
-    if other.block_kind or other.architecture in FEATURE_DRAFTERS:
+    if other.architecture in FEATURE_DRAFTERS:  # one context for every lane's: its cache a lane
+        return total + n_ctx * _number(other, "block_count") * kv_bytes_per_layer(other)
+    if other.block_kind:
         return total + drafter_context_bytes(other, n_ctx, n_vocab, _number(other, "block_count"))
     return total + context_bytes(other, n_ctx)

@@ -30,12 +30,12 @@ concurrently, as a rollback waits for the pass in flight.
 A drafter that reads the target's hidden states (the model's MTP head, an EAGLE-3 head, a
 DFlash or DSpark drafter) drafts for each lane from the lane's rows, which the host copies out
 of every shared pass (llama.cpp hands the last hidden states and the layer inputs out in the
-batch's order, padding rows included). An EAGLE-3 head and a block drafter do so in a context
-of their own, the lane's length. The model's MTP block and a Gemma 4 assistant draft in one
-context for every lane's, with as many sequences as the lanes' (the block keeps each lane's
-cache there; the assistant reads the target's KV cache in place, the lane's sequence id
-mapping to the lane's own stream), and the lanes drafting at once draft in one pass
-(head_passes.py). A drafter file's weights are loaded once for every lane. On more than one
+batch's order, padding rows included). A block drafter does so in a context of its own, the
+lane's length. The model's MTP block, an EAGLE-3 head and a Gemma 4 assistant draft in one
+context for every lane's, with as many sequences as the lanes' (the block and the head keep
+each lane's cache there; the assistant reads the target's KV cache in place, the lane's
+sequence id mapping to the lane's own stream), and the lanes drafting at once draft in one
+pass (head_passes.py). A drafter file's weights are loaded once for every lane. On more than one
 CPU thread the drafters' passes run on the compute thread too, between the shared passes
 (compute.process); on one, which makes no OpenMP team, on the thread that asks (the heads'
 merged passes always on the compute thread).
@@ -62,12 +62,12 @@ import numpy as np
 from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError, NotSharedError
 from localspec.core.protocol import Backend, Logits, LogitsMode
 
-from . import compute, drafters, library
+from . import compute, drafters, eagle3, kernels, library
 from .dflash import DFlashDrafter
 from .dspark import block_kind, load_block_drafter
-from .eagle3 import Eagle3Head, load_eagle3_head
+from .eagle3 import Eagle3Head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
-from .head import ContextHead, SharedCache, head_context
+from .head import ContextHead, LaneSeat, SharedCache, head_context
 from .head_passes import HeadPasses
 from .lane import Lane, empty_rows
 from .mtp import MtpHead
@@ -79,6 +79,7 @@ from .vision import EmbeddingBatch, Projector
 llama = library.llama
 H = TypeVar("H", bound=ContextHead | DFlashDrafter)
 OWN_HEAD = ""  # the model's own MTP block among the heads' merged passes (no file path)
+MTP = llama.LLAMA_CONTEXT_TYPE_MTP
 
 
 @dataclass(frozen=True)
@@ -286,13 +287,13 @@ class LaneHost(PassTurns[_Ask]):
         head = drafters.own_assistant(lane, (weights, path), self._ctx, self._last_states(lane), cache)
         return self._adopt(head)
 
-    def _merged_passes(self, key: str, lane: Lane, weights: Any, rows: int) -> HeadPasses:
-        """The merged passes of the heads under key (an assistant file's path, or OWN_HEAD): one
-        MTP context over `weights` with a sequence for every lane, made on the first lane's ask;
-        rows: the most a pass holds."""
+    def _merged_passes(self, key: str, lane: Lane, weights: Any, rows: int, kind: int = MTP) -> HeadPasses:
+        """The merged passes of the heads under key (a drafter file's path, or OWN_HEAD): one
+        context of type `kind` over `weights` with a sequence for every lane, made on the first
+        lane's ask; rows: the most a pass holds."""
         passes = self._merged.get(key)
         if passes is None:
-            ctx = head_context(lane, weights, self._ctx, llama.LLAMA_CONTEXT_TYPE_MTP, len(self.lanes))
+            ctx = head_context(lane, weights, self._ctx, kind, len(self.lanes))
             if not ctx:
                 what = os.path.basename(key) if key != OWN_HEAD else f"the MTP head of {lane.info.name}"
                 raise ModelLoadError(
@@ -308,10 +309,19 @@ class LaneHost(PassTurns[_Ask]):
         return self._capture(lane, "nextn", lambda: last_hidden_states(self._ctx, lane.info.n_ctx, width))
 
     def eagle3_head(self, lane: Lane, path: str) -> Eagle3Head:
-        """An EAGLE-3 head drafting for one lane, its weights loaded once for every lane's."""
+        """An EAGLE-3 head drafting for one lane, in one context with a sequence for every lane
+        (its cache a stream of its own), where the lanes' heads draft in merged passes of at
+        most the rows its kernels keep one-token-exact; the file's weights loaded once."""
+
+        def place(weights: Any) -> SharedCache:
+            rows = min(self.row_limit, kernels.one_token_rows(path, self._gpu_layers > 0))
+            passes = self._merged_passes(path, lane, weights, rows, eagle3.DEFAULT)
+            return SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)
+
         features = partial(self.layer_features, lane)
         mparams = library.model_params(self._gpu_layers)
-        return self._adopt(load_eagle3_head(lane, self._ctx, features, mparams, path, self._head_models))
+        seat = LaneSeat(self._head_models, place)
+        return self._adopt(eagle3.load_eagle3_head(lane, self._ctx, features, mparams, path, seat))
 
     def block_drafter(self, lane: Lane, path: str) -> DFlashDrafter:
         """A DFlash or DSpark drafter drafting blocks for one lane, in a context of its own

@@ -72,7 +72,7 @@ def assert_lanes_draft_as_alone(
     """12 answers (greedy and seeded) from a lone runtime, then from one lane of three, then
     from three clients at once: the same tokens, and the same draft and acceptance counts
     (the module doc says why those); weights: the drafter files the lanes' host loaded;
-    merged: the lanes' drafters (assistants) drafted in passes shared between lanes too."""
+    merged: the lanes' drafters (heads, assistants) drafted in passes shared between lanes too."""
     with localspec.load(model=str(target), n_ctx=TEST_N_CTX // 3, **opts) as single:
         lone = _asked(single)
     with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
@@ -148,17 +148,20 @@ EAGLE3_TARGET = Spec("llama", mix=0.02, head=1.0)  # close to a bigram model (te
 
 @pytest.fixture(scope="module")
 def eagle3_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A Q8_0 near-bigram target (63 rows a pass stay exact, so lanes share passes) and an
-    EAGLE-3 head whose guesses follow the target's layers it reads (fc=3.0)."""
+    """A Q8_0 near-bigram target (63 rows a pass stay exact, so lanes share passes) and a Q8_0
+    EAGLE-3 head whose guesses follow the target's layers it reads (fc=3.0), so that the lanes'
+    heads share passes too (an F32 head's rows part from one-token passes from 2 rows)."""
     folder = tmp_path_factory.mktemp("eagle3-lanes")
     target = quantize(write_gguf(EAGLE3_TARGET, folder / "target-f32.gguf"), folder / "target.gguf", "Q8_0")
-    return target, write_eagle3_gguf(EAGLE3_TARGET, HeadSpec(fc=3.0), folder / "eagle3.gguf")
+    head = write_eagle3_gguf(EAGLE3_TARGET, HeadSpec(fc=3.0), folder / "eagle3-f32.gguf")
+    return target, quantize(head, folder / "eagle3.gguf", "Q8_0")
 
 
 def test_each_lanes_eagle3_head_drafts_what_a_lone_runtimes_head_drafts(eagle3_pair: tuple[Path, Path]) -> None:
     target, head = eagle3_pair
     opts: dict[str, object] = {"threads": 1, "strategy": "eagle3", "draft_model": str(head), "draft_tokens": 4}
-    assert_lanes_draft_as_alone(target, opts | {"memory": False}, "eagle3", weights=1)
+    # The lanes' heads draft in one context, their rows in merged passes.
+    assert_lanes_draft_as_alone(target, opts | {"memory": False}, "eagle3", weights=1, merged=True)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
