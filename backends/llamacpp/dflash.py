@@ -72,9 +72,9 @@ def load_dflash_model(path: str, gpu_layers: int, kind: str = "dflash") -> Any:
     name, found = os.path.basename(path), read_header(path)
     if found.block_kind != kind:
         raise InvalidRequestError(*_wrong_kind(name, kind, found.block_kind, found.architecture))
-    mparams = llama.llama_model_default_params()
-    mparams.n_gpu_layers = gpu_layers
-    model = llama.llama_model_load_from_file(os.fsencode(path), mparams)
+    # This machine's load options: llama.cpp's defaults put a quantized drafter in the AMX
+    # buffer, whose tiles fault on a VM that advertises AMX without running it.
+    model = llama.llama_model_load_from_file(os.fsencode(path), library.model_params(gpu_layers))
     if not model:
         raise ModelLoadError(
             f"llama.cpp could not load {path}: {diagnose_gguf(path)}",

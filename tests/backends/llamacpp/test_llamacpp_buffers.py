@@ -97,3 +97,26 @@ def test_a_peer_given_a_file_that_cannot_be_read_gets_the_setting_for_any_model(
     monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
     monkeypatch.setattr(llamacpp.llama, "llama_print_system_info", lambda: AMX_BUILD)
     assert peer_env(str(tmp_path / "missing.gguf"))["LLAMA_ARG_REPACK"] == "0"
+
+
+def test_a_block_drafters_file_loads_with_this_machines_setting(monkeypatch, tmp_path):
+    """A DFlash or DSpark file loaded with llama.cpp's defaults went into the AMX buffer: a Q8_0
+    drafter faulted on its first block pass on a VM that advertises AMX without running it."""
+    from localspec.backends.llamacpp import dflash
+    from localspec.core.errors import ModelLoadError
+    from localspec.testing.dflash_support import write_dflash_gguf
+    from localspec.testing.gguf_writer import Spec, write_gguf
+
+    drafter = write_dflash_gguf(write_gguf(Spec("llama"), tmp_path / "t.gguf"), tmp_path / "dflash.gguf")
+    monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
+    monkeypatch.setattr(llamacpp.llama, "llama_print_system_info", lambda: AMX_BUILD)
+    asked: list[bool] = []
+
+    def load(path: bytes, mparams: object) -> None:
+        asked.append(bool(mparams.use_extra_bufts))  # type: ignore[attr-defined]
+        return None  # what llama.cpp gives for a file it cannot load
+
+    monkeypatch.setattr(dflash.llama, "llama_model_load_from_file", load)
+    with pytest.raises(ModelLoadError):
+        dflash.load_dflash_model(str(drafter), 0)
+    assert asked == [False]
