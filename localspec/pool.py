@@ -210,8 +210,8 @@ def default_parallel(opts: LoadOptions) -> int:
 
 def lane_estimate(opts: LoadOptions) -> int:
     """One lane's bytes (backends/llamacpp/lane_memory.py): a sequence of the target's context,
-    with the drafter file's context beside it where the strategy loads one, or the target's own
-    MTP head's where `auto` or `mtp` may draft with it."""
+    with the lane's cache of the drafter file where the strategy loads one, or of the target's
+    own MTP head where `auto` or `mtp` may draft with it."""
     from localspec.backends.llamacpp.lane_memory import lane_bytes
 
     assert opts.model is not None

@@ -19,6 +19,10 @@ The cache holds injected features for the committed text only: positions are inj
 before a block is drafted, once the target has kept their tokens, and the block's own keys
 and values are dropped after its pass. Nothing a verify pass rejected ever reaches it.
 
+A lane's drafter (`serve --parallel`, lanes.py) keeps that cache as its sequence of one
+context for every lane's, whose calls (an injection, a block pass and the read of its rows, a
+rollback) run one lane's at a time on the compute thread (head_passes.HeadPasses.alone).
+
 On a prompt holding an image (vision.py) the image's positions are injected as any others:
 their features are the target's, decoded from the image's rows, so the drafter sees the
 image through the target and needs no projector of its own.
@@ -29,8 +33,9 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -44,9 +49,10 @@ from localspec.drafters.draw import draw
 
 from . import compute, library
 from .features import HiddenRows, target_layer_ids
-from .head import DRAFTER_ROWS
+from .head import DRAFTER_ROWS, SharedCache
 
 llama = library.llama
+R = TypeVar("R")
 
 # The block llama.cpp assumes where the GGUF names none (common/speculative.cpp).
 DEFAULT_BLOCK = 16
@@ -107,10 +113,13 @@ class DFlashDrafter:
     first_row = 1
 
     def __init__(
-        self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int, owned: bool = True
+        self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int, cache: SharedCache
     ) -> None:
-        """owned: the model is freed with the drafter (False: a lane's drafter reads its host's copy)."""
-        self._target, self._model, self._owned = target, model, owned
+        """cache: where it sits (head.SharedCache): a context of its own, or a lane's sequence in
+        the lanes' one context (cache.passes), whose calls run one drafter at a time;
+        cache.owned: the model is freed with the drafter (False: its host's copy)."""
+        self._target, self._model, self._owned = target, model, cache.owned
+        self._shared, self._seq = cache.passes, cache.seq
         # A lane's drafter (lanes.py): its passes, the timing pass below too, run where the lanes' do.
         self.beside_lanes = isinstance(target, SharesPasses)
         self.file = os.path.basename(path)
@@ -126,7 +135,7 @@ class DFlashDrafter:
                 raise ModelLoadError(f"{self.file} has no mask token (tokenizer.ggml.mask_token_id)", self._refit)
             self._ctx = self._context(target, target_ctx, threads)
         except BaseException:
-            if owned:
+            if cache.owned:
                 llama.llama_model_free(model)
             raise
         self._closed = False
@@ -158,6 +167,12 @@ class DFlashDrafter:
         return DEFAULT_BLOCK
 
     def _context(self, target: FeatureTarget, target_ctx: Any, threads: int) -> Any:
+        if self._shared is not None:  # the lanes' (head.head_context): a ubatch holds a block
+            if self.block > int(llama.llama_n_ubatch(self._shared.ctx)):
+                why = f"{self.file}'s blocks of {self.block} tokens exceed the lanes' drafter passes"
+                raise ModelLoadError(why, "serve it with --parallel 1")
+            llama.llama_set_causal_attn(self._shared.ctx, False)
+            return self._shared.ctx
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = target.info.n_ctx
         cparams.n_batch = cparams.n_ubatch = max(self.block, DRAFTER_ROWS)
@@ -178,9 +193,13 @@ class DFlashDrafter:
 
     # -- the cache: the target's features at committed positions ----------------------------
 
+    def _on_context(self, fn: Callable[[], R]) -> R:
+        """fn's calls on the context: in the lanes' one context, with no other lane's between."""
+        return self._shared.alone(fn) if self._shared is not None else fn()
+
     def _rollback(self, n: int) -> None:
         if n < len(self._tokens):
-            llama.llama_memory_seq_rm(self._mem, 0, n, -1)
+            self._on_context(lambda: llama.llama_memory_seq_rm(self._mem, self._seq, n, -1))
             del self._tokens[n:]
 
     def _inject(self, upto: int) -> None:
@@ -191,23 +210,29 @@ class DFlashDrafter:
         for at in range(start, upto, step):
             end = min(at + step, upto)
             rows = np.ascontiguousarray(self._features.rows[at:end])
-            llama.llama_batch_ext_clear(self._batch)
-            for k in range(end - at):
-                row = rows[k].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-                idx = llama.llama_batch_ext_add_embd(self._batch, 0, llama.llama_embd(row, 1, rows.shape[1]))
-                position = llama.llama_pos(at + k)
-                llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
-            self._process(f"injecting the target's features at position {at}")
+            self._on_context(partial(self._inject_rows, rows, at))
             self._tokens.extend(int(t) for t in cached[at:end])
+
+    def _inject_rows(self, rows: np.ndarray, at: int) -> None:
+        llama.llama_batch_ext_clear(self._batch)
+        for k in range(len(rows)):
+            row = rows[k].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            idx = llama.llama_batch_ext_add_embd(self._batch, self._seq, llama.llama_embd(row, 1, rows.shape[1]))
+            position = llama.llama_pos(at + k)
+            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
+        self._process(f"injecting the target's features at position {at}")
 
     def _pass(self, anchor: int, at: int, wanted: int) -> np.ndarray:
         """One block pass with the anchor at position `at`: the logits of the first `wanted`
         rows that guess (from first_row: the guesses for at+1..at+wanted). The block leaves
         the cache after it."""
+        return self._on_context(partial(self._block_pass, anchor, at, wanted))
+
+    def _block_pass(self, anchor: int, at: int, wanted: int) -> np.ndarray:
         size = min(self.block, self._target.info.n_ctx - at)
         llama.llama_batch_ext_clear(self._batch)
         for k in range(size):
-            idx = llama.llama_batch_ext_add_token(self._batch, 0, anchor if k == 0 else self._mask)
+            idx = llama.llama_batch_ext_add_token(self._batch, self._seq, anchor if k == 0 else self._mask)
             position = llama.llama_pos(at + k)
             llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
             # Every row, as llama.cpp's draft-dflash asks: the dflash graph computes the head
@@ -216,9 +241,10 @@ class DFlashDrafter:
         try:
             self._process(f"the block pass at position {at}")
         finally:
-            llama.llama_memory_seq_rm(self._mem, 0, at, -1)
+            llama.llama_memory_seq_rm(self._mem, self._seq, at, -1)
         ptr = llama.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[self.first_row : self.first_row + wanted]
+        rows = np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[self.first_row : self.first_row + wanted]
+        return rows if self._shared is None else rows.copy()  # the next lane's pass overwrites them
 
     def _process(self, what: str) -> None:
         rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, self.beside_lanes)
@@ -260,7 +286,8 @@ class DFlashDrafter:
             return
         self._closed = True
         llama.llama_batch_ext_free(self._batch)
-        llama.llama_free(self._ctx)
+        if self._shared is None:  # else the lanes' host frees it
+            llama.llama_free(self._ctx)
         if self._owned:
             llama.llama_model_free(self._model)
 

@@ -27,6 +27,7 @@ from localspec.common.gguf_header import check_gguf, read_header
 
 from . import library
 from .dflash import DFlashDrafter, FeatureTarget, load_dflash_model
+from .head import LaneSeat, SharedCache
 
 llama = library.llama
 
@@ -37,11 +38,11 @@ class DSparkDrafter(DFlashDrafter):
     name = "dspark"
 
     def __init__(
-        self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int, owned: bool = True
+        self, target: FeatureTarget, target_ctx: Any, model: Any, path: str, threads: int, cache: SharedCache
     ) -> None:
         # Before the pass is timed (DFlashDrafter.__init__): which row guesses first.
         self.first_row = 0 if _anchor_first(model) else 1
-        super().__init__(target, target_ctx, model, path, threads, owned)
+        super().__init__(target, target_ctx, model, path, threads, cache)
 
 
 def _anchor_first(model: Any) -> bool:
@@ -60,13 +61,15 @@ def block_kind(path: str) -> str:
 
 
 def load_block_drafter(
-    target: FeatureTarget, target_ctx: Any, path: str, kind: str, gpu_layers: int, models: dict[str, Any] | None = None
+    target: FeatureTarget, target_ctx: Any, path: str, kind: str, gpu_layers: int, seat: LaneSeat | None = None
 ) -> DFlashDrafter:
     """The `kind` ("dflash", "dspark") drafter in `path` drafting blocks for `target`, refused
-    with what to use instead when the file is not one. models: the drafters' weights a host
-    keeps by file and frees itself (lanes.py: one copy for every lane's drafter), loaded into it
-    once; the drafter then reads them and does not free them."""
+    with what to use instead when the file is not one. seat: a lane's (lanes.py): the weights
+    are loaded into the host's models once for every lane's drafter, which reads them and does
+    not free them, and it drafts where seat places it."""
+    models = seat.models if seat is not None else None
     model, owned = library.weights_once(models, path, lambda: load_dflash_model(path, gpu_layers, kind))
+    cache = seat.place(model) if seat is not None else SharedCache(owned=owned)
     made = DSparkDrafter if kind == "dspark" else DFlashDrafter
     threads = int(target.capabilities.extra.get("threads", "1"))
-    return made(target, target_ctx, model, path, threads, owned=owned)
+    return made(target, target_ctx, model, path, threads, cache)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import llama_cpp as llama
 import numpy as np
@@ -31,6 +31,8 @@ from localspec.core.records import HeadOfTarget
 
 from . import compute
 from .features import HiddenRows
+
+R = TypeVar("R")
 
 # The token a head reads at an image position (see the module doc): llama.cpp's draft-simple
 # feeds a draft model zeros there; a head's graph takes token ids, so a fixed one it is.
@@ -83,6 +85,11 @@ class MergedPasses(Protocol):
 
     def drop(self, head: ContextHead, position: int) -> None:
         """The head's cache cells from position on, removed once no pass is in flight."""
+        ...
+
+    def alone(self, fn: Callable[[], R]) -> R:
+        """fn, calls on the context that make no merged pass (a block drafter's), run on the
+        compute thread once no pass is in flight; no pass starts until it returns."""
         ...
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from localspec.core.errors import BackendClosedError, InvalidRequestError
 
@@ -35,6 +36,7 @@ from .head import ContextHead, Entries
 from .sharing import PassTurns
 
 llama = library.llama
+R = TypeVar("R")
 
 
 class Roster(Protocol):
@@ -142,6 +144,23 @@ class HeadPasses(PassTurns[_Ask]):
             self._settled()
             if not self._closed:
                 llama.llama_memory_seq_rm(llama.llama_get_memory(self.ctx), head.seq, position, -1)
+
+    def alone(self, fn: Callable[[], R]) -> R:
+        """fn, calls on the context that make no merged pass (a DFlash or DSpark drafter's:
+        its injections, its block pass and the read of its rows, its rollbacks), on the compute
+        thread once no pass is in flight; no pass starts until it returns."""
+        with self._cond:
+            self._settled()
+            if self._closed:
+                raise BackendClosedError("the model was closed", "load it again")
+            self._running = True
+            self._cond.release()
+            try:
+                return compute.run_there(fn)
+            finally:
+                self._cond.acquire()
+                self._running = False
+                self._cond.notify_all()
 
     def close(self) -> None:
         """Frees the context once no pass is in flight (after the heads that draft in it)."""

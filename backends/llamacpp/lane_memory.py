@@ -8,17 +8,14 @@ A lane is a sequence of the target's context. It takes:
   it for rollback (counted whichever strategy loads them);
 - its rows' logits in the target's output buffer, VERIFY_ROWS of them;
 - a draft model's cache and state likewise, where one drafts (its lanes are one context too);
-- the context of its own that a block drafter reading the target keeps for each lane (DFlash
-  or DSpark): its cache over n_ctx, and the buffers llama.cpp reserves for a ubatch of
-  DRAFTER_ROWS rows (the block's, where longer): each row's logits over the vocabulary and its
-  attention scores over the context, and the output buffer the logits are read from;
-- the lane's stream of the model's own MTP block's cache, or of an EAGLE-3 head's, over n_ctx.
+- the lane's stream of the cache of the model's own MTP block, of an EAGLE-3 head, or of a
+  DFlash or DSpark drafter (the target's injected features), over n_ctx.
 
 What the lanes share is not counted: the weights, the target's and the draft model's compute
-buffers, and the buffers of the one context every lane's MTP block, EAGLE-3 head or Gemma 4
-assistant drafts in. Each term is an upper bound: llama.cpp's allocator overlaps the compute buffer's tensors,
-and a sliding-window layer keeps less than n_ctx. benchmarks/lane_memory.py sets these sizes
-against the ones llama.cpp reports.
+buffers, and the buffers of the one context every lane's MTP block, EAGLE-3 head, block
+drafter or Gemma 4 assistant drafts in. Each term is an upper bound: llama.cpp's allocator
+overlaps the compute buffer's tensors, and a sliding-window layer keeps less than n_ctx.
+benchmarks/lane_memory.py sets these sizes against the ones llama.cpp reports.
 """
 
 from __future__ import annotations
@@ -27,11 +24,9 @@ from localspec.common.gguf_header import GGUFHeader, read_header
 from localspec.core.choices import FEATURE_DRAFTERS
 
 from .build import context_cells
-from .head import DRAFTER_ROWS
 from .recurrent import RECURRENT_SNAPSHOTS
 
 F16, F32 = 2, 4
-DFLASH_BLOCK = 16  # a dflash file without dflash.block_size: llama.cpp's default (dflash.py)
 # A lane's rows in a verify pass at the longest drafts: the target's output buffer holds their logits.
 VERIFY_ROWS = 16
 
@@ -85,16 +80,6 @@ def context_bytes(header: GGUFHeader, n_ctx: int) -> int:
     return n_ctx * kv_bytes_per_token(header) + recurrent_bytes(header)
 
 
-def drafter_context_bytes(drafter: GGUFHeader, n_ctx: int, n_vocab: int, layers: int) -> int:
-    """A drafter's context of its own beside a lane (the module doc): `layers` attention layers
-    of drafter's shape over n_ctx, and the buffers of a ubatch whose logits span n_vocab."""
-    block = _number(drafter, "block_size", DFLASH_BLOCK) if drafter.block_kind else 0
-    rows = max(block, DRAFTER_ROWS)
-    scores = n_ctx * _number(drafter, "attention.head_count")
-    buffers = rows * (2 * n_vocab + scores) * F32  # compute (logits, attention scores) and output
-    return n_ctx * layers * kv_bytes_per_layer(drafter) + buffers
-
-
 def lane_bytes(target: str, n_ctx: int, drafter: str | None, own_head: bool) -> int:
     """One lane's memory (the module doc) for the target GGUF at `target`; drafter: the drafter
     file the strategy loads (None: none); own_head: the target's own MTP block drafts, where it
@@ -110,8 +95,6 @@ def lane_bytes(target: str, n_ctx: int, drafter: str | None, own_head: bool) -> 
     other = read_header(drafter)
     if other.is_assistant:  # one context for every lane's, reading the target's cache
         return total
-    if other.architecture in FEATURE_DRAFTERS:  # one context for every lane's: its cache a lane
+    if other.block_kind or other.architecture in FEATURE_DRAFTERS:  # one context for every lane's
         return total + n_ctx * _number(other, "block_count") * kv_bytes_per_layer(other)
-    if other.block_kind:
-        return total + drafter_context_bytes(other, n_ctx, n_vocab, _number(other, "block_count"))
     return total + context_bytes(other, n_ctx)

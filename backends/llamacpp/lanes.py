@@ -30,12 +30,12 @@ concurrently, as a rollback waits for the pass in flight.
 A drafter that reads the target's hidden states (the model's MTP head, an EAGLE-3 head, a
 DFlash or DSpark drafter) drafts for each lane from the lane's rows, which the host copies out
 of every shared pass (llama.cpp hands the last hidden states and the layer inputs out in the
-batch's order, padding rows included). A block drafter does so in a context of its own, the
-lane's length. The model's MTP block, an EAGLE-3 head and a Gemma 4 assistant draft in one
-context for every lane's, with as many sequences as the lanes' (the block and the head keep
-each lane's cache there; the assistant reads the target's KV cache in place, the lane's
-sequence id mapping to the lane's own stream), and the lanes drafting at once draft in one
-pass (head_passes.py). A drafter file's weights are loaded once for every lane. On more than one
+batch's order, padding rows included). Each drafter file, and the model's MTP block, drafts
+in one context for every lane's, with as many sequences as the lanes' (an MTP block, an
+EAGLE-3 head or a block drafter keeps each lane's cache there; a Gemma 4 assistant reads the
+target's KV cache in place, the lane's sequence id mapping to the lane's own stream). The
+lanes' heads drafting at once draft in one pass; a block drafter's calls run a lane at a time
+(head_passes.py). A drafter file's weights are loaded once for every lane. On more than one
 CPU thread the drafters' passes run on the compute thread too, between the shared passes
 (compute.process); on one, which makes no OpenMP team, on the thread that asks (the heads'
 merged passes always on the compute thread).
@@ -324,10 +324,16 @@ class LaneHost(PassTurns[_Ask]):
         return self._adopt(eagle3.load_eagle3_head(lane, self._ctx, features, mparams, path, seat))
 
     def block_drafter(self, lane: Lane, path: str) -> DFlashDrafter:
-        """A DFlash or DSpark drafter drafting blocks for one lane, in a context of its own
-        beside the lanes', its weights loaded once for every lane's."""
-        kind = block_kind(path)
-        return self._adopt(load_block_drafter(lane, self._ctx, path, kind, self._gpu_layers, self._head_models))
+        """A DFlash or DSpark drafter drafting blocks for one lane, in one context with a
+        sequence for every lane (its cache a stream of its own), whose calls run one lane's at
+        a time between the shared passes; the file's weights loaded once."""
+
+        def place(weights: Any) -> SharedCache:
+            passes = self._merged_passes(path, lane, weights, 1, eagle3.DEFAULT)
+            return SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)
+
+        seat = LaneSeat(self._head_models, place)
+        return self._adopt(load_block_drafter(lane, self._ctx, path, block_kind(path), self._gpu_layers, seat))
 
     def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at the lane's positions (as LlamaCppBackend.layer_features)."""
