@@ -117,14 +117,10 @@ def _decode(ctx: Any, batch: Any) -> int:
     return int(llama.llama_decode(ctx, batch))  # looked up now: fault injection patches it
 
 
-def process(ctx: Any, kind: int, batch: Any, beside_lanes: bool = False) -> int:
-    """llama_process (the staging API heads use), as decode(). beside_lanes: a lane's head
-    (lanes.py), whose passes on several CPU threads go to the compute thread in place or not,
-    as the lanes' shared passes do: a request's thread then keeps no team of its own."""
-    threads = llama.llama_n_threads_batch(ctx)
-    if beside_lanes and threads > 1:
-        return run_there(_process, ctx, kind, batch)
-    return run(threads, _process, ctx, kind, batch)
+def process(ctx: Any, kind: int, batch: Any) -> int:
+    """llama_process (the staging API heads use), as decode(). A lane's heads and drafters
+    (lanes.py) call it from the compute thread, where their merged passes run (head_passes.py)."""
+    return run(llama.llama_n_threads_batch(ctx), _process, ctx, kind, batch)
 
 
 def _process(ctx: Any, kind: int, batch: Any) -> int:

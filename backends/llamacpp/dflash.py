@@ -42,7 +42,7 @@ import numpy as np
 from localspec.common.gguf_header import check_gguf, diagnose_gguf, read_header
 from localspec.core.drafting import Draft, common_prefix
 from localspec.core.errors import InvalidRequestError, ModelLoadError
-from localspec.core.protocol import Capabilities, ModelInfo, SharesPasses
+from localspec.core.protocol import Capabilities, ModelInfo
 from localspec.core.sampling import Distribution, SamplingConfig
 from localspec.core.tree import alternatives, top_k_branches
 from localspec.drafters.draw import draw
@@ -120,8 +120,6 @@ class DFlashDrafter:
         cache.owned: the model is freed with the drafter (False: its host's copy)."""
         self._target, self._model, self._owned = target, model, cache.owned
         self._shared, self._seq = cache.passes, cache.seq
-        # A lane's drafter (lanes.py): its passes, the timing pass below too, run where the lanes' do.
-        self.beside_lanes = isinstance(target, SharesPasses)
         self.file = os.path.basename(path)
         self._closed = True  # until the context exists
         try:
@@ -247,7 +245,7 @@ class DFlashDrafter:
         return rows if self._shared is None else rows.copy()  # the next lane's pass overwrites them
 
     def _process(self, what: str) -> None:
-        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, self.beside_lanes)
+        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
             raise InvalidRequestError(f"{self.file}: {what} failed with code {rc}", "draft with --strategy ngram")
 

@@ -129,7 +129,7 @@ class Eagle3Head(ContextHead):
                 position = llama.llama_pos(after + i)
                 llama.llama_batch_ext_set_pos(self._features, idx, ctypes.byref(position))
                 llama.llama_batch_ext_set_output_embd(self._features, idx, True)
-            rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_ENCODE, self._features, self.beside_lanes)
+            rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_ENCODE, self._features)
             if rc != 0:
                 raise InvalidRequestError(
                     f"the {KIND} {self.info.name}'s fc pass failed with code {rc}", "draft with --strategy ngram"

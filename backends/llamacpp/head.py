@@ -26,7 +26,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as ext
 
 from localspec.core.errors import InvalidRequestError
-from localspec.core.protocol import Backend, Logits, LogitsMode, SharesPasses
+from localspec.core.protocol import Backend, Logits, LogitsMode
 from localspec.core.records import HeadOfTarget
 
 from . import compute
@@ -145,8 +145,6 @@ class ContextHead(HeadOfTarget[np.ndarray]):
         place (mtp.py): its passes go to cache.seq, and with cache.passes beside the other lanes'."""
         super().__init__(target)
         self.merged = cache.passes if cache is not None else None
-        # A lane's head (lanes.py): its passes run where the lanes' do (compute.process).
-        self.beside_lanes = isinstance(target, SharesPasses)
         self._states, self._model = states, model
         self._ctx, self._mem = ctx, llama.llama_get_memory(ctx)
         self.shift = 0  # a token at position q is read at the head's cache position q - shift
@@ -215,7 +213,7 @@ class ContextHead(HeadOfTarget[np.ndarray]):
             return
         llama.llama_batch_ext_clear(self._batch)
         kept = self.fill(self._batch, asked)  # the states the batch points at, alive until the pass has run
-        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch, self.beside_lanes)
+        rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         del kept
         if rc != 0:
             at = asked.entries[0][0]

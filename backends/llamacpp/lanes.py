@@ -35,10 +35,8 @@ in one context for every lane's, with as many sequences as the lanes' (an MTP bl
 EAGLE-3 head or a block drafter keeps each lane's cache there; a Gemma 4 assistant reads the
 target's KV cache in place, the lane's sequence id mapping to the lane's own stream). The
 lanes' heads drafting at once draft in one pass; a block drafter's calls run a lane at a time
-(head_passes.py). A drafter file's weights are loaded once for every lane. On more than one
-CPU thread the drafters' passes run on the compute thread too, between the shared passes
-(compute.process); on one, which makes no OpenMP team, on the thread that asks (the heads'
-merged passes always on the compute thread).
+(head_passes.py). A drafter file's weights are loaded once for every lane. The drafters'
+passes run on the compute thread too, between the shared passes, whatever the threads.
 
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
