@@ -20,8 +20,8 @@ before a block is drafted, once the target has kept their tokens, and the block'
 and values are dropped after its pass. Nothing a verify pass rejected ever reaches it.
 
 A lane's drafter (`serve --parallel`, lanes.py) keeps that cache as its sequence of one
-context for every lane's, whose calls (an injection, a block pass and the read of its rows, a
-rollback) run one lane's at a time on the compute thread (head_passes.HeadPasses.alone).
+context for every lane's: its block goes in a pass with the other lanes' blocks (fill, read;
+head_passes.py), and its injections and rollbacks run alone between passes.
 
 On a prompt holding an image (vision.py) the image's positions are injected as any others:
 their features are the target's, decoded from the image's rows, so the drafter sees the
@@ -49,7 +49,7 @@ from localspec.drafters.draw import draw
 
 from . import compute, library
 from .features import HiddenRows, target_layer_ids
-from .head import DRAFTER_ROWS, SharedCache
+from .head import DRAFTER_ROWS, Entries, SharedCache
 
 llama = library.llama
 R = TypeVar("R")
@@ -119,7 +119,7 @@ class DFlashDrafter:
         the lanes' one context (cache.passes), whose calls run one drafter at a time;
         cache.owned: the model is freed with the drafter (False: its host's copy)."""
         self._target, self._model, self._owned = target, model, cache.owned
-        self._shared, self._seq = cache.passes, cache.seq
+        self._shared, self.seq = cache.passes, cache.seq
         self.file = os.path.basename(path)
         self._closed = True  # until the context exists
         try:
@@ -197,7 +197,7 @@ class DFlashDrafter:
 
     def _rollback(self, n: int) -> None:
         if n < len(self._tokens):
-            self._on_context(lambda: llama.llama_memory_seq_rm(self._mem, self._seq, n, -1))
+            self._on_context(lambda: llama.llama_memory_seq_rm(self._mem, self.seq, n, -1))
             del self._tokens[n:]
 
     def _inject(self, upto: int) -> None:
@@ -215,7 +215,7 @@ class DFlashDrafter:
         llama.llama_batch_ext_clear(self._batch)
         for k in range(len(rows)):
             row = rows[k].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            idx = llama.llama_batch_ext_add_embd(self._batch, self._seq, llama.llama_embd(row, 1, rows.shape[1]))
+            idx = llama.llama_batch_ext_add_embd(self._batch, self.seq, llama.llama_embd(row, 1, rows.shape[1]))
             position = llama.llama_pos(at + k)
             llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
         self._process(f"injecting the target's features at position {at}")
@@ -223,26 +223,48 @@ class DFlashDrafter:
     def _pass(self, anchor: int, at: int, wanted: int) -> np.ndarray:
         """One block pass with the anchor at position `at`: the logits of the first `wanted`
         rows that guess (from first_row: the guesses for at+1..at+wanted). The block leaves
-        the cache after it."""
-        return self._on_context(partial(self._block_pass, anchor, at, wanted))
-
-    def _block_pass(self, anchor: int, at: int, wanted: int) -> np.ndarray:
+        the cache after it. A lane's block goes in a pass with the other lanes' blocks."""
         size = min(self.block, self._target.info.n_ctx - at)
-        llama.llama_batch_ext_clear(self._batch)
-        for k in range(size):
-            idx = llama.llama_batch_ext_add_token(self._batch, self._seq, anchor if k == 0 else self._mask)
-            position = llama.llama_pos(at + k)
-            llama.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(position))
-            # Every row, as llama.cpp's draft-dflash asks: the dflash graph computes the head
-            # for the whole block and hands back its first rows, whichever were flagged.
-            llama.llama_batch_ext_set_output_logits(self._batch, idx, True)
+        block = [(at + k, anchor if k == 0 else self._mask, True) for k in range(size)]
+        if self._shared is None:  # the rows read in place, where nothing else passes
+            llama.llama_batch_ext_clear(self._batch)
+            self.fill(self._batch, Entries(block, at, {}, outputs=True))
+            try:
+                self._process(f"the block pass at position {at}")
+            finally:
+                llama.llama_memory_seq_rm(self._mem, self.seq, at, -1)
+            rows = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(size, self._n_vocab))
+            return rows[self.first_row : self.first_row + wanted]
+        out = np.empty((wanted, self._n_vocab), dtype=np.float32)
+        into = {at + self.first_row + k: out[k] for k in range(wanted)}  # read straight there
+        asked = Entries(block, at, into, outputs=True)  # at: where the block starts
         try:
-            self._process(f"the block pass at position {at}")
-        finally:
-            llama.llama_memory_seq_rm(self._mem, self._seq, at, -1)
-        ptr = llama.llama_get_logits(self._ctx)
-        rows = np.ctypeslib.as_array(ptr, shape=(size, self._n_vocab))[self.first_row : self.first_row + wanted]
-        return rows if self._shared is None else rows.copy()  # the next lane's pass overwrites them
+            self._shared.run(self, asked)  # read() drops the block's cells
+        except BaseException:
+            self._shared.drop(self, at)
+            raise
+        return out
+
+    def fill(self, batch: Any, asked: Entries) -> list[np.ndarray]:
+        """The block's tokens added to batch in this drafter's sequence, every row an output,
+        as llama.cpp's draft-dflash asks: the dflash graph computes the head for the whole
+        block and hands back its first rows, whichever were flagged."""
+        for q, token, _ in asked.entries:
+            idx = llama.llama_batch_ext_add_token(batch, self.seq, token)
+            position = llama.llama_pos(q)
+            llama.llama_batch_ext_set_pos(batch, idx, ctypes.byref(position))
+            llama.llama_batch_ext_set_output_logits(batch, idx, True)
+        return []
+
+    def read(self, ctx: Any, asked: Entries, base: int) -> None:
+        """A lane's block's rows that guess, out of the merged pass just run (from index base),
+        into the rows asked.into holds for them; then the block's cells leave the cache (on the
+        compute thread, before any other pass)."""
+        for k, (q, _, _) in enumerate(asked.entries):
+            if q in asked.into:
+                logits = llama.llama_get_logits_ith(ctx, base + k)
+                asked.into[q][:] = np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
+        llama.llama_memory_seq_rm(self._mem, self.seq, asked.entries[0][0], -1)
 
     def _process(self, what: str) -> None:
         rc = compute.process(self._ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)

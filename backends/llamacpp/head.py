@@ -74,22 +74,37 @@ class Entries:
     outputs: bool
 
 
+class PassRows(Protocol):
+    """A lane's drafter in a merged pass (head_passes.py): a ContextHead, or a block drafter
+    (dflash.py): its sequence, its entries put into a pass's batch, its outputs read back."""
+
+    seq: int
+
+    def fill(self, batch: Any, asked: Entries) -> list[np.ndarray]:
+        """The entries' rows added to batch; what they point at, alive until the pass has run."""
+        ...
+
+    def read(self, ctx: Any, asked: Entries, base: int) -> None:
+        """The entries' outputs out of ctx's last pass, where their rows began at index base."""
+        ...
+
+
 class MergedPasses(Protocol):
-    """Where a lane's head runs its passes together with the other lanes' heads (head_passes.py)."""
+    """Where a lane's drafter runs its passes together with the other lanes' (head_passes.py)."""
 
     ctx: Any
 
-    def run(self, head: ContextHead, asked: Entries) -> None:
-        """The head's entries, in a pass shared with the other lanes' asks; their outputs read."""
+    def run(self, drafter: PassRows, asked: Entries) -> None:
+        """The drafter's entries, in a pass shared with the other lanes' asks; their outputs read."""
         ...
 
-    def drop(self, head: ContextHead, position: int) -> None:
-        """The head's cache cells from position on, removed once no pass is in flight."""
+    def drop(self, drafter: PassRows, position: int) -> None:
+        """The drafter's cache cells from position on, removed once no pass is in flight."""
         ...
 
     def alone(self, fn: Callable[[], R]) -> R:
-        """fn, calls on the context that make no merged pass (a block drafter's), run on the
-        compute thread once no pass is in flight; no pass starts until it returns."""
+        """fn, calls on the context that make no merged pass (a block drafter's injections),
+        run on the compute thread once no pass is in flight; no pass starts until it returns."""
         ...
 
 

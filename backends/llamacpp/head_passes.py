@@ -1,15 +1,18 @@
-"""The lanes' heads drafting in one pass (`serve --parallel N` with Gemma 4's assistant, a
-model's own MTP block or an EAGLE-3 head): each lane's head asks for its pass, and the asks of
-every lane drafting then go through the head's model together, as llama-server drafts for all
-its slots at once. One pass a drafted token for all lanes, not one for each: a small model's
-pass costs nearly the same for one row as for four, and one context's buffers serve every lane.
+"""The lanes' drafters drafting in one pass (`serve --parallel N` with Gemma 4's assistant, a
+model's own MTP block, an EAGLE-3 head, or a DFlash or DSpark drafter): each lane's drafter
+asks for its pass, and the asks of every lane drafting then go through the drafter's model
+together, as llama-server drafts for all its slots at once. One pass a drafted token (a block)
+for all lanes, not one for each: a small model's pass costs nearly the same for one row as for
+four, and one context's buffers serve every lane.
 
 One context holds a sequence for every lane, each a stream of its own: an assistant's reads the
 lane's own stream of the target's KV cache (head.py, head_context), an MTP block's or an
 EAGLE-3 head's keeps the lane's cache of it (the head's fc runs as its rows are filled, inside
-the pass). So a lane's row reads what it reads alone, and a row of a small
-batch gives the logits it gives alone (the rows stay within what the CPU kernels keep
-one-token-exact: kernels.prompt_block_limit). A pass holds asks whose rows are all outputs, or
+the pass), a block drafter's the target's features injected at the lane's positions (those
+injections run alone, between passes, and each lane's block attends to its own stream). So a
+lane's row reads what it reads alone, and a row of a small batch gives the logits it gives
+alone (the rows stay within what the CPU kernels keep one-token-exact:
+kernels.prompt_block_limit). A pass holds asks whose rows are all outputs, or
 asks with none: llama.cpp hands back a pass's first rows where a graph computes every row (the
 MTP block's states), so a pass mixing the two would give one lane another's rows. The target's
 shared passes and these take turns under the lanes' one lock, and run on the compute thread
@@ -32,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 from localspec.core.errors import BackendClosedError, InvalidRequestError
 
 from . import compute, library
-from .head import ContextHead, Entries
+from .head import Entries, PassRows
 from .sharing import PassTurns
 
 llama = library.llama
@@ -51,7 +54,7 @@ class Roster(Protocol):
 
 @dataclass
 class _Ask:
-    head: ContextHead
+    head: PassRows
     asked: Entries
     since: float
     error: BaseException | None = None
@@ -80,12 +83,12 @@ class HeadPasses(PassTurns[_Ask]):
         self._closed = False
         self.figures = HeadFigures()
 
-    def run(self, head: ContextHead, asked: Entries) -> None:
+    def run(self, head: PassRows, asked: Entries) -> None:
         """The head's entries in the next merged pass; their outputs read into the head."""
         ask = _Ask(head, asked, time.perf_counter())
         with self._cond:
             if self._closed:
-                raise BackendClosedError(f"{head.info.name} was closed", "load the model again")
+                raise BackendClosedError("the model was closed", "load it again")
             self._await(ask)
         if ask.error is not None:
             raise ask.error
@@ -131,14 +134,14 @@ class HeadPasses(PassTurns[_Ask]):
             base += len(ask.asked.entries)
         rc = compute.process(self.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
-            raise InvalidRequestError(f"{asks[0].head.info.name}'s pass for {len(asks)} lanes failed with code {rc}")
+            raise InvalidRequestError(f"a drafter's pass for {len(asks)} lanes failed with code {rc}")
         del kept
         self.figures.passes += 1
         self.figures.merged += len(asks) > 1
         for ask, at in zip(asks, bases, strict=True):
             ask.head.read(self.ctx, ask.asked, at)
 
-    def drop(self, head: ContextHead, position: int) -> None:
+    def drop(self, head: PassRows, position: int) -> None:
         """The head's cells from position on, removed once no pass is in flight."""
         with self._cond:
             self._settled()
@@ -146,9 +149,9 @@ class HeadPasses(PassTurns[_Ask]):
                 llama.llama_memory_seq_rm(llama.llama_get_memory(self.ctx), head.seq, position, -1)
 
     def alone(self, fn: Callable[[], R]) -> R:
-        """fn, calls on the context that make no merged pass (a DFlash or DSpark drafter's:
-        its injections, its block pass and the read of its rows, its rollbacks), on the compute
-        thread once no pass is in flight; no pass starts until it returns."""
+        """fn, calls on the context that make no merged pass (a DFlash or DSpark drafter's
+        injections and rollbacks), on the compute thread once no pass is in flight; no pass
+        starts until it returns."""
         with self._cond:
             self._settled()
             if self._closed:

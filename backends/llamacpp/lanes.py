@@ -34,9 +34,9 @@ batch's order, padding rows included). Each drafter file, and the model's MTP bl
 in one context for every lane's, with as many sequences as the lanes' (an MTP block, an
 EAGLE-3 head or a block drafter keeps each lane's cache there; a Gemma 4 assistant reads the
 target's KV cache in place, the lane's sequence id mapping to the lane's own stream). The
-lanes' heads drafting at once draft in one pass; a block drafter's calls run a lane at a time
-(head_passes.py). A drafter file's weights are loaded once for every lane. The drafters'
-passes run on the compute thread too, between the shared passes, whatever the threads.
+lanes drafting at once draft in one pass, a token or a block each (head_passes.py). A drafter
+file's weights are loaded once for every lane. The drafters' passes run on the compute
+thread too, between the shared passes, whatever the threads.
 
 A draft model's lanes (`serve --parallel N --strategy draft`) are a host of their own beside
 the target's (`beside=`): lane i of both serves the same request, and the two share one lock
@@ -65,7 +65,7 @@ from .dflash import DFlashDrafter
 from .dspark import block_kind, load_block_drafter
 from .eagle3 import Eagle3Head
 from .features import HiddenRows, TargetShape, check_capture, last_hidden_states, layer_inputs
-from .head import ContextHead, LaneSeat, SharedCache, head_context
+from .head import DRAFTER_ROWS, ContextHead, LaneSeat, SharedCache, head_context
 from .head_passes import HeadPasses
 from .lane import Lane, empty_rows
 from .mtp import MtpHead
@@ -323,11 +323,13 @@ class LaneHost(PassTurns[_Ask]):
 
     def block_drafter(self, lane: Lane, path: str) -> DFlashDrafter:
         """A DFlash or DSpark drafter drafting blocks for one lane, in one context with a
-        sequence for every lane (its cache a stream of its own), whose calls run one lane's at
-        a time between the shared passes; the file's weights loaded once."""
+        sequence for every lane (its cache a stream of its own), the lanes' blocks in merged
+        passes of at most one ubatch (a block stays whole) and the rows its kernels keep
+        one-token-exact; the file's weights loaded once."""
 
         def place(weights: Any) -> SharedCache:
-            passes = self._merged_passes(path, lane, weights, 1, eagle3.DEFAULT)
+            rows = min(self.row_limit, kernels.one_token_rows(path, self._gpu_layers > 0), DRAFTER_ROWS)
+            passes = self._merged_passes(path, lane, weights, rows, eagle3.DEFAULT)
             return SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)
 
         seat = LaneSeat(self._head_models, place)

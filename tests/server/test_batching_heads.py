@@ -166,9 +166,11 @@ def test_each_lanes_eagle3_head_drafts_what_a_lone_runtimes_head_drafts(eagle3_p
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
 def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, tmp_path: Path) -> None:
-    # Each lane's DFlash or DSpark drafter injects that lane's layer inputs into a cache of its
-    # own; the drafters' weights are loaded once. Its guesses carry the injected features
-    # (dflash_support: focus), so a lane fed another lane's rows drafts otherwise than alone.
+    # Each lane's DFlash or DSpark drafter injects that lane's layer inputs into its stream of
+    # the drafters' one context, and the lanes' blocks share passes (a Q8_0 drafter: an F32
+    # one's rows part from one-token passes from 2 rows); the weights are loaded once. Its
+    # guesses carry the injected features (dflash_support: focus), so a lane fed another
+    # lane's rows, or reading another lane's block, drafts otherwise than alone.
     from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
     from localspec.testing.dspark_support import DSparkSpec, write_dspark_gguf
 
@@ -177,12 +179,13 @@ def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, 
     target = quantize(f32, tmp_path / "target.gguf", "Q8_0")
     if kind == "dflash":
         # focus 0.5: the anchor weighs less against the injected features than its default
-        drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(target_layers=(1, 2), focus=0.5))
+        drafter = write_dflash_gguf(f32, tmp_path / "dflash-f32.gguf", DFlashSpec(target_layers=(1, 2), focus=0.5))
     else:
         spec = DSparkSpec(backbone=DFlashSpec(target_layers=(1, 2), focus=0.5))
-        drafter = write_dspark_gguf(f32, tmp_path / "dspark.gguf", spec)
+        drafter = write_dspark_gguf(f32, tmp_path / "dspark-f32.gguf", spec)
+    drafter = quantize(drafter, tmp_path / f"{kind}.gguf", "Q8_0")
     opts: dict[str, object] = {"threads": 1, "strategy": kind, "draft_model": str(drafter), "draft_tokens": 4}
-    assert_lanes_draft_as_alone(target, opts | {"memory": False}, kind, weights=1)
+    assert_lanes_draft_as_alone(target, opts | {"memory": False}, kind, weights=1, merged=True)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
