@@ -325,7 +325,7 @@ def test_the_lanes_memory_estimate_covers_what_llama_cpp_reserves_for_a_lanes_dr
     from localspec.core.options import LoadOptions
     from localspec.pool import lane_estimate
     from localspec.testing.dflash_support import write_dflash_gguf
-    from localspec.testing.lane_buffers import lane_reserved
+    from localspec.testing.lane_buffers import MIB, lane_reserved
 
     target, drafter = eagle3_pair
     if kind == "mtp":
@@ -337,7 +337,10 @@ def test_the_lanes_memory_estimate_covers_what_llama_cpp_reserves_for_a_lanes_dr
     long, other = " ".join(ASKS), " ".join(reversed(ASKS))
     measured = lane_reserved(str(target), [long, other], **opts, threads=1, draft_tokens=3)
     estimate = lane_estimate(LoadOptions.of(model=str(target), **opts))
-    assert measured <= estimate <= 2.5 * measured, (measured, estimate)
+    # llama.cpp's log gives each buffer to 0.01 MiB: on these tiny models a lane's share of that
+    # rounding is a few KiB (on Mesa's software device the MTP lane read 1 KiB over its estimate).
+    rounding = 0.01 * MIB
+    assert measured - rounding <= estimate <= 2.5 * measured, (measured, estimate)
 
 
 @pytest.mark.parametrize("kind", ["mtp", "assistant"])
@@ -380,7 +383,11 @@ def test_sampling_in_lanes_whose_heads_share_passes_keeps_the_targets_joint_law(
             thread.start()
         for thread in threads:
             thread.join(300)
-        assert _merged_passes(pool.runtimes[0].target.host) > 10  # type: ignore[attr-defined]
+        host = pool.runtimes[0].target.host  # type: ignore[attr-defined]
+        # Where a pass may hold two lanes' rows: a device whose load check keeps one row a pass
+        # (Mesa's software device, for the MTP block) runs each lane's alone.
+        if all(passes._rows > 1 for passes in host._merged.values()):
+            assert _merged_passes(host) > 10
     counts = sum((s.counts for s in per_lane), Counter())
     assert sum(counts.values()) == 600 and sum(s.cut_drafts for s in per_lane) > 0
     p = chi_square_p_value(counts, law)
