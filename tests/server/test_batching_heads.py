@@ -188,6 +188,24 @@ def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, 
     assert_lanes_draft_as_alone(target, opts | {"memory": False}, kind, weights=1, merged=True)
 
 
+def test_lanes_refuse_a_block_drafter_whose_block_outgrows_their_drafter_pass_and_say_what_serves_it(
+    tmp_path: Path,
+) -> None:
+    # The lanes' blocks share the drafter's context, whose ubatch must hold a whole block (a
+    # block attends to itself whole): a block of 80 tokens would be split between ubatches.
+    from localspec.core.errors import ModelLoadError
+    from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
+
+    f32 = write_gguf(Spec("llama"), tmp_path / "target.gguf")
+    drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(block_size=80))
+    opts: dict[str, object] = {"n_ctx": TEST_N_CTX, "strategy": "dflash", "draft_model": str(drafter)}
+    with pytest.raises(ModelLoadError) as refused:
+        localspec.load_pool(str(f32), parallel=2, **opts)
+    assert "blocks of 80 tokens" in refused.value.message and "--parallel 1" in str(refused.value.hint)
+    with localspec.load_pool(str(f32), parallel=1, **opts) as one:
+        assert one.generate(messages=_chat(ASKS[0]), max_tokens=4, temperature=0).tokens
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_a_lanes_drafter_runs_every_pass_on_the_compute_thread_from_its_load_on(
     kind: str, eagle3_pair: tuple[Path, Path], tmp_path: Path, where: list[str]
