@@ -93,6 +93,15 @@ def load_dflash_model(path: str, gpu_layers: int, kind: str = "dflash") -> Any:
 KINDS = {"dflash": "DFlash drafter", "dspark": "DSpark drafter"}
 
 
+def block_size(model: Any) -> int:
+    """The tokens of a block the drafter's GGUF was trained to draft (llama.cpp's default where
+    it names none)."""
+    buf = ctypes.create_string_buffer(32)
+    if llama.llama_model_meta_val_str(model, b"dflash.block_size", buf, len(buf)) >= 0:
+        return max(2, int(buf.value or DEFAULT_BLOCK))
+    return DEFAULT_BLOCK
+
+
 def _wrong_kind(name: str, kind: str, found: str | None, architecture: str) -> tuple[str, str]:
     """The refusal of a file that is not the block drafter asked for, and what to run it with."""
     if found is None:
@@ -126,7 +135,7 @@ class DFlashDrafter:
             self._check_vocab(target)
             width = int(llama.llama_model_n_embd(model))
             self._features = target.layer_features(target_layer_ids(model), width, self.file, KINDS[self.name])
-            self.block = self._block_size()
+            self.block = block_size(model)
             self.most = self.block - self.first_row  # the most tokens a pass guesses
             self._mask = int(llama.llama_vocab_mask(llama.llama_model_get_vocab(model)))
             if self._mask < 0:
@@ -158,17 +167,8 @@ class DFlashDrafter:
                 self._refit,
             )
 
-    def _block_size(self) -> int:
-        buf = ctypes.create_string_buffer(32)
-        if llama.llama_model_meta_val_str(self._model, b"dflash.block_size", buf, len(buf)) >= 0:
-            return max(2, int(buf.value or DEFAULT_BLOCK))
-        return DEFAULT_BLOCK
-
     def _context(self, target: FeatureTarget, target_ctx: Any, threads: int) -> Any:
-        if self._shared is not None:  # the lanes' (head.head_context): a ubatch holds a block
-            if self.block > int(llama.llama_n_ubatch(self._shared.ctx)):
-                why = f"{self.file}'s blocks of {self.block} tokens exceed the lanes' drafter passes"
-                raise ModelLoadError(why, "serve it with --parallel 1")
+        if self._shared is not None:  # the lanes' (head.head_context), whose ubatch holds a block (lanes.py)
             llama.llama_set_causal_attn(self._shared.ctx, False)
             return self._shared.ctx
         cparams = llama.llama_context_default_params()

@@ -9,7 +9,9 @@ A lane is a sequence of the target's context. It takes:
 - its rows' logits in the target's output buffer, VERIFY_ROWS of them;
 - a draft model's cache and state likewise, where one drafts (its lanes are one context too);
 - the lane's stream of the cache of the model's own MTP block, of an EAGLE-3 head, or of a
-  DFlash or DSpark drafter (the target's injected features), over n_ctx.
+  DFlash or DSpark drafter (the target's injected features), over n_ctx; a block drafter
+  whose block outgrows DRAFTER_ROWS keeps a context a lane, whose buffers hold a block's
+  logits over the vocabulary and its attention scores over the context.
 
 What the lanes share is not counted: the weights, the target's and the draft model's compute
 buffers, and the buffers of the one context every lane's MTP block, EAGLE-3 head, block
@@ -24,6 +26,8 @@ from localspec.common.gguf_header import GGUFHeader, read_header
 from localspec.core.choices import FEATURE_DRAFTERS
 
 from .build import context_cells
+from .dflash import DEFAULT_BLOCK
+from .head import DRAFTER_ROWS
 from .recurrent import RECURRENT_SNAPSHOTS
 
 F16, F32 = 2, 4
@@ -96,5 +100,9 @@ def lane_bytes(target: str, n_ctx: int, drafter: str | None, own_head: bool) -> 
     if other.is_assistant:  # one context for every lane's, reading the target's cache
         return total
     if other.block_kind or other.architecture in FEATURE_DRAFTERS:  # one context for every lane's
-        return total + n_ctx * _number(other, "block_count") * kv_bytes_per_layer(other)
+        total += n_ctx * _number(other, "block_count") * kv_bytes_per_layer(other)
+        block = _number(other, "block_size", DEFAULT_BLOCK) if other.block_kind else 0
+        if block > DRAFTER_ROWS:  # too long for it: a context of its own a lane, its buffers a block's
+            total += block * (2 * n_vocab + n_ctx * _number(other, "attention.head_count")) * F32
+        return total
     return total + context_bytes(other, n_ctx)

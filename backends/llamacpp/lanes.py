@@ -60,7 +60,7 @@ import numpy as np
 from localspec.core.errors import BackendClosedError, InvalidRequestError, ModelLoadError, NotSharedError
 from localspec.core.protocol import Backend, Logits, LogitsMode
 
-from . import compute, drafters, eagle3, kernels, library
+from . import compute, dflash, drafters, eagle3, kernels, library
 from .dflash import DFlashDrafter
 from .dspark import block_kind, load_block_drafter
 from .eagle3 import Eagle3Head
@@ -328,6 +328,8 @@ class LaneHost(PassTurns[_Ask]):
         one-token-exact; the file's weights loaded once."""
 
         def place(weights: Any) -> SharedCache:
+            if dflash.block_size(weights) > DRAFTER_ROWS:  # a block outgrows the one context's ubatch
+                return SharedCache(owned=False)  # a context of its own, as alone
             rows = min(self.row_limit, kernels.one_token_rows(path, self._gpu_layers > 0), DRAFTER_ROWS)
             passes = self._merged_passes(path, lane, weights, rows, eagle3.DEFAULT)
             return SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)

@@ -188,22 +188,24 @@ def test_each_lanes_block_drafter_drafts_what_a_lone_runtimes_drafts(kind: str, 
     assert_lanes_draft_as_alone(target, opts | {"memory": False}, kind, weights=1, merged=True)
 
 
-def test_lanes_refuse_a_block_drafter_whose_block_outgrows_their_drafter_pass_and_say_what_serves_it(
-    tmp_path: Path,
-) -> None:
+def test_a_block_drafter_whose_block_outgrows_the_lanes_drafter_pass_keeps_a_context_a_lane(tmp_path: Path) -> None:
     # The lanes' blocks share the drafter's context, whose ubatch must hold a whole block (a
-    # block attends to itself whole): a block of 80 tokens would be split between ubatches.
-    from localspec.core.errors import ModelLoadError
+    # block attends to itself whole): a drafter of 80-token blocks drafts in a context of its
+    # own a lane instead, and each lane answers and drafts as alone.
     from localspec.testing.dflash_support import DFlashSpec, write_dflash_gguf
 
-    f32 = write_gguf(Spec("llama"), tmp_path / "target.gguf")
-    drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(block_size=80))
-    opts: dict[str, object] = {"n_ctx": TEST_N_CTX, "strategy": "dflash", "draft_model": str(drafter)}
-    with pytest.raises(ModelLoadError) as refused:
-        localspec.load_pool(str(f32), parallel=2, **opts)
-    assert "blocks of 80 tokens" in refused.value.message and "--parallel 1" in str(refused.value.hint)
-    with localspec.load_pool(str(f32), parallel=1, **opts) as one:
-        assert one.generate(messages=_chat(ASKS[0]), max_tokens=4, temperature=0).tokens
+    f32 = write_gguf(Spec("llama", embed_scale=0.05, seed=1), tmp_path / "target.gguf")
+    drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(block_size=80, focus=0.5))
+    opts: dict[str, object] = {"strategy": "dflash", "draft_model": str(drafter), "draft_tokens": 4, "threads": 1}
+    asks = [(ASKS[i], {"temperature": 0.0}) for i in range(4)]
+    with localspec.load(model=str(f32), n_ctx=TEST_N_CTX // 2, memory=False, **opts) as single:
+        lone = [single.generate(messages=_chat(prompt), max_tokens=16, **knobs) for prompt, knobs in asks]
+    with localspec.load_pool(str(f32), parallel=2, n_ctx=TEST_N_CTX, memory=False, **opts) as pool:
+        assert pool.note is None and pool.runtimes[0].target.host._merged == {}  # type: ignore[attr-defined]
+        together = asked_at_once(pool, asks, max_tokens=16)
+    assert sum(a.stats.drafted for a in lone) > 0
+    assert [a.tokens for a in together] == [a.tokens for a in lone]
+    assert _counts(together) == _counts(lone)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
