@@ -228,7 +228,7 @@ class DFlashDrafter:
         block = [(at + k, anchor if k == 0 else self._mask, True) for k in range(size)]
         if self._shared is None:  # the rows read in place, where nothing else passes
             llama.llama_batch_ext_clear(self._batch)
-            self.fill(self._batch, Entries(block, at, {}, outputs=True))
+            self.fill(self._batch, Entries(block, None, {}, outputs=True))
             try:
                 self._process(f"the block pass at position {at}")
             finally:
@@ -237,7 +237,7 @@ class DFlashDrafter:
             return rows[self.first_row : self.first_row + wanted]
         out = np.empty((wanted, self._n_vocab), dtype=np.float32)
         into = {at + self.first_row + k: out[k] for k in range(wanted)}  # read straight there
-        asked = Entries(block, at, into, outputs=True)  # at: where the block starts
+        asked = Entries(block, None, into, outputs=True)
         try:
             self._shared.run(self, asked)  # read() drops the block's cells
         except BaseException:

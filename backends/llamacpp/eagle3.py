@@ -39,7 +39,6 @@ from .features import EAGLE3_KIND, HiddenRows, target_layer_ids
 from .head import ContextHead, LaneSeat, SharedCache, head_context
 
 ARCHITECTURE = "eagle3"
-DEFAULT = llama.LLAMA_CONTEXT_TYPE_DEFAULT  # the head's own context type (an MTP head's is MTP)
 KIND = EAGLE3_KIND
 
 # (layer ids, the target width they were made for, the head's file, its kind) -> the rows
@@ -62,7 +61,11 @@ class Eagle3Head(ContextHead):
         in merged passes; cache.owned: the model is freed with the head (False: the host's copy)."""
         path = file.path
         merged = cache.passes
-        ctx = merged.ctx if merged is not None else head_context(target, model, target_ctx, DEFAULT)
+        ctx = (
+            merged.ctx
+            if merged is not None
+            else head_context(target, model, target_ctx, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
+        )
         if not ctx:
             if cache.owned:
                 llama.llama_model_free(model)

@@ -134,7 +134,10 @@ class HeadPasses(PassTurns[_Ask]):
             base += len(ask.asked.entries)
         rc = compute.process(self.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         if rc != 0:
-            raise InvalidRequestError(f"a drafter's pass for {len(asks)} lanes failed with code {rc}")
+            raise InvalidRequestError(
+                f"a drafter's pass for {len(asks)} lanes failed with code {rc}",
+                "serve fewer requests at once (--parallel), or draft with --strategy ngram",
+            )
         del kept
         self.figures.passes += 1
         self.figures.merged += len(asks) > 1
@@ -156,14 +159,7 @@ class HeadPasses(PassTurns[_Ask]):
             self._settled()
             if self._closed:
                 raise BackendClosedError("the model was closed", "load it again")
-            self._running = True
-            self._cond.release()
-            try:
-                return compute.run_there(fn)
-            finally:
-                self._cond.acquire()
-                self._running = False
-                self._cond.notify_all()
+            return self._in_flight(fn)
 
     def close(self) -> None:
         """Frees the context once no pass is in flight (after the heads that draft in it)."""

@@ -77,7 +77,7 @@ from .vision import EmbeddingBatch, Projector
 llama = library.llama
 H = TypeVar("H", bound=ContextHead | DFlashDrafter)
 OWN_HEAD = ""  # the model's own MTP block among the heads' merged passes (no file path)
-MTP = llama.LLAMA_CONTEXT_TYPE_MTP
+DEFAULT, MTP = llama.LLAMA_CONTEXT_TYPE_DEFAULT, llama.LLAMA_CONTEXT_TYPE_MTP
 
 
 @dataclass(frozen=True)
@@ -307,35 +307,31 @@ class LaneHost(PassTurns[_Ask]):
         return self._capture(lane, "nextn", lambda: last_hidden_states(self._ctx, lane.info.n_ctx, width))
 
     def eagle3_head(self, lane: Lane, path: str) -> Eagle3Head:
-        """An EAGLE-3 head drafting for one lane, in one context with a sequence for every lane
-        (its cache a stream of its own), where the lanes' heads draft in merged passes of at
-        most the rows its kernels keep one-token-exact; the file's weights loaded once."""
-
-        def place(weights: Any) -> SharedCache:
-            rows = min(self.row_limit, kernels.one_token_rows(path, self._gpu_layers > 0))
-            passes = self._merged_passes(path, lane, weights, rows, eagle3.DEFAULT)
-            return SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)
-
+        """An EAGLE-3 head drafting for one lane, where _seat places it."""
         features = partial(self.layer_features, lane)
         mparams = library.model_params(self._gpu_layers)
-        seat = LaneSeat(self._head_models, place)
-        return self._adopt(eagle3.load_eagle3_head(lane, self._ctx, features, mparams, path, seat))
+        return self._adopt(eagle3.load_eagle3_head(lane, self._ctx, features, mparams, path, self._seat(lane, path)))
 
     def block_drafter(self, lane: Lane, path: str) -> DFlashDrafter:
-        """A DFlash or DSpark drafter drafting blocks for one lane, in one context with a
-        sequence for every lane (its cache a stream of its own), the lanes' blocks in merged
-        passes of at most one ubatch (a block stays whole) and the rows its kernels keep
-        one-token-exact; the file's weights loaded once."""
+        """A DFlash or DSpark drafter drafting blocks for one lane, where _seat places it; a
+        drafter whose block outgrows the one context's ubatch (a block stays whole) in a
+        context of its own, as alone."""
+        seat = self._seat(lane, path, alone=lambda weights: dflash.block_size(weights) > DRAFTER_ROWS)
+        return self._adopt(load_block_drafter(lane, self._ctx, path, block_kind(path), self._gpu_layers, seat))
+
+    def _seat(self, lane: Lane, path: str, alone: Callable[[Any], bool] = lambda weights: False) -> LaneSeat:
+        """Where a lane's drafter from the file at path sits: in one context with a sequence
+        for every lane (its cache a stream of its own), the lanes' rows in merged passes of at
+        most a ubatch and the rows the kernels keep one-token-exact; the weights loaded once."""
 
         def place(weights: Any) -> SharedCache:
-            if dflash.block_size(weights) > DRAFTER_ROWS:  # a block outgrows the one context's ubatch
-                return SharedCache(owned=False)  # a context of its own, as alone
+            if alone(weights):
+                return SharedCache(owned=False)
             rows = min(self.row_limit, kernels.one_token_rows(path, self._gpu_layers > 0), DRAFTER_ROWS)
-            passes = self._merged_passes(path, lane, weights, rows, eagle3.DEFAULT)
+            passes = self._merged_passes(path, lane, weights, rows, DEFAULT)
             return SharedCache(lane.seq, len(self.lanes), owned=False, passes=passes, reads_target=False)
 
-        seat = LaneSeat(self._head_models, place)
-        return self._adopt(load_block_drafter(lane, self._ctx, path, block_kind(path), self._gpu_layers, seat))
+        return LaneSeat(self._head_models, place)
 
     def layer_features(self, lane: Lane, ids: Sequence[int], width: int, drafter: str, kind: str) -> HiddenRows:
         """The inputs of layers `ids` at the lane's positions (as LlamaCppBackend.layer_features)."""

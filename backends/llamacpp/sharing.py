@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import pairwise
 from typing import Generic, Protocol, TypeVar
 
@@ -116,6 +117,7 @@ class Ask(Protocol):
 
 
 A = TypeVar("A", bound=Ask)
+R = TypeVar("R")
 
 
 class PassTurns(Generic[A]):
@@ -157,15 +159,22 @@ class PassTurns(Generic[A]):
 
     def _lead(self) -> None:
         asks = self._take()
+        try:
+            self._in_flight(partial(self._run, asks))
+        finally:
+            for ask in asks:  # the waiters woken see it once this thread lets the lock go
+                ask.done = True
+
+    def _in_flight(self, fn: Callable[[], R]) -> R:
+        """fn on the compute thread as the one pass in flight: the lock held on entry and on
+        return, let go meanwhile; no other pass starts until it returns (_settled waits)."""
         self._running = True
         self._cond.release()
         try:
-            compute.run_there(self._run, asks)
+            return compute.run_there(fn)
         finally:
             self._cond.acquire()
             self._running = False
-            for ask in asks:
-                ask.done = True
             self._cond.notify_all()
 
     def _settled(self) -> None:

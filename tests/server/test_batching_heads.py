@@ -319,10 +319,11 @@ def test_a_lane_closed_or_cancelled_mid_answer_leaves_every_lane_its_lone_answer
         f32 = write_gguf(dense, tmp_path / "f32.gguf")
         target = quantize(f32, tmp_path / "target.gguf", "Q8_0")
         if kind == "eagle3":
-            drafter = write_eagle3_gguf(dense, HeadSpec(fc=3.0), tmp_path / "eagle3.gguf")
+            drafter = write_eagle3_gguf(dense, HeadSpec(fc=3.0), tmp_path / "drafter-f32.gguf")
         else:
-            drafter = write_dflash_gguf(f32, tmp_path / "dflash.gguf", DFlashSpec(target_layers=(1, 2)))
-        opts["draft_model"] = str(drafter)
+            drafter = write_dflash_gguf(f32, tmp_path / "drafter-f32.gguf", DFlashSpec(target_layers=(1, 2)))
+        # Q8_0: the lanes' drafters share passes, which a closed or cancelled lane leaves mid-way.
+        opts["draft_model"] = str(quantize(drafter, tmp_path / f"{kind}.gguf", "Q8_0"))
     opts["draft_model"] = str(opts["draft_model"]) if "draft_model" in opts else None
     ask = _chat(ASKS[4])  # its answer runs until the lane's context is full: far past the stops
     with localspec.load_pool(str(target), parallel=3, n_ctx=TEST_N_CTX, **opts) as pool:
