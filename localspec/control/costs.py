@@ -219,16 +219,19 @@ class CostCurve:
     def _rebase(self, i: int, ratio: float) -> None:
         """A pass of i+1 tokens at `ratio` times the curve's base shows the curve was learnt
         on a busier machine: its block sizes are no guide any more. This pass, no slower than
-        load allows, is that size's cost, and every other block size is priced at it too until
-        its own passes say more: an optimistic start, so the next proven guess is drafted long
-        and that pass times the far end of the curve (the single-token step, timed at every
-        step, keeps what it learnt)."""
+        load allows, is that size's cost, and every other block size is priced at it too, or
+        at its own price where that is less, until its own passes say more: an optimistic
+        start, so the next proven guess is drafted long and that pass times the far end of
+        the curve (the single-token step, timed at every step, keeps what it learnt). A pass
+        under its price lowers prices only: priced at a long pass, a short block looked as dear
+        as it, the curve drafted nothing that would time it, and later loads started so."""
         shallow = self.verify_seconds[i] * ratio
         deep = self.deep_seconds[i] * ratio if self.deep_seconds is not None else 0.0
+        own = [self.correction(k) for k in range(1, len(self.corrections) + 1)]  # before they reset
         for j in range(1, len(self.corrections)):
-            self.verify_seconds[j] = shallow
+            self.verify_seconds[j] = min(self.verify_seconds[j] * own[j], shallow)
             if self.deep_seconds is not None:
-                self.deep_seconds[j] = deep
+                self.deep_seconds[j] = min(self.deep_seconds[j] * own[j], deep)
             self.corrections[j], self.evidence[j], self._since_load[j] = 1.0, 0.0, 0
             self._windows.pop(j, None)  # timed against the old base
         self.evidence[i], self._since_load[i] = float(self.config.learnt_passes), 1
@@ -251,14 +254,20 @@ class CostCurve:
 def redrawn(curve: Sequence[float], trusted: Sequence[bool]) -> list[float]:
     """The curve with each block size not trusted drawn again: on the line through the trusted
     block sizes around it, and past the last one on the slope from the first trusted block to
-    the last, or flat where that falls (one local slope is mostly its two ends' noise); sizes
-    below the first trusted block keep their price. Unchanged with fewer than two trusted block
-    sizes. The single-token step is not a point of the line: a block takes other kernels."""
+    the last, or flat where that falls (one local slope is mostly its two ends' noise). The
+    single-token step is not a point of that line (a block takes other kernels), but a size
+    below the first trusted block costs no more than the line from it to that block says: a
+    curve stored with its short blocks at a long block's price (an older _rebase) drafted
+    nothing that would time them. Past a single trusted block, the prices stay as stored."""
     points = [i for i in range(1, len(curve)) if trusted[i]]
-    if len(points) < 2:
+    if not points:
         return list(curve)
     out = list(curve)
     first, last = points[0], points[-1]
+    for i in range(1, first):
+        out[i] = min(curve[i], curve[0] + i / first * (curve[first] - curve[0]))
+    if len(points) < 2:
+        return out
     # Never falling past the last trusted size: a falling slope is its ends' noise (a first
     # pass that compiled its kernels, say), and would price a long block below a short one.
     slope = max((curve[last] - curve[first]) / (last - first), 0.0)

@@ -486,6 +486,19 @@ def test_a_pass_far_under_a_learnt_price_reprices_every_block_size_at_it() -> No
     assert curve.verify(9) == pytest.approx(quiet(9), rel=0.1)  # between two timed sizes
 
 
+def test_a_long_pass_far_under_its_price_never_makes_a_short_block_dearer() -> None:
+    # Short blocks priced as they cost, long ones learnt in a busier hour (three times dearer):
+    # the first quiet 16-token pass re-prices the curve. Every block used to take that pass's
+    # price, a 2-token pass 2.2 single steps where it costs 1.08; where a long pass costs 8
+    # steps, no proven guess was drafted again, so no block was timed to mend it.
+    prices = [quiet(k) for k in range(1, 9)] + [3 * quiet(k) for k in range(9, 17)]
+    curve = CostCurve(prices, learning=True, evidence=[32.0] * 16)
+    curve.update(16, quiet(16))
+    assert curve.verify(16) == pytest.approx(quiet(16), rel=0.05)
+    assert all(curve.verify(k) <= quiet(k) * 1.05 for k in range(2, 9))
+    assert curve.verify(12) == pytest.approx(quiet(16), rel=0.05)  # a dearer size: the pass's price
+
+
 def test_a_pass_within_the_noise_of_its_price_keeps_the_learnt_shape() -> None:
     curve = busy_curve()
     curve.update(3, BUSY[2] * 0.8)

@@ -273,6 +273,20 @@ def test_a_learnt_curve_never_falls_past_the_last_size_it_timed() -> None:
     assert min(curve.verify(k) for k in range(1, 17)) > 0
 
 
+def test_a_stored_curve_whose_short_blocks_took_a_long_blocks_price_drafts_a_proven_copy() -> None:
+    # As an older localspec stored it on a 2-core EPYC (2026-12-03): a 16-token pass far under
+    # its price priced every block at it, 97 ms, 8.6 single steps, and no block was drafted, so
+    # timed, again; every later load drafted nothing under support 16.
+    stored = [11.3e-3] + [97.3e-3] * 15
+    evidence = [32.0] + [0.0] * 14 + [9.0]
+    curve = CostCurve(list(stored), learning=True, evidence=evidence)
+    for k in range(2, 16):  # no dearer than the line from the single step to the timed block
+        assert curve.verify(k) == pytest.approx(11.3e-3 + (k - 1) / 15 * 86.0e-3)
+    assert curve.verify(16) == pytest.approx(97.3e-3)
+    policy = AdaptiveDraftLength(curve, 2e-5, max_gamma=15)
+    assert all(policy.choose(16, support=s) > 0 for s in (5, 8, 10))
+
+
 def test_a_stored_curve_with_a_price_at_or_below_zero_is_not_started_from(temporary_localspec_home: Path) -> None:
     # An older localspec stored such a curve; every load that started from it stopped with a
     # ValueError. It is now left alone, as a damaged entry is: the load starts from the prior.
