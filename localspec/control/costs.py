@@ -14,6 +14,13 @@ from itertools import pairwise
 
 from localspec.control.config import DEFAULT, ControlConfig
 
+# The single-token steps a block's pass is measured against: the last few, among the last
+# STEPS_WITHIN passes, so the level is the one the block ran at (a copy drafted whole after a
+# busy while takes no steps, and the busy while's would price its blocks at half); their low
+# quantile, as a size's price is (cost_quantile), so a step that hit a spike does not set it.
+STEPS_SEEN = 8
+STEPS_WITHIN = 2
+
 
 @dataclass
 class CostCurve:
@@ -27,7 +34,9 @@ class CostCurve:
 
     A curve that was not measured (a prior, or one learnt in earlier sessions: `learning`)
     is also corrected per block size: `corrections[k-1]` is what the passes of k tokens
-    have shown about its shape, beside the drift that `scale` tracks for all sizes alike. A
+    have shown about its shape, beside the drift that `scale` tracks for all sizes alike; a
+    block's as a multiple of the single-token step's (the request's recent steps), so load
+    that comes and goes moves the step and the blocks alike. A
     size not drafted yet takes the correction of the nearest sizes that were, so a prior
     that priced every pass too dear is mended by the single-token steps alone, and the
     first few drafts mend its slope."""
@@ -52,6 +61,10 @@ class CostCurve:
     # Each size's last passes this session (ratios to the base curve), for the quantile.
     _windows: dict[int, deque[float]] = field(default_factory=dict, repr=False, compare=False)
     _since_load: list[int] = field(default_factory=list, repr=False, compare=False)  # passes per size
+    # The single-token step's last passes (ratios to its base): the level a block is learnt against.
+    _steps: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=STEPS_SEEN), repr=False, compare=False
+    )  # (the pass's number, its ratio)
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -87,16 +100,23 @@ class CostCurve:
 
     def correction(self, k: int) -> float:
         """The learnt shape correction for passes of k tokens: its own where passes of k
-        were timed, else interpolated between the nearest timed sizes (1.0: none yet)."""
+        were timed, else interpolated between the nearest timed sizes (1.0: none yet). A
+        block's is learnt as a multiple of the single-token step's (_relative), so the load
+        that the step follows moves every block with it."""
         if not self.learning:
             return 1.0
         # Worked out for every size once per few passes, not at each of the dozen prices a
         # step's choice reads: the per-step work stays a small share of a step.
         if self._effective is None:
-            self._effective = [self._correction(i) for i in range(len(self.corrections))]
+            step = self.corrections[0]
+            self._effective = [step] + [step * self._relative(i) for i in range(1, len(self.corrections))]
         return self._effective[min(k, len(self.corrections)) - 1]
 
-    def _correction(self, i: int) -> float:
+    def _shape(self, j: int) -> float:
+        """Size j+1's learnt price as a multiple of the single-token step's (that step: 1)."""
+        return self.corrections[j] if j else 1.0
+
+    def _relative(self, i: int) -> float:
         # Only sizes timed since load are neighbours: a size timed in earlier sessions has
         # its shape in the base, not the machine's level now. Were it its own neighbour, a
         # curve learnt on a busier hour would keep its blocks at that hour's prices while the
@@ -110,12 +130,12 @@ class CostCurve:
         if below is None:
             if above is None:
                 return self.corrections[i]  # its own passes, or 1.0 before any
-            near = self.corrections[above]
+            near = self._shape(above)
         elif above is None:
             near = self._beyond(i, below)
         else:
             w = (i - below) / (above - below)
-            near = self.corrections[below] + w * (self.corrections[above] - self.corrections[below])
+            near = self._shape(below) + w * (self._shape(above) - self._shape(below))
         if not timed[i]:
             return near
         # A few passes of this size: their figure, shrunk toward the neighbours'.
@@ -129,10 +149,10 @@ class CostCurve:
         one token does (llama.cpp's CPU path), so that step says nothing about the blocks'."""
         before = next((j for j in range(last - 1, -1, -1) if self._since_load[j]), None)
         if before is None or before == 0:
-            return self.corrections[last]
-        t_last = self.base(last + 1) * self.corrections[last]
-        slope = (t_last - self.base(before + 1) * self.corrections[before]) / (last - before)
-        return max(self.corrections[last], (t_last + slope * (i - last)) / self.base(i + 1))
+            return self._shape(last)
+        t_last = self.base(last + 1) * self._shape(last)
+        slope = (t_last - self.base(before + 1) * self._shape(before)) / (last - before)
+        return max(self._shape(last), (t_last + slope * (i - last)) / self.base(i + 1))
 
     def rises(self, depth: int = 0) -> bool:
         """Whether a pass over more tokens never costs less behind `depth` tokens: the shallow
@@ -189,15 +209,31 @@ class CostCurve:
         cfg = self.config
         i = min(k, len(self.corrections)) - 1
         self._updates += 1
+        if self.evidence[i] < cfg.learnt_passes or self._updates % cfg.learnt_passes == 0:
+            self._effective, self._rises = None, None
+        if not i:
+            self._steps.append((self._updates, ratio))
+        else:
+            # A block in single-token steps, as the recent steps took: timed under load that
+            # the steps took too, it keeps its quiet shape, and when the load ends the block's
+            # price falls with the step's. Learnt in seconds, such a block stayed at the busy
+            # hour's price and was stored so (2.5 steps read 5 after a load of 2x). With no
+            # recent step (a copy drafted whole) the level is unknown: a size whose price is
+            # found only moves the drift (update), which follows the level from its passes,
+            # unless no step was timed since load and the pass came in far under its price
+            # (below): a step of an earlier request, on a busier machine, would price it so.
+            level = self._level()
+            ratio /= level if level is not None else self.correction(1) * self.scale
+            stale = ratio < cfg.stale_shape * self.correction(k) / self.correction(1) and not self._since_load[0]
+            if level is None and self.evidence[i] >= cfg.learnt_passes and not stale:
+                return
         if not self._since_load[i]:
             # Its first pass since load moves the price the size had until now (its
             # neighbours'), not the level of an earlier session.
-            self.corrections[i] = self.correction(k)
+            self.corrections[i] = self._relative(i) if i else self.correction(1)
         self._since_load[i] += 1
-        if self.evidence[i] < cfg.learnt_passes or self._updates % cfg.learnt_passes == 0:
-            self._effective, self._rises = None, None
         ratio = min(max(ratio, cfg.shape_clip[0]), cfg.shape_clip[1])
-        if i > 0 and ratio < cfg.stale_shape * self.correction(k):
+        if i > 0 and ratio < cfg.stale_shape * self.correction(k) / self.correction(1):
             if self.evidence[i] >= cfg.learnt_passes:
                 self._rebase(i, ratio)  # a price its own passes had set is wrong: all are
             else:
@@ -216,8 +252,19 @@ class CostCurve:
             self.corrections[i] += step * (ratio - self.corrections[i])
         self.evidence[i] = min(self.evidence[i] + 1, cfg.max_evidence)
 
+    def begin(self) -> None:
+        """A request starts: its blocks are priced against its own steps, not the steps of the
+        request before (the load may have changed in between)."""
+        self._steps.clear()
+
+    def _level(self) -> float | None:
+        """The single-token step's price now, as a ratio to its base: a low quantile of its
+        recent passes (None: none was recent)."""
+        recent = sorted(r for n, r in self._steps if self._updates - n <= STEPS_WITHIN)
+        return recent[int(self.config.cost_quantile * (len(recent) - 1))] if recent else None
+
     def _rebase(self, i: int, ratio: float) -> None:
-        """A pass of i+1 tokens at `ratio` times the curve's base shows the curve was learnt
+        """A pass of i+1 tokens at `ratio` times the curve's base (in single steps) shows the curve was learnt
         on a busier machine: its block sizes are no guide any more. This pass, no slower than
         load allows, is that size's cost, and every other block size is priced at it too, or
         at its own price where that is less, until its own passes say more: an optimistic
@@ -227,7 +274,8 @@ class CostCurve:
         as it, the curve drafted nothing that would time it, and later loads started so."""
         shallow = self.verify_seconds[i] * ratio
         deep = self.deep_seconds[i] * ratio if self.deep_seconds is not None else 0.0
-        own = [self.correction(k) for k in range(1, len(self.corrections) + 1)]  # before they reset
+        step = self.correction(1)
+        own = [self.correction(k) / step for k in range(1, len(self.corrections) + 1)]  # before they reset
         for j in range(1, len(self.corrections)):
             self.verify_seconds[j] = min(self.verify_seconds[j] * own[j], shallow)
             if self.deep_seconds is not None:

@@ -139,6 +139,7 @@ class AdaptiveDraftLength:
         # whenever the guess is the argmax, so the same guesses come true less often under
         # sampling (config.sampled_support_priors). Each kind of request keeps its own estimates: a
         # session that switches temperature does not carry one kind's evidence into the other.
+        self.costs.begin()
         if sampled == self.sampled:
             return
         current = _Estimates(self.alpha, self.by_support, self.hits, self.trials)

@@ -565,6 +565,41 @@ def test_spikes_of_other_processes_do_not_make_blocks_look_cheap_to_a_learning_c
         assert curve.verify(k) / curve.verify(1) == pytest.approx(truth(k) / truth(1), rel=0.05)
 
 
+def test_blocks_timed_under_a_load_that_ends_keep_their_quiet_price_in_steps() -> None:
+    # Steps 9 ms and blocks 2.5 steps on a quiet machine; for a while another process doubles
+    # every pass, and the drafts of that while are timed then. Learnt in seconds, the blocks
+    # kept the busy hour's price (5 steps once the steps were quiet again), and the stored
+    # curve started every later load so: the same held-out prompts drafted nothing.
+    def truth(k: int) -> float:
+        return 9e-3 if k == 1 else 9e-3 * (1.8 + 0.35 * (k - 2))
+
+    curve = CostCurve([truth(k) for k in range(1, 17)], learning=True, evidence=[32.0] * 16)
+    for level, steps in ((1.0, 200), (2.0, 200), (1.0, 100)):
+        for n in range(steps):
+            k = 2 + n % 5 if level > 1.0 and n % 5 == 0 else 1
+            curve.update(k, level * truth(k))
+    stored, _ = curve.learnt()
+    for k in (2, 3, 4, 5, 6):
+        assert curve.verify(k) / curve.verify(1) == pytest.approx(truth(k) / truth(1), rel=0.02)
+        assert stored[k - 1] / stored[0] == pytest.approx(truth(k) / truth(1), rel=0.02)
+
+
+def test_a_copy_drafted_whole_after_a_busy_request_keeps_the_blocks_shape() -> None:
+    # A request on a machine twice as busy, then a quiet one drafted whole in 16-token passes
+    # (no single step to measure them against), then plain steps: the busy request's steps
+    # must not price the quiet blocks at half, nor the quiet blocks price the steps as busy.
+    def truth(k: int) -> float:
+        return 9e-3 if k == 1 else 9e-3 * (1.8 + 0.35 * (k - 2))
+
+    curve = CostCurve([truth(k) for k in range(1, 17)], learning=True, evidence=[32.0] * 16)
+    for level, sizes in ((2.0, [1, 1, 1, 4, 1, 16] * 50), (1.0, [16] * 200), (1.0, [1] * 30)):
+        curve.begin()
+        for k in sizes:
+            curve.update(k, level * truth(k))
+    for k in (4, 16):
+        assert curve.verify(k) / curve.verify(1) == pytest.approx(truth(k) / truth(1), rel=0.02)
+
+
 def test_a_prior_that_never_timed_a_block_waits_for_a_likely_guess_to_time_one() -> None:
     # A roofline prior prices blocks near a single step; a weak guess would pay for the pass.
     prior = CostCurve([4e-3 * (1 + 0.05 * (k - 1)) for k in range(1, 17)], learning=True)
