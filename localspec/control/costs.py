@@ -14,12 +14,13 @@ from itertools import pairwise
 
 from localspec.control.config import DEFAULT, ControlConfig
 
-# The single-token steps a block's pass is measured against: the last few, among the last
-# STEPS_WITHIN passes, so the level is the one the block ran at (a copy drafted whole after a
-# busy while takes no steps, and the busy while's would price its blocks at half); their low
-# quantile, as a size's price is (cost_quantile), so a step that hit a spike does not set it.
+# The single-token steps a block's pass is measured against: the last few, so the level is the
+# one the block ran at; their low quantile, as a size's price is (cost_quantile), so a step
+# that hit a spike does not set it. Only this request's steps of the last STEPS_WITHIN passes
+# are the level now: a copy drafted whole after a busy request takes no steps, and that
+# request's would price its blocks at half.
 STEPS_SEEN = 8
-STEPS_WITHIN = 2
+STEPS_WITHIN = 16
 
 
 @dataclass
@@ -65,6 +66,7 @@ class CostCurve:
     _steps: deque[tuple[int, float]] = field(
         default_factory=lambda: deque(maxlen=STEPS_SEEN), repr=False, compare=False
     )  # (the pass's number, its ratio)
+    _request: int = field(default=0, repr=False, compare=False)  # passes timed before this request
 
     def __post_init__(self) -> None:
         for curve in (self.verify_seconds, self.deep_seconds or [1.0]):
@@ -211,22 +213,14 @@ class CostCurve:
         self._updates += 1
         if self.evidence[i] < cfg.learnt_passes or self._updates % cfg.learnt_passes == 0:
             self._effective, self._rises = None, None
+        first_step, before = not i and not self._since_load[0], self.corrections[0]
         if not i:
             self._steps.append((self._updates, ratio))
         else:
-            # A block in single-token steps, as the recent steps took: timed under load that
-            # the steps took too, it keeps its quiet shape, and when the load ends the block's
-            # price falls with the step's. Learnt in seconds, such a block stayed at the busy
-            # hour's price and was stored so (2.5 steps read 5 after a load of 2x). With no
-            # recent step (a copy drafted whole) the level is unknown: a size whose price is
-            # found only moves the drift (update), which follows the level from its passes,
-            # unless no step was timed since load and the pass came in far under its price
-            # (below): a step of an earlier request, on a busier machine, would price it so.
-            level = self._level()
-            ratio /= level if level is not None else self.correction(1) * self.scale
-            stale = ratio < cfg.stale_shape * self.correction(k) / self.correction(1) and not self._since_load[0]
-            if level is None and self.evidence[i] >= cfg.learnt_passes and not stale:
+            in_steps = self._in_steps(i, k, ratio)
+            if in_steps is None:
                 return
+            ratio = in_steps
         if not self._since_load[i]:
             # Its first pass since load moves the price the size had until now (its
             # neighbours'), not the level of an earlier session.
@@ -251,17 +245,48 @@ class CostCurve:
             step = max(1.0 / (self.evidence[i] + 1), 1.0 / cfg.learnt_passes)
             self.corrections[i] += step * (ratio - self.corrections[i])
         self.evidence[i] = min(self.evidence[i] + 1, cfg.max_evidence)
+        if first_step:
+            self._releveled(before)
+
+    def _in_steps(self, i: int, k: int, ratio: float) -> float | None:
+        """A block's pass (ratio: to its base) in single-token steps, as the recent steps took:
+        timed under load that the steps took too, it keeps its quiet shape, and when the load
+        ends the block's price falls with the step's. Learnt in seconds, such a block stayed at
+        the busy hour's price and was stored so (2.5 steps read 5 after a load of 2x).
+
+        With no step of this request to go by (a copy drafted whole), the steps before it stand
+        for the level (or the step's price, before any): a size whose price is still unfound
+        learns from that, one whose price is found only moves the drift (update; None here),
+        which follows the level from its passes, unless no step was timed since load and the
+        pass came in far under its price."""
+        level, now = self._level()
+        ratio /= level if level is not None else self.correction(1) * self.scale
+        if now or self.evidence[i] < self.config.learnt_passes:
+            return ratio
+        stale = ratio < self.config.stale_shape * self.correction(k) / self.correction(1)
+        return ratio if stale and not self._since_load[0] else None
+
+    def _releveled(self, before: float) -> None:
+        """The first single-token step since load has priced the step anew: the blocks timed
+        before it were measured against its price as loaded (`before`), so they keep their
+        price in seconds, not in steps (a prior off 40x had them 10 steps dear)."""
+        factor = before / self.corrections[0]
+        for j in range(1, len(self.corrections)):
+            if self._since_load[j]:
+                self.corrections[j] *= factor
+        self._effective, self._rises = None, None
 
     def begin(self) -> None:
         """A request starts: its blocks are priced against its own steps, not the steps of the
-        request before (the load may have changed in between)."""
-        self._steps.clear()
+        request before (the load may have changed in between), where it has any."""
+        self._request = self._updates
 
-    def _level(self) -> float | None:
-        """The single-token step's price now, as a ratio to its base: a low quantile of its
-        recent passes (None: none was recent)."""
-        recent = sorted(r for n, r in self._steps if self._updates - n <= STEPS_WITHIN)
-        return recent[int(self.config.cost_quantile * (len(recent) - 1))] if recent else None
+    def _level(self) -> tuple[float | None, bool]:
+        """The single-token step's price as a ratio to its base, a low quantile of its last
+        passes, and whether those are this request's recent ones (None: no step timed yet)."""
+        now = [r for n, r in self._steps if n > self._request and self._updates - n <= STEPS_WITHIN]
+        seen = sorted(now or [r for _, r in self._steps])
+        return (seen[int(self.config.cost_quantile * (len(seen) - 1))] if seen else None), bool(now)
 
     def _rebase(self, i: int, ratio: float) -> None:
         """A pass of i+1 tokens at `ratio` times the curve's base (in single steps) shows the curve was learnt

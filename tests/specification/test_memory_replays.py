@@ -27,7 +27,7 @@ GOLDEN = {"smollm2-135m-q4_1": 1.206, "smollm2-135m-f16": 1.055}
 # The same when every policy starts from a curve learnt in a busier hour (each pass 1.6 times
 # as dear, every size timed): what a runtime loads after a loaded day. Within 0.6 % of
 # GOLDEN: a block's price is learnt in single steps, so the level barely moves a choice.
-GOLDEN_LEARNT = {"smollm2-135m-q4_1": 1.201, "smollm2-135m-f16": 1.056}
+GOLDEN_LEARNT = {"smollm2-135m-q4_1": 1.201, "smollm2-135m-f16": 1.053}
 
 
 @functools.cache
