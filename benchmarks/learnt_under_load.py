@@ -71,7 +71,9 @@ def main() -> None:
     model = args.model or str(ensure_pypi_model())
     print(f"# {Path(model).name}, {host_kind()} host, {args.threads} threads, {args.busy} busy process(es)")
     phases(model, args.threads, args.busy)
-    stored = next(v for k, v in CALIBRATION.load().items() if k.startswith("learnt|"))
+    stored = next((v for k, v in CALIBRATION.load().items() if k.startswith("learnt|")), None)
+    if stored is None:
+        sys.exit("the runtime stored no learnt curve (too few passes): give it more prompts or longer answers")
     curve, evidence = stored["verify_seconds"], stored["evidence"]
     start = redrawn(curve, [e >= 8 for e in evidence])
     backend = load_backend("llamacpp", model, n_ctx=4096, threads=args.threads)

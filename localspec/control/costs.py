@@ -227,7 +227,7 @@ class CostCurve:
             self.corrections[i] = self._relative(i) if i else self.correction(1)
         self._since_load[i] += 1
         ratio = min(max(ratio, cfg.shape_clip[0]), cfg.shape_clip[1])
-        if i > 0 and ratio < cfg.stale_shape * self.correction(k) / self.correction(1):
+        if i > 0 and self._far_under(k, ratio):
             if self.evidence[i] >= cfg.learnt_passes:
                 self._rebase(i, ratio)  # a price its own passes had set is wrong: all are
             else:
@@ -263,8 +263,12 @@ class CostCurve:
         ratio /= level if level is not None else self.correction(1) * self.scale
         if now or self.evidence[i] < self.config.learnt_passes:
             return ratio
-        stale = ratio < self.config.stale_shape * self.correction(k) / self.correction(1)
-        return ratio if stale and not self._since_load[0] else None
+        return ratio if self._far_under(k, ratio) and not self._since_load[0] else None
+
+    def _far_under(self, k: int, ratio: float) -> bool:
+        """Whether a block of k tokens timed at `ratio` single steps (to its base) came in so
+        far under its price that load cannot explain it: the curve is stale (_rebase)."""
+        return ratio < self.config.stale_shape * self.correction(k) / self.correction(1)
 
     def _releveled(self, before: float) -> None:
         """The first single-token step since load has priced the step anew: the blocks timed
